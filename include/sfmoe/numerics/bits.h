@@ -1,0 +1,92 @@
+// Bit-level helpers shared by every numerics header. Everything here is __host__ __device__ so the
+// CPU reference and the CUDA kernels run the very same code; arithmetic that must round exactly
+// once goes through mul_rn/div_rn so no compiler can contract it into an FMA or approximate it.
+#pragma once
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__CUDACC__)
+#define SFMOE_HD __host__ __device__ __forceinline__
+#else
+#define SFMOE_HD inline
+#endif
+
+namespace sfmoe {
+namespace numerics {
+
+constexpr uint32_t kF32SignMask = 0x80000000u;
+constexpr uint32_t kF32AbsMask = 0x7FFFFFFFu;
+constexpr uint32_t kF32InfBits = 0x7F800000u;
+constexpr uint32_t kF32MantissaMask = 0x007FFFFFu;
+constexpr int kF32MantissaBits = 23;
+constexpr uint32_t kF32MaxBits = 0x7F7FFFFFu;  // FLT_MAX
+constexpr uint32_t kF32CanonicalNanBits = 0x7FFFFFFFu;
+
+SFMOE_HD uint32_t f32_to_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  memcpy(&u, &f, sizeof(u));
+  return u;
+#endif
+}
+
+SFMOE_HD float bits_to_f32(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  memcpy(&f, &u, sizeof(f));
+  return f;
+#endif
+}
+
+SFMOE_HD bool f32_is_nan(float f) { return (f32_to_bits(f) & kF32AbsMask) > kF32InfBits; }
+SFMOE_HD bool f32_is_inf(float f) { return (f32_to_bits(f) & kF32AbsMask) == kF32InfBits; }
+SFMOE_HD float f32_max() { return bits_to_f32(kF32MaxBits); }
+SFMOE_HD float f32_abs(float f) { return bits_to_f32(f32_to_bits(f) & kF32AbsMask); }
+
+// Round-to-nearest-even FP32 product and quotient, exactly once, on both compilers. The host side
+// is built with -ffp-contract=off; on the device the intrinsics forbid contraction and fast paths.
+SFMOE_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+SFMOE_HD float div_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+SFMOE_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+// IEEE-754 minNum (C's fminf): a NaN operand loses to a number. The scale rules rely on this to
+// turn a NaN quotient into FLT_MAX, as TransformerEngine's fminf does.
+SFMOE_HD float min_num(float a, float b) {
+  if (f32_is_nan(a)) return b;
+  if (f32_is_nan(b)) return a;
+  return a < b ? a : b;
+}
+
+SFMOE_HD float max_num(float a, float b) {
+  if (f32_is_nan(a)) return b;
+  if (f32_is_nan(b)) return a;
+  return a > b ? a : b;
+}
+
+}  // namespace numerics
+}  // namespace sfmoe

@@ -1,0 +1,179 @@
+// The narrow floating-point formats: BF16, FP16, FP8 E4M3 / E5M2 and FP4 E2M1.
+//
+// One generic encoder (FP32 -> narrow code, round to nearest even) and one generic decoder serve
+// every format; a format is a handful of constants. Rules, chosen to match the conversions the
+// NVIDIA hardware performs (cvt.rn.satfinite.* for FP8, cvt.rn.{bf16,f16}.f32 for 16-bit), so a
+// kernel may use the instruction wherever a device test proves it equal to this definition:
+//   - FP8 and FP4 saturate: any finite or infinite magnitude beyond the largest finite value
+//     becomes +-max. NaN becomes the format's canonical NaN (E4M3 0x7F, E5M2 0x7F); E2M1 has no
+//     NaN, so NaN becomes +6 (CUDA's E2M1 conversion does the same).
+//   - BF16 and FP16 follow IEEE: overflow gives +-Inf, NaN gives the canonical 0x7FFF.
+//   - The sign of zero is kept (-0.0 encodes to the sign bit alone).
+// Decoding is exact: every narrow value is an FP32 value.
+#pragma once
+
+#include "sfmoe/numerics/bits.h"
+
+namespace sfmoe {
+namespace numerics {
+
+// A format is a traits struct of compile-time constants (usable in host and device code alike):
+//   kExponentBits, kMantissaBits, kExponentBias;
+//   kMaxFinite: code of the largest finite value, sign bit clear;
+//   kSaturate: overflow gives +-max (true) or +-Inf (false, needs kHasInf);
+//   kHasInf: all-ones exponent with zero mantissa is Inf;
+//   kHasNan, kNanCode: the canonical NaN the encoder writes;
+//   kNanOnlyAllOnes: only the all-ones magnitude is NaN (E4M3), else all-ones exponent with a
+//   non-zero mantissa (IEEE style).
+struct FormatE4M3 {
+  static constexpr int kExponentBits = 4, kMantissaBits = 3, kExponentBias = 7;
+  static constexpr uint32_t kMaxFinite = 0x7E, kNanCode = 0x7F;
+  static constexpr bool kSaturate = true, kHasInf = false, kHasNan = true, kNanOnlyAllOnes = true;
+};
+struct FormatE5M2 {
+  static constexpr int kExponentBits = 5, kMantissaBits = 2, kExponentBias = 15;
+  static constexpr uint32_t kMaxFinite = 0x7B, kNanCode = 0x7F;
+  static constexpr bool kSaturate = true, kHasInf = true, kHasNan = true, kNanOnlyAllOnes = false;
+};
+struct FormatE2M1 {
+  static constexpr int kExponentBits = 2, kMantissaBits = 1, kExponentBias = 1;
+  static constexpr uint32_t kMaxFinite = 0x7, kNanCode = 0x7;  // no NaN: NaN encodes as +6
+  static constexpr bool kSaturate = true, kHasInf = false, kHasNan = false, kNanOnlyAllOnes = false;
+};
+struct FormatFP16 {
+  static constexpr int kExponentBits = 5, kMantissaBits = 10, kExponentBias = 15;
+  static constexpr uint32_t kMaxFinite = 0x7BFF, kNanCode = 0x7FFF;
+  static constexpr bool kSaturate = false, kHasInf = true, kHasNan = true, kNanOnlyAllOnes = false;
+};
+
+constexpr float kE4M3Max = 448.0f;
+constexpr float kE5M2Max = 57344.0f;
+constexpr float kE2M1Max = 6.0f;
+
+// Encode |x| given as FP32 magnitude bits (no sign, not NaN/Inf) into the format's magnitude
+// code, round to nearest even, before the overflow rule is applied. May return a value above
+// kMaxFinite, which the caller resolves.
+template <class Format>
+SFMOE_HD uint32_t narrow_magnitude_rne(uint32_t abs_bits) {
+  const int min_normal_exponent = 1 - Format::kExponentBias;
+  int exponent = static_cast<int>(abs_bits >> kF32MantissaBits);
+  uint32_t significand = abs_bits & kF32MantissaMask;
+  if (exponent == 0) {
+    exponent = -126;  // FP32 subnormal: no implicit bit
+  } else {
+    significand |= 1u << kF32MantissaBits;
+    exponent -= 127;
+  }
+  // Bits of the 24-bit significand dropped to fit the target mantissa (more when the value is
+  // subnormal in the target format).
+  int shift = kF32MantissaBits - Format::kMantissaBits;
+  if (exponent < min_normal_exponent) shift += min_normal_exponent - exponent;
+  if (shift > 25) return 0;  // below half the smallest subnormal: rounds to zero
+  const uint32_t kept = significand >> shift;
+  const uint32_t dropped = significand & ((1u << shift) - 1u);
+  const uint32_t half = 1u << (shift - 1);
+  const uint32_t rounded = kept + ((dropped > half || (dropped == half && (kept & 1u))) ? 1u : 0u);
+  if (exponent < min_normal_exponent) return rounded;  // subnormal; a carry lands on min normal
+  // Normal: rounded holds the implicit bit, so adding it to the biased-exponent field minus one
+  // both stores the mantissa and carries a mantissa overflow into the exponent.
+  const int64_t code =
+      (static_cast<int64_t>(exponent + Format::kExponentBias - 1) << Format::kMantissaBits) +
+      rounded;
+  return code > 0xFFFFFF ? 0xFFFFFFu : static_cast<uint32_t>(code);
+}
+
+template <class Format>
+SFMOE_HD uint32_t encode_narrow(float x) {
+  constexpr int kMagnitudeBits = Format::kExponentBits + Format::kMantissaBits;
+  constexpr uint32_t kInfCode = ((1u << Format::kExponentBits) - 1u) << Format::kMantissaBits;
+  const uint32_t bits = f32_to_bits(x);
+  const uint32_t sign = (bits & kF32SignMask) ? (1u << kMagnitudeBits) : 0u;
+  const uint32_t abs_bits = bits & kF32AbsMask;
+  if (abs_bits > kF32InfBits) return Format::kNanCode;
+  if (abs_bits == kF32InfBits) return sign | (Format::kSaturate ? Format::kMaxFinite : kInfCode);
+  const uint32_t magnitude = narrow_magnitude_rne<Format>(abs_bits);
+  if (magnitude > Format::kMaxFinite) {
+    return sign | (Format::kSaturate ? Format::kMaxFinite : kInfCode);
+  }
+  return sign | magnitude;
+}
+
+template <class Format>
+SFMOE_HD float decode_narrow(uint32_t code) {
+  constexpr int kMagnitudeBits = Format::kExponentBits + Format::kMantissaBits;
+  constexpr uint32_t kAllOnes = (1u << Format::kExponentBits) - 1u;
+  constexpr uint32_t kMantissaMask = (1u << Format::kMantissaBits) - 1u;
+  const uint32_t sign_f32 = ((code >> kMagnitudeBits) & 1u) << 31;
+  const uint32_t magnitude = code & ((1u << kMagnitudeBits) - 1u);
+  const uint32_t exponent_field = magnitude >> Format::kMantissaBits;
+  const uint32_t mantissa = magnitude & kMantissaMask;
+  if (Format::kHasNan) {
+    const bool is_nan = Format::kNanOnlyAllOnes
+                            ? magnitude == ((1u << kMagnitudeBits) - 1u)
+                            : (exponent_field == kAllOnes && mantissa != 0);
+    if (is_nan) return bits_to_f32(sign_f32 | kF32CanonicalNanBits);
+  }
+  if (Format::kHasInf && exponent_field == kAllOnes && mantissa == 0) {
+    return bits_to_f32(sign_f32 | kF32InfBits);
+  }
+  if (exponent_field == 0) {
+    // Subnormal: mantissa * 2^(1 - bias - mantissa_bits); both factors and the product exact.
+    constexpr uint32_t kScaleBits =
+        static_cast<uint32_t>(127 + 1 - Format::kExponentBias - Format::kMantissaBits)
+        << kF32MantissaBits;
+    const float value = mul_rn(static_cast<float>(mantissa), bits_to_f32(kScaleBits));
+    return bits_to_f32(sign_f32 | f32_to_bits(value));
+  }
+  const uint32_t f32_exponent = exponent_field - Format::kExponentBias + 127;
+  return bits_to_f32(sign_f32 | (f32_exponent << kF32MantissaBits) |
+                     (mantissa << (kF32MantissaBits - Format::kMantissaBits)));
+}
+
+// --- FP8 -------------------------------------------------------------------------------------
+SFMOE_HD uint8_t f32_to_e4m3(float x) { return static_cast<uint8_t>(encode_narrow<FormatE4M3>(x)); }
+SFMOE_HD uint8_t f32_to_e5m2(float x) { return static_cast<uint8_t>(encode_narrow<FormatE5M2>(x)); }
+SFMOE_HD float e4m3_to_f32(uint8_t code) { return decode_narrow<FormatE4M3>(code); }
+SFMOE_HD float e5m2_to_f32(uint8_t code) { return decode_narrow<FormatE5M2>(code); }
+
+// --- FP4 E2M1 (a 4-bit code in the low nibble; two per byte, element 2i in the low nibble) -----
+SFMOE_HD uint8_t f32_to_e2m1(float x) { return static_cast<uint8_t>(encode_narrow<FormatE2M1>(x)); }
+SFMOE_HD float e2m1_to_f32(uint8_t code) { return decode_narrow<FormatE2M1>(code & 0xFu); }
+
+// --- FP16 -------------------------------------------------------------------------------------
+SFMOE_HD uint16_t f32_to_fp16(float x) { return static_cast<uint16_t>(encode_narrow<FormatFP16>(x)); }
+SFMOE_HD float fp16_to_f32(uint16_t code) { return decode_narrow<FormatFP16>(code); }
+
+// --- BF16: the top half of an FP32; rounding is one integer add ---------------------------------
+SFMOE_HD uint16_t f32_to_bf16(float x) {
+  const uint32_t bits = f32_to_bits(x);
+  if ((bits & kF32AbsMask) > kF32InfBits) return 0x7FFF;
+  const uint32_t rounding_bias = 0x7FFFu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding_bias) >> 16);
+}
+SFMOE_HD float bf16_to_f32(uint16_t code) { return bits_to_f32(static_cast<uint32_t>(code) << 16); }
+
+// --- Stochastic rounding to E2M1 ---------------------------------------------------------------
+// x lies between two neighbouring E2M1 magnitudes lo <= |x| < hi. With frac = (|x| - lo) / (hi - lo)
+// (exact in FP32: the difference of two values within a binade, divided by a power of two), the
+// magnitude rounds up to hi exactly when random_bits < floor(frac * 2^32): the probability is frac
+// to within 2^-32, so the rounding is unbiased. Saturation, NaN and the sign follow encode_narrow.
+SFMOE_HD uint8_t f32_to_e2m1_stochastic(float x, uint32_t random_bits) {
+  const uint32_t bits = f32_to_bits(x);
+  const uint32_t abs_bits = bits & kF32AbsMask;
+  if (abs_bits >= kF32InfBits) return f32_to_e2m1(x);  // NaN, +-Inf: the deterministic rule
+  const float magnitude = bits_to_f32(abs_bits);
+  const uint8_t sign = (bits & kF32SignMask) ? 0x8 : 0x0;
+  if (!(magnitude < kE2M1Max)) return sign | 0x7;
+  // E2M1 magnitudes 0, .5, 1, 1.5 | 2, 3 | 4, 6: step 0.5 below 2, 1 below 4, 2 below 6.
+  const float step = magnitude < 2.0f ? 0.5f : (magnitude < 4.0f ? 1.0f : 2.0f);
+  const float steps = div_rn(magnitude, step);  // exact: step is a power of two
+  const uint32_t lo_steps = static_cast<uint32_t>(steps);  // truncation = floor (positive)
+  const float lo = mul_rn(static_cast<float>(lo_steps), step);
+  const float frac = div_rn(add_rn(magnitude, -lo), step);  // exact (Sterbenz / power of two)
+  const uint32_t threshold = static_cast<uint32_t>(mul_rn(frac, 4294967296.0f));
+  const float rounded = (random_bits < threshold) ? add_rn(lo, step) : lo;
+  return sign | f32_to_e2m1(rounded);  // rounded is an exact E2M1 value
+}
+
+}  // namespace numerics
+}  // namespace sfmoe

@@ -1,0 +1,33 @@
+// Where an MX / NV block scale lives in the tensor-core ("swizzled") scale layout.
+// Scales form a [rows, scale_cols] matrix padded to [roundup(rows, 128), roundup(scale_cols, 4)];
+// it is cut into tiles of 128 rows x 4 scale columns stored one after another in row-major tile
+// order (512 bytes each); inside a tile, row i and column j sit at
+// (i % 32) * 16 + ((i % 128) / 32) * 4 + (j % 4).
+#pragma once
+
+#include "sfmoe/numerics/bits.h"
+
+namespace sfmoe {
+namespace numerics {
+
+constexpr int64_t kSwizzleTileRows = 128;
+constexpr int64_t kSwizzleTileCols = 4;
+constexpr int64_t kSwizzleTileElements = kSwizzleTileRows * kSwizzleTileCols;
+
+SFMOE_HD int64_t round_up(int64_t value, int64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+SFMOE_HD int64_t swizzled_scale_padded_size(int64_t rows, int64_t scale_cols) {
+  return round_up(rows, kSwizzleTileRows) * round_up(scale_cols, kSwizzleTileCols);
+}
+
+SFMOE_HD int64_t swizzled_scale_offset(int64_t row, int64_t col, int64_t scale_cols) {
+  const int64_t tiles_per_row = round_up(scale_cols, kSwizzleTileCols) / kSwizzleTileCols;
+  const int64_t tile = (row / kSwizzleTileRows) * tiles_per_row + col / kSwizzleTileCols;
+  const int64_t inside = (row % 32) * 16 + ((row % kSwizzleTileRows) / 32) * 4 + (col % 4);
+  return tile * kSwizzleTileElements + inside;
+}
+
+}  // namespace numerics
+}  // namespace sfmoe

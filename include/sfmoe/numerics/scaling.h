@@ -1,0 +1,89 @@
+// Scale rules of every quantization recipe (../docs/numerics.md gives the reasoning). They follow
+// TransformerEngine so that scales, and therefore results and checkpoints, carry over; the one
+// documented difference is the MXFP8 element multiplier for E8M0 code 0 (see mx_multiplier).
+#pragma once
+
+#include "sfmoe/numerics/bits.h"
+#include "sfmoe/numerics/float_formats.h"
+
+namespace sfmoe {
+namespace numerics {
+
+// --- E8M0: a bare biased power-of-two exponent (MX block scales) -------------------------------
+constexpr uint8_t kE8M0Nan = 0xFF;
+
+// Round up to a power of two and saturate (the semantics of cvt.rp.satfinite.ue8m0x2.f32):
+// NaN -> 255, Inf -> 254, 0 -> 0; otherwise the FP32 biased exponent, plus one when the mantissa
+// is non-zero, except at exponent 254 (saturation) and for subnormals whose mantissa is at most
+// 0x400000 (2^-127 already covers them). The sign is ignored: scales come from magnitudes.
+SFMOE_HD uint8_t f32_to_e8m0(float x) {
+  const uint32_t abs_bits = f32_to_bits(x) & kF32AbsMask;
+  if (abs_bits > kF32InfBits) return kE8M0Nan;
+  if (abs_bits == kF32InfBits) return 0xFE;
+  uint32_t exponent = abs_bits >> kF32MantissaBits;
+  const uint32_t mantissa = abs_bits & kF32MantissaMask;
+  if (mantissa > 0 && exponent != 0xFE && !(exponent == 0 && mantissa <= 0x400000u)) ++exponent;
+  return static_cast<uint8_t>(exponent);
+}
+
+// 2^(e - 127); code 0 is 2^-127 (an FP32 subnormal), code 255 NaN.
+SFMOE_HD float e8m0_to_f32(uint8_t e) {
+  if (e == kE8M0Nan) return bits_to_f32(kF32CanonicalNanBits);
+  if (e == 0) return bits_to_f32(0x00400000u);
+  return bits_to_f32(static_cast<uint32_t>(e) << kF32MantissaBits);
+}
+
+// --- FP8 per-tensor (current scaling) and FP8 blockwise (1x128, 128x128) -----------------------
+// scale = fp8_max / amax (FP32, RN). amax 0, Inf or NaN (or a negative value, which no absolute
+// maximum can be) -> 1; an infinite quotient -> FLT_MAX. power_of_two clears the mantissa, i.e.
+// rounds the scale down to a power of two so that scaling is exact.
+SFMOE_HD float fp8_scale_from_amax(float amax, float fp8_max, bool power_of_two) {
+  float scale = 1.0f;
+  if (amax > 0.0f && !f32_is_inf(amax)) {  // false for NaN too
+    scale = div_rn(fp8_max, amax);
+    if (f32_is_inf(scale)) scale = f32_max();
+  }
+  if (power_of_two) scale = bits_to_f32(f32_to_bits(scale) & 0xFF800000u);
+  return scale;
+}
+
+// What is stored next to the data: the decode factor.
+SFMOE_HD float scale_inverse(float scale) { return div_rn(1.0f, scale); }
+
+// --- MXFP8: blocks of 32, an E8M0 scale each -----------------------------------------------------
+SFMOE_HD uint8_t mx_scale_from_amax(float block_amax, float fp8_max) {
+  return f32_to_e8m0(mul_rn(block_amax, div_rn(1.0f, fp8_max)));
+}
+
+// Element multiplier applied before the FP8 cast: the FP32 with bits (254 - e) << 23, i.e.
+// 2^(127 - e), which is 0 for e = 254 (2^-127 is below FP32's normal range and the bit pattern
+// formula gives +0) and NaN for e = 255. Unlike TransformerEngine (which uses 1 for e = 0), code 0
+// multiplies by 2^127 here, so blocks of tiny values keep their resolution instead of flushing.
+SFMOE_HD float mx_multiplier(uint8_t e) {
+  if (e == kE8M0Nan) return bits_to_f32(kF32CanonicalNanBits);
+  return bits_to_f32(static_cast<uint32_t>(254 - e) << kF32MantissaBits);
+}
+
+// --- NVFP4: E2M1 data, E4M3 scales per 16 elements, an FP32 global encode scale ----------------
+// S_enc = min(448 * 6 / global_amax, FLT_MAX) with IEEE minNum (a NaN quotient gives FLT_MAX),
+// and 1 when global_amax is 0 or S_enc is 0 (global_amax Inf).
+SFMOE_HD float nvfp4_global_encode_scale(float global_amax) {
+  const float encode = min_num(div_rn(kE4M3Max * kE2M1Max, global_amax), f32_max());
+  if (global_amax == 0.0f || encode == 0.0f) return 1.0f;
+  return encode;
+}
+
+// s_b = e4m3(block_amax * (S_enc / 6)), the stored E4M3 block scale code.
+SFMOE_HD uint8_t nvfp4_block_scale(float block_amax, float global_encode_scale) {
+  return f32_to_e4m3(mul_rn(block_amax, mul_rn(global_encode_scale, div_rn(1.0f, kE2M1Max))));
+}
+
+// Element multiplier min(1 / (float(s_b) * (1 / S_enc)), FLT_MAX) (minNum: NaN -> FLT_MAX).
+SFMOE_HD float nvfp4_block_multiplier(uint8_t block_scale_code, float global_encode_scale) {
+  const float global_decode_scale = div_rn(1.0f, global_encode_scale);
+  const float block_decode = mul_rn(e4m3_to_f32(block_scale_code), global_decode_scale);
+  return min_num(div_rn(1.0f, block_decode), f32_max());
+}
+
+}  // namespace numerics
+}  // namespace sfmoe

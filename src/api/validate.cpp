@@ -1,0 +1,310 @@
+#include "src/api/validate.h"
+
+#include <limits>
+
+#include "src/common/error.h"
+#if defined(SFMOE_WITH_CUDA)
+#include "src/cuda/backend.h"
+#endif
+
+namespace sfmoe {
+namespace {
+
+bool dtype_is_valid(int dtype) { return dtype >= 0 && dtype < SFMOE_DTYPE_COUNT; }
+bool scaling_is_valid(int scaling) { return scaling >= 0 && scaling < SFMOE_SCALING_COUNT; }
+
+bool is_misaligned(const void* p, uintptr_t alignment) {
+  return (reinterpret_cast<uintptr_t>(p) % alignment) != 0;
+}
+
+// Bytes of rows x cols elements of `bits` each, or -1 on overflow.
+int64_t checked_bytes(int64_t rows, int64_t cols, int bits) {
+  const int64_t limit = std::numeric_limits<int64_t>::max() / 64;
+  if (rows < 0 || cols < 0 || (cols != 0 && rows > limit / cols)) return -1;
+  return (rows * cols * bits + 7) / 8;
+}
+
+// The dtypes each scaling accepts for its data.
+bool scaling_accepts(sfmoe_scaling scaling, sfmoe_dtype dtype) {
+  switch (scaling) {
+    case SFMOE_SCALING_NONE:
+      return dtype == SFMOE_DTYPE_FP32 || dtype == SFMOE_DTYPE_BF16 || dtype == SFMOE_DTYPE_FP16;
+    case SFMOE_SCALING_TENSOR:
+    case SFMOE_SCALING_BLOCK_1X128:
+    case SFMOE_SCALING_BLOCK_128X128:
+    case SFMOE_SCALING_MX_1X32:
+      return dtype == SFMOE_DTYPE_FP8_E4M3 || dtype == SFMOE_DTYPE_FP8_E5M2;
+    case SFMOE_SCALING_NV_1X16:
+    case SFMOE_SCALING_NV_16X16:
+      return dtype == SFMOE_DTYPE_FP4_E2M1;
+  }
+  return false;
+}
+
+// Elements per scale along the scaled (column) dimension of the rowwise copy.
+int64_t scaling_block_cols(sfmoe_scaling scaling) {
+  switch (scaling) {
+    case SFMOE_SCALING_BLOCK_1X128:
+    case SFMOE_SCALING_BLOCK_128X128: return 128;
+    case SFMOE_SCALING_MX_1X32: return 32;
+    case SFMOE_SCALING_NV_1X16:
+    case SFMOE_SCALING_NV_16X16: return 16;
+    default: return 1;
+  }
+}
+
+}  // namespace
+
+int64_t tensor_element_count(const sfmoe_tensor* t) {
+  int64_t count = 1;
+  for (int32_t d = 0; d < t->ndim; ++d) count *= t->shape[d];
+  return count;
+}
+
+sfmoe_status validate_memory(const char* context, const char* name, sfmoe_memory memory,
+                             int32_t device) {
+  if (memory != SFMOE_MEMORY_HOST && memory != SFMOE_MEMORY_CUDA) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                "%s: %s: memory %d is not a valid sfmoe_memory (HOST=0, CUDA=1)", context, name,
+                static_cast<int>(memory));
+  }
+  if (memory == SFMOE_MEMORY_HOST) return SFMOE_SUCCESS;
+#if defined(SFMOE_WITH_CUDA)
+  const int count = cuda::device_count();
+  if (count == 0) {
+    return fail(SFMOE_ERROR_NO_BACKEND,
+                "%s: %s: tensor is in CUDA memory but no CUDA device is usable on this machine",
+                context, name);
+  }
+  if (device < 0 || device >= count) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                "%s: %s: CUDA device %d does not exist (%d device(s) visible)", context, name,
+                device, count);
+  }
+  return SFMOE_SUCCESS;
+#else
+  (void)device;
+  return fail(SFMOE_ERROR_NO_BACKEND,
+              "%s: %s: tensor is in CUDA memory but this build of sfmoe has no CUDA backend",
+              context, name);
+#endif
+}
+
+sfmoe_status validate_pointer_memory(const char* context, const char* name, const char* field,
+                                     const void* pointer, sfmoe_memory memory, int32_t device) {
+#if defined(SFMOE_WITH_CUDA)
+  if (pointer == nullptr) return SFMOE_SUCCESS;
+  int32_t pointer_device = -1;
+  const cuda::PointerKind kind = cuda::classify_pointer(pointer, &pointer_device);
+  if (kind == cuda::PointerKind::kDeviceMemory && memory == SFMOE_MEMORY_HOST) {
+    return fail(SFMOE_ERROR_MEMORY_SPACE,
+                "%s: %s: %s points to CUDA device memory but the descriptor says host memory",
+                context, name, field);
+  }
+  if (kind == cuda::PointerKind::kHostMemory && memory == SFMOE_MEMORY_CUDA) {
+    return fail(SFMOE_ERROR_MEMORY_SPACE,
+                "%s: %s: %s points to host memory but the descriptor says CUDA memory", context,
+                name, field);
+  }
+  if (kind == cuda::PointerKind::kDeviceMemory && pointer_device != device) {
+    return fail(SFMOE_ERROR_MEMORY_SPACE,
+                "%s: %s: %s is on CUDA device %d but the descriptor says device %d", context,
+                name, field, pointer_device, device);
+  }
+#else
+  (void)context; (void)name; (void)field; (void)pointer; (void)memory; (void)device;
+#endif
+  return SFMOE_SUCCESS;
+}
+
+sfmoe_status validate_tensor(const char* context, const char* name, const sfmoe_tensor* t) {
+  if (t == nullptr) {
+    return fail(SFMOE_ERROR_NULL_POINTER, "%s: %s: descriptor pointer is NULL", context, name);
+  }
+  if (t->struct_size != sizeof(sfmoe_tensor)) {
+    return fail(SFMOE_ERROR_STRUCT_SIZE,
+                "%s: %s: struct_size is %zu but this library's sfmoe_tensor has %zu bytes "
+                "(set struct_size = sizeof(sfmoe_tensor); header and library must match)",
+                context, name, t->struct_size, sizeof(sfmoe_tensor));
+  }
+  if (!dtype_is_valid(t->dtype)) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s: dtype %d is not a valid sfmoe_dtype",
+                context, name, static_cast<int>(t->dtype));
+  }
+  if (t->ndim < 0 || t->ndim > SFMOE_MAX_DIMS) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s: ndim %d is outside [0, %d]", context,
+                name, t->ndim, SFMOE_MAX_DIMS);
+  }
+  int64_t count = 1;
+  for (int32_t d = 0; d < t->ndim; ++d) {
+    if (t->shape[d] < 0) {
+      return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s: shape[%d] = %lld is negative", context,
+                  name, d, static_cast<long long>(t->shape[d]));
+    }
+    if (t->shape[d] != 0 && count > std::numeric_limits<int64_t>::max() / 64 / t->shape[d]) {
+      return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s: element count overflows int64", context,
+                  name);
+    }
+    count *= t->shape[d];
+  }
+  if (t->dtype == SFMOE_DTYPE_FP4_E2M1 && t->ndim > 0 && (t->shape[t->ndim - 1] % 2) != 0) {
+    return fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                "%s: %s: fp4_e2m1 packs two elements per byte, so the innermost dimension must "
+                "be even (got %lld)",
+                context, name, static_cast<long long>(t->shape[t->ndim - 1]));
+  }
+  SFMOE_RETURN_IF_ERROR(validate_memory(context, name, t->memory, t->device));
+  if (count > 0 && t->data == nullptr) {
+    return fail(SFMOE_ERROR_NULL_POINTER, "%s: %s: data is NULL but the tensor has %lld elements",
+                context, name, static_cast<long long>(count));
+  }
+  if (is_misaligned(t->data, kDataAlignment)) {
+    return fail(SFMOE_ERROR_MISALIGNED, "%s: %s: data %p is not %zu-byte aligned", context, name,
+                t->data, static_cast<size_t>(kDataAlignment));
+  }
+  return validate_pointer_memory(context, name, "data", t->data, t->memory, t->device);
+}
+
+sfmoe_status validate_grouped_tensor(const char* context, const char* name,
+                                     const sfmoe_grouped_tensor* t) {
+  if (t == nullptr) {
+    return fail(SFMOE_ERROR_NULL_POINTER, "%s: %s: descriptor pointer is NULL", context, name);
+  }
+  if (t->struct_size != sizeof(sfmoe_grouped_tensor)) {
+    return fail(SFMOE_ERROR_STRUCT_SIZE,
+                "%s: %s: struct_size is %zu but this library's sfmoe_grouped_tensor has %zu "
+                "bytes (use sfmoe_grouped_tensor_init(); header and library must match)",
+                context, name, t->struct_size, sizeof(sfmoe_grouped_tensor));
+  }
+  if (!dtype_is_valid(t->dtype)) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s: dtype %d is not a valid sfmoe_dtype",
+                context, name, static_cast<int>(t->dtype));
+  }
+  if (!scaling_is_valid(t->scaling)) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s: scaling %d is not a valid sfmoe_scaling",
+                context, name, static_cast<int>(t->scaling));
+  }
+  if (t->scale_layout != SFMOE_SCALE_LAYOUT_COMPACT &&
+      t->scale_layout != SFMOE_SCALE_LAYOUT_SWIZZLED) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                "%s: %s: scale_layout %d is not a valid sfmoe_scale_layout", context, name,
+                static_cast<int>(t->scale_layout));
+  }
+  if (!scaling_accepts(t->scaling, t->dtype)) {
+    return fail(SFMOE_ERROR_DTYPE_MISMATCH, "%s: %s: scaling '%s' cannot hold dtype '%s'",
+                context, name, sfmoe_scaling_name(t->scaling), sfmoe_dtype_name(t->dtype));
+  }
+  if (t->num_groups <= 0) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s: num_groups is %lld; it must be >= 1",
+                context, name, static_cast<long long>(t->num_groups));
+  }
+  if (t->row_capacity < 0) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s: row_capacity is %lld; it must be >= 0",
+                context, name, static_cast<long long>(t->row_capacity));
+  }
+  if (t->cols <= 0) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s: cols is %lld; it must be >= 1", context,
+                name, static_cast<long long>(t->cols));
+  }
+  if (t->row_alignment <= 0 || (t->row_alignment & (t->row_alignment - 1)) != 0) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                "%s: %s: row_alignment is %lld; it must be a power of two >= 1", context, name,
+                static_cast<long long>(t->row_alignment));
+  }
+  if (checked_bytes(t->row_capacity, t->cols, sfmoe_dtype_bits(t->dtype)) < 0) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s: row_capacity x cols overflows int64",
+                context, name);
+  }
+  const int64_t block_cols = scaling_block_cols(t->scaling);
+  if (t->cols % block_cols != 0) {
+    return fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                "%s: %s: cols = %lld is not a multiple of the %s block width %lld", context, name,
+                static_cast<long long>(t->cols), sfmoe_scaling_name(t->scaling),
+                static_cast<long long>(block_cols));
+  }
+  if (t->dtype == SFMOE_DTYPE_FP4_E2M1 && (t->cols % 2 != 0 || t->row_capacity % 2 != 0)) {
+    return fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                "%s: %s: fp4_e2m1 packs two per byte, so cols and row_capacity must be even",
+                context, name);
+  }
+  if (t->uniform_group_rows < 0) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s: uniform_group_rows is %lld (negative)",
+                context, name, static_cast<long long>(t->uniform_group_rows));
+  }
+  if (t->uniform_group_rows > 0) {
+    if (t->uniform_group_rows > t->row_capacity / t->num_groups) {
+      return fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                  "%s: %s: %lld groups of uniform_group_rows = %lld exceed row_capacity %lld",
+                  context, name, static_cast<long long>(t->num_groups),
+                  static_cast<long long>(t->uniform_group_rows),
+                  static_cast<long long>(t->row_capacity));
+    }
+    if (t->uniform_group_rows % t->row_alignment != 0) {
+      return fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                  "%s: %s: uniform_group_rows = %lld is not a multiple of row_alignment %lld",
+                  context, name, static_cast<long long>(t->uniform_group_rows),
+                  static_cast<long long>(t->row_alignment));
+    }
+  } else if (t->group_offsets == nullptr) {
+    return fail(SFMOE_ERROR_NULL_POINTER,
+                "%s: %s: group_offsets is NULL and uniform_group_rows is 0: group sizes are "
+                "unknown",
+                context, name);
+  }
+  if (t->group_offsets != nullptr && is_misaligned(t->group_offsets, alignof(int64_t))) {
+    return fail(SFMOE_ERROR_MISALIGNED, "%s: %s: group_offsets %p is not 8-byte aligned",
+                context, name, static_cast<const void*>(t->group_offsets));
+  }
+  if (t->rowwise_data == nullptr && t->columnwise_data == nullptr) {
+    return fail(SFMOE_ERROR_NULL_POINTER,
+                "%s: %s: neither rowwise_data nor columnwise_data is set", context, name);
+  }
+  const bool scaled = t->scaling != SFMOE_SCALING_NONE;
+  if (scaled && t->rowwise_data != nullptr && t->rowwise_scale_inv == nullptr) {
+    return fail(SFMOE_ERROR_NULL_POINTER,
+                "%s: %s: scaling '%s' needs rowwise_scale_inv for the rowwise copy", context,
+                name, sfmoe_scaling_name(t->scaling));
+  }
+  if (scaled && t->columnwise_data != nullptr && t->columnwise_scale_inv == nullptr) {
+    return fail(SFMOE_ERROR_NULL_POINTER,
+                "%s: %s: scaling '%s' needs columnwise_scale_inv for the columnwise copy",
+                context, name, sfmoe_scaling_name(t->scaling));
+  }
+  if (!scaled && (t->rowwise_scale_inv != nullptr || t->columnwise_scale_inv != nullptr)) {
+    return fail(SFMOE_ERROR_DTYPE_MISMATCH,
+                "%s: %s: scale_inv pointers are set but scaling is 'none'", context, name);
+  }
+  struct Field {
+    const char* name;
+    const void* pointer;
+    uintptr_t alignment;
+  };
+  const Field fields[] = {{"rowwise_data", t->rowwise_data, kDataAlignment},
+                          {"columnwise_data", t->columnwise_data, kDataAlignment},
+                          {"rowwise_scale_inv", t->rowwise_scale_inv, 4},
+                          {"columnwise_scale_inv", t->columnwise_scale_inv, 4},
+                          {"amax", t->amax, alignof(float)}};
+  for (const Field& f : fields) {
+    // E8M0 / E4M3 scale arrays are bytes; FP32 scales and amax need 4-byte alignment.
+    const bool byte_scales = (t->scaling == SFMOE_SCALING_MX_1X32 ||
+                              t->scaling == SFMOE_SCALING_NV_1X16 ||
+                              t->scaling == SFMOE_SCALING_NV_16X16) &&
+                             f.alignment == 4 && f.pointer != t->amax;
+    if (!byte_scales && is_misaligned(f.pointer, f.alignment)) {
+      return fail(SFMOE_ERROR_MISALIGNED, "%s: %s: %s %p is not %zu-byte aligned", context, name,
+                  f.name, f.pointer, static_cast<size_t>(f.alignment));
+    }
+  }
+  SFMOE_RETURN_IF_ERROR(validate_memory(context, name, t->memory, t->device));
+  const Field pointer_fields[] = {{"rowwise_data", t->rowwise_data, 0},
+                                  {"columnwise_data", t->columnwise_data, 0},
+                                  {"group_offsets", t->group_offsets, 0},
+                                  {"amax", t->amax, 0}};
+  for (const Field& f : pointer_fields) {
+    SFMOE_RETURN_IF_ERROR(
+        validate_pointer_memory(context, name, f.name, f.pointer, t->memory, t->device));
+  }
+  return SFMOE_SUCCESS;
+}
+
+}  // namespace sfmoe

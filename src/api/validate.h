@@ -1,0 +1,23 @@
+// Host-side descriptor checks shared by every entry point. They read descriptors only, never the
+// data, so they cost no device work and are safe inside graph capture.
+#pragma once
+
+#include "sfmoe/sfmoe.h"
+
+namespace sfmoe {
+
+// Data alignment every tensor must have: 16-byte vector accesses and TMA.
+constexpr uintptr_t kDataAlignment = 16;
+
+sfmoe_status validate_tensor(const char* context, const char* name, const sfmoe_tensor* t);
+sfmoe_status validate_grouped_tensor(const char* context, const char* name,
+                                     const sfmoe_grouped_tensor* t);
+// Checks that `memory`/`device` can be served by a backend of this build on this machine.
+sfmoe_status validate_memory(const char* context, const char* name, sfmoe_memory memory,
+                             int32_t device);
+// Checks that a pointer really lives where the descriptor says (when the runtime can tell).
+sfmoe_status validate_pointer_memory(const char* context, const char* name, const char* field,
+                                     const void* pointer, sfmoe_memory memory, int32_t device);
+int64_t tensor_element_count(const sfmoe_tensor* t);
+
+}  // namespace sfmoe

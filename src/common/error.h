@@ -1,0 +1,35 @@
+// Status and thread-local error message plumbing behind the C API.
+#pragma once
+
+#include <exception>
+#include <new>
+
+#include "sfmoe/sfmoe.h"
+
+namespace sfmoe {
+
+// Records a printf-style message as this thread's last error and returns `status`.
+sfmoe_status fail(sfmoe_status status, const char* format, ...)
+    __attribute__((format(printf, 2, 3)));
+
+// Runs an API body, turning any C++ exception into a status so none crosses extern "C".
+template <class Body>
+sfmoe_status guarded(const char* function, Body&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return fail(SFMOE_ERROR_OUT_OF_MEMORY, "%s: host memory allocation failed", function);
+  } catch (const std::exception& e) {
+    return fail(SFMOE_ERROR_INTERNAL, "%s: internal error: %s", function, e.what());
+  } catch (...) {
+    return fail(SFMOE_ERROR_INTERNAL, "%s: internal error (unknown exception)", function);
+  }
+}
+
+#define SFMOE_RETURN_IF_ERROR(expr)          \
+  do {                                       \
+    const sfmoe_status status_ = (expr);     \
+    if (status_ != SFMOE_SUCCESS) return status_; \
+  } while (0)
+
+}  // namespace sfmoe

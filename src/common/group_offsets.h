@@ -1,0 +1,36 @@
+// The group-offset contract (sfmoe.h, grouped tensors), checked the same way on host and device.
+// Every grouped kernel bounds its rows with clamp_group_rows so that bad offsets can never make it
+// read or write outside [0, row_capacity); check_group records what was wrong.
+#pragma once
+
+#include "src/common/fault.h"
+
+namespace sfmoe {
+
+struct GroupRows {
+  int64_t begin;
+  int64_t end;  // begin <= end <= row_capacity always
+};
+
+// Rows of group g, clamped into [0, row_capacity] and made non-decreasing.
+SFMOE_HD GroupRows clamp_group_rows(const int64_t* offsets, int64_t g, int64_t row_capacity) {
+  int64_t begin = offsets[g];
+  int64_t end = offsets[g + 1];
+  begin = begin < 0 ? 0 : (begin > row_capacity ? row_capacity : begin);
+  end = end < begin ? begin : (end > row_capacity ? row_capacity : end);
+  return GroupRows{begin, end};
+}
+
+// Checks the entries owned by group g (its start, and its end) and raises faults in `word`.
+// Group 0 also checks offsets[0] == 0.
+SFMOE_HD void check_group(const int64_t* offsets, int64_t g, int64_t row_capacity,
+                          int64_t row_alignment, sfmoe_fault_report* word) {
+  const int64_t begin = offsets[g];
+  const int64_t end = offsets[g + 1];
+  if (g == 0 && begin != 0) raise_fault(word, SFMOE_FAULT_BAD_GROUP_OFFSETS, g, begin);
+  if (end < begin) raise_fault(word, SFMOE_FAULT_BAD_GROUP_OFFSETS, g, end);
+  if (begin % row_alignment != 0) raise_fault(word, SFMOE_FAULT_BAD_GROUP_OFFSETS, g, begin);
+  if (end > row_capacity) raise_fault(word, SFMOE_FAULT_GROUP_OVER_CAPACITY, g, end);
+}
+
+}  // namespace sfmoe

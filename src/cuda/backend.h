@@ -1,0 +1,39 @@
+// The CUDA backend as seen from the API layer: plain types only, so the API layer compiles
+// without CUDA headers. Only built when the library has the CUDA backend (SFMOE_WITH_CUDA).
+#pragma once
+
+#include <stdint.h>
+
+#include "sfmoe/cast.h"
+#include "sfmoe/sfmoe.h"
+
+namespace sfmoe {
+namespace cuda {
+
+enum class PointerKind { kUnknown, kHostMemory, kDeviceMemory };
+
+// What the CUDA runtime says a pointer is (kUnknown when no device or driver is usable).
+PointerKind classify_pointer(const void* pointer, int32_t* device);
+// Number of usable CUDA devices; 0 when there is no driver or device.
+int device_count();
+sfmoe_status fill_device_info(sfmoe_device_info* info);
+int compiled_cuda_version();
+
+// Status word storage.
+sfmoe_status status_word_allocate(int32_t device, sfmoe_fault_report** device_word,
+                                  sfmoe_fault_report** host_mirror);
+void status_word_free(int32_t device, sfmoe_fault_report* device_word,
+                      sfmoe_fault_report* host_mirror);
+sfmoe_status status_word_reset(sfmoe_fault_report* device_word, void* stream);
+sfmoe_status status_word_snapshot(const sfmoe_fault_report* device_word,
+                                  sfmoe_fault_report* host_mirror, void* stream);
+
+// Operations (launchers). Inputs are validated by the API layer.
+sfmoe_status check_group_offsets(const int64_t* offsets, int64_t num_groups, int64_t row_capacity,
+                                 int64_t row_alignment, sfmoe_fault_report* word, void* stream);
+sfmoe_status cast(const void* input, sfmoe_dtype input_dtype, void* output,
+                  sfmoe_dtype output_dtype, int64_t count, float scale, const float* scale_device,
+                  void* stream);
+
+}  // namespace cuda
+}  // namespace sfmoe

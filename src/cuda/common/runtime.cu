@@ -1,0 +1,150 @@
+// CUDA runtime queries and status-word storage for the CUDA backend.
+#include <stdio.h>
+#include <string.h>
+
+#include "src/cuda/backend.h"
+#include "src/cuda/common/cuda_check.h"
+
+namespace sfmoe {
+namespace cuda {
+namespace {
+
+// A trivial kernel: whether it has an image for the current device tells whether this build's
+// machine code runs here.
+__global__ void probe_kernel() {}
+
+constexpr int kMaxDevices = 64;
+int g_multiprocessors[kMaxDevices] = {0};
+
+}  // namespace
+
+int compiled_cuda_version() { return CUDART_VERSION; }
+
+int device_count() {
+  static const int count = [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      (void)cudaGetLastError();  // clear the sticky "no device" error
+      return 0;
+    }
+    return n;
+  }();
+  return count;
+}
+
+int grid_for(int64_t work_items, int threads_per_block) {
+  int device = 0;
+  (void)cudaGetDevice(&device);
+  if (device < 0 || device >= kMaxDevices) device = 0;
+  if (g_multiprocessors[device] == 0) {
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) sms = 1;
+    g_multiprocessors[device] = sms;
+  }
+  const int64_t blocks = (work_items + threads_per_block - 1) / threads_per_block;
+  const int64_t max_blocks = static_cast<int64_t>(g_multiprocessors[device]) * 8;
+  if (blocks < 1) return 1;
+  return static_cast<int>(blocks < max_blocks ? blocks : max_blocks);
+}
+
+PointerKind classify_pointer(const void* pointer, int32_t* device) {
+  if (device_count() == 0) return PointerKind::kUnknown;
+  cudaPointerAttributes attributes;
+  if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return PointerKind::kUnknown;
+  }
+  *device = attributes.device;
+  switch (attributes.type) {
+    case cudaMemoryTypeDevice:
+    case cudaMemoryTypeManaged: return PointerKind::kDeviceMemory;
+    case cudaMemoryTypeUnregistered: return PointerKind::kHostMemory;
+    default: return PointerKind::kUnknown;  // pinned host memory is usable by both sides
+  }
+}
+
+sfmoe_status fill_device_info(sfmoe_device_info* info) {
+  const char* context = "sfmoe_get_device_info";
+  (void)cudaRuntimeGetVersion(&info->runtime_version);
+  (void)cudaDriverGetVersion(&info->driver_version);
+  info->device_count = device_count();
+  if (info->device_count == 0) return SFMOE_SUCCESS;
+  cudaDeviceProp prop;
+  SFMOE_CUDA_RETURN_IF_ERROR(context, cudaGetDeviceProperties(&prop, 0));
+  snprintf(info->name, sizeof(info->name), "%s", prop.name);
+  info->compute_major = prop.major;
+  info->compute_minor = prop.minor;
+  info->multiprocessors = prop.multiProcessorCount;
+  info->global_memory_bytes = static_cast<int64_t>(prop.totalGlobalMem);
+  info->l2_cache_bytes = prop.l2CacheSize;
+  cudaFuncAttributes attributes;
+  const cudaError_t probe = cudaFuncGetAttributes(&attributes, probe_kernel);
+  info->kernels_supported = probe == cudaSuccess ? 1 : 0;
+  if (probe != cudaSuccess) (void)cudaGetLastError();
+  return SFMOE_SUCCESS;
+}
+
+sfmoe_status status_word_allocate(int32_t device, sfmoe_fault_report** device_word,
+                                  sfmoe_fault_report** host_mirror) {
+  const char* context = "sfmoe_status_word_create";
+  int previous = 0;
+  SFMOE_CUDA_RETURN_IF_ERROR(context, cudaGetDevice(&previous));
+  SFMOE_CUDA_RETURN_IF_ERROR(context, cudaSetDevice(device));
+  sfmoe_fault_report initial;
+  initial.flags = 0;
+  initial.count = 0;
+  initial.first_group = -1;
+  initial.first_value = 0;
+  cudaError_t error = cudaMalloc(device_word, sizeof(sfmoe_fault_report));
+  if (error == cudaSuccess) error = cudaMallocHost(host_mirror, sizeof(sfmoe_fault_report));
+  // sync-ok: creation happens outside the step, and the word must start cleared.
+  if (error == cudaSuccess) {
+    error = cudaMemcpy(*device_word, &initial, sizeof(initial), cudaMemcpyHostToDevice);
+  }
+  (void)cudaSetDevice(previous);
+  if (error != cudaSuccess) {
+    if (*device_word) cudaFree(*device_word);
+    if (*host_mirror) cudaFreeHost(*host_mirror);
+    *device_word = nullptr;
+    *host_mirror = nullptr;
+    return cuda_fail(context, "allocating the status word", error);
+  }
+  return SFMOE_SUCCESS;
+}
+
+void status_word_free(int32_t device, sfmoe_fault_report* device_word,
+                      sfmoe_fault_report* host_mirror) {
+  int previous = 0;
+  (void)cudaGetDevice(&previous);
+  (void)cudaSetDevice(device);
+  (void)cudaFree(device_word);
+  (void)cudaFreeHost(host_mirror);
+  (void)cudaSetDevice(previous);
+}
+
+namespace {
+__global__ void reset_status_word_kernel(sfmoe_fault_report* word) {
+  word->flags = 0;
+  word->count = 0;
+  word->first_group = -1;
+  word->first_value = 0;
+}
+}  // namespace
+
+sfmoe_status status_word_reset(sfmoe_fault_report* device_word, void* stream) {
+  reset_status_word_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(device_word);
+  return check_launch("sfmoe_status_word_reset", "reset_status_word_kernel");
+}
+
+sfmoe_status status_word_snapshot(const sfmoe_fault_report* device_word,
+                                  sfmoe_fault_report* host_mirror, void* stream) {
+  // An enqueued copy into pinned memory: capturable, and the host does not wait for it here.
+  SFMOE_CUDA_RETURN_IF_ERROR(
+      "sfmoe_status_word_snapshot",
+      cudaMemcpyAsync(host_mirror, device_word, sizeof(sfmoe_fault_report),
+                      cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream)));
+  return SFMOE_SUCCESS;
+}
+
+}  // namespace cuda
+}  // namespace sfmoe

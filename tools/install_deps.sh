@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs what building and testing sfmoe needs, into the checkout (.deps/, .venv/), pinned.
+# Safe to re-run: finished steps are skipped. On a machine without network access (the GPU
+# machine) it installs nothing and relies on what is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CUTLASS_VERSION=4.2.0.0
+PY_PACKAGES=(nanobind==3.1.0 numpy==2.4.6 ml_dtypes==0.6.0 pytest==9.2.0)
+
+have_network() { [ "${SFMOE_OFFLINE:-0}" != 1 ]; }
+
+# System tools: cmake, a C++ compiler, GoogleTest. Installed from Debian's packages when missing.
+missing=()
+command -v cmake >/dev/null || missing+=(cmake)
+command -v g++ >/dev/null || missing+=(g++)
+[ -f /usr/include/gtest/gtest.h ] || missing+=(libgtest-dev)
+if [ ${#missing[@]} -gt 0 ] && have_network && command -v apt-get >/dev/null; then
+  echo "install_deps: apt-get install ${missing[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+fi
+
+# CUTLASS / CuTe headers from the PyPI wheel (headers only; --no-deps keeps its Python side out).
+if [ ! -f .deps/cutlass/cutlass_library/source/include/cute/layout.hpp ]; then
+  if have_network; then
+    echo "install_deps: nvidia-cutlass==$CUTLASS_VERSION headers -> .deps/cutlass"
+    python3 -m pip install -q --no-deps --disable-pip-version-check --root-user-action=ignore --target .deps/cutlass \
+      "nvidia-cutlass==$CUTLASS_VERSION"
+  fi
+fi
+
+# Python tools for the extension and its tests, in a project-local virtual environment.
+if [ ! -f .venv/.sfmoe-ready ]; then
+  if have_network; then
+    echo "install_deps: Python packages -> .venv (${PY_PACKAGES[*]})"
+    python3 -m venv .venv
+    .venv/bin/python -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
+    touch .venv/.sfmoe-ready
+  fi
+fi
