@@ -48,13 +48,21 @@ SFMOE_HD bool f32_is_inf(float f) { return (f32_to_bits(f) & kF32AbsMask) == kF3
 SFMOE_HD float f32_max() { return bits_to_f32(kF32MaxBits); }
 SFMOE_HD float f32_abs(float f) { return bits_to_f32(f32_to_bits(f) & kF32AbsMask); }
 
-// Round-to-nearest-even FP32 product and quotient, exactly once, on both compilers. The host side
-// is built with -ffp-contract=off; on the device the intrinsics forbid contraction and fast paths.
+// NVIDIA GPUs return the canonical NaN 0x7FFFFFFF from FP32 arithmetic, whatever the operands'
+// NaN payloads or signs; x86 propagates a payload. The host side adopts the GPU's rule so NaN
+// results have the same bits on both.
+SFMOE_HD float canonical_nan_if_nan(float f) {
+  return f32_is_nan(f) ? bits_to_f32(kF32CanonicalNanBits) : f;
+}
+
+// Round-to-nearest-even FP32 product, quotient and sum, exactly once, on both compilers. The
+// host side is built with -ffp-contract=off; on the device the intrinsics forbid contraction and
+// approximate division.
 SFMOE_HD float mul_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fmul_rn(a, b);
 #else
-  return a * b;
+  return canonical_nan_if_nan(a * b);
 #endif
 }
 
@@ -62,7 +70,7 @@ SFMOE_HD float div_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fdiv_rn(a, b);
 #else
-  return a / b;
+  return canonical_nan_if_nan(a / b);
 #endif
 }
 
@@ -70,7 +78,7 @@ SFMOE_HD float add_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fadd_rn(a, b);
 #else
-  return a + b;
+  return canonical_nan_if_nan(a + b);
 #endif
 }
 

@@ -1,9 +1,9 @@
 // Elementwise scaled cast between floating-point dtypes (any arch; a memory-bound grid-stride
 // kernel). Each thread converts packs of 8 elements with one vector load and one vector store;
 // the pack width in bytes follows the dtype's width, so every access is naturally aligned given
-// the 16-byte aligned base pointers that validation guarantees. The kernel is templated on the
-// element widths only; the dtype within a width is a warp-uniform branch, which keeps the number
-// of instantiations at 16 while the loop stays bound by memory.
+// the 16-byte aligned base pointers that validation guarantees. The kernel is templated on both
+// dtypes so decode and encode are straight-line code (v1 switched on the dtypes per element at run
+// time and reached only 0.93 TB/s for BF16 -> FP8; see docs/KERNEL_NOTES.md).
 #include "src/common/element_codec.h"
 #include "src/cuda/backend.h"
 #include "src/cuda/common/cuda_check.h"
@@ -50,64 +50,66 @@ __device__ __forceinline__ void store_pack(void* base, int64_t pack, const uint3
   for (int i = 0; i < static_cast<int>(sizeof(Vec) / sizeof(raw[0])); ++i) (*dst)[i] = raw[i];
 }
 
-template <int InBits, int OutBits>
-__global__ void cast_kernel(const void* __restrict__ input, sfmoe_dtype input_dtype,
-                            void* __restrict__ output, sfmoe_dtype output_dtype, int64_t count,
-                            float scale, const float* __restrict__ scale_device) {
+template <sfmoe_dtype In, sfmoe_dtype Out>
+__global__ void cast_kernel(const void* __restrict__ input, void* __restrict__ output,
+                            int64_t count, float scale, const float* __restrict__ scale_device) {
+  constexpr int kInBits = In == SFMOE_DTYPE_FP32 ? 32 : (In == SFMOE_DTYPE_BF16 || In == SFMOE_DTYPE_FP16) ? 16
+                          : In == SFMOE_DTYPE_FP4_E2M1 ? 4 : 8;
+  constexpr int kOutBits = Out == SFMOE_DTYPE_FP32 ? 32 : (Out == SFMOE_DTYPE_BF16 || Out == SFMOE_DTYPE_FP16) ? 16
+                           : Out == SFMOE_DTYPE_FP4_E2M1 ? 4 : 8;
   const float multiplier = scale_device != nullptr ? *scale_device : scale;
   const int64_t packs = count / kPack;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  auto convert = [multiplier](uint32_t code) {
+    return encode_element(Out, numerics::mul_rn(decode_element(In, code), multiplier));
+  };
   for (int64_t pack = first; pack < packs; pack += stride) {
     uint32_t codes[kPack];
-    load_pack<InBits>(input, pack, codes);
+    load_pack<kInBits>(input, pack, codes);
 #pragma unroll
-    for (int i = 0; i < kPack; ++i) {
-      codes[i] = encode_element(
-          output_dtype, numerics::mul_rn(decode_element(input_dtype, codes[i]), multiplier));
-    }
-    store_pack<OutBits>(output, pack, codes);
+    for (int i = 0; i < kPack; ++i) codes[i] = convert(codes[i]);
+    store_pack<kOutBits>(output, pack, codes);
   }
   // The tail (< 8 elements) by one thread, which also keeps FP4 nibble pairs in one hand.
   if (first == 0) {
     for (int64_t i = packs * kPack; i < count; ++i) {
-      const uint32_t code = encode_element(
-          output_dtype, numerics::mul_rn(decode_element(input_dtype, load_code(input, InBits, i)),
-                                         multiplier));
-      if (OutBits == 32) static_cast<uint32_t*>(output)[i] = code;
-      if (OutBits == 16) static_cast<uint16_t*>(output)[i] = static_cast<uint16_t>(code);
-      if (OutBits == 8) static_cast<uint8_t*>(output)[i] = static_cast<uint8_t>(code);
-      if (OutBits == 4 && (i & 1)) {
-        const uint32_t low = encode_element(
-            output_dtype,
-            numerics::mul_rn(decode_element(input_dtype, load_code(input, InBits, i - 1)),
-                             multiplier));
+      const uint32_t code = convert(load_code(input, kInBits, i));
+      if (kOutBits == 32) static_cast<uint32_t*>(output)[i] = code;
+      if (kOutBits == 16) static_cast<uint16_t*>(output)[i] = static_cast<uint16_t>(code);
+      if (kOutBits == 8) static_cast<uint8_t*>(output)[i] = static_cast<uint8_t>(code);
+      if (kOutBits == 4 && (i & 1)) {
+        const uint32_t low = convert(load_code(input, kInBits, i - 1));
         static_cast<uint8_t*>(output)[i >> 1] = static_cast<uint8_t>(low | (code << 4));
       }
     }
   }
 }
 
-using CastKernel = void (*)(const void*, sfmoe_dtype, void*, sfmoe_dtype, int64_t, float,
-                            const float*);
+using CastKernel = void (*)(const void*, void*, int64_t, float, const float*);
 
-template <int InBits>
-CastKernel pick_output(int out_bits) {
-  switch (out_bits) {
-    case 32: return cast_kernel<InBits, 32>;
-    case 16: return cast_kernel<InBits, 16>;
-    case 8: return cast_kernel<InBits, 8>;
-    case 4: return cast_kernel<InBits, 4>;
+// The one dtype dispatch: input dtype, then output dtype, to an explicit instantiation.
+template <sfmoe_dtype In>
+CastKernel pick_output(sfmoe_dtype out) {
+  switch (out) {
+    case SFMOE_DTYPE_FP32: return cast_kernel<In, SFMOE_DTYPE_FP32>;
+    case SFMOE_DTYPE_BF16: return cast_kernel<In, SFMOE_DTYPE_BF16>;
+    case SFMOE_DTYPE_FP16: return cast_kernel<In, SFMOE_DTYPE_FP16>;
+    case SFMOE_DTYPE_FP8_E4M3: return cast_kernel<In, SFMOE_DTYPE_FP8_E4M3>;
+    case SFMOE_DTYPE_FP8_E5M2: return cast_kernel<In, SFMOE_DTYPE_FP8_E5M2>;
+    case SFMOE_DTYPE_FP4_E2M1: return cast_kernel<In, SFMOE_DTYPE_FP4_E2M1>;
     default: return nullptr;
   }
 }
 
-CastKernel pick_kernel(int in_bits, int out_bits) {
-  switch (in_bits) {
-    case 32: return pick_output<32>(out_bits);
-    case 16: return pick_output<16>(out_bits);
-    case 8: return pick_output<8>(out_bits);
-    case 4: return pick_output<4>(out_bits);
+CastKernel pick_kernel(sfmoe_dtype in, sfmoe_dtype out) {
+  switch (in) {
+    case SFMOE_DTYPE_FP32: return pick_output<SFMOE_DTYPE_FP32>(out);
+    case SFMOE_DTYPE_BF16: return pick_output<SFMOE_DTYPE_BF16>(out);
+    case SFMOE_DTYPE_FP16: return pick_output<SFMOE_DTYPE_FP16>(out);
+    case SFMOE_DTYPE_FP8_E4M3: return pick_output<SFMOE_DTYPE_FP8_E4M3>(out);
+    case SFMOE_DTYPE_FP8_E5M2: return pick_output<SFMOE_DTYPE_FP8_E5M2>(out);
+    case SFMOE_DTYPE_FP4_E2M1: return pick_output<SFMOE_DTYPE_FP4_E2M1>(out);
     default: return nullptr;
   }
 }
@@ -117,14 +119,14 @@ CastKernel pick_kernel(int in_bits, int out_bits) {
 sfmoe_status cast(const void* input, sfmoe_dtype input_dtype, void* output,
                   sfmoe_dtype output_dtype, int64_t count, float scale, const float* scale_device,
                   void* stream) {
-  const CastKernel kernel = pick_kernel(sfmoe_dtype_bits(input_dtype), sfmoe_dtype_bits(output_dtype));
+  const CastKernel kernel = pick_kernel(input_dtype, output_dtype);
   if (kernel == nullptr) {
     return fail(SFMOE_ERROR_UNSUPPORTED, "sfmoe_cast: no kernel for %s -> %s",
                 sfmoe_dtype_name(input_dtype), sfmoe_dtype_name(output_dtype));
   }
   constexpr int kThreads = 256;
   kernel<<<grid_for(count / kPack + 1, kThreads), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      input, input_dtype, output, output_dtype, count, scale, scale_device);
+      input, output, count, scale, scale_device);
   return check_launch("sfmoe_cast", "cast_kernel");
 }
 

@@ -1,0 +1,221 @@
+// Host checks of include/sfmoe/numerics/ against independent slow references (exhaustive where
+// the domain is small) and against published answer vectors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <set>
+
+#include "sfmoe/numerics.h"
+#include "tests/cpp/numerics_cases.h"
+#include "tests/cpp/numerics_reference.h"
+
+namespace sfmoe {
+namespace testing {
+namespace {
+
+using namespace numerics;
+
+uint64_t test_seed() {
+  static const uint64_t seed = [] {
+    const uint64_t s = fresh_test_seed();
+    std::printf("[ numerics ] random seed %llu (replay with SFMOE_TEST_SEED=%llu)\n",
+                static_cast<unsigned long long>(s), static_cast<unsigned long long>(s));
+    return s;
+  }();
+  return seed;
+}
+
+TEST(Numerics, EveryFunctionMatchesItsIndependentReference) {
+  const std::vector<NumericsCase> cases = make_numerics_cases(test_seed());
+  int64_t total = 0;
+  for (const NumericsCase& c : cases) {
+    int64_t checked = 0, mismatches = 0;
+    for (size_t i = 0; i < c.a.size(); ++i) {
+      uint32_t expected;
+      if (!reference_numerics(c.fn, c.a[i], c.b[i], &expected)) break;
+      const uint32_t got = eval_numerics(c.fn, c.a[i], c.b[i]);
+      ++checked;
+      if (!same_result(c.fn, got, expected)) {
+        if (++mismatches <= 5) {
+          ADD_FAILURE() << c.name << "(a=0x" << std::hex << c.a[i] << ", b=0x" << c.b[i]
+                        << "): got 0x" << got << ", reference 0x" << expected;
+        }
+      }
+    }
+    total += checked;
+    EXPECT_EQ(mismatches, 0) << c.name;
+    if (checked > 0) std::printf("[ numerics ] %-24s %9lld inputs match the reference\n", c.name.c_str(), static_cast<long long>(checked));
+  }
+  std::printf("[ numerics ] %lld values checked against independent references\n", static_cast<long long>(total));
+  EXPECT_GT(total, 1000000);
+}
+
+TEST(Numerics, EveryFp8AndFp4CodeDecodesAndReencodesToItself) {
+  for (uint32_t c = 0; c < 256; ++c) {
+    const uint8_t code = static_cast<uint8_t>(c);
+    const bool e4m3_nan = (c & 0x7F) == 0x7F;
+    EXPECT_EQ(f32_to_e4m3(e4m3_to_f32(code)), e4m3_nan ? 0x7F : code) << "e4m3 " << c;
+    const bool e5m2_special = (c & 0x7C) == 0x7C;  // Inf or NaN
+    if (!e5m2_special) {
+      EXPECT_EQ(f32_to_e5m2(e5m2_to_f32(code)), code) << "e5m2 " << c;
+    }
+  }
+  // E5M2 infinities saturate on the way back (the FP8 casts are saturating).
+  EXPECT_EQ(f32_to_e5m2(e5m2_to_f32(0x7C)), 0x7B);
+  EXPECT_EQ(f32_to_e5m2(e5m2_to_f32(0xFC)), 0xFB);
+  EXPECT_EQ(f32_to_e5m2(e5m2_to_f32(0x7D)), 0x7F);
+  for (uint8_t c = 0; c < 16; ++c) EXPECT_EQ(f32_to_e2m1(e2m1_to_f32(c)), c) << "e2m1 " << int(c);
+  for (uint32_t c = 0; c < 65536; ++c) {
+    const uint16_t code = static_cast<uint16_t>(c);
+    const bool bf16_nan = (c & 0x7F80) == 0x7F80 && (c & 0x7F) != 0;
+    const bool fp16_nan = (c & 0x7C00) == 0x7C00 && (c & 0x3FF) != 0;
+    EXPECT_EQ(f32_to_bf16(bf16_to_f32(code)), bf16_nan ? 0x7FFF : code);
+    EXPECT_EQ(f32_to_fp16(fp16_to_f32(code)), fp16_nan ? 0x7FFF : code);
+  }
+}
+
+TEST(Numerics, KnownAnswersFromTheDesign) {
+  EXPECT_EQ(f32_to_e4m3(448.0f), 0x7E);
+  EXPECT_EQ(f32_to_e4m3(464.0f), 0x7E);  // would round to 480: saturates
+  EXPECT_EQ(f32_to_e4m3(-INFINITY), 0xFE);
+  EXPECT_EQ(f32_to_e4m3(NAN), 0x7F);
+  EXPECT_EQ(f32_to_e4m3(-NAN), 0x7F);
+  EXPECT_EQ(f32_to_e4m3(-0.0f), 0x80);
+  EXPECT_EQ(f32_to_e4m3(std::ldexp(1.0f, -9)), 0x01);   // smallest subnormal
+  EXPECT_EQ(f32_to_e4m3(std::ldexp(1.0f, -10)), 0x00);  // half of it: tie to even (0)
+  EXPECT_EQ(f32_to_e4m3(std::ldexp(1.5f, -10)), 0x01);
+  EXPECT_EQ(f32_to_e5m2(57344.0f), 0x7B);
+  EXPECT_EQ(f32_to_e5m2(INFINITY), 0x7B);
+  EXPECT_EQ(f32_to_e2m1(6.0f), 0x7);
+  EXPECT_EQ(f32_to_e2m1(NAN), 0x7);
+  EXPECT_EQ(f32_to_e2m1(0.25f), 0x0);   // tie between 0 and 0.5: even
+  EXPECT_EQ(f32_to_e2m1(0.75f), 0x2);   // tie between 0.5 and 1: even (1.0, code 2)
+  EXPECT_EQ(f32_to_e2m1(-2.5f), 0xC);   // tie between 2 and 3: even (2)
+  EXPECT_EQ(f32_to_fp16(65520.0f), 0x7C00);  // overflow threshold -> Inf
+  EXPECT_EQ(f32_to_fp16(65519.0f), 0x7BFF);
+  // E8M0: the three exceptions to rounding up.
+  EXPECT_EQ(f32_to_e8m0(bits_to_f32(0x7F7FFFFF)), 254);  // exponent 254: no round-up
+  EXPECT_EQ(f32_to_e8m0(bits_to_f32(0x00400000)), 0);    // subnormal, mantissa <= 0x400000
+  EXPECT_EQ(f32_to_e8m0(bits_to_f32(0x00400001)), 1);
+  EXPECT_EQ(f32_to_e8m0(bits_to_f32(0x3F800001)), 128);
+  EXPECT_EQ(mx_multiplier(127), 1.0f);
+  EXPECT_EQ(mx_multiplier(0), std::ldexp(1.0f, 127));
+  EXPECT_TRUE(std::isnan(mx_multiplier(255)));
+  // FP8 current scaling.
+  EXPECT_EQ(fp8_scale_from_amax(NAN, 448.0f, false), 1.0f);
+  EXPECT_EQ(fp8_scale_from_amax(INFINITY, 448.0f, false), 1.0f);
+  EXPECT_EQ(fp8_scale_from_amax(1e-45f, 448.0f, false), FLT_MAX);
+  EXPECT_EQ(fp8_scale_from_amax(1e-45f, 448.0f, true), std::ldexp(1.0f, 127));
+  EXPECT_EQ(scale_inverse(fp8_scale_from_amax(3.5f, 448.0f, false)), 3.5f / 448.0f);
+  // NVFP4.
+  EXPECT_EQ(nvfp4_global_encode_scale(INFINITY), 1.0f);
+  EXPECT_EQ(nvfp4_global_encode_scale(NAN), FLT_MAX);
+  EXPECT_EQ(nvfp4_global_encode_scale(1.0f), 2688.0f);
+  EXPECT_EQ(nvfp4_block_scale(6.0f, 1.0f), f32_to_e4m3(1.0f));
+  EXPECT_EQ(nvfp4_block_multiplier(f32_to_e4m3(0.0f), 1.0f), FLT_MAX);
+}
+
+// Random123's published answers for Philox4x32-10.
+TEST(Numerics, PhiloxMatchesPublishedAnswerVectors) {
+  struct Vector {
+    Philox4x32 counter;
+    uint32_t key0, key1;
+    Philox4x32 expected;
+  };
+  const Vector vectors[] = {
+      {{{0, 0, 0, 0}}, 0, 0, {{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}}},
+      {{{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}}, 0xffffffff, 0xffffffff,
+       {{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}}},
+      {{{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}}, 0xa4093822, 0x299f31d0,
+       {{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}}},
+  };
+  for (const Vector& v : vectors) {
+    const Philox4x32 got = philox4x32_10(v.counter, v.key0, v.key1);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(got.v[i], v.expected.v[i]) << "word " << i;
+  }
+  // The per-element stream: element i is word i % 4 of block i / 4, so it is reproducible
+  // from (seed, offset, index) alone and independent of how work is split.
+  const uint64_t seed = test_seed();
+  for (uint64_t i = 0; i < 64; ++i) {
+    const Philox4x32 block = philox4x32_10({{static_cast<uint32_t>(i / 4), 0, 7, 0}},
+                                           static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+    EXPECT_EQ(philox_random_bits(seed, 7, i), block.v[i % 4]);
+  }
+}
+
+TEST(Numerics, StochasticRoundingIsUnbiased) {
+  std::mt19937_64 rng(test_seed());
+  for (float x : {0.1f, 0.3f, 0.74f, 1.2f, 2.5f, -3.3f, 4.9f, 5.99f}) {
+    double sum = 0.0;
+    const int n = 200000;
+    for (int i = 0; i < n; ++i) {
+      sum += e2m1_to_f32(f32_to_e2m1_stochastic(x, philox_random_bits(rng(), 0, i)));
+    }
+    // Each draw is within one E2M1 step (<= 2) of x: 5 sigma of the mean is < 5 * 2 / sqrt(n).
+    EXPECT_NEAR(sum / n, x, 5.0 * 2.0 / std::sqrt(static_cast<double>(n))) << x;
+  }
+  // Representable values never move, whatever the random bits.
+  for (uint8_t c = 0; c < 16; ++c) {
+    EXPECT_EQ(f32_to_e2m1_stochastic(e2m1_to_f32(c), 0xFFFFFFFFu), c);
+    EXPECT_EQ(f32_to_e2m1_stochastic(e2m1_to_f32(c), 0u), c);
+  }
+}
+
+TEST(Numerics, HadamardSignVectorAndTransform) {
+  const float signs[16] = {1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1};
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(hadamard_sign(i), signs[i]) << i;
+  std::mt19937_64 rng(test_seed());
+  std::uniform_int_distribution<int> small(-1000, 1000);
+  std::normal_distribution<float> normal(0.0f, 10.0f);
+  for (int trial = 0; trial < 2000; ++trial) {
+    float v[16], x[16];
+    const bool integers = trial % 2 == 0;
+    for (int i = 0; i < 16; ++i) x[i] = v[i] = integers ? static_cast<float>(small(rng)) : normal(rng);
+    hadamard16_transform(v);
+    double norm = 0.0;
+    for (int i = 0; i < 16; ++i) norm += double(x[i]) * x[i];
+    for (int i = 0; i < 16; ++i) {
+      double expected = 0.0;  // sum_j (-1)^popcount(i & j) s_j x_j / 4, in double
+      for (int j = 0; j < 16; ++j) {
+        const double h = (__builtin_popcount(i & j) & 1) ? -1.0 : 1.0;
+        expected += h * signs[j] * x[j];
+      }
+      expected /= 4.0;
+      if (integers) {
+        EXPECT_EQ(v[i], static_cast<float>(expected));  // exact: all sums are small integers / 4
+      } else {
+        EXPECT_NEAR(v[i], expected, 1e-6 * std::sqrt(norm) + 1e-30);
+      }
+    }
+    // Orthonormal: the norm is kept.
+    double out_norm = 0.0;
+    for (int i = 0; i < 16; ++i) out_norm += double(v[i]) * v[i];
+    EXPECT_NEAR(out_norm, norm, 1e-5 * norm + 1e-30);
+  }
+}
+
+TEST(Numerics, SwizzledScaleLayoutIsABijectionOntoThePaddedBuffer) {
+  for (int64_t rows : {1, 31, 128, 129, 300}) {
+    for (int64_t cols : {1, 3, 4, 5, 13, 64}) {
+      const int64_t padded = swizzled_scale_padded_size(rows, cols);
+      const int64_t padded_rows = round_up(rows, 128), padded_cols = round_up(cols, 4);
+      EXPECT_EQ(padded, padded_rows * padded_cols);
+      std::vector<int> hits(static_cast<size_t>(padded), 0);
+      for (int64_t r = 0; r < padded_rows; ++r) {
+        for (int64_t c = 0; c < padded_cols; ++c) {
+          const int64_t o = swizzled_scale_offset(r, c, cols);
+          ASSERT_GE(o, 0);
+          ASSERT_LT(o, padded);
+          ++hits[static_cast<size_t>(o)];
+        }
+      }
+      for (int h : hits) ASSERT_EQ(h, 1) << rows << "x" << cols;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace sfmoe

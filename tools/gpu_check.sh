@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine. Uses the binaries in build/ when they were prebuilt (on a CPU machine)
+# and run here, builds whatever is missing, then: the CLI self-check, every test suite (C++ CPU
+# and GPU suites, the GPU suite again under compute-sanitizer memcheck and racecheck, the Python
+# tests with torch), the benchmarks; prints a short table last.
+# Environment: OUT (where logs and JSON go; default /tmp/sfmoe-gpu-check), SFMOE_SANITIZE=0 to
+# skip the sanitizer passes, SFMOE_SKIP_PYTHON=1 to skip the Python extension.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=${OUT:-/tmp/sfmoe-gpu-check}
+mkdir -p "$OUT"
+declare -A RESULT
+status_line() { RESULT[$1]="$2"; echo "== $1: $2"; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader || true
+
+# ---- binaries: prebuilt when present and runnable, otherwise built here ---------------------------
+BUILD=${SFMOE_BUILD:-build}
+needed=("$BUILD/sfmoe" "$BUILD/tests/sfmoe_tests" "$BUILD/tests/sfmoe_gpu_tests" "$BUILD/bench/sfmoe_bench_memory")
+prebuilt=1
+for b in "${needed[@]}"; do
+  if [ ! -x "$b" ] || ldd "$b" 2>/dev/null | grep -q "not found"; then prebuilt=0; fi
+done
+if [ $prebuilt = 1 ]; then
+  status_line build "prebuilt binaries from $BUILD/"
+else
+  echo "== building in build-gpu/ (some prebuilt binaries are missing or do not load)"
+  BUILD=build-gpu
+  cmake -S . -B "$BUILD" -G Ninja -DSFMOE_CUDA=ON -DSFMOE_PYTHON=OFF > "$OUT/cmake.log" 2>&1 &&
+    ninja -C "$BUILD" > "$OUT/build.log" 2>&1
+  status_line build "built here in $BUILD/ (rc $?)"
+fi
+
+run_gtest() {  # name binary [args...]
+  local name=$1; shift
+  "$@" --gtest_output=json:"$OUT/$name.json" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  local summary
+  summary=$(grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/$name.log" | tr '\n' ' ')
+  status_line "$name" "rc $rc; $summary"
+  grep -E "^\[ (numerics|device numerics|hardware cvt|cast|graph|validation|gpu) \]" "$OUT/$name.log" | sed 's/^/   /'
+  return $rc
+}
+
+# ---- the CLI self-check --------------------------------------------------------------------------
+"$BUILD/sfmoe" > "$OUT/selfcheck.log" 2>&1
+status_line selfcheck "rc $? ($(tail -1 "$OUT/selfcheck.log"))"
+cat "$OUT/selfcheck.log"
+
+# ---- tests ----------------------------------------------------------------------------------------
+run_gtest cpu_tests "$BUILD/tests/sfmoe_tests"
+run_gtest gpu_tests "$BUILD/tests/sfmoe_gpu_tests"
+if [ "${SFMOE_SANITIZE:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool $tool --error-exitcode 3 --print-limit 20 \
+      "$BUILD/tests/sfmoe_gpu_tests" > "$OUT/sanitizer_$tool.log" 2>&1
+    rc=$?
+    status_line "sanitizer_$tool" "rc $rc; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1)"
+  done
+fi
+
+# ---- Python extension (built here: the GPU machine's Python differs from the CPU machines') ------
+if [ "${SFMOE_SKIP_PYTHON:-0}" != 1 ]; then
+  if cmake -S python -B build-py -G Ninja -DPython_EXECUTABLE="$(command -v python3)" \
+       -DSFMOE_LIBRARY="$ROOT/$BUILD/libsfmoe.so" > "$OUT/python_build.log" 2>&1 &&
+     ninja -C build-py >> "$OUT/python_build.log" 2>&1; then
+    PYTHONPATH="$ROOT/build-py/python" python3 -m pytest -q -rs tests/python > "$OUT/pytest.log" 2>&1
+    status_line pytest "rc $?; $(tail -1 "$OUT/pytest.log")"
+  else
+    status_line pytest "extension build failed (see python_build.log)"
+    tail -20 "$OUT/python_build.log"
+  fi
+fi
+
+# ---- benchmarks ------------------------------------------------------------------------------------
+SFMOE_BENCH_JSON="$OUT/bench_memory.json" "$BUILD/bench/sfmoe_bench_memory" > "$OUT/bench_memory.log" 2>&1
+status_line bench_memory "rc $?"
+
+echo
+echo "================================ sfmoe GPU check ================================"
+for k in build selfcheck cpu_tests gpu_tests sanitizer_memcheck sanitizer_racecheck pytest bench_memory; do
+  [ -n "${RESULT[$k]:-}" ] && printf "%-20s %s\n" "$k" "${RESULT[$k]}"
+done
+echo
+tail -8 "$OUT/bench_memory.log"
