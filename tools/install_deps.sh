@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing sfmoe needs, into the checkout (.deps/, .venv/), pinned.
-# Safe to re-run: finished steps are skipped. On a machine without network access (the GPU
-# machine) it installs nothing and relies on what is already there.
+# Safe to re-run: finished steps are skipped. Without network access (the GPU machine) a failed
+# download is reported and skipped: the build then uses what the machine already has (system
+# Python packages; no CUTLASS headers means the CuTe-based code is left out, with a warning).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,6 +10,7 @@ CUTLASS_VERSION=4.2.0.0
 PY_PACKAGES=(nanobind==3.1.0 numpy==2.4.6 ml_dtypes==0.6.0 pytest==9.2.0)
 
 have_network() { [ "${SFMOE_OFFLINE:-0}" != 1 ]; }
+PIP_OPTS=(-q --disable-pip-version-check --root-user-action=ignore --retries 1 --timeout 20)
 
 # System tools: cmake, a C++ compiler, GoogleTest. Installed from Debian's packages when missing.
 missing=()
@@ -24,8 +26,9 @@ fi
 if [ ! -f .deps/cutlass/cutlass_library/source/include/cute/layout.hpp ]; then
   if have_network; then
     echo "install_deps: nvidia-cutlass==$CUTLASS_VERSION headers -> .deps/cutlass"
-    python3 -m pip install -q --no-deps --disable-pip-version-check --root-user-action=ignore --target .deps/cutlass \
-      "nvidia-cutlass==$CUTLASS_VERSION"
+    python3 -m pip install "${PIP_OPTS[@]}" --no-deps --target .deps/cutlass \
+      "nvidia-cutlass==$CUTLASS_VERSION" ||
+      { echo "install_deps: could not fetch nvidia-cutlass (offline?); building without CuTe code"; rm -rf .deps/cutlass; }
   fi
 fi
 
@@ -33,8 +36,11 @@ fi
 if [ ! -f .venv/.sfmoe-ready ]; then
   if have_network; then
     echo "install_deps: Python packages -> .venv (${PY_PACKAGES[*]})"
-    python3 -m venv .venv
-    .venv/bin/python -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
-    touch .venv/.sfmoe-ready
+    if python3 -m venv .venv && .venv/bin/python -m pip install "${PIP_OPTS[@]}" "${PY_PACKAGES[@]}"; then
+      touch .venv/.sfmoe-ready
+    else
+      echo "install_deps: could not set up .venv (offline?); using the system python3 as it is"
+      rm -rf .venv
+    fi
   fi
 fi

@@ -11,7 +11,9 @@
 #include <random>
 
 #include "sfmoe/numerics.h"
+#if defined(SFMOE_WITH_CUTE)
 #include "src/cuda/layout/scale_swizzle_cute.h"
+#endif
 #include "tests/cpp/numerics_cases.h"
 #include "tests/cuda/gpu_test_util.h"
 
@@ -192,6 +194,7 @@ TEST(DeviceNumerics, HadamardTransformGivesTheHostBits) {
 }
 
 // --- the CuTe form of the scale swizzle equals the numerics formula ---------------------------
+#if defined(SFMOE_WITH_CUTE)
 TEST(DeviceNumerics, CuteSwizzleLayoutEqualsTheFormula) {
   SFMOE_SKIP_WITHOUT_GPU();
   for (int64_t rows : {1, 127, 128, 300, 1000}) {
@@ -209,6 +212,8 @@ TEST(DeviceNumerics, CuteSwizzleLayoutEqualsTheFormula) {
     }
   }
 }
+
+#endif  // SFMOE_WITH_CUTE
 
 }  // namespace
 }  // namespace testing
