@@ -15,7 +15,8 @@ using namespace sfmoe::bench;
 
 __global__ void copy_kernel(const uint4* __restrict__ in, uint4* __restrict__ out, int64_t n) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += stride) out[i] = in[i];
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += stride)
+    out[i] = in[i];
 }
 
 __global__ void fill_kernel(uint32_t* p, int64_t n, uint32_t seed) {
@@ -54,12 +55,13 @@ int main() {
   BENCH_CUDA(cudaMalloc(&dst, copy_bytes));
   fill_kernel<<<sms * 8, 256, 0, stream>>>(reinterpret_cast<uint32_t*>(src), copy_bytes / 4, 1);
   const int64_t vectors = copy_bytes / sizeof(uint4);
-  const Timing memcpy_t = time_runs([&](int) {
-    BENCH_CUDA(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, stream));
-  }, stream);
-  const Timing kernel_t = time_runs([&](int) {
-    copy_kernel<<<sms * 8, 512, 0, stream>>>(src, dst, vectors);
-  }, stream);
+  const Timing memcpy_t = time_runs(
+      [&](int) {
+        BENCH_CUDA(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, stream));
+      },
+      stream);
+  const Timing kernel_t =
+      time_runs([&](int) { copy_kernel<<<sms * 8, 512, 0, stream>>>(src, dst, vectors); }, stream);
   const double memcpy_tbps = 2.0 * copy_bytes / (memcpy_t.median_ms * 1e-3) / 1e12;
   const double kernel_tbps = 2.0 * copy_bytes / (kernel_t.median_ms * 1e-3) / 1e12;
   const double ceiling = std::max(memcpy_tbps, kernel_tbps);
@@ -78,8 +80,10 @@ int main() {
   const float scale_value = 64.0f;
   BENCH_CUDA(cudaMemcpy(scale, &scale_value, sizeof(float), cudaMemcpyHostToDevice));
   fill_kernel<<<sms * 8, 256, 0, stream>>>(static_cast<uint32_t*>(bf16), elements / 2, 7);
-  sfmoe_tensor t_bf16 = sfmoe_tensor_make(bf16, SFMOE_DTYPE_BF16, 1, &elements, SFMOE_MEMORY_CUDA, 0);
-  sfmoe_tensor t_fp8 = sfmoe_tensor_make(fp8, SFMOE_DTYPE_FP8_E4M3, 1, &elements, SFMOE_MEMORY_CUDA, 0);
+  sfmoe_tensor t_bf16 =
+      sfmoe_tensor_make(bf16, SFMOE_DTYPE_BF16, 1, &elements, SFMOE_MEMORY_CUDA, 0);
+  sfmoe_tensor t_fp8 =
+      sfmoe_tensor_make(fp8, SFMOE_DTYPE_FP8_E4M3, 1, &elements, SFMOE_MEMORY_CUDA, 0);
   sfmoe_cast_config config = sfmoe_cast_config_init();
   config.scale_device = scale;
   auto cast_or_die = [&](const sfmoe_tensor* a, const sfmoe_tensor* b) {
@@ -99,21 +103,23 @@ int main() {
   BENCH_CUDA(cudaFree(fp8));
   BENCH_CUDA(cudaFree(scale));
 
-  std::printf("\n%-52s %9s %8s %12s %14s\n", "benchmark (median of 25 after 5 warm-up)", "ms", "TB/s",
-              "%% ceiling", "%% of 4.17 ref");
+  std::printf("\n%-52s %9s %8s %12s %14s\n", "benchmark (median of 25 after 5 warm-up)", "ms",
+              "TB/s", "%% ceiling", "%% of 4.17 ref");
   for (const Row& r : rows) {
     std::printf("%-52s %9.3f %8.3f %11.1f%% %13.1f%%\n", r.what.c_str(), r.ms, r.tbps,
                 100.0 * r.tbps / ceiling, 100.0 * r.tbps / kReferenceCopyTBps);
     char record[512];
-    std::snprintf(record, sizeof(record),
-                  "{\"bench\": \"%s\", \"median_ms\": %.4f, \"TBps\": %.4f, \"ceiling_TBps\": %.4f, "
-                  "\"reference_TBps\": %.2f}",
-                  r.what.c_str(), r.ms, r.tbps, ceiling, kReferenceCopyTBps);
+    std::snprintf(
+        record, sizeof(record),
+        "{\"bench\": \"%s\", \"median_ms\": %.4f, \"TBps\": %.4f, \"ceiling_TBps\": %.4f, "
+        "\"reference_TBps\": %.2f}",
+        r.what.c_str(), r.ms, r.tbps, ceiling, kReferenceCopyTBps);
     json.add(record);
   }
-  std::printf("copy ceiling measured here: %.2f TB/s (../shared/GPU.md reference: %.2f TB/s, ratio %.3f); "
-              "our copy kernel / cudaMemcpy = %.3f\n",
-              ceiling, kReferenceCopyTBps, ceiling / kReferenceCopyTBps, kernel_tbps / memcpy_tbps);
+  std::printf(
+      "copy ceiling measured here: %.2f TB/s (../shared/GPU.md reference: %.2f TB/s, ratio %.3f); "
+      "our copy kernel / cudaMemcpy = %.3f\n",
+      ceiling, kReferenceCopyTBps, ceiling / kReferenceCopyTBps, kernel_tbps / memcpy_tbps);
   cudaStreamDestroy(stream);
   return 0;
 }

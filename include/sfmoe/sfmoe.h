@@ -79,8 +79,8 @@ typedef enum sfmoe_scaling {
 #define SFMOE_SCALING_COUNT 7
 
 typedef enum sfmoe_scale_layout {
-  SFMOE_SCALE_LAYOUT_COMPACT = 0,  /* row-major [rows, cols / block] */
-  SFMOE_SCALE_LAYOUT_SWIZZLED = 1  /* 128x4 tensor-core tiles (docs/numerics.md) */
+  SFMOE_SCALE_LAYOUT_COMPACT = 0, /* row-major [rows, cols / block] */
+  SFMOE_SCALE_LAYOUT_SWIZZLED = 1 /* 128x4 tensor-core tiles (docs/numerics.md) */
 } sfmoe_scale_layout;
 
 typedef enum sfmoe_memory {
@@ -109,8 +109,7 @@ typedef struct sfmoe_tensor {
 
 /* A filled-in descriptor (struct_size set). */
 SFMOE_API sfmoe_tensor sfmoe_tensor_make(void* data, sfmoe_dtype dtype, int32_t ndim,
-                                         const int64_t* shape, sfmoe_memory memory,
-                                         int32_t device);
+                                         const int64_t* shape, sfmoe_memory memory, int32_t device);
 /* Checks a descriptor without touching its data. `name` appears in the error message. */
 SFMOE_API sfmoe_status sfmoe_tensor_validate(const sfmoe_tensor* tensor, const char* name);
 
@@ -138,11 +137,11 @@ typedef struct sfmoe_grouped_tensor {
   int64_t row_alignment;      /* power of two, >= 1 */
   int64_t uniform_group_rows; /* 0: sizes come from group_offsets */
   const int64_t* group_offsets;
-  void* rowwise_data;         /* [row_capacity, cols] or NULL */
-  void* rowwise_scale_inv;    /* layout per scaling; NULL when scaling is NONE */
-  void* columnwise_data;      /* [cols, row_capacity] or NULL */
+  void* rowwise_data;      /* [row_capacity, cols] or NULL */
+  void* rowwise_scale_inv; /* layout per scaling; NULL when scaling is NONE */
+  void* columnwise_data;   /* [cols, row_capacity] or NULL */
   void* columnwise_scale_inv;
-  float* amax;                /* [num_groups] or NULL */
+  float* amax; /* [num_groups] or NULL */
 } sfmoe_grouped_tensor;
 
 /* A descriptor with struct_size set, row_alignment 1 and everything else zero / NULL. */
@@ -197,15 +196,15 @@ SFMOE_API sfmoe_status sfmoe_check_group_offsets(const sfmoe_grouped_tensor* ten
 typedef struct sfmoe_build_info {
   size_t struct_size;
   int32_t version_major, version_minor, version_patch;
-  int32_t has_cuda_backend;  /* compiled with the CUDA backend */
+  int32_t has_cuda_backend;      /* compiled with the CUDA backend */
   int32_t cuda_compiled_version; /* CUDART_VERSION at build time, 0 without CUDA */
-  char cuda_archs[64];       /* e.g. "sm_90a" */
+  char cuda_archs[64];           /* e.g. "sm_90a" */
   char compiler[64];
 } sfmoe_build_info;
 
 typedef struct sfmoe_device_info {
   size_t struct_size;
-  int32_t device_count;      /* CUDA devices visible (0 without backend or GPU) */
+  int32_t device_count; /* CUDA devices visible (0 without backend or GPU) */
   int32_t runtime_version;
   int32_t driver_version;
   char name[256]; /* of device 0 */

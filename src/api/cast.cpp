@@ -47,8 +47,7 @@ sfmoe_status sfmoe_cast(const sfmoe_tensor* input, const sfmoe_tensor* output,
     }
     if (input->memory != output->memory || input->device != output->device) {
       return sfmoe::fail(SFMOE_ERROR_MEMORY_SPACE,
-                         "%s: input and output are in different memory spaces or devices",
-                         context);
+                         "%s: input and output are in different memory spaces or devices", context);
     }
     const int64_t count = sfmoe::tensor_element_count(input);
     if (count != sfmoe::tensor_element_count(output)) {
@@ -62,9 +61,8 @@ sfmoe_status sfmoe_cast(const sfmoe_tensor* input, const sfmoe_tensor* output,
       return sfmoe::fail(SFMOE_ERROR_MISALIGNED, "%s: config->scale_device is not 4-byte aligned",
                          context);
     }
-    SFMOE_RETURN_IF_ERROR(sfmoe::validate_pointer_memory(context, "config", "scale_device",
-                                                         config->scale_device, input->memory,
-                                                         input->device));
+    SFMOE_RETURN_IF_ERROR(sfmoe::validate_pointer_memory(
+        context, "config", "scale_device", config->scale_device, input->memory, input->device));
     if (count == 0) return SFMOE_SUCCESS;
     if (input->memory == SFMOE_MEMORY_HOST) {
       const float scale = config->scale_device ? *config->scale_device : config->scale;

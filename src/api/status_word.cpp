@@ -49,7 +49,8 @@ sfmoe_status sfmoe_status_word_create(sfmoe_memory memory, int32_t device,
       clear_report(word->word);
     } else {
 #if defined(SFMOE_WITH_CUDA)
-      const sfmoe_status status = sfmoe::cuda::status_word_allocate(device, &word->word, &word->mirror);
+      const sfmoe_status status =
+          sfmoe::cuda::status_word_allocate(device, &word->word, &word->mirror);
       if (status != SFMOE_SUCCESS) {
         delete word;
         return status;
@@ -120,8 +121,8 @@ sfmoe_status sfmoe_status_word_read(const sfmoe_status_word* word, sfmoe_fault_r
   });
 }
 
-sfmoe_status sfmoe_check_group_offsets(const sfmoe_grouped_tensor* tensor,
-                                       sfmoe_status_word* word, void* stream) {
+sfmoe_status sfmoe_check_group_offsets(const sfmoe_grouped_tensor* tensor, sfmoe_status_word* word,
+                                       void* stream) {
   const char* context = "sfmoe_check_group_offsets";
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
     SFMOE_RETURN_IF_ERROR(sfmoe::validate_grouped_tensor(context, "tensor", tensor));
@@ -139,8 +140,8 @@ sfmoe_status sfmoe_check_group_offsets(const sfmoe_grouped_tensor* tensor,
     }
 #if defined(SFMOE_WITH_CUDA)
     return sfmoe::cuda::check_group_offsets(tensor->group_offsets, tensor->num_groups,
-                                            tensor->row_capacity, tensor->row_alignment,
-                                            word->word, stream);
+                                            tensor->row_capacity, tensor->row_alignment, word->word,
+                                            stream);
 #else
     (void)stream;
     return SFMOE_ERROR_INTERNAL;

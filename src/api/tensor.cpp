@@ -14,7 +14,8 @@ sfmoe_tensor sfmoe_tensor_make(void* data, sfmoe_dtype dtype, int32_t ndim, cons
   t.data = data;
   t.dtype = dtype;
   t.ndim = ndim;
-  for (int32_t d = 0; d < ndim && d < SFMOE_MAX_DIMS && shape != nullptr; ++d) t.shape[d] = shape[d];
+  for (int32_t d = 0; d < ndim && d < SFMOE_MAX_DIMS && shape != nullptr; ++d)
+    t.shape[d] = shape[d];
   t.memory = memory;
   t.device = device;
   return t;

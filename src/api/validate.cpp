@@ -45,11 +45,15 @@ bool scaling_accepts(sfmoe_scaling scaling, sfmoe_dtype dtype) {
 int64_t scaling_block_cols(sfmoe_scaling scaling) {
   switch (scaling) {
     case SFMOE_SCALING_BLOCK_1X128:
-    case SFMOE_SCALING_BLOCK_128X128: return 128;
-    case SFMOE_SCALING_MX_1X32: return 32;
+    case SFMOE_SCALING_BLOCK_128X128:
+      return 128;
+    case SFMOE_SCALING_MX_1X32:
+      return 32;
     case SFMOE_SCALING_NV_1X16:
-    case SFMOE_SCALING_NV_16X16: return 16;
-    default: return 1;
+    case SFMOE_SCALING_NV_16X16:
+      return 16;
+    default:
+      return 1;
   }
 }
 
@@ -108,11 +112,16 @@ sfmoe_status validate_pointer_memory(const char* context, const char* name, cons
   }
   if (kind == cuda::PointerKind::kDeviceMemory && pointer_device != device) {
     return fail(SFMOE_ERROR_MEMORY_SPACE,
-                "%s: %s: %s is on CUDA device %d but the descriptor says device %d", context,
-                name, field, pointer_device, device);
+                "%s: %s: %s is on CUDA device %d but the descriptor says device %d", context, name,
+                field, pointer_device, device);
   }
 #else
-  (void)context; (void)name; (void)field; (void)pointer; (void)memory; (void)device;
+  (void)context;
+  (void)name;
+  (void)field;
+  (void)pointer;
+  (void)memory;
+  (void)device;
 #endif
   return SFMOE_SUCCESS;
 }
@@ -132,8 +141,8 @@ sfmoe_status validate_tensor(const char* context, const char* name, const sfmoe_
                 context, name, static_cast<int>(t->dtype));
   }
   if (t->ndim < 0 || t->ndim > SFMOE_MAX_DIMS) {
-    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s: ndim %d is outside [0, %d]", context,
-                name, t->ndim, SFMOE_MAX_DIMS);
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s: ndim %d is outside [0, %d]", context, name,
+                t->ndim, SFMOE_MAX_DIMS);
   }
   int64_t count = 1;
   for (int32_t d = 0; d < t->ndim; ++d) {
@@ -191,8 +200,8 @@ sfmoe_status validate_grouped_tensor(const char* context, const char* name,
                 static_cast<int>(t->scale_layout));
   }
   if (!scaling_accepts(t->scaling, t->dtype)) {
-    return fail(SFMOE_ERROR_DTYPE_MISMATCH, "%s: %s: scaling '%s' cannot hold dtype '%s'",
-                context, name, sfmoe_scaling_name(t->scaling), sfmoe_dtype_name(t->dtype));
+    return fail(SFMOE_ERROR_DTYPE_MISMATCH, "%s: %s: scaling '%s' cannot hold dtype '%s'", context,
+                name, sfmoe_scaling_name(t->scaling), sfmoe_dtype_name(t->dtype));
   }
   if (t->num_groups <= 0) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s: num_groups is %lld; it must be >= 1",
@@ -252,23 +261,23 @@ sfmoe_status validate_grouped_tensor(const char* context, const char* name,
                 context, name);
   }
   if (t->group_offsets != nullptr && is_misaligned(t->group_offsets, alignof(int64_t))) {
-    return fail(SFMOE_ERROR_MISALIGNED, "%s: %s: group_offsets %p is not 8-byte aligned",
-                context, name, static_cast<const void*>(t->group_offsets));
+    return fail(SFMOE_ERROR_MISALIGNED, "%s: %s: group_offsets %p is not 8-byte aligned", context,
+                name, static_cast<const void*>(t->group_offsets));
   }
   if (t->rowwise_data == nullptr && t->columnwise_data == nullptr) {
-    return fail(SFMOE_ERROR_NULL_POINTER,
-                "%s: %s: neither rowwise_data nor columnwise_data is set", context, name);
+    return fail(SFMOE_ERROR_NULL_POINTER, "%s: %s: neither rowwise_data nor columnwise_data is set",
+                context, name);
   }
   const bool scaled = t->scaling != SFMOE_SCALING_NONE;
   if (scaled && t->rowwise_data != nullptr && t->rowwise_scale_inv == nullptr) {
     return fail(SFMOE_ERROR_NULL_POINTER,
-                "%s: %s: scaling '%s' needs rowwise_scale_inv for the rowwise copy", context,
-                name, sfmoe_scaling_name(t->scaling));
+                "%s: %s: scaling '%s' needs rowwise_scale_inv for the rowwise copy", context, name,
+                sfmoe_scaling_name(t->scaling));
   }
   if (scaled && t->columnwise_data != nullptr && t->columnwise_scale_inv == nullptr) {
     return fail(SFMOE_ERROR_NULL_POINTER,
-                "%s: %s: scaling '%s' needs columnwise_scale_inv for the columnwise copy",
-                context, name, sfmoe_scaling_name(t->scaling));
+                "%s: %s: scaling '%s' needs columnwise_scale_inv for the columnwise copy", context,
+                name, sfmoe_scaling_name(t->scaling));
   }
   if (!scaled && (t->rowwise_scale_inv != nullptr || t->columnwise_scale_inv != nullptr)) {
     return fail(SFMOE_ERROR_DTYPE_MISMATCH,
@@ -286,10 +295,10 @@ sfmoe_status validate_grouped_tensor(const char* context, const char* name,
                           {"amax", t->amax, alignof(float)}};
   for (const Field& f : fields) {
     // E8M0 / E4M3 scale arrays are bytes; FP32 scales and amax need 4-byte alignment.
-    const bool byte_scales = (t->scaling == SFMOE_SCALING_MX_1X32 ||
-                              t->scaling == SFMOE_SCALING_NV_1X16 ||
-                              t->scaling == SFMOE_SCALING_NV_16X16) &&
-                             f.alignment == 4 && f.pointer != t->amax;
+    const bool byte_scales =
+        (t->scaling == SFMOE_SCALING_MX_1X32 || t->scaling == SFMOE_SCALING_NV_1X16 ||
+         t->scaling == SFMOE_SCALING_NV_16X16) &&
+        f.alignment == 4 && f.pointer != t->amax;
     if (!byte_scales && is_misaligned(f.pointer, f.alignment)) {
       return fail(SFMOE_ERROR_MISALIGNED, "%s: %s: %s %p is not %zu-byte aligned", context, name,
                   f.name, f.pointer, static_cast<size_t>(f.alignment));

@@ -26,9 +26,9 @@ sfmoe_status guarded(const char* function, Body&& body) noexcept {
   }
 }
 
-#define SFMOE_RETURN_IF_ERROR(expr)          \
-  do {                                       \
-    const sfmoe_status status_ = (expr);     \
+#define SFMOE_RETURN_IF_ERROR(expr)               \
+  do {                                            \
+    const sfmoe_status status_ = (expr);          \
     if (status_ != SFMOE_SUCCESS) return status_; \
   } while (0)
 

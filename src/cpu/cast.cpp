@@ -12,9 +12,15 @@ void cast(const void* input, sfmoe_dtype input_dtype, void* output, sfmoe_dtype 
     const float value = decode_element(input_dtype, load_code(input, in_bits, i));
     const uint32_t code = encode_element(output_dtype, numerics::mul_rn(value, scale));
     switch (out_bits) {
-      case 32: static_cast<uint32_t*>(output)[i] = code; break;
-      case 16: static_cast<uint16_t*>(output)[i] = static_cast<uint16_t>(code); break;
-      case 8: static_cast<uint8_t*>(output)[i] = static_cast<uint8_t>(code); break;
+      case 32:
+        static_cast<uint32_t*>(output)[i] = code;
+        break;
+      case 16:
+        static_cast<uint16_t*>(output)[i] = static_cast<uint16_t>(code);
+        break;
+      case 8:
+        static_cast<uint8_t*>(output)[i] = static_cast<uint8_t>(code);
+        break;
       default: {
         uint8_t& byte = static_cast<uint8_t*>(output)[i >> 1];
         const int shift = (i & 1) * 4;

@@ -12,20 +12,21 @@ namespace testing {
 uint64_t fresh_test_seed() {
   if (const char* env = std::getenv("SFMOE_TEST_SEED")) return std::strtoull(env, nullptr, 0);
   std::random_device device;
-  const uint64_t now = static_cast<uint64_t>(
-      std::chrono::high_resolution_clock::now().time_since_epoch().count());
+  const uint64_t now =
+      static_cast<uint64_t>(std::chrono::high_resolution_clock::now().time_since_epoch().count());
   return (static_cast<uint64_t>(device()) << 32) ^ device() ^ now;
 }
 
 std::vector<uint32_t> special_f32_bits() {
-  std::vector<uint32_t> v = {0x00000000u, 0x80000000u,  // +-0
-                             0x00000001u, 0x80000001u,  // smallest subnormals
-                             0x00400000u, 0x00400001u, 0x003FFFFFu, 0x007FFFFFu, 0x807FFFFFu,
-                             0x00800000u, 0x80800000u,  // smallest normals
-                             0x7F7FFFFFu, 0xFF7FFFFFu,  // +-FLT_MAX
-                             0x7F800000u, 0xFF800000u,  // +-Inf
-                             0x7FC00000u, 0xFFC00000u, 0x7F800001u, 0xFF800001u, 0x7FFFFFFFu,
-                             0xFFFFFFFFu, 0x7FA00000u};  // NaNs: quiet, signalling, payloads
+  std::vector<uint32_t> v = {
+      0x00000000u, 0x80000000u,  // +-0
+      0x00000001u, 0x80000001u,  // smallest subnormals
+      0x00400000u, 0x00400001u, 0x003FFFFFu, 0x007FFFFFu,
+      0x807FFFFFu, 0x00800000u, 0x80800000u,  // smallest normals
+      0x7F7FFFFFu, 0xFF7FFFFFu,               // +-FLT_MAX
+      0x7F800000u, 0xFF800000u,               // +-Inf
+      0x7FC00000u, 0xFFC00000u, 0x7F800001u, 0xFF800001u,
+      0x7FFFFFFFu, 0xFFFFFFFFu, 0x7FA00000u};  // NaNs: quiet, signalling, payloads
   for (uint32_t e = 0; e < 255; ++e) {
     for (uint32_t m : {0u, 1u, 0x400000u, 0x400001u, 0x7FFFFFu, 0x3FFFFFu}) {
       v.push_back((e << 23) | m);
@@ -86,10 +87,14 @@ std::vector<NumericsCase> make_numerics_cases(uint64_t seed) {
   std::vector<uint32_t> encoder_inputs;
   for (uint32_t p = 0; p < 65536; ++p) encoder_inputs.push_back(p << 16);
   append(&encoder_inputs, special_f32_bits());
-  append(&encoder_inputs, rounding_boundaries(128, [](uint32_t c) { return numerics::e4m3_to_f32(c); }));
-  append(&encoder_inputs, rounding_boundaries(128, [](uint32_t c) { return numerics::e5m2_to_f32(c); }));
-  append(&encoder_inputs, rounding_boundaries(8, [](uint32_t c) { return numerics::e2m1_to_f32(c); }));
-  append(&encoder_inputs, rounding_boundaries(32768, [](uint32_t c) { return numerics::fp16_to_f32(c); }));
+  append(&encoder_inputs,
+         rounding_boundaries(128, [](uint32_t c) { return numerics::e4m3_to_f32(c); }));
+  append(&encoder_inputs,
+         rounding_boundaries(128, [](uint32_t c) { return numerics::e5m2_to_f32(c); }));
+  append(&encoder_inputs,
+         rounding_boundaries(8, [](uint32_t c) { return numerics::e2m1_to_f32(c); }));
+  append(&encoder_inputs,
+         rounding_boundaries(32768, [](uint32_t c) { return numerics::fp16_to_f32(c); }));
   std::uniform_real_distribution<float> exponent(-30.0f, 20.0f);
   for (int i = 0; i < 200000; ++i) {
     encoder_inputs.push_back(random_u32());
@@ -97,12 +102,12 @@ std::vector<NumericsCase> make_numerics_cases(uint64_t seed) {
     encoder_inputs.push_back(numerics::f32_to_bits((rng() & 1) ? -magnitude : magnitude));
   }
   const std::vector<uint32_t> zeros(encoder_inputs.size(), 0u);
-  for (NumericsFn fn : {NumericsFn::kE4M3Encode, NumericsFn::kE5M2Encode, NumericsFn::kE2M1Encode,
-                        NumericsFn::kBf16Encode, NumericsFn::kFp16Encode, NumericsFn::kE8M0Encode,
-                        NumericsFn::kMxScaleE4M3, NumericsFn::kMxScaleE5M2,
-                        NumericsFn::kFp8ScaleE4M3, NumericsFn::kFp8ScaleE4M3Pow2,
-                        NumericsFn::kFp8ScaleE5M2, NumericsFn::kScaleInverse,
-                        NumericsFn::kNvfp4GlobalScale}) {
+  for (NumericsFn fn :
+       {NumericsFn::kE4M3Encode, NumericsFn::kE5M2Encode, NumericsFn::kE2M1Encode,
+        NumericsFn::kBf16Encode, NumericsFn::kFp16Encode, NumericsFn::kE8M0Encode,
+        NumericsFn::kMxScaleE4M3, NumericsFn::kMxScaleE5M2, NumericsFn::kFp8ScaleE4M3,
+        NumericsFn::kFp8ScaleE4M3Pow2, NumericsFn::kFp8ScaleE5M2, NumericsFn::kScaleInverse,
+        NumericsFn::kNvfp4GlobalScale}) {
     cases.push_back({fn, "", encoder_inputs, zeros});
   }
 
@@ -198,13 +203,19 @@ std::vector<NumericsCase> make_numerics_cases(uint64_t seed) {
     cases.push_back(swizzle);
   }
 
-  static const char* const kNames[] = {
-      "e4m3_encode", "e5m2_encode", "e2m1_encode", "bf16_encode", "fp16_encode",
-      "e4m3_decode", "e5m2_decode", "e2m1_decode", "bf16_decode", "fp16_decode",
-      "e8m0_encode", "e8m0_decode", "mx_multiplier", "mx_scale_e4m3", "mx_scale_e5m2",
-      "fp8_scale_e4m3", "fp8_scale_e4m3_pow2", "fp8_scale_e5m2", "scale_inverse",
-      "nvfp4_global_scale", "nvfp4_block_scale", "nvfp4_block_multiplier", "e2m1_stochastic",
-      "philox_bits", "swizzle_offset"};
+  static const char* const kNames[] = {"e4m3_encode",         "e5m2_encode",
+                                       "e2m1_encode",         "bf16_encode",
+                                       "fp16_encode",         "e4m3_decode",
+                                       "e5m2_decode",         "e2m1_decode",
+                                       "bf16_decode",         "fp16_decode",
+                                       "e8m0_encode",         "e8m0_decode",
+                                       "mx_multiplier",       "mx_scale_e4m3",
+                                       "mx_scale_e5m2",       "fp8_scale_e4m3",
+                                       "fp8_scale_e4m3_pow2", "fp8_scale_e5m2",
+                                       "scale_inverse",       "nvfp4_global_scale",
+                                       "nvfp4_block_scale",   "nvfp4_block_multiplier",
+                                       "e2m1_stochastic",     "philox_bits",
+                                       "swizzle_offset"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<int>(NumericsFn::kCount),
                 "a name per function");
   for (NumericsCase& c : cases) c.name = kNames[static_cast<int>(c.fn)];

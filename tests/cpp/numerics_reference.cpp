@@ -42,19 +42,25 @@ struct RefFormat {
   bool is_nan(uint32_t magnitude) const {
     const uint32_t top = (1u << exponent_bits) - 1u;
     switch (specials) {
-      case Specials::kIeee: return (magnitude >> mantissa_bits) == top && (magnitude & ((1u << mantissa_bits) - 1u)) != 0;
-      case Specials::kE4M3FN: return magnitude == (1u << magnitude_bits()) - 1u;
-      case Specials::kNone: return false;
+      case Specials::kIeee:
+        return (magnitude >> mantissa_bits) == top &&
+               (magnitude & ((1u << mantissa_bits) - 1u)) != 0;
+      case Specials::kE4M3FN:
+        return magnitude == (1u << magnitude_bits()) - 1u;
+      case Specials::kNone:
+        return false;
     }
     return false;
   }
   bool is_inf(uint32_t magnitude) const {
-    return specials == Specials::kIeee && magnitude == ((1u << exponent_bits) - 1u) << mantissa_bits;
+    return specials == Specials::kIeee && magnitude == ((1u << exponent_bits) - 1u)
+                                                           << mantissa_bits;
   }
   // (-1)^s 2^(e - bias) (1 + m / 2^M), or 2^(1 - bias) (m / 2^M) for e = 0.
   double value(uint32_t magnitude) const {
     const uint32_t e = magnitude >> mantissa_bits;
-    const double m = static_cast<double>(magnitude & ((1u << mantissa_bits) - 1u)) / std::ldexp(1.0, mantissa_bits);
+    const double m = static_cast<double>(magnitude & ((1u << mantissa_bits) - 1u)) /
+                     std::ldexp(1.0, mantissa_bits);
     return e == 0 ? std::ldexp(m, 1 - bias) : std::ldexp(1.0 + m, static_cast<int>(e) - bias);
   }
 };
@@ -72,11 +78,15 @@ struct ValueTable {
 
 const ValueTable& table_for(const RefFormat& f) {
   static std::vector<std::pair<const RefFormat*, ValueTable>> cache;
-  for (auto& entry : cache) if (entry.first == &f) return entry.second;
+  for (auto& entry : cache)
+    if (entry.first == &f) return entry.second;
   ValueTable t;
   for (uint32_t c = 0; c < (1u << f.magnitude_bits()); ++c) {
     if (f.is_nan(c)) continue;
-    if (f.is_inf(c)) { t.inf_code = c; continue; }
+    if (f.is_inf(c)) {
+      t.inf_code = c;
+      continue;
+    }
     t.values.push_back(f.value(c));
   }
   cache.emplace_back(&f, t);
@@ -123,7 +133,7 @@ uint32_t ref_e8m0(float x) {
   if (a == 0.0) return 0;
   int e;
   const double fraction = std::frexp(a, &e);  // a = fraction * 2^e, fraction in [0.5, 1)
-  const int k = fraction == 0.5 ? e - 1 : e;   // 2^k >= a, smallest
+  const int k = fraction == 0.5 ? e - 1 : e;  // 2^k >= a, smallest
   return static_cast<uint32_t>(std::clamp(k + 127, 0, 254));
 }
 
@@ -174,23 +184,48 @@ uint32_t ref_e2m1_stochastic(float x, uint32_t random_bits) {
 bool reference_numerics(NumericsFn fn, uint32_t a, uint32_t b, uint32_t* r) {
   const float fa = as_float(a), fb = as_float(b);
   switch (fn) {
-    case NumericsFn::kE4M3Encode: *r = ref_encode(kRefE4M3, fa); return true;
-    case NumericsFn::kE5M2Encode: *r = ref_encode(kRefE5M2, fa); return true;
-    case NumericsFn::kE2M1Encode: *r = ref_encode(kRefE2M1, fa); return true;
-    case NumericsFn::kBf16Encode: *r = ref_encode(kRefBF16, fa); return true;
-    case NumericsFn::kFp16Encode: *r = ref_encode(kRefFP16, fa); return true;
-    case NumericsFn::kE4M3Decode: *r = as_bits(ref_decode(kRefE4M3, a)); return true;
-    case NumericsFn::kE5M2Decode: *r = as_bits(ref_decode(kRefE5M2, a)); return true;
-    case NumericsFn::kE2M1Decode: *r = as_bits(ref_decode(kRefE2M1, a)); return true;
-    case NumericsFn::kBf16Decode: *r = as_bits(ref_decode(kRefBF16, a)); return true;
-    case NumericsFn::kFp16Decode: *r = as_bits(ref_decode(kRefFP16, a)); return true;
-    case NumericsFn::kE8M0Encode: *r = ref_e8m0(fa); return true;
+    case NumericsFn::kE4M3Encode:
+      *r = ref_encode(kRefE4M3, fa);
+      return true;
+    case NumericsFn::kE5M2Encode:
+      *r = ref_encode(kRefE5M2, fa);
+      return true;
+    case NumericsFn::kE2M1Encode:
+      *r = ref_encode(kRefE2M1, fa);
+      return true;
+    case NumericsFn::kBf16Encode:
+      *r = ref_encode(kRefBF16, fa);
+      return true;
+    case NumericsFn::kFp16Encode:
+      *r = ref_encode(kRefFP16, fa);
+      return true;
+    case NumericsFn::kE4M3Decode:
+      *r = as_bits(ref_decode(kRefE4M3, a));
+      return true;
+    case NumericsFn::kE5M2Decode:
+      *r = as_bits(ref_decode(kRefE5M2, a));
+      return true;
+    case NumericsFn::kE2M1Decode:
+      *r = as_bits(ref_decode(kRefE2M1, a));
+      return true;
+    case NumericsFn::kBf16Decode:
+      *r = as_bits(ref_decode(kRefBF16, a));
+      return true;
+    case NumericsFn::kFp16Decode:
+      *r = as_bits(ref_decode(kRefFP16, a));
+      return true;
+    case NumericsFn::kE8M0Encode:
+      *r = ref_e8m0(fa);
+      return true;
     case NumericsFn::kE8M0Decode:
       *r = as_bits(a == 255 ? NAN : static_cast<float>(std::ldexp(1.0, static_cast<int>(a) - 127)));
       return true;
     case NumericsFn::kMxMultiplier:
       // 2^(127 - e) where FP32 holds it as a normal number; 0 below; NaN for 255.
-      *r = as_bits(a == 255 ? NAN : (a == 254 ? 0.0f : static_cast<float>(std::ldexp(1.0, 127 - static_cast<int>(a)))));
+      *r = as_bits(
+          a == 255
+              ? NAN
+              : (a == 254 ? 0.0f : static_cast<float>(std::ldexp(1.0, 127 - static_cast<int>(a)))));
       return true;
     case NumericsFn::kMxScaleE4M3:
     case NumericsFn::kMxScaleE5M2: {
@@ -199,11 +234,21 @@ bool reference_numerics(NumericsFn fn, uint32_t a, uint32_t b, uint32_t* r) {
       *r = ref_e8m0(round_to_float(static_cast<double>(fa) * reciprocal));
       return true;
     }
-    case NumericsFn::kFp8ScaleE4M3: *r = as_bits(ref_fp8_scale(fa, 448.0, false)); return true;
-    case NumericsFn::kFp8ScaleE4M3Pow2: *r = as_bits(ref_fp8_scale(fa, 448.0, true)); return true;
-    case NumericsFn::kFp8ScaleE5M2: *r = as_bits(ref_fp8_scale(fa, 57344.0, false)); return true;
-    case NumericsFn::kScaleInverse: *r = as_bits(round_to_float(1.0 / static_cast<double>(fa))); return true;
-    case NumericsFn::kNvfp4GlobalScale: *r = as_bits(ref_nvfp4_global(fa)); return true;
+    case NumericsFn::kFp8ScaleE4M3:
+      *r = as_bits(ref_fp8_scale(fa, 448.0, false));
+      return true;
+    case NumericsFn::kFp8ScaleE4M3Pow2:
+      *r = as_bits(ref_fp8_scale(fa, 448.0, true));
+      return true;
+    case NumericsFn::kFp8ScaleE5M2:
+      *r = as_bits(ref_fp8_scale(fa, 57344.0, false));
+      return true;
+    case NumericsFn::kScaleInverse:
+      *r = as_bits(round_to_float(1.0 / static_cast<double>(fa)));
+      return true;
+    case NumericsFn::kNvfp4GlobalScale:
+      *r = as_bits(ref_nvfp4_global(fa));
+      return true;
     case NumericsFn::kNvfp4BlockScale: {
       const float t = round_to_float(static_cast<double>(fb) * kOneSixth);
       *r = ref_encode(kRefE4M3, round_to_float(static_cast<double>(fa) * t));
@@ -211,31 +256,42 @@ bool reference_numerics(NumericsFn fn, uint32_t a, uint32_t b, uint32_t* r) {
     }
     case NumericsFn::kNvfp4BlockMultiplier: {
       const float global_decode = round_to_float(1.0 / static_cast<double>(fb));
-      const float block_decode = round_to_float(static_cast<double>(ref_decode(kRefE4M3, a)) * global_decode);
+      const float block_decode =
+          round_to_float(static_cast<double>(ref_decode(kRefE4M3, a)) * global_decode);
       *r = as_bits(ref_min_flt_max(1.0 / static_cast<double>(block_decode)));
       return true;
     }
-    case NumericsFn::kE2M1Stochastic: *r = ref_e2m1_stochastic(fa, b); return true;
+    case NumericsFn::kE2M1Stochastic:
+      *r = ref_e2m1_stochastic(fa, b);
+      return true;
     case NumericsFn::kSwizzleOffset: {
       // DESIGN.md section 4, read literally: 128x4 tiles in row-major tile order, 512 entries
       // each; inside, (i % 32) * 16 + (i / 32) * 4 + j for tile-local row i and column j.
       const int64_t tiles_per_row = (kSwizzleTestCols + 3) / 4;
       const int64_t i = a % 128, j = b % 4;
-      *r = static_cast<uint32_t>(((a / 128) * tiles_per_row + b / 4) * 512 + (i % 32) * 16 + (i / 32) * 4 + j);
+      *r = static_cast<uint32_t>(((a / 128) * tiles_per_row + b / 4) * 512 + (i % 32) * 16 +
+                                 (i / 32) * 4 + j);
       return true;
     }
-    default: return false;
+    default:
+      return false;
   }
 }
 
 bool same_result(NumericsFn fn, uint32_t x, uint32_t y) {
   if (x == y) return true;
   switch (fn) {
-    case NumericsFn::kE4M3Decode: case NumericsFn::kE5M2Decode: case NumericsFn::kE2M1Decode:
-    case NumericsFn::kBf16Decode: case NumericsFn::kFp16Decode: case NumericsFn::kE8M0Decode:
-    case NumericsFn::kMxMultiplier: case NumericsFn::kScaleInverse:
+    case NumericsFn::kE4M3Decode:
+    case NumericsFn::kE5M2Decode:
+    case NumericsFn::kE2M1Decode:
+    case NumericsFn::kBf16Decode:
+    case NumericsFn::kFp16Decode:
+    case NumericsFn::kE8M0Decode:
+    case NumericsFn::kMxMultiplier:
+    case NumericsFn::kScaleInverse:
       return std::isnan(as_float(x)) && std::isnan(as_float(y));
-    default: return false;
+    default:
+      return false;
   }
 }
 

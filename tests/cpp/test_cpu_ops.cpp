@@ -16,9 +16,9 @@ namespace {
 
 using sfmoe::numerics::bits_to_f32;
 
-const sfmoe_dtype kFloatDtypes[] = {SFMOE_DTYPE_FP32, SFMOE_DTYPE_BF16, SFMOE_DTYPE_FP16,
-                                    SFMOE_DTYPE_FP8_E4M3, SFMOE_DTYPE_FP8_E5M2,
-                                    SFMOE_DTYPE_FP4_E2M1};
+const sfmoe_dtype kFloatDtypes[] = {SFMOE_DTYPE_FP32,     SFMOE_DTYPE_BF16,
+                                    SFMOE_DTYPE_FP16,     SFMOE_DTYPE_FP8_E4M3,
+                                    SFMOE_DTYPE_FP8_E5M2, SFMOE_DTYPE_FP4_E2M1};
 
 std::vector<float> inputs(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -36,8 +36,10 @@ std::vector<uint8_t> encode_all(const std::vector<float>& x, sfmoe_dtype dtype) 
   std::vector<uint8_t> out((x.size() * bits + 7) / 8 + 16, 0);
   for (size_t i = 0; i < x.size(); ++i) {
     const uint32_t code = sfmoe::encode_element(dtype, x[i]);
-    if (bits == 4) out[i / 2] |= static_cast<uint8_t>((code & 0xF) << (4 * (i & 1)));
-    else std::memcpy(&out[i * bits / 8], &code, bits / 8);
+    if (bits == 4)
+      out[i / 2] |= static_cast<uint8_t>((code & 0xF) << (4 * (i & 1)));
+    else
+      std::memcpy(&out[i * bits / 8], &code, bits / 8);
   }
   return out;
 }
@@ -54,7 +56,9 @@ TEST(CpuCast, EveryDtypePairMatchesDecodeScaleEncode) {
         std::vector<float> decoded(x.size());
         for (int64_t i = 0; i < n; ++i) {
           decoded[i] = sfmoe::numerics::mul_rn(
-              sfmoe::decode_element(from, sfmoe::load_code(source.data(), sfmoe_dtype_bits(from), i)), 0.375f);
+              sfmoe::decode_element(from,
+                                    sfmoe::load_code(source.data(), sfmoe_dtype_bits(from), i)),
+              0.375f);
         }
         const std::vector<uint8_t> expected = encode_all(decoded, to);
         alignas(16) std::vector<uint8_t> out(expected.size(), 0xCD);

@@ -46,9 +46,12 @@ TEST(Numerics, EveryFunctionMatchesItsIndependentReference) {
     }
     total += checked;
     EXPECT_EQ(mismatches, 0) << c.name;
-    if (checked > 0) std::printf("[ numerics ] %-24s %9lld inputs match the reference\n", c.name.c_str(), static_cast<long long>(checked));
+    if (checked > 0)
+      std::printf("[ numerics ] %-24s %9lld inputs match the reference\n", c.name.c_str(),
+                  static_cast<long long>(checked));
   }
-  std::printf("[ numerics ] %lld values checked against independent references\n", static_cast<long long>(total));
+  std::printf("[ numerics ] %lld values checked against independent references\n",
+              static_cast<long long>(total));
   EXPECT_GT(total, 1000000);
 }
 
@@ -90,9 +93,9 @@ TEST(Numerics, KnownAnswersFromTheDesign) {
   EXPECT_EQ(f32_to_e5m2(INFINITY), 0x7B);
   EXPECT_EQ(f32_to_e2m1(6.0f), 0x7);
   EXPECT_EQ(f32_to_e2m1(NAN), 0x7);
-  EXPECT_EQ(f32_to_e2m1(0.25f), 0x0);   // tie between 0 and 0.5: even
-  EXPECT_EQ(f32_to_e2m1(0.75f), 0x2);   // tie between 0.5 and 1: even (1.0, code 2)
-  EXPECT_EQ(f32_to_e2m1(-2.5f), 0xC);   // tie between 2 and 3: even (2)
+  EXPECT_EQ(f32_to_e2m1(0.25f), 0x0);        // tie between 0 and 0.5: even
+  EXPECT_EQ(f32_to_e2m1(0.75f), 0x2);        // tie between 0.5 and 1: even (1.0, code 2)
+  EXPECT_EQ(f32_to_e2m1(-2.5f), 0xC);        // tie between 2 and 3: even (2)
   EXPECT_EQ(f32_to_fp16(65520.0f), 0x7C00);  // overflow threshold -> Inf
   EXPECT_EQ(f32_to_fp16(65519.0f), 0x7BFF);
   // E8M0: the three exceptions to rounding up.
@@ -126,9 +129,13 @@ TEST(Numerics, PhiloxMatchesPublishedAnswerVectors) {
   };
   const Vector vectors[] = {
       {{{0, 0, 0, 0}}, 0, 0, {{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}}},
-      {{{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}}, 0xffffffff, 0xffffffff,
+      {{{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}},
+       0xffffffff,
+       0xffffffff,
        {{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}}},
-      {{{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}}, 0xa4093822, 0x299f31d0,
+      {{{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}},
+       0xa4093822,
+       0x299f31d0,
        {{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}}},
   };
   for (const Vector& v : vectors) {
@@ -139,8 +146,9 @@ TEST(Numerics, PhiloxMatchesPublishedAnswerVectors) {
   // from (seed, offset, index) alone and independent of how work is split.
   const uint64_t seed = test_seed();
   for (uint64_t i = 0; i < 64; ++i) {
-    const Philox4x32 block = philox4x32_10({{static_cast<uint32_t>(i / 4), 0, 7, 0}},
-                                           static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+    const Philox4x32 block =
+        philox4x32_10({{static_cast<uint32_t>(i / 4), 0, 7, 0}}, static_cast<uint32_t>(seed),
+                      static_cast<uint32_t>(seed >> 32));
     EXPECT_EQ(philox_random_bits(seed, 7, i), block.v[i % 4]);
   }
 }
@@ -172,7 +180,8 @@ TEST(Numerics, HadamardSignVectorAndTransform) {
   for (int trial = 0; trial < 2000; ++trial) {
     float v[16], x[16];
     const bool integers = trial % 2 == 0;
-    for (int i = 0; i < 16; ++i) x[i] = v[i] = integers ? static_cast<float>(small(rng)) : normal(rng);
+    for (int i = 0; i < 16; ++i)
+      x[i] = v[i] = integers ? static_cast<float>(small(rng)) : normal(rng);
     hadamard16_transform(v);
     double norm = 0.0;
     for (int i = 0; i < 16; ++i) norm += double(x[i]) * x[i];

@@ -55,62 +55,156 @@ sfmoe_tensor host_tensor(void* data, sfmoe_dtype dtype, int64_t n) {
 
 std::vector<BadCase> bad_cases() {
   return {
-      {"null descriptor", SFMOE_ERROR_NULL_POINTER, "descriptor pointer is NULL",
-       [](Buffers&) { return sfmoe_grouped_tensor_validate(nullptr, "w1"); }},
-      {"struct_size mismatch", SFMOE_ERROR_STRUCT_SIZE, "struct_size is",
-       [](Buffers& b) { auto t = good_grouped(b); t.struct_size -= 8; return validate(t); }},
-      {"dtype out of range", SFMOE_ERROR_INVALID_ARGUMENT, "dtype 42 is not a valid",
-       [](Buffers& b) { auto t = good_grouped(b); t.dtype = static_cast<sfmoe_dtype>(42); return validate(t); }},
-      {"scaling out of range", SFMOE_ERROR_INVALID_ARGUMENT, "scaling 9 is not a valid",
-       [](Buffers& b) { auto t = good_grouped(b); t.scaling = static_cast<sfmoe_scaling>(9); return validate(t); }},
-      {"dtype/scaling mismatch", SFMOE_ERROR_DTYPE_MISMATCH, "scaling 'mx_1x32' cannot hold dtype 'bf16'",
-       [](Buffers& b) { auto t = good_grouped(b); t.dtype = SFMOE_DTYPE_BF16; return validate(t); }},
-      {"zero groups", SFMOE_ERROR_INVALID_ARGUMENT, "num_groups is 0",
-       [](Buffers& b) { auto t = good_grouped(b); t.num_groups = 0; return validate(t); }},
-      {"negative capacity", SFMOE_ERROR_INVALID_ARGUMENT, "row_capacity is -5",
-       [](Buffers& b) { auto t = good_grouped(b); t.row_capacity = -5; return validate(t); }},
-      {"zero columns", SFMOE_ERROR_INVALID_ARGUMENT, "cols is 0",
-       [](Buffers& b) { auto t = good_grouped(b); t.cols = 0; return validate(t); }},
-      {"alignment not a power of two", SFMOE_ERROR_INVALID_ARGUMENT, "row_alignment is 24",
-       [](Buffers& b) { auto t = good_grouped(b); t.row_alignment = 24; return validate(t); }},
-      {"cols not a multiple of the block", SFMOE_ERROR_SHAPE_MISMATCH, "not a multiple of the mx_1x32 block width 32",
-       [](Buffers& b) { auto t = good_grouped(b); t.cols = 48; return validate(t); }},
-      {"missing group offsets", SFMOE_ERROR_NULL_POINTER, "group_offsets is NULL",
-       [](Buffers& b) { auto t = good_grouped(b); t.group_offsets = nullptr; return validate(t); }},
-      {"misaligned group offsets", SFMOE_ERROR_MISALIGNED, "group_offsets",
-       [](Buffers& b) { auto t = good_grouped(b); t.group_offsets = reinterpret_cast<const int64_t*>(reinterpret_cast<const char*>(b.offsets) + 4); return validate(t); }},
-      {"no data at all", SFMOE_ERROR_NULL_POINTER, "neither rowwise_data nor columnwise_data",
-       [](Buffers& b) { auto t = good_grouped(b); t.rowwise_data = nullptr; return validate(t); }},
-      {"missing scale_inv", SFMOE_ERROR_NULL_POINTER, "needs rowwise_scale_inv",
-       [](Buffers& b) { auto t = good_grouped(b); t.rowwise_scale_inv = nullptr; return validate(t); }},
-      {"misaligned data", SFMOE_ERROR_MISALIGNED, "rowwise_data",
-       [](Buffers& b) { auto t = good_grouped(b); t.rowwise_data = b.output + 1; return validate(t); }},
-      {"uniform groups over capacity", SFMOE_ERROR_SHAPE_MISMATCH, "exceed row_capacity",
-       [](Buffers& b) { auto t = good_grouped(b); t.uniform_group_rows = 2; return validate(t); }},
-      {"bad memory enum", SFMOE_ERROR_INVALID_ARGUMENT, "memory 7 is not a valid",
-       [](Buffers& b) { auto t = good_grouped(b); t.memory = static_cast<sfmoe_memory>(7); return validate(t); }},
-      {"tensor ndim out of range", SFMOE_ERROR_INVALID_ARGUMENT, "ndim 5 is outside",
-       [](Buffers& b) { auto t = host_tensor(b.input, SFMOE_DTYPE_FP32, 4); t.ndim = 5; return sfmoe_tensor_validate(&t, "x"); }},
-      {"tensor negative dimension", SFMOE_ERROR_INVALID_ARGUMENT, "shape[0] = -3 is negative",
-       [](Buffers& b) { auto t = host_tensor(b.input, SFMOE_DTYPE_FP32, -3); return sfmoe_tensor_validate(&t, "x"); }},
-      {"tensor null data", SFMOE_ERROR_NULL_POINTER, "data is NULL but the tensor has 4 elements",
-       [](Buffers&) { auto t = host_tensor(nullptr, SFMOE_DTYPE_FP32, 4); return sfmoe_tensor_validate(&t, "x"); }},
-      {"fp4 odd innermost dimension", SFMOE_ERROR_SHAPE_MISMATCH, "innermost dimension must be even",
-       [](Buffers& b) { auto t = host_tensor(b.output, SFMOE_DTYPE_FP4_E2M1, 7); return sfmoe_tensor_validate(&t, "x"); }},
-      {"cast element count mismatch", SFMOE_ERROR_SHAPE_MISMATCH, "input has 8 elements but output has 6",
-       [](Buffers& b) { return cast(host_tensor(b.input, SFMOE_DTYPE_FP32, 8), host_tensor(b.output, SFMOE_DTYPE_FP8_E4M3, 6)); }},
-      {"cast integer dtype", SFMOE_ERROR_DTYPE_MISMATCH, "output dtype 'int32' is not a floating-point",
-       [](Buffers& b) { return cast(host_tensor(b.input, SFMOE_DTYPE_FP32, 8), host_tensor(b.output, SFMOE_DTYPE_INT32, 8)); }},
-      {"cast config struct_size", SFMOE_ERROR_STRUCT_SIZE, "config struct_size",
-       [](Buffers& b) {
-         auto in = host_tensor(b.input, SFMOE_DTYPE_FP32, 8), out = host_tensor(b.output, SFMOE_DTYPE_FP8_E4M3, 8);
-         sfmoe_cast_config c = sfmoe_cast_config_init();
-         c.struct_size = 3;
-         return sfmoe_cast(&in, &out, &c, nullptr);
-       }},
+    {"null descriptor", SFMOE_ERROR_NULL_POINTER, "descriptor pointer is NULL",
+     [](Buffers&) { return sfmoe_grouped_tensor_validate(nullptr, "w1"); }},
+        {"struct_size mismatch", SFMOE_ERROR_STRUCT_SIZE, "struct_size is",
+         [](Buffers& b) {
+           auto t = good_grouped(b);
+           t.struct_size -= 8;
+           return validate(t);
+         }},
+        {"dtype out of range", SFMOE_ERROR_INVALID_ARGUMENT, "dtype 42 is not a valid",
+         [](Buffers& b) {
+           auto t = good_grouped(b);
+           t.dtype = static_cast<sfmoe_dtype>(42);
+           return validate(t);
+         }},
+        {"scaling out of range", SFMOE_ERROR_INVALID_ARGUMENT, "scaling 9 is not a valid",
+         [](Buffers& b) {
+           auto t = good_grouped(b);
+           t.scaling = static_cast<sfmoe_scaling>(9);
+           return validate(t);
+         }},
+        {"dtype/scaling mismatch", SFMOE_ERROR_DTYPE_MISMATCH,
+         "scaling 'mx_1x32' cannot hold dtype 'bf16'",
+         [](Buffers& b) {
+           auto t = good_grouped(b);
+           t.dtype = SFMOE_DTYPE_BF16;
+           return validate(t);
+         }},
+        {"zero groups", SFMOE_ERROR_INVALID_ARGUMENT, "num_groups is 0",
+         [](Buffers& b) {
+           auto t = good_grouped(b);
+           t.num_groups = 0;
+           return validate(t);
+         }},
+        {"negative capacity", SFMOE_ERROR_INVALID_ARGUMENT, "row_capacity is -5",
+         [](Buffers& b) {
+           auto t = good_grouped(b);
+           t.row_capacity = -5;
+           return validate(t);
+         }},
+        {"zero columns", SFMOE_ERROR_INVALID_ARGUMENT, "cols is 0",
+         [](Buffers& b) {
+           auto t = good_grouped(b);
+           t.cols = 0;
+           return validate(t);
+         }},
+        {"alignment not a power of two", SFMOE_ERROR_INVALID_ARGUMENT, "row_alignment is 24",
+         [](Buffers& b) {
+           auto t = good_grouped(b);
+           t.row_alignment = 24;
+           return validate(t);
+         }},
+        {"cols not a multiple of the block", SFMOE_ERROR_SHAPE_MISMATCH,
+         "not a multiple of the mx_1x32 block width 32",
+         [](Buffers& b) {
+           auto t = good_grouped(b);
+           t.cols = 48;
+           return validate(t);
+         }},
+        {"missing group offsets", SFMOE_ERROR_NULL_POINTER, "group_offsets is NULL",
+         [](Buffers& b) {
+           auto t = good_grouped(b);
+           t.group_offsets = nullptr;
+           return validate(t);
+         }},
+        {"misaligned group offsets", SFMOE_ERROR_MISALIGNED, "group_offsets",
+         [](Buffers& b) {
+           auto t = good_grouped(b);
+           t.group_offsets =
+               reinterpret_cast<const int64_t*>(reinterpret_cast<const char*>(b.offsets) + 4);
+           return validate(t);
+         }},
+        {"no data at all", SFMOE_ERROR_NULL_POINTER, "neither rowwise_data nor columnwise_data",
+         [](Buffers& b) {
+           auto t = good_grouped(b);
+           t.rowwise_data = nullptr;
+           return validate(t);
+         }},
+        {"missing scale_inv", SFMOE_ERROR_NULL_POINTER, "needs rowwise_scale_inv",
+         [](Buffers& b) {
+           auto t = good_grouped(b);
+           t.rowwise_scale_inv = nullptr;
+           return validate(t);
+         }},
+        {"misaligned data", SFMOE_ERROR_MISALIGNED, "rowwise_data",
+         [](Buffers& b) {
+           auto t = good_grouped(b);
+           t.rowwise_data = b.output + 1;
+           return validate(t);
+         }},
+        {"uniform groups over capacity", SFMOE_ERROR_SHAPE_MISMATCH, "exceed row_capacity",
+         [](Buffers& b) {
+           auto t = good_grouped(b);
+           t.uniform_group_rows = 2;
+           return validate(t);
+         }},
+        {"bad memory enum", SFMOE_ERROR_INVALID_ARGUMENT, "memory 7 is not a valid",
+         [](Buffers& b) {
+           auto t = good_grouped(b);
+           t.memory = static_cast<sfmoe_memory>(7);
+           return validate(t);
+         }},
+        {"tensor ndim out of range", SFMOE_ERROR_INVALID_ARGUMENT, "ndim 5 is outside",
+         [](Buffers& b) {
+           auto t = host_tensor(b.input, SFMOE_DTYPE_FP32, 4);
+           t.ndim = 5;
+           return sfmoe_tensor_validate(&t, "x");
+         }},
+        {"tensor negative dimension", SFMOE_ERROR_INVALID_ARGUMENT, "shape[0] = -3 is negative",
+         [](Buffers& b) {
+           auto t = host_tensor(b.input, SFMOE_DTYPE_FP32, -3);
+           return sfmoe_tensor_validate(&t, "x");
+         }},
+        {"tensor null data", SFMOE_ERROR_NULL_POINTER, "data is NULL but the tensor has 4 elements",
+         [](Buffers&) {
+           auto t = host_tensor(nullptr, SFMOE_DTYPE_FP32, 4);
+           return sfmoe_tensor_validate(&t, "x");
+         }},
+        {"fp4 odd innermost dimension", SFMOE_ERROR_SHAPE_MISMATCH,
+         "innermost dimension must be even",
+         [](Buffers& b) {
+           auto t = host_tensor(b.output, SFMOE_DTYPE_FP4_E2M1, 7);
+           return sfmoe_tensor_validate(&t, "x");
+         }},
+        {"cast element count mismatch", SFMOE_ERROR_SHAPE_MISMATCH,
+         "input has 8 elements but output has 6",
+         [](Buffers& b) {
+           return cast(host_tensor(b.input, SFMOE_DTYPE_FP32, 8),
+                       host_tensor(b.output, SFMOE_DTYPE_FP8_E4M3, 6));
+         }},
+        {"cast integer dtype", SFMOE_ERROR_DTYPE_MISMATCH,
+         "output dtype 'int32' is not a floating-point",
+         [](Buffers& b) {
+           return cast(host_tensor(b.input, SFMOE_DTYPE_FP32, 8),
+                       host_tensor(b.output, SFMOE_DTYPE_INT32, 8));
+         }},
+        {"cast config struct_size", SFMOE_ERROR_STRUCT_SIZE, "config struct_size",
+         [](Buffers& b) {
+           auto in = host_tensor(b.input, SFMOE_DTYPE_FP32, 8),
+                out = host_tensor(b.output, SFMOE_DTYPE_FP8_E4M3, 8);
+           sfmoe_cast_config c = sfmoe_cast_config_init();
+           c.struct_size = 3;
+           return sfmoe_cast(&in, &out, &c, nullptr);
+         }},
 #if !defined(SFMOE_WITH_CUDA)
-      {"cuda memory without a CUDA backend", SFMOE_ERROR_NO_BACKEND, "no CUDA backend",
-       [](Buffers& b) { auto t = host_tensor(b.input, SFMOE_DTYPE_FP32, 4); t.memory = SFMOE_MEMORY_CUDA; return sfmoe_tensor_validate(&t, "x"); }},
+        {"cuda memory without a CUDA backend", SFMOE_ERROR_NO_BACKEND, "no CUDA backend",
+         [](Buffers& b) {
+           auto t = host_tensor(b.input, SFMOE_DTYPE_FP32, 4);
+           t.memory = SFMOE_MEMORY_CUDA;
+           return sfmoe_tensor_validate(&t, "x");
+         }},
 #endif
   };
 }
@@ -127,8 +221,8 @@ TEST(Validation, EveryBadDescriptorGivesItsOwnClearErrorAndWritesNothing) {
     sfmoe_clear_last_error();
     const sfmoe_status status = c.call(b);
     const std::string message = sfmoe_last_error();
-    EXPECT_EQ(status, c.expected_status) << c.what << ": " << message << " ("
-                                         << sfmoe_status_name(status) << ")";
+    EXPECT_EQ(status, c.expected_status)
+        << c.what << ": " << message << " (" << sfmoe_status_name(status) << ")";
     EXPECT_NE(message.find(c.expected_text), std::string::npos)
         << c.what << ": message \"" << message << "\" lacks \"" << c.expected_text << "\"";
     EXPECT_EQ(std::memcmp(&before, &b, sizeof(b)), 0) << c.what << ": buffers were written";

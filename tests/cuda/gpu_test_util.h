@@ -30,14 +30,15 @@ inline bool gpu_available() {
   return available;
 }
 
-#define SFMOE_SKIP_WITHOUT_GPU()                                               \
-  do {                                                                         \
-    if (!::sfmoe::testing::gpu_available()) {                                  \
+#define SFMOE_SKIP_WITHOUT_GPU()                                                 \
+  do {                                                                           \
+    if (!::sfmoe::testing::gpu_available()) {                                    \
       GTEST_SKIP() << "no usable CUDA device on this machine: GPU test skipped"; \
-    }                                                                          \
+    }                                                                            \
   } while (0)
 
-#define CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call << ": " << cudaGetErrorString(cudaGetLastError())
+#define CUDA_OK(call) \
+  ASSERT_EQ((call), cudaSuccess) << #call << ": " << cudaGetErrorString(cudaGetLastError())
 
 template <class T>
 struct DeviceBuffer {
@@ -54,7 +55,8 @@ struct DeviceBuffer {
   }
   std::vector<T> download() const {
     std::vector<T> host(count);
-    if (cudaMemcpy(host.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost) != cudaSuccess) host.clear();
+    if (cudaMemcpy(host.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost) != cudaSuccess)
+      host.clear();
     return host;
   }
 };

@@ -23,7 +23,8 @@ namespace {
 
 __global__ void eval_numerics_kernel(NumericsFn fn, const uint32_t* a, const uint32_t* b,
                                      uint32_t* out, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
     out[i] = eval_numerics(fn, a[i], b[i]);
   }
 }
@@ -62,16 +63,18 @@ TEST(DeviceNumerics, EveryFunctionGivesTheHostBitsOnTheDevice) {
     }
     EXPECT_EQ(mismatches, 0) << c.name;
     total += n;
-    std::printf("[ device numerics ] %-24s %9lld inputs, %lld differ from the host\n", c.name.c_str(),
-                static_cast<long long>(n), static_cast<long long>(mismatches));
+    std::printf("[ device numerics ] %-24s %9lld inputs, %lld differ from the host\n",
+                c.name.c_str(), static_cast<long long>(n), static_cast<long long>(mismatches));
   }
-  std::printf("[ device numerics ] %lld values evaluated on the device\n", static_cast<long long>(total));
+  std::printf("[ device numerics ] %lld values evaluated on the device\n",
+              static_cast<long long>(total));
 }
 
 // --- hardware conversions -------------------------------------------------------------------
 __global__ void hardware_convert_kernel(const uint32_t* x, uint32_t* e4m3, uint32_t* e5m2,
                                         uint32_t* bf16, uint32_t* fp16, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
     const float v = __uint_as_float(x[i]);
     e4m3[i] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
     e5m2[i] = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E5M2);
@@ -98,10 +101,14 @@ TEST(DeviceNumerics, HardwareConversionsAgreeWithTheDefinition) {
     uint32_t (*software)(float);
   };
   Check checks[] = {
-      {"cvt.rn.satfinite.e4m3x2.f32", e4m3.download(), [](float v) -> uint32_t { return numerics::f32_to_e4m3(v); }},
-      {"cvt.rn.satfinite.e5m2x2.f32", e5m2.download(), [](float v) -> uint32_t { return numerics::f32_to_e5m2(v); }},
-      {"cvt.rn.bf16.f32", bf16.download(), [](float v) -> uint32_t { return numerics::f32_to_bf16(v); }},
-      {"cvt.rn.f16.f32", fp16.download(), [](float v) -> uint32_t { return numerics::f32_to_fp16(v); }},
+      {"cvt.rn.satfinite.e4m3x2.f32", e4m3.download(),
+       [](float v) -> uint32_t { return numerics::f32_to_e4m3(v); }},
+      {"cvt.rn.satfinite.e5m2x2.f32", e5m2.download(),
+       [](float v) -> uint32_t { return numerics::f32_to_e5m2(v); }},
+      {"cvt.rn.bf16.f32", bf16.download(),
+       [](float v) -> uint32_t { return numerics::f32_to_bf16(v); }},
+      {"cvt.rn.f16.f32", fp16.download(),
+       [](float v) -> uint32_t { return numerics::f32_to_fp16(v); }},
   };
   for (Check& c : checks) {
     ASSERT_EQ(static_cast<int64_t>(c.hardware.size()), n);
@@ -110,25 +117,30 @@ TEST(DeviceNumerics, HardwareConversionsAgreeWithTheDefinition) {
       const float v = numerics::bits_to_f32(x[i]);
       if (c.hardware[i] != c.software(v)) {
         ++differ;
-        if (numerics::f32_is_nan(v)) { ++differ_nan; continue; }
+        if (numerics::f32_is_nan(v)) {
+          ++differ_nan;
+          continue;
+        }
         if (differ - differ_nan <= 5) {
           ADD_FAILURE() << c.name << "(0x" << std::hex << x[i] << "): hardware 0x" << c.hardware[i]
                         << ", definition 0x" << c.software(v);
         }
       }
     }
-    std::printf("[ hardware cvt ] %-28s %lld inputs: %lld differ (%lld of them NaN inputs)\n", c.name,
-                static_cast<long long>(n), static_cast<long long>(differ), static_cast<long long>(differ_nan));
+    std::printf("[ hardware cvt ] %-28s %lld inputs: %lld differ (%lld of them NaN inputs)\n",
+                c.name, static_cast<long long>(n), static_cast<long long>(differ),
+                static_cast<long long>(differ_nan));
     EXPECT_EQ(differ, 0) << c.name;
   }
 }
 
 // --- Philox against cuRAND's own implementation ----------------------------------------------
-__global__ void philox_kernel(const uint4* counters, const uint2* keys, uint4* ours, uint4* curand_out, int n) {
+__global__ void philox_kernel(const uint4* counters, const uint2* keys, uint4* ours,
+                              uint4* curand_out, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const numerics::Philox4x32 r =
-      numerics::philox4x32_10({{counters[i].x, counters[i].y, counters[i].z, counters[i].w}}, keys[i].x, keys[i].y);
+  const numerics::Philox4x32 r = numerics::philox4x32_10(
+      {{counters[i].x, counters[i].y, counters[i].z, counters[i].w}}, keys[i].x, keys[i].y);
   ours[i] = make_uint4(r.v[0], r.v[1], r.v[2], r.v[3]);
   curand_out[i] = curand_Philox4x32_10(counters[i], keys[i]);
 }
@@ -187,7 +199,8 @@ TEST(DeviceNumerics, HadamardTransformGivesTheHostBits) {
     float v[16];
     for (int i = 0; i < 16; ++i) v[i] = x[b * 16 + i];
     numerics::hadamard16_transform(v);
-    for (int i = 0; i < 16; ++i) differ += numerics::f32_to_bits(v[i]) != numerics::f32_to_bits(device[b * 16 + i]);
+    for (int i = 0; i < 16; ++i)
+      differ += numerics::f32_to_bits(v[i]) != numerics::f32_to_bits(device[b * 16 + i]);
   }
   EXPECT_EQ(differ, 0);
   std::printf("[ device numerics ] hadamard16: %d blocks, %d values differ\n", n_blocks, differ);
@@ -206,7 +219,8 @@ TEST(DeviceNumerics, CuteSwizzleLayoutEqualsTheFormula) {
       ASSERT_EQ(static_cast<int64_t>(got.size()), rows * cols);
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t c = 0; c < cols; ++c) {
-          ASSERT_EQ(got[r * cols + c], numerics::swizzled_scale_offset(r, c, cols)) << r << "," << c;
+          ASSERT_EQ(got[r * cols + c], numerics::swizzled_scale_offset(r, c, cols))
+              << r << "," << c;
         }
       }
     }

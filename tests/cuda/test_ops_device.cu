@@ -13,11 +13,13 @@ namespace sfmoe {
 namespace testing {
 namespace {
 
-const sfmoe_dtype kFloatDtypes[] = {SFMOE_DTYPE_FP32, SFMOE_DTYPE_BF16, SFMOE_DTYPE_FP16,
-                                    SFMOE_DTYPE_FP8_E4M3, SFMOE_DTYPE_FP8_E5M2,
-                                    SFMOE_DTYPE_FP4_E2M1};
+const sfmoe_dtype kFloatDtypes[] = {SFMOE_DTYPE_FP32,     SFMOE_DTYPE_BF16,
+                                    SFMOE_DTYPE_FP16,     SFMOE_DTYPE_FP8_E4M3,
+                                    SFMOE_DTYPE_FP8_E5M2, SFMOE_DTYPE_FP4_E2M1};
 
-size_t bytes_of(sfmoe_dtype dtype, int64_t n) { return static_cast<size_t>((n * sfmoe_dtype_bits(dtype) + 7) / 8); }
+size_t bytes_of(sfmoe_dtype dtype, int64_t n) {
+  return static_cast<size_t>((n * sfmoe_dtype_bits(dtype) + 7) / 8);
+}
 
 // Random bytes: every code of every dtype appears, NaN and Inf patterns included.
 std::vector<uint8_t> random_bytes(size_t n, std::mt19937_64& rng) {
@@ -27,7 +29,8 @@ std::vector<uint8_t> random_bytes(size_t n, std::mt19937_64& rng) {
 }
 
 sfmoe_status run_cast(void* in, sfmoe_dtype from, void* out, sfmoe_dtype to, int64_t n,
-                      sfmoe_memory memory, float scale, const float* scale_ptr, cudaStream_t stream) {
+                      sfmoe_memory memory, float scale, const float* scale_ptr,
+                      cudaStream_t stream) {
   sfmoe_tensor a = sfmoe_tensor_make(in, from, 1, &n, memory, 0);
   sfmoe_tensor b = sfmoe_tensor_make(out, to, 1, &n, memory, 0);
   sfmoe_cast_config config = sfmoe_cast_config_init();
@@ -50,13 +53,17 @@ TEST(CudaCast, EveryDtypePairEqualsTheCpuBackendBitForBit) {
         const std::vector<uint8_t> source = random_bytes(bytes_of(from, n), rng);
         std::vector<uint8_t> expected(bytes_of(to, n) + 64, 0xEE);
         std::vector<uint8_t> host_source(source);
-        ASSERT_EQ(run_cast(host_source.data(), from, expected.data(), to, n, SFMOE_MEMORY_HOST, scale, nullptr, nullptr),
-                  SFMOE_SUCCESS) << sfmoe_last_error();
+        ASSERT_EQ(run_cast(host_source.data(), from, expected.data(), to, n, SFMOE_MEMORY_HOST,
+                           scale, nullptr, nullptr),
+                  SFMOE_SUCCESS)
+            << sfmoe_last_error();
         DeviceBuffer<uint8_t> d_in(source.size()), d_out(expected.size());
         CUDA_OK(d_in.upload(source));
         CUDA_OK(cudaMemset(d_out.ptr, 0xEE, expected.size()));  // poison, and a canary past the end
-        ASSERT_EQ(run_cast(d_in.ptr, from, d_out.ptr, to, n, SFMOE_MEMORY_CUDA, scale, nullptr, nullptr),
-                  SFMOE_SUCCESS) << sfmoe_last_error();
+        ASSERT_EQ(
+            run_cast(d_in.ptr, from, d_out.ptr, to, n, SFMOE_MEMORY_CUDA, scale, nullptr, nullptr),
+            SFMOE_SUCCESS)
+            << sfmoe_last_error();
         const std::vector<uint8_t> got = d_out.download();
         ASSERT_EQ(got.size(), expected.size());
         EXPECT_EQ(std::memcmp(got.data(), expected.data(), expected.size()), 0)
@@ -75,13 +82,17 @@ TEST(CudaCast, MemorySpaceMistakesAreRefusedWithoutWriting) {
   alignas(16) static float host[64] = {1.0f};
   alignas(16) static uint8_t host_out[64];
   // Device pointer described as host memory.
-  EXPECT_EQ(run_cast(d.ptr, SFMOE_DTYPE_FP32, host_out, SFMOE_DTYPE_FP8_E4M3, 64, SFMOE_MEMORY_HOST, 1.0f, nullptr, nullptr),
+  EXPECT_EQ(run_cast(d.ptr, SFMOE_DTYPE_FP32, host_out, SFMOE_DTYPE_FP8_E4M3, 64, SFMOE_MEMORY_HOST,
+                     1.0f, nullptr, nullptr),
             SFMOE_ERROR_MEMORY_SPACE);
-  EXPECT_NE(std::string(sfmoe_last_error()).find("points to CUDA device memory"), std::string::npos) << sfmoe_last_error();
+  EXPECT_NE(std::string(sfmoe_last_error()).find("points to CUDA device memory"), std::string::npos)
+      << sfmoe_last_error();
   // Host pointer described as CUDA memory.
-  EXPECT_EQ(run_cast(host, SFMOE_DTYPE_FP32, d.ptr, SFMOE_DTYPE_FP32, 64, SFMOE_MEMORY_CUDA, 1.0f, nullptr, nullptr),
+  EXPECT_EQ(run_cast(host, SFMOE_DTYPE_FP32, d.ptr, SFMOE_DTYPE_FP32, 64, SFMOE_MEMORY_CUDA, 1.0f,
+                     nullptr, nullptr),
             SFMOE_ERROR_MEMORY_SPACE);
-  EXPECT_NE(std::string(sfmoe_last_error()).find("points to host memory"), std::string::npos) << sfmoe_last_error();
+  EXPECT_NE(std::string(sfmoe_last_error()).find("points to host memory"), std::string::npos)
+      << sfmoe_last_error();
   // A CUDA device that does not exist.
   int64_t n = 64;
   sfmoe_tensor t = sfmoe_tensor_make(d.ptr, SFMOE_DTYPE_FP32, 1, &n, SFMOE_MEMORY_CUDA, 99);
@@ -93,7 +104,8 @@ TEST(CudaCast, MemorySpaceMistakesAreRefusedWithoutWriting) {
 TEST(CudaStatusWord, GroupOffsetFaultsAreRecordedOnTheDevice) {
   SFMOE_SKIP_WITHOUT_GPU();
   sfmoe_status_word* word = nullptr;
-  ASSERT_EQ(sfmoe_status_word_create(SFMOE_MEMORY_CUDA, 0, &word), SFMOE_SUCCESS) << sfmoe_last_error();
+  ASSERT_EQ(sfmoe_status_word_create(SFMOE_MEMORY_CUDA, 0, &word), SFMOE_SUCCESS)
+      << sfmoe_last_error();
   DeviceBuffer<int64_t> offsets(1025);
   DeviceBuffer<uint8_t> data(16);
   std::mt19937_64 rng(fresh_test_seed());
@@ -101,8 +113,8 @@ TEST(CudaStatusWord, GroupOffsetFaultsAreRecordedOnTheDevice) {
     // 1024 groups, aligned to 8 rows, capacity 40000; some trials break a few entries.
     std::vector<int64_t> host(1025, 0);
     for (int g = 1; g <= 1024; ++g) host[g] = host[g - 1] + 8 * int64_t(rng() % 6);
-    if (trial % 4 == 1) host[1 + rng() % 1023] += 3;             // misaligned start somewhere
-    if (trial % 4 == 2) host[1024] = 40000 + 8;                   // last group over capacity
+    if (trial % 4 == 1) host[1 + rng() % 1023] += 3;  // misaligned start somewhere
+    if (trial % 4 == 2) host[1024] = 40000 + 8;       // last group over capacity
     if (trial % 4 == 3) std::swap(host[100], host[101]), host[100] += 16;  // decreasing
     sfmoe_grouped_tensor t = sfmoe_grouped_tensor_init();
     t.memory = SFMOE_MEMORY_CUDA;
@@ -122,7 +134,8 @@ TEST(CudaStatusWord, GroupOffsetFaultsAreRecordedOnTheDevice) {
     th.group_offsets = host.data();
     alignas(16) static uint8_t host_data[16];
     th.rowwise_data = host_data;
-    ASSERT_EQ(sfmoe_check_group_offsets(&th, host_word, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
+    ASSERT_EQ(sfmoe_check_group_offsets(&th, host_word, nullptr), SFMOE_SUCCESS)
+        << sfmoe_last_error();
     sfmoe_fault_report expected;
     sfmoe_status_word_read(host_word, &expected);
     sfmoe_status_word_destroy(host_word);
@@ -172,14 +185,16 @@ TEST(CudaGraph, CapturedOpsReplayOnNewInputsWithoutTheHost) {
   CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   const sfmoe_status s1 = sfmoe_status_word_reset(word, stream);
   const sfmoe_status s2 = sfmoe_check_group_offsets(&t, word, stream);
-  const sfmoe_status s3 = run_cast(x.ptr, SFMOE_DTYPE_FP32, q.ptr, SFMOE_DTYPE_FP8_E4M3, n, SFMOE_MEMORY_CUDA, 0.0f, scale.ptr, stream);
+  const sfmoe_status s3 = run_cast(x.ptr, SFMOE_DTYPE_FP32, q.ptr, SFMOE_DTYPE_FP8_E4M3, n,
+                                   SFMOE_MEMORY_CUDA, 0.0f, scale.ptr, stream);
   const sfmoe_status s4 = sfmoe_status_word_snapshot(word, stream);
   const cudaError_t end = cudaStreamEndCapture(stream, &graph);
   ASSERT_EQ(s1, SFMOE_SUCCESS) << sfmoe_last_error();
   ASSERT_EQ(s2, SFMOE_SUCCESS) << sfmoe_last_error();
   ASSERT_EQ(s3, SFMOE_SUCCESS) << sfmoe_last_error();
   ASSERT_EQ(s4, SFMOE_SUCCESS) << sfmoe_last_error();
-  ASSERT_EQ(end, cudaSuccess) << "capture broke: an op synchronized or allocated: " << cudaGetErrorString(end);
+  ASSERT_EQ(end, cudaSuccess) << "capture broke: an op synchronized or allocated: "
+                              << cudaGetErrorString(end);
   cudaGraphExec_t exec;
   CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
 
@@ -190,7 +205,8 @@ TEST(CudaGraph, CapturedOpsReplayOnNewInputsWithoutTheHost) {
     hx[replay] = NAN;
     hx[replay + 10] = -INFINITY;
     float amax = 0.0f;
-    for (float v : hx) if (std::isfinite(v)) amax = std::max(amax, std::fabs(v));
+    for (float v : hx)
+      if (std::isfinite(v)) amax = std::max(amax, std::fabs(v));
     const float hscale = numerics::fp8_scale_from_amax(amax, numerics::kE4M3Max, replay % 2 == 0);
     std::vector<int64_t> hoff(groups + 1, 0);
     for (int g = 1; g <= groups; ++g) hoff[g] = hoff[g - 1] + 16 * int64_t(rng() % 20);
@@ -204,11 +220,13 @@ TEST(CudaGraph, CapturedOpsReplayOnNewInputsWithoutTheHost) {
     CUDA_OK(cudaStreamSynchronize(stream));
     const std::vector<uint8_t> got = q.download();
     int64_t differ = 0;
-    for (int64_t i = 0; i < n; ++i) differ += got[i] != numerics::f32_to_e4m3(numerics::mul_rn(hx[i], hscale));
+    for (int64_t i = 0; i < n; ++i)
+      differ += got[i] != numerics::f32_to_e4m3(numerics::mul_rn(hx[i], hscale));
     EXPECT_EQ(differ, 0) << "replay " << replay;
     sfmoe_fault_report report;
     ASSERT_EQ(sfmoe_status_word_read(word, &report), SFMOE_SUCCESS);
-    EXPECT_EQ(report.flags, bad ? uint32_t(SFMOE_FAULT_GROUP_OVER_CAPACITY) : 0u) << "replay " << replay;
+    EXPECT_EQ(report.flags, bad ? uint32_t(SFMOE_FAULT_GROUP_OVER_CAPACITY) : 0u)
+        << "replay " << replay;
     EXPECT_EQ(report.first_group, bad ? groups - 1 : -1) << "replay " << replay;
   }
   std::printf("[ graph ] 8 replays on new data, scales and offsets: all checked\n");

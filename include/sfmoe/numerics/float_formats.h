@@ -108,9 +108,8 @@ SFMOE_HD float decode_narrow(uint32_t code) {
   const uint32_t exponent_field = magnitude >> Format::kMantissaBits;
   const uint32_t mantissa = magnitude & kMantissaMask;
   if (Format::kHasNan) {
-    const bool is_nan = Format::kNanOnlyAllOnes
-                            ? magnitude == ((1u << kMagnitudeBits) - 1u)
-                            : (exponent_field == kAllOnes && mantissa != 0);
+    const bool is_nan = Format::kNanOnlyAllOnes ? magnitude == ((1u << kMagnitudeBits) - 1u)
+                                                : (exponent_field == kAllOnes && mantissa != 0);
     if (is_nan) return bits_to_f32(sign_f32 | kF32CanonicalNanBits);
   }
   if (Format::kHasInf && exponent_field == kAllOnes && mantissa == 0) {
@@ -140,7 +139,9 @@ SFMOE_HD uint8_t f32_to_e2m1(float x) { return static_cast<uint8_t>(encode_narro
 SFMOE_HD float e2m1_to_f32(uint8_t code) { return decode_narrow<FormatE2M1>(code & 0xFu); }
 
 // --- FP16 -------------------------------------------------------------------------------------
-SFMOE_HD uint16_t f32_to_fp16(float x) { return static_cast<uint16_t>(encode_narrow<FormatFP16>(x)); }
+SFMOE_HD uint16_t f32_to_fp16(float x) {
+  return static_cast<uint16_t>(encode_narrow<FormatFP16>(x));
+}
 SFMOE_HD float fp16_to_f32(uint16_t code) { return decode_narrow<FormatFP16>(code); }
 
 // --- BF16: the top half of an FP32; rounding is one integer add ---------------------------------
@@ -153,8 +154,8 @@ SFMOE_HD uint16_t f32_to_bf16(float x) {
 SFMOE_HD float bf16_to_f32(uint16_t code) { return bits_to_f32(static_cast<uint32_t>(code) << 16); }
 
 // --- Stochastic rounding to E2M1 ---------------------------------------------------------------
-// x lies between two neighbouring E2M1 magnitudes lo <= |x| < hi. With frac = (|x| - lo) / (hi - lo)
-// (exact in FP32: the difference of two values within a binade, divided by a power of two), the
+// x lies between two neighbouring E2M1 magnitudes lo <= |x| < hi. With frac = (|x| - lo) / (hi -
+// lo) (exact in FP32: the difference of two values within a binade, divided by a power of two), the
 // magnitude rounds up to hi exactly when random_bits < floor(frac * 2^32): the probability is frac
 // to within 2^-32, so the rounding is unbiased. Saturation, NaN and the sign follow encode_narrow.
 SFMOE_HD uint8_t f32_to_e2m1_stochastic(float x, uint32_t random_bits) {
@@ -166,7 +167,7 @@ SFMOE_HD uint8_t f32_to_e2m1_stochastic(float x, uint32_t random_bits) {
   if (!(magnitude < kE2M1Max)) return sign | 0x7;
   // E2M1 magnitudes 0, .5, 1, 1.5 | 2, 3 | 4, 6: step 0.5 below 2, 1 below 4, 2 below 6.
   const float step = magnitude < 2.0f ? 0.5f : (magnitude < 4.0f ? 1.0f : 2.0f);
-  const float steps = div_rn(magnitude, step);  // exact: step is a power of two
+  const float steps = div_rn(magnitude, step);             // exact: step is a power of two
   const uint32_t lo_steps = static_cast<uint32_t>(steps);  // truncation = floor (positive)
   const float lo = mul_rn(static_cast<float>(lo_steps), step);
   const float frac = div_rn(add_rn(magnitude, -lo), step);  // exact (Sterbenz / power of two)

@@ -16,10 +16,22 @@ constexpr int kPack = 8;
 
 template <int Bits>
 struct PackStorage;  // kPack elements of `Bits` bits, as one aligned vector
-template <> struct PackStorage<32> { using Type = uint4[2]; };
-template <> struct PackStorage<16> { using Type = uint4[1]; };
-template <> struct PackStorage<8> { using Type = uint2[1]; };
-template <> struct PackStorage<4> { using Type = uint32_t[1]; };
+template <>
+struct PackStorage<32> {
+  using Type = uint4[2];
+};
+template <>
+struct PackStorage<16> {
+  using Type = uint4[1];
+};
+template <>
+struct PackStorage<8> {
+  using Type = uint2[1];
+};
+template <>
+struct PackStorage<4> {
+  using Type = uint32_t[1];
+};
 
 template <int Bits>
 __device__ __forceinline__ void load_pack(const void* base, int64_t pack, uint32_t codes[kPack]) {
@@ -53,10 +65,14 @@ __device__ __forceinline__ void store_pack(void* base, int64_t pack, const uint3
 template <sfmoe_dtype In, sfmoe_dtype Out>
 __global__ void cast_kernel(const void* __restrict__ input, void* __restrict__ output,
                             int64_t count, float scale, const float* __restrict__ scale_device) {
-  constexpr int kInBits = In == SFMOE_DTYPE_FP32 ? 32 : (In == SFMOE_DTYPE_BF16 || In == SFMOE_DTYPE_FP16) ? 16
-                          : In == SFMOE_DTYPE_FP4_E2M1 ? 4 : 8;
-  constexpr int kOutBits = Out == SFMOE_DTYPE_FP32 ? 32 : (Out == SFMOE_DTYPE_BF16 || Out == SFMOE_DTYPE_FP16) ? 16
-                           : Out == SFMOE_DTYPE_FP4_E2M1 ? 4 : 8;
+  constexpr int kInBits = In == SFMOE_DTYPE_FP32                               ? 32
+                          : (In == SFMOE_DTYPE_BF16 || In == SFMOE_DTYPE_FP16) ? 16
+                          : In == SFMOE_DTYPE_FP4_E2M1                         ? 4
+                                                                               : 8;
+  constexpr int kOutBits = Out == SFMOE_DTYPE_FP32                                ? 32
+                           : (Out == SFMOE_DTYPE_BF16 || Out == SFMOE_DTYPE_FP16) ? 16
+                           : Out == SFMOE_DTYPE_FP4_E2M1                          ? 4
+                                                                                  : 8;
   const float multiplier = scale_device != nullptr ? *scale_device : scale;
   const int64_t packs = count / kPack;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -92,25 +108,39 @@ using CastKernel = void (*)(const void*, void*, int64_t, float, const float*);
 template <sfmoe_dtype In>
 CastKernel pick_output(sfmoe_dtype out) {
   switch (out) {
-    case SFMOE_DTYPE_FP32: return cast_kernel<In, SFMOE_DTYPE_FP32>;
-    case SFMOE_DTYPE_BF16: return cast_kernel<In, SFMOE_DTYPE_BF16>;
-    case SFMOE_DTYPE_FP16: return cast_kernel<In, SFMOE_DTYPE_FP16>;
-    case SFMOE_DTYPE_FP8_E4M3: return cast_kernel<In, SFMOE_DTYPE_FP8_E4M3>;
-    case SFMOE_DTYPE_FP8_E5M2: return cast_kernel<In, SFMOE_DTYPE_FP8_E5M2>;
-    case SFMOE_DTYPE_FP4_E2M1: return cast_kernel<In, SFMOE_DTYPE_FP4_E2M1>;
-    default: return nullptr;
+    case SFMOE_DTYPE_FP32:
+      return cast_kernel<In, SFMOE_DTYPE_FP32>;
+    case SFMOE_DTYPE_BF16:
+      return cast_kernel<In, SFMOE_DTYPE_BF16>;
+    case SFMOE_DTYPE_FP16:
+      return cast_kernel<In, SFMOE_DTYPE_FP16>;
+    case SFMOE_DTYPE_FP8_E4M3:
+      return cast_kernel<In, SFMOE_DTYPE_FP8_E4M3>;
+    case SFMOE_DTYPE_FP8_E5M2:
+      return cast_kernel<In, SFMOE_DTYPE_FP8_E5M2>;
+    case SFMOE_DTYPE_FP4_E2M1:
+      return cast_kernel<In, SFMOE_DTYPE_FP4_E2M1>;
+    default:
+      return nullptr;
   }
 }
 
 CastKernel pick_kernel(sfmoe_dtype in, sfmoe_dtype out) {
   switch (in) {
-    case SFMOE_DTYPE_FP32: return pick_output<SFMOE_DTYPE_FP32>(out);
-    case SFMOE_DTYPE_BF16: return pick_output<SFMOE_DTYPE_BF16>(out);
-    case SFMOE_DTYPE_FP16: return pick_output<SFMOE_DTYPE_FP16>(out);
-    case SFMOE_DTYPE_FP8_E4M3: return pick_output<SFMOE_DTYPE_FP8_E4M3>(out);
-    case SFMOE_DTYPE_FP8_E5M2: return pick_output<SFMOE_DTYPE_FP8_E5M2>(out);
-    case SFMOE_DTYPE_FP4_E2M1: return pick_output<SFMOE_DTYPE_FP4_E2M1>(out);
-    default: return nullptr;
+    case SFMOE_DTYPE_FP32:
+      return pick_output<SFMOE_DTYPE_FP32>(out);
+    case SFMOE_DTYPE_BF16:
+      return pick_output<SFMOE_DTYPE_BF16>(out);
+    case SFMOE_DTYPE_FP16:
+      return pick_output<SFMOE_DTYPE_FP16>(out);
+    case SFMOE_DTYPE_FP8_E4M3:
+      return pick_output<SFMOE_DTYPE_FP8_E4M3>(out);
+    case SFMOE_DTYPE_FP8_E5M2:
+      return pick_output<SFMOE_DTYPE_FP8_E5M2>(out);
+    case SFMOE_DTYPE_FP4_E2M1:
+      return pick_output<SFMOE_DTYPE_FP4_E2M1>(out);
+    default:
+      return nullptr;
   }
 }
 

@@ -26,8 +26,8 @@ int grid_for(int64_t work_items, int threads_per_block);
 }  // namespace cuda
 }  // namespace sfmoe
 
-#define SFMOE_CUDA_RETURN_IF_ERROR(context, call)                              \
-  do {                                                                         \
-    const cudaError_t error_ = (call);                                         \
+#define SFMOE_CUDA_RETURN_IF_ERROR(context, call)                                       \
+  do {                                                                                  \
+    const cudaError_t error_ = (call);                                                  \
     if (error_ != cudaSuccess) return ::sfmoe::cuda::cuda_fail(context, #call, error_); \
   } while (0)

@@ -38,7 +38,8 @@ int grid_for(int64_t work_items, int threads_per_block) {
   if (device < 0 || device >= kMaxDevices) device = 0;
   if (g_multiprocessors[device] == 0) {
     int sms = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) sms = 1;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+      sms = 1;
     g_multiprocessors[device] = sms;
   }
   const int64_t blocks = (work_items + threads_per_block - 1) / threads_per_block;
@@ -57,9 +58,12 @@ PointerKind classify_pointer(const void* pointer, int32_t* device) {
   *device = attributes.device;
   switch (attributes.type) {
     case cudaMemoryTypeDevice:
-    case cudaMemoryTypeManaged: return PointerKind::kDeviceMemory;
-    case cudaMemoryTypeUnregistered: return PointerKind::kHostMemory;
-    default: return PointerKind::kUnknown;  // pinned host memory is usable by both sides
+    case cudaMemoryTypeManaged:
+      return PointerKind::kDeviceMemory;
+    case cudaMemoryTypeUnregistered:
+      return PointerKind::kHostMemory;
+    default:
+      return PointerKind::kUnknown;  // pinned host memory is usable by both sides
   }
 }
 
@@ -141,8 +145,8 @@ sfmoe_status status_word_snapshot(const sfmoe_fault_report* device_word,
   // An enqueued copy into pinned memory: capturable, and the host does not wait for it here.
   SFMOE_CUDA_RETURN_IF_ERROR(
       "sfmoe_status_word_snapshot",
-      cudaMemcpyAsync(host_mirror, device_word, sizeof(sfmoe_fault_report),
-                      cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream)));
+      cudaMemcpyAsync(host_mirror, device_word, sizeof(sfmoe_fault_report), cudaMemcpyDeviceToHost,
+                      static_cast<cudaStream_t>(stream)));
   return SFMOE_SUCCESS;
 }
 

@@ -1,8 +1,7 @@
-#include "src/cuda/layout/scale_swizzle_cute.h"
-
 #include <cute/layout.hpp>
 
 #include "src/cuda/common/cuda_check.h"
+#include "src/cuda/layout/scale_swizzle_cute.h"
 
 namespace sfmoe {
 namespace cuda {
