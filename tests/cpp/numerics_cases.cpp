@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <random>
 
@@ -15,6 +16,16 @@ uint64_t fresh_test_seed() {
   const uint64_t now =
       static_cast<uint64_t>(std::chrono::high_resolution_clock::now().time_since_epoch().count());
   return (static_cast<uint64_t>(device()) << 32) ^ device() ^ now;
+}
+
+uint64_t session_test_seed() {
+  static const uint64_t seed = [] {
+    const uint64_t s = fresh_test_seed();
+    std::printf("[ numerics ] random seed %llu (replay with SFMOE_TEST_SEED=%llu)\n",
+                static_cast<unsigned long long>(s), static_cast<unsigned long long>(s));
+    return s;
+  }();
+  return seed;
 }
 
 std::vector<uint32_t> special_f32_bits() {

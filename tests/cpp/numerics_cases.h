@@ -120,6 +120,9 @@ std::vector<NumericsCase> make_numerics_cases(uint64_t seed);
 // SFMOE_TEST_SEED in the environment overrides it.
 uint64_t fresh_test_seed();
 
+// One fresh seed for the whole test program, printed the first time it is asked for.
+uint64_t session_test_seed();
+
 // FP32 values every encoder must see: +-0, subnormals, the smallest and largest normals, Inf,
 // NaNs with several payloads and both signs, powers of two across the range.
 std::vector<uint32_t> special_f32_bits();

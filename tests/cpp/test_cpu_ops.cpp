@@ -45,8 +45,7 @@ std::vector<uint8_t> encode_all(const std::vector<float>& x, sfmoe_dtype dtype) 
 }
 
 TEST(CpuCast, EveryDtypePairMatchesDecodeScaleEncode) {
-  const uint64_t seed = sfmoe::testing::fresh_test_seed();
-  std::printf("[ cast ] seed %llu\n", static_cast<unsigned long long>(seed));
+  const uint64_t seed = sfmoe::testing::session_test_seed();
   for (int64_t n : {0, 1, 2, 30, 994, 4096}) {
     const std::vector<float> x = inputs(static_cast<size_t>(n), seed + n);
     for (sfmoe_dtype from : kFloatDtypes) {

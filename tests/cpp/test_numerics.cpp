@@ -17,18 +17,8 @@ namespace {
 
 using namespace numerics;
 
-uint64_t test_seed() {
-  static const uint64_t seed = [] {
-    const uint64_t s = fresh_test_seed();
-    std::printf("[ numerics ] random seed %llu (replay with SFMOE_TEST_SEED=%llu)\n",
-                static_cast<unsigned long long>(s), static_cast<unsigned long long>(s));
-    return s;
-  }();
-  return seed;
-}
-
 TEST(Numerics, EveryFunctionMatchesItsIndependentReference) {
-  const std::vector<NumericsCase> cases = make_numerics_cases(test_seed());
+  const std::vector<NumericsCase> cases = make_numerics_cases(session_test_seed());
   int64_t total = 0;
   for (const NumericsCase& c : cases) {
     int64_t checked = 0, mismatches = 0;
@@ -144,7 +134,7 @@ TEST(Numerics, PhiloxMatchesPublishedAnswerVectors) {
   }
   // The per-element stream: element i is word i % 4 of block i / 4, so it is reproducible
   // from (seed, offset, index) alone and independent of how work is split.
-  const uint64_t seed = test_seed();
+  const uint64_t seed = session_test_seed();
   for (uint64_t i = 0; i < 64; ++i) {
     const Philox4x32 block =
         philox4x32_10({{static_cast<uint32_t>(i / 4), 0, 7, 0}}, static_cast<uint32_t>(seed),
@@ -154,7 +144,7 @@ TEST(Numerics, PhiloxMatchesPublishedAnswerVectors) {
 }
 
 TEST(Numerics, StochasticRoundingIsUnbiased) {
-  std::mt19937_64 rng(test_seed());
+  std::mt19937_64 rng(session_test_seed());
   for (float x : {0.1f, 0.3f, 0.74f, 1.2f, 2.5f, -3.3f, 4.9f, 5.99f}) {
     double sum = 0.0;
     const int n = 200000;
@@ -174,7 +164,7 @@ TEST(Numerics, StochasticRoundingIsUnbiased) {
 TEST(Numerics, HadamardSignVectorAndTransform) {
   const float signs[16] = {1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1};
   for (int i = 0; i < 16; ++i) EXPECT_EQ(hadamard_sign(i), signs[i]) << i;
-  std::mt19937_64 rng(test_seed());
+  std::mt19937_64 rng(session_test_seed());
   std::uniform_int_distribution<int> small(-1000, 1000);
   std::normal_distribution<float> normal(0.0f, 10.0f);
   for (int trial = 0; trial < 2000; ++trial) {

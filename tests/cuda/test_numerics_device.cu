@@ -29,20 +29,10 @@ __global__ void eval_numerics_kernel(NumericsFn fn, const uint32_t* a, const uin
   }
 }
 
-uint64_t test_seed() {
-  static const uint64_t seed = [] {
-    const uint64_t s = fresh_test_seed();
-    std::printf("[ numerics ] random seed %llu (replay with SFMOE_TEST_SEED=%llu)\n",
-                static_cast<unsigned long long>(s), static_cast<unsigned long long>(s));
-    return s;
-  }();
-  return seed;
-}
-
 TEST(DeviceNumerics, EveryFunctionGivesTheHostBitsOnTheDevice) {
   SFMOE_SKIP_WITHOUT_GPU();
   int64_t total = 0;
-  for (const NumericsCase& c : make_numerics_cases(test_seed())) {
+  for (const NumericsCase& c : make_numerics_cases(session_test_seed())) {
     const int64_t n = static_cast<int64_t>(c.a.size());
     DeviceBuffer<uint32_t> a(n), b(n), out(n);
     CUDA_OK(a.upload(c.a));
@@ -86,7 +76,7 @@ __global__ void hardware_convert_kernel(const uint32_t* x, uint32_t* e4m3, uint3
 TEST(DeviceNumerics, HardwareConversionsAgreeWithTheDefinition) {
   SFMOE_SKIP_WITHOUT_GPU();
   std::vector<uint32_t> x;
-  for (const NumericsCase& c : make_numerics_cases(test_seed())) {
+  for (const NumericsCase& c : make_numerics_cases(session_test_seed())) {
     if (c.fn == NumericsFn::kE4M3Encode) x = c.a;
   }
   const int64_t n = static_cast<int64_t>(x.size());
@@ -148,7 +138,7 @@ __global__ void philox_kernel(const uint4* counters, const uint2* keys, uint4* o
 TEST(DeviceNumerics, PhiloxMatchesCurand) {
   SFMOE_SKIP_WITHOUT_GPU();
   const int n = 1 << 16;
-  std::mt19937_64 rng(test_seed());
+  std::mt19937_64 rng(session_test_seed());
   std::vector<uint4> counters(n);
   std::vector<uint2> keys(n);
   for (int i = 0; i < n; ++i) {
@@ -184,7 +174,7 @@ __global__ void hadamard_kernel(float* blocks, int n_blocks) {
 TEST(DeviceNumerics, HadamardTransformGivesTheHostBits) {
   SFMOE_SKIP_WITHOUT_GPU();
   const int n_blocks = 1 << 14;
-  std::mt19937_64 rng(test_seed());
+  std::mt19937_64 rng(session_test_seed());
   std::normal_distribution<float> normal(0.0f, 3.0f);
   std::vector<float> x(n_blocks * 16);
   for (auto& v : x) v = normal(rng);

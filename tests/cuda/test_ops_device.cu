@@ -41,8 +41,7 @@ sfmoe_status run_cast(void* in, sfmoe_dtype from, void* out, sfmoe_dtype to, int
 
 TEST(CudaCast, EveryDtypePairEqualsTheCpuBackendBitForBit) {
   SFMOE_SKIP_WITHOUT_GPU();
-  const uint64_t seed = fresh_test_seed();
-  std::printf("[ cast ] seed %llu\n", static_cast<unsigned long long>(seed));
+  const uint64_t seed = session_test_seed();
   std::mt19937_64 rng(seed);
   int pairs = 0;
   for (int64_t n : {1, 2, 30, 994, 8192, (1 << 20) + 6}) {
@@ -108,7 +107,7 @@ TEST(CudaStatusWord, GroupOffsetFaultsAreRecordedOnTheDevice) {
       << sfmoe_last_error();
   DeviceBuffer<int64_t> offsets(1025);
   DeviceBuffer<uint8_t> data(16);
-  std::mt19937_64 rng(fresh_test_seed());
+  std::mt19937_64 rng(session_test_seed());
   for (int trial = 0; trial < 20; ++trial) {
     // 1024 groups, aligned to 8 rows, capacity 40000; some trials break a few entries.
     std::vector<int64_t> host(1025, 0);
@@ -161,7 +160,7 @@ TEST(CudaStatusWord, GroupOffsetFaultsAreRecordedOnTheDevice) {
 TEST(CudaGraph, CapturedOpsReplayOnNewInputsWithoutTheHost) {
   SFMOE_SKIP_WITHOUT_GPU();
   const int64_t n = (1 << 18) + 2, groups = 64, capacity = 1 << 14;
-  std::mt19937_64 rng(fresh_test_seed());
+  std::mt19937_64 rng(session_test_seed());
   DeviceBuffer<float> x(n), scale(1);
   DeviceBuffer<uint8_t> q(n), rows(16);
   DeviceBuffer<int64_t> offsets(groups + 1);
