@@ -14,6 +14,20 @@
 
 #include "sfmoe/numerics/bits.h"
 
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#endif
+
+// On sm_89+ devices the FP8, BF16 and FP16 encoders use the hardware conversion instructions
+// (cvt.rn.satfinite.e4m3x2/e5m2x2.f32, cvt.rn.bf16.f32, cvt.rn.f16.f32). They were checked to give
+// the software definition's bits on every input of the numerics suite, NaNs included, and the
+// device suite keeps checking it (it evaluates these functions on the device against the host).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define SFMOE_HARDWARE_CONVERSIONS 1
+#endif
+
 namespace sfmoe {
 namespace numerics {
 
@@ -129,8 +143,20 @@ SFMOE_HD float decode_narrow(uint32_t code) {
 }
 
 // --- FP8 -------------------------------------------------------------------------------------
-SFMOE_HD uint8_t f32_to_e4m3(float x) { return static_cast<uint8_t>(encode_narrow<FormatE4M3>(x)); }
-SFMOE_HD uint8_t f32_to_e5m2(float x) { return static_cast<uint8_t>(encode_narrow<FormatE5M2>(x)); }
+SFMOE_HD uint8_t f32_to_e4m3(float x) {
+#if defined(SFMOE_HARDWARE_CONVERSIONS)
+  return __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+#else
+  return static_cast<uint8_t>(encode_narrow<FormatE4M3>(x));
+#endif
+}
+SFMOE_HD uint8_t f32_to_e5m2(float x) {
+#if defined(SFMOE_HARDWARE_CONVERSIONS)
+  return __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E5M2);
+#else
+  return static_cast<uint8_t>(encode_narrow<FormatE5M2>(x));
+#endif
+}
 SFMOE_HD float e4m3_to_f32(uint8_t code) { return decode_narrow<FormatE4M3>(code); }
 SFMOE_HD float e5m2_to_f32(uint8_t code) { return decode_narrow<FormatE5M2>(code); }
 
@@ -140,12 +166,19 @@ SFMOE_HD float e2m1_to_f32(uint8_t code) { return decode_narrow<FormatE2M1>(code
 
 // --- FP16 -------------------------------------------------------------------------------------
 SFMOE_HD uint16_t f32_to_fp16(float x) {
+#if defined(SFMOE_HARDWARE_CONVERSIONS)
+  return __half_as_ushort(__float2half_rn(x));
+#else
   return static_cast<uint16_t>(encode_narrow<FormatFP16>(x));
+#endif
 }
 SFMOE_HD float fp16_to_f32(uint16_t code) { return decode_narrow<FormatFP16>(code); }
 
 // --- BF16: the top half of an FP32; rounding is one integer add ---------------------------------
 SFMOE_HD uint16_t f32_to_bf16(float x) {
+#if defined(SFMOE_HARDWARE_CONVERSIONS)
+  return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+#endif
   const uint32_t bits = f32_to_bits(x);
   if ((bits & kF32AbsMask) > kF32InfBits) return 0x7FFF;
   const uint32_t rounding_bias = 0x7FFFu + ((bits >> 16) & 1u);
