@@ -1,7 +1,8 @@
 // The 16-point random Hadamard transform applied to NVFP4 columnwise (wgrad) operands: spreads
 // outliers across a 16-element block before the block scale is taken. y = H16 * diag(s) * x / 4
 // with the Sylvester Hadamard matrix H16[i][j] = (-1)^popcount(i & j) and a fixed sign vector s.
-// H16 / 4 is orthonormal and symmetric, so applying the transform twice returns x (up to rounding).
+// H16 / 4 and diag(s) are orthonormal, so the transform keeps norms; its inverse is
+// diag(s) * H16 / 4 (the sign flip after, not before, the butterfly).
 // The butterfly order below is part of the definition: FP32 additions in this exact order on
 // host and device give the same bits.
 #pragma once

@@ -1,0 +1,609 @@
+// sfmoe._C: the Python binding of the C API. A thin layer: it turns DLPack arrays into sfmoe
+// descriptors, calls sfmoe_* functions and turns a failed status into a Python exception that
+// carries the library's own message. Framework handling (allocation, dtype mapping, streams)
+// belongs to the Python package (python/sfmoe/). The numerics helpers at the end run the
+// header-only numerics (include/sfmoe/numerics/) over NumPy arrays, for tests and inspection.
+//
+// Arrays: the sfmoe dtype of every array is passed explicitly. An array's items must be exactly
+// as wide as the dtype's elements, except FP4 E2M1, which is carried in a byte array holding two
+// elements per byte (element 2i in the low nibble): a byte array of shape [..., n] is an FP4
+// tensor of shape [..., 2n]. Arrays must be C-contiguous; host (CPU, CUDA-pinned) arrays map to
+// SFMOE_MEMORY_HOST and CUDA (or managed) arrays to SFMOE_MEMORY_CUDA on their device.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "sfmoe/cast.h"
+#include "sfmoe/numerics.h"
+#include "sfmoe/sfmoe.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+// ---- errors -------------------------------------------------------------------------------------
+
+// A failed C API call. The message is captured at once: the library keeps one per thread and the
+// next failing call replaces it.
+class CApiError : public std::runtime_error {
+ public:
+  explicit CApiError(sfmoe_status status)
+      : std::runtime_error(sfmoe_last_error()), status_(status) {}
+  sfmoe_status status() const { return status_; }
+
+ private:
+  sfmoe_status status_;
+};
+
+void check(sfmoe_status status) {
+  if (status != SFMOE_SUCCESS) throw CApiError(status);
+}
+
+// Raises sfmoe.Error(message, status_name, code), the class python/sfmoe/_errors.py defines; a
+// RuntimeError naming the status if that class cannot be reached.
+void raise_c_api_error(const CApiError& error) {
+  const char* status_name = sfmoe_status_name(error.status());
+  PyObject* module = PyImport_ImportModule("sfmoe._errors");
+  PyObject* error_class = module ? PyObject_GetAttrString(module, "Error") : nullptr;
+  PyObject* instance = error_class
+                           ? PyObject_CallFunction(error_class, "ssi", error.what(), status_name,
+                                                   static_cast<int>(error.status()))
+                           : nullptr;
+  if (instance != nullptr) {
+    PyErr_SetObject(error_class, instance);
+  } else {
+    PyErr_Clear();
+    PyErr_Format(PyExc_RuntimeError, "%s: %s", status_name, error.what());
+  }
+  Py_XDECREF(instance);
+  Py_XDECREF(error_class);
+  Py_XDECREF(module);
+}
+
+void translate_exception(const std::exception_ptr& exception, void*) {
+  try {
+    std::rethrow_exception(exception);
+  } catch (const CApiError& error) {
+    raise_c_api_error(error);
+  }
+}
+
+// ---- enums written as raw integers --------------------------------------------------------------
+
+// Enum fields are stored through their integer representation: the library must see exactly the
+// value the caller gave, invalid ones included (validation tests feed them on purpose), and such
+// a value cannot be formed as the enum type itself without undefined behaviour.
+template <class Enum>
+void store_enum(Enum* field, int32_t value) {
+  static_assert(sizeof(Enum) == sizeof(int32_t), "sfmoe enums are int-sized");
+  memcpy(field, &value, sizeof(value));
+}
+
+template <class Enum>
+Enum to_enum(int32_t value) {
+  Enum e;
+  store_enum(&e, value);
+  return e;
+}
+
+// ---- DLPack arrays as sfmoe tensors -------------------------------------------------------------
+
+std::string shape_string(size_t ndim, const int64_t* shape) {
+  std::string s = "[";
+  for (size_t d = 0; d < ndim; ++d) s += (d ? ", " : "") + std::to_string(shape[d]);
+  return s + "]";
+}
+
+// Builds the descriptor of `array` as a tensor of sfmoe dtype `dtype`; raises ValueError /
+// TypeError for what no descriptor can express (strided views, unknown devices, item sizes that
+// do not match the dtype), so the library never reads or writes past an array.
+template <class Array>
+sfmoe_tensor describe_array(const char* what, const Array& array, int32_t dtype) {
+  const int bits = sfmoe_dtype_bits(to_enum<sfmoe_dtype>(dtype));
+  if (bits == 0) {
+    throw nb::value_error(
+        (std::string(what) + ": " + std::to_string(dtype) + " is not an sfmoe dtype").c_str());
+  }
+  sfmoe_memory memory;
+  int32_t device = 0;
+  switch (array.device_type()) {
+    case nb::device::cpu::value:
+    case nb::device::cuda_host::value:
+      memory = SFMOE_MEMORY_HOST;
+      break;
+    case nb::device::cuda::value:
+    case nb::device::cuda_managed::value:
+      memory = SFMOE_MEMORY_CUDA;
+      device = static_cast<int32_t>(array.device_id());
+      break;
+    default:
+      throw nb::value_error((std::string(what) + ": DLPack device type " +
+                             std::to_string(array.device_type()) +
+                             " is neither host nor CUDA memory")
+                                .c_str());
+  }
+  const nb::dlpack::dtype item = array.dtype();
+  if (item.lanes != 1 || item.bits == 0 || item.bits % 8 != 0) {
+    throw nb::type_error((std::string(what) + ": arrays of " + std::to_string(item.bits) +
+                          "-bit x " + std::to_string(item.lanes) +
+                          " items are not supported (use a byte array for packed data)")
+                             .c_str());
+  }
+  const size_t ndim = array.ndim();
+  if (ndim > SFMOE_MAX_DIMS) {
+    throw nb::value_error((std::string(what) + ": " + std::to_string(ndim) +
+                           " dimensions; sfmoe tensors have at most " +
+                           std::to_string(SFMOE_MAX_DIMS) + " (reshape first)")
+                              .c_str());
+  }
+  int64_t shape[SFMOE_MAX_DIMS] = {0, 0, 0, 0};
+  bool empty = false;
+  for (size_t d = 0; d < ndim; ++d) {
+    shape[d] = static_cast<int64_t>(array.shape(d));
+    empty = empty || shape[d] == 0;
+  }
+  // C order in elements; extents of 1 may carry any stride (frameworks differ there).
+  const int64_t* strides = array.stride_ptr();
+  if (strides != nullptr && !empty) {
+    int64_t expected = 1;
+    for (size_t d = ndim; d-- > 0;) {
+      if (shape[d] != 1 && strides[d] != expected) {
+        throw nb::value_error((std::string(what) + ": the array is not C-contiguous (shape " +
+                               shape_string(ndim, shape) + ", strides " +
+                               shape_string(ndim, strides) + " in elements)")
+                                  .c_str());
+      }
+      expected *= shape[d];
+    }
+  }
+  const char* dtype_name = sfmoe_dtype_name(to_enum<sfmoe_dtype>(dtype));
+  if (dtype == SFMOE_DTYPE_FP4_E2M1) {
+    if (item.bits != 8) {
+      throw nb::type_error((std::string(what) +
+                            ": fp4_e2m1 data is carried in a byte array (two "
+                            "elements per byte), not in " +
+                            std::to_string(item.bits) + "-bit items")
+                               .c_str());
+    }
+    if (ndim == 0) {
+      throw nb::value_error(
+          (std::string(what) + ": a packed fp4_e2m1 array needs at least one dimension").c_str());
+    }
+    shape[ndim - 1] *= 2;
+  } else if (item.bits != bits) {
+    throw nb::type_error((std::string(what) + ": an array of " + std::to_string(item.bits) +
+                          "-bit items cannot hold " + dtype_name + " (" + std::to_string(bits) +
+                          "-bit elements)")
+                             .c_str());
+  }
+  const void* data = array.data();
+  return sfmoe_tensor_make(const_cast<void*>(data), to_enum<sfmoe_dtype>(dtype),
+                           static_cast<int32_t>(ndim), shape, memory, device);
+}
+
+// ---- C API entry points -------------------------------------------------------------------------
+
+void cast(nb::ndarray<nb::ro> input, int32_t input_dtype, nb::ndarray<> output,
+          int32_t output_dtype, double scale, uint64_t stream, nb::object scale_device) {
+  const sfmoe_tensor in = describe_array("input", input, input_dtype);
+  const sfmoe_tensor out = describe_array("output", output, output_dtype);
+  sfmoe_cast_config config = sfmoe_cast_config_init();
+  config.scale = static_cast<float>(scale);
+  nb::ndarray<nb::ro> scale_array;
+  if (!scale_device.is_none()) {
+    if (!nb::try_cast(scale_device, scale_array)) {
+      throw nb::type_error("scale_device: expected an array (DLPack) of one float32");
+    }
+    const sfmoe_tensor s = describe_array("scale_device", scale_array, SFMOE_DTYPE_FP32);
+    const nb::dlpack::dtype item = scale_array.dtype();
+    if (item.code != static_cast<uint8_t>(nb::dlpack::dtype_code::Float) ||
+        scale_array.size() != 1) {
+      throw nb::value_error("scale_device: expected exactly one float32 element");
+    }
+    // Where the scale lives decides how the library reads it; a mismatch would dereference a
+    // device pointer on the host (or the reverse), so it is refused here.
+    if (s.memory != in.memory || s.device != in.device) {
+      throw nb::value_error("scale_device: must live in the same memory (and device) as input");
+    }
+    config.scale_device = static_cast<const float*>(s.data);
+  }
+  sfmoe_status status;
+  {
+    nb::gil_scoped_release release;
+    status =
+        sfmoe_cast(&in, &out, &config, reinterpret_cast<void*>(static_cast<uintptr_t>(stream)));
+  }
+  check(status);
+}
+
+// An integer field of a raw descriptor; TypeError when the value is not an integer or does not
+// fit the field.
+template <class T>
+T integer_field(const char* function, const std::string& field, nb::handle value) {
+  T result;
+  if (!nb::try_cast(value, result, false)) {
+    const std::string type =
+        (std::is_signed<T>::value ? "int" : "uint") + std::to_string(sizeof(T) * 8);
+    throw nb::type_error((std::string(function) + ": " + field + " must be an integer that fits " +
+                          type + ", got " + nb::cast<std::string>(nb::repr(value)))
+                             .c_str());
+  }
+  return result;
+}
+
+void validate_tensor(uint64_t data_ptr, int32_t dtype, const std::vector<int64_t>& shape,
+                     int32_t memory, int32_t device, nb::object struct_size, nb::object ndim,
+                     const std::string& name, bool null_descriptor) {
+  const char* function = "validate_tensor";
+  sfmoe_tensor t;
+  memset(&t, 0, sizeof(t));
+  t.struct_size = struct_size.is_none()
+                      ? sizeof(sfmoe_tensor)
+                      : integer_field<uint64_t>(function, "struct_size", struct_size);
+  t.data = reinterpret_cast<void*>(static_cast<uintptr_t>(data_ptr));
+  store_enum(&t.dtype, dtype);
+  t.ndim = ndim.is_none() ? static_cast<int32_t>(shape.size())
+                          : integer_field<int32_t>(function, "ndim", ndim);
+  for (size_t d = 0; d < shape.size() && d < SFMOE_MAX_DIMS; ++d) t.shape[d] = shape[d];
+  store_enum(&t.memory, memory);
+  t.device = device;
+  check(sfmoe_tensor_validate(null_descriptor ? nullptr : &t, name.c_str()));
+}
+
+void validate_grouped_tensor(nb::kwargs fields) {
+  const char* function = "validate_grouped_tensor";
+  sfmoe_grouped_tensor t = sfmoe_grouped_tensor_init();
+  std::string name = "grouped tensor";
+  bool null_descriptor = false;
+  for (auto item : fields) {
+    const std::string key = nb::cast<std::string>(item.first);
+    const nb::handle value = item.second;
+    auto i32 = [&]() { return integer_field<int32_t>(function, key, value); };
+    auto i64 = [&]() { return integer_field<int64_t>(function, key, value); };
+    auto pointer = [&]() {
+      return reinterpret_cast<void*>(
+          static_cast<uintptr_t>(integer_field<uint64_t>(function, key, value)));
+    };
+    if (key == "struct_size") {
+      t.struct_size = integer_field<uint64_t>(function, key, value);
+    } else if (key == "memory") {
+      store_enum(&t.memory, i32());
+    } else if (key == "device") {
+      t.device = i32();
+    } else if (key == "dtype") {
+      store_enum(&t.dtype, i32());
+    } else if (key == "scaling") {
+      store_enum(&t.scaling, i32());
+    } else if (key == "scale_layout") {
+      store_enum(&t.scale_layout, i32());
+    } else if (key == "num_groups") {
+      t.num_groups = i64();
+    } else if (key == "row_capacity") {
+      t.row_capacity = i64();
+    } else if (key == "cols") {
+      t.cols = i64();
+    } else if (key == "row_alignment") {
+      t.row_alignment = i64();
+    } else if (key == "uniform_group_rows") {
+      t.uniform_group_rows = i64();
+    } else if (key == "group_offsets") {
+      t.group_offsets = static_cast<const int64_t*>(pointer());
+    } else if (key == "rowwise_data") {
+      t.rowwise_data = pointer();
+    } else if (key == "rowwise_scale_inv") {
+      t.rowwise_scale_inv = pointer();
+    } else if (key == "columnwise_data") {
+      t.columnwise_data = pointer();
+    } else if (key == "columnwise_scale_inv") {
+      t.columnwise_scale_inv = pointer();
+    } else if (key == "amax") {
+      t.amax = static_cast<float*>(pointer());
+    } else if (key == "name") {
+      name = nb::cast<std::string>(nb::str(value));
+    } else if (key == "null") {
+      const int truth = PyObject_IsTrue(value.ptr());
+      if (truth < 0) throw nb::python_error();
+      null_descriptor = truth == 1;
+    } else {
+      throw nb::type_error((std::string(function) + ": unknown field '" + key + "'").c_str());
+    }
+  }
+  check(sfmoe_grouped_tensor_validate(null_descriptor ? nullptr : &t, name.c_str()));
+}
+
+std::string bounded_string(const char* chars, size_t capacity) {
+  size_t length = 0;
+  while (length < capacity && chars[length] != '\0') ++length;
+  return std::string(chars, length);
+}
+
+nb::dict build_info() {
+  sfmoe_build_info info;
+  memset(&info, 0, sizeof(info));
+  info.struct_size = sizeof(info);
+  check(sfmoe_get_build_info(&info));
+  nb::dict d;
+  d["version"] = std::to_string(info.version_major) + "." + std::to_string(info.version_minor) +
+                 "." + std::to_string(info.version_patch);
+  d["version_major"] = info.version_major;
+  d["version_minor"] = info.version_minor;
+  d["version_patch"] = info.version_patch;
+  d["has_cuda_backend"] = info.has_cuda_backend != 0;
+  d["cuda_compiled_version"] = info.cuda_compiled_version;
+  d["cuda_archs"] = bounded_string(info.cuda_archs, sizeof(info.cuda_archs));
+  d["compiler"] = bounded_string(info.compiler, sizeof(info.compiler));
+  // The headers this extension was compiled against (a mismatch with the library is a bug).
+  d["binding_header_version"] = std::to_string(SFMOE_VERSION_MAJOR) + "." +
+                                std::to_string(SFMOE_VERSION_MINOR) + "." +
+                                std::to_string(SFMOE_VERSION_PATCH);
+  return d;
+}
+
+nb::dict device_info() {
+  sfmoe_device_info info;
+  memset(&info, 0, sizeof(info));
+  info.struct_size = sizeof(info);
+  check(sfmoe_get_device_info(&info));
+  nb::dict d;
+  d["device_count"] = info.device_count;
+  d["runtime_version"] = info.runtime_version;
+  d["driver_version"] = info.driver_version;
+  d["name"] = bounded_string(info.name, sizeof(info.name));
+  d["compute_capability"] = nb::make_tuple(info.compute_major, info.compute_minor);
+  d["multiprocessors"] = info.multiprocessors;
+  d["global_memory_bytes"] = info.global_memory_bytes;
+  d["l2_cache_bytes"] = info.l2_cache_bytes;
+  d["kernels_supported"] = info.kernels_supported != 0;
+  return d;
+}
+
+// ---- numerics over NumPy arrays -----------------------------------------------------------------
+
+template <class T>
+using HostIn = nb::ndarray<const T, nb::c_contig, nb::device::cpu>;
+template <class T>
+using HostOut = nb::ndarray<T, nb::c_contig, nb::device::cpu>;
+
+template <class A, class B>
+void require_same_size(const char* function, const A& a, const B& b) {
+  if (a.size() != b.size()) {
+    throw nb::value_error((std::string(function) + ": the input has " + std::to_string(a.size()) +
+                           " elements but out has " + std::to_string(b.size()))
+                              .c_str());
+  }
+}
+
+// out[i] = f(in[i]) with the GIL released.
+template <class In, class Out, class F>
+void map_elements(const char* function, HostIn<In> in, HostOut<Out> out, F f) {
+  require_same_size(function, in, out);
+  const In* src = in.data();
+  Out* dst = out.data();
+  const size_t n = in.size();
+  nb::gil_scoped_release release;
+  for (size_t i = 0; i < n; ++i) dst[i] = f(src[i]);
+}
+
+template <class In, class Out, class F>
+void def_map(nb::module_& m, const char* name, F f, const char* doc) {
+  m.def(
+      name, [name, f](HostIn<In> in, HostOut<Out> out) { map_elements<In, Out>(name, in, out, f); },
+      "x"_a.noconvert(), "out"_a.noconvert(), doc);
+}
+
+void def_numerics(nb::module_& m) {
+  namespace num = sfmoe::numerics;
+  def_map<float, uint8_t>(
+      m, "f32_to_e4m3", [](float x) { return num::f32_to_e4m3(x); },
+      "out[i] = E4M3 code of x[i] (RN, saturating, NaN -> 0x7F).");
+  def_map<float, uint8_t>(
+      m, "f32_to_e5m2", [](float x) { return num::f32_to_e5m2(x); },
+      "out[i] = E5M2 code of x[i] (RN, saturating, NaN -> 0x7F).");
+  def_map<float, uint8_t>(
+      m, "f32_to_e2m1", [](float x) { return num::f32_to_e2m1(x); },
+      "out[i] = E2M1 code of x[i], one per byte (RN, saturating, NaN -> 0x7).");
+  def_map<float, uint16_t>(
+      m, "f32_to_bf16", [](float x) { return num::f32_to_bf16(x); },
+      "out[i] = BF16 bits of x[i] (RN, IEEE overflow, NaN -> 0x7FFF).");
+  def_map<float, uint16_t>(
+      m, "f32_to_fp16", [](float x) { return num::f32_to_fp16(x); },
+      "out[i] = FP16 bits of x[i] (RN, IEEE overflow, NaN -> 0x7FFF).");
+  def_map<float, uint8_t>(
+      m, "f32_to_e8m0", [](float x) { return num::f32_to_e8m0(x); },
+      "out[i] = E8M0 code of |x[i]| rounded up to a power of two.");
+  def_map<uint8_t, float>(
+      m, "e4m3_to_f32", [](uint8_t c) { return num::e4m3_to_f32(c); },
+      "out[i] = value of E4M3 code c[i].");
+  def_map<uint8_t, float>(
+      m, "e5m2_to_f32", [](uint8_t c) { return num::e5m2_to_f32(c); },
+      "out[i] = value of E5M2 code c[i].");
+  def_map<uint8_t, float>(
+      m, "e2m1_to_f32", [](uint8_t c) { return num::e2m1_to_f32(c); },
+      "out[i] = value of the E2M1 code in the low nibble of c[i].");
+  def_map<uint16_t, float>(
+      m, "bf16_to_f32", [](uint16_t c) { return num::bf16_to_f32(c); },
+      "out[i] = value of BF16 bits c[i].");
+  def_map<uint16_t, float>(
+      m, "fp16_to_f32", [](uint16_t c) { return num::fp16_to_f32(c); },
+      "out[i] = value of FP16 bits c[i].");
+  def_map<uint8_t, float>(
+      m, "e8m0_to_f32", [](uint8_t e) { return num::e8m0_to_f32(e); },
+      "out[i] = 2^(e[i] - 127) (code 255: NaN).");
+  def_map<uint8_t, float>(
+      m, "mx_multiplier", [](uint8_t e) { return num::mx_multiplier(e); },
+      "out[i] = the MXFP8 element multiplier 2^(127 - e[i]).");
+  def_map<float, float>(
+      m, "scale_inverse", [](float s) { return num::scale_inverse(s); },
+      "out[i] = 1 / scale[i] (FP32, RN).");
+  def_map<float, float>(
+      m, "nvfp4_global_encode_scale",
+      [](float amax) { return num::nvfp4_global_encode_scale(amax); },
+      "out[i] = the NVFP4 global encode scale S_enc for global amax[i].");
+
+  m.def(
+      "fp8_scale_from_amax",
+      [](HostIn<float> amax, HostOut<float> out, float fp8_max, bool power_of_two) {
+        map_elements<float, float>("fp8_scale_from_amax", amax, out, [=](float a) {
+          return num::fp8_scale_from_amax(a, fp8_max, power_of_two);
+        });
+      },
+      "amax"_a.noconvert(), "out"_a.noconvert(), "fp8_max"_a, "power_of_two"_a,
+      "out[i] = the FP8 per-tensor / blockwise scale for amax[i].");
+  m.def(
+      "mx_scale_from_amax",
+      [](HostIn<float> amax, HostOut<uint8_t> out, float fp8_max) {
+        map_elements<float, uint8_t>("mx_scale_from_amax", amax, out,
+                                     [=](float a) { return num::mx_scale_from_amax(a, fp8_max); });
+      },
+      "amax"_a.noconvert(), "out"_a.noconvert(), "fp8_max"_a,
+      "out[i] = the MXFP8 E8M0 block scale for block amax[i].");
+  m.def(
+      "nvfp4_block_scale",
+      [](HostIn<float> amax, HostOut<uint8_t> out, float global_encode_scale) {
+        map_elements<float, uint8_t>("nvfp4_block_scale", amax, out, [=](float a) {
+          return num::nvfp4_block_scale(a, global_encode_scale);
+        });
+      },
+      "amax"_a.noconvert(), "out"_a.noconvert(), "global_encode_scale"_a,
+      "out[i] = the E4M3 NVFP4 block scale code for block amax[i].");
+  m.def(
+      "nvfp4_block_multiplier",
+      [](HostIn<uint8_t> code, HostOut<float> out, float global_encode_scale) {
+        map_elements<uint8_t, float>("nvfp4_block_multiplier", code, out, [=](uint8_t c) {
+          return num::nvfp4_block_multiplier(c, global_encode_scale);
+        });
+      },
+      "code"_a.noconvert(), "out"_a.noconvert(), "global_encode_scale"_a,
+      "out[i] = the NVFP4 element multiplier for block scale code[i].");
+  m.def(
+      "philox_random_bits",
+      [](uint64_t seed, uint64_t offset, HostIn<uint64_t> index, HostOut<uint32_t> out) {
+        map_elements<uint64_t, uint32_t>("philox_random_bits", index, out, [=](uint64_t i) {
+          return num::philox_random_bits(seed, offset, i);
+        });
+      },
+      "seed"_a, "offset"_a, "index"_a.noconvert(), "out"_a.noconvert(),
+      "out[i] = the 32 random bits of element index[i] of the stream (seed, offset).");
+  m.def(
+      "f32_to_e2m1_stochastic",
+      [](HostIn<float> x, HostIn<uint32_t> random_bits, HostOut<uint8_t> out) {
+        require_same_size("f32_to_e2m1_stochastic", x, random_bits);
+        require_same_size("f32_to_e2m1_stochastic", x, out);
+        const float* src = x.data();
+        const uint32_t* bits = random_bits.data();
+        uint8_t* dst = out.data();
+        const size_t n = x.size();
+        nb::gil_scoped_release release;
+        for (size_t i = 0; i < n; ++i) dst[i] = num::f32_to_e2m1_stochastic(src[i], bits[i]);
+      },
+      "x"_a.noconvert(), "random_bits"_a.noconvert(), "out"_a.noconvert(),
+      "out[i] = E2M1 code of x[i], rounded stochastically with random_bits[i].");
+  m.def(
+      "hadamard16_transform",
+      [](HostIn<float> x, HostOut<float> out) {
+        require_same_size("hadamard16_transform", x, out);
+        if (x.size() % num::kHadamardSize != 0) {
+          throw nb::value_error("hadamard16_transform: the size must be a multiple of 16");
+        }
+        const float* src = x.data();
+        float* dst = out.data();
+        const size_t n = x.size();
+        nb::gil_scoped_release release;
+        for (size_t block = 0; block < n; block += num::kHadamardSize) {
+          float v[num::kHadamardSize];
+          for (int i = 0; i < num::kHadamardSize; ++i) v[i] = src[block + i];
+          num::hadamard16_transform(v);
+          for (int i = 0; i < num::kHadamardSize; ++i) dst[block + i] = v[i];
+        }
+      },
+      "x"_a.noconvert(), "out"_a.noconvert(),
+      "out = the 16-point random Hadamard transform of each consecutive block of 16 in x.");
+}
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+  m.doc() = "sfmoe native extension: a thin binding of the sfmoe C API (use the sfmoe package)";
+  nb::register_exception_translator(translate_exception);
+
+  // Enum values and struct sizes, as the headers this extension was compiled with define them.
+  m.attr("DTYPE_FP32") = static_cast<int>(SFMOE_DTYPE_FP32);
+  m.attr("DTYPE_BF16") = static_cast<int>(SFMOE_DTYPE_BF16);
+  m.attr("DTYPE_FP16") = static_cast<int>(SFMOE_DTYPE_FP16);
+  m.attr("DTYPE_FP8_E4M3") = static_cast<int>(SFMOE_DTYPE_FP8_E4M3);
+  m.attr("DTYPE_FP8_E5M2") = static_cast<int>(SFMOE_DTYPE_FP8_E5M2);
+  m.attr("DTYPE_FP4_E2M1") = static_cast<int>(SFMOE_DTYPE_FP4_E2M1);
+  m.attr("DTYPE_E8M0") = static_cast<int>(SFMOE_DTYPE_E8M0);
+  m.attr("DTYPE_INT32") = static_cast<int>(SFMOE_DTYPE_INT32);
+  m.attr("DTYPE_INT64") = static_cast<int>(SFMOE_DTYPE_INT64);
+  m.attr("DTYPE_COUNT") = SFMOE_DTYPE_COUNT;
+  m.attr("SCALING_NONE") = static_cast<int>(SFMOE_SCALING_NONE);
+  m.attr("SCALING_TENSOR") = static_cast<int>(SFMOE_SCALING_TENSOR);
+  m.attr("SCALING_BLOCK_1X128") = static_cast<int>(SFMOE_SCALING_BLOCK_1X128);
+  m.attr("SCALING_BLOCK_128X128") = static_cast<int>(SFMOE_SCALING_BLOCK_128X128);
+  m.attr("SCALING_MX_1X32") = static_cast<int>(SFMOE_SCALING_MX_1X32);
+  m.attr("SCALING_NV_1X16") = static_cast<int>(SFMOE_SCALING_NV_1X16);
+  m.attr("SCALING_NV_16X16") = static_cast<int>(SFMOE_SCALING_NV_16X16);
+  m.attr("SCALING_COUNT") = SFMOE_SCALING_COUNT;
+  m.attr("SCALE_LAYOUT_COMPACT") = static_cast<int>(SFMOE_SCALE_LAYOUT_COMPACT);
+  m.attr("SCALE_LAYOUT_SWIZZLED") = static_cast<int>(SFMOE_SCALE_LAYOUT_SWIZZLED);
+  m.attr("MEMORY_HOST") = static_cast<int>(SFMOE_MEMORY_HOST);
+  m.attr("MEMORY_CUDA") = static_cast<int>(SFMOE_MEMORY_CUDA);
+  m.attr("MAX_DIMS") = SFMOE_MAX_DIMS;
+  m.attr("TENSOR_STRUCT_SIZE") = sizeof(sfmoe_tensor);
+  m.attr("GROUPED_TENSOR_STRUCT_SIZE") = sizeof(sfmoe_grouped_tensor);
+  m.attr("CAST_CONFIG_STRUCT_SIZE") = sizeof(sfmoe_cast_config);
+  nb::dict statuses;
+  for (int code = SFMOE_SUCCESS; code <= SFMOE_ERROR_INTERNAL; ++code) {
+    statuses[sfmoe_status_name(to_enum<sfmoe_status>(code))] = code;
+  }
+  m.attr("STATUS_CODES") = statuses;
+
+  m.def(
+      "status_name",
+      [](int32_t status) { return std::string(sfmoe_status_name(to_enum<sfmoe_status>(status))); },
+      "status"_a, "The name of a status code (SFMOE_ERROR_UNKNOWN_STATUS for unknown codes).");
+  m.def(
+      "dtype_name",
+      [](int32_t dtype) { return std::string(sfmoe_dtype_name(to_enum<sfmoe_dtype>(dtype))); },
+      "dtype"_a);
+  m.def(
+      "scaling_name",
+      [](int32_t scaling) {
+        return std::string(sfmoe_scaling_name(to_enum<sfmoe_scaling>(scaling)));
+      },
+      "scaling"_a);
+  m.def(
+      "dtype_bits", [](int32_t dtype) { return sfmoe_dtype_bits(to_enum<sfmoe_dtype>(dtype)); },
+      "dtype"_a, "Bits per element (4 for FP4), 0 for an unknown dtype.");
+  m.def(
+      "last_error", []() { return std::string(sfmoe_last_error()); },
+      "The message of the last failed C API call on this thread ('' if none).");
+  m.def("clear_last_error", []() { sfmoe_clear_last_error(); });
+  m.def("build_info", &build_info, "sfmoe_get_build_info as a dict.");
+  m.def("device_info", &device_info, "sfmoe_get_device_info as a dict.");
+
+  m.def("cast", &cast, "input"_a.noconvert(), "input_dtype"_a, "output"_a.noconvert(),
+        "output_dtype"_a, "scale"_a = 1.0, "stream"_a = 0, "scale_device"_a = nb::none(),
+        "sfmoe_cast: output = encode(decode(input) * scale) on the memory both arrays live in.\n"
+        "stream: a CUDA stream handle (cudaStream_t as int; 0 = the default stream).\n"
+        "scale_device: optional one-element float32 array next to the data; it replaces scale.");
+  m.def("validate_tensor", &validate_tensor, "data_ptr"_a, "dtype"_a, "shape"_a, "memory"_a = 0,
+        "device"_a = 0, "struct_size"_a = nb::none(), "ndim"_a = nb::none(), "name"_a = "tensor",
+        "null"_a = false,
+        "sfmoe_tensor_validate on a descriptor built from plain integers (ndim defaults to\n"
+        "len(shape), struct_size to sizeof(sfmoe_tensor); null=True passes a NULL descriptor).");
+  m.def("validate_grouped_tensor", &validate_grouped_tensor,
+        "sfmoe_grouped_tensor_validate on sfmoe_grouped_tensor_init() with the given fields\n"
+        "replaced (pointers as integers); name=... and null=True as for validate_tensor.");
+  def_numerics(m);
+}

@@ -1,0 +1,222 @@
+"""sfmoe ops on torch tensors: CUDA results bit for bit equal to the NumPy / CPU path on the same
+inputs, work enqueued on torch's current stream, torch.float8 tensors in and out."""
+
+import numpy as np
+import pytest
+
+import sfmoe
+from sfmoe import numerics
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed; the torch tests need it")
+ml_dtypes = pytest.importorskip(
+    "ml_dtypes", reason="the NumPy side of the comparison needs ml_dtypes"
+)
+
+HAS_CUDA = torch.cuda.is_available()
+SFMOE_CUDA = sfmoe.build_info()["has_cuda_backend"] and sfmoe.device_info()["device_count"] > 0
+requires_cuda = pytest.mark.skipif(
+    not (HAS_CUDA and SFMOE_CUDA),
+    reason="needs a CUDA device visible to PyTorch and a libsfmoe built with the CUDA backend "
+    f"(torch.cuda.is_available()={HAS_CUDA}, sfmoe CUDA usable={SFMOE_CUDA})",
+)
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+
+TORCH_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+SPECIALS = [
+    0.0,
+    -0.0,
+    1e-45,
+    448.0,
+    -464.0,
+    57344.0,
+    1e38,
+    float("inf"),
+    float("-inf"),
+    float("nan"),
+    1.0625,
+    3e-5,
+]
+
+
+def random_values(rng, shape):
+    n = int(np.prod(shape))
+    x = (rng.standard_normal(n) * np.exp2(rng.integers(-12, 12, n))).astype(np.float32)
+    x[: min(n, len(SPECIALS))] = SPECIALS[: min(n, len(SPECIALS))]
+    rng.shuffle(x)
+    return x.reshape(shape)
+
+
+def codes(array):
+    """Raw element codes of a torch tensor or NumPy array, as a NumPy array of unsigned ints."""
+    if isinstance(array, torch.Tensor):
+        t = array.detach().cpu()
+        if t.element_size() == 1:
+            return t.view(torch.uint8).numpy()
+        return (
+            t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
+            .numpy()
+            .view(f"u{t.element_size()}")
+        )
+    return array.view(f"u{array.dtype.itemsize}")
+
+
+def host_copy(t):
+    """The NumPy array holding the same values as tensor t (float32/float16, or bf16/fp8 as
+    ml_dtypes views of the very same bits)."""
+    name = str(t.dtype).split(".")[1]
+    ml = {
+        "bfloat16": ml_dtypes.bfloat16,
+        "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
+        "float8_e5m2": ml_dtypes.float8_e5m2,
+    }
+    if name in ml:
+        return codes(t).view(ml[name])
+    return t.detach().cpu().numpy()
+
+
+def same_result(device_result, host_result, fp32=False):
+    if fp32:  # NaN payloads differ between CPU and GPU arithmetic; everything else is exact
+        return np.array_equal(device_result.cpu().numpy(), host_result, equal_nan=True)
+    return np.array_equal(codes(device_result), codes(host_result))
+
+
+@requires_cuda
+@pytest.mark.parametrize("out_name", ["fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "fp4_e2m1"])
+@pytest.mark.parametrize("in_name", ["fp32", "bf16", "fp16"])
+def test_cuda_cast_matches_host(in_name, out_name, rng):
+    x = torch.from_numpy(random_values(rng, (37, 64))).cuda().to(TORCH_DTYPE[in_name])
+    scale = float(np.float32(rng.uniform(0.1, 10)))
+    y = sfmoe.cast(x, out_name, scale=scale)
+    torch.cuda.synchronize()
+    want = sfmoe.cast(host_copy(x), out_name, scale=scale)
+    assert y.device == x.device
+    expected_dtype = {
+        "fp8_e4m3": torch.float8_e4m3fn,
+        "fp8_e5m2": torch.float8_e5m2,
+        "fp4_e2m1": torch.uint8,
+    }.get(out_name, TORCH_DTYPE.get(out_name))
+    assert y.dtype == expected_dtype
+    assert tuple(y.shape) == want.shape
+    assert same_result(y, want, fp32=out_name == "fp32")
+
+
+@requires_cuda
+@pytest.mark.parametrize("power_of_two", [False, True])
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize(
+    "shape", [(0,), (1,), (33,), (993,), (8192,), (4, 3, 16), (2, 2, 2, 2, 8)], ids=str
+)
+def test_cuda_quantize_dequantize_matches_host(fmt, shape, power_of_two, rng):
+    x_host = random_values(rng, shape)
+    x_host[~np.isfinite(x_host)] = 0.5  # current scaling of finite data
+    x = torch.from_numpy(x_host).cuda()
+    q = sfmoe.quantize_fp8(x, fmt=fmt, power_of_two=power_of_two)  # amax and scale on the device
+    q_host = sfmoe.quantize_fp8(x_host, fmt=fmt, power_of_two=power_of_two)
+    assert q.data.dtype == {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[fmt]
+    assert q.scale_inv.is_cuda and q.scale_inv.dtype == torch.float32
+    assert same_result(q.scale_inv, q_host.scale_inv)
+    assert same_result(q.data, q_host.data)
+    for out_dtype in ("fp32", "bf16"):
+        y = sfmoe.dequantize(q, out_dtype)
+        assert same_result(y, sfmoe.dequantize(q_host, out_dtype), fp32=out_dtype == "fp32")
+
+
+@requires_cuda
+def test_cuda_quantize_with_given_scale_and_float8_inputs(rng):
+    x_host = random_values(rng, (16, 48))
+    x = torch.from_numpy(x_host).cuda()
+    q = sfmoe.quantize_fp8(x, 3.5)
+    q_host = sfmoe.quantize_fp8(x_host, 3.5)
+    assert same_result(q.data, q_host.data) and same_result(q.scale_inv, q_host.scale_inv)
+    # torch.float8 tensors made by PyTorch are read with their own dtype
+    f8 = torch.from_numpy(x_host).cuda().clamp(-448, 448).nan_to_num(0.0).to(torch.float8_e4m3fn)
+    y = sfmoe.cast(f8, torch.float32, scale=0.25)
+    assert same_result(y, sfmoe.cast(host_copy(f8), "fp32", scale=0.25), fp32=True)
+    # a device scale tensor
+    s = torch.tensor(2.0, device="cuda")
+    assert same_result(sfmoe.cast(x, "e5m2", scale=s), sfmoe.cast(x_host, "e5m2", scale=2.0))
+
+
+@requires_cuda
+def test_cuda_layouts_and_out(rng):
+    x_host = random_values(rng, (24, 40))
+    x = torch.from_numpy(x_host).cuda().requires_grad_(True)
+    want = sfmoe.cast(x_host, "e4m3")
+    assert same_result(sfmoe.cast(x, "e4m3"), want)  # requires_grad: read through detach()
+    assert same_result(sfmoe.cast(x.detach().t(), "e4m3"), np.ascontiguousarray(want.T))
+    flat = x.detach().reshape(-1)
+    assert same_result(sfmoe.cast(flat[1:], "e4m3"), want.reshape(-1)[1:])  # misaligned view
+    out = torch.empty((24, 40), dtype=torch.float8_e4m3fn, device="cuda")
+    assert sfmoe.cast(x, "e4m3", out=out) is out and same_result(out, want)
+    with pytest.raises(sfmoe.Error) as error_info:
+        sfmoe.cast(x, "e4m3", out=torch.empty(7, dtype=torch.uint8, device="cuda"))
+    assert error_info.value.status == "SFMOE_ERROR_SHAPE_MISMATCH"
+    assert str(error_info.value) == sfmoe.last_error()
+    with pytest.raises(TypeError, match="same kind of array"):
+        sfmoe.cast(x, "e4m3", out=np.zeros((24, 40), np.uint8))
+    with pytest.raises(ValueError, match="scale is on"):
+        sfmoe.cast(x, "e4m3", scale=torch.tensor(1.0))
+    with pytest.raises(sfmoe.Error) as error_info:  # host input, CUDA output
+        sfmoe._C.cast(x_host, 0, sfmoe._arrays.adapt(out, "out")[0].for_binding(out), 3)
+    assert error_info.value.status == "SFMOE_ERROR_MEMORY_SPACE"
+
+
+@requires_cuda
+def test_cuda_work_runs_on_the_current_stream(rng):
+    x_host = random_values(rng, (1 << 20,))
+    source = torch.from_numpy(x_host).cuda()
+    want = sfmoe.cast(x_host, "e4m3", scale=0.5)
+    stream = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(100_000_000)  # keep the stream busy: a wrong-stream launch would race
+        x = source * 1.0  # written on `stream` after the sleep
+        y = sfmoe.cast(x, "e4m3", scale=0.5)
+        q = sfmoe.quantize_fp8(x)
+    stream.synchronize()
+    assert same_result(y, want)
+    assert same_result(q.data, sfmoe.quantize_fp8(x_host).data)
+
+
+@requires_cuda
+def test_cuda_graph_capture_of_quantize(rng):
+    """The op path is sync-free: quantize with current scaling captures in a CUDA graph and
+    replays on new data."""
+    static_x = torch.zeros(4096, device="cuda")
+    sfmoe.quantize_fp8(static_x)  # warm up outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_q = sfmoe.quantize_fp8(static_x)
+    for _ in range(3):
+        x_host = random_values(rng, (4096,))
+        x_host[~np.isfinite(x_host)] = 1.0
+        static_x.copy_(torch.from_numpy(x_host))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = sfmoe.quantize_fp8(x_host)
+        assert same_result(static_q.data, want.data)
+        assert same_result(static_q.scale_inv, want.scale_inv)
+
+
+def test_cpu_tensors_match_numpy(rng):
+    x_host = random_values(rng, (9, 32))
+    x = torch.from_numpy(x_host.copy())
+    y = sfmoe.cast(x, "fp8_e5m2", scale=0.75)
+    assert y.dtype == torch.float8_e5m2 and y.device.type == "cpu"
+    assert same_result(y, sfmoe.cast(x_host, "fp8_e5m2", scale=0.75))
+    q = sfmoe.quantize_fp8(x.nan_to_num(0.0, 1.0, -1.0))
+    q_host = sfmoe.quantize_fp8(np.nan_to_num(x_host, nan=0.0, posinf=1.0, neginf=-1.0))
+    assert same_result(q.data, q_host.data) and same_result(q.scale_inv, q_host.scale_inv)
+    assert same_result(sfmoe.dequantize(q), sfmoe.dequantize(q_host), fp32=True)
+    packed = sfmoe.cast(x.to(torch.bfloat16), "fp4_e2m1")
+    assert packed.dtype == torch.uint8 and tuple(packed.shape) == (9, 16)
+    bf16_host = host_copy(x.to(torch.bfloat16))
+    assert np.array_equal(
+        packed.numpy(), numerics.pack_fp4(numerics.f32_to_e2m1(bf16_host.astype(np.float32)))
+    )
+    if hasattr(torch, "float4_e2m1fn_x2"):  # PyTorch's own packed FP4 type reads the same way
+        back = sfmoe.cast(packed.view(torch.float4_e2m1fn_x2), "fp32")
+        assert same_result(
+            back, sfmoe.cast(packed.numpy(), "fp32", input_dtype="fp4_e2m1"), fp32=True
+        )
