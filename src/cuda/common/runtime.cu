@@ -142,11 +142,12 @@ sfmoe_status status_word_reset(sfmoe_fault_report* device_word, void* stream) {
 
 sfmoe_status status_word_snapshot(const sfmoe_fault_report* device_word,
                                   sfmoe_fault_report* host_mirror, void* stream) {
-  // An enqueued copy into pinned memory: capturable, and the host does not wait for it here.
-  SFMOE_CUDA_RETURN_IF_ERROR(
-      "sfmoe_status_word_snapshot",
-      cudaMemcpyAsync(host_mirror, device_word, sizeof(sfmoe_fault_report), cudaMemcpyDeviceToHost,
-                      static_cast<cudaStream_t>(stream)));
+  // sync-ok: an enqueued copy into pinned memory; capturable, and nothing waits for it here.
+  const cudaError_t error =
+      cudaMemcpyAsync(host_mirror, device_word, sizeof(sfmoe_fault_report),
+                      cudaMemcpyDeviceToHost,  // sync-ok: asynchronous, into pinned memory
+                      static_cast<cudaStream_t>(stream));
+  if (error != cudaSuccess) return cuda_fail("sfmoe_status_word_snapshot", "cudaMemcpyAsync", error);
   return SFMOE_SUCCESS;
 }
 
