@@ -296,7 +296,7 @@ void validate_grouped_tensor(nb::kwargs fields) {
     } else if (key == "uniform_group_rows") {
       t.uniform_group_rows = i64();
     } else if (key == "group_offsets") {
-      t.group_offsets = static_cast<const int64_t*>(pointer());
+      t.group_offsets = static_cast<int64_t*>(pointer());
     } else if (key == "rowwise_data") {
       t.rowwise_data = pointer();
     } else if (key == "rowwise_scale_inv") {

@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "sfmoe/sfmoe.h"
+#include "src/common/quantize_args.h"
 
 namespace sfmoe {
 namespace cpu {
@@ -13,6 +14,15 @@ void check_group_offsets(const int64_t* offsets, int64_t num_groups, int64_t row
                          int64_t row_alignment, sfmoe_fault_report* word);
 void cast(const void* input, sfmoe_dtype input_dtype, void* output, sfmoe_dtype output_dtype,
           int64_t count, float scale);
+
+// Grouped quantization (docs/quantization.md). Arguments are validated by the API layer.
+void grouped_amax(const GroupedInput& input, int64_t num_groups, int64_t cols, float* amax,
+                  sfmoe_fault_report* word);
+void grouped_quantize(const GroupedQuantizeArgs& args);
+void grouped_dequantize(const GroupedDequantizeArgs& args);
+void swizzle_scales(const uint8_t* compact, int64_t rows, int64_t scale_cols, uint8_t* swizzled);
+void unswizzle_scales(const uint8_t* swizzled, int64_t rows, int64_t scale_cols,
+                      uint8_t* compact);
 
 }  // namespace cpu
 }  // namespace sfmoe

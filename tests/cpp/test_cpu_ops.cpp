@@ -114,7 +114,8 @@ TEST(CpuStatusWord, GroupOffsetChecksRaiseTheRightFaults) {
     t.row_capacity = 64;
     t.cols = 16;
     t.row_alignment = 16;
-    t.group_offsets = c.offsets.data();
+    std::vector<int64_t> offsets = c.offsets;
+    t.group_offsets = offsets.data();
     t.rowwise_data = data;
     ASSERT_EQ(sfmoe_status_word_reset(word, nullptr), SFMOE_SUCCESS);
     ASSERT_EQ(sfmoe_check_group_offsets(&t, word, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();

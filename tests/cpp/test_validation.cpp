@@ -123,7 +123,7 @@ std::vector<BadCase> bad_cases() {
          [](Buffers& b) {
            auto t = good_grouped(b);
            t.group_offsets =
-               reinterpret_cast<const int64_t*>(reinterpret_cast<const char*>(b.offsets) + 4);
+               reinterpret_cast<int64_t*>(reinterpret_cast<char*>(b.offsets) + 4);
            return validate(t);
          }},
         {"no data at all", SFMOE_ERROR_NULL_POINTER, "neither rowwise_data nor columnwise_data",

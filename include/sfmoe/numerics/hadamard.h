@@ -34,5 +34,18 @@ SFMOE_HD void hadamard16_transform(float v[kHadamardSize]) {
   for (int i = 0; i < kHadamardSize; ++i) v[i] = mul_rn(v[i], 0.25f);
 }
 
+// The inverse, diag(s) * H16 / 4: the same butterfly, the scaling, then the signs.
+SFMOE_HD void hadamard16_inverse(float v[kHadamardSize]) {
+  for (int half = 1; half < kHadamardSize; half <<= 1) {
+    for (int i = 0; i < kHadamardSize; ++i) {
+      if (i & half) continue;
+      const float a = v[i], b = v[i + half];
+      v[i] = add_rn(a, b);
+      v[i + half] = add_rn(a, -b);
+    }
+  }
+  for (int i = 0; i < kHadamardSize; ++i) v[i] = mul_rn(mul_rn(v[i], 0.25f), hadamard_sign(i));
+}
+
 }  // namespace numerics
 }  // namespace sfmoe

@@ -9,6 +9,17 @@
 namespace sfmoe {
 namespace numerics {
 
+// --- amax ----------------------------------------------------------------------------------------
+// The running max of |value| with NaN propagation: a NaN anywhere makes the amax NaN, so a NaN in
+// the data cannot hide behind the scale (IEEE max would drop it). On non-negative FP32 bit
+// patterns integer order is value order, and every NaN's magnitude bits exceed Inf's, so one
+// unsigned max does both; kernels use the same rule through atomicMax on the bits.
+SFMOE_HD uint32_t amax_bits(float value) { return f32_to_bits(value) & kF32AbsMask; }
+SFMOE_HD float amax_accumulate(float running_amax, float value) {
+  const uint32_t a = amax_bits(running_amax), b = amax_bits(value);
+  return bits_to_f32(a > b ? a : b);
+}
+
 // --- E8M0: a bare biased power-of-two exponent (MX block scales) -------------------------------
 constexpr uint8_t kE8M0Nan = 0xFF;
 

@@ -1,0 +1,87 @@
+// The grouped-quantization operations as the API layer hands them to a backend, after validation:
+// plain pointers and sizes. The rules they implement are in docs/quantization.md.
+#pragma once
+
+#include "sfmoe/numerics/scale_swizzle.h"
+#include "sfmoe/quantize.h"
+
+namespace sfmoe {
+
+struct GroupedInput {
+  const void* data;          // [row_capacity, cols]
+  sfmoe_dtype dtype;         // FP32, BF16 or FP16
+  int64_t row_capacity;
+  const int64_t* offsets;    // num_groups + 1, or NULL with uniform_rows > 0
+  int64_t uniform_rows;
+};
+
+struct GroupedQuantizeArgs {
+  GroupedInput input;
+  int64_t num_groups;
+  int64_t cols;
+  sfmoe_dtype dtype;         // FP8_E4M3, FP8_E5M2 or FP4_E2M1
+  sfmoe_scaling scaling;
+  sfmoe_scale_layout scale_layout;
+  int64_t row_capacity;      // R of the output
+  int64_t row_alignment;     // a
+  int64_t* offsets;          // out_off, written; NULL with uniform groups
+  int64_t uniform_rows;      // > 0: uniform output groups (equal to the input's)
+  void* rowwise;             // [R, C] codes or NULL
+  void* rowwise_scale_inv;
+  void* columnwise;          // [C, R] codes or NULL
+  void* columnwise_scale_inv;
+  float* amax;               // [num_groups] (TENSOR, NV)
+  float* columnwise_amax;    // [num_groups] (NV with the Hadamard transform and a columnwise copy)
+  sfmoe_quantize_config config;
+  sfmoe_fault_report* word;  // NULL: faults are not recorded
+};
+
+struct GroupedDequantizeArgs {
+  // The quantized tensor, described as for quantize (offsets are read, not written).
+  GroupedQuantizeArgs quantized;
+  bool from_columnwise;
+  void* output;              // [R, C]
+  sfmoe_dtype output_dtype;  // FP32, BF16 or FP16
+};
+
+// ---- rules shared by the backends (host + device) -------------------------------------------------
+
+// Elements per block along the quantized direction (the block height for columnwise copies and
+// the side of 2D blocks); 0 for TENSOR (one scale per group).
+SFMOE_HD int64_t scaling_block_size(sfmoe_scaling scaling) {
+  switch (scaling) {
+    case SFMOE_SCALING_BLOCK_1X128:
+    case SFMOE_SCALING_BLOCK_128X128: return 128;
+    case SFMOE_SCALING_MX_1X32: return 32;
+    case SFMOE_SCALING_NV_1X16:
+    case SFMOE_SCALING_NV_16X16: return 16;
+    default: return 0;
+  }
+}
+
+SFMOE_HD bool scaling_is_2d(sfmoe_scaling scaling) {
+  return scaling == SFMOE_SCALING_BLOCK_128X128 || scaling == SFMOE_SCALING_NV_16X16;
+}
+
+SFMOE_HD bool scaling_is_nvfp4(sfmoe_scaling scaling) {
+  return scaling == SFMOE_SCALING_NV_1X16 || scaling == SFMOE_SCALING_NV_16X16;
+}
+
+// The smallest output row alignment that keeps row-running blocks inside groups.
+SFMOE_HD int64_t min_row_alignment(sfmoe_scaling scaling, bool has_columnwise) {
+  if (scaling_is_2d(scaling) || has_columnwise) {
+    const int64_t block = scaling_block_size(scaling);
+    return block > 0 ? block : 1;
+  }
+  return 1;
+}
+
+// Where the scale of block (block_row, block_col) of a [rows, scale_cols] scale matrix is stored.
+SFMOE_HD int64_t scale_offset(sfmoe_scale_layout layout, int64_t block_row, int64_t block_col,
+                              int64_t scale_cols) {
+  return layout == SFMOE_SCALE_LAYOUT_SWIZZLED
+             ? numerics::swizzled_scale_offset(block_row, block_col, scale_cols)
+             : block_row * scale_cols + block_col;
+}
+
+}  // namespace sfmoe
