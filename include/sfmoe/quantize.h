@@ -46,10 +46,13 @@ typedef enum sfmoe_dequantize_source {
 } sfmoe_dequantize_source;
 
 /* Decodes a quantized grouped tensor into `output` (FP32 / BF16 / FP16, scaling NONE, same
- * row_capacity and cols), in the rowwise orientation, rows [0, group_offsets[num_groups]). */
+ * row_capacity and cols), in the rowwise orientation, rows [0, group_offsets[num_groups]).
+ * `config` is the one the tensor was quantized with (it says whether the columnwise copy carries
+ * the Hadamard transform); NULL means the defaults. */
 SFMOE_API sfmoe_status sfmoe_grouped_dequantize(const sfmoe_grouped_tensor* input,
                                                 const sfmoe_grouped_tensor* output,
-                                                sfmoe_dequantize_source source, void* stream);
+                                                sfmoe_dequantize_source source,
+                                                const sfmoe_quantize_config* config, void* stream);
 
 /* Compact [rows, scale_cols] byte scales (E8M0 or E4M3) <-> the swizzled tensor-core layout of
  * swizzled_scale_padded_size(rows, scale_cols) bytes; swizzle writes the padding entries as 0.

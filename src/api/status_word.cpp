@@ -1,19 +1,13 @@
 // The device status word: creation, reset, snapshot, read, and the group-offset check op.
 #include <stdlib.h>
 
+#include "src/api/status_word_impl.h"
 #include "src/api/validate.h"
 #include "src/common/error.h"
 #include "src/cpu/backend.h"
 #if defined(SFMOE_WITH_CUDA)
 #include "src/cuda/backend.h"
 #endif
-
-struct sfmoe_status_word {
-  sfmoe_memory memory;
-  int32_t device;
-  sfmoe_fault_report* word;    // where kernels record faults (device memory for CUDA)
-  sfmoe_fault_report* mirror;  // what read() returns (pinned host memory for CUDA)
-};
 
 namespace {
 

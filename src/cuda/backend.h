@@ -6,6 +6,7 @@
 
 #include "sfmoe/cast.h"
 #include "sfmoe/sfmoe.h"
+#include "src/common/quantize_args.h"
 
 namespace sfmoe {
 namespace cuda {
@@ -34,6 +35,14 @@ sfmoe_status check_group_offsets(const int64_t* offsets, int64_t num_groups, int
 sfmoe_status cast(const void* input, sfmoe_dtype input_dtype, void* output,
                   sfmoe_dtype output_dtype, int64_t count, float scale, const float* scale_device,
                   void* stream);
+
+// Grouped quantization (docs/quantization.md).
+sfmoe_status grouped_amax(const GroupedInput& input, int64_t num_groups, int64_t cols,
+                          float* amax, sfmoe_fault_report* word, void* stream);
+sfmoe_status grouped_quantize(const GroupedQuantizeArgs& args, void* stream);
+sfmoe_status grouped_dequantize(const GroupedDequantizeArgs& args, void* stream);
+sfmoe_status swizzle_scales(const uint8_t* from, int64_t rows, int64_t scale_cols, uint8_t* to,
+                            bool unswizzle, void* stream);
 
 }  // namespace cuda
 }  // namespace sfmoe

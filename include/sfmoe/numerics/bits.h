@@ -11,6 +11,13 @@
 #else
 #define SFMOE_HD inline
 #endif
+// Loop unrolling in shared host/device code: a device-pass pragma only (host compilers would
+// warn about it).
+#if defined(__CUDA_ARCH__)
+#define SFMOE_UNROLL _Pragma("unroll")
+#else
+#define SFMOE_UNROLL
+#endif
 
 namespace sfmoe {
 namespace numerics {

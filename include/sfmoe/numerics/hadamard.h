@@ -22,8 +22,11 @@ SFMOE_HD float hadamard_sign(int i) {
 }
 
 SFMOE_HD void hadamard16_transform(float v[kHadamardSize]) {
+  SFMOE_UNROLL
   for (int i = 0; i < kHadamardSize; ++i) v[i] = mul_rn(v[i], hadamard_sign(i));
+  SFMOE_UNROLL
   for (int half = 1; half < kHadamardSize; half <<= 1) {
+    SFMOE_UNROLL
     for (int i = 0; i < kHadamardSize; ++i) {
       if (i & half) continue;
       const float a = v[i], b = v[i + half];
@@ -31,12 +34,14 @@ SFMOE_HD void hadamard16_transform(float v[kHadamardSize]) {
       v[i + half] = add_rn(a, -b);
     }
   }
+  SFMOE_UNROLL
   for (int i = 0; i < kHadamardSize; ++i) v[i] = mul_rn(v[i], 0.25f);
 }
 
 // The inverse, diag(s) * H16 / 4: the same butterfly, the scaling, then the signs.
 SFMOE_HD void hadamard16_inverse(float v[kHadamardSize]) {
   for (int half = 1; half < kHadamardSize; half <<= 1) {
+    SFMOE_UNROLL
     for (int i = 0; i < kHadamardSize; ++i) {
       if (i & half) continue;
       const float a = v[i], b = v[i + half];
@@ -44,6 +49,7 @@ SFMOE_HD void hadamard16_inverse(float v[kHadamardSize]) {
       v[i + half] = add_rn(a, -b);
     }
   }
+  SFMOE_UNROLL
   for (int i = 0; i < kHadamardSize; ++i) v[i] = mul_rn(mul_rn(v[i], 0.25f), hadamard_sign(i));
 }
 

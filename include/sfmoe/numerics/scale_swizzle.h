@@ -29,5 +29,14 @@ SFMOE_HD int64_t swizzled_scale_offset(int64_t row, int64_t col, int64_t scale_c
   return tile * kSwizzleTileElements + inside;
 }
 
+// The inverse: the (row, col) of the padded scale matrix stored at `offset`.
+SFMOE_HD void swizzled_scale_position(int64_t offset, int64_t scale_cols, int64_t* row,
+                                      int64_t* col) {
+  const int64_t tiles_per_row = round_up(scale_cols, kSwizzleTileCols) / kSwizzleTileCols;
+  const int64_t tile = offset / kSwizzleTileElements, inside = offset % kSwizzleTileElements;
+  *row = (tile / tiles_per_row) * kSwizzleTileRows + ((inside % 16) / 4) * 32 + inside / 16;
+  *col = (tile % tiles_per_row) * kSwizzleTileCols + inside % 4;
+}
+
 }  // namespace numerics
 }  // namespace sfmoe

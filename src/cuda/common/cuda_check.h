@@ -20,6 +20,9 @@ inline sfmoe_status check_launch(const char* context, const char* kernel) {
   return cuda_fail(context, kernel, error);
 }
 
+// Multiprocessors of the current device (cached per device).
+int multiprocessor_count();
+
 // Grid size for a grid-stride kernel over `work_items`, bounded by a few waves of the device.
 int grid_for(int64_t work_items, int threads_per_block);
 

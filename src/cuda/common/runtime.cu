@@ -32,18 +32,23 @@ int device_count() {
   return count;
 }
 
-int grid_for(int64_t work_items, int threads_per_block) {
+int multiprocessor_count() {
   int device = 0;
   (void)cudaGetDevice(&device);
   if (device < 0 || device >= kMaxDevices) device = 0;
   if (g_multiprocessors[device] == 0) {
     int sms = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
       sms = 1;
+    }
     g_multiprocessors[device] = sms;
   }
+  return g_multiprocessors[device];
+}
+
+int grid_for(int64_t work_items, int threads_per_block) {
   const int64_t blocks = (work_items + threads_per_block - 1) / threads_per_block;
-  const int64_t max_blocks = static_cast<int64_t>(g_multiprocessors[device]) * 8;
+  const int64_t max_blocks = static_cast<int64_t>(multiprocessor_count()) * 8;
   if (blocks < 1) return 1;
   return static_cast<int>(blocks < max_blocks ? blocks : max_blocks);
 }

@@ -1,0 +1,379 @@
+// Grouped quantization entry points: validate against docs/quantization.md, pick the backend
+// from where the tensors live, run.
+#include "sfmoe/quantize.h"
+
+#include <string.h>
+
+#include "src/api/status_word_impl.h"
+#include "src/api/validate.h"
+#include "src/common/error.h"
+#include "src/cpu/backend.h"
+#if defined(SFMOE_WITH_CUDA)
+#include "src/cuda/backend.h"
+#endif
+
+namespace sfmoe {
+namespace {
+
+bool is_high_precision(sfmoe_dtype d) {
+  return d == SFMOE_DTYPE_FP32 || d == SFMOE_DTYPE_BF16 || d == SFMOE_DTYPE_FP16;
+}
+
+sfmoe_status check_config(const char* context, const sfmoe_quantize_config* config) {
+  if (config == nullptr) return fail(SFMOE_ERROR_NULL_POINTER, "%s: config is NULL", context);
+  if (config->struct_size != sizeof(sfmoe_quantize_config)) {
+    return fail(SFMOE_ERROR_STRUCT_SIZE,
+                "%s: config struct_size is %zu but this library's sfmoe_quantize_config has %zu "
+                "bytes (use sfmoe_quantize_config_init())",
+                context, config->struct_size, sizeof(sfmoe_quantize_config));
+  }
+  return SFMOE_SUCCESS;
+}
+
+sfmoe_status check_word(const char* context, const sfmoe_status_word* word, sfmoe_memory memory,
+                        int32_t device) {
+  if (word != nullptr && (word->memory != memory || word->device != device)) {
+    return fail(SFMOE_ERROR_MEMORY_SPACE,
+                "%s: the status word and the tensors are in different memory spaces", context);
+  }
+  return SFMOE_SUCCESS;
+}
+
+sfmoe_status check_high_precision(const char* context, const char* name,
+                                  const sfmoe_grouped_tensor* t) {
+  if (t->scaling != SFMOE_SCALING_NONE || !is_high_precision(t->dtype)) {
+    return fail(SFMOE_ERROR_DTYPE_MISMATCH,
+                "%s: %s must hold fp32, bf16 or fp16 values with scaling 'none' (got %s, '%s')",
+                context, name, sfmoe_dtype_name(t->dtype), sfmoe_scaling_name(t->scaling));
+  }
+  if (t->rowwise_data == nullptr) {
+    return fail(SFMOE_ERROR_NULL_POINTER, "%s: %s needs rowwise_data", context, name);
+  }
+  return SFMOE_SUCCESS;
+}
+
+GroupedInput input_of(const sfmoe_grouped_tensor* x) {
+  return GroupedInput{x->rowwise_data, x->dtype, x->row_capacity, x->group_offsets,
+                      x->group_offsets ? 0 : x->uniform_group_rows};
+}
+
+// Checks a quantized tensor's recipe-specific requirements and fills the backend arguments.
+sfmoe_status describe_quantized(const char* context, const char* name,
+                                const sfmoe_grouped_tensor* q, const sfmoe_quantize_config& config,
+                                GroupedQuantizeArgs* args) {
+  if (q->scaling == SFMOE_SCALING_NONE) {
+    return fail(SFMOE_ERROR_DTYPE_MISMATCH,
+                "%s: %s must be a quantized tensor (fp8 or fp4 with a scaling), got '%s'", context,
+                name, sfmoe_dtype_name(q->dtype));
+  }
+  const bool columnwise = q->columnwise_data != nullptr;
+  const int64_t block = scaling_block_size(q->scaling);
+  const int64_t min_alignment = min_row_alignment(q->scaling, columnwise);
+  if (q->row_alignment % min_alignment != 0) {
+    return fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                "%s: %s: scaling '%s'%s needs row_alignment to be a multiple of %lld (got %lld)",
+                context, name, sfmoe_scaling_name(q->scaling),
+                columnwise ? " with a columnwise copy" : "", static_cast<long long>(min_alignment),
+                static_cast<long long>(q->row_alignment));
+  }
+  if (block > 0 && (columnwise || scaling_is_2d(q->scaling)) && q->row_capacity % block != 0) {
+    return fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                "%s: %s: row_capacity %lld must be a multiple of the %lld-row block of '%s'",
+                context, name, static_cast<long long>(q->row_capacity),
+                static_cast<long long>(block), sfmoe_scaling_name(q->scaling));
+  }
+  const bool needs_amax = q->scaling == SFMOE_SCALING_TENSOR || scaling_is_nvfp4(q->scaling);
+  if (needs_amax && q->amax == nullptr) {
+    return fail(SFMOE_ERROR_NULL_POINTER,
+                "%s: %s: scaling '%s' needs amax ([num_groups] floats): it holds the group amax",
+                context, name, sfmoe_scaling_name(q->scaling));
+  }
+  if (config.hadamard_columnwise && q->scaling != SFMOE_SCALING_NV_1X16) {
+    return fail(SFMOE_ERROR_UNSUPPORTED,
+                "%s: the Hadamard transform applies to nv_1x16 only (scaling is '%s')", context,
+                sfmoe_scaling_name(q->scaling));
+  }
+  if (config.hadamard_columnwise && columnwise && q->columnwise_amax == nullptr) {
+    return fail(SFMOE_ERROR_NULL_POINTER,
+                "%s: %s: the Hadamard transform needs columnwise_amax ([num_groups] floats)",
+                context, name);
+  }
+  if (config.stochastic_rounding && !scaling_is_nvfp4(q->scaling)) {
+    return fail(SFMOE_ERROR_UNSUPPORTED,
+                "%s: stochastic rounding applies to nvfp4 recipes only (scaling is '%s')", context,
+                sfmoe_scaling_name(q->scaling));
+  }
+  if (config.power_of_two_scales &&
+      (q->scaling == SFMOE_SCALING_MX_1X32 || scaling_is_nvfp4(q->scaling))) {
+    return fail(SFMOE_ERROR_UNSUPPORTED,
+                "%s: power_of_two_scales applies to fp8 tensor and blockwise scaling only", context);
+  }
+  if (q->scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && q->scaling != SFMOE_SCALING_MX_1X32 &&
+      q->scaling != SFMOE_SCALING_NV_1X16) {
+    return fail(SFMOE_ERROR_UNSUPPORTED,
+                "%s: %s: the swizzled scale layout exists for mx_1x32 and nv_1x16 only", context,
+                name);
+  }
+  memset(args, 0, sizeof(*args));
+  args->num_groups = q->num_groups;
+  args->cols = q->cols;
+  args->dtype = q->dtype;
+  args->scaling = q->scaling;
+  args->scale_layout = q->scale_layout;
+  args->row_capacity = q->row_capacity;
+  args->row_alignment = q->row_alignment;
+  args->offsets = q->group_offsets;
+  args->uniform_rows = q->group_offsets ? 0 : q->uniform_group_rows;
+  args->rowwise = q->rowwise_data;
+  args->rowwise_scale_inv = q->rowwise_scale_inv;
+  args->columnwise = q->columnwise_data;
+  args->columnwise_scale_inv = q->columnwise_scale_inv;
+  args->amax = q->amax;
+  args->columnwise_amax = q->columnwise_amax;
+  args->config = config;
+  return SFMOE_SUCCESS;
+}
+
+}  // namespace
+}  // namespace sfmoe
+
+extern "C" {
+
+sfmoe_quantize_config sfmoe_quantize_config_init(void) {
+  sfmoe_quantize_config c;
+  memset(&c, 0, sizeof(c));
+  c.struct_size = sizeof(c);
+  return c;
+}
+
+sfmoe_status sfmoe_grouped_amax(const sfmoe_grouped_tensor* input, float* amax,
+                                sfmoe_status_word* word, void* stream) {
+  using namespace sfmoe;
+  const char* context = "sfmoe_grouped_amax";
+  return guarded(context, [&]() -> sfmoe_status {
+    SFMOE_RETURN_IF_ERROR(validate_grouped_tensor(context, "input", input));
+    SFMOE_RETURN_IF_ERROR(check_high_precision(context, "input", input));
+    if (amax == nullptr) return fail(SFMOE_ERROR_NULL_POINTER, "%s: amax is NULL", context);
+    SFMOE_RETURN_IF_ERROR(
+        validate_pointer_memory(context, "amax", "amax", amax, input->memory, input->device));
+    SFMOE_RETURN_IF_ERROR(check_word(context, word, input->memory, input->device));
+    const GroupedInput in = input_of(input);
+    sfmoe_fault_report* fault = word ? word->word : nullptr;
+    if (input->memory == SFMOE_MEMORY_HOST) {
+      cpu::grouped_amax(in, input->num_groups, input->cols, amax, fault);
+      return SFMOE_SUCCESS;
+    }
+#if defined(SFMOE_WITH_CUDA)
+    return cuda::grouped_amax(in, input->num_groups, input->cols, amax, fault, stream);
+#else
+    (void)stream;
+    return SFMOE_ERROR_INTERNAL;
+#endif
+  });
+}
+
+sfmoe_status sfmoe_grouped_quantize(const sfmoe_grouped_tensor* input,
+                                    const sfmoe_grouped_tensor* output,
+                                    const sfmoe_quantize_config* config, sfmoe_status_word* word,
+                                    void* stream) {
+  using namespace sfmoe;
+  const char* context = "sfmoe_grouped_quantize";
+  return guarded(context, [&]() -> sfmoe_status {
+    SFMOE_RETURN_IF_ERROR(validate_grouped_tensor(context, "input", input));
+    SFMOE_RETURN_IF_ERROR(validate_grouped_tensor(context, "output", output));
+    SFMOE_RETURN_IF_ERROR(check_config(context, config));
+    SFMOE_RETURN_IF_ERROR(check_high_precision(context, "input", input));
+    if (input->memory != output->memory || input->device != output->device) {
+      return fail(SFMOE_ERROR_MEMORY_SPACE,
+                  "%s: input and output are in different memory spaces or devices", context);
+    }
+    SFMOE_RETURN_IF_ERROR(check_word(context, word, input->memory, input->device));
+    if (input->num_groups != output->num_groups || input->cols != output->cols) {
+      return fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                  "%s: input has %lld groups x %lld cols but output has %lld x %lld", context,
+                  static_cast<long long>(input->num_groups), static_cast<long long>(input->cols),
+                  static_cast<long long>(output->num_groups), static_cast<long long>(output->cols));
+    }
+    GroupedQuantizeArgs args;
+    SFMOE_RETURN_IF_ERROR(describe_quantized(context, "output", output, *config, &args));
+    args.input = input_of(input);
+    const int64_t a = output->row_alignment;
+    if (output->group_offsets == nullptr) {
+      if (input->group_offsets != nullptr || input->uniform_group_rows != output->uniform_group_rows) {
+        return fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                    "%s: output has uniform groups (%lld rows) but the input's groups are not the "
+                    "same uniform groups",
+                    context, static_cast<long long>(output->uniform_group_rows));
+      }
+    } else {
+      if (output->group_offsets == input->group_offsets) {
+        return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                    "%s: output group_offsets must be a buffer of its own (the op writes the "
+                    "padded offsets there)",
+                    context);
+      }
+      const int64_t input_rows = input->group_offsets ? input->row_capacity
+                                                      : input->num_groups * input->uniform_group_rows;
+      const bool aligned_already = input->group_offsets && input->row_alignment % a == 0;
+      const int64_t padding = aligned_already ? 0 : input->num_groups * (a - 1);
+      if (output->row_capacity < input_rows + padding) {
+        return fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                    "%s: output row_capacity %lld cannot hold the padded groups: it needs %lld "
+                    "(%lld input rows + %lld groups x %lld alignment padding)",
+                    context, static_cast<long long>(output->row_capacity),
+                    static_cast<long long>(input_rows + padding),
+                    static_cast<long long>(input_rows), static_cast<long long>(input->num_groups),
+                    static_cast<long long>(a - 1));
+      }
+    }
+    args.word = word ? word->word : nullptr;
+    if (input->memory == SFMOE_MEMORY_HOST) {
+      cpu::grouped_quantize(args);
+      return SFMOE_SUCCESS;
+    }
+#if defined(SFMOE_WITH_CUDA)
+    return cuda::grouped_quantize(args, stream);
+#else
+    (void)stream;
+    return SFMOE_ERROR_INTERNAL;
+#endif
+  });
+}
+
+sfmoe_status sfmoe_grouped_dequantize(const sfmoe_grouped_tensor* input,
+                                      const sfmoe_grouped_tensor* output,
+                                      sfmoe_dequantize_source source,
+                                      const sfmoe_quantize_config* config, void* stream) {
+  using namespace sfmoe;
+  const char* context = "sfmoe_grouped_dequantize";
+  return guarded(context, [&]() -> sfmoe_status {
+    SFMOE_RETURN_IF_ERROR(validate_grouped_tensor(context, "input", input));
+    SFMOE_RETURN_IF_ERROR(validate_grouped_tensor(context, "output", output));
+    const sfmoe_quantize_config defaults = sfmoe_quantize_config_init();
+    if (config != nullptr) SFMOE_RETURN_IF_ERROR(check_config(context, config));
+    SFMOE_RETURN_IF_ERROR(check_high_precision(context, "output", output));
+    if (input->memory != output->memory || input->device != output->device) {
+      return fail(SFMOE_ERROR_MEMORY_SPACE,
+                  "%s: input and output are in different memory spaces or devices", context);
+    }
+    if (input->row_capacity != output->row_capacity || input->cols != output->cols) {
+      return fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                  "%s: output must be [%lld, %lld] like the input, got [%lld, %lld]", context,
+                  static_cast<long long>(input->row_capacity), static_cast<long long>(input->cols),
+                  static_cast<long long>(output->row_capacity), static_cast<long long>(output->cols));
+    }
+    GroupedDequantizeArgs args;
+    SFMOE_RETURN_IF_ERROR(
+        describe_quantized(context, "input", input, config ? *config : defaults, &args.quantized));
+    if (source != SFMOE_DEQUANTIZE_AUTO && source != SFMOE_DEQUANTIZE_ROWWISE &&
+        source != SFMOE_DEQUANTIZE_COLUMNWISE) {
+      return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: source %d is not a sfmoe_dequantize_source",
+                  context, static_cast<int>(source));
+    }
+    const bool from_columnwise =
+        source == SFMOE_DEQUANTIZE_COLUMNWISE ||
+        (source == SFMOE_DEQUANTIZE_AUTO && input->rowwise_data == nullptr);
+    if ((from_columnwise ? input->columnwise_data : input->rowwise_data) == nullptr) {
+      return fail(SFMOE_ERROR_NULL_POINTER, "%s: input has no %s copy to decode", context,
+                  from_columnwise ? "columnwise" : "rowwise");
+    }
+    args.from_columnwise = from_columnwise;
+    args.output = output->rowwise_data;
+    args.output_dtype = output->dtype;
+    if (input->memory == SFMOE_MEMORY_HOST) {
+      cpu::grouped_dequantize(args);
+      return SFMOE_SUCCESS;
+    }
+#if defined(SFMOE_WITH_CUDA)
+    return cuda::grouped_dequantize(args, stream);
+#else
+    (void)stream;
+    return SFMOE_ERROR_INTERNAL;
+#endif
+  });
+}
+
+namespace {
+
+sfmoe_status swizzle_common(const char* context, const sfmoe_tensor* from, const char* from_name,
+                            int64_t from_elements, const sfmoe_tensor* to, const char* to_name,
+                            int64_t to_elements, int64_t rows, int64_t scale_cols) {
+  using namespace sfmoe;
+  SFMOE_RETURN_IF_ERROR(validate_tensor(context, from_name, from));
+  SFMOE_RETURN_IF_ERROR(validate_tensor(context, to_name, to));
+  if (rows < 0 || scale_cols < 0) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: rows and scale_cols must be >= 0", context);
+  }
+  const sfmoe_tensor* tensors[] = {from, to};
+  for (const sfmoe_tensor* t : tensors) {
+    if (t->dtype != SFMOE_DTYPE_E8M0 && t->dtype != SFMOE_DTYPE_FP8_E4M3) {
+      return fail(SFMOE_ERROR_DTYPE_MISMATCH,
+                  "%s: scales must be e8m0 or fp8_e4m3 bytes, got %s", context,
+                  sfmoe_dtype_name(t->dtype));
+    }
+  }
+  if (from->memory != to->memory || from->device != to->device) {
+    return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: the two tensors are in different memory spaces",
+                context);
+  }
+  if (tensor_element_count(from) < from_elements || tensor_element_count(to) < to_elements) {
+    return fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                "%s: %s needs %lld bytes and %s %lld bytes for %lld x %lld scales", context,
+                from_name, static_cast<long long>(from_elements), to_name,
+                static_cast<long long>(to_elements), static_cast<long long>(rows),
+                static_cast<long long>(scale_cols));
+  }
+  return SFMOE_SUCCESS;
+}
+
+}  // namespace
+
+sfmoe_status sfmoe_swizzle_scales(const sfmoe_tensor* compact, int64_t rows, int64_t scale_cols,
+                                  const sfmoe_tensor* swizzled, void* stream) {
+  using namespace sfmoe;
+  const char* context = "sfmoe_swizzle_scales";
+  return guarded(context, [&]() -> sfmoe_status {
+    SFMOE_RETURN_IF_ERROR(swizzle_common(context, compact, "compact", rows * scale_cols, swizzled,
+                                         "swizzled",
+                                         numerics::swizzled_scale_padded_size(rows, scale_cols),
+                                         rows, scale_cols));
+    const auto* from = static_cast<const uint8_t*>(compact->data);
+    auto* to = static_cast<uint8_t*>(swizzled->data);
+    if (compact->memory == SFMOE_MEMORY_HOST) {
+      cpu::swizzle_scales(from, rows, scale_cols, to);
+      return SFMOE_SUCCESS;
+    }
+#if defined(SFMOE_WITH_CUDA)
+    return cuda::swizzle_scales(from, rows, scale_cols, to, false, stream);
+#else
+    (void)stream;
+    return SFMOE_ERROR_INTERNAL;
+#endif
+  });
+}
+
+sfmoe_status sfmoe_unswizzle_scales(const sfmoe_tensor* swizzled, int64_t rows,
+                                    int64_t scale_cols, const sfmoe_tensor* compact,
+                                    void* stream) {
+  using namespace sfmoe;
+  const char* context = "sfmoe_unswizzle_scales";
+  return guarded(context, [&]() -> sfmoe_status {
+    SFMOE_RETURN_IF_ERROR(swizzle_common(context, swizzled, "swizzled",
+                                         numerics::swizzled_scale_padded_size(rows, scale_cols),
+                                         compact, "compact", rows * scale_cols, rows, scale_cols));
+    const auto* from = static_cast<const uint8_t*>(swizzled->data);
+    auto* to = static_cast<uint8_t*>(compact->data);
+    if (swizzled->memory == SFMOE_MEMORY_HOST) {
+      cpu::unswizzle_scales(from, rows, scale_cols, to);
+      return SFMOE_SUCCESS;
+    }
+#if defined(SFMOE_WITH_CUDA)
+    return cuda::swizzle_scales(from, rows, scale_cols, to, true, stream);
+#else
+    (void)stream;
+    return SFMOE_ERROR_INTERNAL;
+#endif
+  });
+}
+
+}  // extern "C"

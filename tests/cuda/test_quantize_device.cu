@@ -1,0 +1,372 @@
+// Grouped quantization: the CUDA backend against the CPU backend (the definition), byte for byte
+// over whole buffers poisoned alike beforehand (so "not written" must agree too), for every
+// recipe, copy, option and layout; and graph capture with replays on new group sizes.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "sfmoe/numerics.h"
+#include "sfmoe/quantize.h"
+#include "src/common/quantize_args.h"
+#include "tests/cpp/numerics_cases.h"
+#include "tests/cuda/gpu_test_util.h"
+
+namespace sfmoe {
+namespace testing {
+namespace {
+
+struct Recipe {
+  sfmoe_scaling scaling;
+  sfmoe_dtype dtype;
+  bool rowwise, columnwise;
+  sfmoe_scale_layout layout;
+  sfmoe_quantize_config config;
+  std::string name;
+};
+
+// Sizes of the output buffers of a recipe for an [R, C] output with G groups.
+struct Sizes {
+  size_t rowwise, columnwise, rowwise_scales, columnwise_scales;
+};
+
+Sizes sizes_of(const Recipe& rc, int64_t R, int64_t C, int64_t G) {
+  const int64_t bits = rc.dtype == SFMOE_DTYPE_FP4_E2M1 ? 4 : 8;
+  const int64_t B = scaling_block_size(rc.scaling);
+  const size_t data = static_cast<size_t>(R * C * bits / 8);
+  const size_t scale_bytes = (rc.scaling == SFMOE_SCALING_MX_1X32 || scaling_is_nvfp4(rc.scaling)) ? 1 : 4;
+  auto scales = [&](int64_t major, int64_t minor) -> size_t {
+    if (rc.scaling == SFMOE_SCALING_TENSOR) return G * 4;
+    if (scaling_is_2d(rc.scaling)) return static_cast<size_t>((major / B) * (minor / B)) * scale_bytes;
+    if (rc.layout == SFMOE_SCALE_LAYOUT_SWIZZLED) {
+      return static_cast<size_t>(numerics::swizzled_scale_padded_size(major, minor / B));
+    }
+    return static_cast<size_t>(major * (minor / B)) * scale_bytes;
+  };
+  return Sizes{data, data, scales(R, C), scales(C, R)};
+}
+
+// One quantization problem: input values, input offsets, and the output geometry.
+struct Problem {
+  int64_t groups, cols, in_capacity, out_capacity, alignment;
+  sfmoe_dtype in_dtype;
+  std::vector<int64_t> in_offsets;
+  std::vector<uint8_t> input;  // [in_capacity, cols] of in_dtype
+};
+
+Problem make_problem(std::mt19937_64& rng, int64_t groups, int64_t cols, int64_t alignment,
+                     sfmoe_dtype in_dtype, int64_t max_group_rows) {
+  Problem p{groups, cols, 0, 0, alignment, in_dtype, {}, {}};
+  p.in_offsets.assign(groups + 1, 0);
+  const int64_t specials[] = {0, 1, 31, 33, 17, 0};
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t n = g < 6 ? specials[g] : static_cast<int64_t>(rng() % (max_group_rows + 1));
+    p.in_offsets[g + 1] = p.in_offsets[g] + n;
+  }
+  p.in_capacity = p.in_offsets[groups] + 5;  // a little unused capacity at the end
+  p.out_capacity = (p.in_capacity + groups * (alignment - 1) + 127) / 128 * 128;
+  const int bits = sfmoe_dtype_bits(in_dtype);
+  p.input.resize(static_cast<size_t>(p.in_capacity * cols * bits / 8));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const std::vector<uint32_t> special = special_f32_bits();
+  for (int64_t i = 0; i < p.in_capacity * cols; ++i) {
+    float v = normal(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 16) - 8);
+    const uint64_t dice = rng() % 1000;
+    if (dice < 3) v = numerics::bits_to_f32(special[rng() % special.size()]);  // NaN, Inf, 0, subnormal, max...
+    if (dice == 3) v *= 1e4f;                                               // an outlier
+    const uint32_t code = bits == 32 ? numerics::f32_to_bits(v)
+                                     : (in_dtype == SFMOE_DTYPE_BF16 ? numerics::f32_to_bf16(v) : numerics::f32_to_fp16(v));
+    std::memcpy(&p.input[static_cast<size_t>(i) * bits / 8], &code, bits / 8);
+  }
+  // A constant block of rows in group 6 (if big enough): every value equal.
+  return p;
+}
+
+struct Buffers {
+  std::vector<uint8_t> rowwise, columnwise, rowwise_scales, columnwise_scales;
+  std::vector<float> amax, columnwise_amax;
+  std::vector<int64_t> offsets;
+};
+
+Buffers poisoned(const Sizes& s, int64_t G) {
+  Buffers b;
+  b.rowwise.assign(s.rowwise, 0xA5);
+  b.columnwise.assign(s.columnwise, 0xA5);
+  b.rowwise_scales.assign(s.rowwise_scales + 16, 0xA5);
+  b.columnwise_scales.assign(s.columnwise_scales + 16, 0xA5);
+  b.amax.assign(G, -7.0f);
+  b.columnwise_amax.assign(G, -7.0f);
+  b.offsets.assign(G + 1, -9);
+  return b;
+}
+
+sfmoe_grouped_tensor input_descriptor(const Problem& p, void* data, int64_t* offsets, sfmoe_memory m) {
+  sfmoe_grouped_tensor x = sfmoe_grouped_tensor_init();
+  x.memory = m;
+  x.dtype = p.in_dtype;
+  x.num_groups = p.groups;
+  x.row_capacity = p.in_capacity;
+  x.cols = p.cols;
+  x.group_offsets = offsets;
+  x.rowwise_data = data;
+  return x;
+}
+
+sfmoe_grouped_tensor output_descriptor(const Problem& p, const Recipe& rc, void* rowwise, void* rowwise_scales,
+                                       void* columnwise, void* columnwise_scales, float* amax, float* columnwise_amax,
+                                       int64_t* offsets, sfmoe_memory m) {
+  sfmoe_grouped_tensor q = sfmoe_grouped_tensor_init();
+  q.memory = m;
+  q.dtype = rc.dtype;
+  q.scaling = rc.scaling;
+  q.scale_layout = rc.layout;
+  q.num_groups = p.groups;
+  q.row_capacity = p.out_capacity;
+  q.cols = p.cols;
+  q.row_alignment = p.alignment;
+  q.group_offsets = offsets;
+  q.rowwise_data = rc.rowwise ? rowwise : nullptr;
+  q.rowwise_scale_inv = rc.rowwise ? rowwise_scales : nullptr;
+  q.columnwise_data = rc.columnwise ? columnwise : nullptr;
+  q.columnwise_scale_inv = rc.columnwise ? columnwise_scales : nullptr;
+  const bool needs_amax = rc.scaling == SFMOE_SCALING_TENSOR || scaling_is_nvfp4(rc.scaling);
+  q.amax = needs_amax ? amax : nullptr;
+  q.columnwise_amax = (rc.config.hadamard_columnwise && rc.columnwise) ? columnwise_amax : nullptr;
+  return q;
+}
+
+template <class T>
+size_t first_difference(const std::vector<T>& a, const std::vector<T>& b) {
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], sizeof(T)) != 0) return i;
+  }
+  return a.size() == b.size() ? SIZE_MAX : std::min(a.size(), b.size());
+}
+
+// Quantizes `p` with `rc` on both backends and compares everything; returns true when equal.
+bool compare_backends(const Problem& p, const Recipe& rc, sfmoe_fault_report* gpu_faults = nullptr) {
+  const Sizes sizes = sizes_of(rc, p.out_capacity, p.cols, p.groups);
+  // CPU.
+  Buffers cpu = poisoned(sizes, p.groups);
+  std::vector<uint8_t> input_host(p.input);
+  std::vector<int64_t> in_offsets_host(p.in_offsets);
+  sfmoe_grouped_tensor x = input_descriptor(p, input_host.data(), in_offsets_host.data(), SFMOE_MEMORY_HOST);
+  sfmoe_grouped_tensor q = output_descriptor(p, rc, cpu.rowwise.data(), cpu.rowwise_scales.data(),
+                                             cpu.columnwise.data(), cpu.columnwise_scales.data(), cpu.amax.data(),
+                                             cpu.columnwise_amax.data(), cpu.offsets.data(), SFMOE_MEMORY_HOST);
+  if (sfmoe_grouped_quantize(&x, &q, &rc.config, nullptr, nullptr) != SFMOE_SUCCESS) {
+    ADD_FAILURE() << rc.name << ": cpu: " << sfmoe_last_error();
+    return false;
+  }
+  // CUDA, from buffers poisoned the same way.
+  Buffers gpu = poisoned(sizes, p.groups);
+  DeviceBuffer<uint8_t> d_in(p.input.size() + 16), d_row(sizes.rowwise + 16), d_col(sizes.columnwise + 16),
+      d_rs(gpu.rowwise_scales.size()), d_cs(gpu.columnwise_scales.size());
+  DeviceBuffer<float> d_amax(p.groups), d_camax(p.groups);
+  DeviceBuffer<int64_t> d_in_off(p.groups + 1), d_off(p.groups + 1);
+  std::vector<uint8_t> input_padded(p.input);
+  input_padded.resize(p.input.size() + 16, 0);
+  bool ok = d_in.upload(input_padded) == cudaSuccess && d_in_off.upload(p.in_offsets) == cudaSuccess &&
+            cudaMemcpy(d_row.ptr, gpu.rowwise.data(), sizes.rowwise, cudaMemcpyHostToDevice) == cudaSuccess &&
+            cudaMemcpy(d_col.ptr, gpu.columnwise.data(), sizes.columnwise, cudaMemcpyHostToDevice) == cudaSuccess &&
+            d_rs.upload(gpu.rowwise_scales) == cudaSuccess && d_cs.upload(gpu.columnwise_scales) == cudaSuccess &&
+            d_amax.upload(gpu.amax) == cudaSuccess && d_camax.upload(gpu.columnwise_amax) == cudaSuccess &&
+            d_off.upload(gpu.offsets) == cudaSuccess;
+  if (!ok) {
+    ADD_FAILURE() << "upload failed";
+    return false;
+  }
+  sfmoe_grouped_tensor xd = input_descriptor(p, d_in.ptr, d_in_off.ptr, SFMOE_MEMORY_CUDA);
+  sfmoe_grouped_tensor qd = output_descriptor(p, rc, d_row.ptr, d_rs.ptr, d_col.ptr, d_cs.ptr, d_amax.ptr,
+                                              d_camax.ptr, d_off.ptr, SFMOE_MEMORY_CUDA);
+  if (sfmoe_grouped_quantize(&xd, &qd, &rc.config, nullptr, nullptr) != SFMOE_SUCCESS) {
+    ADD_FAILURE() << rc.name << ": cuda: " << sfmoe_last_error();
+    return false;
+  }
+  if (cudaDeviceSynchronize() != cudaSuccess) {
+    ADD_FAILURE() << rc.name << ": kernel failed: " << cudaGetErrorString(cudaGetLastError());
+    return false;
+  }
+  (void)gpu_faults;
+  gpu.rowwise.assign(sizes.rowwise, 0);
+  gpu.columnwise.assign(sizes.columnwise, 0);
+  cudaMemcpy(gpu.rowwise.data(), d_row.ptr, sizes.rowwise, cudaMemcpyDeviceToHost);
+  cudaMemcpy(gpu.columnwise.data(), d_col.ptr, sizes.columnwise, cudaMemcpyDeviceToHost);
+  gpu.rowwise_scales = d_rs.download();
+  gpu.columnwise_scales = d_cs.download();
+  gpu.amax = d_amax.download();
+  gpu.columnwise_amax = d_camax.download();
+  gpu.offsets = d_off.download();
+  bool equal = true;
+  auto check = [&](const char* what, size_t at) {
+    if (at != SIZE_MAX) {
+      ADD_FAILURE() << rc.name << ": " << what << " differs first at index " << at;
+      equal = false;
+    }
+  };
+  check("offsets", first_difference(cpu.offsets, gpu.offsets));
+  check("amax", first_difference(cpu.amax, gpu.amax));
+  check("columnwise_amax", first_difference(cpu.columnwise_amax, gpu.columnwise_amax));
+  check("rowwise data", first_difference(cpu.rowwise, gpu.rowwise));
+  check("columnwise data", first_difference(cpu.columnwise, gpu.columnwise));
+  check("rowwise scales", first_difference(cpu.rowwise_scales, gpu.rowwise_scales));
+  check("columnwise scales", first_difference(cpu.columnwise_scales, gpu.columnwise_scales));
+  return equal;
+}
+
+std::vector<Recipe> all_recipes() {
+  std::vector<Recipe> out;
+  auto add = [&](sfmoe_scaling s, sfmoe_dtype d, sfmoe_scale_layout layout, sfmoe_quantize_config c,
+                 const std::string& name) {
+    for (int copies = 0; copies < 3; ++copies) {
+      Recipe r{s, d, copies != 1, copies != 0, layout, c, name};
+      r.name += copies == 0 ? " rowwise" : (copies == 1 ? " columnwise" : " both");
+      out.push_back(r);
+    }
+  };
+  const sfmoe_quantize_config plain = sfmoe_quantize_config_init();
+  sfmoe_quantize_config pow2 = plain;
+  pow2.power_of_two_scales = 1;
+  sfmoe_quantize_config sr = plain;
+  sr.stochastic_rounding = 1;
+  sr.seed = 0x1234567890ABCDEFull;
+  sr.offset = 42;
+  sfmoe_quantize_config rht = plain;
+  rht.hadamard_columnwise = 1;
+  sfmoe_quantize_config sr_rht = sr;
+  sr_rht.hadamard_columnwise = 1;
+  add(SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, SFMOE_SCALE_LAYOUT_COMPACT, plain, "fp8 tensor e4m3");
+  add(SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E5M2, SFMOE_SCALE_LAYOUT_COMPACT, pow2, "fp8 tensor e5m2 pow2");
+  add(SFMOE_SCALING_BLOCK_1X128, SFMOE_DTYPE_FP8_E4M3, SFMOE_SCALE_LAYOUT_COMPACT, plain, "fp8 1x128");
+  add(SFMOE_SCALING_BLOCK_1X128, SFMOE_DTYPE_FP8_E4M3, SFMOE_SCALE_LAYOUT_COMPACT, pow2, "fp8 1x128 pow2");
+  add(SFMOE_SCALING_BLOCK_128X128, SFMOE_DTYPE_FP8_E4M3, SFMOE_SCALE_LAYOUT_COMPACT, pow2, "fp8 128x128 pow2");
+  add(SFMOE_SCALING_MX_1X32, SFMOE_DTYPE_FP8_E4M3, SFMOE_SCALE_LAYOUT_COMPACT, plain, "mxfp8 e4m3");
+  add(SFMOE_SCALING_MX_1X32, SFMOE_DTYPE_FP8_E5M2, SFMOE_SCALE_LAYOUT_SWIZZLED, plain, "mxfp8 e5m2 swizzled");
+  add(SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, SFMOE_SCALE_LAYOUT_COMPACT, plain, "nvfp4 1x16");
+  add(SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, SFMOE_SCALE_LAYOUT_SWIZZLED, sr, "nvfp4 1x16 sr swizzled");
+  add(SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, SFMOE_SCALE_LAYOUT_COMPACT, rht, "nvfp4 1x16 rht");
+  add(SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, SFMOE_SCALE_LAYOUT_COMPACT, sr_rht, "nvfp4 1x16 sr+rht");
+  add(SFMOE_SCALING_NV_16X16, SFMOE_DTYPE_FP4_E2M1, SFMOE_SCALE_LAYOUT_COMPACT, plain, "nvfp4 16x16");
+  return out;
+}
+
+TEST(CudaQuantize, EveryRecipeEqualsTheCpuBackendByteForByte) {
+  SFMOE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(session_test_seed());
+  int cases = 0, failures = 0;
+  for (const Recipe& rc : all_recipes()) {
+    for (sfmoe_dtype in : {SFMOE_DTYPE_BF16, SFMOE_DTYPE_FP32, SFMOE_DTYPE_FP16}) {
+      const int64_t needed = min_row_alignment(rc.scaling, rc.columnwise);
+      const int64_t alignment = rc.layout == SFMOE_SCALE_LAYOUT_SWIZZLED ? 128 : std::max<int64_t>(needed, in == SFMOE_DTYPE_FP16 ? 64 : 1);
+      const int64_t cols = rc.scaling == SFMOE_SCALING_TENSOR ? (in == SFMOE_DTYPE_FP32 ? 100 : 264) : 384;
+      const Problem p = make_problem(rng, 13, cols, alignment, in, 300);
+      Recipe named = rc;
+      named.name += std::string(" from ") + sfmoe_dtype_name(in) + " align " + std::to_string(alignment);
+      ++cases;
+      if (!compare_backends(p, named)) ++failures;
+    }
+  }
+  std::printf("[ quantize ] %d (recipe, copies, input dtype) cases; %d differ from the CPU backend\n", cases, failures);
+  EXPECT_EQ(failures, 0);
+}
+
+TEST(CudaQuantize, LargeTensorAcrossSixtyFourGroups) {
+  SFMOE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(session_test_seed() + 1);
+  // [8192 x 7168] in 64 groups of random sizes (about 8192 rows in all).
+  for (const Recipe& rc : all_recipes()) {
+    if (!(rc.rowwise && rc.columnwise)) continue;
+    if (rc.scaling != SFMOE_SCALING_MX_1X32 && rc.scaling != SFMOE_SCALING_BLOCK_1X128 &&
+        rc.name.find("rht") == std::string::npos) continue;
+    const int64_t alignment = rc.layout == SFMOE_SCALE_LAYOUT_SWIZZLED ? 128 : min_row_alignment(rc.scaling, true);
+    const Problem p = make_problem(rng, 64, 7168, alignment, SFMOE_DTYPE_BF16, 250);
+    EXPECT_TRUE(compare_backends(p, rc)) << rc.name;
+    std::printf("[ quantize ] %s on [%lld x 7168], 64 groups: compared\n", rc.name.c_str(),
+                static_cast<long long>(p.in_offsets.back()));
+  }
+}
+
+// Captured once (global mode), replayed on new data and new group sizes: the offsets, the data,
+// the scales and the amax of every replay equal the CPU backend's.
+TEST(CudaQuantize, CapturedQuantizeReplaysOnNewGroupSizes) {
+  SFMOE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(session_test_seed() + 2);
+  for (const Recipe& rc : all_recipes()) {
+    const bool wanted = rc.rowwise && rc.columnwise &&
+                        (rc.scaling == SFMOE_SCALING_MX_1X32 || rc.name.find("sr+rht") != std::string::npos ||
+                         rc.scaling == SFMOE_SCALING_TENSOR);
+    if (!wanted) continue;
+    const int64_t groups = 24, cols = 512, alignment = rc.layout == SFMOE_SCALE_LAYOUT_SWIZZLED ? 128 : 32;
+    Problem shape = make_problem(rng, groups, cols, alignment, SFMOE_DTYPE_BF16, 200);
+    shape.in_capacity = 24 * 200 + 8;  // fixed bounds for every replay
+    shape.out_capacity = (shape.in_capacity + groups * (alignment - 1) + 127) / 128 * 128;
+    const Sizes sizes = sizes_of(rc, shape.out_capacity, cols, groups);
+    DeviceBuffer<uint8_t> d_in(static_cast<size_t>(shape.in_capacity * cols * 2)), d_row(sizes.rowwise),
+        d_col(sizes.columnwise), d_rs(sizes.rowwise_scales + 16), d_cs(sizes.columnwise_scales + 16);
+    DeviceBuffer<float> d_amax(groups), d_camax(groups);
+    DeviceBuffer<int64_t> d_in_off(groups + 1), d_off(groups + 1);
+    sfmoe_status_word* word = nullptr;
+    ASSERT_EQ(sfmoe_status_word_create(SFMOE_MEMORY_CUDA, 0, &word), SFMOE_SUCCESS);
+    sfmoe_grouped_tensor xd = input_descriptor(shape, d_in.ptr, d_in_off.ptr, SFMOE_MEMORY_CUDA);
+    sfmoe_grouped_tensor qd = output_descriptor(shape, rc, d_row.ptr, d_rs.ptr, d_col.ptr, d_cs.ptr, d_amax.ptr,
+                                                d_camax.ptr, d_off.ptr, SFMOE_MEMORY_CUDA);
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    const sfmoe_status s1 = sfmoe_status_word_reset(word, stream);
+    const sfmoe_status s2 = sfmoe_grouped_quantize(&xd, &qd, &rc.config, word, stream);
+    const sfmoe_status s3 = sfmoe_status_word_snapshot(word, stream);
+    const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+    ASSERT_EQ(s2, SFMOE_SUCCESS) << sfmoe_last_error();
+    ASSERT_TRUE(s1 == SFMOE_SUCCESS && s3 == SFMOE_SUCCESS);
+    ASSERT_EQ(end, cudaSuccess) << "capture broke: " << cudaGetErrorString(end);
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 4; ++replay) {
+      Problem p = make_problem(rng, groups, cols, alignment, SFMOE_DTYPE_BF16, 200);
+      p.in_capacity = shape.in_capacity;
+      p.out_capacity = shape.out_capacity;
+      p.input.resize(static_cast<size_t>(p.in_capacity * cols * 2), 0);
+      if (replay == 3) p.in_offsets[groups] = p.in_capacity + 40;  // over capacity: clamped, flagged
+      CUDA_OK(d_in.upload(p.input));
+      CUDA_OK(d_in_off.upload(p.in_offsets));
+      std::vector<uint8_t> row_poison(sizes.rowwise, 0xA5), col_poison(sizes.columnwise, 0xA5);
+      CUDA_OK(d_row.upload(row_poison));
+      CUDA_OK(d_col.upload(col_poison));
+      CUDA_OK(cudaGraphLaunch(exec, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      // Reference on the CPU backend.
+      Buffers cpu = poisoned(sizes, groups);
+      std::vector<uint8_t> input_host(p.input);
+      std::vector<int64_t> in_off_host(p.in_offsets);
+      sfmoe_grouped_tensor x = input_descriptor(p, input_host.data(), in_off_host.data(), SFMOE_MEMORY_HOST);
+      sfmoe_grouped_tensor q = output_descriptor(p, rc, cpu.rowwise.data(), cpu.rowwise_scales.data(),
+                                                 cpu.columnwise.data(), cpu.columnwise_scales.data(), cpu.amax.data(),
+                                                 cpu.columnwise_amax.data(), cpu.offsets.data(), SFMOE_MEMORY_HOST);
+      ASSERT_EQ(sfmoe_grouped_quantize(&x, &q, &rc.config, nullptr, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
+      EXPECT_EQ(d_off.download(), cpu.offsets) << rc.name << " replay " << replay;
+      const std::vector<uint8_t> row = d_row.download(), col = d_col.download();
+      const int64_t total = cpu.offsets[groups];
+      const size_t bits = rc.dtype == SFMOE_DTYPE_FP4_E2M1 ? 4 : 8;
+      EXPECT_EQ(std::memcmp(row.data(), cpu.rowwise.data(), static_cast<size_t>(total * cols) * bits / 8), 0)
+          << rc.name << " replay " << replay;
+      EXPECT_EQ(std::memcmp(col.data(), cpu.columnwise.data(), col.size()), 0) << rc.name << " replay " << replay;
+      if (rc.scaling == SFMOE_SCALING_TENSOR || scaling_is_nvfp4(rc.scaling)) {
+        EXPECT_EQ(std::memcmp(d_amax.download().data(), cpu.amax.data(), groups * 4), 0) << rc.name;
+      }
+      sfmoe_fault_report report;
+      ASSERT_EQ(sfmoe_status_word_read(word, &report), SFMOE_SUCCESS);
+      EXPECT_EQ(report.flags, replay == 3 ? uint32_t(SFMOE_FAULT_GROUP_OVER_CAPACITY) : 0u) << rc.name << " " << replay;
+    }
+    std::printf("[ quantize graph ] %s: 4 replays on new group sizes, checked\n", rc.name.c_str());
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+    sfmoe_status_word_destroy(word);
+  }
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace sfmoe
