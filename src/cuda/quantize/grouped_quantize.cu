@@ -572,13 +572,53 @@ __global__ void __launch_bounds__(kThreads, SFMOE_QUANTIZE_MIN_BLOCKS) quantize_
   }
 }
 
+// Raw codes of an 8-element chunk (8 FP32 words, or 8 16-bit codes in 4 words): loads stay in
+// flight as compact vectors and are decoded only when processed.
+template <sfmoe_dtype In>
+struct RawChunk {
+  static constexpr int kWords = In == SFMOE_DTYPE_FP32 ? 8 : 4;
+  uint32_t w[kWords];
+};
+
+template <sfmoe_dtype In>
+__device__ __forceinline__ void load_raw(const void* data, int64_t row, int64_t col, int64_t cols,
+                                         RawChunk<In>& r) {
+  constexpr int kBits = In == SFMOE_DTYPE_FP32 ? 32 : 16;
+  const int64_t index = row * cols + col;
+  if (col + 8 <= cols && cols % 8 == 0) {
+    const uint4* p = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(data) + index * (kBits / 8));
+#pragma unroll
+    for (int v = 0; v < RawChunk<In>::kWords / 4; ++v) {
+      const uint4 x = __ldg(p + v);
+      r.w[4 * v] = x.x; r.w[4 * v + 1] = x.y; r.w[4 * v + 2] = x.z; r.w[4 * v + 3] = x.w;
+    }
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < RawChunk<In>::kWords; ++k) r.w[k] = 0;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const uint32_t code = col + k < cols ? load_code(data, kBits, index + k) : 0u;
+    if (kBits == 32) r.w[k] = code; else r.w[k / 2] |= code << (16 * (k & 1));
+  }
+}
+
+template <sfmoe_dtype In>
+__device__ __forceinline__ void decode_raw(const RawChunk<In>& r, float v[8]) {
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    v[k] = In == SFMOE_DTYPE_FP32 ? __uint_as_float(r.w[k])
+                                  : decode_element(In, (r.w[k / 2] >> (16 * (k & 1))) & 0xFFFFu);
+  }
+}
+
 // ---- rowwise-only path: no transpose, so no shared tile ----------------------------------------
 // A work unit is kFastRows output rows; its row map sits in shared memory and each thread streams
 // 8-element chunks straight from global memory (kFastUnroll loads in flight), reduces the block
 // amax over the B/8 lanes that share a block with shuffles, and stores codes and scale.
 constexpr int kFastRows = 16;
 #ifndef SFMOE_QUANTIZE_FAST_UNROLL
-#define SFMOE_QUANTIZE_FAST_UNROLL 2
+#define SFMOE_QUANTIZE_FAST_UNROLL 4
 #endif
 #ifndef SFMOE_QUANTIZE_FAST_MIN_BLOCKS
 #define SFMOE_QUANTIZE_FAST_MIN_BLOCKS 4
@@ -632,7 +672,7 @@ __global__ void __launch_bounds__(kThreads, Recipe<S>::kNv ? 2 : SFMOE_QUANTIZE_
     int i_next = static_cast<int>(threadIdx.x / chunks_per_row);
     int64_t j_next = threadIdx.x % chunks_per_row;
     for (int64_t base = 0; base < unit_chunks; base += kThreads * kFastUnroll) {
-      float v[kFastUnroll][8];
+      RawChunk<In> raw[kFastUnroll];
       int row_of[kFastUnroll];
       int64_t chunk_of[kFastUnroll];
 #pragma unroll
@@ -645,16 +685,21 @@ __global__ void __launch_bounds__(kThreads, Recipe<S>::kNv ? 2 : SFMOE_QUANTIZE_
           ++i_next;
         }
         const int64_t src = row_of[u] < kFastRows ? rows.src[row_of[u]] : kRowBeyond;
+        if (src >= 0) {
+          load_raw<In>(a.input.data, src, chunk_of[u] * 8, cols, raw[u]);
+        } else {
 #pragma unroll
-        for (int k = 0; k < 8; ++k) v[u][k] = 0.0f;
-        if (src >= 0) load_chunk8<In>(a.input.data, src, chunk_of[u] * 8, cols, v[u]);
+          for (int k = 0; k < RawChunk<In>::kWords; ++k) raw[u].w[k] = 0;  // padding: zeros
+        }
       }
 #pragma unroll
       for (int u = 0; u < kFastUnroll; ++u) {
         const bool in_unit = row_of[u] < kFastRows;
         const int i = in_unit ? row_of[u] : 0;
         const int64_t c = chunk_of[u] * 8;
-        float amax = chunk_amax<8>(v[u]);
+        float values[8];
+        decode_raw<In>(raw[u], values);
+        float amax = chunk_amax<8>(values);
         if constexpr (kAmaxPass) {
           if (in_unit && rows.src[i] >= 0 && amax_bits(amax) != 0) atomicMax(&row_bits[i], amax_bits(amax));
         } else {
@@ -675,7 +720,7 @@ __global__ void __launch_bounds__(kThreads, Recipe<S>::kNv ? 2 : SFMOE_QUANTIZE_
           sc = block_scale<S>(amax, 0.0f, fp8_max, pow2);
         }
         uint32_t codes[8];
-        encode_values<S, 8>(v[u], sc.multiplier, e5m2, a, 2 * a.config.offset, r * cols + c, codes);
+        encode_values<S, 8>(values, sc.multiplier, e5m2, a, 2 * a.config.offset, r * cols + c, codes);
         const int valid = cols - c < 8 ? static_cast<int>(cols - c) : 8;
         store_codes<kFp4, 8>(a.rowwise, r * cols + c, codes, valid, vector_ok);
         if constexpr (B > 0) {
