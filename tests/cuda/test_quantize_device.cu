@@ -286,6 +286,100 @@ TEST(CudaQuantize, LargeTensorAcrossSixtyFourGroups) {
   }
 }
 
+// Amax, dequantize (both sources) and the scale swizzle: CUDA equals the CPU backend.
+TEST(CudaQuantize, AmaxDequantizeAndSwizzleEqualTheCpuBackend) {
+  SFMOE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(session_test_seed() + 3);
+  int compared = 0;
+  for (const Recipe& rc : all_recipes()) {
+    if (!(rc.rowwise && rc.columnwise)) continue;
+    const int64_t alignment = rc.layout == SFMOE_SCALE_LAYOUT_SWIZZLED ? 128 : min_row_alignment(rc.scaling, true);
+    const Problem p = make_problem(rng, 11, 256, alignment, SFMOE_DTYPE_BF16, 150);
+    const Sizes sizes = sizes_of(rc, p.out_capacity, p.cols, p.groups);
+    // Quantize on the CPU.
+    Buffers q = poisoned(sizes, p.groups);
+    std::vector<uint8_t> input(p.input);
+    std::vector<int64_t> in_off(p.in_offsets);
+    sfmoe_grouped_tensor x = input_descriptor(p, input.data(), in_off.data(), SFMOE_MEMORY_HOST);
+    sfmoe_grouped_tensor qh = output_descriptor(p, rc, q.rowwise.data(), q.rowwise_scales.data(), q.columnwise.data(),
+                                                q.columnwise_scales.data(), q.amax.data(), q.columnwise_amax.data(),
+                                                q.offsets.data(), SFMOE_MEMORY_HOST);
+    ASSERT_EQ(sfmoe_grouped_quantize(&x, &qh, &rc.config, nullptr, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
+    // The same quantized tensor on the device.
+    DeviceBuffer<uint8_t> d_row(q.rowwise.size()), d_col(q.columnwise.size()), d_rs(q.rowwise_scales.size()),
+        d_cs(q.columnwise_scales.size());
+    DeviceBuffer<float> d_amax(p.groups), d_camax(p.groups), d_out(static_cast<size_t>(p.out_capacity * p.cols));
+    DeviceBuffer<int64_t> d_off(p.groups + 1);
+    CUDA_OK(d_row.upload(q.rowwise));
+    CUDA_OK(d_col.upload(q.columnwise));
+    CUDA_OK(d_rs.upload(q.rowwise_scales));
+    CUDA_OK(d_cs.upload(q.columnwise_scales));
+    CUDA_OK(d_amax.upload(q.amax));
+    CUDA_OK(d_camax.upload(q.columnwise_amax));
+    CUDA_OK(d_off.upload(q.offsets));
+    sfmoe_grouped_tensor qd = output_descriptor(p, rc, d_row.ptr, d_rs.ptr, d_col.ptr, d_cs.ptr, d_amax.ptr,
+                                                d_camax.ptr, d_off.ptr, SFMOE_MEMORY_CUDA);
+    for (sfmoe_dequantize_source source : {SFMOE_DEQUANTIZE_ROWWISE, SFMOE_DEQUANTIZE_COLUMNWISE}) {
+      std::vector<float> host_out(static_cast<size_t>(p.out_capacity * p.cols), -3.0f);
+      sfmoe_grouped_tensor oh = sfmoe_grouped_tensor_init();
+      oh.memory = SFMOE_MEMORY_HOST;
+      oh.dtype = SFMOE_DTYPE_FP32;
+      oh.num_groups = p.groups;
+      oh.row_capacity = p.out_capacity;
+      oh.cols = p.cols;
+      oh.group_offsets = q.offsets.data();
+      oh.rowwise_data = host_out.data();
+      ASSERT_EQ(sfmoe_grouped_dequantize(&qh, &oh, source, &rc.config, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
+      CUDA_OK(d_out.upload(std::vector<float>(host_out.size(), -3.0f)));
+      sfmoe_grouped_tensor od = oh;
+      od.memory = SFMOE_MEMORY_CUDA;
+      od.group_offsets = d_off.ptr;
+      od.rowwise_data = d_out.ptr;
+      ASSERT_EQ(sfmoe_grouped_dequantize(&qd, &od, source, &rc.config, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
+      const std::vector<float> device_out = d_out.download();
+      EXPECT_EQ(first_difference(host_out, device_out), SIZE_MAX) << rc.name << " dequantize source " << source;
+      ++compared;
+    }
+    // Grouped amax of the input.
+    std::vector<float> host_amax(p.groups, -1.0f);
+    ASSERT_EQ(sfmoe_grouped_amax(&x, host_amax.data(), nullptr, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
+    DeviceBuffer<uint8_t> d_in(p.input.size());
+    DeviceBuffer<int64_t> d_in_off(p.groups + 1);
+    CUDA_OK(d_in.upload(p.input));
+    CUDA_OK(d_in_off.upload(p.in_offsets));
+    sfmoe_grouped_tensor xd = input_descriptor(p, d_in.ptr, d_in_off.ptr, SFMOE_MEMORY_CUDA);
+    ASSERT_EQ(sfmoe_grouped_amax(&xd, d_amax.ptr, nullptr, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
+    EXPECT_EQ(first_difference(host_amax, d_amax.download()), SIZE_MAX) << rc.name << " amax";
+  }
+  // Swizzle and unswizzle of random scale bytes, odd sizes.
+  for (int64_t rows : {1, 127, 300}) {
+    for (int64_t cols : {1, 5, 13}) {
+      std::vector<uint8_t> compact(static_cast<size_t>(rows * cols));
+      for (auto& b : compact) b = static_cast<uint8_t>(rng());
+      const int64_t padded = numerics::swizzled_scale_padded_size(rows, cols);
+      std::vector<uint8_t> host_swizzled(static_cast<size_t>(padded), 0xEE), host_back(compact.size(), 0xEE);
+      int64_t n = static_cast<int64_t>(compact.size());
+      sfmoe_tensor hc = sfmoe_tensor_make(compact.data(), SFMOE_DTYPE_E8M0, 1, &n, SFMOE_MEMORY_HOST, 0);
+      sfmoe_tensor hs = sfmoe_tensor_make(host_swizzled.data(), SFMOE_DTYPE_E8M0, 1, &padded, SFMOE_MEMORY_HOST, 0);
+      sfmoe_tensor hb = sfmoe_tensor_make(host_back.data(), SFMOE_DTYPE_E8M0, 1, &n, SFMOE_MEMORY_HOST, 0);
+      ASSERT_EQ(sfmoe_swizzle_scales(&hc, rows, cols, &hs, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
+      ASSERT_EQ(sfmoe_unswizzle_scales(&hs, rows, cols, &hb, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
+      EXPECT_EQ(host_back, compact);
+      DeviceBuffer<uint8_t> dc(compact.size()), ds(static_cast<size_t>(padded)), db(compact.size());
+      CUDA_OK(dc.upload(compact));
+      CUDA_OK(ds.upload(std::vector<uint8_t>(static_cast<size_t>(padded), 0xEE)));
+      sfmoe_tensor tc = sfmoe_tensor_make(dc.ptr, SFMOE_DTYPE_E8M0, 1, &n, SFMOE_MEMORY_CUDA, 0);
+      sfmoe_tensor ts = sfmoe_tensor_make(ds.ptr, SFMOE_DTYPE_E8M0, 1, &padded, SFMOE_MEMORY_CUDA, 0);
+      sfmoe_tensor tb = sfmoe_tensor_make(db.ptr, SFMOE_DTYPE_E8M0, 1, &n, SFMOE_MEMORY_CUDA, 0);
+      ASSERT_EQ(sfmoe_swizzle_scales(&tc, rows, cols, &ts, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
+      ASSERT_EQ(sfmoe_unswizzle_scales(&ts, rows, cols, &tb, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
+      EXPECT_EQ(ds.download(), host_swizzled) << rows << "x" << cols;
+      EXPECT_EQ(db.download(), compact) << rows << "x" << cols;
+    }
+  }
+  std::printf("[ quantize ] %d dequantize cases, amax and swizzle: CUDA equals the CPU backend\n", compared);
+}
+
 // Captured once (global mode), replayed on new data and new group sizes: the offsets, the data,
 // the scales and the amax of every replay equal the CPU backend's.
 TEST(CudaQuantize, CapturedQuantizeReplaysOnNewGroupSizes) {
