@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "src/common/error.h"
+#include "src/common/quantize_args.h"
 #if defined(SFMOE_WITH_CUDA)
 #include "src/cuda/backend.h"
 #endif
@@ -43,18 +44,8 @@ bool scaling_accepts(sfmoe_scaling scaling, sfmoe_dtype dtype) {
 
 // Elements per scale along the scaled (column) dimension of the rowwise copy.
 int64_t scaling_block_cols(sfmoe_scaling scaling) {
-  switch (scaling) {
-    case SFMOE_SCALING_BLOCK_1X128:
-    case SFMOE_SCALING_BLOCK_128X128:
-      return 128;
-    case SFMOE_SCALING_MX_1X32:
-      return 32;
-    case SFMOE_SCALING_NV_1X16:
-    case SFMOE_SCALING_NV_16X16:
-      return 16;
-    default:
-      return 1;
-  }
+  const int64_t block = scaling_block_size(scaling);
+  return block > 0 ? block : 1;
 }
 
 }  // namespace

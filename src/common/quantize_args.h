@@ -84,4 +84,25 @@ SFMOE_HD int64_t scale_offset(sfmoe_scale_layout layout, int64_t block_row, int6
              : block_row * scale_cols + block_col;
 }
 
+// Output group offsets of a quantized tensor: explicit offsets or uniform groups.
+SFMOE_HD int64_t quantized_group_offset(const GroupedQuantizeArgs& a, int64_t g) {
+  return a.offsets ? a.offsets[g] : g * a.uniform_rows;
+}
+
+// The group holding output row r < out_off[G]: the last g with out_off[g] <= r (empty groups
+// share their offset with the next one and are skipped this way).
+SFMOE_HD int64_t quantized_group_of_row(const GroupedQuantizeArgs& a, int64_t r) {
+  if (a.offsets == nullptr) return r / a.uniform_rows;
+  int64_t lo = 0, hi = a.num_groups - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (a.offsets[mid] <= r) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
 }  // namespace sfmoe

@@ -21,9 +21,8 @@ SFMOE_HD float hadamard_sign(int i) {
   return ((kNegativeMask >> i) & 1u) ? -1.0f : 1.0f;
 }
 
-SFMOE_HD void hadamard16_transform(float v[kHadamardSize]) {
-  SFMOE_UNROLL
-  for (int i = 0; i < kHadamardSize; ++i) v[i] = mul_rn(v[i], hadamard_sign(i));
+// The four butterfly stages of H16 (unscaled), in the order that defines the bits.
+SFMOE_HD void hadamard16_butterfly(float v[kHadamardSize]) {
   SFMOE_UNROLL
   for (int half = 1; half < kHadamardSize; half <<= 1) {
     SFMOE_UNROLL
@@ -34,21 +33,19 @@ SFMOE_HD void hadamard16_transform(float v[kHadamardSize]) {
       v[i + half] = add_rn(a, -b);
     }
   }
+}
+
+SFMOE_HD void hadamard16_transform(float v[kHadamardSize]) {
+  SFMOE_UNROLL
+  for (int i = 0; i < kHadamardSize; ++i) v[i] = mul_rn(v[i], hadamard_sign(i));
+  hadamard16_butterfly(v);
   SFMOE_UNROLL
   for (int i = 0; i < kHadamardSize; ++i) v[i] = mul_rn(v[i], 0.25f);
 }
 
 // The inverse, diag(s) * H16 / 4: the same butterfly, the scaling, then the signs.
 SFMOE_HD void hadamard16_inverse(float v[kHadamardSize]) {
-  for (int half = 1; half < kHadamardSize; half <<= 1) {
-    SFMOE_UNROLL
-    for (int i = 0; i < kHadamardSize; ++i) {
-      if (i & half) continue;
-      const float a = v[i], b = v[i + half];
-      v[i] = add_rn(a, b);
-      v[i + half] = add_rn(a, -b);
-    }
-  }
+  hadamard16_butterfly(v);
   SFMOE_UNROLL
   for (int i = 0; i < kHadamardSize; ++i) v[i] = mul_rn(mul_rn(v[i], 0.25f), hadamard_sign(i));
 }

@@ -11,20 +11,6 @@ namespace {
 
 using namespace numerics;
 
-__device__ int64_t offset_of(const GroupedQuantizeArgs& a, int64_t g) {
-  return a.offsets ? a.offsets[g] : g * a.uniform_rows;
-}
-
-__device__ int64_t group_of(const GroupedQuantizeArgs& a, int64_t r) {
-  if (a.offsets == nullptr) return r / a.uniform_rows;
-  int64_t lo = 0, hi = a.num_groups - 1;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    if (a.offsets[mid] <= r) lo = mid; else hi = mid - 1;
-  }
-  return lo;
-}
-
 // The FP32 decode factor of element (r, c) of the rowwise matrix, read from the chosen copy's
 // scales (docs/quantization.md, Dequantize).
 __device__ float decode_factor(const GroupedQuantizeArgs& a, bool columnwise, int64_t r, int64_t c,
@@ -66,10 +52,10 @@ __device__ void store_value(void* out, sfmoe_dtype dtype, int64_t index, float v
 
 __global__ void dequantize_rowwise_kernel(GroupedDequantizeArgs d) {
   const GroupedQuantizeArgs& a = d.quantized;
-  const int64_t total = offset_of(a, a.num_groups) * a.cols;
+  const int64_t total = quantized_group_offset(a, a.num_groups) * a.cols;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = e / a.cols, c = e % a.cols;
-    const float v = mul_rn(decode_code(a, a.rowwise, e), decode_factor(a, false, r, c, group_of(a, r)));
+    const float v = mul_rn(decode_code(a, a.rowwise, e), decode_factor(a, false, r, c, quantized_group_of_row(a, r)));
     store_value(d.output, d.output_dtype, e, v);
   }
 }
@@ -77,7 +63,7 @@ __global__ void dequantize_rowwise_kernel(GroupedDequantizeArgs d) {
 // One thread per (column, 16-row block) so the inverse Hadamard transform sees its block.
 __global__ void dequantize_columnwise_kernel(GroupedDequantizeArgs d) {
   const GroupedQuantizeArgs& a = d.quantized;
-  const int64_t rows = offset_of(a, a.num_groups), R = a.row_capacity, C = a.cols;
+  const int64_t rows = quantized_group_offset(a, a.num_groups), R = a.row_capacity, C = a.cols;
   const int64_t blocks = (rows + 15) / 16 * C;
   const bool hadamard = a.dtype == SFMOE_DTYPE_FP4_E2M1 && a.config.hadamard_columnwise;
   for (int64_t q = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; q < blocks; q += int64_t(gridDim.x) * blockDim.x) {
@@ -85,7 +71,7 @@ __global__ void dequantize_columnwise_kernel(GroupedDequantizeArgs d) {
     float v[16];
     for (int m = 0; m < 16; ++m) {
       const int64_t r = r0 + m;
-      v[m] = r < rows ? mul_rn(decode_code(a, a.columnwise, c * R + r), decode_factor(a, true, r, c, group_of(a, r)))
+      v[m] = r < rows ? mul_rn(decode_code(a, a.columnwise, c * R + r), decode_factor(a, true, r, c, quantized_group_of_row(a, r)))
                       : 0.0f;
     }
     if (hadamard) hadamard16_inverse(v);

@@ -52,10 +52,6 @@ struct Recipe {
   static_assert(kTileCols * (kTileRows / kChunk) % kThreads == 0, "uniform columnwise loop");
 };
 
-__device__ __forceinline__ int64_t output_offset(const GroupedQuantizeArgs& a, int64_t g) {
-  return a.offsets ? a.offsets[g] : g * a.uniform_rows;
-}
-
 struct InputSpan {
   int64_t begin, rows;
 };
@@ -69,18 +65,6 @@ SFMOE_HD InputSpan input_span(const GroupedInput& in, int64_t g) {
   }
   const GroupRows r = clamp_group_rows(in.offsets, g, in.row_capacity);
   return InputSpan{r.begin, r.end - r.begin};
-}
-
-// The group holding output row r < out_off[G]: the last g with out_off[g] <= r (empty groups
-// share their offset with the next one and are skipped this way).
-__device__ int64_t find_group(const GroupedQuantizeArgs& a, int64_t r) {
-  if (a.offsets == nullptr) return r / a.uniform_rows;
-  int64_t lo = 0, hi = a.num_groups - 1;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    if (a.offsets[mid] <= r) lo = mid; else hi = mid - 1;
-  }
-  return lo;
 }
 
 // ---- 1. padded offsets -------------------------------------------------------------------------
@@ -170,9 +154,9 @@ __device__ void stage_rows(const GroupedQuantizeArgs& a, int64_t total, int64_t 
     int64_t src = kRowBeyond;
     int64_t g = 0;
     if (r < total) {
-      g = find_group(a, r);
+      g = quantized_group_of_row(a, r);
       const InputSpan span = input_span(a.input, g);
-      const int64_t inside = r - output_offset(a, g);
+      const int64_t inside = r - quantized_group_offset(a, g);
       src = inside < span.rows ? span.begin + inside : kRowPadding;
     }
     rows.src[i] = src;
@@ -343,7 +327,7 @@ __global__ void __launch_bounds__(kThreads, SFMOE_QUANTIZE_MIN_BLOCKS) quantize_
   unsigned* block_bits = reinterpret_cast<unsigned*>(column_partial + (TR / K) * kTileCols);  // 2D
 
   const int64_t groups = a.num_groups, cols = a.cols, capacity = a.row_capacity;
-  const int64_t total = output_offset(a, groups);
+  const int64_t total = quantized_group_offset(a, groups);
   const bool e5m2 = a.dtype == SFMOE_DTYPE_FP8_E5M2;
   const float fp8_max = e5m2 ? kE5M2Max : kE4M3Max;
   const bool pow2 = a.config.power_of_two_scales != 0;
@@ -638,7 +622,7 @@ __global__ void __launch_bounds__(kThreads, Recipe<S>::kNv ? 2 : SFMOE_QUANTIZE_
   __shared__ float row_scale[kFastRows];  // TENSOR: the group's scale; NVFP4: its encode scale
   const TileRows rows{row_src, row_group};
   const int64_t groups = a.num_groups, cols = a.cols;
-  const int64_t total = output_offset(a, groups);
+  const int64_t total = quantized_group_offset(a, groups);
   const bool e5m2 = a.dtype == SFMOE_DTYPE_FP8_E5M2;
   const float fp8_max = e5m2 ? kE5M2Max : kE4M3Max;
   const bool pow2 = a.config.power_of_two_scales != 0;
