@@ -33,6 +33,17 @@ from ._core import (
     validate_tensor,
 )
 from ._dtypes import FLOAT_DTYPES, DType, Memory, ScaleLayout, Scaling, as_dtype
+from ._quantize import (
+    RECIPES,
+    GroupedQuantizedTensor,
+    QuantizeConfig,
+    grouped_amax,
+    min_row_alignment,
+    quantize,
+    swizzle_scales,
+    unswizzle_scales,
+)
+from ._status import Fault, FaultReport, StatusWord
 
 __version__ = _C.build_info()["version"]
 
@@ -41,19 +52,30 @@ __all__ = [
     "Error",
     "FLOAT_DTYPES",
     "FP8_MAX",
+    "Fault",
+    "FaultReport",
+    "GroupedQuantizedTensor",
     "Memory",
+    "QuantizeConfig",
     "QuantizedTensor",
+    "RECIPES",
     "ScaleLayout",
     "Scaling",
+    "StatusWord",
     "as_dtype",
     "build_info",
     "cast",
     "dequantize",
     "device_info",
+    "grouped_amax",
     "last_error",
+    "min_row_alignment",
     "numerics",
+    "quantize",
     "quantize_fp8",
     "status_name",
+    "swizzle_scales",
+    "unswizzle_scales",
     "validate_grouped_tensor",
     "validate_tensor",
 ]

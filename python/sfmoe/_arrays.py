@@ -108,6 +108,38 @@ class _NumPy:
         return aligned_empty(shape, numpy_container(dtype))
 
     @staticmethod
+    def zeros(shape, dtype, like):
+        out = aligned_empty(shape, numpy_container(dtype))
+        out.reshape(-1).view(np.uint8)[...] = 0
+        return out
+
+    @staticmethod
+    def stand_in(x):
+        return aligned_empty((1,), x.dtype)
+
+    @staticmethod
+    def same_device(a, b):
+        return True
+
+    @staticmethod
+    def device_name(x):
+        return "cpu"
+
+    @staticmethod
+    def is_host(x):
+        return True
+
+    @staticmethod
+    def int64_from_values(values, like):
+        out = aligned_empty((len(values),), np.int64)
+        out[...] = values
+        return out
+
+    @staticmethod
+    def one_group_offsets(rows, like):
+        return _NumPy.int64_from_values([0, rows], like)
+
+    @staticmethod
     def for_binding(x):
         # ml_dtypes element types (user-defined NumPy types) do not travel through DLPack or the
         # buffer protocol: hand their bytes over as unsigned integers of the same width.
@@ -202,6 +234,31 @@ class _Torch:
     def empty(self, shape, dtype, like):
         return self.torch.empty(shape, dtype=torch_container(dtype, self.torch), device=like.device)
 
+    def zeros(self, shape, dtype, like):
+        return self.torch.zeros(shape, dtype=torch_container(dtype, self.torch), device=like.device)
+
+    def stand_in(self, x):
+        return self.torch.empty((1,), dtype=x.dtype, device=x.device)
+
+    @staticmethod
+    def same_device(a, b):
+        return a.device == b.device
+
+    @staticmethod
+    def device_name(x):
+        return str(x.device)
+
+    @staticmethod
+    def is_host(x):
+        return x.device.type == "cpu"
+
+    def int64_from_values(self, values, like):  # host tensors only
+        return self.torch.tensor(values, dtype=self.torch.int64, device=like.device)
+
+    def one_group_offsets(self, rows, like):
+        # [0, rows] computed on the device (no host-to-device copy): capturable in a CUDA graph.
+        return self.torch.arange(2, dtype=self.torch.int64, device=like.device) * rows
+
     def for_binding(self, x):
         x = x.detach()
         if self.dtype_name(x) not in self._DLPACK_NAMES:
@@ -289,6 +346,32 @@ class _CuPy:
             container = np.dtype(f"u{container.itemsize}")
         with like.device:
             return self.cupy.empty(shape, dtype=container)
+
+    def zeros(self, shape, dtype, like):
+        out = self.empty(shape, dtype, like)
+        with like.device:
+            out.reshape(-1).view(np.uint8)[...] = 0
+        return out
+
+    def stand_in(self, x):
+        with x.device:
+            return self.cupy.empty((1,), dtype=x.dtype)
+
+    @staticmethod
+    def same_device(a, b):
+        return a.device == b.device
+
+    @staticmethod
+    def device_name(x):
+        return f"cuda:{x.device.id}"
+
+    @staticmethod
+    def is_host(x):
+        return False
+
+    def one_group_offsets(self, rows, like):
+        with like.device:
+            return self.cupy.arange(2, dtype=np.int64) * rows
 
     @staticmethod
     def for_binding(x):

@@ -1,5 +1,5 @@
-"""The functional ops: cast, FP8 per-tensor quantize / dequantize, descriptor validation, and the
-library's build and device information."""
+"""The functional ops: cast, FP8 per-tensor quantize / dequantize (and the dispatch of dequantize to
+grouped tensors), descriptor validation, and the library's build and device information."""
 
 import dataclasses
 import math
@@ -9,6 +9,7 @@ import numpy as np
 
 from . import _C
 from . import _arrays
+from . import _quantize
 from ._dtypes import DType, Memory, ScaleLayout, Scaling, as_dtype, as_enum
 
 FP8_MAX = {DType.FP8_E4M3: 448.0, DType.FP8_E5M2: 57344.0}
@@ -127,8 +128,8 @@ class QuantizedTensor:
     def shape(self):
         return tuple(self.data.shape)
 
-    def dequantize(self, out_dtype=DType.FP32, out=None):
-        return dequantize(self, out_dtype, out)
+    def dequantize(self, out_dtype=DType.FP32, *, out=None):
+        return dequantize(self, out_dtype, out=out)
 
 
 def _fp8_dtype(fmt):
@@ -177,10 +178,24 @@ def quantize_fp8(x, scale=None, fmt="e4m3", *, input_dtype=None, power_of_two=Fa
     return QuantizedTensor(data, adapter.reciprocal(scale_array), dtype, "fp8_tensor")
 
 
-def dequantize(q, out_dtype=DType.FP32, out=None):
-    """``decode(q.data) * q.scale_inv`` in `out_dtype` (FP32 by default), on q's device."""
+def dequantize(q, out_dtype=DType.FP32, source="auto", *, out=None):
+    """Decodes a quantized tensor in `out_dtype` (FP32 by default), on q's device.
+
+    q: a :class:`QuantizedTensor` (``decode(q.data) * q.scale_inv``) or a
+       :class:`GroupedQuantizedTensor` (see :func:`sfmoe.quantize`): [q.rows, q.cols] values,
+       rows [0, q.group_offsets[-1]) written, padding rows as zeros.
+    source: grouped tensors only: "auto" (the rowwise copy if present), "rowwise" or
+       "columnwise" (transposed back, with the Hadamard transform undone).
+    out: an optional output array of the same kind as q's data.
+    """
+    if isinstance(q, _quantize.GroupedQuantizedTensor):
+        return _quantize.dequantize_grouped(q, out_dtype, source, out)
     if not isinstance(q, QuantizedTensor):
-        raise TypeError(f"q: expected a QuantizedTensor, got {type(q).__name__}")
+        raise TypeError(
+            f"q: expected a QuantizedTensor or a GroupedQuantizedTensor, got {type(q).__name__}"
+        )
+    if source != "auto":
+        raise ValueError(f"source: a QuantizedTensor has one copy; got source={source!r}")
     if q.recipe != "fp8_tensor":
         raise NotImplementedError(f"dequantize: recipe {q.recipe!r} is not supported yet")
     return cast(q.data, out_dtype, scale=q.scale_inv, out=out, input_dtype=q.dtype)

@@ -9,6 +9,8 @@
 // elements per byte (element 2i in the low nibble): a byte array of shape [..., n] is an FP4
 // tensor of shape [..., 2n]. Arrays must be C-contiguous; host (CPU, CUDA-pinned) arrays map to
 // SFMOE_MEMORY_HOST and CUDA (or managed) arrays to SFMOE_MEMORY_CUDA on their device.
+// Grouped tensors arrive as dicts of integers and arrays; their descriptors carry pointers but no
+// buffer sizes, so the binding checks each array against the layout the descriptor implies.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -16,6 +18,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -23,6 +26,7 @@
 
 #include "sfmoe/cast.h"
 #include "sfmoe/numerics.h"
+#include "sfmoe/quantize.h"
 #include "sfmoe/sfmoe.h"
 
 namespace nb = nanobind;
@@ -192,6 +196,26 @@ sfmoe_tensor describe_array(const char* what, const Array& array, int32_t dtype)
 
 // ---- C API entry points -------------------------------------------------------------------------
 
+// A CUDA stream handle passed from Python as an integer (0: the default stream).
+void* stream_pointer(uint64_t stream) {
+  return reinterpret_cast<void*>(static_cast<uintptr_t>(stream));
+}
+
+// An integer field of a raw descriptor; TypeError when the value is not an integer or does not
+// fit the field.
+template <class T>
+T integer_field(const char* function, const std::string& field, nb::handle value) {
+  T result;
+  if (!nb::try_cast(value, result, false)) {
+    const std::string type =
+        (std::is_signed<T>::value ? "int" : "uint") + std::to_string(sizeof(T) * 8);
+    throw nb::type_error((std::string(function) + ": " + field + " must be an integer that fits " +
+                          type + ", got " + nb::cast<std::string>(nb::repr(value)))
+                             .c_str());
+  }
+  return result;
+}
+
 void cast(nb::ndarray<nb::ro> input, int32_t input_dtype, nb::ndarray<> output,
           int32_t output_dtype, double scale, uint64_t stream, nb::object scale_device) {
   const sfmoe_tensor in = describe_array("input", input, input_dtype);
@@ -219,25 +243,450 @@ void cast(nb::ndarray<nb::ro> input, int32_t input_dtype, nb::ndarray<> output,
   sfmoe_status status;
   {
     nb::gil_scoped_release release;
-    status =
-        sfmoe_cast(&in, &out, &config, reinterpret_cast<void*>(static_cast<uintptr_t>(stream)));
+    status = sfmoe_cast(&in, &out, &config, stream_pointer(stream));
   }
   check(status);
 }
 
-// An integer field of a raw descriptor; TypeError when the value is not an integer or does not
-// fit the field.
-template <class T>
-T integer_field(const char* function, const std::string& field, nb::handle value) {
-  T result;
-  if (!nb::try_cast(value, result, false)) {
-    const std::string type =
-        (std::is_signed<T>::value ? "int" : "uint") + std::to_string(sizeof(T) * 8);
-    throw nb::type_error((std::string(function) + ": " + field + " must be an integer that fits " +
-                          type + ", got " + nb::cast<std::string>(nb::repr(value)))
-                             .c_str());
+// ---- grouped tensors ----------------------------------------------------------------------------
+//
+// A grouped tensor (sfmoe_grouped_tensor) arrives as a dict of plain integers and arrays:
+//   dtype, scaling, scale_layout (int32); num_groups, row_capacity, cols, row_alignment,
+//   uniform_group_rows (int64); group_offsets, rowwise_data, rowwise_scale_inv, columnwise_data,
+//   columnwise_scale_inv, amax, columnwise_amax (arrays or None).
+// The descriptor itself carries pointers but no buffer sizes, so the binding checks that every
+// array holds at least what the descriptor makes the library read or write (the layouts of
+// docs/quantization.md); everything else is the library's to judge.
+
+constexpr int64_t kSizeLimit = int64_t{1} << 62;  // sizes saturate here ("larger than any array")
+
+// Non-negative sizes multiplied with saturation; a negative operand counts as 0 (the library
+// refuses such a descriptor before it touches memory).
+int64_t size_mul(int64_t a, int64_t b) {
+  if (a <= 0 || b <= 0) return 0;
+  return a > kSizeLimit / b ? kSizeLimit : a * b;
+}
+
+int64_t size_ceil_div(int64_t a, int64_t b) { return a <= 0 ? 0 : a / b + (a % b != 0 ? 1 : 0); }
+
+// Elements per scale along a copy's rows (and the side of 2D blocks); 0 for TENSOR or NONE.
+int64_t scaling_block(int32_t scaling) {
+  switch (scaling) {
+    case SFMOE_SCALING_BLOCK_1X128:
+    case SFMOE_SCALING_BLOCK_128X128:
+      return 128;
+    case SFMOE_SCALING_MX_1X32:
+      return 32;
+    case SFMOE_SCALING_NV_1X16:
+    case SFMOE_SCALING_NV_16X16:
+      return 16;
+    default:
+      return 0;
   }
-  return result;
+}
+
+// The sfmoe dtype of a scaling's scale entries, or -1 when it has none (NONE, unknown values).
+int32_t scale_dtype_of(int32_t scaling) {
+  switch (scaling) {
+    case SFMOE_SCALING_TENSOR:
+    case SFMOE_SCALING_BLOCK_1X128:
+    case SFMOE_SCALING_BLOCK_128X128:
+      return SFMOE_DTYPE_FP32;
+    case SFMOE_SCALING_MX_1X32:
+      return SFMOE_DTYPE_E8M0;
+    case SFMOE_SCALING_NV_1X16:
+    case SFMOE_SCALING_NV_16X16:
+      return SFMOE_DTYPE_FP8_E4M3;
+    default:
+      return -1;
+  }
+}
+
+// Bytes of the swizzled layout of a [rows, scale_cols] scale matrix: the formula of
+// numerics/scale_swizzle.h, saturating where it would overflow.
+int64_t swizzled_size(int64_t rows, int64_t scale_cols) {
+  if (rows <= 0 || scale_cols <= 0) return 0;
+  constexpr int64_t kExact = int64_t{1} << 30;  // the formula cannot overflow below this
+  if (rows < kExact && scale_cols < kExact) {
+    return sfmoe::numerics::swizzled_scale_padded_size(rows, scale_cols);
+  }
+  return size_mul(size_ceil_div(rows, sfmoe::numerics::kSwizzleTileRows),
+                  size_mul(size_ceil_div(scale_cols, sfmoe::numerics::kSwizzleTileCols),
+                           sfmoe::numerics::kSwizzleTileElements));
+}
+
+// The shape of one copy's scale array (docs/quantization.md, "scale storage"). The copy is
+// [copy_rows, copy_cols]: [R, C] for the rowwise copy, [C, R] for the columnwise one. Divisions
+// round up so that a size is never underestimated; the library refuses sizes that do not divide.
+std::vector<int64_t> scale_shape(int32_t scaling, int32_t scale_layout, int64_t num_groups,
+                                 int64_t copy_rows, int64_t copy_cols) {
+  const int64_t block = scaling_block(scaling);
+  switch (scaling) {
+    case SFMOE_SCALING_TENSOR:
+      return {std::max<int64_t>(num_groups, 0)};
+    case SFMOE_SCALING_BLOCK_128X128:
+    case SFMOE_SCALING_NV_16X16:
+      return {size_ceil_div(copy_rows, block), size_ceil_div(copy_cols, block)};
+    case SFMOE_SCALING_BLOCK_1X128:
+    case SFMOE_SCALING_MX_1X32:
+    case SFMOE_SCALING_NV_1X16: {
+      const int64_t rows = std::max<int64_t>(copy_rows, 0);
+      const int64_t scale_cols = size_ceil_div(copy_cols, block);
+      if (scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && scaling != SFMOE_SCALING_BLOCK_1X128) {
+        return {swizzled_size(rows, scale_cols)};
+      }
+      return {rows, scale_cols};
+    }
+    default:
+      return {0};
+  }
+}
+
+int64_t shape_elements(const std::vector<int64_t>& shape) {
+  int64_t count = 1;
+  for (int64_t extent : shape) count = extent <= 0 ? 0 : size_mul(count, extent);
+  return count;
+}
+
+int64_t tensor_elements(const sfmoe_tensor& t) {
+  int64_t count = 1;
+  for (int32_t d = 0; d < t.ndim; ++d) count = size_mul(count, t.shape[d]);
+  return count;
+}
+
+std::string place_name(sfmoe_memory memory, int32_t device) {
+  return memory == SFMOE_MEMORY_CUDA ? "CUDA device " + std::to_string(device) : "host memory";
+}
+
+// Where a set of arrays lives; all of them must live in the same place, since one descriptor
+// names one memory space (and a device pointer read on the host, or the reverse, would crash).
+struct Placement {
+  bool known = false;
+  sfmoe_memory memory = SFMOE_MEMORY_HOST;
+  int32_t device = 0;
+  std::string first;
+
+  void add(const std::string& name, const sfmoe_tensor& t) {
+    if (!known) {
+      known = true;
+      memory = t.memory;
+      device = t.device;
+      first = name;
+      return;
+    }
+    if (t.memory != memory || (memory == SFMOE_MEMORY_CUDA && t.device != device)) {
+      throw nb::value_error((name + " lives in " + place_name(t.memory, t.device) + " but " +
+                             first + " in " + place_name(memory, device) +
+                             "; the arrays of one op must live in the same memory")
+                                .c_str());
+    }
+  }
+};
+
+// An array for a grouped field: its descriptor, checked to hold `required` elements of `dtype`.
+// Offsets and amax must be integer / float arrays (their items are values, not codes).
+template <class Array>
+sfmoe_tensor describe_field(const std::string& name, const Array& array, int32_t dtype,
+                            int64_t required) {
+  const sfmoe_tensor t = describe_array(name.c_str(), array, dtype);
+  const auto code = static_cast<nb::dlpack::dtype_code>(array.dtype().code);
+  if (dtype == SFMOE_DTYPE_INT64 && code != nb::dlpack::dtype_code::Int &&
+      code != nb::dlpack::dtype_code::UInt) {
+    throw nb::type_error((name + ": expected an int64 array").c_str());
+  }
+  if (dtype == SFMOE_DTYPE_FP32 && code != nb::dlpack::dtype_code::Float) {
+    throw nb::type_error((name + ": expected a float32 array").c_str());
+  }
+  const int64_t have = tensor_elements(t);
+  if (have < required) {
+    throw nb::value_error((name + ": holds " + std::to_string(have) + " " +
+                           sfmoe_dtype_name(to_enum<sfmoe_dtype>(dtype)) +
+                           " elements but the descriptor needs " + std::to_string(required))
+                              .c_str());
+  }
+  return t;
+}
+
+// A grouped-tensor descriptor built from a dict (see above). `Array` is nb::ndarray<nb::ro> for
+// tensors the op reads and nb::ndarray<> for those it writes; the imported arrays are kept in
+// `keep` so that the pointers stay valid during the call.
+template <class Array>
+sfmoe_grouped_tensor describe_grouped(const char* function, const std::string& what,
+                                      nb::dict fields, std::vector<Array>* keep,
+                                      Placement* placement) {
+  sfmoe_grouped_tensor t = sfmoe_grouped_tensor_init();
+  t.row_alignment = 1;
+  nb::handle arrays[7] = {};
+  static const char* const kArrayNames[7] = {
+      "group_offsets",        "rowwise_data", "rowwise_scale_inv", "columnwise_data",
+      "columnwise_scale_inv", "amax",         "columnwise_amax"};
+  for (auto item : fields) {
+    const std::string key = nb::cast<std::string>(nb::str(item.first));
+    const nb::handle value = item.second;
+    const std::string field = what + "." + key;
+    auto i32 = [&]() { return integer_field<int32_t>(function, field, value); };
+    auto i64 = [&]() { return integer_field<int64_t>(function, field, value); };
+    bool is_array = false;
+    for (int i = 0; i < 7; ++i) {
+      if (key == kArrayNames[i]) {
+        arrays[i] = value;
+        is_array = true;
+      }
+    }
+    if (is_array) continue;
+    if (key == "dtype") {
+      store_enum(&t.dtype, i32());
+    } else if (key == "scaling") {
+      store_enum(&t.scaling, i32());
+    } else if (key == "scale_layout") {
+      store_enum(&t.scale_layout, i32());
+    } else if (key == "num_groups") {
+      t.num_groups = i64();
+    } else if (key == "row_capacity") {
+      t.row_capacity = i64();
+    } else if (key == "cols") {
+      t.cols = i64();
+    } else if (key == "row_alignment") {
+      t.row_alignment = i64();
+    } else if (key == "uniform_group_rows") {
+      t.uniform_group_rows = i64();
+    } else {
+      throw nb::type_error((std::string(function) + ": unknown field '" + field + "'").c_str());
+    }
+  }
+  const int32_t scaling = static_cast<int32_t>(t.scaling);
+  const int32_t dtype = static_cast<int32_t>(t.dtype);
+  const int32_t layout = static_cast<int32_t>(t.scale_layout);
+  const int64_t data_elements = size_mul(t.row_capacity, t.cols);
+  for (int i = 0; i < 7; ++i) {
+    if (!arrays[i].is_valid() || arrays[i].is_none()) continue;
+    const std::string name = std::string(function) + ": " + what + "." + kArrayNames[i];
+    Array array;
+    if (!nb::try_cast(arrays[i], array)) {
+      throw nb::type_error((name + ": expected a " + (Array::ReadOnly ? "" : "writable ") +
+                            "array (DLPack), got " +
+                            nb::cast<std::string>(nb::str(arrays[i].type().attr("__name__"))))
+                               .c_str());
+    }
+    int32_t field_dtype = dtype;
+    int64_t required = 0;
+    switch (i) {
+      case 0:  // group_offsets
+        field_dtype = SFMOE_DTYPE_INT64;
+        required = t.num_groups < 0 ? 0 : std::min(t.num_groups, kSizeLimit - 1) + 1;
+        break;
+      case 1:  // rowwise_data [R, C]
+      case 3:  // columnwise_data [C, R]
+        required = data_elements;
+        break;
+      case 2:  // rowwise_scale_inv
+      case 4:  // columnwise_scale_inv
+        field_dtype = scale_dtype_of(scaling);
+        if (field_dtype < 0) {
+          throw nb::value_error(
+              (name + ": scaling " + std::to_string(scaling) + " has no scales").c_str());
+        }
+        required =
+            i == 2
+                ? shape_elements(scale_shape(scaling, layout, t.num_groups, t.row_capacity, t.cols))
+                : shape_elements(
+                      scale_shape(scaling, layout, t.num_groups, t.cols, t.row_capacity));
+        break;
+      default:  // amax, columnwise_amax
+        field_dtype = SFMOE_DTYPE_FP32;
+        required = std::max<int64_t>(t.num_groups, 0);
+        break;
+    }
+    const sfmoe_tensor d = describe_field(name, array, field_dtype, required);
+    placement->add(what + "." + kArrayNames[i], d);
+    void* pointer = d.data;
+    switch (i) {
+      case 0:
+        t.group_offsets = static_cast<int64_t*>(pointer);
+        break;
+      case 1:
+        t.rowwise_data = pointer;
+        break;
+      case 2:
+        t.rowwise_scale_inv = pointer;
+        break;
+      case 3:
+        t.columnwise_data = pointer;
+        break;
+      case 4:
+        t.columnwise_scale_inv = pointer;
+        break;
+      case 5:
+        t.amax = static_cast<float*>(pointer);
+        break;
+      default:
+        t.columnwise_amax = static_cast<float*>(pointer);
+        break;
+    }
+    keep->push_back(std::move(array));
+  }
+  return t;
+}
+
+void place(sfmoe_grouped_tensor* t, const Placement& placement) {
+  t->memory = placement.memory;
+  t->device = placement.device;
+}
+
+sfmoe_quantize_config describe_config(const char* function, nb::handle config) {
+  sfmoe_quantize_config c = sfmoe_quantize_config_init();
+  if (config.is_none()) return c;
+  nb::dict fields;
+  if (!nb::try_cast(config, fields)) {
+    throw nb::type_error((std::string(function) + ": config must be a dict or None").c_str());
+  }
+  for (auto item : fields) {
+    const std::string key = nb::cast<std::string>(nb::str(item.first));
+    const std::string field = "config." + key;
+    if (key == "power_of_two_scales") {
+      c.power_of_two_scales = integer_field<int32_t>(function, field, item.second);
+    } else if (key == "stochastic_rounding") {
+      c.stochastic_rounding = integer_field<int32_t>(function, field, item.second);
+    } else if (key == "seed") {
+      c.seed = integer_field<uint64_t>(function, field, item.second);
+    } else if (key == "offset") {
+      c.offset = integer_field<uint64_t>(function, field, item.second);
+    } else if (key == "hadamard_columnwise") {
+      c.hadamard_columnwise = integer_field<int32_t>(function, field, item.second);
+    } else if (key == "trap_nan_amax") {
+      c.trap_nan_amax = integer_field<int32_t>(function, field, item.second);
+    } else {
+      throw nb::type_error((std::string(function) + ": unknown field '" + field + "'").c_str());
+    }
+  }
+  return c;
+}
+
+// The status word (sfmoe_status_word), owned by a Python object.
+class StatusWord {
+ public:
+  StatusWord(int32_t memory, int32_t device) : memory_(memory), device_(device) {
+    check(sfmoe_status_word_create(to_enum<sfmoe_memory>(memory), device, &word_));
+  }
+  ~StatusWord() { sfmoe_status_word_destroy(word_); }
+  StatusWord(const StatusWord&) = delete;
+  StatusWord& operator=(const StatusWord&) = delete;
+
+  void reset(uint64_t stream) { check(sfmoe_status_word_reset(word_, stream_pointer(stream))); }
+  void snapshot(uint64_t stream) {
+    check(sfmoe_status_word_snapshot(word_, stream_pointer(stream)));
+  }
+  nb::dict read() const {
+    sfmoe_fault_report report;
+    memset(&report, 0, sizeof(report));
+    check(sfmoe_status_word_read(word_, &report));
+    nb::dict d;
+    d["flags"] = report.flags;
+    d["count"] = report.count;
+    d["first_group"] = report.first_group;
+    d["first_value"] = report.first_value;
+    return d;
+  }
+  sfmoe_status_word* get() const { return word_; }
+  int32_t memory() const { return memory_; }
+  int32_t device() const { return device_; }
+
+ private:
+  sfmoe_status_word* word_ = nullptr;
+  int32_t memory_;
+  int32_t device_;
+};
+
+sfmoe_status_word* word_of(nb::handle status_word) {
+  if (status_word.is_none()) return nullptr;
+  StatusWord* word = nullptr;
+  if (!nb::try_cast(status_word, word) || word == nullptr) {
+    throw nb::type_error("status_word: expected a StatusWord or None");
+  }
+  return word->get();
+}
+
+void grouped_amax(nb::dict input, nb::ndarray<> amax, nb::object status_word, uint64_t stream) {
+  const char* function = "grouped_amax";
+  std::vector<nb::ndarray<nb::ro>> keep;
+  Placement placement;
+  sfmoe_grouped_tensor in = describe_grouped(function, "input", input, &keep, &placement);
+  const sfmoe_tensor a = describe_field(std::string(function) + ": amax", amax, SFMOE_DTYPE_FP32,
+                                        std::max<int64_t>(in.num_groups, 0));
+  placement.add("amax", a);
+  place(&in, placement);
+  sfmoe_status_word* word = word_of(status_word);
+  sfmoe_status status;
+  {
+    nb::gil_scoped_release release;
+    status = sfmoe_grouped_amax(&in, static_cast<float*>(a.data), word, stream_pointer(stream));
+  }
+  check(status);
+}
+
+void grouped_quantize(nb::dict input, nb::dict output, nb::object config, nb::object status_word,
+                      uint64_t stream) {
+  const char* function = "grouped_quantize";
+  std::vector<nb::ndarray<nb::ro>> keep_input;
+  std::vector<nb::ndarray<>> keep_output;
+  Placement placement;
+  sfmoe_grouped_tensor in = describe_grouped(function, "input", input, &keep_input, &placement);
+  sfmoe_grouped_tensor out = describe_grouped(function, "output", output, &keep_output, &placement);
+  place(&in, placement);
+  place(&out, placement);
+  const sfmoe_quantize_config c = describe_config(function, config);
+  sfmoe_status_word* word = word_of(status_word);
+  sfmoe_status status;
+  {
+    nb::gil_scoped_release release;
+    status = sfmoe_grouped_quantize(&in, &out, &c, word, stream_pointer(stream));
+  }
+  check(status);
+}
+
+void grouped_dequantize(nb::dict input, nb::dict output, int32_t source, nb::object config,
+                        uint64_t stream) {
+  const char* function = "grouped_dequantize";
+  std::vector<nb::ndarray<nb::ro>> keep_input;
+  std::vector<nb::ndarray<>> keep_output;
+  Placement placement;
+  sfmoe_grouped_tensor in = describe_grouped(function, "input", input, &keep_input, &placement);
+  sfmoe_grouped_tensor out = describe_grouped(function, "output", output, &keep_output, &placement);
+  place(&in, placement);
+  place(&out, placement);
+  const sfmoe_quantize_config c = describe_config(function, config);
+  const bool defaults = config.is_none();
+  sfmoe_status status;
+  {
+    nb::gil_scoped_release release;
+    status = sfmoe_grouped_dequantize(&in, &out, to_enum<sfmoe_dequantize_source>(source),
+                                      defaults ? nullptr : &c, stream_pointer(stream));
+  }
+  check(status);
+}
+
+// The scale swizzle in either direction; the library checks both arrays' sizes itself.
+void swizzle(bool inverse, nb::ndarray<nb::ro> from, int32_t from_dtype, int64_t rows,
+             int64_t scale_cols, nb::ndarray<> to, int32_t to_dtype, uint64_t stream) {
+  const char* function = inverse ? "unswizzle_scales" : "swizzle_scales";
+  const sfmoe_tensor a = describe_array(inverse ? "swizzled" : "compact", from, from_dtype);
+  const sfmoe_tensor b = describe_array(inverse ? "compact" : "swizzled", to, to_dtype);
+  Placement placement;
+  placement.add(std::string(function) + ": " + (inverse ? "swizzled" : "compact"), a);
+  placement.add(std::string(function) + ": " + (inverse ? "compact" : "swizzled"), b);
+  sfmoe_status status;
+  {
+    nb::gil_scoped_release release;
+    status = inverse ? sfmoe_unswizzle_scales(&a, rows, scale_cols, &b, stream_pointer(stream))
+                     : sfmoe_swizzle_scales(&a, rows, scale_cols, &b, stream_pointer(stream));
+  }
+  check(status);
+}
+
+nb::tuple as_tuple(const std::vector<int64_t>& shape) {
+  nb::list list;
+  for (int64_t extent : shape) list.append(extent);
+  return nb::tuple(list);
 }
 
 void validate_tensor(uint64_t data_ptr, int32_t dtype, const std::vector<int64_t>& shape,
@@ -562,6 +1011,14 @@ NB_MODULE(_C, m) {
   m.attr("TENSOR_STRUCT_SIZE") = sizeof(sfmoe_tensor);
   m.attr("GROUPED_TENSOR_STRUCT_SIZE") = sizeof(sfmoe_grouped_tensor);
   m.attr("CAST_CONFIG_STRUCT_SIZE") = sizeof(sfmoe_cast_config);
+  m.attr("QUANTIZE_CONFIG_STRUCT_SIZE") = sizeof(sfmoe_quantize_config);
+  m.attr("DEQUANTIZE_AUTO") = static_cast<int>(SFMOE_DEQUANTIZE_AUTO);
+  m.attr("DEQUANTIZE_ROWWISE") = static_cast<int>(SFMOE_DEQUANTIZE_ROWWISE);
+  m.attr("DEQUANTIZE_COLUMNWISE") = static_cast<int>(SFMOE_DEQUANTIZE_COLUMNWISE);
+  m.attr("FAULT_BAD_GROUP_OFFSETS") = static_cast<int>(SFMOE_FAULT_BAD_GROUP_OFFSETS);
+  m.attr("FAULT_GROUP_OVER_CAPACITY") = static_cast<int>(SFMOE_FAULT_GROUP_OVER_CAPACITY);
+  m.attr("FAULT_EP_OVERFLOW") = static_cast<int>(SFMOE_FAULT_EP_OVERFLOW);
+  m.attr("FAULT_NAN_AMAX") = static_cast<int>(SFMOE_FAULT_NAN_AMAX);
   nb::dict statuses;
   for (int code = SFMOE_SUCCESS; code <= SFMOE_ERROR_INTERNAL; ++code) {
     statuses[sfmoe_status_name(to_enum<sfmoe_status>(code))] = code;
@@ -597,6 +1054,66 @@ NB_MODULE(_C, m) {
         "sfmoe_cast: output = encode(decode(input) * scale) on the memory both arrays live in.\n"
         "stream: a CUDA stream handle (cudaStream_t as int; 0 = the default stream).\n"
         "scale_device: optional one-element float32 array next to the data; it replaces scale.");
+  nb::class_<StatusWord>(m, "StatusWord",
+                         "An sfmoe_status_word: faults recorded by ops, read after a snapshot.")
+      .def(nb::init<int32_t, int32_t>(), "memory"_a, "device"_a,
+           "sfmoe_status_word_create (allocates and synchronizes: call outside the step).")
+      .def("reset", &StatusWord::reset, "stream"_a = 0, "sfmoe_status_word_reset on `stream`.")
+      .def("snapshot", &StatusWord::snapshot, "stream"_a = 0,
+           "sfmoe_status_word_snapshot on `stream` (copies the word into the host mirror).")
+      .def("read", &StatusWord::read,
+           "sfmoe_status_word_read: the mirror as the last snapshot left it, as a dict.")
+      .def_prop_ro("memory", &StatusWord::memory)
+      .def_prop_ro("device", &StatusWord::device);
+
+  m.def("grouped_amax", &grouped_amax, "input"_a, "amax"_a.noconvert(),
+        "status_word"_a = nb::none(), "stream"_a = 0,
+        "sfmoe_grouped_amax: amax[g] = max |x| over group g of the grouped tensor `input` (a\n"
+        "dict of fields, see grouped_quantize).");
+  m.def("grouped_quantize", &grouped_quantize, "input"_a, "output"_a, "config"_a = nb::none(),
+        "status_word"_a = nb::none(), "stream"_a = 0,
+        "sfmoe_grouped_quantize. `input` and `output` are dicts of the sfmoe_grouped_tensor\n"
+        "fields: dtype, scaling, scale_layout (int); num_groups, row_capacity, cols,\n"
+        "row_alignment, uniform_group_rows (int); group_offsets, rowwise_data, rowwise_scale_inv,\n"
+        "columnwise_data, columnwise_scale_inv, amax, columnwise_amax (arrays or None); memory\n"
+        "and device come from the arrays. `config`: a dict of sfmoe_quantize_config fields.\n"
+        "Every array must hold what the descriptor implies (docs/quantization.md).");
+  m.def("grouped_dequantize", &grouped_dequantize, "input"_a, "output"_a, "source"_a = 0,
+        "config"_a = nb::none(), "stream"_a = 0,
+        "sfmoe_grouped_dequantize; dicts as for grouped_quantize (the output: scaling 0, its\n"
+        "rowwise_data the [row_capacity, cols] result).");
+  m.def(
+      "swizzle_scales",
+      [](nb::ndarray<nb::ro> compact, int32_t compact_dtype, int64_t rows, int64_t scale_cols,
+         nb::ndarray<> swizzled, int32_t swizzled_dtype, uint64_t stream) {
+        swizzle(false, compact, compact_dtype, rows, scale_cols, swizzled, swizzled_dtype, stream);
+      },
+      "compact"_a.noconvert(), "compact_dtype"_a, "rows"_a, "scale_cols"_a,
+      "swizzled"_a.noconvert(), "swizzled_dtype"_a, "stream"_a = 0, "sfmoe_swizzle_scales.");
+  m.def(
+      "unswizzle_scales",
+      [](nb::ndarray<nb::ro> swizzled, int32_t swizzled_dtype, int64_t rows, int64_t scale_cols,
+         nb::ndarray<> compact, int32_t compact_dtype, uint64_t stream) {
+        swizzle(true, swizzled, swizzled_dtype, rows, scale_cols, compact, compact_dtype, stream);
+      },
+      "swizzled"_a.noconvert(), "swizzled_dtype"_a, "rows"_a, "scale_cols"_a,
+      "compact"_a.noconvert(), "compact_dtype"_a, "stream"_a = 0, "sfmoe_unswizzle_scales.");
+  m.def(
+      "scale_shape",
+      [](int32_t scaling, int32_t scale_layout, int64_t num_groups, int64_t copy_rows,
+         int64_t copy_cols) {
+        return as_tuple(scale_shape(scaling, scale_layout, num_groups, copy_rows, copy_cols));
+      },
+      "scaling"_a, "scale_layout"_a, "num_groups"_a, "copy_rows"_a, "copy_cols"_a,
+      "The shape of one copy's scale array (docs/quantization.md): [copy_rows, copy_cols] is\n"
+      "[R, C] for the rowwise copy and [C, R] for the columnwise one; swizzled layouts are 1-D.");
+  m.def(
+      "scale_dtype", [](int32_t scaling) { return scale_dtype_of(scaling); }, "scaling"_a,
+      "The sfmoe dtype of a scaling's scale entries (-1: none).");
+  m.def(
+      "swizzled_scale_padded_size",
+      [](int64_t rows, int64_t scale_cols) { return swizzled_size(rows, scale_cols); }, "rows"_a,
+      "scale_cols"_a, "Bytes of the swizzled layout of a [rows, scale_cols] scale matrix.");
   m.def("validate_tensor", &validate_tensor, "data_ptr"_a, "dtype"_a, "shape"_a, "memory"_a = 0,
         "device"_a = 0, "struct_size"_a = nb::none(), "ndim"_a = nb::none(), "name"_a = "tensor",
         "null"_a = false,

@@ -1,5 +1,6 @@
 """sfmoe ops on torch tensors: CUDA results bit for bit equal to the NumPy / CPU path on the same
-inputs, work enqueued on torch's current stream, torch.float8 tensors in and out."""
+inputs (cast, FP8 per-tensor and grouped quantization), work enqueued on torch's current stream,
+CUDA graph capture, torch.float8 tensors in and out."""
 
 import numpy as np
 import pytest
@@ -53,7 +54,7 @@ def codes(array):
         if t.element_size() == 1:
             return t.view(torch.uint8).numpy()
         return (
-            t.view({2: torch.int16, 4: torch.int32}[t.element_size()])
+            t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
             .numpy()
             .view(f"u{t.element_size()}")
         )
@@ -220,3 +221,204 @@ def test_cpu_tensors_match_numpy(rng):
         assert same_result(
             back, sfmoe.cast(packed.numpy(), "fp32", input_dtype="fp4_e2m1"), fp32=True
         )
+
+
+# ---- grouped quantization ------------------------------------------------------------------------
+
+BLOCK = {
+    "fp8_tensor": 0,
+    "fp8_block_1x128": 128,
+    "fp8_block_128x128": 128,
+    "mxfp8": 32,
+    "nvfp4": 16,
+    "nvfp4_2d": 16,
+}
+# Per recipe: the defaults from FP32 data, and other options from BF16 data.
+VARIANTS = {
+    "fp8_tensor": {"fmt": "e5m2", "power_of_two_scales": True},
+    "fp8_block_1x128": {"fmt": "e5m2", "power_of_two_scales": True},
+    "fp8_block_128x128": {"fmt": "e5m2", "power_of_two_scales": True},
+    "mxfp8": {"fmt": "e5m2", "scale_layout": "swizzled"},
+    "nvfp4": {
+        "scale_layout": "swizzled",
+        "stochastic_rounding": True,
+        "seed": 5,
+        "offset": 3,
+        "hadamard": True,
+    },
+    "nvfp4_2d": {"stochastic_rounding": True, "seed": 5, "offset": 3},
+}
+
+
+def random_offsets(rng, num_groups, max_rows=60):
+    sizes = rng.integers(0, max_rows, num_groups)
+    sizes[rng.integers(num_groups)] = 0
+    sizes[rng.integers(num_groups)] = 1
+    return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
+
+def written_parts(q, end):
+    """The arrays of a GroupedQuantizedTensor (torch or NumPy) in the region the op writes:
+    rows [0, end) of each copy (columns of the columnwise copy), their scales, amax, offsets."""
+    fp4 = q.dtype == sfmoe.DType.FP4_E2M1
+    B = BLOCK[q.recipe]
+    two_d = q.recipe in ("fp8_block_128x128", "nvfp4_2d")
+    parts = {}
+    for columnwise in (False, True):
+        data = q.columnwise_data if columnwise else q.data
+        if data is None:
+            continue
+        scales = q.compact_scale_inv(columnwise)
+        if columnwise:
+            data = data[:, : end // 2] if fp4 else data[:, :end]
+            scales = scales if q.recipe == "fp8_tensor" else scales[:, : end // B]
+        else:
+            data = data[:end]
+            if q.recipe != "fp8_tensor":
+                scales = scales[: end // B] if two_d else scales[:end]
+        name = "columnwise" if columnwise else "rowwise"
+        parts[name + "_data"] = data
+        parts[name + "_scale_inv"] = scales
+    for name in ("amax", "columnwise_amax", "group_offsets"):
+        if getattr(q, name) is not None:
+            parts[name] = getattr(q, name)
+    return parts
+
+
+def assert_same_quantized(q, q_host):
+    end = int(q_host.group_offsets[-1]) if q_host.group_offsets is not None else q_host.rows
+    device_parts, host_parts = written_parts(q, end), written_parts(q_host, end)
+    assert device_parts.keys() == host_parts.keys()
+    for name in host_parts:
+        assert same_result(device_parts[name], host_parts[name]), name
+
+
+@requires_cuda
+@pytest.mark.parametrize("variant", ["defaults", "options"])
+@pytest.mark.parametrize("recipe", list(BLOCK))
+def test_cuda_grouped_quantize_matches_host(recipe, variant, rng):
+    options = VARIANTS[recipe] if variant == "options" else {}
+    offsets = random_offsets(rng, 6)
+    x_host = random_values(rng, (int(offsets[-1]) + 5, 256))
+    x = (
+        torch.from_numpy(x_host)
+        .cuda()
+        .to(torch.bfloat16 if variant == "options" else torch.float32)
+    )
+    offsets_cuda = torch.from_numpy(offsets).cuda()
+    q = sfmoe.quantize(x, recipe, group_offsets=offsets_cuda, columnwise=True, **options)
+    q_host = sfmoe.quantize(host_copy(x), recipe, group_offsets=offsets, columnwise=True, **options)
+    assert q.data.is_cuda and q.group_offsets.is_cuda and q.rows == q_host.rows
+    assert (
+        q.data.dtype
+        == {
+            sfmoe.DType.FP8_E4M3: torch.float8_e4m3fn,
+            sfmoe.DType.FP8_E5M2: torch.float8_e5m2,
+            sfmoe.DType.FP4_E2M1: torch.uint8,
+        }[q.dtype]
+    )
+    torch.cuda.synchronize()
+    assert_same_quantized(q, q_host)
+    for source in ("rowwise", "columnwise"):
+        y = sfmoe.dequantize(q, source=source)
+        assert same_result(y, sfmoe.dequantize(q_host, source=source), fp32=True), source
+
+
+@requires_cuda
+def test_cuda_grouped_amax_swizzle_and_uniform_groups(rng):
+    offsets = random_offsets(rng, 5)
+    x_host = random_values(rng, (int(offsets[-1]) + 2, 96))
+    x = torch.from_numpy(x_host).cuda().to(torch.float16)
+    amax = sfmoe.grouped_amax(x, torch.from_numpy(offsets).cuda())
+    assert amax.is_cuda and same_result(amax, sfmoe.grouped_amax(host_copy(x), offsets), fp32=True)
+    compact = torch.randint(0, 256, (200, 7), dtype=torch.uint8, device="cuda")
+    swizzled = sfmoe.swizzle_scales(compact, dtype="e8m0")
+    swizzled_host = sfmoe.swizzle_scales(compact.cpu().numpy(), dtype="e8m0")
+    assert swizzled.is_cuda and same_result(swizzled, swizzled_host)
+    assert same_result(sfmoe.unswizzle_scales(swizzled, 200, 7), compact.cpu().numpy())
+    weights_host = random_values(rng, (3 * 128, 256))
+    weights_host[~np.isfinite(weights_host)] = 1.0
+    weights = torch.from_numpy(weights_host).cuda()
+    for recipe in ("fp8_block_128x128", "nvfp4_2d"):
+        q = sfmoe.quantize(weights, recipe, uniform_group_rows=128, columnwise=True)
+        q_host = sfmoe.quantize(weights_host, recipe, uniform_group_rows=128, columnwise=True)
+        assert q.group_offsets is None
+        torch.cuda.synchronize()
+        assert_same_quantized(q, q_host)
+
+
+@requires_cuda
+def test_cuda_grouped_quantize_runs_on_the_current_stream(rng):
+    offsets = random_offsets(rng, 4, max_rows=4000)
+    x_host = random_values(rng, (int(offsets[-1]), 512))
+    source = torch.from_numpy(x_host).cuda()
+    offsets_cuda = torch.from_numpy(offsets).cuda()
+    want = sfmoe.quantize(x_host, "mxfp8", group_offsets=offsets, columnwise=True)
+    stream = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(100_000_000)  # keep the stream busy: a wrong-stream launch would race
+        x = source * 1.0  # written on `stream` after the sleep
+        q = sfmoe.quantize(x, "mxfp8", group_offsets=offsets_cuda, columnwise=True)
+    stream.synchronize()
+    assert_same_quantized(q, want)
+
+
+@requires_cuda
+def test_cuda_graph_capture_of_grouped_quantize(rng):
+    """sfmoe.quantize is sync-free: captured once, the graph replays on new data and new group
+    sizes (the offsets live on the device)."""
+    rows, cols, num_groups = 320, 256, 4
+    options = dict(columnwise=True, scale_layout="swizzled", out_row_capacity=rows + 4 * 32)
+    static_x = torch.zeros((rows, cols), device="cuda")
+    static_offsets = torch.zeros(num_groups + 1, dtype=torch.int64, device="cuda")
+    sfmoe.quantize(static_x, "mxfp8", group_offsets=static_offsets, **options)  # warm up
+    sfmoe.quantize(static_x, "nvfp4")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_q = sfmoe.quantize(static_x, "mxfp8", group_offsets=static_offsets, **options)
+        static_one_group = sfmoe.quantize(static_x, "nvfp4")  # offsets [0, rows] made on the device
+    for _ in range(3):
+        offsets = random_offsets(rng, num_groups, max_rows=rows // num_groups)
+        x_host = random_values(rng, (rows, cols))
+        static_x.copy_(torch.from_numpy(x_host))
+        static_offsets.copy_(torch.from_numpy(offsets))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = sfmoe.quantize(x_host, "mxfp8", group_offsets=offsets, **options)
+        assert_same_quantized(static_q, want)
+        assert_same_quantized(static_one_group, sfmoe.quantize(x_host, "nvfp4"))
+
+
+@requires_cuda
+def test_cuda_status_word_records_nan_amax(rng):
+    x_host = rng.standard_normal((64, 128)).astype(np.float32)
+    x_host[40, 7] = np.nan
+    x = torch.from_numpy(x_host).cuda()
+    word = sfmoe.StatusWord(x)
+    assert word.device == str(x.device)
+    word.reset()
+    offsets = torch.tensor([0, 32, 64], device="cuda")
+    sfmoe.quantize(x, "fp8_tensor", group_offsets=offsets, trap_nan_amax=True, status_word=word)
+    word.snapshot()
+    torch.cuda.current_stream().synchronize()
+    report = word.read()
+    assert report.flags == sfmoe.Fault.NAN_AMAX and report.first_group == 1
+    with pytest.raises(ValueError, match="the word is on"):
+        sfmoe.quantize(x.cpu(), "fp8_tensor", status_word=word)
+
+
+def test_cpu_tensors_grouped_quantize_match_numpy(rng):
+    offsets = random_offsets(rng, 3)
+    x_host = random_values(rng, (int(offsets[-1]), 64))
+    x = torch.from_numpy(x_host.copy()).to(torch.bfloat16)
+    q = sfmoe.quantize(x, "nvfp4", group_offsets=torch.from_numpy(offsets), columnwise=True)
+    q_host = sfmoe.quantize(host_copy(x), "nvfp4", group_offsets=offsets, columnwise=True)
+    assert q.data.device.type == "cpu" and q.scale_inv.dtype == torch.float8_e4m3fn
+    assert_same_quantized(q, q_host)
+    assert same_result(sfmoe.dequantize(q, "bf16"), sfmoe.dequantize(q_host, "bf16"))
+    empty = sfmoe.quantize(torch.zeros((0, 64)), "mxfp8")  # empty arrays still get a buffer
+    assert tuple(empty.data.shape) == (0, 64) and empty.group_offsets.tolist() == [0, 0]
+    with pytest.raises(TypeError, match="same kind of array"):
+        sfmoe.quantize(x, "mxfp8", group_offsets=offsets)

@@ -1,0 +1,576 @@
+"""Grouped quantization (include/sfmoe/quantize.h, rules in docs/quantization.md): quantize a
+[rows, cols] tensor whose rows form groups into FP8 per-tensor / blockwise, MXFP8 or NVFP4, with a
+rowwise and / or a columnwise (transposed) copy; dequantize it; the per-group amax; the scale
+swizzle. Outputs are allocated on the input's device with the input's framework and the work runs
+on the current stream, without synchronizing or reading device data on the host."""
+
+import dataclasses
+import numbers
+
+from . import _C, _arrays
+from ._dtypes import DType, ScaleLayout, Scaling, as_dtype
+from ._status import StatusWord
+
+# Recipe name -> the output's scaling mode.
+RECIPES = {
+    "fp8_tensor": Scaling.TENSOR,
+    "fp8_block_1x128": Scaling.BLOCK_1X128,
+    "fp8_block_128x128": Scaling.BLOCK_128X128,
+    "mxfp8": Scaling.MX_1X32,
+    "nvfp4": Scaling.NV_1X16,
+    "nvfp4_2d": Scaling.NV_16X16,
+}
+_RECIPE_OF = {scaling: name for name, scaling in RECIPES.items()}
+
+# Elements per scale along a copy's rows (the side of 2D blocks); 0: one scale per group.
+_BLOCK = {
+    Scaling.TENSOR: 0,
+    Scaling.BLOCK_1X128: 128,
+    Scaling.BLOCK_128X128: 128,
+    Scaling.MX_1X32: 32,
+    Scaling.NV_1X16: 16,
+    Scaling.NV_16X16: 16,
+}
+_TWO_D = (Scaling.BLOCK_128X128, Scaling.NV_16X16)
+_NVFP4 = (Scaling.NV_1X16, Scaling.NV_16X16)
+_SWIZZLABLE = (Scaling.MX_1X32, Scaling.NV_1X16)
+_HIGH_PRECISION = (DType.FP32, DType.BF16, DType.FP16)
+_SOURCES = {
+    "auto": _C.DEQUANTIZE_AUTO,
+    "rowwise": _C.DEQUANTIZE_ROWWISE,
+    "columnwise": _C.DEQUANTIZE_COLUMNWISE,
+}
+
+
+def _recipe_scaling(recipe):
+    if isinstance(recipe, str) and recipe.lower() in RECIPES:
+        return RECIPES[recipe.lower()]
+    raise ValueError(f"recipe: expected one of {', '.join(RECIPES)}, got {recipe!r}")
+
+
+def min_row_alignment(recipe, columnwise=False):
+    """The smallest output row alignment `recipe` allows (docs/quantization.md): the block height
+    for 2D blocks and for a columnwise copy (blocks that run down the rows must not cross a group
+    boundary), else 1."""
+    scaling = _recipe_scaling(recipe)
+    if scaling in _TWO_D or columnwise:
+        return max(_BLOCK[scaling], 1)
+    return 1
+
+
+def _element_dtype(scaling, fmt):
+    name = fmt.lower() if isinstance(fmt, str) else fmt
+    if scaling in _NVFP4:
+        # NVFP4 holds E2M1 elements (with E4M3 block scales): "e4m3", the default, is accepted.
+        if name in ("e4m3", "fp8_e4m3", "e2m1", "fp4", "fp4_e2m1", DType.FP4_E2M1):
+            return DType.FP4_E2M1
+        raise ValueError(
+            f"fmt: the NVFP4 recipes hold fp4_e2m1 elements with e4m3 block scales; got {fmt!r}"
+        )
+    if name in ("e4m3", "fp8_e4m3", "float8_e4m3fn", DType.FP8_E4M3):
+        return DType.FP8_E4M3
+    if name in ("e5m2", "fp8_e5m2", "float8_e5m2", DType.FP8_E5M2):
+        return DType.FP8_E5M2
+    raise ValueError(f"fmt: expected 'e4m3' or 'e5m2', got {fmt!r}")
+
+
+def _scale_layout(scale_layout, scaling):
+    if isinstance(scale_layout, ScaleLayout):
+        layout = scale_layout
+    elif isinstance(scale_layout, str) and scale_layout.upper() in ScaleLayout.__members__:
+        layout = ScaleLayout[scale_layout.upper()]
+    else:
+        raise ValueError(f"scale_layout: expected 'compact' or 'swizzled', got {scale_layout!r}")
+    if layout == ScaleLayout.SWIZZLED and scaling not in _SWIZZLABLE:
+        raise ValueError(
+            f"scale_layout: the swizzled layout exists for mxfp8 and nvfp4 only, not "
+            f"{_RECIPE_OF[scaling]}"
+        )
+    return layout
+
+
+def _integer(value, what, minimum=None, maximum=None):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{what}: expected an integer, got {value!r}")
+    value = int(value)
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        bounds = f"[{minimum}, {'inf' if maximum is None else maximum}]"
+        raise ValueError(f"{what}: {value} is outside {bounds}")
+    return value
+
+
+def _round_up(value, multiple):
+    return -(-value // multiple) * multiple
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizeConfig:
+    """The options of a grouped quantization (``sfmoe_quantize_config``).
+
+    power_of_two_scales: FP8 tensor / blockwise scales rounded down to powers of two.
+    stochastic_rounding: NVFP4 E2M1 codes rounded stochastically from the Philox stream
+        (seed, offset); results depend only on them and the element's position.
+    hadamard: NVFP4 1x16: the 16-point random Hadamard transform on the columnwise copy.
+    trap_nan_amax: a NaN group or block amax raises Fault.NAN_AMAX in the status word.
+    """
+
+    power_of_two_scales: bool = False
+    stochastic_rounding: bool = False
+    seed: int = 0
+    offset: int = 0
+    hadamard: bool = False
+    trap_nan_amax: bool = False
+
+    def _fields(self):
+        return {
+            "power_of_two_scales": int(self.power_of_two_scales),
+            "stochastic_rounding": int(self.stochastic_rounding),
+            "seed": self.seed,
+            "offset": self.offset,
+            "hadamard_columnwise": int(self.hadamard),
+            "trap_nan_amax": int(self.trap_nan_amax),
+        }
+
+
+@dataclasses.dataclass
+class GroupedQuantizedTensor:
+    """A grouped tensor quantized by :func:`sfmoe.quantize` (layouts: docs/quantization.md).
+
+    data: the rowwise copy, [rows, cols] codes (FP4: [rows, cols / 2] bytes), or None.
+    columnwise_data: the columnwise copy, the transposed matrix [cols, rows] quantized along its
+        own rows (FP4: [cols, rows / 2]), or None.
+    scale_inv, columnwise_scale_inv: each copy's scales (None without the copy): float32 for
+        fp8_tensor ([num_groups]) and the FP8 block recipes; E8M0 (mxfp8) or E4M3 (nvfp4) bytes.
+        Compact: [rows, cols / B] / [cols, rows / B] for 1D blocks of B, [rows / B, cols / B] /
+        [cols / B, rows / B] for B x B blocks. Swizzled: 1-D, the tensor-core layout of the
+        compact matrix (:func:`sfmoe.unswizzle_scales` undoes it; see :meth:`compact_scale_inv`).
+    amax: [num_groups] float32 group amax (fp8_tensor and NVFP4), else None.
+    columnwise_amax: [num_groups] amax of the Hadamard-transformed columnwise copy (nvfp4 with
+        hadamard and a columnwise copy), else None.
+    group_offsets: [num_groups + 1] int64, the padded output offsets (each group starts at a
+        multiple of row_alignment), or None with uniform groups.
+    recipe, dtype (of the elements), scale_layout, row_alignment, rows (the row capacity), cols,
+    num_groups, uniform_group_rows (0 unless the groups are uniform), config (the options used).
+
+    Rows at and beyond group_offsets[num_groups] (and their scales) are not written.
+    """
+
+    data: object
+    columnwise_data: object
+    scale_inv: object
+    columnwise_scale_inv: object
+    amax: object
+    columnwise_amax: object
+    group_offsets: object
+    recipe: str
+    dtype: DType
+    scale_layout: ScaleLayout
+    row_alignment: int
+    rows: int
+    cols: int
+    num_groups: int
+    config: QuantizeConfig
+    uniform_group_rows: int = 0
+
+    @property
+    def scaling(self):
+        return RECIPES[self.recipe]
+
+    @property
+    def shape(self):
+        """(rows, cols) of the quantized matrix (the row capacity, not the rows in use)."""
+        return (self.rows, self.cols)
+
+    def dequantize(self, out_dtype=DType.FP32, source="auto", *, out=None):
+        return dequantize_grouped(self, out_dtype, source, out)
+
+    def compact_scale_inv(self, columnwise=False):
+        """One copy's scales in the compact layout (unswizzled if need be)."""
+        scales = self.columnwise_scale_inv if columnwise else self.scale_inv
+        if scales is None or self.scale_layout == ScaleLayout.COMPACT:
+            return scales
+        block = _BLOCK[self.scaling]
+        rows, cols = (self.cols, self.rows) if columnwise else (self.rows, self.cols)
+        return unswizzle_scales(scales, rows, cols // block, dtype=_C.scale_dtype(self.scaling))
+
+    def _descriptor(self, adapter):
+        bind = _binder(adapter)
+        return {
+            "dtype": int(self.dtype),
+            "scaling": int(self.scaling),
+            "scale_layout": int(self.scale_layout),
+            "num_groups": self.num_groups,
+            "row_capacity": self.rows,
+            "cols": self.cols,
+            "row_alignment": self.row_alignment,
+            "uniform_group_rows": self.uniform_group_rows,
+            "group_offsets": bind(self.group_offsets),
+            "rowwise_data": bind(self.data),
+            "rowwise_scale_inv": bind(self.scale_inv),
+            "columnwise_data": bind(self.columnwise_data),
+            "columnwise_scale_inv": bind(self.columnwise_scale_inv),
+            "amax": bind(self.amax),
+            "columnwise_amax": bind(self.columnwise_amax),
+        }
+
+
+def _binder(adapter):
+    """Arrays as the binding takes them. The library wants a pointer for every buffer it is given,
+    empty ones included, and frameworks export empty arrays as NULL: those are passed as a
+    one-element stand-in (the descriptor's sizes, not the array's, say that nothing is there)."""
+
+    def bind(array):
+        if array is None:
+            return None
+        if 0 in adapter.shape(array):
+            array = adapter.stand_in(array)
+        return adapter.for_binding(array)
+
+    return bind
+
+
+def _check_status_word(status_word, adapter, x):
+    if status_word is None:
+        return None
+    if not isinstance(status_word, StatusWord):
+        raise TypeError(f"status_word: expected an sfmoe.StatusWord, got {status_word!r}")
+    if status_word.device != ("cpu" if adapter.is_host(x) else adapter.device_name(x)):
+        raise ValueError(
+            f"status_word: the word is on {status_word.device} but the data on "
+            f"{adapter.device_name(x)}"
+        )
+    return status_word._word
+
+
+def _high_precision_input(x, what):
+    """(adapter, x): a 2-D FP32 / BF16 / FP16 array ready for the library."""
+    adapter, x = _arrays.adapt(x, what)
+    dtype = _arrays.resolve_dtype(adapter, x, None, what)
+    if dtype not in _HIGH_PRECISION:
+        raise TypeError(f"{what}: expected float32, bfloat16 or float16 values, got {dtype.c_name}")
+    shape = adapter.shape(x)
+    if len(shape) != 2:
+        raise ValueError(f"{what}: expected a 2-D [rows, cols] array, got shape {shape}")
+    return adapter, adapter.prepare_input(x), dtype
+
+
+def _groups(adapter, x, group_offsets, uniform_group_rows):
+    """(offsets array or None, uniform rows or 0, num_groups) of the input's groups."""
+    rows = adapter.shape(x)[0]
+    if group_offsets is not None and uniform_group_rows is not None:
+        raise ValueError("pass group_offsets or uniform_group_rows, not both")
+    if uniform_group_rows is not None:
+        n = _integer(uniform_group_rows, "uniform_group_rows", 1)
+        if rows % n or rows == 0:
+            raise ValueError(
+                f"uniform_group_rows: {rows} rows do not split into groups of {n} (the groups "
+                "cover the rows exactly)"
+            )
+        return None, n, rows // n
+    if group_offsets is None:  # one group of all the rows
+        return adapter.one_group_offsets(rows, x), 0, 1
+    if isinstance(group_offsets, (list, tuple)):
+        if not adapter.is_host(x):
+            raise TypeError(
+                "group_offsets: pass an int64 array on the data's device (a Python sequence "
+                "would need a copy to the device)"
+            )
+        values = [_integer(v, "group_offsets[i]") for v in group_offsets]
+        offsets = adapter.int64_from_values(values, x)
+    else:
+        offsets_adapter, offsets = _arrays.adapt(group_offsets, "group_offsets")
+        if offsets_adapter is not adapter:
+            raise TypeError(
+                f"group_offsets: must be the same kind of array as x ({adapter.name}), got "
+                f"{offsets_adapter.name}"
+            )
+        if offsets_adapter.dtype_name(offsets) != "int64":
+            raise TypeError(
+                f"group_offsets: expected int64 offsets, got {offsets_adapter.dtype_name(offsets)}"
+            )
+        if not adapter.same_device(offsets, x):
+            raise ValueError(
+                f"group_offsets: the offsets are on {adapter.device_name(offsets)} but x on "
+                f"{adapter.device_name(x)}"
+            )
+        offsets = adapter.prepare_input(offsets)
+    shape = adapter.shape(offsets)
+    if len(shape) != 1 or shape[0] < 2:
+        raise ValueError(
+            f"group_offsets: expected a 1-D array of num_groups + 1 >= 2 entries, got shape {shape}"
+        )
+    return offsets, 0, shape[0] - 1
+
+
+def _input_descriptor(adapter, x, dtype, offsets, uniform_rows, num_groups):
+    rows, cols = adapter.shape(x)
+    bind = _binder(adapter)
+    return {
+        "dtype": int(dtype),
+        "scaling": int(Scaling.NONE),
+        "num_groups": num_groups,
+        "row_capacity": rows,
+        "cols": cols,
+        "row_alignment": 1,
+        "uniform_group_rows": uniform_rows,
+        "group_offsets": bind(offsets),
+        "rowwise_data": bind(x),
+    }
+
+
+def quantize(
+    x,
+    recipe,
+    *,
+    group_offsets=None,
+    uniform_group_rows=None,
+    rowwise=True,
+    columnwise=False,
+    fmt="e4m3",
+    scale_layout="compact",
+    row_alignment=None,
+    power_of_two_scales=False,
+    stochastic_rounding=False,
+    seed=0,
+    offset=0,
+    hadamard=False,
+    trap_nan_amax=False,
+    out_row_capacity=None,
+    status_word=None,
+):
+    """Grouped quantization of `x` (docs/python.md, rules in docs/quantization.md).
+
+    x: a 2-D [rows, cols] float32 / bfloat16 / float16 NumPy array, torch.Tensor (CPU or CUDA) or
+       CuPy array whose rows form the groups.
+    recipe: "fp8_tensor", "fp8_block_1x128", "fp8_block_128x128", "mxfp8", "nvfp4", "nvfp4_2d".
+    group_offsets: int64 [num_groups + 1] row offsets on x's device (a list for host arrays), or
+       uniform_group_rows: groups of that many rows covering x; neither: one group of all rows.
+    rowwise, columnwise: which copies to produce.
+    fmt: "e4m3" or "e5m2" for the FP8 recipes (the NVFP4 recipes always hold E2M1).
+    scale_layout: "compact" or "swizzled" (mxfp8 and nvfp4).
+    row_alignment: each output group starts at a multiple of it (a power of two, a multiple of
+       :func:`min_row_alignment`, which is the default); groups are padded with zero rows.
+    out_row_capacity: rows of the output; by default the bound the library requires:
+       rows + num_groups * (row_alignment - 1) (uniform groups: rows), rounded up to the block
+       height when a columnwise copy or 2D blocks need it and to even for FP4.
+    power_of_two_scales, stochastic_rounding, seed, offset, hadamard, trap_nan_amax: see
+       :class:`QuantizeConfig`. status_word: an :class:`sfmoe.StatusWord` on x's device that
+       records faults (bad offsets, NaN amax with trap_nan_amax), or None.
+    Returns a :class:`GroupedQuantizedTensor` whose arrays live on x's device.
+    """
+    scaling = _recipe_scaling(recipe)
+    dtype = _element_dtype(scaling, fmt)
+    layout = _scale_layout(scale_layout, scaling)
+    rowwise, columnwise = bool(rowwise), bool(columnwise)
+    if not (rowwise or columnwise):
+        raise ValueError("rowwise and columnwise are both False: there is nothing to produce")
+    config = QuantizeConfig(
+        power_of_two_scales=bool(power_of_two_scales),
+        stochastic_rounding=bool(stochastic_rounding),
+        seed=_integer(seed, "seed", 0, 2**64 - 1),
+        offset=_integer(offset, "offset", 0, 2**64 - 1),
+        hadamard=bool(hadamard),
+        trap_nan_amax=bool(trap_nan_amax),
+    )
+    adapter, x, in_dtype = _high_precision_input(x, "x")
+    word = _check_status_word(status_word, adapter, x)
+    rows, cols = adapter.shape(x)
+    block = _BLOCK[scaling]
+    if block and cols % block:
+        raise ValueError(
+            f"x: recipe {_RECIPE_OF[scaling]} scales blocks of {block} columns, so cols must be a "
+            f"multiple of {block} (got {cols})"
+        )
+    offsets, uniform_rows, num_groups = _groups(adapter, x, group_offsets, uniform_group_rows)
+
+    minimum = min_row_alignment(_RECIPE_OF[scaling], columnwise)
+    if row_alignment is None:
+        a = minimum
+    else:
+        a = _integer(row_alignment, "row_alignment", 1)
+        if a & (a - 1):
+            raise ValueError(f"row_alignment: must be a power of two, got {a}")
+    if out_row_capacity is None:
+        capacity = rows if uniform_rows else rows + num_groups * (a - 1)
+        if block and (columnwise or scaling in _TWO_D):
+            capacity = _round_up(capacity, block)
+        if dtype == DType.FP4_E2M1:
+            capacity = _round_up(capacity, 2)
+    else:
+        capacity = _integer(out_row_capacity, "out_row_capacity", 0)
+        if dtype == DType.FP4_E2M1 and capacity % 2:
+            raise ValueError(
+                f"out_row_capacity: fp4_e2m1 tensors need an even row capacity, got {capacity}"
+            )
+
+    def data_array(logical):
+        return adapter.empty(_arrays.container_shape(logical, dtype, "data"), dtype, x)
+
+    scale_dtype = DType(_C.scale_dtype(int(scaling)))
+
+    def scale_array(copy_rows, copy_cols):
+        shape = _C.scale_shape(int(scaling), int(layout), num_groups, copy_rows, copy_cols)
+        return adapter.empty(shape, scale_dtype, x)
+
+    has_amax = scaling == Scaling.TENSOR or scaling in _NVFP4
+    q = GroupedQuantizedTensor(
+        data=data_array((capacity, cols)) if rowwise else None,
+        columnwise_data=data_array((cols, capacity)) if columnwise else None,
+        scale_inv=scale_array(capacity, cols) if rowwise else None,
+        columnwise_scale_inv=scale_array(cols, capacity) if columnwise else None,
+        amax=adapter.empty((num_groups,), DType.FP32, x) if has_amax else None,
+        columnwise_amax=(
+            adapter.empty((num_groups,), DType.FP32, x)
+            if scaling == Scaling.NV_1X16 and config.hadamard and columnwise
+            else None
+        ),
+        group_offsets=(None if uniform_rows else adapter.empty((num_groups + 1,), DType.INT64, x)),
+        recipe=_RECIPE_OF[scaling],
+        dtype=dtype,
+        scale_layout=layout,
+        row_alignment=a,
+        rows=capacity,
+        cols=cols,
+        num_groups=num_groups,
+        config=config,
+        uniform_group_rows=uniform_rows,
+    )
+    with adapter.device_context(x):
+        _C.grouped_quantize(
+            _input_descriptor(adapter, x, in_dtype, offsets, uniform_rows, num_groups),
+            q._descriptor(adapter),
+            config._fields(),
+            word,
+            adapter.stream(x),
+        )
+    return q
+
+
+def dequantize_grouped(q, out_dtype=DType.FP32, source="auto", out=None):
+    """Decodes `q` into [q.rows, q.cols] values of `out_dtype` (FP32, BF16 or FP16) on q's
+    device: rows [0, group_offsets[num_groups]) are written (padding rows as zeros); a fresh
+    output is zero beyond them. `source`: "auto" (the rowwise copy if present), "rowwise" or
+    "columnwise" (transposed back, the Hadamard transform undone)."""
+    out_dtype = as_dtype(out_dtype, "out_dtype")
+    if out_dtype not in _HIGH_PRECISION:
+        raise ValueError(f"out_dtype: expected fp32, bf16 or fp16, got {out_dtype.c_name}")
+    if not isinstance(source, str) or source.lower() not in _SOURCES:
+        raise ValueError(f"source: expected 'auto', 'rowwise' or 'columnwise', got {source!r}")
+    source = source.lower()
+    if source == "rowwise" and q.data is None:
+        raise ValueError("source: the tensor has no rowwise copy")
+    if source == "columnwise" and q.columnwise_data is None:
+        raise ValueError("source: the tensor has no columnwise copy")
+    like = q.data if q.data is not None else q.columnwise_data
+    adapter, like = _arrays.adapt(like, "q.data")
+    if out is None:
+        out = adapter.zeros((q.rows, q.cols), out_dtype, like)
+    else:
+        out_adapter, out = _arrays.adapt(out, "out")
+        if out_adapter is not adapter:
+            raise TypeError(f"out: must be the same kind of array as q's data ({adapter.name})")
+        _arrays.resolve_dtype(adapter, out, out_dtype, "out")
+        adapter.check_output(out, "out")
+        if adapter.shape(out) != (q.rows, q.cols):
+            raise ValueError(f"out: expected shape {(q.rows, q.cols)}, got {adapter.shape(out)}")
+    bind = _binder(adapter)
+    output = {
+        "dtype": int(out_dtype),
+        "scaling": int(Scaling.NONE),
+        "num_groups": q.num_groups,
+        "row_capacity": q.rows,
+        "cols": q.cols,
+        "row_alignment": 1,
+        "uniform_group_rows": q.uniform_group_rows,
+        # The library's descriptor wants the groups of every grouped tensor; the op reads q's.
+        "group_offsets": bind(q.group_offsets),
+        "rowwise_data": bind(out),
+    }
+    with adapter.device_context(like):
+        _C.grouped_dequantize(
+            q._descriptor(adapter),
+            output,
+            _SOURCES[source],
+            q.config._fields(),
+            adapter.stream(like),
+        )
+    return out
+
+
+def grouped_amax(x, group_offsets=None, *, uniform_group_rows=None, status_word=None):
+    """[num_groups] float32 on x's device: the largest |value| of each group's rows (NaN if any is
+    NaN, 0 for an empty group). Groups as for :func:`quantize`."""
+    adapter, x, in_dtype = _high_precision_input(x, "x")
+    word = _check_status_word(status_word, adapter, x)
+    offsets, uniform_rows, num_groups = _groups(adapter, x, group_offsets, uniform_group_rows)
+    amax = adapter.empty((num_groups,), DType.FP32, x)
+    with adapter.device_context(x):
+        _C.grouped_amax(
+            _input_descriptor(adapter, x, in_dtype, offsets, uniform_rows, num_groups),
+            _binder(adapter)(amax),
+            word,
+            adapter.stream(x),
+        )
+    return amax
+
+
+def _scale_input(scales, dtype, what):
+    adapter, scales = _arrays.adapt(scales, what)
+    dtype = _arrays.resolve_dtype(adapter, scales, dtype, what)
+    if dtype not in (DType.E8M0, DType.FP8_E4M3):
+        raise ValueError(f"{what}: scales are e8m0 or fp8_e4m3 bytes, got {dtype.c_name}")
+    return adapter, adapter.prepare_input(scales), dtype
+
+
+def _scale_output(adapter, out, shape, dtype, like):
+    if out is None:
+        return adapter.empty(shape, dtype, like)
+    out_adapter, out = _arrays.adapt(out, "out")
+    if out_adapter is not adapter:
+        raise TypeError(f"out: must be the same kind of array as the scales ({adapter.name})")
+    _arrays.resolve_dtype(adapter, out, dtype, "out")
+    adapter.check_output(out, "out")
+    return out
+
+
+def swizzle_scales(scales, *, dtype=None, out=None):
+    """The compact [rows, scale_cols] E8M0 / E4M3 scale matrix `scales` in the tensor-core
+    layout: a 1-D array of swizzled_scale_padded_size(rows, scale_cols) bytes, padding entries 0.
+    Raw uint8 codes need `dtype` ("e8m0" or "fp8_e4m3")."""
+    adapter, scales, dtype = _scale_input(scales, dtype, "scales")
+    shape = adapter.shape(scales)
+    if len(shape) != 2:
+        raise ValueError(f"scales: expected a 2-D [rows, scale_cols] matrix, got shape {shape}")
+    rows, scale_cols = shape
+    size = _C.swizzled_scale_padded_size(rows, scale_cols)
+    out = _scale_output(adapter, out, (size,), dtype, scales)
+    with adapter.device_context(scales):
+        _C.swizzle_scales(
+            adapter.for_binding(scales),
+            int(dtype),
+            rows,
+            scale_cols,
+            adapter.for_binding(out),
+            int(dtype),
+            adapter.stream(scales),
+        )
+    return out
+
+
+def unswizzle_scales(swizzled, rows, scale_cols, *, dtype=None, out=None):
+    """The compact [rows, scale_cols] matrix of scales stored in the tensor-core layout."""
+    adapter, swizzled, dtype = _scale_input(swizzled, dtype, "swizzled")
+    rows = _integer(rows, "rows", 0)
+    scale_cols = _integer(scale_cols, "scale_cols", 0)
+    out = _scale_output(adapter, out, (rows, scale_cols), dtype, swizzled)
+    with adapter.device_context(swizzled):
+        _C.unswizzle_scales(
+            adapter.for_binding(swizzled),
+            int(dtype),
+            rows,
+            scale_cols,
+            adapter.for_binding(out),
+            int(dtype),
+            adapter.stream(swizzled),
+        )
+    return out
