@@ -237,9 +237,11 @@ def test_e8m0_encode_all_bf16_and_random(rng):
 
 
 def test_fp8_scale_from_amax(rng):
+    with np.errstate(over="ignore"):  # the widest draws overflow to Inf on purpose
+        wide = rng.lognormal(0, 20, 20_000).astype(np.float32)
     amax = np.concatenate(
         [
-            rng.lognormal(0, 20, 20_000).astype(np.float32),
+            wide,
             special_f32(),
             np.array([0, 1e-40, 448, 1, 3, 1e38], np.float32),
         ]
