@@ -279,18 +279,19 @@ sfmoe_status validate_grouped_tensor(const char* context, const char* name,
     const void* pointer;
     uintptr_t alignment;
   };
+  // E8M0 / E4M3 scale arrays are bytes; FP32 scales and amax need 4-byte alignment.
+  const bool byte_scales = t->scaling == SFMOE_SCALING_MX_1X32 ||
+                           t->scaling == SFMOE_SCALING_NV_1X16 ||
+                           t->scaling == SFMOE_SCALING_NV_16X16;
+  const uintptr_t scale_alignment = byte_scales ? 1 : 4;
   const Field fields[] = {{"rowwise_data", t->rowwise_data, kDataAlignment},
                           {"columnwise_data", t->columnwise_data, kDataAlignment},
-                          {"rowwise_scale_inv", t->rowwise_scale_inv, 4},
-                          {"columnwise_scale_inv", t->columnwise_scale_inv, 4},
-                          {"amax", t->amax, alignof(float)}};
+                          {"rowwise_scale_inv", t->rowwise_scale_inv, scale_alignment},
+                          {"columnwise_scale_inv", t->columnwise_scale_inv, scale_alignment},
+                          {"amax", t->amax, alignof(float)},
+                          {"columnwise_amax", t->columnwise_amax, alignof(float)}};
   for (const Field& f : fields) {
-    // E8M0 / E4M3 scale arrays are bytes; FP32 scales and amax need 4-byte alignment.
-    const bool byte_scales =
-        (t->scaling == SFMOE_SCALING_MX_1X32 || t->scaling == SFMOE_SCALING_NV_1X16 ||
-         t->scaling == SFMOE_SCALING_NV_16X16) &&
-        f.alignment == 4 && f.pointer != t->amax;
-    if (!byte_scales && is_misaligned(f.pointer, f.alignment)) {
+    if (is_misaligned(f.pointer, f.alignment)) {
       return fail(SFMOE_ERROR_MISALIGNED, "%s: %s: %s %p is not %zu-byte aligned", context, name,
                   f.name, f.pointer, static_cast<size_t>(f.alignment));
     }
@@ -298,8 +299,11 @@ sfmoe_status validate_grouped_tensor(const char* context, const char* name,
   SFMOE_RETURN_IF_ERROR(validate_memory(context, name, t->memory, t->device));
   const Field pointer_fields[] = {{"rowwise_data", t->rowwise_data, 0},
                                   {"columnwise_data", t->columnwise_data, 0},
+                                  {"rowwise_scale_inv", t->rowwise_scale_inv, 0},
+                                  {"columnwise_scale_inv", t->columnwise_scale_inv, 0},
                                   {"group_offsets", t->group_offsets, 0},
-                                  {"amax", t->amax, 0}};
+                                  {"amax", t->amax, 0},
+                                  {"columnwise_amax", t->columnwise_amax, 0}};
   for (const Field& f : pointer_fields) {
     SFMOE_RETURN_IF_ERROR(
         validate_pointer_memory(context, name, f.name, f.pointer, t->memory, t->device));
