@@ -69,6 +69,19 @@ TEST(Numerics, EveryFp8AndFp4CodeDecodesAndReencodesToItself) {
   }
 }
 
+TEST(Numerics, ComparisonE2M1EncoderEqualsTheGenericRounding) {
+  int64_t checked = 0;
+  for (const NumericsCase& c : make_numerics_cases(session_test_seed())) {
+    if (c.fn != NumericsFn::kE2M1Encode) continue;
+    for (uint32_t a : c.a) {
+      const float x = bits_to_f32(a);
+      ASSERT_EQ(f32_to_e2m1(x), encode_narrow<FormatE2M1>(x)) << std::hex << a;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 1000000);
+}
+
 TEST(Numerics, KnownAnswersFromTheDesign) {
   EXPECT_EQ(f32_to_e4m3(448.0f), 0x7E);
   EXPECT_EQ(f32_to_e4m3(464.0f), 0x7E);  // would round to 480: saturates

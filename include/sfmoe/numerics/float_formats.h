@@ -161,7 +161,19 @@ SFMOE_HD float e4m3_to_f32(uint8_t code) { return decode_narrow<FormatE4M3>(code
 SFMOE_HD float e5m2_to_f32(uint8_t code) { return decode_narrow<FormatE5M2>(code); }
 
 // --- FP4 E2M1 (a 4-bit code in the low nibble; two per byte, element 2i in the low nibble) -----
-SFMOE_HD uint8_t f32_to_e2m1(float x) { return static_cast<uint8_t>(encode_narrow<FormatE2M1>(x)); }
+// E2M1 has eight magnitudes (0, .5, 1, 1.5, 2, 3, 4, 6), so round-to-nearest-even is seven
+// comparisons with the midpoints: strict where the lower neighbour has the even code, inclusive
+// where the upper one has; beyond 5 everything (Inf included) saturates to 6. The same function as
+// encode_narrow<FormatE2M1>, in a fraction of the instructions (the tests check both forms).
+SFMOE_HD uint8_t f32_to_e2m1(float x) {
+  const uint32_t bits = f32_to_bits(x);
+  const uint32_t abs_bits = bits & kF32AbsMask;
+  if (abs_bits > kF32InfBits) return FormatE2M1::kNanCode;
+  const float m = bits_to_f32(abs_bits);
+  const uint32_t code = (m > 0.25f) + (m >= 0.75f) + (m > 1.25f) + (m >= 1.75f) + (m > 2.5f) +
+                        (m >= 3.5f) + (m > 5.0f);
+  return static_cast<uint8_t>(((bits >> 28) & 0x8u) | code);
+}
 SFMOE_HD float e2m1_to_f32(uint8_t code) { return decode_narrow<FormatE2M1>(code & 0xFu); }
 
 // --- FP16 -------------------------------------------------------------------------------------
