@@ -92,6 +92,12 @@ SFMOE_API const char* sfmoe_dtype_name(sfmoe_dtype dtype);
 SFMOE_API const char* sfmoe_scaling_name(sfmoe_scaling scaling);
 /* Bits per element (4 for FP4), 0 for an unknown dtype. */
 SFMOE_API int sfmoe_dtype_bits(sfmoe_dtype dtype);
+/* Elements per scale along a copy's rows (the side of 2D blocks): 128, 32 or 16; 0 for NONE and
+ * TENSOR (one scale per group) and for unknown values. */
+SFMOE_API int64_t sfmoe_scaling_block_size(sfmoe_scaling scaling);
+/* The smallest output row_alignment a quantized grouped tensor of this scaling may have
+ * (docs/quantization.md): the block height for 2D blocks or with a columnwise copy, else 1. */
+SFMOE_API int64_t sfmoe_min_row_alignment(sfmoe_scaling scaling, int32_t has_columnwise);
 
 /* ---- plain tensors -------------------------------------------------------------------------- */
 #define SFMOE_MAX_DIMS 4

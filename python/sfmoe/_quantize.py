@@ -22,16 +22,6 @@ RECIPES = {
 }
 _RECIPE_OF = {scaling: name for name, scaling in RECIPES.items()}
 
-# Elements per scale along a copy's rows (the side of 2D blocks); 0: one scale per group.
-_BLOCK = {
-    Scaling.TENSOR: 0,
-    Scaling.BLOCK_1X128: 128,
-    Scaling.BLOCK_128X128: 128,
-    Scaling.MX_1X32: 32,
-    Scaling.NV_1X16: 16,
-    Scaling.NV_16X16: 16,
-}
-_TWO_D = (Scaling.BLOCK_128X128, Scaling.NV_16X16)
 _NVFP4 = (Scaling.NV_1X16, Scaling.NV_16X16)
 _SWIZZLABLE = (Scaling.MX_1X32, Scaling.NV_1X16)
 _HIGH_PRECISION = (DType.FP32, DType.BF16, DType.FP16)
@@ -52,10 +42,7 @@ def min_row_alignment(recipe, columnwise=False):
     """The smallest output row alignment `recipe` allows (docs/quantization.md): the block height
     for 2D blocks and for a columnwise copy (blocks that run down the rows must not cross a group
     boundary), else 1."""
-    scaling = _recipe_scaling(recipe)
-    if scaling in _TWO_D or columnwise:
-        return max(_BLOCK[scaling], 1)
-    return 1
+    return _C.min_row_alignment(int(_recipe_scaling(recipe)), bool(columnwise))
 
 
 def _element_dtype(scaling, fmt):
@@ -189,7 +176,7 @@ class GroupedQuantizedTensor:
         scales = self.columnwise_scale_inv if columnwise else self.scale_inv
         if scales is None or self.scale_layout == ScaleLayout.COMPACT:
             return scales
-        block = _BLOCK[self.scaling]
+        block = _C.scaling_block_size(int(self.scaling))
         rows, cols = (self.cols, self.rows) if columnwise else (self.rows, self.cols)
         return unswizzle_scales(scales, rows, cols // block, dtype=_C.scale_dtype(self.scaling))
 
@@ -375,7 +362,7 @@ def quantize(
     adapter, x, in_dtype = _high_precision_input(x, "x")
     word = _check_status_word(status_word, adapter, x)
     rows, cols = adapter.shape(x)
-    block = _BLOCK[scaling]
+    block = _C.scaling_block_size(int(scaling))
     if block and cols % block:
         raise ValueError(
             f"x: recipe {_RECIPE_OF[scaling]} scales blocks of {block} columns, so cols must be a "
@@ -392,8 +379,8 @@ def quantize(
             raise ValueError(f"row_alignment: must be a power of two, got {a}")
     if out_row_capacity is None:
         capacity = rows if uniform_rows else rows + num_groups * (a - 1)
-        if block and (columnwise or scaling in _TWO_D):
-            capacity = _round_up(capacity, block)
+        if minimum > 1:  # row-running blocks need whole blocks of capacity
+            capacity = _round_up(capacity, minimum)
         if dtype == DType.FP4_E2M1:
             capacity = _round_up(capacity, 2)
     else:

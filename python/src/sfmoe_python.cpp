@@ -269,20 +269,8 @@ int64_t size_mul(int64_t a, int64_t b) {
 
 int64_t size_ceil_div(int64_t a, int64_t b) { return a <= 0 ? 0 : a / b + (a % b != 0 ? 1 : 0); }
 
-// Elements per scale along a copy's rows (and the side of 2D blocks); 0 for TENSOR or NONE.
 int64_t scaling_block(int32_t scaling) {
-  switch (scaling) {
-    case SFMOE_SCALING_BLOCK_1X128:
-    case SFMOE_SCALING_BLOCK_128X128:
-      return 128;
-    case SFMOE_SCALING_MX_1X32:
-      return 32;
-    case SFMOE_SCALING_NV_1X16:
-    case SFMOE_SCALING_NV_16X16:
-      return 16;
-    default:
-      return 0;
-  }
+  return sfmoe_scaling_block_size(to_enum<sfmoe_scaling>(scaling));
 }
 
 // The sfmoe dtype of a scaling's scale entries, or -1 when it has none (NONE, unknown values).
@@ -407,6 +395,33 @@ sfmoe_tensor describe_field(const std::string& name, const Array& array, int32_t
   return t;
 }
 
+// The integer fields of a grouped-tensor descriptor, set from a Python value by name; false when
+// `key` is not one of them. Shared by the op wrappers and validate_grouped_tensor.
+template <class Int32, class Int64>
+bool set_grouped_integer_field(sfmoe_grouped_tensor& t, const std::string& key, Int32 i32,
+                               Int64 i64) {
+  if (key == "dtype") {
+    store_enum(&t.dtype, i32());
+  } else if (key == "scaling") {
+    store_enum(&t.scaling, i32());
+  } else if (key == "scale_layout") {
+    store_enum(&t.scale_layout, i32());
+  } else if (key == "num_groups") {
+    t.num_groups = i64();
+  } else if (key == "row_capacity") {
+    t.row_capacity = i64();
+  } else if (key == "cols") {
+    t.cols = i64();
+  } else if (key == "row_alignment") {
+    t.row_alignment = i64();
+  } else if (key == "uniform_group_rows") {
+    t.uniform_group_rows = i64();
+  } else {
+    return false;
+  }
+  return true;
+}
+
 // A grouped-tensor descriptor built from a dict (see above). `Array` is nb::ndarray<nb::ro> for
 // tensors the op reads and nb::ndarray<> for those it writes; the imported arrays are kept in
 // `keep` so that the pointers stay valid during the call.
@@ -434,23 +449,7 @@ sfmoe_grouped_tensor describe_grouped(const char* function, const std::string& w
       }
     }
     if (is_array) continue;
-    if (key == "dtype") {
-      store_enum(&t.dtype, i32());
-    } else if (key == "scaling") {
-      store_enum(&t.scaling, i32());
-    } else if (key == "scale_layout") {
-      store_enum(&t.scale_layout, i32());
-    } else if (key == "num_groups") {
-      t.num_groups = i64();
-    } else if (key == "row_capacity") {
-      t.row_capacity = i64();
-    } else if (key == "cols") {
-      t.cols = i64();
-    } else if (key == "row_alignment") {
-      t.row_alignment = i64();
-    } else if (key == "uniform_group_rows") {
-      t.uniform_group_rows = i64();
-    } else {
+    if (!set_grouped_integer_field(t, key, i32, i64)) {
       throw nb::type_error((std::string(function) + ": unknown field '" + field + "'").c_str());
     }
   }
@@ -728,22 +727,8 @@ void validate_grouped_tensor(nb::kwargs fields) {
       store_enum(&t.memory, i32());
     } else if (key == "device") {
       t.device = i32();
-    } else if (key == "dtype") {
-      store_enum(&t.dtype, i32());
-    } else if (key == "scaling") {
-      store_enum(&t.scaling, i32());
-    } else if (key == "scale_layout") {
-      store_enum(&t.scale_layout, i32());
-    } else if (key == "num_groups") {
-      t.num_groups = i64();
-    } else if (key == "row_capacity") {
-      t.row_capacity = i64();
-    } else if (key == "cols") {
-      t.cols = i64();
-    } else if (key == "row_alignment") {
-      t.row_alignment = i64();
-    } else if (key == "uniform_group_rows") {
-      t.uniform_group_rows = i64();
+    } else if (set_grouped_integer_field(t, key, i32, i64)) {
+      continue;
     } else if (key == "group_offsets") {
       t.group_offsets = static_cast<int64_t*>(pointer());
     } else if (key == "rowwise_data") {
@@ -756,6 +741,8 @@ void validate_grouped_tensor(nb::kwargs fields) {
       t.columnwise_scale_inv = pointer();
     } else if (key == "amax") {
       t.amax = static_cast<float*>(pointer());
+    } else if (key == "columnwise_amax") {
+      t.columnwise_amax = static_cast<float*>(pointer());
     } else if (key == "name") {
       name = nb::cast<std::string>(nb::str(value));
     } else if (key == "null") {
@@ -1107,6 +1094,16 @@ NB_MODULE(_C, m) {
       "scaling"_a, "scale_layout"_a, "num_groups"_a, "copy_rows"_a, "copy_cols"_a,
       "The shape of one copy's scale array (docs/quantization.md): [copy_rows, copy_cols] is\n"
       "[R, C] for the rowwise copy and [C, R] for the columnwise one; swizzled layouts are 1-D.");
+  m.def(
+      "scaling_block_size", [](int32_t scaling) { return scaling_block(scaling); }, "scaling"_a,
+      "Elements per scale along a copy's rows (the side of 2D blocks); 0 for one scale per group.");
+  m.def(
+      "min_row_alignment",
+      [](int32_t scaling, bool columnwise) {
+        return sfmoe_min_row_alignment(to_enum<sfmoe_scaling>(scaling), columnwise ? 1 : 0);
+      },
+      "scaling"_a, "columnwise"_a,
+      "The smallest output row alignment of a quantized grouped tensor (docs/quantization.md).");
   m.def(
       "scale_dtype", [](int32_t scaling) { return scale_dtype_of(scaling); }, "scaling"_a,
       "The sfmoe dtype of a scaling's scale entries (-1: none).");

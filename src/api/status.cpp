@@ -3,6 +3,7 @@
 #include <stdio.h>
 
 #include "src/common/error.h"
+#include "src/common/quantize_args.h"
 
 namespace sfmoe {
 namespace {
@@ -118,6 +119,14 @@ int sfmoe_dtype_bits(sfmoe_dtype dtype) {
       return 64;
   }
   return 0;
+}
+
+int64_t sfmoe_scaling_block_size(sfmoe_scaling scaling) {
+  return sfmoe::scaling_block_size(scaling);
+}
+
+int64_t sfmoe_min_row_alignment(sfmoe_scaling scaling, int32_t has_columnwise) {
+  return sfmoe::min_row_alignment(scaling, has_columnwise != 0);
 }
 
 }  // extern "C"

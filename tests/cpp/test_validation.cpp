@@ -255,6 +255,15 @@ TEST(Validation, StatusNamesAndDtypeTable) {
   EXPECT_EQ(sfmoe_dtype_bits(SFMOE_DTYPE_INT64), 64);
   EXPECT_EQ(sfmoe_dtype_bits(static_cast<sfmoe_dtype>(77)), 0);
   EXPECT_STREQ(sfmoe_dtype_name(SFMOE_DTYPE_FP8_E5M2), "fp8_e5m2");
+  EXPECT_EQ(sfmoe_scaling_block_size(SFMOE_SCALING_BLOCK_1X128), 128);
+  EXPECT_EQ(sfmoe_scaling_block_size(SFMOE_SCALING_MX_1X32), 32);
+  EXPECT_EQ(sfmoe_scaling_block_size(SFMOE_SCALING_NV_16X16), 16);
+  EXPECT_EQ(sfmoe_scaling_block_size(SFMOE_SCALING_TENSOR), 0);
+  EXPECT_EQ(sfmoe_scaling_block_size(static_cast<sfmoe_scaling>(42)), 0);
+  EXPECT_EQ(sfmoe_min_row_alignment(SFMOE_SCALING_MX_1X32, 0), 1);
+  EXPECT_EQ(sfmoe_min_row_alignment(SFMOE_SCALING_MX_1X32, 1), 32);
+  EXPECT_EQ(sfmoe_min_row_alignment(SFMOE_SCALING_BLOCK_128X128, 0), 128);
+  EXPECT_EQ(sfmoe_min_row_alignment(SFMOE_SCALING_TENSOR, 1), 1);
 }
 
 }  // namespace

@@ -33,9 +33,6 @@ constexpr int kColTilesPerUnit = 8;         // column tiles per work unit (1024 
 #ifndef SFMOE_QUANTIZE_MIN_BLOCKS
 #define SFMOE_QUANTIZE_MIN_BLOCKS 2
 #endif
-#ifndef SFMOE_QUANTIZE_PREFETCH
-#define SFMOE_QUANTIZE_PREFETCH 0
-#endif
 
 // Tile height (a multiple of the block height) and elements per thread per chunk, per recipe.
 template <sfmoe_scaling S>
@@ -165,19 +162,20 @@ __device__ void stage_rows(const GroupedQuantizeArgs& a, int64_t total, int64_t 
   __syncthreads();
 }
 
-// One column tile [TR x 128] of the input held in registers (8 values per chunk), so the next
-// tile's global loads are in flight while the current one is processed from shared memory.
+// One column tile [TR x 128] of the input on its way to shared memory (8 values per chunk per
+// thread). Holding the next tile here while processing the current one was measured slower
+// (register pressure; docs/KERNEL_NOTES.md, q2), so loads and processing alternate.
 template <int TR>
-struct TilePrefetch {
+struct TileLoad {
   static constexpr int kChunks = TR * (kTileCols / 8) / kThreads;
   float v[kChunks][8];
 };
 
 template <sfmoe_dtype In, int TR>
-__device__ __forceinline__ void prefetch_tile(const GroupedQuantizeArgs& a, int64_t c0,
-                                              TileRows rows, TilePrefetch<TR>& p) {
+__device__ __forceinline__ void load_tile(const GroupedQuantizeArgs& a, int64_t c0,
+                                              TileRows rows, TileLoad<TR>& p) {
 #pragma unroll
-  for (int l = 0; l < TilePrefetch<TR>::kChunks; ++l) {
+  for (int l = 0; l < TileLoad<TR>::kChunks; ++l) {
     const int q = threadIdx.x + l * kThreads;
     const int i = q / (kTileCols / 8), j = q % (kTileCols / 8);
     const int64_t src = rows.src[i];
@@ -188,9 +186,9 @@ __device__ __forceinline__ void prefetch_tile(const GroupedQuantizeArgs& a, int6
 }
 
 template <int TR>
-__device__ __forceinline__ void commit_tile(const TilePrefetch<TR>& p, float* tile) {
+__device__ __forceinline__ void commit_tile(const TileLoad<TR>& p, float* tile) {
 #pragma unroll
-  for (int l = 0; l < TilePrefetch<TR>::kChunks; ++l) {
+  for (int l = 0; l < TileLoad<TR>::kChunks; ++l) {
     const int q = threadIdx.x + l * kThreads;
     const int i = q / (kTileCols / 8), j = q % (kTileCols / 8);
     float4* dst = reinterpret_cast<float4*>(tile + i * kRowStride + j * 8);
@@ -347,25 +345,22 @@ __global__ void __launch_bounds__(kThreads, SFMOE_QUANTIZE_MIN_BLOCKS) quantize_
     }
   }
 
-  // Work unit: one row tile x up to kColTilesPerUnit column tiles. The row map is built once per
-  // unit; inside it, the next column tile is prefetched into registers while the current one is
-  // processed from shared memory.
+  // Work unit: one row tile x up to kColTilesPerUnit column tiles; the row map is built once per
+  // unit.
   const int64_t row_tiles = (total + TR - 1) / TR;
   const int64_t col_tiles = (cols + kTileCols - 1) / kTileCols;
   const int64_t col_units = (col_tiles + kColTilesPerUnit - 1) / kColTilesPerUnit;
-  TilePrefetch<TR> prefetch;
+  TileLoad<TR> staged;
   for (int64_t unit = blockIdx.x; unit < row_tiles * col_units; unit += gridDim.x) {
     const int64_t r0 = (unit / col_units) * TR;
     const int64_t ct_begin = (unit % col_units) * kColTilesPerUnit;
     const int64_t ct_end = ct_begin + kColTilesPerUnit < col_tiles ? ct_begin + kColTilesPerUnit : col_tiles;
     stage_rows<TR>(a, total, r0, rows);
-    if (SFMOE_QUANTIZE_PREFETCH) prefetch_tile<In, TR>(a, ct_begin * kTileCols, rows, prefetch);
   for (int64_t ct = ct_begin; ct < ct_end; ++ct) {
     const int64_t c0 = ct * kTileCols;
-    if (!SFMOE_QUANTIZE_PREFETCH) prefetch_tile<In, TR>(a, c0, rows, prefetch);
-    commit_tile<TR>(prefetch, tile);
+    load_tile<In, TR>(a, c0, rows, staged);
+    commit_tile<TR>(staged, tile);
     __syncthreads();
-    if (SFMOE_QUANTIZE_PREFETCH && ct + 1 < ct_end) prefetch_tile<In, TR>(a, c0 + kTileCols, rows, prefetch);
 
     if constexpr (kAmaxPass) {
       for (int i = threadIdx.x; i < TR; i += kThreads) row_bits[i] = 0;
