@@ -72,6 +72,8 @@ if [ "${SFMOE_SKIP_PYTHON:-0}" != 1 ]; then
     status_line pytest "rc $?; $(tail -1 "$OUT/pytest.log")"
     PYTHONPATH="$ROOT/build-py/python" OUT="$OUT" python3 bench/bench_cast_torch.py > "$OUT/bench_cast_torch.log" 2>&1
     status_line bench_cast_torch "rc $?"
+    PYTHONPATH="$ROOT/build-py/python" OUT="$OUT" python3 bench/bench_quantize_torch.py > "$OUT/bench_quantize_torch.log" 2>&1
+    status_line bench_quantize_torch "rc $?"
   else
     status_line pytest "extension build failed (see python_build.log)"
     tail -20 "$OUT/python_build.log"
@@ -86,10 +88,11 @@ status_line bench_quantize "rc $?"
 
 echo
 echo "================================ sfmoe GPU check ================================"
-for k in build selfcheck cpu_tests gpu_tests sanitizer_memcheck sanitizer_racecheck pytest bench_memory bench_cast_torch bench_quantize; do
+for k in build selfcheck cpu_tests gpu_tests sanitizer_memcheck sanitizer_racecheck pytest bench_memory bench_cast_torch bench_quantize_torch bench_quantize; do
   [ -n "${RESULT[$k]:-}" ] && printf "%-20s %s\n" "$k" "${RESULT[$k]}"
 done
 echo
 tail -8 "$OUT/bench_memory.log"
 [ -f "$OUT/bench_cast_torch.log" ] && { echo; tail -4 "$OUT/bench_cast_torch.log"; }
+[ -f "$OUT/bench_quantize_torch.log" ] && { echo; tail -15 "$OUT/bench_quantize_torch.log"; }
 [ -f "$OUT/bench_quantize.log" ] && { echo; tail -14 "$OUT/bench_quantize.log"; }

@@ -91,18 +91,22 @@ SFMOE_HD int64_t quantized_group_offset(const GroupedQuantizeArgs& a, int64_t g)
 
 // The group holding output row r < out_off[G]: the last g with out_off[g] <= r (empty groups
 // share their offset with the next one and are skipped this way).
-SFMOE_HD int64_t quantized_group_of_row(const GroupedQuantizeArgs& a, int64_t r) {
-  if (a.offsets == nullptr) return r / a.uniform_rows;
-  int64_t lo = 0, hi = a.num_groups - 1;
+// `offsets` may be any copy of out_off (kernels search a copy staged in shared memory).
+SFMOE_HD int64_t group_of_offset_row(const int64_t* offsets, int64_t num_groups, int64_t r) {
+  int64_t lo = 0, hi = num_groups - 1;
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
-    if (a.offsets[mid] <= r) {
+    if (offsets[mid] <= r) {
       lo = mid;
     } else {
       hi = mid - 1;
     }
   }
   return lo;
+}
+SFMOE_HD int64_t quantized_group_of_row(const GroupedQuantizeArgs& a, int64_t r) {
+  if (a.offsets == nullptr) return r / a.uniform_rows;
+  return group_of_offset_row(a.offsets, a.num_groups, r);
 }
 
 }  // namespace sfmoe

@@ -73,6 +73,19 @@ __global__ void hardware_convert_kernel(const uint32_t* x, uint32_t* e4m3, uint3
   }
 }
 
+// The paired encoders (one instruction for two values) through the library's own functions;
+// element i is paired with a partner further along the input so that every input meets others.
+__device__ __host__ inline int64_t pair_partner(int64_t i, int64_t n) { return (i * 7919 + 1) % n; }
+__global__ void paired_convert_kernel(const uint32_t* x, uint32_t* e4m3x2, uint32_t* e5m2x2,
+                                      int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float lo = __uint_as_float(x[i]), hi = __uint_as_float(x[pair_partner(i, n)]);
+    e4m3x2[i] = numerics::f32x2_to_e4m3x2(lo, hi);
+    e5m2x2[i] = numerics::f32x2_to_e5m2x2(lo, hi);
+  }
+}
+
 TEST(DeviceNumerics, HardwareConversionsAgreeWithTheDefinition) {
   SFMOE_SKIP_WITHOUT_GPU();
   std::vector<uint32_t> x;
@@ -122,6 +135,29 @@ TEST(DeviceNumerics, HardwareConversionsAgreeWithTheDefinition) {
                 static_cast<long long>(differ_nan));
     EXPECT_EQ(differ, 0) << c.name;
   }
+
+  // Pairs: the device's paired conversion against two single conversions on the host.
+  DeviceBuffer<uint32_t> e4m3x2(n), e5m2x2(n);
+  paired_convert_kernel<<<1024, 256>>>(in.ptr, e4m3x2.ptr, e5m2x2.ptr, n);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<uint32_t> got_e4m3 = e4m3x2.download(), got_e5m2 = e5m2x2.download();
+  int64_t pair_differ = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float lo = numerics::bits_to_f32(x[i]), hi = numerics::bits_to_f32(x[pair_partner(i, n)]);
+    const uint32_t want_e4m3 = numerics::f32_to_e4m3(lo) | (numerics::f32_to_e4m3(hi) << 8);
+    const uint32_t want_e5m2 = numerics::f32_to_e5m2(lo) | (numerics::f32_to_e5m2(hi) << 8);
+    if (got_e4m3[i] != want_e4m3 || got_e5m2[i] != want_e5m2) {
+      if (++pair_differ <= 5) {
+        ADD_FAILURE() << "pair (0x" << std::hex << x[i] << ", 0x" << x[pair_partner(i, n)]
+                      << "): e4m3x2 0x" << got_e4m3[i] << " want 0x" << want_e4m3 << ", e5m2x2 0x"
+                      << got_e5m2[i] << " want 0x" << want_e5m2;
+      }
+    }
+  }
+  std::printf("[ hardware cvt ] %-28s %lld pairs: %lld differ\n", "f32x2_to_{e4m3,e5m2}x2",
+              static_cast<long long>(n), static_cast<long long>(pair_differ));
+  EXPECT_EQ(pair_differ, 0);
 }
 
 // --- Philox against cuRAND's own implementation ----------------------------------------------

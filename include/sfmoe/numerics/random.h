@@ -34,16 +34,19 @@ SFMOE_HD Philox4x32 philox4x32_10(Philox4x32 counter, uint32_t key0, uint32_t ke
   return counter;
 }
 
-// The 32 random bits of element `index` of a stream (seed, offset): counter (index / 4 as 64
-// bits, offset as 64 bits), key = seed, word index % 4. Four neighbouring elements share one
-// Philox evaluation, so a kernel that handles 4 elements per thread pays one call.
-SFMOE_HD uint32_t philox_random_bits(uint64_t seed, uint64_t offset, uint64_t index) {
-  const uint64_t block = index >> 2;
-  const Philox4x32 counter = {{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
+// The random bits of elements 4q .. 4q + 3 of a stream (seed, offset): counter (q as 64 bits,
+// offset as 64 bits), key = seed; word k belongs to element 4q + k.
+SFMOE_HD Philox4x32 philox_random_quad(uint64_t seed, uint64_t offset, uint64_t quad) {
+  const Philox4x32 counter = {{static_cast<uint32_t>(quad), static_cast<uint32_t>(quad >> 32),
                                static_cast<uint32_t>(offset), static_cast<uint32_t>(offset >> 32)}};
-  const Philox4x32 out =
-      philox4x32_10(counter, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
-  return out.v[index & 3];
+  return philox4x32_10(counter, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+}
+
+// The 32 random bits of element `index` of a stream: word index % 4 of quad index / 4. Four
+// neighbouring elements share one Philox evaluation, so a kernel that handles 4 aligned
+// elements per thread pays one call (philox_random_quad).
+SFMOE_HD uint32_t philox_random_bits(uint64_t seed, uint64_t offset, uint64_t index) {
+  return philox_random_quad(seed, offset, index >> 2).v[index & 3];
 }
 
 }  // namespace numerics

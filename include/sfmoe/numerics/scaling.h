@@ -62,8 +62,13 @@ SFMOE_HD float fp8_scale_from_amax(float amax, float fp8_max, bool power_of_two)
 SFMOE_HD float scale_inverse(float scale) { return div_rn(1.0f, scale); }
 
 // --- MXFP8: blocks of 32, an E8M0 scale each -----------------------------------------------------
+// e8m0(block_amax * (1 / fp8_max)). Kernels pass the reciprocal computed once
+// (mx_scale_from_amax_and_inverse_max); both forms are the same function.
+SFMOE_HD uint8_t mx_scale_from_amax_and_inverse_max(float block_amax, float inverse_fp8_max) {
+  return f32_to_e8m0(mul_rn(block_amax, inverse_fp8_max));
+}
 SFMOE_HD uint8_t mx_scale_from_amax(float block_amax, float fp8_max) {
-  return f32_to_e8m0(mul_rn(block_amax, div_rn(1.0f, fp8_max)));
+  return mx_scale_from_amax_and_inverse_max(block_amax, div_rn(1.0f, fp8_max));
 }
 
 // Element multiplier applied before the FP8 cast: the FP32 with bits (254 - e) << 23, i.e.
@@ -89,11 +94,20 @@ SFMOE_HD uint8_t nvfp4_block_scale(float block_amax, float global_encode_scale) 
   return f32_to_e4m3(mul_rn(block_amax, mul_rn(global_encode_scale, div_rn(1.0f, kE2M1Max))));
 }
 
+// The group's decode scale 1 / S_enc (kernels compute it once per group, not once per block).
+SFMOE_HD float nvfp4_global_decode_scale(float global_encode_scale) {
+  return div_rn(1.0f, global_encode_scale);
+}
+
 // Element multiplier min(1 / (float(s_b) * (1 / S_enc)), FLT_MAX) (minNum: NaN -> FLT_MAX).
-SFMOE_HD float nvfp4_block_multiplier(uint8_t block_scale_code, float global_encode_scale) {
-  const float global_decode_scale = div_rn(1.0f, global_encode_scale);
+SFMOE_HD float nvfp4_block_multiplier_from_decode(uint8_t block_scale_code,
+                                                  float global_decode_scale) {
   const float block_decode = mul_rn(e4m3_to_f32(block_scale_code), global_decode_scale);
   return min_num(div_rn(1.0f, block_decode), f32_max());
+}
+SFMOE_HD float nvfp4_block_multiplier(uint8_t block_scale_code, float global_encode_scale) {
+  return nvfp4_block_multiplier_from_decode(block_scale_code,
+                                            nvfp4_global_decode_scale(global_encode_scale));
 }
 
 }  // namespace numerics

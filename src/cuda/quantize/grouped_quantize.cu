@@ -1,14 +1,18 @@
 // Grouped quantization on the GPU (docs/quantization.md; the CPU backend is the definition).
 //
-// Three launches, all sized from host bounds and reading real sizes from device memory:
+// Launches, all sized from host bounds and reading real sizes from device memory:
 //   1. padded_offsets_kernel (one block): clamps the input groups, writes the padded output
 //      offsets with a block scan, checks the input offsets, clears the amax buffers;
-//   2. (TENSOR, NVFP4) quantize_tiles_kernel<..., kAmaxPass = true>: per-group amax (and the
-//      Hadamard-transformed columnwise amax), by atomicMax on the FP32 bits (NaN-propagating);
-//   3. quantize_tiles_kernel<..., kAmaxPass = false>: the codes and scales of both copies.
-// The tile kernels loop persistently over (row tile, column tile) pairs of the real output rows
-// [0, out_off[G]); a tile is staged as FP32 in shared memory, padding rows as zeros, so the
-// rowwise and the columnwise copies come from one read of the input.
+//   2. (TENSOR, NVFP4) quantize_tiles_kernel<..., kAmaxPass = true>: per-group amax (and, with the
+//      Hadamard transform, the transformed columnwise amax) by atomicMax on the FP32 bits;
+//   3. quantize_tiles_kernel<..., kAmaxPass = false>: codes and scales of both copies.
+// The tile kernel walks persistent work units (a band of 128 output rows x a run of 128-column
+// tiles) over the real rows [0, out_off[G]). Each thread loads eight 16-byte chunks of a tile
+// straight into registers and produces the rowwise copy from them (block amax by shuffles); when
+// a columnwise copy is asked for, the raw input words also go to a shared-memory tile (double
+// buffered) that the columnwise pass reads down the columns, two columns per thread.
+#include <algorithm>
+
 #include <cub/block/block_scan.cuh>
 
 #include "sfmoe/numerics.h"
@@ -24,29 +28,32 @@ namespace {
 using namespace numerics;
 
 constexpr int kThreads = 256;
-constexpr int kTileCols = 128;
-constexpr int kRowStride = kTileCols + 4;  // floats: rows stay 16-byte aligned, columns conflict-free
-constexpr int kRowBeyond = -2;             // row_src marker: at or beyond out_off[G], not written
-constexpr int kRowPadding = -1;            // row_src marker: alignment padding, zeros
-constexpr int kColTilesPerUnit = 8;         // column tiles per work unit (1024 columns)
-// Tuning knobs (docs/KERNEL_NOTES.md records what each setting measured).
-#ifndef SFMOE_QUANTIZE_MIN_BLOCKS
-#define SFMOE_QUANTIZE_MIN_BLOCKS 2
-#endif
+constexpr int kRowBeyond = -2;   // row map marker: at or beyond out_off[G], not written
+constexpr int kRowPadding = -1;  // row map marker: alignment padding, zeros
 
-// Tile height (a multiple of the block height) and elements per thread per chunk, per recipe.
+// Tile geometry, shared by every recipe: 128 x 128 elements.
+constexpr int kTile = 128;
+constexpr int kChunk = 8;                               // elements per rowwise chunk
+constexpr int kChunksPerRow = kTile / kChunk;           // 16 lanes cover a tile row
+constexpr int kRowsPerStep = kThreads / kChunksPerRow;  // 16
+constexpr int kSteps = kTile / kRowsPerStep;            // 8 chunks per thread per tile
+constexpr int kSegment = 32;                            // rows per columnwise thread
+constexpr int kSegments = kTile / kSegment;             // 4
+static_assert((kTile / 2) * kSegments == kThreads, "columnwise: one thread per column pair x segment");
+// Group offsets are staged in shared memory when there are at most this many groups.
+constexpr int64_t kMaxStagedGroups = 1024;
+
 template <sfmoe_scaling S>
 struct Recipe {
   static constexpr int kBlock = S == SFMOE_SCALING_TENSOR ? 0
                                 : (S == SFMOE_SCALING_BLOCK_1X128 || S == SFMOE_SCALING_BLOCK_128X128)
                                     ? 128
                                     : S == SFMOE_SCALING_MX_1X32 ? 32 : 16;
+  static constexpr bool kTensor = S == SFMOE_SCALING_TENSOR;
   static constexpr bool kNv = S == SFMOE_SCALING_NV_1X16 || S == SFMOE_SCALING_NV_16X16;
   static constexpr bool k2D = S == SFMOE_SCALING_BLOCK_128X128 || S == SFMOE_SCALING_NV_16X16;
-  static constexpr int kTileRows = kBlock == 128 ? 128 : (S == SFMOE_SCALING_MX_1X32 ? 64 : 32);
-  static constexpr int kChunk = kNv ? 16 : 8;
-  static_assert(kTileRows * (kTileCols / kChunk) % kThreads == 0, "uniform rowwise loop");
-  static_assert(kTileCols * (kTileRows / kChunk) % kThreads == 0, "uniform columnwise loop");
+  static constexpr bool kFp8Block = S == SFMOE_SCALING_BLOCK_1X128 || S == SFMOE_SCALING_BLOCK_128X128;
+  static constexpr bool kGroupAmax = kTensor || kNv;
 };
 
 struct InputSpan {
@@ -110,449 +117,9 @@ __global__ void __launch_bounds__(kScanThreads) padded_offsets_kernel(GroupedQua
   }
 }
 
-// ---- tile staging --------------------------------------------------------------------------------
-template <sfmoe_dtype In>
-__device__ __forceinline__ void load_chunk8(const void* data, int64_t row, int64_t col,
-                                            int64_t cols, float v[8]) {
-  const int64_t index = row * cols + col;
-  if (col + 8 <= cols && cols % 8 == 0) {
-    if constexpr (In == SFMOE_DTYPE_FP32) {
-      const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(data) + index);
-      const float4 x = __ldg(p), y = __ldg(p + 1);
-      v[0] = x.x; v[1] = x.y; v[2] = x.z; v[3] = x.w; v[4] = y.x; v[5] = y.y; v[6] = y.z; v[7] = y.w;
-    } else {
-      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(data) + index));
-      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        v[2 * k] = decode_element(In, words[k] & 0xFFFFu);
-        v[2 * k + 1] = decode_element(In, words[k] >> 16);
-      }
-    }
-    return;
-  }
-  constexpr int kBits = In == SFMOE_DTYPE_FP32 ? 32 : 16;
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    v[k] = col + k < cols ? decode_element(In, load_code(data, kBits, index + k)) : 0.0f;
-  }
-}
-
-struct TileRows {
-  int64_t* src;   // input row, or kRowPadding / kRowBeyond
-  int32_t* group;
-};
-
-// The row map of output rows [r0, r0 + TR): which input row (or padding) and which group.
-template <int TR>
-__device__ void stage_rows(const GroupedQuantizeArgs& a, int64_t total, int64_t r0, TileRows rows) {
-  for (int i = threadIdx.x; i < TR; i += kThreads) {
-    const int64_t r = r0 + i;
-    int64_t src = kRowBeyond;
-    int64_t g = 0;
-    if (r < total) {
-      g = quantized_group_of_row(a, r);
-      const InputSpan span = input_span(a.input, g);
-      const int64_t inside = r - quantized_group_offset(a, g);
-      src = inside < span.rows ? span.begin + inside : kRowPadding;
-    }
-    rows.src[i] = src;
-    rows.group[i] = static_cast<int32_t>(g);
-  }
-  __syncthreads();
-}
-
-// One column tile [TR x 128] of the input on its way to shared memory (8 values per chunk per
-// thread). Holding the next tile here while processing the current one was measured slower
-// (register pressure; docs/KERNEL_NOTES.md, q2), so loads and processing alternate.
-template <int TR>
-struct TileLoad {
-  static constexpr int kChunks = TR * (kTileCols / 8) / kThreads;
-  float v[kChunks][8];
-};
-
-template <sfmoe_dtype In, int TR>
-__device__ __forceinline__ void load_tile(const GroupedQuantizeArgs& a, int64_t c0,
-                                              TileRows rows, TileLoad<TR>& p) {
-#pragma unroll
-  for (int l = 0; l < TileLoad<TR>::kChunks; ++l) {
-    const int q = threadIdx.x + l * kThreads;
-    const int i = q / (kTileCols / 8), j = q % (kTileCols / 8);
-    const int64_t src = rows.src[i];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) p.v[l][k] = 0.0f;
-    if (src >= 0 && c0 + j * 8 < a.cols) load_chunk8<In>(a.input.data, src, c0 + j * 8, a.cols, p.v[l]);
-  }
-}
-
-template <int TR>
-__device__ __forceinline__ void commit_tile(const TileLoad<TR>& p, float* tile) {
-#pragma unroll
-  for (int l = 0; l < TileLoad<TR>::kChunks; ++l) {
-    const int q = threadIdx.x + l * kThreads;
-    const int i = q / (kTileCols / 8), j = q % (kTileCols / 8);
-    float4* dst = reinterpret_cast<float4*>(tile + i * kRowStride + j * 8);
-    dst[0] = make_float4(p.v[l][0], p.v[l][1], p.v[l][2], p.v[l][3]);
-    dst[1] = make_float4(p.v[l][4], p.v[l][5], p.v[l][6], p.v[l][7]);
-  }
-}
-
-// ---- scale rules per recipe ----------------------------------------------------------------------
-struct BlockScale {
-  float multiplier;  // applied to the values before encoding
-  float stored_f32;  // FP32 scale_inv (FP8 tensor / blockwise)
-  uint8_t stored_u8; // E8M0 or E4M3 code (MXFP8 / NVFP4)
-};
-
-template <sfmoe_scaling S>
-__device__ __forceinline__ BlockScale block_scale(float block_amax, float group_amax,
-                                                  float fp8_max, bool power_of_two) {
-  BlockScale s{1.0f, 1.0f, 0};
-  if constexpr (S == SFMOE_SCALING_TENSOR) {
-    s.multiplier = fp8_scale_from_amax(group_amax, fp8_max, power_of_two);
-    s.stored_f32 = scale_inverse(s.multiplier);
-  } else if constexpr (S == SFMOE_SCALING_BLOCK_1X128 || S == SFMOE_SCALING_BLOCK_128X128) {
-    s.multiplier = fp8_scale_from_amax(block_amax, fp8_max, power_of_two);
-    s.stored_f32 = scale_inverse(s.multiplier);
-  } else if constexpr (S == SFMOE_SCALING_MX_1X32) {
-    s.stored_u8 = mx_scale_from_amax(block_amax, fp8_max);
-    s.multiplier = mx_multiplier(s.stored_u8);
-  } else {
-    const float global = nvfp4_global_encode_scale(group_amax);
-    s.stored_u8 = nvfp4_block_scale(block_amax, global);
-    s.multiplier = nvfp4_block_multiplier(s.stored_u8, global);
-  }
-  return s;
-}
-
-// Encodes K values (already multiplied) and stores them at element `index` of a copy whose rows
-// are `row_length` long; vector stores where alignment allows, element stores otherwise.
-template <bool kFp4, int K>
-__device__ __forceinline__ void store_codes(void* copy, int64_t index, const uint32_t codes[K],
-                                            int valid, bool vector_ok) {
-  if constexpr (kFp4) {
-    uint8_t* out = static_cast<uint8_t*>(copy);
-    if (vector_ok && valid == K) {
-      uint32_t packed[K / 8];
-#pragma unroll
-      for (int w = 0; w < K / 8; ++w) {
-        packed[w] = 0;
-#pragma unroll
-        for (int k = 0; k < 8; ++k) packed[w] |= (codes[w * 8 + k] & 0xFu) << (4 * k);
-      }
-      if constexpr (K == 16) {
-        *reinterpret_cast<uint2*>(out + index / 2) = make_uint2(packed[0], packed[1]);
-      } else {
-        *reinterpret_cast<uint32_t*>(out + index / 2) = packed[0];
-      }
-    } else {
-      // Constant indices only (predicated), so `codes` stays in registers.
-#pragma unroll
-      for (int k = 0; k < K; k += 2) {
-        if (k + 1 < valid) {
-          out[(index + k) / 2] = static_cast<uint8_t>((codes[k] & 0xFu) | ((codes[k + 1] & 0xFu) << 4));
-        }
-      }
-    }
-  } else {
-    uint8_t* out = static_cast<uint8_t*>(copy) + index;
-    if (vector_ok && valid == K) {
-      uint32_t words[K / 4];
-#pragma unroll
-      for (int w = 0; w < K / 4; ++w) {
-        words[w] = codes[4 * w] | (codes[4 * w + 1] << 8) | (codes[4 * w + 2] << 16) | (codes[4 * w + 3] << 24);
-      }
-      if constexpr (K == 8) {
-        *reinterpret_cast<uint2*>(out) = make_uint2(words[0], words[1]);
-      } else {
-        *reinterpret_cast<uint4*>(out) = make_uint4(words[0], words[1], words[2], words[3]);
-      }
-    } else {
-#pragma unroll
-      for (int k = 0; k < K; ++k) {
-        if (k < valid) out[k] = static_cast<uint8_t>(codes[k]);
-      }
-    }
-  }
-}
-
-template <sfmoe_scaling S, int K>
-__device__ __forceinline__ void encode_values(const float v[K], float multiplier, bool e5m2,
-                                              const GroupedQuantizeArgs& a, uint64_t stream_offset,
-                                              int64_t first_index, uint32_t codes[K]) {
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const float x = mul_rn(v[k], multiplier);
-    if constexpr (Recipe<S>::kNv) {
-      if (a.config.stochastic_rounding) {
-        codes[k] = f32_to_e2m1_stochastic(x, philox_random_bits(a.config.seed, stream_offset, first_index + k));
-      } else {
-        codes[k] = f32_to_e2m1(x);
-      }
-    } else {
-      codes[k] = e5m2 ? f32_to_e5m2(x) : f32_to_e4m3(x);
-    }
-  }
-}
-
-template <int N>
-__device__ __forceinline__ float chunk_amax(const float* v) {
-  float m = 0.0f;
-#pragma unroll
-  for (int k = 0; k < N; ++k) m = amax_accumulate(m, v[k]);
-  return m;
-}
-
-__device__ __forceinline__ void maybe_trap(const GroupedQuantizeArgs& a, float amax, int64_t group,
-                                           int64_t where) {
-  if (a.config.trap_nan_amax && a.word != nullptr && f32_is_nan(amax)) {
-    raise_fault(a.word, SFMOE_FAULT_NAN_AMAX, group, where);
-  }
-}
-
-// ---- 2 and 3: the tile kernel --------------------------------------------------------------------
-template <sfmoe_dtype In, sfmoe_scaling S, bool kAmaxPass>
-__global__ void __launch_bounds__(kThreads, SFMOE_QUANTIZE_MIN_BLOCKS) quantize_tiles_kernel(GroupedQuantizeArgs a) {
-  using R = Recipe<S>;
-  constexpr int TR = R::kTileRows, K = R::kChunk, B = R::kBlock;
-  constexpr bool kFp4 = R::kNv;
-  extern __shared__ float4 shared_raw[];
-  float* tile = reinterpret_cast<float*>(shared_raw);
-  TileRows rows{reinterpret_cast<int64_t*>(tile + TR * kRowStride), nullptr};
-  rows.group = reinterpret_cast<int32_t*>(rows.src + TR);
-  unsigned* row_bits = reinterpret_cast<unsigned*>(rows.group + TR);        // TR (amax pass)
-  float* column_partial = reinterpret_cast<float*>(row_bits + TR);          // (TR/K) x 128
-  unsigned* block_bits = reinterpret_cast<unsigned*>(column_partial + (TR / K) * kTileCols);  // 2D
-
-  const int64_t groups = a.num_groups, cols = a.cols, capacity = a.row_capacity;
-  const int64_t total = quantized_group_offset(a, groups);
-  const bool e5m2 = a.dtype == SFMOE_DTYPE_FP8_E5M2;
-  const float fp8_max = e5m2 ? kE5M2Max : kE4M3Max;
-  const bool pow2 = a.config.power_of_two_scales != 0;
-  const bool hadamard = R::kNv && a.config.hadamard_columnwise && a.columnwise != nullptr;
-
-  if constexpr (!kAmaxPass) {
-    // Per-group outputs, once: TENSOR scale_inv, and NaN group amax traps.
-    if (blockIdx.x == 0) {
-      for (int64_t g = threadIdx.x; g < groups; g += kThreads) {
-        if constexpr (S == SFMOE_SCALING_TENSOR) {
-          const float inv = scale_inverse(fp8_scale_from_amax(a.amax[g], fp8_max, pow2));
-          if (a.rowwise_scale_inv) static_cast<float*>(a.rowwise_scale_inv)[g] = inv;
-          if (a.columnwise_scale_inv) static_cast<float*>(a.columnwise_scale_inv)[g] = inv;
-        }
-        if (S == SFMOE_SCALING_TENSOR || R::kNv) maybe_trap(a, a.amax[g], g, -1);
-      }
-    }
-  }
-
-  // Work unit: one row tile x up to kColTilesPerUnit column tiles; the row map is built once per
-  // unit.
-  const int64_t row_tiles = (total + TR - 1) / TR;
-  const int64_t col_tiles = (cols + kTileCols - 1) / kTileCols;
-  const int64_t col_units = (col_tiles + kColTilesPerUnit - 1) / kColTilesPerUnit;
-  TileLoad<TR> staged;
-  for (int64_t unit = blockIdx.x; unit < row_tiles * col_units; unit += gridDim.x) {
-    const int64_t r0 = (unit / col_units) * TR;
-    const int64_t ct_begin = (unit % col_units) * kColTilesPerUnit;
-    const int64_t ct_end = ct_begin + kColTilesPerUnit < col_tiles ? ct_begin + kColTilesPerUnit : col_tiles;
-    stage_rows<TR>(a, total, r0, rows);
-  for (int64_t ct = ct_begin; ct < ct_end; ++ct) {
-    const int64_t c0 = ct * kTileCols;
-    load_tile<In, TR>(a, c0, rows, staged);
-    commit_tile<TR>(staged, tile);
-    __syncthreads();
-
-    if constexpr (kAmaxPass) {
-      for (int i = threadIdx.x; i < TR; i += kThreads) row_bits[i] = 0;
-      for (int k = threadIdx.x; k < TR / 16; k += kThreads) block_bits[k] = 0;
-      __syncthreads();
-      for (int q = threadIdx.x; q < TR * (kTileCols / 8); q += kThreads) {
-        const int i = q / (kTileCols / 8), j = q % (kTileCols / 8);
-        const unsigned bits = amax_bits(chunk_amax<8>(tile + i * kRowStride + j * 8));
-        if (bits != 0) atomicMax(&row_bits[i], bits);
-      }
-      if (hadamard) {
-        for (int q = threadIdx.x; q < kTileCols * (TR / 16); q += kThreads) {
-          const int c = q % kTileCols, k = q / kTileCols;
-          float v[16];
-#pragma unroll
-          for (int m = 0; m < 16; ++m) v[m] = tile[(k * 16 + m) * kRowStride + c];
-          hadamard16_transform(v);
-          const unsigned bits = amax_bits(chunk_amax<16>(v));
-          if (bits != 0) atomicMax(&block_bits[k], bits);
-        }
-      }
-      __syncthreads();
-      for (int i = threadIdx.x; i < TR; i += kThreads) {
-        if (rows.src[i] == kRowBeyond || (i > 0 && rows.group[i] == rows.group[i - 1])) continue;
-        unsigned m = 0;  // the first row of its group in this tile gathers the group's rows
-        for (int k = i; k < TR && rows.group[k] == rows.group[i] && rows.src[k] != kRowBeyond; ++k) {
-          m = max(m, row_bits[k]);
-        }
-        if (m != 0) atomicMax(reinterpret_cast<unsigned*>(a.amax + rows.group[i]), m);
-      }
-      if (hadamard) {
-        for (int k = threadIdx.x; k < TR / 16; k += kThreads) {
-          if (rows.src[k * 16] == kRowBeyond || block_bits[k] == 0) continue;
-          atomicMax(reinterpret_cast<unsigned*>(a.columnwise_amax + rows.group[k * 16]), block_bits[k]);
-        }
-      }
-      __syncthreads();
-      continue;
-    }
-
-    // 2D blocks: the block amax of every B x B block of the tile, from per-chunk maxima.
-    if constexpr (R::k2D) {
-      constexpr int kBlocksPerRow = kTileCols / B;
-      for (int k = threadIdx.x; k < (TR / B) * kBlocksPerRow; k += kThreads) block_bits[k] = 0;
-      __syncthreads();
-      for (int q = threadIdx.x; q < TR * (kTileCols / K); q += kThreads) {
-        const int i = q / (kTileCols / K), j = q % (kTileCols / K);
-        const unsigned bits = amax_bits(chunk_amax<K>(tile + i * kRowStride + j * K));
-        if (bits != 0) atomicMax(&block_bits[(i / B) * kBlocksPerRow + (j * K) / B], bits);
-      }
-      __syncthreads();
-    }
-
-    // Rowwise copy: thread = (row i, chunk j of K columns); the L = B/K lanes of a block are
-    // consecutive lanes of one warp and reduce by shuffles.
-    if (a.rowwise != nullptr) {
-      constexpr int kChunksPerRow = kTileCols / K;
-      constexpr int L = (B > 0 && !R::k2D) ? B / K : 1;
-      const bool vector_ok = cols % K == 0;
-      for (int q = threadIdx.x; q < TR * kChunksPerRow; q += kThreads) {
-        const int i = q / kChunksPerRow, j = q % kChunksPerRow;
-        float v[K];
-#pragma unroll
-        for (int k = 0; k < K; k += 4) {
-          const float4 x = *reinterpret_cast<const float4*>(tile + i * kRowStride + j * K + k);
-          v[k] = x.x; v[k + 1] = x.y; v[k + 2] = x.z; v[k + 3] = x.w;
-        }
-        float amax = 0.0f;
-        if constexpr (R::k2D) {
-          amax = __uint_as_float(block_bits[(i / B) * (kTileCols / B) + (j * K) / B]);
-        } else if constexpr (B > 0) {
-          amax = chunk_amax<K>(v);
-#pragma unroll
-          for (int lane_mask = 1; lane_mask < L; lane_mask <<= 1) {
-            amax = amax_accumulate(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, lane_mask));
-          }
-        }
-        const int64_t r = r0 + i, c = c0 + j * K;
-        if (rows.src[i] == kRowBeyond || c >= cols) continue;
-        const int64_t g = rows.group[i];
-        const float group_amax = (S == SFMOE_SCALING_TENSOR || R::kNv) ? a.amax[g] : 0.0f;
-        const BlockScale s = block_scale<S>(amax, group_amax, fp8_max, pow2);
-        uint32_t codes[K];
-        encode_values<S, K>(v, s.multiplier, e5m2, a, 2 * a.config.offset, r * cols + c, codes);
-        const int valid = cols - c < K ? static_cast<int>(cols - c) : K;
-        store_codes<kFp4, K>(a.rowwise, r * cols + c, codes, valid, vector_ok);
-        if constexpr (B > 0) {
-          const bool writes_scale = R::k2D ? (i % B == 0 && (j * K) % B == 0) : (j % L == 0);
-          if (writes_scale) {
-            maybe_trap(a, amax, g, r);
-            const int64_t scale_cols = cols / B;
-            const int64_t offset = R::k2D ? (r / B) * scale_cols + c / B
-                                          : scale_offset(a.scale_layout, r, c / B, scale_cols);
-            if constexpr (R::kNv || S == SFMOE_SCALING_MX_1X32) {
-              uint8_t* scales = static_cast<uint8_t*>(a.rowwise_scale_inv);
-              scales[offset] = s.stored_u8;
-              // Swizzled: the padding columns of a written row hold 0 (the last block writes them).
-              if (!R::k2D && a.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && c / B == scale_cols - 1) {
-                for (int64_t k = scale_cols; k < round_up(scale_cols, kSwizzleTileCols); ++k) {
-                  scales[swizzled_scale_offset(r, k, scale_cols)] = 0;
-                }
-              }
-            } else {
-              static_cast<float*>(a.rowwise_scale_inv)[offset] = s.stored_f32;
-            }
-          }
-        }
-      }
-    }
-
-    // Columnwise copy: thread = (column, chunk k of K rows); a warp covers 32 consecutive
-    // columns of one chunk row (conflict-free shared reads). Blocks of L = B/K chunks reduce
-    // through shared memory.
-    if (a.columnwise != nullptr) {
-      constexpr int kChunksPerCol = TR / K;
-      constexpr int L = (B > 0 && !R::k2D) ? B / K : 1;
-      if constexpr (L > 1) {
-        for (int q = threadIdx.x; q < kTileCols * kChunksPerCol; q += kThreads) {
-          const int c = q % kTileCols, k = q / kTileCols;
-          float v[K];
-#pragma unroll
-          for (int m = 0; m < K; ++m) v[m] = tile[(k * K + m) * kRowStride + c];
-          column_partial[k * kTileCols + c] = chunk_amax<K>(v);
-        }
-        __syncthreads();
-      }
-      const bool vector_ok = capacity % K == 0;
-      for (int q = threadIdx.x; q < kTileCols * kChunksPerCol; q += kThreads) {
-        const int cl = q % kTileCols, k = q / kTileCols;
-        const int64_t c = c0 + cl, r = r0 + k * K;
-        if (c >= cols || rows.src[k * K] == kRowBeyond) continue;
-        float v[K];
-#pragma unroll
-        for (int m = 0; m < K; ++m) v[m] = tile[(k * K + m) * kRowStride + cl];
-        if (hadamard) hadamard16_transform(v);
-        const int64_t g = rows.group[k * K];
-        float amax = 0.0f;
-        if constexpr (R::k2D) {
-          amax = __uint_as_float(block_bits[((k * K) / B) * (kTileCols / B) + cl / B]);
-        } else if constexpr (B > 0) {
-          if constexpr (L > 1) {
-            const int first = (k / L) * L;
-            for (int l = 0; l < L; ++l) amax = amax_accumulate(amax, column_partial[(first + l) * kTileCols + cl]);
-          } else {
-            amax = chunk_amax<K>(v);
-          }
-        }
-        uint32_t codes[K];
-        if constexpr (S == SFMOE_SCALING_TENSOR) {
-          // Rows of one chunk may belong to different groups (alignment 1) or lie beyond the end.
-#pragma unroll
-          for (int m = 0; m < K; ++m) {
-            const float mult = fp8_scale_from_amax(a.amax[rows.group[k * K + m]], fp8_max, pow2);
-            codes[m] = e5m2 ? f32_to_e5m2(mul_rn(v[m], mult)) : f32_to_e4m3(mul_rn(v[m], mult));
-          }
-          int valid = 0;
-          while (valid < K && rows.src[k * K + valid] != kRowBeyond) ++valid;
-          store_codes<false, K>(a.columnwise, c * capacity + r, codes, valid, vector_ok);
-        } else {
-          const float group_amax = R::kNv ? (hadamard ? a.columnwise_amax[g] : a.amax[g]) : 0.0f;
-          const BlockScale s = block_scale<S>(amax, group_amax, fp8_max, pow2);
-          encode_values<S, K>(v, s.multiplier, e5m2, a, 2 * a.config.offset + 1, c * capacity + r, codes);
-          store_codes<kFp4, K>(a.columnwise, c * capacity + r, codes, K, vector_ok);
-          const bool writes_scale = R::k2D ? ((k * K) % B == 0 && cl % B == 0) : (k % L == 0);
-          if (writes_scale) {
-            if (!R::k2D) maybe_trap(a, amax, g, r);
-            const int64_t scale_cols = capacity / B;
-            const int64_t offset = R::k2D ? (c / B) * scale_cols + r / B
-                                          : scale_offset(a.scale_layout, c, r / B, scale_cols);
-            if constexpr (R::kNv || S == SFMOE_SCALING_MX_1X32) {
-              uint8_t* scales = static_cast<uint8_t*>(a.columnwise_scale_inv);
-              scales[offset] = s.stored_u8;
-              // Swizzled: the padding rows (columns >= C) under a written block hold 0.
-              if (!R::k2D && a.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && c == cols - 1) {
-                for (int64_t m = cols; m < round_up(cols, kSwizzleTileRows); ++m) {
-                  scales[swizzled_scale_offset(m, r / B, scale_cols)] = 0;
-                }
-              }
-            } else {
-              static_cast<float*>(a.columnwise_scale_inv)[offset] = s.stored_f32;
-            }
-          }
-        }
-      }
-    }
-    __syncthreads();
-  }
-  }
-}
-
-// Raw codes of an 8-element chunk (8 FP32 words, or 8 16-bit codes in 4 words): loads stay in
-// flight as compact vectors and are decoded only when processed.
+// ---- raw input chunks ------------------------------------------------------------------------------
+// 8 elements as stored (8 FP32 words, or 8 16-bit codes in 4 words): loads stay in flight as
+// compact vectors, the amax is taken on the raw bits, and values are decoded only to be encoded.
 template <sfmoe_dtype In>
 struct RawChunk {
   static constexpr int kWords = In == SFMOE_DTYPE_FP32 ? 8 : 4;
@@ -583,189 +150,834 @@ __device__ __forceinline__ void load_raw(const void* data, int64_t row, int64_t 
 }
 
 template <sfmoe_dtype In>
+__device__ __forceinline__ void zero_raw(RawChunk<In>& r) {
+#pragma unroll
+  for (int k = 0; k < RawChunk<In>::kWords; ++k) r.w[k] = 0;
+}
+
+// Element k of a raw 16-bit-pair word stream or FP32 word stream, decoded.
+template <sfmoe_dtype In>
+__device__ __forceinline__ float decode_half_word(uint32_t word, int half) {
+  const uint32_t code = half ? word >> 16 : word & 0xFFFFu;
+  if constexpr (In == SFMOE_DTYPE_BF16) {
+    return __uint_as_float(half ? word & 0xFFFF0000u : word << 16);
+  } else {
+    return decode_element(In, code);
+  }
+}
+
+template <sfmoe_dtype In>
 __device__ __forceinline__ void decode_raw(const RawChunk<In>& r, float v[8]) {
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
-    v[k] = In == SFMOE_DTYPE_FP32 ? __uint_as_float(r.w[k])
-                                  : decode_element(In, (r.w[k / 2] >> (16 * (k & 1))) & 0xFFFFu);
+    if constexpr (In == SFMOE_DTYPE_FP32) {
+      v[k] = __uint_as_float(r.w[k]);
+    } else {
+      v[k] = decode_half_word<In>(r.w[k / 2], k & 1);
+    }
   }
 }
 
-// ---- rowwise-only path: no transpose, so no shared tile ----------------------------------------
-// A work unit is kFastRows output rows; its row map sits in shared memory and each thread streams
-// 8-element chunks straight from global memory (kFastUnroll loads in flight), reduces the block
-// amax over the B/8 lanes that share a block with shuffles, and stores codes and scale.
-constexpr int kFastRows = 16;
-#ifndef SFMOE_QUANTIZE_FAST_UNROLL
-#define SFMOE_QUANTIZE_FAST_UNROLL 4
-#endif
-#ifndef SFMOE_QUANTIZE_FAST_MIN_BLOCKS
-#define SFMOE_QUANTIZE_FAST_MIN_BLOCKS 4
-#endif
-constexpr int kFastUnroll = SFMOE_QUANTIZE_FAST_UNROLL;
+__device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("max.u16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
 
-template <sfmoe_dtype In, sfmoe_scaling S, bool kAmaxPass>
-__global__ void __launch_bounds__(kThreads, Recipe<S>::kNv ? 2 : SFMOE_QUANTIZE_FAST_MIN_BLOCKS)
-    quantize_rowwise_kernel(GroupedQuantizeArgs a) {
-  using R = Recipe<S>;
-  constexpr int B = R::kBlock;
-  constexpr int L = B > 0 ? B / 8 : 1;  // lanes per block (chunks of 8 elements)
-  constexpr bool kFp4 = R::kNv;
-  __shared__ int64_t row_src[kFastRows];
-  __shared__ int32_t row_group[kFastRows];
-  __shared__ unsigned row_bits[kFastRows];
-  __shared__ float row_scale[kFastRows];  // TENSOR: the group's scale; NVFP4: its encode scale
-  const TileRows rows{row_src, row_group};
-  const int64_t groups = a.num_groups, cols = a.cols;
-  const int64_t total = quantized_group_offset(a, groups);
-  const bool e5m2 = a.dtype == SFMOE_DTYPE_FP8_E5M2;
-  const float fp8_max = e5m2 ? kE5M2Max : kE4M3Max;
-  const bool pow2 = a.config.power_of_two_scales != 0;
-  if constexpr (!kAmaxPass) {
-    if (blockIdx.x == 0) {
-      for (int64_t g = threadIdx.x; g < groups; g += kThreads) {
-        if constexpr (S == SFMOE_SCALING_TENSOR) {
-          static_cast<float*>(a.rowwise_scale_inv)[g] = scale_inverse(fp8_scale_from_amax(a.amax[g], fp8_max, pow2));
+// Packed |bits| maximum of two 16-bit codes per word: BF16 and FP16 order their magnitudes like
+// unsigned integers (NaNs above Inf), as FP32 does, so the amax can be taken before decoding.
+__device__ __forceinline__ uint32_t abs_max_u16x2(uint32_t running, uint32_t word) {
+  return max_u16x2(running, word & 0x7FFF7FFFu);
+}
+
+// The amax of 16-bit magnitude bits, as the FP32 amax bits of the decoded value.
+template <sfmoe_dtype In>
+__device__ __forceinline__ uint32_t half_bits_to_amax_bits(uint32_t magnitude) {
+  if constexpr (In == SFMOE_DTYPE_BF16) {
+    return magnitude << 16;
+  } else {
+    return amax_bits(decode_element(In, magnitude));
+  }
+}
+
+// amax_bits of the chunk's propagating amax (docs/quantization.md), from the raw codes.
+template <sfmoe_dtype In>
+__device__ __forceinline__ uint32_t raw_amax_bits(const RawChunk<In>& r) {
+  if constexpr (In == SFMOE_DTYPE_FP32) {
+    uint32_t m = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) m = max(m, r.w[k] & kF32AbsMask);
+    return m;
+  } else {
+    uint32_t m = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) m = abs_max_u16x2(m, r.w[k]);
+    return half_bits_to_amax_bits<In>(max(m >> 16, m & 0xFFFFu));
+  }
+}
+
+__device__ __forceinline__ uint32_t shfl_max(uint32_t v, int lane_mask) {
+  return max(v, __shfl_xor_sync(0xFFFFFFFFu, v, lane_mask));
+}
+
+// ---- scale rules per recipe ------------------------------------------------------------------------
+struct BlockScale {
+  float multiplier;   // applied to the values before encoding
+  float stored_f32;   // FP32 scale_inv (FP8 tensor / blockwise)
+  uint8_t stored_u8;  // E8M0 or E4M3 code (MXFP8 / NVFP4)
+};
+
+// The block scale from its amax; `global` is the group's NVFP4 encode scale S_enc and
+// `global_decode` 1 / S_enc (both unused by the FP8 recipes).
+// FP8 limits of the output dtype, with the reciprocal the MXFP8 rule needs computed once.
+struct Fp8Limits {
+  float max, inverse_max;
+};
+
+template <sfmoe_scaling S>
+__device__ __forceinline__ BlockScale block_scale(float block_amax, Fp8Limits fp8, bool pow2,
+                                                  float global, float global_decode) {
+  BlockScale s{1.0f, 1.0f, 0};
+  if constexpr (Recipe<S>::kFp8Block) {
+    s.multiplier = fp8_scale_from_amax(block_amax, fp8.max, pow2);
+    s.stored_f32 = scale_inverse(s.multiplier);
+  } else if constexpr ((S == SFMOE_SCALING_MX_1X32)) {
+    s.stored_u8 = mx_scale_from_amax_and_inverse_max(block_amax, fp8.inverse_max);
+    s.multiplier = mx_multiplier(s.stored_u8);
+  } else if constexpr (Recipe<S>::kNv) {
+    s.stored_u8 = nvfp4_block_scale(block_amax, global);
+    s.multiplier = nvfp4_block_multiplier_from_decode(s.stored_u8, global_decode);
+  }
+  return s;
+}
+
+template <sfmoe_scaling S>
+__device__ __forceinline__ void store_scale(void* scales, int64_t offset, const BlockScale& s) {
+  if constexpr (Recipe<S>::kFp8Block || Recipe<S>::kTensor) {
+    static_cast<float*>(scales)[offset] = s.stored_f32;
+  } else {
+    static_cast<uint8_t*>(scales)[offset] = s.stored_u8;
+  }
+}
+
+__device__ __forceinline__ void maybe_trap(const GroupedQuantizeArgs& a, float amax, int64_t group,
+                                           int64_t where) {
+  if (a.config.trap_nan_amax && a.word != nullptr && f32_is_nan(amax)) {
+    raise_fault(a.word, SFMOE_FAULT_NAN_AMAX, group, where);
+  }
+}
+
+// ---- encoding -------------------------------------------------------------------------------------
+// N values (N a multiple of 8) times their multipliers, encoded and packed as stored: FP8 one
+// byte per value (N / 4 words), FP4 a nibble per value (N / 8 words). `mult` holds one multiplier
+// per value (they differ only for TENSOR columnwise pieces whose rows span groups). Stochastic
+// rounding draws the random bits of element index first_index + e (docs/quantization.md);
+// first_index is a multiple of 4, so one Philox evaluation serves four values. The format and the
+// rounding mode are template parameters: encode_packed branches once per call, not per value.
+template <bool kFp4, int N, bool kE5M2, bool kStochastic>
+__device__ __forceinline__ void encode_packed_as(const float v[N], const float mult[N], uint64_t seed,
+                                                 uint64_t stream, int64_t first_index,
+                                                 uint32_t out[kFp4 ? N / 8 : N / 4]) {
+  if constexpr (kFp4) {
+#pragma unroll
+    for (int w = 0; w < N / 8; ++w) {
+      uint32_t word = 0;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        Philox4x32 random{};
+        if constexpr (kStochastic) {
+          random = philox_random_quad(seed, stream, static_cast<uint64_t>(first_index + 8 * w + 4 * half) >> 2);
         }
-        if (S == SFMOE_SCALING_TENSOR || R::kNv) maybe_trap(a, a.amax[g], g, -1);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int e = 8 * w + 4 * half + k;
+          const float x = mul_rn(v[e], mult[e]);
+          const uint32_t code = kStochastic ? f32_to_e2m1_stochastic(x, random.v[k]) : f32_to_e2m1(x);
+          word |= code << (4 * (4 * half + k));
+        }
+      }
+      out[w] = word;
+    }
+  } else {
+#pragma unroll
+    for (int w = 0; w < N / 4; ++w) {
+      const float x0 = mul_rn(v[4 * w], mult[4 * w]), x1 = mul_rn(v[4 * w + 1], mult[4 * w + 1]);
+      const float x2 = mul_rn(v[4 * w + 2], mult[4 * w + 2]), x3 = mul_rn(v[4 * w + 3], mult[4 * w + 3]);
+      const uint32_t lo = kE5M2 ? f32x2_to_e5m2x2(x0, x1) : f32x2_to_e4m3x2(x0, x1);
+      const uint32_t hi = kE5M2 ? f32x2_to_e5m2x2(x2, x3) : f32x2_to_e4m3x2(x2, x3);
+      out[w] = lo | (hi << 16);
+    }
+  }
+}
+
+template <bool kFp4, int N>
+__device__ __forceinline__ void encode_packed(const float v[N], const float mult[N], bool e5m2,
+                                              bool stochastic, uint64_t seed, uint64_t stream,
+                                              int64_t first_index, uint32_t out[kFp4 ? N / 8 : N / 4]) {
+  if constexpr (kFp4) {
+    if (stochastic) {
+      encode_packed_as<true, N, false, true>(v, mult, seed, stream, first_index, out);
+    } else {
+      encode_packed_as<true, N, false, false>(v, mult, seed, stream, first_index, out);
+    }
+  } else {
+    if (e5m2) {
+      encode_packed_as<false, N, true, false>(v, mult, seed, stream, first_index, out);
+    } else {
+      encode_packed_as<false, N, false, false>(v, mult, seed, stream, first_index, out);
+    }
+  }
+}
+
+// Stores N packed codes at element `index` of a copy: one vector store when `vector_ok` and all
+// N are valid, else element by element (FP4: whole bytes; valid counts are even there).
+template <bool kFp4, int N>
+__device__ __forceinline__ void store_packed(void* copy, int64_t index, const uint32_t* words,
+                                             int valid, bool vector_ok) {
+  constexpr int kWords = kFp4 ? N / 8 : N / 4;
+  uint8_t* base = static_cast<uint8_t*>(copy) + (kFp4 ? index / 2 : index);
+  if (vector_ok && valid == N) {
+    if constexpr (kWords == 4) {
+      *reinterpret_cast<uint4*>(base) = make_uint4(words[0], words[1], words[2], words[3]);
+    } else if constexpr (kWords == 2) {
+      *reinterpret_cast<uint2*>(base) = make_uint2(words[0], words[1]);
+    } else {
+      *reinterpret_cast<uint32_t*>(base) = words[0];
+    }
+    return;
+  }
+  constexpr int kBytes = kWords * 4;
+  const int valid_bytes = kFp4 ? (valid + 1) / 2 : valid;
+#pragma unroll
+  for (int b = 0; b < kBytes; ++b) {
+    if (b < valid_bytes) base[b] = static_cast<uint8_t>(words[b / 4] >> (8 * (b % 4)));
+  }
+}
+
+// Swizzled MX/NV scales: the padding entries beside a written block hold 0. Rowwise, the last
+// block of a row writes the row's padding columns; columnwise, the block of the last column
+// writes the padding rows under its row block.
+__device__ __forceinline__ void zero_swizzle_padding_columns(uint8_t* scales, int64_t row, int64_t scale_cols) {
+  for (int64_t k = scale_cols; k < round_up(scale_cols, kSwizzleTileCols); ++k) {
+    scales[swizzled_scale_offset(row, k, scale_cols)] = 0;
+  }
+}
+__device__ __forceinline__ void zero_swizzle_padding_rows(uint8_t* scales, int64_t first_row, int64_t col,
+                                                          int64_t scale_cols) {
+  for (int64_t m = first_row; m < round_up(first_row, kSwizzleTileRows); ++m) {
+    scales[swizzled_scale_offset(m, col, scale_cols)] = 0;
+  }
+}
+
+// ---- the tile kernel -------------------------------------------------------------------------------
+struct TileSchedule {
+  int64_t col_tiles;       // ceil(cols / kTile)
+  int64_t tiles_per_unit;  // column tiles per work unit
+  int64_t col_units;       // ceil(col_tiles / tiles_per_unit)
+  int64_t staged_groups;   // num_groups + 1 when the offsets are staged in shared memory, else 0
+};
+
+// Shared tile buffers of the columnwise path: raw input words, 128 rows of 128 elements, in a
+// ring of three filled by cp.async two tiles ahead, so that each block keeps two tiles of loads in
+// flight while it works on a third.
+constexpr int kStages = 3;
+template <sfmoe_dtype In, bool kColumnwise>
+struct TileBuffers {
+  static constexpr int kWordsPerRow = kTile * (In == SFMOE_DTYPE_FP32 ? 4 : 2) / 4;
+  static constexpr int kCount = kColumnwise ? kStages : 0;
+  static constexpr size_t kBytes = static_cast<size_t>(kCount) * kTile * kWordsPerRow * 4;
+};
+
+__device__ __forceinline__ void cp_async_16(void* shared, const void* global, bool fill) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  // src-size 0 reads nothing and zero-fills the 16 bytes (padding rows, columns past the end).
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global), "r"(fill ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Starts the copy of tile column c0 (rows from the row map) into a shared buffer; each thread
+// copies the chunks it reads back in the rowwise pass. A chunk cut by the end of a row (cols not
+// a multiple of 8) is loaded and stored synchronously.
+template <sfmoe_dtype In>
+__device__ __forceinline__ void issue_tile(uint32_t* buffer, const GroupedInput& in, int64_t cols,
+                                           int64_t c0, int i0, int j, const int64_t* row_src,
+                                           const uint8_t* const* row_input) {
+  using Raw = RawChunk<In>;
+  constexpr int W = kTile * (In == SFMOE_DTYPE_FP32 ? 4 : 2) / 4;
+  constexpr int kBytes = In == SFMOE_DTYPE_FP32 ? 4 : 2;
+  const int64_t c = c0 + j * kChunk;
+  const bool whole = c + kChunk <= cols && cols % kChunk == 0;
+  const bool inside = c < cols;
+#pragma unroll
+  for (int l = 0; l < kSteps; ++l) {
+    const int i = i0 + kRowsPerStep * l;
+    const uint8_t* row = row_input[i];  // NULL: padding or beyond
+    uint32_t* dst = buffer + i * W + j * Raw::kWords;
+    if (row == nullptr || !inside || whole) {
+      const bool fill = row != nullptr && inside;
+      const uint8_t* from = fill ? row + c * kBytes : static_cast<const uint8_t*>(in.data);
+#pragma unroll
+      for (int v = 0; v < Raw::kWords / 4; ++v) cp_async_16(dst + 4 * v, from + 16 * v, fill);
+    } else {
+      Raw raw;
+      load_raw<In>(in.data, row_src[i], c, cols, raw);
+#pragma unroll
+      for (int v = 0; v < Raw::kWords / 4; ++v) {
+        reinterpret_cast<uint4*>(dst)[v] = make_uint4(raw.w[4 * v], raw.w[4 * v + 1], raw.w[4 * v + 2], raw.w[4 * v + 3]);
       }
     }
   }
-  const int64_t chunks_per_row = (cols + 7) / 8;
-  const int64_t unit_chunks = kFastRows * chunks_per_row;
-  const int64_t units = (total + kFastRows - 1) / kFastRows;
-  const bool vector_ok = cols % 8 == 0;
-  for (int64_t unit = blockIdx.x; unit < units; unit += gridDim.x) {
-    const int64_t r0 = unit * kFastRows;
-    if (kAmaxPass && threadIdx.x < kFastRows) row_bits[threadIdx.x] = 0;
-    stage_rows<kFastRows>(a, total, r0, rows);
-    if (!kAmaxPass && (S == SFMOE_SCALING_TENSOR || R::kNv)) {
-      if (threadIdx.x < kFastRows) {
-        const float group_amax = a.amax[rows.group[threadIdx.x]];
-        row_scale[threadIdx.x] = S == SFMOE_SCALING_TENSOR ? fp8_scale_from_amax(group_amax, fp8_max, pow2)
-                                                           : nvfp4_global_encode_scale(group_amax);
-      }
-      __syncthreads();
+}
+
+// Blocks per SM the registers must allow (launch bounds). Tuning knobs; docs/KERNEL_NOTES.md
+// records what each setting measured.
+#ifndef SFMOE_QUANTIZE_ROWWISE_MIN_BLOCKS
+#define SFMOE_QUANTIZE_ROWWISE_MIN_BLOCKS 3
+#endif
+#ifndef SFMOE_QUANTIZE_COLUMNWISE_MIN_BLOCKS
+#define SFMOE_QUANTIZE_COLUMNWISE_MIN_BLOCKS 2
+#endif
+template <sfmoe_dtype In, sfmoe_scaling S, bool kColumnwise>
+constexpr int tile_min_blocks() {
+  if (In == SFMOE_DTYPE_FP32) return kColumnwise ? 1 : 2;  // twice the words per chunk
+  if (kColumnwise) return SFMOE_QUANTIZE_COLUMNWISE_MIN_BLOCKS;
+  return Recipe<S>::kNv ? 2 : SFMOE_QUANTIZE_ROWWISE_MIN_BLOCKS;  // NVFP4 encodes need more registers
+}
+
+// The amax bits of columns 2p and 2p + 1 over `count` rows of a columnwise segment (16-bit
+// inputs: one word holds both columns; FP32: two words per row).
+template <sfmoe_dtype In, int kCount>
+__device__ __forceinline__ void column_pair_amax_bits(const uint32_t* words, uint32_t out[2]) {
+  if constexpr (In == SFMOE_DTYPE_FP32) {
+    uint32_t m0 = 0, m1 = 0;
+#pragma unroll
+    for (int m = 0; m < kCount; ++m) {
+      m0 = max(m0, words[2 * m] & kF32AbsMask);
+      m1 = max(m1, words[2 * m + 1] & kF32AbsMask);
     }
-    // (row i, chunk j) advance by kThreads chunks per step without a division per chunk.
-    int i_next = static_cast<int>(threadIdx.x / chunks_per_row);
-    int64_t j_next = threadIdx.x % chunks_per_row;
-    for (int64_t base = 0; base < unit_chunks; base += kThreads * kFastUnroll) {
-      RawChunk<In> raw[kFastUnroll];
-      int row_of[kFastUnroll];
-      int64_t chunk_of[kFastUnroll];
+    out[0] = m0;
+    out[1] = m1;
+  } else {
+    uint32_t m = 0;
 #pragma unroll
-      for (int u = 0; u < kFastUnroll; ++u) {
-        row_of[u] = i_next;
-        chunk_of[u] = j_next;
-        j_next += kThreads;
-        while (j_next >= chunks_per_row) {
-          j_next -= chunks_per_row;
-          ++i_next;
-        }
-        const int64_t src = row_of[u] < kFastRows ? rows.src[row_of[u]] : kRowBeyond;
-        if (src >= 0) {
-          load_raw<In>(a.input.data, src, chunk_of[u] * 8, cols, raw[u]);
-        } else {
+    for (int k = 0; k < kCount; ++k) m = abs_max_u16x2(m, words[k]);
+    out[0] = half_bits_to_amax_bits<In>(m & 0xFFFFu);
+    out[1] = half_bits_to_amax_bits<In>(m >> 16);
+  }
+}
+
+// Value of column e (0 or 1) at row m of a columnwise segment's words.
+template <sfmoe_dtype In>
+__device__ __forceinline__ float column_value(const uint32_t* words, int m, int e) {
+  if constexpr (In == SFMOE_DTYPE_FP32) {
+    return __uint_as_float(words[2 * m + e]);
+  } else {
+    return decode_half_word<In>(words[m], e);
+  }
+}
+
+// Rowwise 1D blocks: each thread holds the amax of its 8 chunks (steps l = 0..7, one per row it
+// covers) and the L consecutive lanes of a block must reduce each. Exchanging halves of the set
+// at each butterfly step reduces all eight in 8 - 8 / L + log2 shuffles instead of 8 log2(L), and
+// leaves every block's amax in one lane (two for L = 16), so the scale math runs once per block
+// instead of once per lane: lane q of its L-group holds steps spread_first_step(q) + k,
+// k < kSpreadPerLane.
+template <int L>
+struct Spread {
+  static constexpr int kPerLane = L >= kSteps ? 1 : kSteps / L;
+  // The lane (in its L-group) and the register that hold step l's block amax.
+  static constexpr int owner_lane(int l) { return L > kSteps ? 2 * l : l / kPerLane; }
+  static constexpr int owner_register(int l) { return L > kSteps ? 0 : l % kPerLane; }
+  __device__ static int first_step(int lane) {
+    return L > kSteps ? (lane & (L - 1)) >> 1 : (lane & (L - 1)) * kPerLane;
+  }
+  // L = 16 leaves each amax in two lanes; only the even one stores.
+  __device__ static bool stores(int lane) { return L <= kSteps || (lane & 1) == 0; }
+};
+
+template <int L>
+__device__ __forceinline__ void reduce_spread(uint32_t v[kSteps], int lane) {
+  int count = kSteps;
 #pragma unroll
-          for (int k = 0; k < RawChunk<In>::kWords; ++k) raw[u].w[k] = 0;  // padding: zeros
+  for (int mask = L / 2; mask >= 1; mask >>= 1) {
+    if (count > 1) {
+      const bool upper = lane & mask;
+#pragma unroll
+      for (int k = 0; k < kSteps / 2; ++k) {
+        if (k < count / 2) {
+          const uint32_t send = upper ? v[k] : v[k + count / 2];
+          const uint32_t keep = upper ? v[k + count / 2] : v[k];
+          v[k] = max(keep, __shfl_xor_sync(0xFFFFFFFFu, send, mask));
         }
       }
-#pragma unroll
-      for (int u = 0; u < kFastUnroll; ++u) {
-        const bool in_unit = row_of[u] < kFastRows;
-        const int i = in_unit ? row_of[u] : 0;
-        const int64_t c = chunk_of[u] * 8;
-        float values[8];
-        decode_raw<In>(raw[u], values);
-        float amax = chunk_amax<8>(values);
-        if constexpr (kAmaxPass) {
-          if (in_unit && rows.src[i] >= 0 && amax_bits(amax) != 0) atomicMax(&row_bits[i], amax_bits(amax));
-        } else {
-#pragma unroll
-        for (int lane_mask = 1; lane_mask < L; lane_mask <<= 1) {
-          amax = amax_accumulate(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, lane_mask));
+      count /= 2;
+    } else {
+      v[0] = shfl_max(v[0], mask);
+    }
+  }
+}
+
+template <sfmoe_dtype In, sfmoe_scaling S, bool kAmaxPass, bool kColumnwise>
+__global__ void __launch_bounds__(kThreads, (tile_min_blocks<In, S, kColumnwise>()))
+    quantize_tiles_kernel(GroupedQuantizeArgs a, TileSchedule sched) {
+  using R = Recipe<S>;
+  using Raw = RawChunk<In>;
+  using Buffers = TileBuffers<In, kColumnwise>;
+  constexpr int B = R::kBlock;
+  constexpr bool kFp4 = R::kNv;
+  constexpr int W = Buffers::kWordsPerRow;
+  constexpr int kSegmentWords = kSegment * (In == SFMOE_DTYPE_FP32 ? 2 : 1);
+  extern __shared__ uint4 dynamic_shared[];
+  uint32_t* const tiles = reinterpret_cast<uint32_t*>(dynamic_shared);
+  int64_t* const staged = reinterpret_cast<int64_t*>(reinterpret_cast<uint8_t*>(dynamic_shared) + Buffers::kBytes);
+  __shared__ int64_t row_src[kTile];            // input row, or kRowPadding / kRowBeyond
+  __shared__ const uint8_t* row_input[kTile];   // where that input row starts; NULL for the others
+  __shared__ int32_t row_group[kTile];
+  __shared__ float row_scale[kTile];            // TENSOR: the group's scale; NVFP4: rowwise S_enc
+  __shared__ float row_decode[kTile];           // NVFP4: 1 / S_enc
+  __shared__ float row_col_scale[kTile];        // NVFP4: the columnwise S_enc
+  __shared__ float row_col_decode[kTile];       // NVFP4: its inverse
+  __shared__ uint32_t row_bits[kTile];          // amax pass: each row's amax over the unit
+  __shared__ uint32_t segment_bits[kSegments][kTile];  // BLOCK_1X128 columnwise partial amax
+  __shared__ uint32_t block_bits[3][64];        // 2D block amax, three rotating sets
+  __shared__ uint32_t hadamard_bits[kTile / 16];  // amax pass: transformed 16-row blocks
+
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int64_t groups = a.num_groups, cols = a.cols, capacity = a.row_capacity;
+  const bool e5m2 = a.dtype == SFMOE_DTYPE_FP8_E5M2;
+  const float fp8_max = e5m2 ? kE5M2Max : kE4M3Max;
+  const Fp8Limits fp8{fp8_max, div_rn(1.0f, fp8_max)};
+  const bool pow2 = a.config.power_of_two_scales != 0;
+  const bool hadamard = R::kNv && a.config.hadamard_columnwise && a.columnwise != nullptr;
+  const bool stochastic = R::kNv && a.config.stochastic_rounding;
+  const uint64_t seed = a.config.seed, stream_rowwise = 2 * a.config.offset;
+
+  // Offsets staged in shared memory: the row maps below search them without global latency.
+  const int64_t* out_off = a.offsets;
+  GroupedInput in = a.input;
+  if (sched.staged_groups > 0) {
+    for (int64_t g = tid; g < sched.staged_groups; g += kThreads) {
+      if (a.offsets != nullptr) staged[g] = a.offsets[g];
+      if (a.input.offsets != nullptr) staged[sched.staged_groups + g] = a.input.offsets[g];
+    }
+    if (a.offsets != nullptr) out_off = staged;
+    if (a.input.offsets != nullptr) in.offsets = staged + sched.staged_groups;
+  }
+  if (R::k2D && tid < 3 * 64) block_bits[tid / 64][tid % 64] = 0;
+  __syncthreads();
+  const int64_t total = out_off != nullptr ? out_off[groups] : groups * a.uniform_rows;
+
+  if constexpr (!kAmaxPass && R::kGroupAmax) {
+    // Per-group outputs, once: TENSOR scale_inv; NaN group amax traps.
+    if (blockIdx.x == 0) {
+      for (int64_t g = tid; g < groups; g += kThreads) {
+        const int64_t first_row = out_off != nullptr ? out_off[g] : g * a.uniform_rows;
+        if constexpr (R::kTensor) {
+          const float inv = scale_inverse(fp8_scale_from_amax(a.amax[g], fp8_max, pow2));
+          if (a.rowwise_scale_inv) static_cast<float*>(a.rowwise_scale_inv)[g] = inv;
+          if (a.columnwise_scale_inv) static_cast<float*>(a.columnwise_scale_inv)[g] = inv;
         }
-        if (!in_unit || rows.src[i] == kRowBeyond) continue;
-        const int64_t r = r0 + i, g = rows.group[i];
-        BlockScale sc;
-        if constexpr (S == SFMOE_SCALING_TENSOR) {
-          sc.multiplier = row_scale[i];  // the group's scale, computed once per row
-        } else if constexpr (R::kNv) {
-          const float global = row_scale[i];  // the group's NVFP4 encode scale
-          sc.stored_u8 = nvfp4_block_scale(amax, global);
-          sc.multiplier = nvfp4_block_multiplier(sc.stored_u8, global);
-        } else {
-          sc = block_scale<S>(amax, 0.0f, fp8_max, pow2);
+        maybe_trap(a, a.amax[g], g, first_row);
+        if (hadamard) maybe_trap(a, a.columnwise_amax[g], g, first_row);
+      }
+    }
+  }
+
+  const int64_t bands = (total + kTile - 1) / kTile;
+  const int64_t units = bands * sched.col_units;
+  const int j = tid % kChunksPerRow;   // rowwise: chunk j of each tile row it covers
+  const int i0 = tid / kChunksPerRow;  // rowwise: tile rows i0 + 16 l, l = 0..7
+  const int pair = tid % (kTile / 2);  // columnwise: tile columns 2 pair, 2 pair + 1
+  const int seg = tid / (kTile / 2);   // columnwise: tile rows [32 seg, 32 seg + 32)
+  int parity = 0;                      // tiles done by this block: selects the rotating buffers
+  for (int64_t unit = blockIdx.x; unit < units; unit += gridDim.x) {
+    const int64_t r0 = unit / sched.col_units * kTile;
+    const int64_t ct_begin = unit % sched.col_units * sched.tiles_per_unit;
+    const int64_t ct_end = ct_begin + sched.tiles_per_unit < sched.col_tiles ? ct_begin + sched.tiles_per_unit
+                                                                             : sched.col_tiles;
+    __syncthreads();  // the previous unit is done with the row map
+    if (tid < kTile) {
+      const int64_t r = r0 + tid;
+      int64_t src = kRowBeyond, g = 0;
+      if (r < total) {
+        g = out_off != nullptr ? group_of_offset_row(out_off, groups, r) : r / a.uniform_rows;
+        const InputSpan span = input_span(in, g);
+        const int64_t inside = r - (out_off != nullptr ? out_off[g] : g * a.uniform_rows);
+        src = inside < span.rows ? span.begin + inside : kRowPadding;
+      }
+      row_src[tid] = src;
+      row_input[tid] = src >= 0 ? static_cast<const uint8_t*>(in.data) + src * cols * (In == SFMOE_DTYPE_FP32 ? 4 : 2)
+                                : nullptr;
+      row_group[tid] = static_cast<int32_t>(g);
+      if constexpr (!kAmaxPass && R::kTensor) row_scale[tid] = fp8_scale_from_amax(a.amax[g], fp8_max, pow2);
+      if constexpr (!kAmaxPass && R::kNv) {
+        const float s = nvfp4_global_encode_scale(a.amax[g]);
+        const float sc = hadamard ? nvfp4_global_encode_scale(a.columnwise_amax[g]) : s;
+        row_scale[tid] = s;
+        row_decode[tid] = nvfp4_global_decode_scale(s);
+        row_col_scale[tid] = sc;
+        row_col_decode[tid] = nvfp4_global_decode_scale(sc);
+      }
+      if constexpr (kAmaxPass) row_bits[tid] = 0;
+      if (kAmaxPass && tid < kTile / 16) hadamard_bits[tid] = 0;
+    }
+    __syncthreads();
+
+    uint32_t unit_bits[kSteps];       // amax pass: running row amax of the rows this thread covers
+    uint32_t unit_hadamard[2] = {0, 0};  // amax pass: transformed blocks of its column segment
+#pragma unroll
+    for (int l = 0; l < kSteps; ++l) unit_bits[l] = 0;
+
+    // Columnwise path: the first two tiles of the unit start loading now (one cp.async group
+    // per tile, empty groups included, so that "all but the newest group done" always means
+    // "this tile done").
+    if constexpr (kColumnwise) {
+#pragma unroll
+      for (int k = 0; k < kStages - 1; ++k) {
+        if (ct_begin + k < ct_end) issue_tile<In>(tiles + k * kTile * W, in, cols, (ct_begin + k) * kTile, i0, j, row_src, row_input);
+        cp_async_commit();
+      }
+    }
+    int stage = 0;  // the shared buffer of this tile (columnwise path)
+    for (int64_t ct = ct_begin; ct < ct_end; ++ct, ++parity, stage = stage + 1 == kStages ? 0 : stage + 1) {
+      const int64_t c0 = ct * kTile;
+      const int64_t c = c0 + j * kChunk;
+      const bool chunk_in = c < cols;
+      uint32_t* const tile = tiles + (kColumnwise ? stage * kTile * W : 0);
+      // Rowwise-only path: the chunks go straight to registers.
+      Raw raw[kColumnwise ? 1 : kSteps];
+      if constexpr (!kColumnwise) {
+#pragma unroll
+        for (int l = 0; l < kSteps; ++l) {
+          const int64_t src = row_src[i0 + kRowsPerStep * l];
+          if (src >= 0 && chunk_in) {
+            load_raw<In>(in.data, src, c, cols, raw[l]);
+          } else {
+            zero_raw<In>(raw[l]);
+          }
         }
-        uint32_t codes[8];
-        encode_values<S, 8>(values, sc.multiplier, e5m2, a, 2 * a.config.offset, r * cols + c, codes);
-        const int valid = cols - c < 8 ? static_cast<int>(cols - c) : 8;
-        store_codes<kFp4, 8>(a.rowwise, r * cols + c, codes, valid, vector_ok);
-        if constexpr (B > 0) {
-          if ((c / 8) % L == 0) {
-            maybe_trap(a, amax, g, r);
-            const int64_t scale_cols = cols / B;
-            const int64_t offset = scale_offset(a.scale_layout, r, c / B, scale_cols);
-            if constexpr (R::kNv || S == SFMOE_SCALING_MX_1X32) {
-              uint8_t* scales = static_cast<uint8_t*>(a.rowwise_scale_inv);
-              scales[offset] = sc.stored_u8;
-              if (a.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && c / B == scale_cols - 1) {
-                for (int64_t k = scale_cols; k < round_up(scale_cols, kSwizzleTileCols); ++k) {
-                  scales[swizzled_scale_offset(r, k, scale_cols)] = 0;
-                }
+      } else {
+        cp_async_wait<kStages - 2>();
+        __syncthreads();  // this tile is in shared memory; every thread is done with the tile before
+        const int64_t ahead = ct + kStages - 1;
+        if (ahead < ct_end) {
+          const int ahead_stage = stage == 0 ? kStages - 1 : stage - 1;  // (stage + kStages - 1) % kStages
+          issue_tile<In>(tiles + ahead_stage * kTile * W, in, cols, ahead * kTile, i0, j, row_src, row_input);
+        }
+        cp_async_commit();
+      }
+      // Chunk l of this thread: from the registers, or back from the shared tile.
+      auto chunk_at = [&](int l) -> Raw {
+        if constexpr (kColumnwise) {
+          Raw r;
+          const uint4* p = reinterpret_cast<const uint4*>(tile + (i0 + kRowsPerStep * l) * W + j * Raw::kWords);
+#pragma unroll
+          for (int v = 0; v < Raw::kWords / 4; ++v) {
+            const uint4 x = p[v];
+            r.w[4 * v] = x.x; r.w[4 * v + 1] = x.y; r.w[4 * v + 2] = x.z; r.w[4 * v + 3] = x.w;
+          }
+          return r;
+        } else {
+          return raw[l];
+        }
+      };
+      uint32_t bits[kSteps];
+#pragma unroll
+      for (int l = 0; l < kSteps; ++l) bits[l] = raw_amax_bits<In>(chunk_at(l));
+
+      // Columnwise segment of this thread (rows r0 + [rs, rs + 32), columns c0 + cl, + 1).
+      const int cl = 2 * pair, rs = kSegment * seg;
+      const int64_t cc = c0 + cl, rseg = r0 + rs;
+      const int64_t rows_left = total - rseg;
+      const int valid_rows = rows_left <= 0 ? 0 : (rows_left < kSegment ? static_cast<int>(rows_left) : kSegment);
+      const bool segment_active = cc < cols && valid_rows > 0;
+
+      if constexpr (kAmaxPass) {
+#pragma unroll
+        for (int l = 0; l < kSteps; ++l) unit_bits[l] = max(unit_bits[l], bits[l]);
+        if constexpr (kColumnwise) {  // NVFP4 + Hadamard: the amax of the transformed blocks
+          if (segment_active) {
+            uint32_t words[kSegmentWords];
+#pragma unroll
+            for (int m = 0; m < kSegment; ++m) {
+              if constexpr (In == SFMOE_DTYPE_FP32) {
+                const uint2 x = *reinterpret_cast<const uint2*>(tile + (rs + m) * W + cl);
+                words[2 * m] = x.x;
+                words[2 * m + 1] = x.y;
+              } else {
+                words[m] = tile[(rs + m) * W + pair];
               }
-            } else {
-              static_cast<float*>(a.rowwise_scale_inv)[offset] = sc.stored_f32;
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                float v[16];
+#pragma unroll
+                for (int m = 0; m < 16; ++m) v[m] = column_value<In>(words, 16 * h + m, e);
+                hadamard16_transform(v);
+                uint32_t m16 = 0;
+#pragma unroll
+                for (int m = 0; m < 16; ++m) m16 = max(m16, amax_bits(v[m]));
+                unit_hadamard[h] = max(unit_hadamard[h], m16);
+              }
             }
           }
         }
+        continue;
+      }
+
+      // 2D blocks: the amax of each B x B block of the tile, by shared atomics on a set that was
+      // cleared two tiles ago (the tile before the previous one was its last reader).
+      uint32_t* const block_set = block_bits[parity % 3];
+      if constexpr (R::k2D) {
+        if (tid < 64) block_bits[(parity + 1) % 3][tid] = 0;
+        if constexpr (B == 128) {
+          uint32_t m = 0;
+#pragma unroll
+          for (int l = 0; l < kSteps; ++l) m = max(m, bits[l]);
+          m = __reduce_max_sync(0xFFFFFFFFu, m);
+          if (lane == 0 && m != 0) atomicMax(&block_set[0], m);
+        } else {
+#pragma unroll
+          for (int l = 0; l < kSteps; ++l) {
+            const uint32_t m = shfl_max(shfl_max(bits[l], 1), 16);  // 16 columns x the warp's 2 rows
+            if (lane < 16 && (lane & 1) == 0 && m != 0) atomicMax(&block_set[l * 8 + j / 2], m);
+          }
+        }
+        __syncthreads();
+        // Scales of the tile's 2D blocks, for both copies; NaN traps once per block.
+        constexpr int kBlocksPerSide = kTile / B;
+        if (tid < kBlocksPerSide * kBlocksPerSide) {
+          const int bl = tid / kBlocksPerSide, bc = tid % kBlocksPerSide;
+          const int64_t br = r0 + B * bl, bcol = c0 + B * bc;
+          if (br < total && bcol < cols) {
+            const int i = B * bl;
+            const float block_amax = __uint_as_float(block_set[bl * 8 + bc]);
+            const BlockScale s = block_scale<S>(block_amax, fp8, pow2, row_scale[i], row_decode[i]);
+            maybe_trap(a, block_amax, row_group[i], br);
+            if (a.rowwise_scale_inv) store_scale<S>(a.rowwise_scale_inv, (br / B) * (cols / B) + bcol / B, s);
+            if (a.columnwise_scale_inv) store_scale<S>(a.columnwise_scale_inv, (bcol / B) * (capacity / B) + br / B, s);
+          }
+        }
+      }
+
+      // ---- rowwise copy, from the registers ----
+      if (a.rowwise != nullptr) {
+        // 1D recipes: block amax spread over the lanes, one scale computation per block.
+        constexpr int L = (B > 0 && !R::k2D) ? B / kChunk : 1;  // lanes per block: 16, 4 or 2
+        using Sp = Spread<L>;
+        float own_multiplier[Sp::kPerLane];
+        if constexpr (L > 1) {
+          uint32_t reduced[kSteps];
+#pragma unroll
+          for (int l = 0; l < kSteps; ++l) reduced[l] = bits[l];
+          reduce_spread<L>(reduced, lane);
+          const int first = Sp::first_step(lane);
+#pragma unroll
+          for (int k = 0; k < Sp::kPerLane; ++k) {
+            const int i = i0 + kRowsPerStep * (first + k);
+            const float amax = __uint_as_float(reduced[k]);
+            const BlockScale s = block_scale<S>(amax, fp8, pow2, row_scale[i], row_decode[i]);
+            own_multiplier[k] = s.multiplier;
+            if (Sp::stores(lane) && chunk_in && row_src[i] != kRowBeyond) {
+              const int64_t r = r0 + i, scale_cols = cols / B;
+              maybe_trap(a, amax, row_group[i], r);
+              const int64_t offset = scale_offset(a.scale_layout, r, c / B, scale_cols);
+              store_scale<S>(a.rowwise_scale_inv, offset, s);
+              if constexpr (R::kNv || S == SFMOE_SCALING_MX_1X32) {
+                if (a.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && c / B == scale_cols - 1) {
+                  zero_swizzle_padding_columns(static_cast<uint8_t*>(a.rowwise_scale_inv), r, scale_cols);
+                }
+              }
+            }
+          }
+        }
+        const bool vector_ok = cols % kChunk == 0;
+        // One step at a time (multiplier, then codes), which keeps few values live.
+#pragma unroll
+        for (int l = 0; l < kSteps; ++l) {
+          const int i = i0 + kRowsPerStep * l;
+          const int64_t r = r0 + i;
+          const bool written = chunk_in && row_src[i] != kRowBeyond;
+          float mult = 1.0f;
+          if constexpr (R::kTensor) {
+            mult = row_scale[i];
+          } else if constexpr (R::k2D) {
+            const uint32_t m = B == 128 ? block_set[0] : block_set[l * 8 + j / 2];
+            mult = block_scale<S>(__uint_as_float(m), fp8, pow2, row_scale[i], row_decode[i]).multiplier;
+          } else {
+            mult = __shfl_sync(0xFFFFFFFFu, own_multiplier[Sp::owner_register(l)],
+                               (lane & ~(L - 1)) | Sp::owner_lane(l));
+          }
+          if (written) {
+            float v[kChunk], m[kChunk];
+            decode_raw<In>(chunk_at(l), v);
+#pragma unroll
+            for (int k = 0; k < kChunk; ++k) m[k] = mult;
+            uint32_t words[kFp4 ? 1 : 2];
+            encode_packed<kFp4, kChunk>(v, m, e5m2, stochastic, seed, stream_rowwise, r * cols + c, words);
+            const int valid = cols - c < kChunk ? static_cast<int>(cols - c) : kChunk;
+            store_packed<kFp4, kChunk>(a.rowwise, r * cols + c, words, valid, vector_ok);
+          }
+        }
+      }
+
+      // ---- columnwise copy, from the shared tile: two columns x 32 rows per thread ----
+      if constexpr (kColumnwise) {
+        uint32_t words[kSegmentWords];
+        if (segment_active) {
+#pragma unroll
+          for (int m = 0; m < kSegment; ++m) {
+            if constexpr (In == SFMOE_DTYPE_FP32) {
+              const uint2 x = *reinterpret_cast<const uint2*>(tile + (rs + m) * W + cl);
+              words[2 * m] = x.x;
+              words[2 * m + 1] = x.y;
+            } else {
+              words[m] = tile[(rs + m) * W + pair];
+            }
+          }
+        }
+        // Block multipliers of the segment: [column e][16-row half h].
+        float col_mult[2][2] = {{1.0f, 1.0f}, {1.0f, 1.0f}};
+        if constexpr (R::kFp8Block && !R::k2D) {
+          // 128-row blocks span the four segments: partial amax through shared memory.
+          uint32_t partial[2] = {0, 0};
+          if (segment_active) column_pair_amax_bits<In, kSegment>(words, partial);
+          segment_bits[seg][cl] = partial[0];
+          segment_bits[seg][cl + 1] = partial[1];
+          __syncthreads();
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            uint32_t m = 0;
+#pragma unroll
+            for (int s2 = 0; s2 < kSegments; ++s2) m = max(m, segment_bits[s2][cl + e]);
+            const BlockScale s = block_scale<S>(__uint_as_float(m), fp8, pow2, 0.0f, 0.0f);
+            col_mult[e][0] = col_mult[e][1] = s.multiplier;
+            if (seg == 0 && segment_active && cc + e < cols) {
+              maybe_trap(a, __uint_as_float(m), row_group[0], r0);
+              store_scale<S>(a.columnwise_scale_inv, scale_offset(a.scale_layout, cc + e, r0 / B, capacity / B), s);
+            }
+          }
+        } else if constexpr ((S == SFMOE_SCALING_MX_1X32)) {
+          uint32_t m[2] = {0, 0};
+          if (segment_active) column_pair_amax_bits<In, kSegment>(words, m);
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const BlockScale s = block_scale<S>(__uint_as_float(m[e]), fp8, pow2, 0.0f, 0.0f);
+            col_mult[e][0] = col_mult[e][1] = s.multiplier;
+            if (segment_active && cc + e < cols) {
+              const int64_t scale_cols = capacity / B;
+              maybe_trap(a, __uint_as_float(m[e]), row_group[rs], rseg);
+              uint8_t* scales = static_cast<uint8_t*>(a.columnwise_scale_inv);
+              scales[scale_offset(a.scale_layout, cc + e, rseg / B, scale_cols)] = s.stored_u8;
+              if (a.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && cc + e == cols - 1) {
+                zero_swizzle_padding_rows(scales, cols, rseg / B, scale_cols);
+              }
+            }
+          }
+        } else if constexpr (R::k2D) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int i = rs + 16 * h;
+            const uint32_t m = B == 128 ? block_set[0] : block_set[(i / 16) * 8 + cl / 16];
+            col_mult[0][h] = col_mult[1][h] =
+                block_scale<S>(__uint_as_float(m), fp8, pow2, row_scale[i], row_decode[i]).multiplier;
+          }
+        }
+        if (segment_active) {
+          const bool vector_ok = capacity % 16 == 0;
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int64_t ce = cc + e;
+            if (ce >= cols) continue;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int first = 16 * h;
+              if (first >= valid_rows) continue;
+              float v[16], m[16];
+#pragma unroll
+              for (int k = 0; k < 16; ++k) v[k] = column_value<In>(words, first + k, e);
+              float mult = col_mult[e][h];
+              if constexpr (R::kNv && !R::k2D) {
+                // NVFP4 1x16: each 16-row half is a block (optionally Hadamard-transformed).
+                if (hadamard) hadamard16_transform(v);
+                uint32_t mb = 0;
+#pragma unroll
+                for (int k = 0; k < 16; ++k) mb = max(mb, amax_bits(v[k]));
+                const int i = rs + first;
+                const BlockScale s = block_scale<S>(__uint_as_float(mb), fp8, pow2, row_col_scale[i], row_col_decode[i]);
+                mult = s.multiplier;
+                const int64_t scale_cols = capacity / B;
+                maybe_trap(a, __uint_as_float(mb), row_group[i], rseg + first);
+                uint8_t* scales = static_cast<uint8_t*>(a.columnwise_scale_inv);
+                scales[scale_offset(a.scale_layout, ce, (rseg + first) / B, scale_cols)] = s.stored_u8;
+                if (a.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && ce == cols - 1) {
+                  zero_swizzle_padding_rows(scales, cols, (rseg + first) / B, scale_cols);
+                }
+              }
+#pragma unroll
+              for (int k = 0; k < 16; ++k) m[k] = R::kTensor ? row_scale[rs + first + k] : mult;
+              uint32_t out[kFp4 ? 2 : 4];
+              const int64_t index = ce * capacity + rseg + first;
+              encode_packed<kFp4, 16>(v, m, e5m2, stochastic, seed, stream_rowwise + 1, index, out);
+              const int valid = valid_rows - first < 16 ? valid_rows - first : 16;
+              store_packed<kFp4, 16>(a.columnwise, index, out, valid, vector_ok);
+            }
+          }
         }
       }
     }
+
     if constexpr (kAmaxPass) {
+      // Row amax over the unit: the 16 lanes of a row reduce, lane 0 owns the row's entry.
+#pragma unroll
+      for (int l = 0; l < kSteps; ++l) {
+        uint32_t m = unit_bits[l];
+#pragma unroll
+        for (int mask = 1; mask < kChunksPerRow; mask <<= 1) m = shfl_max(m, mask);
+        if (j == 0) row_bits[i0 + kRowsPerStep * l] = m;
+      }
+      if constexpr (kColumnwise) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t m = __reduce_max_sync(0xFFFFFFFFu, unit_hadamard[h]);
+          if (lane == 0 && m != 0) atomicMax(&hadamard_bits[2 * seg + h], m);
+        }
+      }
       __syncthreads();
-      if (threadIdx.x < kFastRows) {
-        const int i = threadIdx.x;
-        if (rows.src[i] != kRowBeyond && (i == 0 || rows.group[i] != rows.group[i - 1])) {
-          unsigned m = 0;
-          for (int k = i; k < kFastRows && rows.group[k] == rows.group[i] && rows.src[k] != kRowBeyond; ++k) {
+      if (tid < kTile) {
+        const int i = tid;
+        if (row_src[i] != kRowBeyond && (i == 0 || row_group[i] != row_group[i - 1])) {
+          uint32_t m = 0;  // the first row of its group in this band gathers the group's rows
+          for (int k = i; k < kTile && row_group[k] == row_group[i] && row_src[k] != kRowBeyond; ++k) {
             m = max(m, row_bits[k]);
           }
-          if (m != 0) atomicMax(reinterpret_cast<unsigned*>(a.amax + rows.group[i]), m);
+          if (m != 0) atomicMax(reinterpret_cast<unsigned*>(a.amax + row_group[i]), m);
+        }
+      }
+      if (kColumnwise && tid < kTile / 16) {
+        if (row_src[16 * tid] != kRowBeyond && hadamard_bits[tid] != 0) {
+          atomicMax(reinterpret_cast<unsigned*>(a.columnwise_amax + row_group[16 * tid]), hadamard_bits[tid]);
         }
       }
     }
-    __syncthreads();
   }
 }
 
-template <sfmoe_dtype In, sfmoe_scaling S, bool kAmaxPass>
-sfmoe_status launch_rowwise(const GroupedQuantizeArgs& a, cudaStream_t stream) {
-  auto kernel = quantize_rowwise_kernel<In, S, kAmaxPass>;
-  int blocks_per_sm = 0;
-  SFMOE_CUDA_RETURN_IF_ERROR("sfmoe_grouped_quantize",
-                             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kThreads, 0));
-  const int64_t units_bound = (a.row_capacity + kFastRows - 1) / kFastRows;
-  const int64_t wave = static_cast<int64_t>(multiprocessor_count()) * (blocks_per_sm > 0 ? blocks_per_sm : 1);
-  const int grid = static_cast<int>(units_bound < wave ? (units_bound > 0 ? units_bound : 1) : wave);
-  kernel<<<grid, kThreads, 0, stream>>>(a);
-  return check_launch("sfmoe_grouped_quantize", "quantize_rowwise_kernel");
-}
-
-template <sfmoe_dtype In, sfmoe_scaling S>
-size_t tile_shared_bytes() {
-  using R = Recipe<S>;
-  constexpr int TR = R::kTileRows;
-  return TR * kRowStride * sizeof(float) + TR * (sizeof(int64_t) + sizeof(int32_t)) +
-         TR * sizeof(unsigned) + (TR / R::kChunk) * kTileCols * sizeof(float) +
-         (TR / 16) * (kTileCols / 16) * sizeof(unsigned) + 16;
-}
-
-template <sfmoe_dtype In, sfmoe_scaling S, bool kAmaxPass>
+template <sfmoe_dtype In, sfmoe_scaling S, bool kAmaxPass, bool kColumnwise>
 sfmoe_status launch_tiles(const GroupedQuantizeArgs& a, cudaStream_t stream) {
-  auto kernel = quantize_tiles_kernel<In, S, kAmaxPass>;
-  const size_t shared = tile_shared_bytes<In, S>();
+  using Buffers = TileBuffers<In, kColumnwise>;
+  auto kernel = quantize_tiles_kernel<In, S, kAmaxPass, kColumnwise>;
+  TileSchedule sched{};
+  const bool has_offsets = a.offsets != nullptr || a.input.offsets != nullptr;
+  sched.staged_groups = has_offsets && a.num_groups <= kMaxStagedGroups ? a.num_groups + 1 : 0;
+  const size_t shared = Buffers::kBytes + 2 * sizeof(int64_t) * static_cast<size_t>(sched.staged_groups);
   // Per device, and not a stream operation: set on every launch (cheap, capture-safe).
   SFMOE_CUDA_RETURN_IF_ERROR("sfmoe_grouped_quantize",
                              cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -773,26 +985,38 @@ sfmoe_status launch_tiles(const GroupedQuantizeArgs& a, cudaStream_t stream) {
   int blocks_per_sm = 0;
   SFMOE_CUDA_RETURN_IF_ERROR("sfmoe_grouped_quantize",
                              cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kThreads, shared));
-  const int64_t col_tiles = (a.cols + kTileCols - 1) / kTileCols;
-  const int64_t tiles_bound = (a.row_capacity + Recipe<S>::kTileRows - 1) / Recipe<S>::kTileRows *
-                              ((col_tiles + kColTilesPerUnit - 1) / kColTilesPerUnit);
   const int64_t wave = static_cast<int64_t>(multiprocessor_count()) * (blocks_per_sm > 0 ? blocks_per_sm : 1);
-  const int grid = static_cast<int>(tiles_bound < wave ? (tiles_bound > 0 ? tiles_bound : 1) : wave);
-  kernel<<<grid, kThreads, shared, stream>>>(a);
+  // Work units: about 16 per resident block over the row bound, so that the last wave is short
+  // and each unit's row map is reused over a few column tiles; the columnwise path wants at least
+  // 8 tiles per unit (its copy pipeline restarts with every unit).
+  const int64_t bands_bound = (a.row_capacity + kTile - 1) / kTile;
+  sched.col_tiles = (a.cols + kTile - 1) / kTile;
+  int64_t col_units = bands_bound > 0 ? (16 * wave + bands_bound - 1) / bands_bound : 1;
+  if (kColumnwise) col_units = std::min<int64_t>(col_units, (sched.col_tiles + 7) / 8);
+  col_units = col_units < 1 ? 1 : (col_units > sched.col_tiles ? sched.col_tiles : col_units);
+  sched.tiles_per_unit = col_units > 0 ? (sched.col_tiles + col_units - 1) / col_units : 1;
+  sched.col_units = sched.tiles_per_unit > 0 ? (sched.col_tiles + sched.tiles_per_unit - 1) / sched.tiles_per_unit : 0;
+  const int64_t units_bound = bands_bound * sched.col_units;
+  const int grid = static_cast<int>(units_bound < wave ? (units_bound > 0 ? units_bound : 1) : wave);
+  kernel<<<grid, kThreads, shared, stream>>>(a, sched);
   return check_launch("sfmoe_grouped_quantize", "quantize_tiles_kernel");
 }
 
 template <sfmoe_dtype In, sfmoe_scaling S>
 sfmoe_status run_recipe(const GroupedQuantizeArgs& a, cudaStream_t stream) {
-  const bool needs_amax = S == SFMOE_SCALING_TENSOR || Recipe<S>::kNv;
-  if constexpr (!Recipe<S>::k2D) {
-    if (a.columnwise == nullptr) {  // no transpose: the streaming path
-      if (needs_amax) SFMOE_RETURN_IF_ERROR((launch_rowwise<In, S, true>(a, stream)));
-      return launch_rowwise<In, S, false>(a, stream);
+  if constexpr (Recipe<S>::kGroupAmax) {
+    if constexpr (S == SFMOE_SCALING_NV_1X16) {
+      if (a.config.hadamard_columnwise && a.columnwise != nullptr) {
+        SFMOE_RETURN_IF_ERROR((launch_tiles<In, S, true, true>(a, stream)));
+      } else {
+        SFMOE_RETURN_IF_ERROR((launch_tiles<In, S, true, false>(a, stream)));
+      }
+    } else {
+      SFMOE_RETURN_IF_ERROR((launch_tiles<In, S, true, false>(a, stream)));
     }
   }
-  if (needs_amax) SFMOE_RETURN_IF_ERROR((launch_tiles<In, S, true>(a, stream)));
-  return launch_tiles<In, S, false>(a, stream);
+  if (a.columnwise != nullptr) return launch_tiles<In, S, false, true>(a, stream);
+  return launch_tiles<In, S, false, false>(a, stream);
 }
 
 template <sfmoe_dtype In>
@@ -824,9 +1048,9 @@ __global__ void __launch_bounds__(kThreads) group_amax_kernel(GroupedInput in, i
     const int64_t end = begin + per_split < chunks ? begin + per_split : chunks;
     unsigned m = 0;
     for (int64_t q = begin + threadIdx.x; q < end; q += kThreads) {
-      float v[8];
-      load_chunk8<In>(in.data, span.begin + q / chunks_per_row, (q % chunks_per_row) * 8, cols, v);
-      m = max(m, amax_bits(chunk_amax<8>(v)));
+      RawChunk<In> raw;
+      load_raw<In>(in.data, span.begin + q / chunks_per_row, (q % chunks_per_row) * 8, cols, raw);
+      m = max(m, raw_amax_bits<In>(raw));
     }
     for (int lane_mask = 16; lane_mask > 0; lane_mask >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, lane_mask));
     if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(&block_max, m);
