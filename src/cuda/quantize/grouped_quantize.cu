@@ -21,13 +21,17 @@
 #include "src/cuda/backend.h"
 #include "src/cuda/common/cuda_check.h"
 
+// nvcc reports static constexpr members of class templates that a given instantiation's
+// discarded `if constexpr` branches skip as "declared but never referenced" (177).
+#pragma nv_diag_suppress 177
+
 namespace sfmoe {
 namespace cuda {
 namespace {
 
 using namespace numerics;
 
-constexpr int kThreads = 256;
+constexpr int kThreads = 256;  // the small kernels (offsets scan aside)
 constexpr int kRowBeyond = -2;   // row map marker: at or beyond out_off[G], not written
 constexpr int kRowPadding = -1;  // row map marker: alignment padding, zeros
 
@@ -35,11 +39,20 @@ constexpr int kRowPadding = -1;  // row map marker: alignment padding, zeros
 constexpr int kTile = 128;
 constexpr int kChunk = 8;                               // elements per rowwise chunk
 constexpr int kChunksPerRow = kTile / kChunk;           // 16 lanes cover a tile row
-constexpr int kRowsPerStep = kThreads / kChunksPerRow;  // 16
-constexpr int kSteps = kTile / kRowsPerStep;            // 8 chunks per thread per tile
-constexpr int kSegment = 32;                            // rows per columnwise thread
-constexpr int kSegments = kTile / kSegment;             // 4
-static_assert((kTile / 2) * kSegments == kThreads, "columnwise: one thread per column pair x segment");
+
+// Thread geometry. The rowwise-only path runs 256 threads, each with 8 chunks of a tile in flight
+// from global memory. The columnwise path runs 512 threads (4 chunks and one 16-row column
+// segment each): half the registers per thread, so that two blocks give 32 warps per SM.
+template <bool kColumnwise>
+struct Geometry {
+  static constexpr int kThreads = kColumnwise ? 512 : 256;
+  static constexpr int kRowsPerStep = kThreads / kChunksPerRow;  // 16 or 32
+  static constexpr int kSteps = kTile / kRowsPerStep;            // chunks per thread per tile
+  static constexpr int kSegment = 16;                            // rows per columnwise thread
+  static constexpr int kSegments = kTile / kSegment;             // 8
+  static_assert(!kColumnwise || (kTile / 2) * kSegments == kThreads,
+                "columnwise: one thread per column pair x segment");
+};
 // Group offsets are staged in shared memory when there are at most this many groups.
 constexpr int64_t kMaxStagedGroups = 1024;
 
@@ -380,7 +393,10 @@ struct TileSchedule {
 // Shared tile buffers of the columnwise path: raw input words, 128 rows of 128 elements, in a
 // ring of three filled by cp.async two tiles ahead, so that each block keeps two tiles of loads in
 // flight while it works on a third.
-constexpr int kStages = 3;
+#ifndef SFMOE_QUANTIZE_STAGES
+#define SFMOE_QUANTIZE_STAGES 3
+#endif
+constexpr int kStages = SFMOE_QUANTIZE_STAGES;
 template <sfmoe_dtype In, bool kColumnwise>
 struct TileBuffers {
   static constexpr int kWordsPerRow = kTile * (In == SFMOE_DTYPE_FP32 ? 4 : 2) / 4;
@@ -403,7 +419,7 @@ __device__ __forceinline__ void cp_async_wait() {
 // Starts the copy of tile column c0 (rows from the row map) into a shared buffer; each thread
 // copies the chunks it reads back in the rowwise pass. A chunk cut by the end of a row (cols not
 // a multiple of 8) is loaded and stored synchronously.
-template <sfmoe_dtype In>
+template <sfmoe_dtype In, class G>
 __device__ __forceinline__ void issue_tile(uint32_t* buffer, const GroupedInput& in, int64_t cols,
                                            int64_t c0, int i0, int j, const int64_t* row_src,
                                            const uint8_t* const* row_input) {
@@ -414,8 +430,8 @@ __device__ __forceinline__ void issue_tile(uint32_t* buffer, const GroupedInput&
   const bool whole = c + kChunk <= cols && cols % kChunk == 0;
   const bool inside = c < cols;
 #pragma unroll
-  for (int l = 0; l < kSteps; ++l) {
-    const int i = i0 + kRowsPerStep * l;
+  for (int l = 0; l < G::kSteps; ++l) {
+    const int i = i0 + G::kRowsPerStep * l;
     const uint8_t* row = row_input[i];  // NULL: padding or beyond
     uint32_t* dst = buffer + i * W + j * Raw::kWords;
     if (row == nullptr || !inside || whole) {
@@ -440,12 +456,16 @@ __device__ __forceinline__ void issue_tile(uint32_t* buffer, const GroupedInput&
 #define SFMOE_QUANTIZE_ROWWISE_MIN_BLOCKS 3
 #endif
 #ifndef SFMOE_QUANTIZE_COLUMNWISE_MIN_BLOCKS
-#define SFMOE_QUANTIZE_COLUMNWISE_MIN_BLOCKS 2
+#define SFMOE_QUANTIZE_COLUMNWISE_MIN_BLOCKS 1
 #endif
-template <sfmoe_dtype In, sfmoe_scaling S, bool kColumnwise>
+#ifndef SFMOE_QUANTIZE_AMAX_MIN_BLOCKS
+#define SFMOE_QUANTIZE_AMAX_MIN_BLOCKS 4
+#endif
+template <sfmoe_dtype In, sfmoe_scaling S, bool kAmaxPass, bool kColumnwise>
 constexpr int tile_min_blocks() {
   if (In == SFMOE_DTYPE_FP32) return kColumnwise ? 1 : 2;  // twice the words per chunk
   if (kColumnwise) return SFMOE_QUANTIZE_COLUMNWISE_MIN_BLOCKS;
+  if (kAmaxPass) return SFMOE_QUANTIZE_AMAX_MIN_BLOCKS;
   return Recipe<S>::kNv ? 2 : SFMOE_QUANTIZE_ROWWISE_MIN_BLOCKS;  // NVFP4 encodes need more registers
 }
 
@@ -487,20 +507,21 @@ __device__ __forceinline__ float column_value(const uint32_t* words, int m, int 
 // leaves every block's amax in one lane (two for L = 16), so the scale math runs once per block
 // instead of once per lane: lane q of its L-group holds steps spread_first_step(q) + k,
 // k < kSpreadPerLane.
-template <int L>
+template <int L, int kSteps>
 struct Spread {
   static constexpr int kPerLane = L >= kSteps ? 1 : kSteps / L;
+  static constexpr int kCopies = L > kSteps ? L / kSteps : 1;  // lanes left holding each amax
   // The lane (in its L-group) and the register that hold step l's block amax.
-  static constexpr int owner_lane(int l) { return L > kSteps ? 2 * l : l / kPerLane; }
+  static constexpr int owner_lane(int l) { return L > kSteps ? kCopies * l : l / kPerLane; }
   static constexpr int owner_register(int l) { return L > kSteps ? 0 : l % kPerLane; }
   __device__ static int first_step(int lane) {
-    return L > kSteps ? (lane & (L - 1)) >> 1 : (lane & (L - 1)) * kPerLane;
+    return L > kSteps ? (lane & (L - 1)) / kCopies : (lane & (L - 1)) * kPerLane;
   }
-  // L = 16 leaves each amax in two lanes; only the even one stores.
-  __device__ static bool stores(int lane) { return L <= kSteps || (lane & 1) == 0; }
+  // Where an amax sits in several lanes, only the first of them stores.
+  __device__ static bool stores(int lane) { return (lane & (kCopies - 1)) == 0; }
 };
 
-template <int L>
+template <int L, int kSteps>
 __device__ __forceinline__ void reduce_spread(uint32_t v[kSteps], int lane) {
   int count = kSteps;
 #pragma unroll
@@ -523,9 +544,13 @@ __device__ __forceinline__ void reduce_spread(uint32_t v[kSteps], int lane) {
 }
 
 template <sfmoe_dtype In, sfmoe_scaling S, bool kAmaxPass, bool kColumnwise>
-__global__ void __launch_bounds__(kThreads, (tile_min_blocks<In, S, kColumnwise>()))
+__global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads, (tile_min_blocks<In, S, kAmaxPass, kColumnwise>()))
     quantize_tiles_kernel(GroupedQuantizeArgs a, TileSchedule sched) {
   using R = Recipe<S>;
+  using G = Geometry<kColumnwise>;
+  constexpr int kThreads = G::kThreads, kRowsPerStep = G::kRowsPerStep, kSteps = G::kSteps;
+  constexpr int kSegment = G::kSegment, kSegments = G::kSegments;
+  constexpr int kPieces = kSegment / 16;  // 16-row pieces per columnwise segment
   using Raw = RawChunk<In>;
   using Buffers = TileBuffers<In, kColumnwise>;
   constexpr int B = R::kBlock;
@@ -543,7 +568,7 @@ __global__ void __launch_bounds__(kThreads, (tile_min_blocks<In, S, kColumnwise>
   __shared__ float row_col_scale[kTile];        // NVFP4: the columnwise S_enc
   __shared__ float row_col_decode[kTile];       // NVFP4: its inverse
   __shared__ uint32_t row_bits[kTile];          // amax pass: each row's amax over the unit
-  __shared__ uint32_t segment_bits[kSegments][kTile];  // BLOCK_1X128 columnwise partial amax
+  __shared__ uint32_t segment_bits[kSegments][kTile];  // columnwise partial amax (blocks > segment)
   __shared__ uint32_t block_bits[3][64];        // 2D block amax, three rotating sets
   __shared__ uint32_t hadamard_bits[kTile / 16];  // amax pass: transformed 16-row blocks
 
@@ -591,7 +616,7 @@ __global__ void __launch_bounds__(kThreads, (tile_min_blocks<In, S, kColumnwise>
   const int64_t bands = (total + kTile - 1) / kTile;
   const int64_t units = bands * sched.col_units;
   const int j = tid % kChunksPerRow;   // rowwise: chunk j of each tile row it covers
-  const int i0 = tid / kChunksPerRow;  // rowwise: tile rows i0 + 16 l, l = 0..7
+  const int i0 = tid / kChunksPerRow;  // rowwise: tile rows i0 + kRowsPerStep l
   const int pair = tid % (kTile / 2);  // columnwise: tile columns 2 pair, 2 pair + 1
   const int seg = tid / (kTile / 2);   // columnwise: tile rows [32 seg, 32 seg + 32)
   int parity = 0;                      // tiles done by this block: selects the rotating buffers
@@ -629,7 +654,7 @@ __global__ void __launch_bounds__(kThreads, (tile_min_blocks<In, S, kColumnwise>
     __syncthreads();
 
     uint32_t unit_bits[kSteps];       // amax pass: running row amax of the rows this thread covers
-    uint32_t unit_hadamard[2] = {0, 0};  // amax pass: transformed blocks of its column segment
+    uint32_t unit_hadamard[kPieces] = {};  // amax pass: transformed blocks of its column segment
 #pragma unroll
     for (int l = 0; l < kSteps; ++l) unit_bits[l] = 0;
 
@@ -639,7 +664,7 @@ __global__ void __launch_bounds__(kThreads, (tile_min_blocks<In, S, kColumnwise>
     if constexpr (kColumnwise) {
 #pragma unroll
       for (int k = 0; k < kStages - 1; ++k) {
-        if (ct_begin + k < ct_end) issue_tile<In>(tiles + k * kTile * W, in, cols, (ct_begin + k) * kTile, i0, j, row_src, row_input);
+        if (ct_begin + k < ct_end) issue_tile<In, G>(tiles + k * kTile * W, in, cols, (ct_begin + k) * kTile, i0, j, row_src, row_input);
         cp_async_commit();
       }
     }
@@ -667,7 +692,7 @@ __global__ void __launch_bounds__(kThreads, (tile_min_blocks<In, S, kColumnwise>
         const int64_t ahead = ct + kStages - 1;
         if (ahead < ct_end) {
           const int ahead_stage = stage == 0 ? kStages - 1 : stage - 1;  // (stage + kStages - 1) % kStages
-          issue_tile<In>(tiles + ahead_stage * kTile * W, in, cols, ahead * kTile, i0, j, row_src, row_input);
+          issue_tile<In, G>(tiles + ahead_stage * kTile * W, in, cols, ahead * kTile, i0, j, row_src, row_input);
         }
         cp_async_commit();
       }
@@ -690,7 +715,7 @@ __global__ void __launch_bounds__(kThreads, (tile_min_blocks<In, S, kColumnwise>
 #pragma unroll
       for (int l = 0; l < kSteps; ++l) bits[l] = raw_amax_bits<In>(chunk_at(l));
 
-      // Columnwise segment of this thread (rows r0 + [rs, rs + 32), columns c0 + cl, + 1).
+      // Columnwise segment of this thread (rows r0 + [rs, rs + kSegment), columns c0 + cl, + 1).
       const int cl = 2 * pair, rs = kSegment * seg;
       const int64_t cc = c0 + cl, rseg = r0 + rs;
       const int64_t rows_left = total - rseg;
@@ -714,7 +739,7 @@ __global__ void __launch_bounds__(kThreads, (tile_min_blocks<In, S, kColumnwise>
               }
             }
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
+            for (int h = 0; h < kPieces; ++h) {
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
                 float v[16];
@@ -747,7 +772,8 @@ __global__ void __launch_bounds__(kThreads, (tile_min_blocks<In, S, kColumnwise>
 #pragma unroll
           for (int l = 0; l < kSteps; ++l) {
             const uint32_t m = shfl_max(shfl_max(bits[l], 1), 16);  // 16 columns x the warp's 2 rows
-            if (lane < 16 && (lane & 1) == 0 && m != 0) atomicMax(&block_set[l * 8 + j / 2], m);
+            const int row_block = (i0 + kRowsPerStep * l) / 16;
+            if (lane < 16 && (lane & 1) == 0 && m != 0) atomicMax(&block_set[row_block * 8 + j / 2], m);
           }
         }
         __syncthreads();
@@ -771,13 +797,13 @@ __global__ void __launch_bounds__(kThreads, (tile_min_blocks<In, S, kColumnwise>
       if (a.rowwise != nullptr) {
         // 1D recipes: block amax spread over the lanes, one scale computation per block.
         constexpr int L = (B > 0 && !R::k2D) ? B / kChunk : 1;  // lanes per block: 16, 4 or 2
-        using Sp = Spread<L>;
+        using Sp = Spread<L, kSteps>;
         float own_multiplier[Sp::kPerLane];
         if constexpr (L > 1) {
           uint32_t reduced[kSteps];
 #pragma unroll
           for (int l = 0; l < kSteps; ++l) reduced[l] = bits[l];
-          reduce_spread<L>(reduced, lane);
+          reduce_spread<L, kSteps>(reduced, lane);
           const int first = Sp::first_step(lane);
 #pragma unroll
           for (int k = 0; k < Sp::kPerLane; ++k) {
@@ -809,7 +835,7 @@ __global__ void __launch_bounds__(kThreads, (tile_min_blocks<In, S, kColumnwise>
           if constexpr (R::kTensor) {
             mult = row_scale[i];
           } else if constexpr (R::k2D) {
-            const uint32_t m = B == 128 ? block_set[0] : block_set[l * 8 + j / 2];
+            const uint32_t m = B == 128 ? block_set[0] : block_set[(i / 16) * 8 + j / 2];
             mult = block_scale<S>(__uint_as_float(m), fp8, pow2, row_scale[i], row_decode[i]).multiplier;
           } else {
             mult = __shfl_sync(0xFFFFFFFFu, own_multiplier[Sp::owner_register(l)],
@@ -828,7 +854,7 @@ __global__ void __launch_bounds__(kThreads, (tile_min_blocks<In, S, kColumnwise>
         }
       }
 
-      // ---- columnwise copy, from the shared tile: two columns x 32 rows per thread ----
+      // ---- columnwise copy, from the shared tile: two columns x kSegment rows per thread ----
       if constexpr (kColumnwise) {
         uint32_t words[kSegmentWords];
         if (segment_active) {
@@ -843,47 +869,79 @@ __global__ void __launch_bounds__(kThreads, (tile_min_blocks<In, S, kColumnwise>
             }
           }
         }
-        // Block multipliers of the segment: [column e][16-row half h].
-        float col_mult[2][2] = {{1.0f, 1.0f}, {1.0f, 1.0f}};
-        if constexpr (R::kFp8Block && !R::k2D) {
-          // 128-row blocks span the four segments: partial amax through shared memory.
+        // Block multipliers of the segment: [column e][16-row piece h].
+        float col_mult[2][kPieces];
+#pragma unroll
+        for (int h = 0; h < kPieces; ++h) col_mult[0][h] = col_mult[1][h] = 1.0f;
+        if constexpr (B > kSegment && !R::k2D) {
+          // Blocks taller than a segment (BLOCK_1X128: 8 segments, MXFP8: 2): partial amax of
+          // each segment through shared memory; the block's first segment stores the scale.
+          constexpr int kSegmentsPerBlock = B / kSegment;
+          const bool packed_mx_scales =
+              S == SFMOE_SCALING_MX_1X32 && a.scale_layout == SFMOE_SCALE_LAYOUT_COMPACT;
           uint32_t partial[2] = {0, 0};
           if (segment_active) column_pair_amax_bits<In, kSegment>(words, partial);
           segment_bits[seg][cl] = partial[0];
           segment_bits[seg][cl + 1] = partial[1];
           __syncthreads();
+          const int first_seg = seg / kSegmentsPerBlock * kSegmentsPerBlock;
+          const int block_row = kSegment * first_seg;  // tile row of the block's first row
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             uint32_t m = 0;
 #pragma unroll
-            for (int s2 = 0; s2 < kSegments; ++s2) m = max(m, segment_bits[s2][cl + e]);
+            for (int s2 = 0; s2 < kSegmentsPerBlock; ++s2) m = max(m, segment_bits[first_seg + s2][cl + e]);
             const BlockScale s = block_scale<S>(__uint_as_float(m), fp8, pow2, 0.0f, 0.0f);
-            col_mult[e][0] = col_mult[e][1] = s.multiplier;
-            if (seg == 0 && segment_active && cc + e < cols) {
-              maybe_trap(a, __uint_as_float(m), row_group[0], r0);
-              store_scale<S>(a.columnwise_scale_inv, scale_offset(a.scale_layout, cc + e, r0 / B, capacity / B), s);
+#pragma unroll
+            for (int h = 0; h < kPieces; ++h) col_mult[e][h] = s.multiplier;
+            if (!packed_mx_scales && seg == first_seg && segment_active && cc + e < cols) {
+              const int64_t r = r0 + block_row, scale_cols = capacity / B;
+              maybe_trap(a, __uint_as_float(m), row_group[block_row], r);
+              store_scale<S>(a.columnwise_scale_inv, scale_offset(a.scale_layout, cc + e, r / B, scale_cols), s);
+              if constexpr (S == SFMOE_SCALING_MX_1X32) {
+                if (a.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && cc + e == cols - 1) {
+                  zero_swizzle_padding_rows(static_cast<uint8_t*>(a.columnwise_scale_inv), cols, r / B, scale_cols);
+                }
+              }
             }
           }
-        } else if constexpr ((S == SFMOE_SCALING_MX_1X32)) {
-          uint32_t m[2] = {0, 0};
-          if (segment_active) column_pair_amax_bits<In, kSegment>(words, m);
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const BlockScale s = block_scale<S>(__uint_as_float(m[e]), fp8, pow2, 0.0f, 0.0f);
-            col_mult[e][0] = col_mult[e][1] = s.multiplier;
-            if (segment_active && cc + e < cols) {
+          if constexpr (S == SFMOE_SCALING_MX_1X32) {
+            // Compact layout: the tile's four E8M0 scales of a column sit side by side, 2 KB from
+            // the next column's; the first segment's thread stores them as one word. Measured
+            // (docs/KERNEL_NOTES.md, q7): 1.15 -> 1.05 ms for compact scales, but 0.77 -> 1.03 ms
+            // for swizzled ones, whose byte stores already land close together, so the swizzled
+            // layout keeps one store per block.
+            if (packed_mx_scales && seg == 0) {
               const int64_t scale_cols = capacity / B;
-              maybe_trap(a, __uint_as_float(m[e]), row_group[rs], rseg);
               uint8_t* scales = static_cast<uint8_t*>(a.columnwise_scale_inv);
-              scales[scale_offset(a.scale_layout, cc + e, rseg / B, scale_cols)] = s.stored_u8;
-              if (a.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && cc + e == cols - 1) {
-                zero_swizzle_padding_rows(scales, cols, rseg / B, scale_cols);
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                if (cc + e >= cols) continue;
+                const int64_t offset = (cc + e) * scale_cols + r0 / B;  // compact
+                uint32_t packed = 0;
+                int written = 0;
+#pragma unroll
+                for (int b = 0; b < kTile / B; ++b) {
+                  if (r0 + B * b >= total) continue;  // rows at and beyond out_off[G]: not written
+                  uint32_t m = 0;
+#pragma unroll
+                  for (int s2 = 0; s2 < kSegmentsPerBlock; ++s2) m = max(m, segment_bits[kSegmentsPerBlock * b + s2][cl + e]);
+                  const uint8_t code = block_scale<S>(__uint_as_float(m), fp8, pow2, 0.0f, 0.0f).stored_u8;
+                  maybe_trap(a, __uint_as_float(m), row_group[B * b], r0 + B * b);
+                  packed |= static_cast<uint32_t>(code) << (8 * b);
+                  ++written;
+                }
+                if (written == kTile / B && (offset & 3) == 0) {
+                  *reinterpret_cast<uint32_t*>(scales + offset) = packed;
+                } else {
+                  for (int b = 0; b < written; ++b) scales[offset + b] = static_cast<uint8_t>(packed >> (8 * b));
+                }
               }
             }
           }
         } else if constexpr (R::k2D) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
+          for (int h = 0; h < kPieces; ++h) {
             const int i = rs + 16 * h;
             const uint32_t m = B == 128 ? block_set[0] : block_set[(i / 16) * 8 + cl / 16];
             col_mult[0][h] = col_mult[1][h] =
@@ -897,7 +955,7 @@ __global__ void __launch_bounds__(kThreads, (tile_min_blocks<In, S, kColumnwise>
             const int64_t ce = cc + e;
             if (ce >= cols) continue;
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
+            for (int h = 0; h < kPieces; ++h) {
               const int first = 16 * h;
               if (first >= valid_rows) continue;
               float v[16], m[16];
@@ -945,9 +1003,9 @@ __global__ void __launch_bounds__(kThreads, (tile_min_blocks<In, S, kColumnwise>
       }
       if constexpr (kColumnwise) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
+        for (int h = 0; h < kPieces; ++h) {
           const uint32_t m = __reduce_max_sync(0xFFFFFFFFu, unit_hadamard[h]);
-          if (lane == 0 && m != 0) atomicMax(&hadamard_bits[2 * seg + h], m);
+          if (lane == 0 && m != 0) atomicMax(&hadamard_bits[(kSegment * seg) / 16 + h], m);
         }
       }
       __syncthreads();
@@ -973,6 +1031,7 @@ __global__ void __launch_bounds__(kThreads, (tile_min_blocks<In, S, kColumnwise>
 template <sfmoe_dtype In, sfmoe_scaling S, bool kAmaxPass, bool kColumnwise>
 sfmoe_status launch_tiles(const GroupedQuantizeArgs& a, cudaStream_t stream) {
   using Buffers = TileBuffers<In, kColumnwise>;
+  constexpr int kThreads = Geometry<kColumnwise>::kThreads;
   auto kernel = quantize_tiles_kernel<In, S, kAmaxPass, kColumnwise>;
   TileSchedule sched{};
   const bool has_offsets = a.offsets != nullptr || a.input.offsets != nullptr;
