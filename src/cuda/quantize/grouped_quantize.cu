@@ -7,10 +7,13 @@
 //      Hadamard transform, the transformed columnwise amax) by atomicMax on the FP32 bits;
 //   3. quantize_tiles_kernel<..., kAmaxPass = false>: codes and scales of both copies.
 // The tile kernel walks persistent work units (a band of 128 output rows x a run of 128-column
-// tiles) over the real rows [0, out_off[G]). Each thread loads eight 16-byte chunks of a tile
-// straight into registers and produces the rowwise copy from them (block amax by shuffles); when
-// a columnwise copy is asked for, the raw input words also go to a shared-memory tile (double
-// buffered) that the columnwise pass reads down the columns, two columns per thread.
+// tiles) over the real rows [0, out_off[G]); group offsets are staged in shared memory for the
+// row maps. Rowwise-only requests (256 threads) load eight 16-byte chunks per thread straight
+// into registers and encode them there, the block amax reduced by shuffles so that each block's
+// scale is computed once. Columnwise requests (512 threads) copy tiles with cp.async into a ring
+// of three shared buffers, two tiles ahead; the rowwise copy is read back along the rows and the
+// columnwise copy down the columns, two columns x 16 rows per thread. docs/KERNEL_NOTES.md has
+// the measured versions and why each changed.
 #include <algorithm>
 
 #include <cub/block/block_scan.cuh>
