@@ -2,6 +2,7 @@
 #pragma once
 
 #include "sfmoe/numerics/bits.h"
+#include "sfmoe/numerics/elementary.h"
 #include "sfmoe/numerics/float_formats.h"
 #include "sfmoe/numerics/hadamard.h"
 #include "sfmoe/numerics/random.h"

@@ -6,6 +6,7 @@
 
 #include "sfmoe/sfmoe.h"
 #include "src/common/quantize_args.h"
+#include "src/common/router_args.h"
 
 namespace sfmoe {
 namespace cpu {
@@ -21,8 +22,11 @@ void grouped_amax(const GroupedInput& input, int64_t num_groups, int64_t cols, f
 void grouped_quantize(const GroupedQuantizeArgs& args);
 void grouped_dequantize(const GroupedDequantizeArgs& args);
 void swizzle_scales(const uint8_t* compact, int64_t rows, int64_t scale_cols, uint8_t* swizzled);
-void unswizzle_scales(const uint8_t* swizzled, int64_t rows, int64_t scale_cols,
-                      uint8_t* compact);
+void unswizzle_scales(const uint8_t* swizzled, int64_t rows, int64_t scale_cols, uint8_t* compact);
+
+// Router (docs/router.md). Not yet exposed through the C API.
+void router_forward(const RouterForwardArgs& args);
+void router_backward(const RouterBackwardArgs& args);
 
 }  // namespace cpu
 }  // namespace sfmoe

@@ -118,7 +118,7 @@ std::vector<NumericsCase> make_numerics_cases(uint64_t seed) {
         NumericsFn::kBf16Encode, NumericsFn::kFp16Encode, NumericsFn::kE8M0Encode,
         NumericsFn::kMxScaleE4M3, NumericsFn::kMxScaleE5M2, NumericsFn::kFp8ScaleE4M3,
         NumericsFn::kFp8ScaleE4M3Pow2, NumericsFn::kFp8ScaleE5M2, NumericsFn::kScaleInverse,
-        NumericsFn::kNvfp4GlobalScale}) {
+        NumericsFn::kNvfp4GlobalScale, NumericsFn::kExp, NumericsFn::kSigmoid}) {
     cases.push_back({fn, "", encoder_inputs, zeros});
   }
 
@@ -214,19 +214,33 @@ std::vector<NumericsCase> make_numerics_cases(uint64_t seed) {
     cases.push_back(swizzle);
   }
 
-  static const char* const kNames[] = {"e4m3_encode",         "e5m2_encode",
-                                       "e2m1_encode",         "bf16_encode",
-                                       "fp16_encode",         "e4m3_decode",
-                                       "e5m2_decode",         "e2m1_decode",
-                                       "bf16_decode",         "fp16_decode",
-                                       "e8m0_encode",         "e8m0_decode",
-                                       "mx_multiplier",       "mx_scale_e4m3",
-                                       "mx_scale_e5m2",       "fp8_scale_e4m3",
-                                       "fp8_scale_e4m3_pow2", "fp8_scale_e5m2",
-                                       "scale_inverse",       "nvfp4_global_scale",
-                                       "nvfp4_block_scale",   "nvfp4_block_multiplier",
-                                       "e2m1_stochastic",     "philox_bits",
-                                       "swizzle_offset"};
+  static const char* const kNames[] = {"e4m3_encode",
+                                       "e5m2_encode",
+                                       "e2m1_encode",
+                                       "bf16_encode",
+                                       "fp16_encode",
+                                       "e4m3_decode",
+                                       "e5m2_decode",
+                                       "e2m1_decode",
+                                       "bf16_decode",
+                                       "fp16_decode",
+                                       "e8m0_encode",
+                                       "e8m0_decode",
+                                       "mx_multiplier",
+                                       "mx_scale_e4m3",
+                                       "mx_scale_e5m2",
+                                       "fp8_scale_e4m3",
+                                       "fp8_scale_e4m3_pow2",
+                                       "fp8_scale_e5m2",
+                                       "scale_inverse",
+                                       "nvfp4_global_scale",
+                                       "nvfp4_block_scale",
+                                       "nvfp4_block_multiplier",
+                                       "e2m1_stochastic",
+                                       "philox_bits",
+                                       "swizzle_offset",
+                                       "exp",
+                                       "sigmoid"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<int>(NumericsFn::kCount),
                 "a name per function");
   for (NumericsCase& c : cases) c.name = kNames[static_cast<int>(c.fn)];

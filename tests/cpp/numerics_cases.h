@@ -39,6 +39,8 @@ enum class NumericsFn : int {
   kE2M1Stochastic,        // a: fp32 bits, b: random bits
   kPhiloxBits,            // a: element index, b: seed (offset fixed)
   kSwizzleOffset,         // a: row, b: col (scale_cols = kSwizzleTestCols)
+  kExp,                   // a: fp32 bits (accuracy: tests/cpp/test_router_cpu.cpp)
+  kSigmoid,
   kCount
 };
 
@@ -100,6 +102,10 @@ SFMOE_HD uint32_t eval_numerics(NumericsFn fn, uint32_t a, uint32_t b) {
       return philox_random_bits(b, kPhiloxTestOffset, a);
     case NumericsFn::kSwizzleOffset:
       return static_cast<uint32_t>(swizzled_scale_offset(a, b, kSwizzleTestCols));
+    case NumericsFn::kExp:
+      return f32_to_bits(exp_f32(fa));
+    case NumericsFn::kSigmoid:
+      return f32_to_bits(sigmoid_f32(fa));
     case NumericsFn::kCount:
       break;
   }

@@ -1,0 +1,48 @@
+// Elementary functions computed from FP32 additions and multiplications only, so that host and
+// device give the same bits (libm's expf and the device's expf differ by an ulp here and there,
+// and a routing decision taken on sigmoid(x) + bias must not depend on which one ran).
+#pragma once
+
+#include "sfmoe/numerics/bits.h"
+
+namespace sfmoe {
+namespace numerics {
+
+// Round to the nearest integer, ties to even, for |v| < 2^22 (adding 1.5 * 2^23 leaves a unit
+// spacing, so the sum rounds v once).
+SFMOE_HD float round_to_integer_f32(float v) {
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
+  return add_rn(add_rn(v, kMagic), -kMagic);
+}
+
+// 2^n as an FP32, for -126 <= n <= 127.
+SFMOE_HD float exp2_integer_f32(int n) { return bits_to_f32(static_cast<uint32_t>(n + 127) << 23); }
+
+// e^x. x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite: ln2 split so that n * ln2_hi is exact),
+// e^r by its Taylor series to r^7 in Horner form, then two exact-or-once-rounded scalings by
+// powers of two (a subnormal result is rounded once). NaN -> NaN; overflow -> +Inf; underflow ->
+// +0. Within 2 ulp of e^x wherever the result is normal (tests/cpp/test_numerics.cpp).
+SFMOE_HD float exp_f32(float x) {
+  if (f32_is_nan(x)) return bits_to_f32(kF32CanonicalNanBits);
+  if (x > 88.72283935546875f) return bits_to_f32(kF32InfBits);  // e^x > FLT_MAX
+  if (x < -103.97208404541015625f) return 0.0f;                 // below half the least subnormal
+  constexpr float kLog2E = 1.44269502162933349609375f;
+  constexpr float kLn2Hi = 0.693145751953125f;        // 15 significant bits: n * hi is exact
+  constexpr float kLn2Lo = 1.428606765330187045e-06f;  // ln 2 - hi
+  const float n = round_to_integer_f32(mul_rn(x, kLog2E));
+  const float r = add_rn(add_rn(x, -mul_rn(n, kLn2Hi)), -mul_rn(n, kLn2Lo));
+  constexpr float kCoefficients[] = {1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f,
+                                     1.0f / 6.0f,    0.5f,           1.0f,           1.0f};
+  float p = kCoefficients[0];
+  SFMOE_UNROLL
+  for (int i = 1; i < 8; ++i) p = add_rn(mul_rn(p, r), kCoefficients[i]);
+  const int exponent = static_cast<int>(n);  // in [-150, 128]
+  const int half = exponent / 2;
+  return mul_rn(mul_rn(p, exp2_integer_f32(half)), exp2_integer_f32(exponent - half));
+}
+
+// 1 / (1 + e^-x), the router's sigmoid score.
+SFMOE_HD float sigmoid_f32(float x) { return div_rn(1.0f, add_rn(1.0f, exp_f32(-x))); }
+
+}  // namespace numerics
+}  // namespace sfmoe

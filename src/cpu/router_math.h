@@ -1,0 +1,182 @@
+// The router's rules for one token, written once for two arithmetics: FP32 through the numerics
+// headers (the definition, src/cpu/router.cpp) and float64 (the tests' finite-difference check).
+// docs/router.md states the rules in words.
+#pragma once
+
+#include <stdint.h>
+
+#include <cmath>
+#include <vector>
+
+#include "sfmoe/numerics/elementary.h"
+#include "src/common/router_args.h"
+
+namespace sfmoe {
+namespace cpu {
+
+template <class Real>
+struct RouterArithmetic;
+
+template <>
+struct RouterArithmetic<float> {
+  static float add(float a, float b) { return numerics::add_rn(a, b); }
+  static float mul(float a, float b) { return numerics::mul_rn(a, b); }
+  static float div(float a, float b) { return numerics::div_rn(a, b); }
+  static float exp(float a) { return numerics::exp_f32(a); }
+  static float sigmoid(float a) { return numerics::sigmoid_f32(a); }
+  static float log(float a) { return std::log(a); }  // losses only: not bit-exact across backends
+};
+
+template <>
+struct RouterArithmetic<double> {
+  static double add(double a, double b) { return a + b; }
+  static double mul(double a, double b) { return a * b; }
+  static double div(double a, double b) { return a / b; }
+  static double exp(double a) { return std::exp(a); }
+  static double sigmoid(double a) { return 1.0 / (1.0 + std::exp(-a)); }
+  static double log(double a) { return std::log(a); }
+};
+
+// Selection order: a higher score first, then a lower index; a NaN score ranks below every
+// number (a NaN logit is never preferred), NaNs among themselves by index.
+template <class Real>
+bool ranks_before(Real a, int64_t ia, Real b, int64_t ib) {
+  const bool a_nan = a != a, b_nan = b != b;
+  if (a_nan != b_nan) return b_nan;
+  if (!a_nan && a != b) return a > b;
+  return ia < ib;
+}
+
+// softmax(x) over n values: max, then e^(x - max) summed in index order, then each divided.
+template <class Real>
+void softmax(const Real* x, int64_t n, Real* out) {
+  using A = RouterArithmetic<Real>;
+  Real max = x[0];
+  for (int64_t e = 1; e < n; ++e) max = x[e] > max ? x[e] : max;
+  Real sum = 0;
+  for (int64_t e = 0; e < n; ++e) {
+    out[e] = A::exp(A::add(x[e], -max));
+    sum = A::add(sum, out[e]);
+  }
+  for (int64_t e = 0; e < n; ++e) out[e] = A::div(out[e], sum);
+}
+
+// log(sum e^x) = max + log(sum e^(x - max)).
+template <class Real>
+Real log_sum_exp(const Real* x, int64_t n) {
+  using A = RouterArithmetic<Real>;
+  Real max = x[0];
+  for (int64_t e = 1; e < n; ++e) max = x[e] > max ? x[e] : max;
+  Real sum = 0;
+  for (int64_t e = 0; e < n; ++e) sum = A::add(sum, A::exp(A::add(x[e], -max)));
+  return A::add(max, A::log(sum));
+}
+
+// The per-token scores the probabilities come from: softmax over all experts, or sigmoid; for
+// softmax after top-k, the logits themselves (selection only).
+template <class Real>
+void token_scores(const Real* x, const RouterConfig& c, Real* scores) {
+  using A = RouterArithmetic<Real>;
+  if (c.sigmoid) {
+    for (int64_t e = 0; e < c.num_experts; ++e) scores[e] = A::sigmoid(x[e]);
+  } else if (c.softmax_after_topk) {
+    for (int64_t e = 0; e < c.num_experts; ++e) scores[e] = x[e];
+  } else {
+    softmax(x, c.num_experts, scores);
+  }
+}
+
+// Top-k of one token: ids (best first) and probabilities. `bias` (or NULL) is added to the scores
+// for the selection only.
+template <class Real>
+void route_token(const Real* x, const float* bias, const RouterConfig& c, int32_t* ids,
+                 Real* probs) {
+  using A = RouterArithmetic<Real>;
+  const int64_t n = c.num_experts, k = c.top_k;
+  std::vector<Real> scores(n), selection(n);
+  token_scores(x, c, scores.data());
+  for (int64_t e = 0; e < n; ++e) {
+    selection[e] = bias ? A::add(scores[e], static_cast<Real>(bias[e])) : scores[e];
+  }
+  std::vector<bool> allowed(n, true);
+  if (c.num_groups > 1) {
+    // Group score: the sum of the group's best group_score_topk selection scores, best first.
+    const int64_t per_group = n / c.num_groups;
+    std::vector<Real> group_score(c.num_groups);
+    for (int64_t g = 0; g < c.num_groups; ++g) {
+      std::vector<bool> taken(per_group, false);
+      Real sum = 0;
+      for (int64_t pick = 0; pick < c.group_score_topk; ++pick) {
+        int64_t best = -1;
+        for (int64_t j = 0; j < per_group; ++j) {
+          const int64_t e = g * per_group + j;
+          if (!taken[j] && (best < 0 || ranks_before(selection[e], e, selection[g * per_group + best],
+                                                     g * per_group + best))) {
+            best = j;
+          }
+        }
+        taken[best] = true;
+        sum = A::add(sum, selection[g * per_group + best]);
+      }
+      group_score[g] = sum;
+    }
+    std::vector<bool> group_kept(c.num_groups, false);
+    for (int64_t pick = 0; pick < c.group_topk; ++pick) {
+      int64_t best = -1;
+      for (int64_t g = 0; g < c.num_groups; ++g) {
+        if (!group_kept[g] && (best < 0 || ranks_before(group_score[g], g, group_score[best], best))) {
+          best = g;
+        }
+      }
+      group_kept[best] = true;
+    }
+    for (int64_t e = 0; e < n; ++e) allowed[e] = group_kept[e / per_group];
+  }
+  std::vector<bool> taken(n, false);
+  for (int64_t i = 0; i < k; ++i) {
+    int64_t best = -1;
+    for (int64_t e = 0; e < n; ++e) {
+      if (allowed[e] && !taken[e] && (best < 0 || ranks_before(selection[e], e, selection[best], best))) {
+        best = e;
+      }
+    }
+    taken[best] = true;
+    ids[i] = static_cast<int32_t>(best);
+  }
+  // Probabilities of the selected experts, in selection order.
+  if (!c.sigmoid && c.softmax_after_topk) {
+    std::vector<Real> picked(k);
+    for (int64_t i = 0; i < k; ++i) picked[i] = x[ids[i]];
+    softmax(picked.data(), k, probs);
+  } else {
+    for (int64_t i = 0; i < k; ++i) probs[i] = scores[ids[i]];
+    if (c.normalize) {
+      Real sum = 0;
+      for (int64_t i = 0; i < k; ++i) sum = A::add(sum, probs[i]);
+      if (sum > 0) {
+        for (int64_t i = 0; i < k; ++i) probs[i] = A::div(probs[i], sum);
+      }
+    }
+  }
+  for (int64_t i = 0; i < k; ++i) probs[i] = A::mul(probs[i], static_cast<Real>(c.scaling_factor));
+}
+
+// The scores the load-balancing loss averages: softmax over all experts, or the sigmoid scores
+// divided by their sum (so that they form a distribution too).
+template <class Real>
+void aux_loss_scores(const Real* x, const RouterConfig& c, Real* out) {
+  using A = RouterArithmetic<Real>;
+  if (!c.sigmoid) {
+    softmax(x, c.num_experts, out);
+    return;
+  }
+  Real sum = 0;
+  for (int64_t e = 0; e < c.num_experts; ++e) {
+    out[e] = A::sigmoid(x[e]);
+    sum = A::add(sum, out[e]);
+  }
+  for (int64_t e = 0; e < c.num_experts; ++e) out[e] = A::div(out[e], sum);
+}
+
+}  // namespace cpu
+}  // namespace sfmoe

@@ -1,0 +1,294 @@
+// The router's numerics and its CPU reference (docs/router.md): exp/sigmoid accuracy, hand-worked
+// routing cases (tie-break, bias, group-limited, softmax after top-k, NaN), a DeepSeek-V3-shaped
+// case (T = 4097, E = 256, k = 8, 8 groups, experts that receive nothing), and the backward
+// against float64 central differences of the forward. Inputs are fresh random values each run
+// (the seed is printed; SFMOE_TEST_SEED replays it).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "sfmoe/numerics/elementary.h"
+#include "src/cpu/backend.h"
+#include "src/cpu/router_math.h"
+#include "tests/cpp/numerics_cases.h"
+
+namespace sfmoe {
+namespace {
+
+using numerics::exp_f32;
+using numerics::sigmoid_f32;
+
+int64_t ulps_from(float got, double want) {
+  const float rounded = static_cast<float>(want);
+  int32_t a, b;
+  std::memcpy(&a, &got, 4);
+  std::memcpy(&b, &rounded, 4);
+  return std::llabs(static_cast<int64_t>(a) - b);
+}
+
+TEST(RouterNumerics, ExpAndSigmoidStayWithinTwoUlps) {
+  std::mt19937_64 rng(testing::session_test_seed());
+  std::uniform_real_distribution<float> wide(-104.0f, 89.0f), narrow(-20.0f, 20.0f);
+  int64_t worst_exp = 0, worst_sigmoid = 0, checked = 0;
+  auto check = [&](float x) {
+    const double e = std::exp(static_cast<double>(x));
+    if (e >= 1.1754943508222875e-38 && e <= 3.4028234663852886e38) {
+      worst_exp = std::max(worst_exp, ulps_from(exp_f32(x), e));
+      ++checked;
+    }
+    const double s = 1.0 / (1.0 + std::exp(-static_cast<double>(x)));
+    if (s >= 1.1754943508222875e-38) worst_sigmoid = std::max(worst_sigmoid, ulps_from(sigmoid_f32(x), s));
+  };
+  for (int i = 0; i < 1000000; ++i) {
+    check(wide(rng));
+    check(narrow(rng));
+  }
+  for (uint32_t bits = 0; bits < 0x43000000u; bits += 4093) {  // |x| below 128, both signs
+    float x;
+    std::memcpy(&x, &bits, 4);
+    check(x);
+    check(-x);
+  }
+  std::printf("[ router ] exp_f32 over %lld inputs: worst %lld ulp; sigmoid_f32 worst %lld ulp\n",
+              static_cast<long long>(checked), static_cast<long long>(worst_exp),
+              static_cast<long long>(worst_sigmoid));
+  EXPECT_LE(worst_exp, 2);
+  EXPECT_LE(worst_sigmoid, 2);
+  EXPECT_EQ(exp_f32(0.0f), 1.0f);
+  EXPECT_EQ(exp_f32(-0.0f), 1.0f);
+  EXPECT_TRUE(std::isinf(exp_f32(89.0f)));
+  EXPECT_TRUE(std::isinf(exp_f32(INFINITY)));
+  EXPECT_EQ(exp_f32(-INFINITY), 0.0f);
+  EXPECT_EQ(exp_f32(-104.0f), 0.0f);
+  EXPECT_GT(exp_f32(-100.0f), 0.0f);  // a subnormal result
+  EXPECT_TRUE(std::isnan(exp_f32(NAN)));
+  EXPECT_EQ(sigmoid_f32(0.0f), 0.5f);
+  EXPECT_EQ(sigmoid_f32(-200.0f), 0.0f);
+  EXPECT_EQ(sigmoid_f32(200.0f), 1.0f);
+}
+
+struct Routed {
+  std::vector<int32_t> ids;
+  std::vector<float> probs;
+  std::vector<int64_t> tokens_per_expert;
+  float aux_loss = 0.0f, z_loss = 0.0f;
+};
+
+Routed route(const std::vector<float>& logits, const std::vector<float>* bias, const RouterConfig& c) {
+  const int64_t tokens = static_cast<int64_t>(logits.size()) / c.num_experts;
+  Routed out;
+  out.ids.assign(tokens * c.top_k, -1);
+  out.probs.assign(tokens * c.top_k, NAN);
+  out.tokens_per_expert.assign(c.num_experts, -1);
+  RouterForwardArgs args{logits.data(), bias ? bias->data() : nullptr, tokens, c,
+                         out.ids.data(), out.probs.data(), out.tokens_per_expert.data(),
+                         &out.aux_loss, &out.z_loss};
+  cpu::router_forward(args);
+  return out;
+}
+
+RouterConfig config(int64_t experts, int64_t k) {
+  RouterConfig c;
+  c.num_experts = experts;
+  c.top_k = k;
+  return c;
+}
+
+TEST(RouterCpu, HandWorkedCases) {
+  {  // softmax before top-k; equal scores: the lower id first
+    const RouterConfig c = config(4, 2);
+    const Routed r = route({1.0f, 3.0f, 3.0f, 0.0f}, nullptr, c);
+    EXPECT_EQ(r.ids, (std::vector<int32_t>{1, 2}));
+    const double p = std::exp(3.0) / (std::exp(1.0) + 2 * std::exp(3.0) + 1.0);
+    EXPECT_NEAR(r.probs[0], p, 1e-6);
+    EXPECT_EQ(r.probs[0], r.probs[1]);
+    EXPECT_EQ(r.tokens_per_expert, (std::vector<int64_t>{0, 1, 1, 0}));
+  }
+  {  // sigmoid: the bias moves the selection, not the probabilities; normalize, then scale
+    RouterConfig c = config(4, 2);
+    c.sigmoid = true;
+    c.normalize = true;
+    c.scaling_factor = 2.5f;
+    const std::vector<float> bias = {0.0f, 0.1f, -0.1f, 0.2f};
+    const Routed r = route({0.0f, 0.0f, 0.0f, 0.0f}, &bias, c);
+    EXPECT_EQ(r.ids, (std::vector<int32_t>{3, 1}));
+    EXPECT_EQ(r.probs, (std::vector<float>{1.25f, 1.25f}));
+  }
+  {  // group-limited: the best expert's group loses on its two-best sum
+    RouterConfig c = config(8, 2);
+    c.sigmoid = true;
+    c.num_groups = 4;
+    c.group_topk = 2;
+    const std::vector<float> logits = {5.0f, -5.0f, 2.0f, 2.0f, 1.5f, 1.5f, 0.0f, 0.0f};
+    EXPECT_EQ(route(logits, nullptr, c).ids, (std::vector<int32_t>{2, 3}));
+    c.num_groups = 0;
+    EXPECT_EQ(route(logits, nullptr, c).ids, (std::vector<int32_t>{0, 2}));
+  }
+  {  // softmax after top-k: the probabilities are a softmax over the selected logits
+    RouterConfig c = config(3, 2);
+    c.softmax_after_topk = true;
+    const Routed r = route({2.0f, 0.0f, 1.0f}, nullptr, c);
+    EXPECT_EQ(r.ids, (std::vector<int32_t>{0, 2}));
+    EXPECT_NEAR(r.probs[0], 1.0 / (1.0 + std::exp(-1.0)), 1e-7);
+    EXPECT_NEAR(r.probs[0] + r.probs[1], 1.0, 1e-7);
+  }
+  {  // a NaN logit is never preferred
+    RouterConfig c = config(3, 1);
+    c.softmax_after_topk = true;
+    EXPECT_EQ(route({NAN, 1.0f, 0.0f}, nullptr, c).ids, (std::vector<int32_t>{1}));
+  }
+}
+
+TEST(RouterCpu, DeepSeekShapedRoutingWithIdleExperts) {
+  const int64_t tokens = 4097, experts = 256, k = 8, groups = 8;
+  RouterConfig c = config(experts, k);
+  c.sigmoid = true;
+  c.normalize = true;
+  c.scaling_factor = 2.5f;
+  c.num_groups = groups;
+  c.group_topk = 4;
+  c.aux_loss_coeff = 1e-3f;
+  c.z_loss_coeff = 1e-4f;
+  std::mt19937_64 rng(testing::session_test_seed() + 1);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> logits(tokens * experts), bias(experts);
+  for (float& v : logits) v = normal(rng);
+  for (int64_t e = 0; e < experts; ++e) bias[e] = e % 16 == 5 ? -100.0f : 0.01f * normal(rng);
+  const Routed r = route(logits, &bias, c);
+
+  std::vector<int64_t> recount(experts, 0);
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::set<int32_t> seen, used_groups;
+    const int32_t* ids = &r.ids[t * k];
+    std::vector<float> selection(experts);
+    for (int64_t e = 0; e < experts; ++e) {
+      selection[e] = numerics::add_rn(sigmoid_f32(logits[t * experts + e]), bias[e]);
+    }
+    float sum = 0.0f;
+    for (int64_t i = 0; i < k; ++i) {
+      ASSERT_GE(ids[i], 0);
+      ASSERT_LT(ids[i], experts);
+      EXPECT_TRUE(seen.insert(ids[i]).second) << "token " << t << " picks expert " << ids[i] << " twice";
+      used_groups.insert(ids[i] / (experts / groups));
+      ++recount[ids[i]];
+      if (i > 0) {
+        EXPECT_TRUE(cpu::ranks_before(selection[ids[i - 1]], ids[i - 1], selection[ids[i]], ids[i]));
+      }
+      sum += sigmoid_f32(logits[t * experts + ids[i]]);
+    }
+    EXPECT_LE(static_cast<int64_t>(used_groups.size()), c.group_topk);
+    // Within the kept groups, nothing unselected ranks before the last selected expert.
+    for (int64_t e = 0; e < experts; ++e) {
+      if (seen.count(static_cast<int32_t>(e)) || !used_groups.count(static_cast<int32_t>(e / (experts / groups)))) continue;
+      EXPECT_FALSE(cpu::ranks_before(selection[e], e, selection[ids[k - 1]], ids[k - 1]))
+          << "token " << t << ": expert " << e << " should have been picked";
+    }
+    for (int64_t i = 0; i < k; ++i) {
+      const double want = 2.5 * sigmoid_f32(logits[t * experts + ids[i]]) / sum;
+      EXPECT_NEAR(r.probs[t * k + i], want, 1e-6 * want);
+    }
+  }
+  EXPECT_EQ(r.tokens_per_expert, recount);
+  int64_t total = 0, idle = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    total += r.tokens_per_expert[e];
+    if (e % 16 == 5) {
+      EXPECT_EQ(r.tokens_per_expert[e], 0) << "expert " << e;
+    }
+    idle += r.tokens_per_expert[e] == 0;
+  }
+  EXPECT_EQ(total, tokens * k);
+  EXPECT_GE(idle, experts / 16);
+  EXPECT_GT(r.aux_loss, 0.0f);
+  EXPECT_GT(r.z_loss, 0.0f);
+}
+
+// The loss whose gradient the backward computes, in float64: sum_t,i w[t,i] p[t,i] + aux + z,
+// with the token counts held at the forward's values (they are piecewise constant).
+double loss64(const std::vector<double>& x, const std::vector<double>& w, const std::vector<int64_t>& counts,
+              const RouterConfig& c, int64_t tokens, std::vector<int32_t>* ids_out) {
+  const int64_t n = c.num_experts, k = c.top_k;
+  std::vector<int32_t> ids(k);
+  std::vector<double> probs(k), aux(n), column(n, 0.0);
+  double total = 0.0, z = 0.0;
+  for (int64_t t = 0; t < tokens; ++t) {
+    cpu::route_token<double>(&x[t * n], nullptr, c, ids.data(), probs.data());
+    for (int64_t i = 0; i < k; ++i) total += w[t * k + i] * probs[i];
+    if (ids_out) ids_out->insert(ids_out->end(), ids.begin(), ids.end());
+    cpu::aux_loss_scores<double>(&x[t * n], c, aux.data());
+    for (int64_t e = 0; e < n; ++e) column[e] += aux[e];
+    const double lse = cpu::log_sum_exp<double>(&x[t * n], n);
+    z += lse * lse;
+  }
+  double balance = 0.0;
+  for (int64_t e = 0; e < n; ++e) balance += static_cast<double>(counts[e]) * column[e];
+  return total + c.aux_loss_coeff * n / (double(k) * tokens * tokens) * balance + c.z_loss_coeff / tokens * z;
+}
+
+TEST(RouterCpu, BackwardMatchesFloat64FiniteDifferences) {
+  std::mt19937_64 rng(testing::session_test_seed() + 2);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  struct Variant {
+    const char* name;
+    bool sigmoid, after, normalize;
+    int64_t groups;
+    float scale;
+  };
+  const Variant variants[] = {
+      {"softmax", false, false, false, 0, 1.0f},
+      {"softmax normalized", false, false, true, 0, 1.0f},
+      {"softmax after top-k", false, true, false, 0, 1.0f},
+      {"sigmoid normalized scaled", true, false, true, 0, 2.5f},
+      {"sigmoid grouped", true, false, false, 4, 1.0f},
+  };
+  const int64_t tokens = 5, experts = 12, k = 3;
+  for (const Variant& v : variants) {
+    RouterConfig c = config(experts, k);
+    c.sigmoid = v.sigmoid;
+    c.softmax_after_topk = v.after;
+    c.normalize = v.normalize;
+    c.num_groups = v.groups;
+    c.group_topk = 2;
+    c.scaling_factor = v.scale;
+    c.aux_loss_coeff = 0.3f;
+    c.z_loss_coeff = 0.05f;
+    std::vector<float> logits(tokens * experts), w(tokens * k);
+    for (float& x : logits) x = normal(rng);
+    for (float& x : w) x = normal(rng);
+    const Routed r = route(logits, nullptr, c);
+    std::vector<float> d_logits(tokens * experts, NAN);
+    RouterBackwardArgs back{logits.data(), r.ids.data(), r.tokens_per_expert.data(), tokens, c,
+                            w.data(), 1.0f, 1.0f, d_logits.data()};
+    cpu::router_backward(back);
+
+    std::vector<double> x(logits.begin(), logits.end()), w64(w.begin(), w.end());
+    int64_t checked = 0;
+    double worst = 0.0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double h = 1e-6, saved = x[i];
+      std::vector<int32_t> ids_plus, ids_minus;
+      x[i] = saved + h;
+      const double plus = loss64(x, w64, r.tokens_per_expert, c, tokens, &ids_plus);
+      x[i] = saved - h;
+      const double minus = loss64(x, w64, r.tokens_per_expert, c, tokens, &ids_minus);
+      x[i] = saved;
+      ASSERT_EQ(ids_plus, ids_minus) << v.name << ": a step of 1e-6 changed the routing (a near tie)";
+      const double fd = (plus - minus) / (2 * h);
+      const double error = std::fabs(d_logits[i] - fd);
+      worst = std::max(worst, error / (1e-4 + std::fabs(fd)));
+      EXPECT_LE(error, 1e-4 + 1e-3 * std::fabs(fd)) << v.name << " logit " << i << ": backward "
+                                                    << d_logits[i] << ", finite difference " << fd;
+      ++checked;
+    }
+    std::printf("[ router ] %-26s %lld gradients, worst |d - fd| / (1e-4 + |fd|) = %.2e\n", v.name,
+                static_cast<long long>(checked), worst);
+  }
+}
+
+}  // namespace
+}  // namespace sfmoe
