@@ -8,26 +8,7 @@ import os
 import torch
 
 import sfmoe
-
-
-def median_ms(fn, runs=25, warmup=5, batch=10):
-    """Median over `runs` of the mean time of `batch` back-to-back calls between two events: the
-    batch keeps the stream busy, so Python's per-call overhead overlaps device work instead of
-    being counted as idle time (a single call per event pair would add the launch gap)."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(runs):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(batch):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / batch)
-    times.sort()
-    return times[len(times) // 2]
+from torch_timing import copy_ceiling_tbps, median_ms
 
 
 def main():
@@ -35,11 +16,7 @@ def main():
     x = torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16)
     scale = torch.full((), 64.0, device="cuda", dtype=torch.float32)
     n = x.numel()
-    big = torch.empty(2 * 1024**3 // 2, device="cuda", dtype=torch.bfloat16).normal_()
-    big_out = torch.empty_like(big)
-    copy_ms = median_ms(lambda: big_out.copy_(big))
-    ceiling = 2 * big.numel() * 2 / (copy_ms * 1e-3) / 1e12
-    del big, big_out
+    ceiling = copy_ceiling_tbps()
 
     q = sfmoe.cast(x, "fp8_e4m3", scale=scale)
     reference = (x.float() * scale).to(torch.float8_e4m3fn)

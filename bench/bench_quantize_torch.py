@@ -15,28 +15,10 @@ import os
 import torch
 
 import sfmoe
+from torch_timing import copy_ceiling_tbps, median_ms
 
 ROWS, COLS, GROUPS = 65536, 7168, 128
 FP8_MAX = 448.0
-
-
-def median_ms(fn, runs=15, warmup=3, batch=5):
-    """Median over `runs` of the mean time of `batch` back-to-back calls between two events (the
-    batch keeps the stream busy, so Python's per-call overhead overlaps device work)."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(runs):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(batch):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / batch)
-    times.sort()
-    return times[len(times) // 2]
 
 
 # ---- what a PyTorch user writes (the project's GPU notes time the first two the same way) ----
@@ -88,12 +70,7 @@ def main():
     dev = torch.device("cuda")
     x = torch.randn(ROWS, COLS, device=dev, dtype=torch.bfloat16)
     offsets = group_offsets(dev)
-    big = torch.empty(2 * 1024**3 // 2, device=dev, dtype=torch.bfloat16).normal_()
-    big_out = torch.empty_like(big)
-    copy_ms = median_ms(lambda: big_out.copy_(big))
-    ceiling = 2 * big.numel() * 2 / (copy_ms * 1e-3) / 1e12
-    del big, big_out
-    torch.cuda.empty_cache()
+    ceiling = copy_ceiling_tbps(dev)
 
     n = ROWS * COLS
     # name, sfmoe.quantize arguments, torch peer, (code bytes per element, scale bytes per element),
@@ -127,14 +104,14 @@ def main():
             return sfmoe.quantize(x, group_offsets=offsets, row_alignment=128, **kwargs)
 
         ours()  # one checked call (raises on any error) before timing
-        ours_ms = median_ms(ours)
+        ours_ms = median_ms(ours, runs=15, warmup=3, batch=5)
         written = copies * n * (code_bytes + scale_bytes)
         tbps = (2 * n + written) / (ours_ms * 1e-3) / 1e12
         moved = (2 * n * (1 + extra_reads) + written) / (ours_ms * 1e-3) / 1e12
         row = dict(recipe=name, sfmoe_ms=ours_ms, sfmoe_TBps=tbps, moved_TBps=moved, ceiling_TBps=ceiling)
         line = f"{name:32s} {ours_ms:9.3f} {tbps:6.2f} {100 * tbps / ceiling:5.1f}% {moved:6.2f}"
         if peer is not None:
-            torch_ms = median_ms(lambda: peer(x))
+            torch_ms = median_ms(lambda: peer(x), runs=15, warmup=3, batch=5)
             torch_tbps = (2 * n + written) / (torch_ms * 1e-3) / 1e12
             row.update(torch_ms=torch_ms, torch_TBps=torch_tbps, speedup=torch_ms / ours_ms)
             line += f" {torch_ms:9.3f} {torch_tbps:6.2f} {torch_ms / ours_ms:7.2f}x"

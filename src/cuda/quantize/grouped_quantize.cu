@@ -504,6 +504,23 @@ __device__ __forceinline__ float column_value(const uint32_t* words, int m, int 
   }
 }
 
+// The raw words of a columnwise segment: columns 2 pair and 2 pair + 1 of `count` tile rows from
+// `first_row` (16-bit inputs: one word per row holds both; FP32: two words per row).
+template <sfmoe_dtype In, int kCount>
+__device__ __forceinline__ void load_segment_words(const uint32_t* tile, int words_per_row, int first_row,
+                                                   int pair, uint32_t* words) {
+#pragma unroll
+  for (int m = 0; m < kCount; ++m) {
+    if constexpr (In == SFMOE_DTYPE_FP32) {
+      const uint2 x = *reinterpret_cast<const uint2*>(tile + (first_row + m) * words_per_row + 2 * pair);
+      words[2 * m] = x.x;
+      words[2 * m + 1] = x.y;
+    } else {
+      words[m] = tile[(first_row + m) * words_per_row + pair];
+    }
+  }
+}
+
 // Rowwise 1D blocks: each thread holds the amax of its 8 chunks (steps l = 0..7, one per row it
 // covers) and the L consecutive lanes of a block must reduce each. Exchanging halves of the set
 // at each butterfly step reduces all eight in 8 - 8 / L + log2 shuffles instead of 8 log2(L), and
@@ -731,16 +748,7 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads, (tile_min_blo
         if constexpr (kColumnwise) {  // NVFP4 + Hadamard: the amax of the transformed blocks
           if (segment_active) {
             uint32_t words[kSegmentWords];
-#pragma unroll
-            for (int m = 0; m < kSegment; ++m) {
-              if constexpr (In == SFMOE_DTYPE_FP32) {
-                const uint2 x = *reinterpret_cast<const uint2*>(tile + (rs + m) * W + cl);
-                words[2 * m] = x.x;
-                words[2 * m + 1] = x.y;
-              } else {
-                words[m] = tile[(rs + m) * W + pair];
-              }
-            }
+            load_segment_words<In, kSegment>(tile, W, rs, pair, words);
 #pragma unroll
             for (int h = 0; h < kPieces; ++h) {
 #pragma unroll
@@ -860,18 +868,7 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads, (tile_min_blo
       // ---- columnwise copy, from the shared tile: two columns x kSegment rows per thread ----
       if constexpr (kColumnwise) {
         uint32_t words[kSegmentWords];
-        if (segment_active) {
-#pragma unroll
-          for (int m = 0; m < kSegment; ++m) {
-            if constexpr (In == SFMOE_DTYPE_FP32) {
-              const uint2 x = *reinterpret_cast<const uint2*>(tile + (rs + m) * W + cl);
-              words[2 * m] = x.x;
-              words[2 * m + 1] = x.y;
-            } else {
-              words[m] = tile[(rs + m) * W + pair];
-            }
-          }
-        }
+        if (segment_active) load_segment_words<In, kSegment>(tile, W, rs, pair, words);
         // Block multipliers of the segment: [column e][16-row piece h].
         float col_mult[2][kPieces];
 #pragma unroll

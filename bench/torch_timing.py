@@ -1,0 +1,34 @@
+"""Timing helpers shared by the Python benchmarks (CUDA events through torch)."""
+import torch
+
+
+def median_ms(fn, runs=25, warmup=5, batch=10):
+    """Median over `runs` of the mean time of `batch` back-to-back calls between two events: the
+    batch keeps the stream busy, so Python's per-call overhead overlaps device work instead of
+    being counted as idle time (a single call per event pair would add the launch gap)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(runs):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(batch):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / batch)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def copy_ceiling_tbps(device="cuda"):
+    """Device-to-device copy rate of torch copy_ over 2 GiB (bytes read + written), in TB/s: the
+    ceiling every memory-bound figure is compared with, measured in the caller's process."""
+    big = torch.empty(2 * 1024**3 // 2, device=device, dtype=torch.bfloat16).normal_()
+    big_out = torch.empty_like(big)
+    copy_ms = median_ms(lambda: big_out.copy_(big))
+    ceiling = 2 * big.numel() * 2 / (copy_ms * 1e-3) / 1e12
+    del big, big_out
+    torch.cuda.empty_cache()
+    return ceiling
