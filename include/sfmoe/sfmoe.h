@@ -98,6 +98,20 @@ SFMOE_API int64_t sfmoe_scaling_block_size(sfmoe_scaling scaling);
 /* The smallest output row_alignment a quantized grouped tensor of this scaling may have
  * (docs/quantization.md): the block height for 2D blocks or with a columnwise copy, else 1. */
 SFMOE_API int64_t sfmoe_min_row_alignment(sfmoe_scaling scaling, int32_t has_columnwise);
+/* The dtype of a scaling's scale entries: FP32 (TENSOR, BLOCK_1X128, BLOCK_128X128), E8M0
+ * (MX_1X32), FP8_E4M3 (NV_1X16, NV_16X16). SFMOE_ERROR_INVALID_ARGUMENT for NONE (no scales) and
+ * unknown values. */
+SFMOE_API sfmoe_status sfmoe_scale_dtype(sfmoe_scaling scaling, sfmoe_dtype* dtype);
+/* The shape of one copy's scale array (docs/quantization.md, "scale storage"), so that callers
+ * allocate what the ops write: the copy is [copy_rows, copy_cols] elements, [R, C] for the
+ * rowwise copy and [C, R] for the columnwise one. Writes *ndim (1 or 2) and shape[0..ndim):
+ * [num_groups] for TENSOR; [rows, cols / B] for 1D blocks; [rows / B, cols / B] for 2D blocks;
+ * one dimension of swizzled_scale_padded_size bytes for the swizzled layout (MX_1X32, NV_1X16).
+ * Divisions round up. Fails on NONE or unknown scalings, negative sizes, the swizzled layout for
+ * other scalings, or a size beyond int64. */
+SFMOE_API sfmoe_status sfmoe_scale_shape(sfmoe_scaling scaling, sfmoe_scale_layout layout,
+                                         int64_t num_groups, int64_t copy_rows, int64_t copy_cols,
+                                         int32_t* ndim, int64_t shape[2]);
 
 /* ---- plain tensors -------------------------------------------------------------------------- */
 #define SFMOE_MAX_DIMS 4

@@ -273,21 +273,12 @@ int64_t scaling_block(int32_t scaling) {
   return sfmoe_scaling_block_size(to_enum<sfmoe_scaling>(scaling));
 }
 
-// The sfmoe dtype of a scaling's scale entries, or -1 when it has none (NONE, unknown values).
+// The sfmoe dtype of a scaling's scale entries, or -1 when it has none (NONE, unknown values):
+// the library's rule (sfmoe_scale_dtype).
 int32_t scale_dtype_of(int32_t scaling) {
-  switch (scaling) {
-    case SFMOE_SCALING_TENSOR:
-    case SFMOE_SCALING_BLOCK_1X128:
-    case SFMOE_SCALING_BLOCK_128X128:
-      return SFMOE_DTYPE_FP32;
-    case SFMOE_SCALING_MX_1X32:
-      return SFMOE_DTYPE_E8M0;
-    case SFMOE_SCALING_NV_1X16:
-    case SFMOE_SCALING_NV_16X16:
-      return SFMOE_DTYPE_FP8_E4M3;
-    default:
-      return -1;
-  }
+  sfmoe_dtype dtype;
+  if (sfmoe_scale_dtype(to_enum<sfmoe_scaling>(scaling), &dtype) != SFMOE_SUCCESS) return -1;
+  return dtype;
 }
 
 // Bytes of the swizzled layout of a [rows, scale_cols] scale matrix: the formula of
@@ -303,31 +294,15 @@ int64_t swizzled_size(int64_t rows, int64_t scale_cols) {
                            sfmoe::numerics::kSwizzleTileElements));
 }
 
-// The shape of one copy's scale array (docs/quantization.md, "scale storage"). The copy is
-// [copy_rows, copy_cols]: [R, C] for the rowwise copy, [C, R] for the columnwise one. Divisions
-// round up so that a size is never underestimated; the library refuses sizes that do not divide.
+// The shape of one copy's scale array: the library's rule (sfmoe_scale_shape). The copy is
+// [copy_rows, copy_cols]: [R, C] for the rowwise copy, [C, R] for the columnwise one.
 std::vector<int64_t> scale_shape(int32_t scaling, int32_t scale_layout, int64_t num_groups,
                                  int64_t copy_rows, int64_t copy_cols) {
-  const int64_t block = scaling_block(scaling);
-  switch (scaling) {
-    case SFMOE_SCALING_TENSOR:
-      return {std::max<int64_t>(num_groups, 0)};
-    case SFMOE_SCALING_BLOCK_128X128:
-    case SFMOE_SCALING_NV_16X16:
-      return {size_ceil_div(copy_rows, block), size_ceil_div(copy_cols, block)};
-    case SFMOE_SCALING_BLOCK_1X128:
-    case SFMOE_SCALING_MX_1X32:
-    case SFMOE_SCALING_NV_1X16: {
-      const int64_t rows = std::max<int64_t>(copy_rows, 0);
-      const int64_t scale_cols = size_ceil_div(copy_cols, block);
-      if (scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && scaling != SFMOE_SCALING_BLOCK_1X128) {
-        return {swizzled_size(rows, scale_cols)};
-      }
-      return {rows, scale_cols};
-    }
-    default:
-      return {0};
-  }
+  int32_t ndim = 0;
+  int64_t shape[2] = {0, 0};
+  check(sfmoe_scale_shape(to_enum<sfmoe_scaling>(scaling), to_enum<sfmoe_scale_layout>(scale_layout),
+                          num_groups, copy_rows, copy_cols, &ndim, shape));
+  return std::vector<int64_t>(shape, shape + ndim);
 }
 
 int64_t shape_elements(const std::vector<int64_t>& shape) {

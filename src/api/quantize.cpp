@@ -108,8 +108,7 @@ sfmoe_status describe_quantized(const char* context, const char* name,
     return fail(SFMOE_ERROR_UNSUPPORTED,
                 "%s: power_of_two_scales applies to fp8 tensor and blockwise scaling only", context);
   }
-  if (q->scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && q->scaling != SFMOE_SCALING_MX_1X32 &&
-      q->scaling != SFMOE_SCALING_NV_1X16) {
+  if (q->scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && !scaling_is_swizzlable(q->scaling)) {
     return fail(SFMOE_ERROR_UNSUPPORTED,
                 "%s: %s: the swizzled scale layout exists for mx_1x32 and nv_1x16 only", context,
                 name);

@@ -59,6 +59,24 @@ SFMOE_HD int64_t scaling_block_size(sfmoe_scaling scaling) {
   }
 }
 
+// The dtype of the scale entries, or SFMOE_DTYPE_COUNT for a scaling without scales.
+SFMOE_HD sfmoe_dtype scale_dtype_of(sfmoe_scaling scaling) {
+  switch (scaling) {
+    case SFMOE_SCALING_TENSOR:
+    case SFMOE_SCALING_BLOCK_1X128:
+    case SFMOE_SCALING_BLOCK_128X128: return SFMOE_DTYPE_FP32;
+    case SFMOE_SCALING_MX_1X32: return SFMOE_DTYPE_E8M0;
+    case SFMOE_SCALING_NV_1X16:
+    case SFMOE_SCALING_NV_16X16: return SFMOE_DTYPE_FP8_E4M3;
+    default: return static_cast<sfmoe_dtype>(SFMOE_DTYPE_COUNT);
+  }
+}
+
+// The scalings whose scales may use the swizzled tensor-core layout.
+SFMOE_HD bool scaling_is_swizzlable(sfmoe_scaling scaling) {
+  return scaling == SFMOE_SCALING_MX_1X32 || scaling == SFMOE_SCALING_NV_1X16;
+}
+
 SFMOE_HD bool scaling_is_2d(sfmoe_scaling scaling) {
   return scaling == SFMOE_SCALING_BLOCK_128X128 || scaling == SFMOE_SCALING_NV_16X16;
 }

@@ -2,6 +2,7 @@
 // problem, and nothing is written.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <set>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "sfmoe/cast.h"
+#include "sfmoe/numerics/scale_swizzle.h"
 #include "sfmoe/sfmoe.h"
 
 namespace {
@@ -264,6 +266,70 @@ TEST(Validation, StatusNamesAndDtypeTable) {
   EXPECT_EQ(sfmoe_min_row_alignment(SFMOE_SCALING_MX_1X32, 1), 32);
   EXPECT_EQ(sfmoe_min_row_alignment(SFMOE_SCALING_BLOCK_128X128, 0), 128);
   EXPECT_EQ(sfmoe_min_row_alignment(SFMOE_SCALING_TENSOR, 1), 1);
+}
+
+// The scale storage rules through the C API: what an allocator needs, and refusals that leave the
+// outputs alone.
+TEST(Validation, ScaleDtypeAndShape) {
+  sfmoe_dtype dtype = SFMOE_DTYPE_INT32;
+  ASSERT_EQ(sfmoe_scale_dtype(SFMOE_SCALING_BLOCK_1X128, &dtype), SFMOE_SUCCESS);
+  EXPECT_EQ(dtype, SFMOE_DTYPE_FP32);
+  ASSERT_EQ(sfmoe_scale_dtype(SFMOE_SCALING_MX_1X32, &dtype), SFMOE_SUCCESS);
+  EXPECT_EQ(dtype, SFMOE_DTYPE_E8M0);
+  ASSERT_EQ(sfmoe_scale_dtype(SFMOE_SCALING_NV_16X16, &dtype), SFMOE_SUCCESS);
+  EXPECT_EQ(dtype, SFMOE_DTYPE_FP8_E4M3);
+  EXPECT_EQ(sfmoe_scale_dtype(SFMOE_SCALING_NONE, &dtype), SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(dtype, SFMOE_DTYPE_FP8_E4M3);
+  EXPECT_EQ(sfmoe_scale_dtype(SFMOE_SCALING_TENSOR, nullptr), SFMOE_ERROR_NULL_POINTER);
+
+  struct Case {
+    sfmoe_scaling scaling;
+    sfmoe_scale_layout layout;
+    int64_t groups, rows, cols;
+    int32_t ndim;
+    int64_t d0, d1;
+  };
+  const Case cases[] = {
+      {SFMOE_SCALING_TENSOR, SFMOE_SCALE_LAYOUT_COMPACT, 7, 100, 64, 1, 7, 0},
+      {SFMOE_SCALING_BLOCK_1X128, SFMOE_SCALE_LAYOUT_COMPACT, 3, 100, 7168, 2, 100, 56},
+      {SFMOE_SCALING_BLOCK_1X128, SFMOE_SCALE_LAYOUT_COMPACT, 3, 100, 130, 2, 100, 2},  // rounds up
+      {SFMOE_SCALING_BLOCK_128X128, SFMOE_SCALE_LAYOUT_COMPACT, 3, 256, 7168, 2, 2, 56},
+      {SFMOE_SCALING_MX_1X32, SFMOE_SCALE_LAYOUT_COMPACT, 3, 33, 96, 2, 33, 3},
+      {SFMOE_SCALING_MX_1X32, SFMOE_SCALE_LAYOUT_SWIZZLED, 3, 33, 96, 1, 128 * 4, 0},
+      {SFMOE_SCALING_NV_1X16, SFMOE_SCALE_LAYOUT_SWIZZLED, 3, 129, 160, 1, 256 * 12, 0},
+      {SFMOE_SCALING_NV_16X16, SFMOE_SCALE_LAYOUT_COMPACT, 3, 32, 48, 2, 2, 3},
+      {SFMOE_SCALING_MX_1X32, SFMOE_SCALE_LAYOUT_COMPACT, 3, 0, 0, 2, 0, 0},
+  };
+  for (const Case& c : cases) {
+    int32_t ndim = -1;
+    int64_t shape[2] = {-1, -1};
+    ASSERT_EQ(sfmoe_scale_shape(c.scaling, c.layout, c.groups, c.rows, c.cols, &ndim, shape), SFMOE_SUCCESS)
+        << sfmoe_last_error();
+    EXPECT_EQ(ndim, c.ndim) << sfmoe_scaling_name(c.scaling);
+    EXPECT_EQ(shape[0], c.d0) << sfmoe_scaling_name(c.scaling);
+    if (c.ndim == 2) {
+      EXPECT_EQ(shape[1], c.d1) << sfmoe_scaling_name(c.scaling);
+    }
+    // The swizzled size is the numerics formula.
+    if (c.layout == SFMOE_SCALE_LAYOUT_SWIZZLED) {
+      EXPECT_EQ(shape[0], sfmoe::numerics::swizzled_scale_padded_size(c.rows, c.cols / sfmoe_scaling_block_size(c.scaling)));
+    }
+  }
+  int32_t ndim = -1;
+  int64_t shape[2] = {-1, -1};
+  EXPECT_EQ(sfmoe_scale_shape(SFMOE_SCALING_NONE, SFMOE_SCALE_LAYOUT_COMPACT, 1, 1, 1, &ndim, shape),
+            SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sfmoe_scale_shape(SFMOE_SCALING_BLOCK_1X128, SFMOE_SCALE_LAYOUT_SWIZZLED, 1, 1, 128, &ndim, shape),
+            SFMOE_ERROR_UNSUPPORTED);
+  EXPECT_EQ(sfmoe_scale_shape(SFMOE_SCALING_MX_1X32, SFMOE_SCALE_LAYOUT_COMPACT, 1, -1, 32, &ndim, shape),
+            SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sfmoe_scale_shape(SFMOE_SCALING_MX_1X32, SFMOE_SCALE_LAYOUT_SWIZZLED, 1, INT64_MAX / 2, INT64_MAX / 2,
+                              &ndim, shape),
+            SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sfmoe_scale_shape(SFMOE_SCALING_MX_1X32, SFMOE_SCALE_LAYOUT_COMPACT, 1, 1, 32, nullptr, shape),
+            SFMOE_ERROR_NULL_POINTER);
+  EXPECT_EQ(ndim, -1);  // refusals write nothing
+  EXPECT_EQ(shape[0], -1);
 }
 
 }  // namespace
