@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "sfmoe/sfmoe.h"
+#include "src/common/permute_args.h"
 #include "src/common/quantize_args.h"
 #include "src/common/router_args.h"
 
@@ -27,6 +28,12 @@ void unswizzle_scales(const uint8_t* swizzled, int64_t rows, int64_t scale_cols,
 // Router (docs/router.md). Not yet exposed through the C API.
 void router_forward(const RouterForwardArgs& args);
 void router_backward(const RouterBackwardArgs& args);
+
+// Permute / unpermute (docs/permute.md). Not yet exposed through the C API. Permute's backward
+// is unpermute without probabilities.
+void permute(const PermuteArgs& args);
+void unpermute(const UnpermuteArgs& args);
+void unpermute_backward(const UnpermuteBackwardArgs& args);
 
 }  // namespace cpu
 }  // namespace sfmoe

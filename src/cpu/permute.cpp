@@ -1,0 +1,100 @@
+// Permute / unpermute CPU reference (docs/permute.md).
+#include <string.h>
+
+#include <vector>
+
+#include "src/common/element_codec.h"
+#include "src/cpu/backend.h"
+
+namespace sfmoe {
+namespace cpu {
+
+namespace {
+
+int64_t element_bytes(sfmoe_dtype dtype) { return sfmoe_dtype_bits(dtype) / 8; }
+
+float load_value(const void* data, sfmoe_dtype dtype, int64_t index) {
+  return decode_element(dtype, load_code(data, sfmoe_dtype_bits(dtype), index));
+}
+
+void store_value(void* data, sfmoe_dtype dtype, int64_t index, float value) {
+  const uint32_t code = encode_element(dtype, value);
+  const int64_t bytes = element_bytes(dtype);
+  memcpy(static_cast<uint8_t*>(data) + index * bytes, &code, static_cast<size_t>(bytes));  // little endian
+}
+
+}  // namespace
+
+void permute(const PermuteArgs& a) {
+  const int64_t experts = a.num_experts, k = a.top_k;
+  // Which slots each expert receives, in token order (each token names an expert at most once).
+  std::vector<std::vector<int64_t>> slots(static_cast<size_t>(experts));
+  for (int64_t t = 0; t < a.num_tokens; ++t) {
+    for (int64_t i = 0; i < k; ++i) {
+      const int32_t e = a.topk_ids[t * k + i];
+      a.row_map[t * k + i] = -1;
+      if (e >= 0 && e < experts) slots[e].push_back(t * k + i);
+    }
+  }
+  int64_t offset = 0;
+  const int64_t row_bytes = a.hidden * element_bytes(a.dtype);
+  for (int64_t e = 0; e < experts; ++e) {
+    const int64_t received = static_cast<int64_t>(slots[e].size());
+    const int64_t kept = a.expert_capacity > 0 && received > a.expert_capacity ? a.expert_capacity : received;
+    a.expert_offsets[e] = offset;
+    a.tokens_per_expert[e] = kept;
+    a.dropped_per_expert[e] = received - kept;
+    for (int64_t j = 0; j < kept; ++j) {
+      const int64_t slot = slots[e][j], row = offset + j;
+      a.row_map[slot] = row;
+      memcpy(static_cast<uint8_t*>(a.permuted) + row * row_bytes,
+             static_cast<const uint8_t*>(a.tokens) + (slot / k) * row_bytes, static_cast<size_t>(row_bytes));
+    }
+    const int64_t padded = (kept + a.alignment - 1) / a.alignment * a.alignment;
+    for (int64_t j = kept; j < padded; ++j) {
+      memset(static_cast<uint8_t*>(a.permuted) + (offset + j) * row_bytes, 0, static_cast<size_t>(row_bytes));
+    }
+    offset += padded;
+  }
+  a.expert_offsets[experts] = offset;
+}
+
+void unpermute(const UnpermuteArgs& a) {
+  std::vector<float> sum(static_cast<size_t>(a.hidden));
+  for (int64_t t = 0; t < a.num_tokens; ++t) {
+    for (float& s : sum) s = 0.0f;
+    for (int64_t i = 0; i < a.top_k; ++i) {
+      const int64_t row = a.row_map[t * a.top_k + i];
+      if (row < 0) continue;
+      const float weight = a.probs ? a.probs[t * a.top_k + i] : 1.0f;
+      for (int64_t h = 0; h < a.hidden; ++h) {
+        const float v = load_value(a.rows, a.rows_dtype, row * a.hidden + h);
+        sum[h] = numerics::add_rn(sum[h], a.probs ? numerics::mul_rn(weight, v) : v);
+      }
+    }
+    for (int64_t h = 0; h < a.hidden; ++h) store_value(a.out, a.out_dtype, t * a.hidden + h, sum[h]);
+  }
+}
+
+void unpermute_backward(const UnpermuteBackwardArgs& a) {
+  for (int64_t i = 0; i < a.row_capacity * a.hidden; ++i) store_value(a.d_rows, a.d_rows_dtype, i, 0.0f);
+  for (int64_t t = 0; t < a.num_tokens; ++t) {
+    for (int64_t i = 0; i < a.top_k; ++i) {
+      const int64_t slot = t * a.top_k + i, row = a.row_map[slot];
+      if (row < 0) {
+        a.d_probs[slot] = 0.0f;
+        continue;
+      }
+      float dot = 0.0f;
+      for (int64_t h = 0; h < a.hidden; ++h) {
+        const float d = load_value(a.d_out, a.d_out_dtype, t * a.hidden + h);
+        dot = numerics::add_rn(dot, numerics::mul_rn(d, load_value(a.rows, a.rows_dtype, row * a.hidden + h)));
+        store_value(a.d_rows, a.d_rows_dtype, row * a.hidden + h, numerics::mul_rn(a.probs[slot], d));
+      }
+      a.d_probs[slot] = dot;
+    }
+  }
+}
+
+}  // namespace cpu
+}  // namespace sfmoe

@@ -1,0 +1,220 @@
+// Permute / unpermute CPU reference (docs/permute.md): a hand-worked case with capacity
+// dropping, the router's DeepSeek-shaped routing (T = 4097, E = 256, k = 8) permuted at every
+// alignment with special values in the rows, unpermute against float64 sums, and unpermute's
+// backward. Fresh random inputs each run (seed printed; SFMOE_TEST_SEED replays it).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "sfmoe/numerics.h"
+#include "src/cpu/backend.h"
+#include "tests/cpp/numerics_cases.h"
+
+namespace sfmoe {
+namespace {
+
+struct Permuted {
+  std::vector<uint16_t> rows;
+  std::vector<int64_t> offsets, row_map, kept, dropped;
+};
+
+constexpr uint16_t kPoison = 0xBEEF;
+
+Permuted permute_bf16(const std::vector<uint16_t>& tokens, const std::vector<int32_t>& ids,
+                      int64_t tokens_count, int64_t hidden, int64_t k, int64_t experts,
+                      int64_t alignment, int64_t capacity, int64_t row_capacity) {
+  Permuted p;
+  p.rows.assign(row_capacity * hidden, kPoison);
+  p.offsets.assign(experts + 1, -7);
+  p.row_map.assign(tokens_count * k, -7);
+  p.kept.assign(experts, -7);
+  p.dropped.assign(experts, -7);
+  PermuteArgs a{tokens.data(), SFMOE_DTYPE_BF16, tokens_count, hidden, k, experts, ids.data(),
+                alignment, capacity, row_capacity, p.rows.data(), p.offsets.data(),
+                p.row_map.data(), p.kept.data(), p.dropped.data()};
+  cpu::permute(a);
+  return p;
+}
+
+TEST(PermuteCpu, HandWorkedCaseWithCapacity) {
+  // 4 tokens, k = 2, 3 experts, hidden 2; token t's row is {t + 1, -(t + 1)} in BF16.
+  std::vector<uint16_t> tokens;
+  for (int t = 0; t < 4; ++t) {
+    tokens.push_back(numerics::f32_to_bf16(t + 1.0f));
+    tokens.push_back(numerics::f32_to_bf16(-(t + 1.0f)));
+  }
+  const std::vector<int32_t> ids = {2, 0, 0, 1, 0, 2, 1, 0};
+  Permuted p = permute_bf16(tokens, ids, 4, 2, 2, 3, 4, 0, 16);
+  EXPECT_EQ(p.offsets, (std::vector<int64_t>{0, 4, 8, 12}));
+  EXPECT_EQ(p.kept, (std::vector<int64_t>{4, 2, 2}));
+  EXPECT_EQ(p.dropped, (std::vector<int64_t>{0, 0, 0}));
+  EXPECT_EQ(p.row_map, (std::vector<int64_t>{8, 0, 1, 4, 2, 9, 5, 3}));
+  const float want_first[12] = {1, 2, 3, 4, 2, 4, 0, 0, 1, 3, 0, 0};
+  for (int r = 0; r < 12; ++r) EXPECT_EQ(numerics::bf16_to_f32(p.rows[2 * r]), want_first[r]) << "row " << r;
+  for (int r = 12; r < 16; ++r) EXPECT_EQ(p.rows[2 * r], kPoison) << "row " << r << " is beyond the groups";
+
+  // Capacity 3: expert 0 keeps tokens 0, 1, 2 (the lowest token indices); token 3's slot drops.
+  p = permute_bf16(tokens, ids, 4, 2, 2, 3, 4, 3, 16);
+  EXPECT_EQ(p.kept, (std::vector<int64_t>{3, 2, 2}));
+  EXPECT_EQ(p.dropped, (std::vector<int64_t>{1, 0, 0}));
+  EXPECT_EQ(p.row_map, (std::vector<int64_t>{8, 0, 1, 4, 2, 9, 5, -1}));
+  EXPECT_EQ(p.offsets, (std::vector<int64_t>{0, 4, 8, 12}));
+  EXPECT_EQ(p.rows[2 * 3], 0) << "the padding row that replaced the dropped token is zero";
+}
+
+TEST(PermuteCpu, RouterShapedRoutingAtEveryAlignment) {
+  const int64_t tokens_count = 4097, experts = 256, k = 8, hidden = 24;
+  std::mt19937_64 rng(testing::session_test_seed() + 10);
+  // Routing from the router reference (sigmoid, 8 groups, experts 16m + 5 idle).
+  RouterConfig c;
+  c.num_experts = experts;
+  c.top_k = k;
+  c.sigmoid = true;
+  c.num_groups = 8;
+  c.group_topk = 4;
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> logits(tokens_count * experts), bias(experts), probs(tokens_count * k);
+  for (float& v : logits) v = normal(rng);
+  for (int64_t e = 0; e < experts; ++e) bias[e] = e % 16 == 5 ? -100.0f : 0.0f;
+  std::vector<int32_t> ids(tokens_count * k);
+  std::vector<int64_t> router_counts(experts);
+  RouterForwardArgs route{logits.data(), bias.data(), tokens_count, c, ids.data(), probs.data(),
+                          router_counts.data(), nullptr, nullptr};
+  cpu::router_forward(route);
+
+  // Rows: random BF16 patterns, with specials (NaN payloads, -0, Inf, subnormals) in the mix.
+  std::vector<uint16_t> tokens(tokens_count * hidden);
+  const uint16_t specials[] = {0x7FC1, 0xFFFF, 0x8000, 0x0000, 0x7F80, 0xFF80, 0x0001, 0x807F};
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = (i % 97 == 0) ? specials[(i / 97) % 8] : static_cast<uint16_t>(rng());
+  }
+  for (int64_t alignment : {1, 8, 16, 32, 64, 128}) {
+    for (int64_t capacity : {int64_t{0}, int64_t{150}}) {
+      const int64_t row_capacity = tokens_count * k + experts * (alignment - 1) + 64;
+      const Permuted p = permute_bf16(tokens, ids, tokens_count, hidden, k, experts, alignment, capacity, row_capacity);
+      int64_t kept_total = 0, dropped_total = 0;
+      for (int64_t e = 0; e < experts; ++e) {
+        EXPECT_EQ(p.offsets[e] % alignment, 0);
+        EXPECT_EQ(p.offsets[e + 1] - p.offsets[e], (p.kept[e] + alignment - 1) / alignment * alignment);
+        EXPECT_EQ(p.kept[e] + p.dropped[e], router_counts[e]);
+        if (capacity > 0) {
+          EXPECT_LE(p.kept[e], capacity);
+        }
+        kept_total += p.kept[e];
+        dropped_total += p.dropped[e];
+      }
+      EXPECT_EQ(kept_total + dropped_total, tokens_count * k);
+      if (capacity > 0) {
+        EXPECT_GT(dropped_total, 0) << "capacity " << capacity << " should drop some rows";
+      }
+      // Every kept slot's row holds its token's row bit for bit; rows fill each block in token order.
+      // Rows fill each block in token order, and an expert drops only its latest tokens.
+      std::vector<bool> named(row_capacity, false);
+      std::vector<int64_t> filled(experts, 0);
+      for (int64_t t = 0; t < tokens_count; ++t) {
+        for (int64_t i = 0; i < k; ++i) {
+          const int64_t row = p.row_map[t * k + i];
+          const int32_t e = ids[t * k + i];
+          if (row < 0) {
+            EXPECT_EQ(filled[e], p.kept[e]) << "token " << t << " dropped while expert " << e << " had room";
+            continue;
+          }
+          ASSERT_EQ(row, p.offsets[e] + filled[e]) << "token " << t << ", expert " << e;
+          ++filled[e];
+          named[row] = true;
+          ASSERT_EQ(std::memcmp(&p.rows[row * hidden], &tokens[t * hidden], hidden * 2), 0) << "row " << row;
+        }
+      }
+      for (int64_t row = 0; row < row_capacity; ++row) {
+        if (named[row]) continue;
+        const uint16_t want = row < p.offsets[experts] ? 0 : kPoison;  // padding zeros; beyond untouched
+        for (int64_t h = 0; h < hidden; ++h) ASSERT_EQ(p.rows[row * hidden + h], want) << "row " << row;
+      }
+    }
+  }
+}
+
+TEST(PermuteCpu, UnpermuteAndItsBackward) {
+  const int64_t tokens_count = 333, experts = 16, k = 4, hidden = 40;
+  std::mt19937_64 rng(testing::session_test_seed() + 11);
+  std::uniform_real_distribution<float> uniform(-4.0f, 4.0f);
+  std::vector<int32_t> ids(tokens_count * k);
+  for (int64_t t = 0; t < tokens_count; ++t) {
+    std::vector<int32_t> all(experts);
+    for (int32_t e = 0; e < experts; ++e) all[e] = e;
+    std::shuffle(all.begin(), all.end(), rng);
+    for (int64_t i = 0; i < k; ++i) ids[t * k + i] = all[i];
+  }
+  std::vector<uint16_t> tokens(tokens_count * hidden);
+  for (uint16_t& v : tokens) v = numerics::f32_to_bf16(uniform(rng));
+  const int64_t row_capacity = tokens_count * k + experts * 31;
+  const Permuted p = permute_bf16(tokens, ids, tokens_count, hidden, k, experts, 32, 100, row_capacity);
+
+  // Permute's backward (no probabilities) in FP32: each token gets its row times the number of
+  // its kept slots, exactly.
+  std::vector<float> gathered(tokens_count * hidden, NAN);
+  cpu::unpermute(UnpermuteArgs{p.rows.data(), SFMOE_DTYPE_BF16, tokens_count, hidden, k, p.row_map.data(),
+                               nullptr, gathered.data(), SFMOE_DTYPE_FP32});
+  for (int64_t t = 0; t < tokens_count; ++t) {
+    int kept = 0;
+    for (int64_t i = 0; i < k; ++i) kept += p.row_map[t * k + i] >= 0;
+    for (int64_t h = 0; h < hidden; ++h) {
+      ASSERT_EQ(gathered[t * hidden + h], kept * numerics::bf16_to_f32(tokens[t * hidden + h]));
+    }
+  }
+
+  // Unpermute with probabilities, BF16 out: within BF16 rounding of the float64 sum.
+  std::vector<float> probs(tokens_count * k);
+  for (float& v : probs) v = std::fabs(uniform(rng)) / 4.0f;
+  std::vector<uint16_t> combined(tokens_count * hidden);
+  cpu::unpermute(UnpermuteArgs{p.rows.data(), SFMOE_DTYPE_BF16, tokens_count, hidden, k, p.row_map.data(),
+                               probs.data(), combined.data(), SFMOE_DTYPE_BF16});
+  for (int64_t t = 0; t < tokens_count; ++t) {
+    for (int64_t h = 0; h < hidden; ++h) {
+      double want = 0.0;
+      for (int64_t i = 0; i < k; ++i) {
+        const int64_t row = p.row_map[t * k + i];
+        if (row >= 0) want += double(probs[t * k + i]) * numerics::bf16_to_f32(p.rows[row * hidden + h]);
+      }
+      const double got = numerics::bf16_to_f32(combined[t * hidden + h]);
+      ASSERT_NEAR(got, want, 1e-5 + std::fabs(want) / 128.0) << "token " << t << " column " << h;
+    }
+  }
+
+  // Backward: d_rows = probs * d_out exactly (one FP32 product), padding rows zero; d_probs is
+  // the row . d_out dot product.
+  std::vector<float> d_out(tokens_count * hidden), d_rows(row_capacity * hidden, NAN), d_probs(tokens_count * k, NAN);
+  for (float& v : d_out) v = uniform(rng);
+  cpu::unpermute_backward(UnpermuteBackwardArgs{d_out.data(), SFMOE_DTYPE_FP32, p.rows.data(), SFMOE_DTYPE_BF16,
+                                                tokens_count, hidden, k, row_capacity, p.row_map.data(), probs.data(),
+                                                d_rows.data(), SFMOE_DTYPE_FP32, d_probs.data()});
+  std::vector<bool> named(row_capacity, false);
+  for (int64_t t = 0; t < tokens_count; ++t) {
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t row = p.row_map[t * k + i];
+      if (row < 0) {
+        EXPECT_EQ(d_probs[t * k + i], 0.0f);
+        continue;
+      }
+      named[row] = true;
+      double dot = 0.0;
+      for (int64_t h = 0; h < hidden; ++h) {
+        ASSERT_EQ(d_rows[row * hidden + h], numerics::mul_rn(probs[t * k + i], d_out[t * hidden + h]));
+        dot += double(d_out[t * hidden + h]) * numerics::bf16_to_f32(p.rows[row * hidden + h]);
+      }
+      EXPECT_NEAR(d_probs[t * k + i], dot, 1e-4 * (1.0 + std::fabs(dot)));
+    }
+  }
+  for (int64_t row = 0; row < row_capacity; ++row) {
+    if (named[row]) continue;
+    for (int64_t h = 0; h < hidden; ++h) ASSERT_EQ(d_rows[row * hidden + h], 0.0f) << "row " << row;
+  }
+}
+
+}  // namespace
+}  // namespace sfmoe
