@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "sfmoe/sfmoe.h"
+#include "src/common/activation_args.h"
 #include "src/common/permute_args.h"
 #include "src/common/quantize_args.h"
 #include "src/common/router_args.h"
@@ -34,6 +35,10 @@ void router_backward(const RouterBackwardArgs& args);
 void permute(const PermuteArgs& args);
 void unpermute(const UnpermuteArgs& args);
 void unpermute_backward(const UnpermuteBackwardArgs& args);
+
+// Grouped activations (docs/activations.md). Not yet exposed through the C API.
+void activation_forward(const ActivationArgs& args);
+void activation_backward(const ActivationBackwardArgs& args);
 
 }  // namespace cpu
 }  // namespace sfmoe

@@ -3,8 +3,8 @@
 
 #include <vector>
 
-#include "src/common/element_codec.h"
 #include "src/cpu/backend.h"
+#include "src/cpu/element_access.h"
 
 namespace sfmoe {
 namespace cpu {
@@ -13,15 +13,6 @@ namespace {
 
 int64_t element_bytes(sfmoe_dtype dtype) { return sfmoe_dtype_bits(dtype) / 8; }
 
-float load_value(const void* data, sfmoe_dtype dtype, int64_t index) {
-  return decode_element(dtype, load_code(data, sfmoe_dtype_bits(dtype), index));
-}
-
-void store_value(void* data, sfmoe_dtype dtype, int64_t index, float value) {
-  const uint32_t code = encode_element(dtype, value);
-  const int64_t bytes = element_bytes(dtype);
-  memcpy(static_cast<uint8_t*>(data) + index * bytes, &code, static_cast<size_t>(bytes));  // little endian
-}
 
 }  // namespace
 

@@ -8,34 +8,11 @@
 #include <cmath>
 #include <vector>
 
-#include "sfmoe/numerics/elementary.h"
 #include "src/common/router_args.h"
+#include "src/cpu/arithmetic.h"
 
 namespace sfmoe {
 namespace cpu {
-
-template <class Real>
-struct RouterArithmetic;
-
-template <>
-struct RouterArithmetic<float> {
-  static float add(float a, float b) { return numerics::add_rn(a, b); }
-  static float mul(float a, float b) { return numerics::mul_rn(a, b); }
-  static float div(float a, float b) { return numerics::div_rn(a, b); }
-  static float exp(float a) { return numerics::exp_f32(a); }
-  static float sigmoid(float a) { return numerics::sigmoid_f32(a); }
-  static float log(float a) { return std::log(a); }  // losses only: not bit-exact across backends
-};
-
-template <>
-struct RouterArithmetic<double> {
-  static double add(double a, double b) { return a + b; }
-  static double mul(double a, double b) { return a * b; }
-  static double div(double a, double b) { return a / b; }
-  static double exp(double a) { return std::exp(a); }
-  static double sigmoid(double a) { return 1.0 / (1.0 + std::exp(-a)); }
-  static double log(double a) { return std::log(a); }
-};
 
 // Selection order: a higher score first, then a lower index; a NaN score ranks below every
 // number (a NaN logit is never preferred), NaNs among themselves by index.
@@ -50,7 +27,7 @@ bool ranks_before(Real a, int64_t ia, Real b, int64_t ib) {
 // softmax(x) over n values: max, then e^(x - max) summed in index order, then each divided.
 template <class Real>
 void softmax(const Real* x, int64_t n, Real* out) {
-  using A = RouterArithmetic<Real>;
+  using A = Arithmetic<Real>;
   Real max = x[0];
   for (int64_t e = 1; e < n; ++e) max = x[e] > max ? x[e] : max;
   Real sum = 0;
@@ -64,7 +41,7 @@ void softmax(const Real* x, int64_t n, Real* out) {
 // log(sum e^x) = max + log(sum e^(x - max)).
 template <class Real>
 Real log_sum_exp(const Real* x, int64_t n) {
-  using A = RouterArithmetic<Real>;
+  using A = Arithmetic<Real>;
   Real max = x[0];
   for (int64_t e = 1; e < n; ++e) max = x[e] > max ? x[e] : max;
   Real sum = 0;
@@ -76,7 +53,7 @@ Real log_sum_exp(const Real* x, int64_t n) {
 // softmax after top-k, the logits themselves (selection only).
 template <class Real>
 void token_scores(const Real* x, const RouterConfig& c, Real* scores) {
-  using A = RouterArithmetic<Real>;
+  using A = Arithmetic<Real>;
   if (c.sigmoid) {
     for (int64_t e = 0; e < c.num_experts; ++e) scores[e] = A::sigmoid(x[e]);
   } else if (c.softmax_after_topk) {
@@ -91,7 +68,7 @@ void token_scores(const Real* x, const RouterConfig& c, Real* scores) {
 template <class Real>
 void route_token(const Real* x, const float* bias, const RouterConfig& c, int32_t* ids,
                  Real* probs) {
-  using A = RouterArithmetic<Real>;
+  using A = Arithmetic<Real>;
   const int64_t n = c.num_experts, k = c.top_k;
   std::vector<Real> scores(n), selection(n);
   token_scores(x, c, scores.data());
@@ -165,7 +142,7 @@ void route_token(const Real* x, const float* bias, const RouterConfig& c, int32_
 // divided by their sum (so that they form a distribution too).
 template <class Real>
 void aux_loss_scores(const Real* x, const RouterConfig& c, Real* out) {
-  using A = RouterArithmetic<Real>;
+  using A = Arithmetic<Real>;
   if (!c.sigmoid) {
     softmax(x, c.num_experts, out);
     return;

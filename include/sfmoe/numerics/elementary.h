@@ -41,7 +41,7 @@ SFMOE_HD float exp_f32(float x) {
   return mul_rn(mul_rn(p, exp2_integer_f32(half)), exp2_integer_f32(exponent - half));
 }
 
-// 1 / (1 + e^-x), the router's sigmoid score.
+// 1 / (1 + e^-x), the router's sigmoid score and the SiLU gate.
 SFMOE_HD float sigmoid_f32(float x) { return div_rn(1.0f, add_rn(1.0f, exp_f32(-x))); }
 
 }  // namespace numerics

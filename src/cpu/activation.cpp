@@ -1,0 +1,74 @@
+// Grouped activations, CPU reference (docs/activations.md): per-element rules in
+// src/cpu/activation_math.h; real rows computed, padding rows written as zeros.
+#include <string.h>
+
+#include "src/cpu/activation_math.h"
+#include "src/cpu/backend.h"
+#include "src/cpu/element_access.h"
+
+namespace sfmoe {
+namespace cpu {
+
+namespace {
+
+struct GateUp {
+  float gate, up;  // up is 0 for the kinds without one
+};
+
+// Column j of row r: the gate (or the only input) and, for gated kinds, the up value.
+GateUp gate_up(const void* input, sfmoe_dtype dtype, bool gated, int64_t cols, int64_t r, int64_t j) {
+  const int64_t in_cols = gated ? 2 * cols : cols;
+  return GateUp{load_value(input, dtype, r * in_cols + j),
+                gated ? load_value(input, dtype, r * in_cols + cols + j) : 0.0f};
+}
+
+// Calls row_fn(r) for the real rows and pad_fn(r) for the padding rows of every group.
+template <class RowFn, class PadFn>
+void for_each_row(const GroupRowsView& groups, RowFn row_fn, PadFn pad_fn) {
+  for (int64_t g = 0; g < groups.num_groups; ++g) {
+    const int64_t begin = groups.offsets[g], end = groups.offsets[g + 1];
+    const int64_t real_end = begin + groups.rows[g] < end ? begin + groups.rows[g] : end;
+    for (int64_t r = begin; r < real_end; ++r) row_fn(r);
+    for (int64_t r = real_end; r < end; ++r) pad_fn(r);
+  }
+}
+
+}  // namespace
+
+void activation_forward(const ActivationArgs& a) {
+  const bool gated = activation_is_gated(a.config.kind);
+  for_each_row(
+      a.groups,
+      [&](int64_t r) {
+        for (int64_t j = 0; j < a.cols; ++j) {
+          const GateUp x = gate_up(a.input, a.input_dtype, gated, a.cols, r, j);
+          store_value(a.output, a.output_dtype, r * a.cols + j, Activation<float>::forward(a.config, x.gate, x.up));
+        }
+      },
+      [&](int64_t r) {
+        for (int64_t j = 0; j < a.cols; ++j) store_value(a.output, a.output_dtype, r * a.cols + j, 0.0f);
+      });
+}
+
+void activation_backward(const ActivationBackwardArgs& a) {
+  const bool gated = activation_is_gated(a.config.kind);
+  const int64_t in_cols = gated ? 2 * a.cols : a.cols;
+  for_each_row(
+      a.groups,
+      [&](int64_t r) {
+        for (int64_t j = 0; j < a.cols; ++j) {
+          const GateUp x = gate_up(a.input, a.input_dtype, gated, a.cols, r, j);
+          const float d = load_value(a.d_output, a.d_output_dtype, r * a.cols + j);
+          float dg = 0.0f, du = 0.0f;
+          Activation<float>::backward(a.config, x.gate, x.up, d, &dg, &du);
+          store_value(a.d_input, a.d_input_dtype, r * in_cols + j, dg);
+          if (gated) store_value(a.d_input, a.d_input_dtype, r * in_cols + a.cols + j, du);
+        }
+      },
+      [&](int64_t r) {
+        for (int64_t j = 0; j < in_cols; ++j) store_value(a.d_input, a.d_input_dtype, r * in_cols + j, 0.0f);
+      });
+}
+
+}  // namespace cpu
+}  // namespace sfmoe

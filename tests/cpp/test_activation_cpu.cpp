@@ -1,0 +1,131 @@
+// Grouped activations, CPU reference (docs/activations.md): known values, the
+// backward of every kind against float64 central differences, and the grouped layout (real rows
+// computed bit for bit by the per-element rule, padding rows zero, nothing beyond the groups
+// written), with special values in the inputs. Fresh random inputs each run (seed printed).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "sfmoe/numerics.h"
+#include "src/cpu/activation_math.h"
+#include "src/cpu/backend.h"
+#include "tests/cpp/numerics_cases.h"
+
+namespace sfmoe {
+namespace {
+
+using cpu::Activation;
+
+const ActivationKind kKinds[] = {ActivationKind::kSwiGLU,      ActivationKind::kGeGLU,
+                                 ActivationKind::kSiLU,        ActivationKind::kGeLU,
+                                 ActivationKind::kSquaredReLU, ActivationKind::kClampedSwiGLU};
+const char* const kNames[] = {"swiglu", "geglu", "silu", "gelu", "squared_relu", "clamped_swiglu"};
+
+ActivationConfig config_of(ActivationKind kind) {
+  ActivationConfig c;
+  c.kind = kind;
+  return c;
+}
+
+TEST(ActivationCpu, KnownValuesAndZeroPreservation) {
+  for (ActivationKind kind : kKinds) {
+    EXPECT_EQ(Activation<float>::forward(config_of(kind), 0.0f, 0.0f), 0.0f) << "padding zeros stay zero";
+  }
+  EXPECT_NEAR(Activation<float>::forward(config_of(ActivationKind::kSwiGLU), 1.0f, 2.0f), 2.0 / (1.0 + std::exp(-1.0)), 1e-6);
+  EXPECT_NEAR(Activation<float>::forward(config_of(ActivationKind::kGeLU), 1.0f, 0.0f), 0.8411920071, 1e-6);
+  EXPECT_EQ(Activation<float>::forward(config_of(ActivationKind::kSquaredReLU), 3.0f, 0.0f), 9.0f);
+  EXPECT_EQ(Activation<float>::forward(config_of(ActivationKind::kSquaredReLU), -3.0f, 0.0f), 0.0f);
+  // Clamped SwiGLU (limit 7, alpha 1.702): gate 10 -> 7, up -10 -> -7.
+  const double s = 1.0 / (1.0 + std::exp(-1.702 * 7.0));
+  EXPECT_NEAR(Activation<float>::forward(config_of(ActivationKind::kClampedSwiGLU), 10.0f, -10.0f), 7.0 * s * -6.0, 1e-5);
+}
+
+TEST(ActivationCpu, BackwardMatchesFloat64FiniteDifferences) {
+  std::mt19937_64 rng(testing::session_test_seed() + 20);
+  std::uniform_real_distribution<float> value(-8.0f, 8.0f), grad(-2.0f, 2.0f);
+  for (size_t k = 0; k < 6; ++k) {
+    const ActivationConfig c = config_of(kKinds[k]);
+    double worst = 0.0;
+    int checked = 0;
+    while (checked < 2000) {
+      const float g = value(rng), u = value(rng), d = grad(rng);
+      // Stay off the kinks (ReLU at 0, the clamps at +-limit) by more than the step.
+      if (std::fabs(g) < 1e-3f || std::fabs(std::fabs(g) - c.limit) < 1e-3f || std::fabs(std::fabs(u) - c.limit) < 1e-3f) continue;
+      float dg = 0, du = 0;
+      Activation<float>::backward(c, g, u, d, &dg, &du);
+      const double h = 1e-6;
+      const double fd_g = d * (Activation<double>::forward(c, g + h, u) - Activation<double>::forward(c, g - h, u)) / (2 * h);
+      const double fd_u = d * (Activation<double>::forward(c, g, u + h) - Activation<double>::forward(c, g, u - h)) / (2 * h);
+      // An absolute floor for gradients that are nearly zero, scaled by the operands.
+      const double floor = 1e-6 * std::fabs(d) * (1.0 + std::fabs(u));
+      const double err_g = std::fabs(dg - fd_g) / (floor + std::fabs(fd_g));
+      const double err_u = std::fabs(du - fd_u) / (floor + std::fabs(fd_u));
+      worst = std::max(worst, std::max(err_g, err_u));
+      ASSERT_LE(err_g, 1e-3) << kNames[k] << " d gate at (" << g << ", " << u << "): " << dg << " vs " << fd_g;
+      ASSERT_LE(err_u, 1e-3) << kNames[k] << " d up at (" << g << ", " << u << "): " << du << " vs " << fd_u;
+      ++checked;
+    }
+    std::printf("[ activation ] %-15s 2000 points, worst |d - fd| / (floor + |fd|) = %.2e\n", kNames[k], worst);
+  }
+}
+
+TEST(ActivationCpu, GroupedRowsPaddingAndSpecials) {
+  std::mt19937_64 rng(testing::session_test_seed() + 21);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  const int64_t cols = 24, row_capacity = 300;
+  // Groups: padded blocks of 32 rows holding 0, 1, 31, 33 (two blocks) and 17 real rows.
+  const std::vector<int64_t> offsets = {0, 0, 32, 64, 128, 160};
+  const std::vector<int64_t> rows = {0, 1, 31, 33, 17};
+  const GroupRowsView groups{offsets.data(), rows.data(), 5};
+  const uint16_t specials[] = {0x7FC0, 0xFF80, 0x7F80, 0x8000, 0x0001, 0x4120 /* 10 */, 0xC120 /* -10 */};
+  for (size_t k = 0; k < 6; ++k) {
+    const ActivationConfig c = config_of(kKinds[k]);
+    const bool gated = activation_is_gated(c.kind);
+    const int64_t in_cols = gated ? 2 * cols : cols;
+    std::vector<uint16_t> input(row_capacity * in_cols), output(row_capacity * cols, 0xBEEF);
+    for (size_t i = 0; i < input.size(); ++i) {
+      input[i] = i % 41 == 0 ? specials[(i / 41) % 7] : numerics::f32_to_bf16(normal(rng));
+    }
+    cpu::activation_forward(ActivationArgs{c, groups, cols, input.data(), SFMOE_DTYPE_BF16, output.data(), SFMOE_DTYPE_BF16});
+    std::vector<float> d_out(row_capacity * cols), d_in(row_capacity * in_cols, 1234.0f);
+    for (float& v : d_out) v = normal(rng);
+    cpu::activation_backward(ActivationBackwardArgs{c, groups, cols, input.data(), SFMOE_DTYPE_BF16, d_out.data(),
+                                                    SFMOE_DTYPE_FP32, d_in.data(), SFMOE_DTYPE_FP32});
+    for (int64_t r = 0; r < row_capacity; ++r) {
+      int64_t g = -1;
+      for (int64_t q = 0; q < 5; ++q) {
+        if (r >= offsets[q] && r < offsets[q + 1]) g = q;
+      }
+      const bool real = g >= 0 && r < offsets[g] + rows[g];
+      for (int64_t j = 0; j < cols; ++j) {
+        const uint16_t got = output[r * cols + j];
+        if (g < 0) {
+          ASSERT_EQ(got, 0xBEEF) << kNames[k] << " row " << r << " is beyond the groups";
+          ASSERT_EQ(d_in[r * in_cols + j], 1234.0f);
+          continue;
+        }
+        if (!real) {
+          ASSERT_EQ(got, 0) << kNames[k] << " padding row " << r;
+          ASSERT_EQ(d_in[r * in_cols + j], 0.0f);
+          continue;
+        }
+        const float gv = numerics::bf16_to_f32(input[r * in_cols + j]);
+        const float uv = gated ? numerics::bf16_to_f32(input[r * in_cols + cols + j]) : 0.0f;
+        ASSERT_EQ(got, numerics::f32_to_bf16(Activation<float>::forward(c, gv, uv))) << kNames[k] << " row " << r;
+        float dg = 0, du = 0;
+        Activation<float>::backward(c, gv, uv, d_out[r * cols + j], &dg, &du);
+        ASSERT_EQ(numerics::f32_to_bits(d_in[r * in_cols + j]), numerics::f32_to_bits(dg));
+        if (gated) {
+          ASSERT_EQ(numerics::f32_to_bits(d_in[r * in_cols + cols + j]), numerics::f32_to_bits(du));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace sfmoe
