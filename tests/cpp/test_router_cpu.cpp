@@ -7,12 +7,15 @@
 
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <set>
 #include <vector>
 
-#include "sfmoe/numerics/elementary.h"
+#include "sfmoe/numerics.h"
+#include "sfmoe/router.h"
 #include "src/cpu/backend.h"
 #include "src/cpu/router_math.h"
 #include "tests/cpp/numerics_cases.h"
@@ -288,6 +291,120 @@ TEST(RouterCpu, BackwardMatchesFloat64FiniteDifferences) {
     std::printf("[ router ] %-26s %lld gradients, worst |d - fd| / (1e-4 + |fd|) = %.2e\n", v.name,
                 static_cast<long long>(checked), worst);
   }
+}
+
+}  // namespace
+}  // namespace sfmoe
+
+namespace sfmoe {
+namespace {
+
+sfmoe_tensor host_tensor(void* data, sfmoe_dtype dtype, std::initializer_list<int64_t> shape) {
+  std::vector<int64_t> dims(shape);
+  return sfmoe_tensor_make(data, dtype, static_cast<int32_t>(dims.size()), dims.data(), SFMOE_MEMORY_HOST, 0);
+}
+
+TEST(RouterApi, ThroughTheCApiAndItsRefusals) {
+  const int64_t tokens = 37, experts = 32, k = 4;
+  std::mt19937_64 rng(testing::session_test_seed() + 3);
+  std::normal_distribution<float> normal(0.0f, 1.5f);
+  std::vector<uint16_t> logits_bf16(tokens * experts);
+  std::vector<float> logits_f32(tokens * experts), bias(experts);
+  for (size_t i = 0; i < logits_bf16.size(); ++i) {
+    logits_bf16[i] = numerics::f32_to_bf16(normal(rng));
+    logits_f32[i] = numerics::bf16_to_f32(logits_bf16[i]);
+  }
+  for (float& b : bias) b = 0.05f * normal(rng);
+  std::vector<int32_t> ids(tokens * k, -1);
+  std::vector<float> probs(tokens * k, NAN), aux(1, NAN), z(1, NAN);
+  std::vector<int64_t> counts(experts, -1);
+  sfmoe_tensor t_logits = host_tensor(logits_bf16.data(), SFMOE_DTYPE_BF16, {tokens, experts});
+  sfmoe_tensor t_bias = host_tensor(bias.data(), SFMOE_DTYPE_FP32, {experts});
+  sfmoe_tensor t_ids = host_tensor(ids.data(), SFMOE_DTYPE_INT32, {tokens, k});
+  sfmoe_tensor t_probs = host_tensor(probs.data(), SFMOE_DTYPE_FP32, {tokens, k});
+  sfmoe_tensor t_counts = host_tensor(counts.data(), SFMOE_DTYPE_INT64, {experts});
+  sfmoe_tensor t_aux = host_tensor(aux.data(), SFMOE_DTYPE_FP32, {1});
+  sfmoe_tensor t_z = host_tensor(z.data(), SFMOE_DTYPE_FP32, {});
+  sfmoe_router_config config = sfmoe_router_config_init();
+  config.top_k = k;
+  config.score = SFMOE_ROUTER_SCORE_SIGMOID;
+  config.num_groups = 4;
+  config.group_topk = 2;
+  config.normalize = 1;
+  config.scaling_factor = 2.5f;
+  config.aux_loss_coeff = 1e-2f;
+  config.z_loss_coeff = 1e-3f;
+  ASSERT_EQ(sfmoe_router_forward(&t_logits, &t_bias, &config, &t_ids, &t_probs, &t_counts, &t_aux, &t_z, nullptr),
+            SFMOE_SUCCESS)
+      << sfmoe_last_error();
+
+  // The same as the reference on the widened logits, bit for bit.
+  RouterConfig c;
+  c.num_experts = experts;
+  c.top_k = k;
+  c.sigmoid = true;
+  c.num_groups = 4;
+  c.group_topk = 2;
+  c.normalize = true;
+  c.scaling_factor = 2.5f;
+  c.aux_loss_coeff = 1e-2f;
+  c.z_loss_coeff = 1e-3f;
+  const Routed want = route(logits_f32, &bias, c);
+  EXPECT_EQ(ids, want.ids);
+  EXPECT_EQ(std::memcmp(probs.data(), want.probs.data(), probs.size() * 4), 0);
+  EXPECT_EQ(counts, want.tokens_per_expert);
+  EXPECT_EQ(aux[0], want.aux_loss);
+  EXPECT_EQ(z[0], want.z_loss);
+
+  std::vector<float> d_probs(tokens * k, 1.0f), d_logits(tokens * experts, NAN);
+  sfmoe_tensor t_dprobs = host_tensor(d_probs.data(), SFMOE_DTYPE_FP32, {tokens, k});
+  sfmoe_tensor t_dlogits = host_tensor(d_logits.data(), SFMOE_DTYPE_FP32, {tokens, experts});
+  ASSERT_EQ(sfmoe_router_backward(&t_logits, &t_ids, &t_counts, &config, &t_dprobs, 1.0f, 1.0f, &t_dlogits, nullptr),
+            SFMOE_SUCCESS)
+      << sfmoe_last_error();
+  for (float v : d_logits) ASSERT_TRUE(std::isfinite(v));
+
+  // Refusals leave the outputs alone.
+  const std::vector<int32_t> ids_before = ids;
+  auto refused = [&](sfmoe_router_config bad, sfmoe_status want_status, const char* what) {
+    EXPECT_EQ(sfmoe_router_forward(&t_logits, &t_bias, &bad, &t_ids, &t_probs, &t_counts, &t_aux, &t_z, nullptr),
+              want_status)
+        << what << ": " << sfmoe_last_error();
+    EXPECT_EQ(ids, ids_before) << what;
+  };
+  sfmoe_router_config bad = config;
+  bad.top_k = 0;
+  refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "top_k 0");
+  bad = config;
+  bad.num_groups = 5;
+  refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "groups that do not divide the experts");
+  bad = config;
+  bad.group_topk = 0;
+  refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "no group kept");
+  bad = config;
+  bad.softmax_after_topk = 1;
+  refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "softmax after top-k with sigmoid scores");
+  bad = config;
+  bad.scaling_factor = 0.0f;
+  refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "zero scaling");
+  bad = config;
+  bad.struct_size = 8;
+  refused(bad, SFMOE_ERROR_STRUCT_SIZE, "struct size");
+  EXPECT_EQ(sfmoe_router_forward(&t_logits, &t_bias, &config, &t_ids, &t_probs, &t_counts, nullptr, &t_z, nullptr),
+            SFMOE_ERROR_NULL_POINTER);
+  sfmoe_tensor wrong_ids = host_tensor(ids.data(), SFMOE_DTYPE_INT32, {tokens, k + 1});
+  EXPECT_EQ(sfmoe_router_forward(&t_logits, &t_bias, &config, &wrong_ids, &t_probs, &t_counts, &t_aux, &t_z, nullptr),
+            SFMOE_ERROR_SHAPE_MISMATCH);
+  sfmoe_tensor int64_ids = host_tensor(ids.data(), SFMOE_DTYPE_INT64, {tokens, k});
+  EXPECT_EQ(sfmoe_router_forward(&t_logits, &t_bias, &config, &int64_ids, &t_probs, &t_counts, &t_aux, &t_z, nullptr),
+            SFMOE_ERROR_DTYPE_MISMATCH);
+  EXPECT_EQ(ids, ids_before);
+  // A backward given ids that are not experts writes nothing.
+  ids[5] = static_cast<int32_t>(experts);
+  std::fill(d_logits.begin(), d_logits.end(), 7.0f);
+  EXPECT_EQ(sfmoe_router_backward(&t_logits, &t_ids, &t_counts, &config, &t_dprobs, 1.0f, 1.0f, &t_dlogits, nullptr),
+            SFMOE_ERROR_INVALID_ARGUMENT);
+  for (float v : d_logits) ASSERT_EQ(v, 7.0f);
 }
 
 }  // namespace
