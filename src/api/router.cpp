@@ -5,8 +5,6 @@
 #include <math.h>
 #include <string.h>
 
-#include <initializer_list>
-#include <string>
 #include <vector>
 
 #include "src/api/validate.h"
@@ -16,46 +14,6 @@
 
 namespace sfmoe {
 namespace {
-
-// A tensor of the given dtype and shape, in the memory space of `home`.
-sfmoe_status expect_tensor(const char* context, const char* name, const sfmoe_tensor* t,
-                           std::initializer_list<sfmoe_dtype> dtypes, std::initializer_list<int64_t> shape,
-                           const sfmoe_tensor* home) {
-  SFMOE_RETURN_IF_ERROR(validate_tensor(context, name, t));
-  bool dtype_ok = false;
-  for (sfmoe_dtype d : dtypes) dtype_ok = dtype_ok || t->dtype == d;
-  if (!dtype_ok) {
-    return fail(SFMOE_ERROR_DTYPE_MISMATCH, "%s: %s has dtype '%s', expected '%s'%s", context, name,
-                sfmoe_dtype_name(t->dtype), sfmoe_dtype_name(*dtypes.begin()),
-                dtypes.size() > 1 ? " or another accepted one (see the header)" : "");
-  }
-  bool shape_ok = t->ndim == static_cast<int32_t>(shape.size());
-  int d = 0;
-  for (int64_t extent : shape) shape_ok = shape_ok && t->shape[d++] == extent;
-  if (!shape_ok) {
-    std::string want, got;
-    for (int64_t extent : shape) want += (want.empty() ? "" : ", ") + std::to_string(extent);
-    for (int32_t i = 0; i < t->ndim && i < SFMOE_MAX_DIMS; ++i) got += (i ? ", " : "") + std::to_string(t->shape[i]);
-    return fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: %s must be [%s] but is [%s]", context, name, want.c_str(),
-                got.c_str());
-  }
-  if (home != nullptr && (t->memory != home->memory || t->device != home->device)) {
-    return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: %s is not in the same memory space as logits", context, name);
-  }
-  return SFMOE_SUCCESS;
-}
-
-// A one-element FP32 tensor in the memory space of `home`.
-sfmoe_status expect_scalar(const char* context, const char* name, const sfmoe_tensor* t, const sfmoe_tensor* home) {
-  SFMOE_RETURN_IF_ERROR(validate_tensor(context, name, t));
-  if (t->dtype != SFMOE_DTYPE_FP32 || tensor_element_count(t) != 1) {
-    return fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: %s must be one fp32 element", context, name);
-  }
-  if (t->memory != home->memory || t->device != home->device) {
-    return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: %s is not in the same memory space as logits", context, name);
-  }
-  return SFMOE_SUCCESS;
-}
 
 sfmoe_status check_config(const char* context, const sfmoe_router_config* c, int64_t experts, RouterConfig* out) {
   if (c == nullptr) return fail(SFMOE_ERROR_NULL_POINTER, "%s: config is NULL", context);
@@ -169,20 +127,20 @@ sfmoe_status sfmoe_router_forward(const sfmoe_tensor* logits, const sfmoe_tensor
     sfmoe::RouterConfig c;
     SFMOE_RETURN_IF_ERROR(sfmoe::check_config(context, config, experts, &c));
     if (expert_bias != nullptr) {
-      SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "expert_bias", expert_bias, {SFMOE_DTYPE_FP32}, {experts}, logits));
+      SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "expert_bias", expert_bias, {SFMOE_DTYPE_FP32}, {experts}, logits, "logits"));
     }
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "topk_ids", topk_ids, {SFMOE_DTYPE_INT32}, {tokens, c.top_k}, logits));
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "probs", probs, {SFMOE_DTYPE_FP32}, {tokens, c.top_k}, logits));
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "topk_ids", topk_ids, {SFMOE_DTYPE_INT32}, {tokens, c.top_k}, logits, "logits"));
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "probs", probs, {SFMOE_DTYPE_FP32}, {tokens, c.top_k}, logits, "logits"));
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "tokens_per_expert", tokens_per_expert, {SFMOE_DTYPE_INT64},
-                                               {experts}, logits));
+                                               {experts}, logits, "logits"));
     if (c.aux_loss_coeff != 0.0f && aux_loss == nullptr) {
       return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: aux_loss_coeff is set but aux_loss is NULL", context);
     }
     if (c.z_loss_coeff != 0.0f && z_loss == nullptr) {
       return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: z_loss_coeff is set but z_loss is NULL", context);
     }
-    if (aux_loss != nullptr) SFMOE_RETURN_IF_ERROR(sfmoe::expect_scalar(context, "aux_loss", aux_loss, logits));
-    if (z_loss != nullptr) SFMOE_RETURN_IF_ERROR(sfmoe::expect_scalar(context, "z_loss", z_loss, logits));
+    if (aux_loss != nullptr) SFMOE_RETURN_IF_ERROR(sfmoe::expect_scalar(context, "aux_loss", aux_loss, logits, "logits"));
+    if (z_loss != nullptr) SFMOE_RETURN_IF_ERROR(sfmoe::expect_scalar(context, "z_loss", z_loss, logits, "logits"));
     const std::vector<float> values = sfmoe::logits_as_f32(logits);
     sfmoe::cpu::router_forward(sfmoe::RouterForwardArgs{
         values.data(), expert_bias ? static_cast<const float*>(expert_bias->data) : nullptr, tokens, c,
@@ -204,13 +162,13 @@ sfmoe_status sfmoe_router_backward(const sfmoe_tensor* logits, const sfmoe_tenso
     const int64_t tokens = logits->shape[0], experts = logits->shape[1];
     sfmoe::RouterConfig c;
     SFMOE_RETURN_IF_ERROR(sfmoe::check_config(context, config, experts, &c));
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "topk_ids", topk_ids, {SFMOE_DTYPE_INT32}, {tokens, c.top_k}, logits));
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "topk_ids", topk_ids, {SFMOE_DTYPE_INT32}, {tokens, c.top_k}, logits, "logits"));
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "tokens_per_expert", tokens_per_expert, {SFMOE_DTYPE_INT64},
-                                               {experts}, logits));
+                                               {experts}, logits, "logits"));
     if (d_probs != nullptr) {
-      SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "d_probs", d_probs, {SFMOE_DTYPE_FP32}, {tokens, c.top_k}, logits));
+      SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "d_probs", d_probs, {SFMOE_DTYPE_FP32}, {tokens, c.top_k}, logits, "logits"));
     }
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "d_logits", d_logits, {SFMOE_DTYPE_FP32}, {tokens, experts}, logits));
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "d_logits", d_logits, {SFMOE_DTYPE_FP32}, {tokens, experts}, logits, "logits"));
     if (!isfinite(d_aux_loss) || !isfinite(d_z_loss)) {
       return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: d_aux_loss and d_z_loss must be finite", context);
     }

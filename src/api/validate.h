@@ -2,6 +2,8 @@
 // data, so they cost no device work and are safe inside graph capture.
 #pragma once
 
+#include <initializer_list>
+
 #include "sfmoe/sfmoe.h"
 
 namespace sfmoe {
@@ -19,5 +21,15 @@ sfmoe_status validate_memory(const char* context, const char* name, sfmoe_memory
 sfmoe_status validate_pointer_memory(const char* context, const char* name, const char* field,
                                      const void* pointer, sfmoe_memory memory, int32_t device);
 int64_t tensor_element_count(const sfmoe_tensor* t);
+
+// A valid tensor of one of `dtypes` (the first is named in the message), exactly `shape`, and in
+// the memory space of `home` (named `home_name`) when `home` is not NULL.
+sfmoe_status expect_tensor(const char* context, const char* name, const sfmoe_tensor* t,
+                           std::initializer_list<sfmoe_dtype> dtypes,
+                           std::initializer_list<int64_t> shape, const sfmoe_tensor* home,
+                           const char* home_name);
+// A valid one-element FP32 tensor in the memory space of `home`.
+sfmoe_status expect_scalar(const char* context, const char* name, const sfmoe_tensor* t,
+                           const sfmoe_tensor* home, const char* home_name);
 
 }  // namespace sfmoe

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "sfmoe/numerics.h"
+#include "sfmoe/permute.h"
 #include "src/cpu/backend.h"
 #include "tests/cpp/numerics_cases.h"
 
@@ -214,6 +215,109 @@ TEST(PermuteCpu, UnpermuteAndItsBackward) {
     if (named[row]) continue;
     for (int64_t h = 0; h < hidden; ++h) ASSERT_EQ(d_rows[row * hidden + h], 0.0f) << "row " << row;
   }
+}
+
+}  // namespace
+}  // namespace sfmoe
+
+namespace sfmoe {
+namespace {
+
+sfmoe_tensor host_tensor(void* data, sfmoe_dtype dtype, std::vector<int64_t> dims) {
+  return sfmoe_tensor_make(data, dtype, static_cast<int32_t>(dims.size()), dims.data(), SFMOE_MEMORY_HOST, 0);
+}
+
+sfmoe_grouped_tensor host_rows(void* data, sfmoe_dtype dtype, int64_t groups, int64_t rows, int64_t cols,
+                               int64_t alignment, int64_t* offsets) {
+  sfmoe_grouped_tensor g = sfmoe_grouped_tensor_init();
+  g.memory = SFMOE_MEMORY_HOST;
+  g.dtype = dtype;
+  g.num_groups = groups;
+  g.row_capacity = rows;
+  g.cols = cols;
+  g.row_alignment = alignment;
+  g.group_offsets = offsets;
+  g.rowwise_data = data;
+  return g;
+}
+
+TEST(PermuteApi, RoundTripThroughTheCApiAndItsRefusals) {
+  const int64_t tokens_count = 50, hidden = 16, k = 3, experts = 8, alignment = 16;
+  std::mt19937_64 rng(testing::session_test_seed() + 12);
+  std::vector<int32_t> ids(tokens_count * k);
+  for (int64_t t = 0; t < tokens_count; ++t) {
+    std::vector<int32_t> all(experts);
+    for (int32_t e = 0; e < experts; ++e) all[e] = e;
+    std::shuffle(all.begin(), all.end(), rng);
+    for (int64_t i = 0; i < k; ++i) ids[t * k + i] = all[i];
+  }
+  std::vector<uint16_t> x(tokens_count * hidden);
+  for (uint16_t& v : x) v = numerics::f32_to_bf16(std::ldexp(static_cast<float>(rng() % 64), -3));
+  const int64_t capacity_rows = tokens_count * k + experts * (alignment - 1);
+  std::vector<uint16_t> rows(capacity_rows * hidden, 0xBEEF);
+  std::vector<int64_t> offsets(experts + 1, -1), row_map(tokens_count * k, -7), kept(experts), dropped(experts);
+  sfmoe_tensor t_x = host_tensor(x.data(), SFMOE_DTYPE_BF16, {tokens_count, hidden});
+  sfmoe_tensor t_ids = host_tensor(ids.data(), SFMOE_DTYPE_INT32, {tokens_count, k});
+  sfmoe_tensor t_map = host_tensor(row_map.data(), SFMOE_DTYPE_INT64, {tokens_count, k});
+  sfmoe_tensor t_kept = host_tensor(kept.data(), SFMOE_DTYPE_INT64, {experts});
+  sfmoe_tensor t_dropped = host_tensor(dropped.data(), SFMOE_DTYPE_INT64, {experts});
+  sfmoe_grouped_tensor g_rows = host_rows(rows.data(), SFMOE_DTYPE_BF16, experts, capacity_rows, hidden, alignment,
+                                          offsets.data());
+  sfmoe_permute_config config = sfmoe_permute_config_init();
+  ASSERT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, &t_dropped, nullptr), SFMOE_SUCCESS)
+      << sfmoe_last_error();
+  const Permuted want = permute_bf16(x, ids, tokens_count, hidden, k, experts, alignment, 0, capacity_rows);
+  EXPECT_EQ(rows, want.rows);
+  EXPECT_EQ(offsets, want.offsets);
+  EXPECT_EQ(row_map, want.row_map);
+  EXPECT_EQ(kept, want.kept);
+
+  // Permute's backward through unpermute without probabilities: k copies of each row, exactly
+  // (the values are small multiples of 1/8).
+  std::vector<float> back(tokens_count * hidden);
+  sfmoe_tensor t_back = host_tensor(back.data(), SFMOE_DTYPE_FP32, {tokens_count, hidden});
+  ASSERT_EQ(sfmoe_unpermute(&g_rows, &t_map, nullptr, &t_back, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
+  for (int64_t i = 0; i < tokens_count * hidden; ++i) ASSERT_EQ(back[i], k * numerics::bf16_to_f32(x[i]));
+
+  // Unpermute's backward through the API.
+  std::vector<float> probs(tokens_count * k, 0.25f), d_out(tokens_count * hidden, 1.0f), d_probs(tokens_count * k);
+  std::vector<float> d_rows(capacity_rows * hidden, NAN);
+  std::vector<int64_t> d_offsets(offsets);
+  sfmoe_tensor t_probs = host_tensor(probs.data(), SFMOE_DTYPE_FP32, {tokens_count, k});
+  sfmoe_tensor t_dout = host_tensor(d_out.data(), SFMOE_DTYPE_FP32, {tokens_count, hidden});
+  sfmoe_tensor t_dprobs = host_tensor(d_probs.data(), SFMOE_DTYPE_FP32, {tokens_count, k});
+  sfmoe_grouped_tensor g_drows = host_rows(d_rows.data(), SFMOE_DTYPE_FP32, experts, capacity_rows, hidden, alignment,
+                                           d_offsets.data());
+  ASSERT_EQ(sfmoe_unpermute_backward(&t_dout, &g_rows, &t_map, &t_probs, &g_drows, &t_dprobs, nullptr), SFMOE_SUCCESS)
+      << sfmoe_last_error();
+  for (int64_t t = 0; t < tokens_count; ++t) {
+    float row_sum = 0.0f;
+    for (int64_t h = 0; h < hidden; ++h) row_sum = numerics::add_rn(row_sum, numerics::bf16_to_f32(x[t * hidden + h]));
+    for (int64_t i = 0; i < k; ++i) EXPECT_EQ(d_probs[t * k + i], row_sum);
+  }
+
+  // Refusals write nothing.
+  const std::vector<int64_t> map_before = row_map;
+  sfmoe_grouped_tensor small = g_rows;
+  small.row_capacity = capacity_rows - 1;
+  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &small, &t_map, &t_kept, nullptr, nullptr), SFMOE_ERROR_SHAPE_MISMATCH);
+  sfmoe_grouped_tensor odd = g_rows;
+  odd.row_alignment = 4;
+  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &odd, &t_map, &t_kept, nullptr, nullptr), SFMOE_ERROR_INVALID_ARGUMENT);
+  sfmoe_grouped_tensor fp32_rows = g_rows;
+  fp32_rows.dtype = SFMOE_DTYPE_FP32;
+  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &fp32_rows, &t_map, &t_kept, nullptr, nullptr), SFMOE_ERROR_DTYPE_MISMATCH);
+  ids[4] = ids[3];  // token 1 names one expert twice
+  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, nullptr, nullptr), SFMOE_ERROR_INVALID_ARGUMENT);
+  ids[4] = static_cast<int32_t>(experts);
+  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, nullptr, nullptr), SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(row_map, map_before);
+  config.expert_capacity = -1;
+  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, nullptr, nullptr), SFMOE_ERROR_INVALID_ARGUMENT);
+  row_map[7] = capacity_rows;  // not a row
+  std::fill(back.begin(), back.end(), 5.0f);
+  EXPECT_EQ(sfmoe_unpermute(&g_rows, &t_map, nullptr, &t_back, nullptr), SFMOE_ERROR_INVALID_ARGUMENT);
+  for (float v : back) ASSERT_EQ(v, 5.0f);
 }
 
 }  // namespace

@@ -1,0 +1,61 @@
+/* Permute (token rows -> expert-sorted rows, each expert's block padded with zero rows) and
+ * unpermute (expert rows -> token rows, weighted by the router's probabilities, deterministic),
+ * with their backward. The rules are in docs/permute.md.
+ *
+ * Backends: the CPU reference runs on host memory. The CUDA kernels are not written yet:
+ * tensors in CUDA memory are refused with SFMOE_ERROR_UNSUPPORTED.
+ */
+#ifndef SFMOE_PERMUTE_H_
+#define SFMOE_PERMUTE_H_
+
+#include "sfmoe/sfmoe.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct sfmoe_permute_config {
+  size_t struct_size;
+  int64_t expert_capacity; /* > 0: an expert keeps at most this many tokens (the lowest token
+                              indices); 0: no limit */
+} sfmoe_permute_config;
+
+SFMOE_API sfmoe_permute_config sfmoe_permute_config_init(void);
+
+/* tokens [T, H] FP32, BF16 or FP16; topk_ids [T, k] INT32 (each token names an expert at most
+ * once; ids outside [0, E) are refused). Outputs:
+ *   permuted: a grouped tensor of E groups, H cols, the tokens' dtype, scaling NONE, rowwise data
+ *     only; its row_alignment (1, 8, 16, 32, 64 or 128) pads each expert's block; group_offsets
+ *     (E + 1 entries) is written; row_capacity must hold the worst case,
+ *     min(T k, E capacity) + E (row_alignment - 1);
+ *   row_map [T, k] INT64: each slot's row, or -1 where the capacity dropped it;
+ *   tokens_per_expert [E] INT64: rows kept; dropped_per_expert [E] INT64 or NULL. */
+SFMOE_API sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_ids,
+                                     const sfmoe_permute_config* config,
+                                     const sfmoe_grouped_tensor* permuted,
+                                     const sfmoe_tensor* row_map,
+                                     const sfmoe_tensor* tokens_per_expert,
+                                     const sfmoe_tensor* dropped_per_expert, void* stream);
+
+/* out [T, H] = sum_i probs[t, i] * rows[row_map[t, i]], FP32 sums in slot order, rounded once to
+ * out's dtype (FP32, BF16, FP16). probs [T, k] FP32, or NULL for weight 1: that is permute's
+ * backward (d tokens from d permuted). rows: [row_capacity, H] of FP32, BF16 or FP16 (rowwise
+ * data). */
+SFMOE_API sfmoe_status sfmoe_unpermute(const sfmoe_grouped_tensor* rows,
+                                       const sfmoe_tensor* row_map, const sfmoe_tensor* probs,
+                                       const sfmoe_tensor* out, void* stream);
+
+/* Unpermute's backward: d_rows (every row of its capacity written: probs * d_out where a slot
+ * names the row, zeros elsewhere) and d_probs [T, k] FP32. */
+SFMOE_API sfmoe_status sfmoe_unpermute_backward(const sfmoe_tensor* d_out,
+                                                const sfmoe_grouped_tensor* rows,
+                                                const sfmoe_tensor* row_map,
+                                                const sfmoe_tensor* probs,
+                                                const sfmoe_grouped_tensor* d_rows,
+                                                const sfmoe_tensor* d_probs, void* stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* SFMOE_PERMUTE_H_ */
