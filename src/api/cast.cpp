@@ -14,9 +14,7 @@
 extern "C" {
 
 sfmoe_cast_config sfmoe_cast_config_init(void) {
-  sfmoe_cast_config c;
-  memset(&c, 0, sizeof(c));
-  c.struct_size = sizeof(c);
+  sfmoe_cast_config c = sfmoe::sized_zero_config<sfmoe_cast_config>();
   c.scale = 1.0f;
   return c;
 }

@@ -65,9 +65,7 @@ sfmoe_status check_row_map(const char* context, const sfmoe_tensor* row_map, int
 extern "C" {
 
 sfmoe_permute_config sfmoe_permute_config_init(void) {
-  sfmoe_permute_config c;
-  memset(&c, 0, sizeof(c));
-  c.struct_size = sizeof(c);
+  sfmoe_permute_config c = sfmoe::sized_zero_config<sfmoe_permute_config>();
   return c;
 }
 

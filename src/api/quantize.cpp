@@ -139,9 +139,7 @@ sfmoe_status describe_quantized(const char* context, const char* name,
 extern "C" {
 
 sfmoe_quantize_config sfmoe_quantize_config_init(void) {
-  sfmoe_quantize_config c;
-  memset(&c, 0, sizeof(c));
-  c.struct_size = sizeof(c);
+  sfmoe_quantize_config c = sfmoe::sized_zero_config<sfmoe_quantize_config>();
   return c;
 }
 

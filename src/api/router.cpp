@@ -106,9 +106,7 @@ std::vector<float> logits_as_f32(const sfmoe_tensor* logits) {
 extern "C" {
 
 sfmoe_router_config sfmoe_router_config_init(void) {
-  sfmoe_router_config c;
-  memset(&c, 0, sizeof(c));
-  c.struct_size = sizeof(c);
+  sfmoe_router_config c = sfmoe::sized_zero_config<sfmoe_router_config>();
   c.score = SFMOE_ROUTER_SCORE_SOFTMAX;
   c.group_score_topk = 2;
   c.scaling_factor = 1.0f;

@@ -2,11 +2,22 @@
 // data, so they cost no device work and are safe inside graph capture.
 #pragma once
 
+#include <string.h>
+
 #include <initializer_list>
 
 #include "sfmoe/sfmoe.h"
 
 namespace sfmoe {
+
+// A config struct with every field zero and struct_size set: where each *_config_init starts.
+template <class Config>
+Config sized_zero_config() {
+  Config c;
+  memset(&c, 0, sizeof(c));
+  c.struct_size = sizeof(c);
+  return c;
+}
 
 // Data alignment every tensor must have: 16-byte vector accesses and TMA.
 constexpr uintptr_t kDataAlignment = 16;

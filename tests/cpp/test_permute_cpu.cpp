@@ -140,17 +140,22 @@ TEST(PermuteCpu, RouterShapedRoutingAtEveryAlignment) {
   }
 }
 
-TEST(PermuteCpu, UnpermuteAndItsBackward) {
-  const int64_t tokens_count = 333, experts = 16, k = 4, hidden = 40;
-  std::mt19937_64 rng(testing::session_test_seed() + 11);
-  std::uniform_real_distribution<float> uniform(-4.0f, 4.0f);
-  std::vector<int32_t> ids(tokens_count * k);
+// k distinct random experts per token.
+std::vector<int32_t> random_routing(int64_t tokens_count, int64_t experts, int64_t k, std::mt19937_64& rng) {
+  std::vector<int32_t> ids(tokens_count * k), all(experts);
   for (int64_t t = 0; t < tokens_count; ++t) {
-    std::vector<int32_t> all(experts);
     for (int32_t e = 0; e < experts; ++e) all[e] = e;
     std::shuffle(all.begin(), all.end(), rng);
     for (int64_t i = 0; i < k; ++i) ids[t * k + i] = all[i];
   }
+  return ids;
+}
+
+TEST(PermuteCpu, UnpermuteAndItsBackward) {
+  const int64_t tokens_count = 333, experts = 16, k = 4, hidden = 40;
+  std::mt19937_64 rng(testing::session_test_seed() + 11);
+  std::uniform_real_distribution<float> uniform(-4.0f, 4.0f);
+  std::vector<int32_t> ids = random_routing(tokens_count, experts, k, rng);
   std::vector<uint16_t> tokens(tokens_count * hidden);
   for (uint16_t& v : tokens) v = numerics::f32_to_bf16(uniform(rng));
   const int64_t row_capacity = tokens_count * k + experts * 31;
@@ -244,13 +249,7 @@ sfmoe_grouped_tensor host_rows(void* data, sfmoe_dtype dtype, int64_t groups, in
 TEST(PermuteApi, RoundTripThroughTheCApiAndItsRefusals) {
   const int64_t tokens_count = 50, hidden = 16, k = 3, experts = 8, alignment = 16;
   std::mt19937_64 rng(testing::session_test_seed() + 12);
-  std::vector<int32_t> ids(tokens_count * k);
-  for (int64_t t = 0; t < tokens_count; ++t) {
-    std::vector<int32_t> all(experts);
-    for (int32_t e = 0; e < experts; ++e) all[e] = e;
-    std::shuffle(all.begin(), all.end(), rng);
-    for (int64_t i = 0; i < k; ++i) ids[t * k + i] = all[i];
-  }
+  std::vector<int32_t> ids = random_routing(tokens_count, experts, k, rng);
   std::vector<uint16_t> x(tokens_count * hidden);
   for (uint16_t& v : x) v = numerics::f32_to_bf16(std::ldexp(static_cast<float>(rng() % 64), -3));
   const int64_t capacity_rows = tokens_count * k + experts * (alignment - 1);
