@@ -4,12 +4,14 @@
 // written), with special values in the inputs. Fresh random inputs each run (seed printed).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <vector>
 
+#include "sfmoe/activation.h"
 #include "sfmoe/numerics.h"
 #include "src/cpu/activation_math.h"
 #include "src/cpu/backend.h"
@@ -125,6 +127,73 @@ TEST(ActivationCpu, GroupedRowsPaddingAndSpecials) {
       }
     }
   }
+}
+
+}  // namespace
+}  // namespace sfmoe
+
+namespace sfmoe {
+namespace {
+
+TEST(ActivationApi, ThroughTheCApiAndItsRefusals) {
+  const int64_t cols = 8, capacity = 96, groups = 3;
+  std::vector<int64_t> offsets = {0, 32, 32, 64}, out_offsets(groups + 1, -1), rows = {20, 0, 31};
+  std::mt19937_64 rng(testing::session_test_seed() + 22);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<uint16_t> input(capacity * 2 * cols), output(capacity * cols, 0xBEEF);
+  for (uint16_t& v : input) v = numerics::f32_to_bf16(normal(rng));
+  auto grouped = [&](void* data, sfmoe_dtype dtype, int64_t c, int64_t* offs) {
+    sfmoe_grouped_tensor g = sfmoe_grouped_tensor_init();
+    g.memory = SFMOE_MEMORY_HOST;
+    g.dtype = dtype;
+    g.num_groups = groups;
+    g.row_capacity = capacity;
+    g.cols = c;
+    g.group_offsets = offs;
+    g.rowwise_data = data;
+    return g;
+  };
+  sfmoe_grouped_tensor g_in = grouped(input.data(), SFMOE_DTYPE_BF16, 2 * cols, offsets.data());
+  sfmoe_grouped_tensor g_out = grouped(output.data(), SFMOE_DTYPE_BF16, cols, out_offsets.data());
+  const int64_t dims[1] = {groups};
+  sfmoe_tensor t_rows = sfmoe_tensor_make(rows.data(), SFMOE_DTYPE_INT64, 1, dims, SFMOE_MEMORY_HOST, 0);
+  sfmoe_activation_config config = sfmoe_activation_config_init();
+  ASSERT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &g_out, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
+  EXPECT_EQ(out_offsets, offsets);
+  // Against the reference.
+  std::vector<uint16_t> want(capacity * cols, 0xBEEF);
+  cpu::activation_forward(ActivationArgs{config_of(ActivationKind::kSwiGLU), GroupRowsView{offsets.data(), rows.data(), groups},
+                                         cols, input.data(), SFMOE_DTYPE_BF16, want.data(), SFMOE_DTYPE_BF16});
+  EXPECT_EQ(output, want);
+
+  std::vector<float> d_out(capacity * cols, 1.0f), d_in(capacity * 2 * cols, NAN);
+  sfmoe_grouped_tensor g_dout = grouped(d_out.data(), SFMOE_DTYPE_FP32, cols, offsets.data());
+  sfmoe_grouped_tensor g_din = grouped(d_in.data(), SFMOE_DTYPE_FP32, 2 * cols, offsets.data());
+  ASSERT_EQ(sfmoe_grouped_activation_backward(&g_in, &t_rows, &g_dout, &config, &g_din, nullptr), SFMOE_SUCCESS)
+      << sfmoe_last_error();
+  EXPECT_EQ(d_in[20 * 2 * cols], 0.0f) << "padding rows of group 0 get zero gradients";
+
+  // Refusals write nothing.
+  std::fill(output.begin(), output.end(), 0x1234);
+  rows[0] = 33;  // more rows than the block
+  EXPECT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &g_out, nullptr), SFMOE_ERROR_INVALID_ARGUMENT);
+  rows[0] = 20;
+  offsets[2] = 16;  // decreasing offsets
+  EXPECT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &g_out, nullptr), SFMOE_ERROR_INVALID_ARGUMENT);
+  offsets[2] = 32;
+  sfmoe_grouped_tensor narrow = g_in;
+  narrow.cols = cols;  // a gated kind needs 2F input columns
+  EXPECT_EQ(sfmoe_grouped_activation(&narrow, &t_rows, &config, &g_out, nullptr), SFMOE_ERROR_SHAPE_MISMATCH);
+  sfmoe_activation_config bad = config;
+  bad.kind = static_cast<sfmoe_activation>(9);
+  EXPECT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &bad, &g_out, nullptr), SFMOE_ERROR_INVALID_ARGUMENT);
+  bad = config;
+  bad.limit = -1.0f;
+  EXPECT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &bad, &g_out, nullptr), SFMOE_ERROR_INVALID_ARGUMENT);
+  for (uint16_t v : output) ASSERT_EQ(v, 0x1234);
+  // A non-gated kind takes F input columns.
+  config.kind = SFMOE_ACTIVATION_SQUARED_RELU;
+  EXPECT_EQ(sfmoe_grouped_activation(&narrow, &t_rows, &config, &g_out, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
 }
 
 }  // namespace

@@ -1,0 +1,59 @@
+/* Grouped activations between the two grouped GEMMs of an MoE FFN, forward and backward: SwiGLU,
+ * GeGLU, SiLU, GELU (tanh form), squared ReLU, and the clamped SwiGLU. Gated kinds read
+ * [gate | up] (W1 = [W_gate; W_up]). Only each group's real rows are computed; its alignment
+ * padding is written as zeros. The rules are in docs/activations.md.
+ *
+ * Backends: the CPU reference runs on host memory. The CUDA kernels are not written yet:
+ * tensors in CUDA memory are refused with SFMOE_ERROR_UNSUPPORTED.
+ */
+#ifndef SFMOE_ACTIVATION_H_
+#define SFMOE_ACTIVATION_H_
+
+#include "sfmoe/sfmoe.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum sfmoe_activation {
+  SFMOE_ACTIVATION_SWIGLU = 0,         /* silu(gate) * up */
+  SFMOE_ACTIVATION_GEGLU = 1,          /* gelu_tanh(gate) * up */
+  SFMOE_ACTIVATION_SILU = 2,           /* x * sigmoid(x) */
+  SFMOE_ACTIVATION_GELU = 3,           /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+  SFMOE_ACTIVATION_SQUARED_RELU = 4,   /* max(x, 0)^2 */
+  SFMOE_ACTIVATION_CLAMPED_SWIGLU = 5  /* g sigmoid(alpha g) (u + 1), g = min(gate, limit),
+                                          u = clamp(up, -limit, limit) */
+} sfmoe_activation;
+
+typedef struct sfmoe_activation_config {
+  size_t struct_size;
+  sfmoe_activation kind;
+  float limit; /* clamped SwiGLU (7) */
+  float alpha; /* clamped SwiGLU (1.702) */
+} sfmoe_activation_config;
+
+SFMOE_API sfmoe_activation_config sfmoe_activation_config_init(void);
+
+/* input: grouped [row_capacity, 2F] for the gated kinds, [row_capacity, F] otherwise (FP32, BF16
+ * or FP16); group_rows [num_groups] INT64: each group's real rows (e.g. tokens_per_expert), at
+ * most its block. output: grouped [row_capacity, F], same groups and capacity; its group_offsets
+ * receive the input's (or are the same pointer). */
+SFMOE_API sfmoe_status sfmoe_grouped_activation(const sfmoe_grouped_tensor* input,
+                                                const sfmoe_tensor* group_rows,
+                                                const sfmoe_activation_config* config,
+                                                const sfmoe_grouped_tensor* output, void* stream);
+
+/* d_input (shaped like input, every row of each group written: padding rows zero) from the
+ * forward's input and d_output. */
+SFMOE_API sfmoe_status sfmoe_grouped_activation_backward(const sfmoe_grouped_tensor* input,
+                                                         const sfmoe_tensor* group_rows,
+                                                         const sfmoe_grouped_tensor* d_output,
+                                                         const sfmoe_activation_config* config,
+                                                         const sfmoe_grouped_tensor* d_input,
+                                                         void* stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* SFMOE_ACTIVATION_H_ */
