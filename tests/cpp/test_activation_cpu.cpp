@@ -15,6 +15,7 @@
 #include "sfmoe/numerics.h"
 #include "src/cpu/activation_math.h"
 #include "src/cpu/backend.h"
+#include "tests/cpp/host_descriptors.h"
 #include "tests/cpp/numerics_cases.h"
 
 namespace sfmoe {
@@ -143,20 +144,11 @@ TEST(ActivationApi, ThroughTheCApiAndItsRefusals) {
   std::vector<uint16_t> input(capacity * 2 * cols), output(capacity * cols, 0xBEEF);
   for (uint16_t& v : input) v = numerics::f32_to_bf16(normal(rng));
   auto grouped = [&](void* data, sfmoe_dtype dtype, int64_t c, int64_t* offs) {
-    sfmoe_grouped_tensor g = sfmoe_grouped_tensor_init();
-    g.memory = SFMOE_MEMORY_HOST;
-    g.dtype = dtype;
-    g.num_groups = groups;
-    g.row_capacity = capacity;
-    g.cols = c;
-    g.group_offsets = offs;
-    g.rowwise_data = data;
-    return g;
+    return testing::host_rows(data, dtype, groups, capacity, c, 1, offs);
   };
   sfmoe_grouped_tensor g_in = grouped(input.data(), SFMOE_DTYPE_BF16, 2 * cols, offsets.data());
   sfmoe_grouped_tensor g_out = grouped(output.data(), SFMOE_DTYPE_BF16, cols, out_offsets.data());
-  const int64_t dims[1] = {groups};
-  sfmoe_tensor t_rows = sfmoe_tensor_make(rows.data(), SFMOE_DTYPE_INT64, 1, dims, SFMOE_MEMORY_HOST, 0);
+  sfmoe_tensor t_rows = testing::host_tensor(rows.data(), SFMOE_DTYPE_INT64, {groups});
   sfmoe_activation_config config = sfmoe_activation_config_init();
   ASSERT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &g_out, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
   EXPECT_EQ(out_offsets, offsets);

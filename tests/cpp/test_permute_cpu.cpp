@@ -14,6 +14,7 @@
 #include "sfmoe/numerics.h"
 #include "sfmoe/permute.h"
 #include "src/cpu/backend.h"
+#include "tests/cpp/host_descriptors.h"
 #include "tests/cpp/numerics_cases.h"
 
 namespace sfmoe {
@@ -228,23 +229,8 @@ TEST(PermuteCpu, UnpermuteAndItsBackward) {
 namespace sfmoe {
 namespace {
 
-sfmoe_tensor host_tensor(void* data, sfmoe_dtype dtype, std::vector<int64_t> dims) {
-  return sfmoe_tensor_make(data, dtype, static_cast<int32_t>(dims.size()), dims.data(), SFMOE_MEMORY_HOST, 0);
-}
-
-sfmoe_grouped_tensor host_rows(void* data, sfmoe_dtype dtype, int64_t groups, int64_t rows, int64_t cols,
-                               int64_t alignment, int64_t* offsets) {
-  sfmoe_grouped_tensor g = sfmoe_grouped_tensor_init();
-  g.memory = SFMOE_MEMORY_HOST;
-  g.dtype = dtype;
-  g.num_groups = groups;
-  g.row_capacity = rows;
-  g.cols = cols;
-  g.row_alignment = alignment;
-  g.group_offsets = offsets;
-  g.rowwise_data = data;
-  return g;
-}
+using testing::host_rows;
+using testing::host_tensor;
 
 TEST(PermuteApi, RoundTripThroughTheCApiAndItsRefusals) {
   const int64_t tokens_count = 50, hidden = 16, k = 3, experts = 8, alignment = 16;

@@ -18,6 +18,7 @@
 #include "sfmoe/router.h"
 #include "src/cpu/backend.h"
 #include "src/cpu/router_math.h"
+#include "tests/cpp/host_descriptors.h"
 #include "tests/cpp/numerics_cases.h"
 
 namespace sfmoe {
@@ -299,10 +300,7 @@ TEST(RouterCpu, BackwardMatchesFloat64FiniteDifferences) {
 namespace sfmoe {
 namespace {
 
-sfmoe_tensor host_tensor(void* data, sfmoe_dtype dtype, std::initializer_list<int64_t> shape) {
-  std::vector<int64_t> dims(shape);
-  return sfmoe_tensor_make(data, dtype, static_cast<int32_t>(dims.size()), dims.data(), SFMOE_MEMORY_HOST, 0);
-}
+using testing::host_tensor;
 
 TEST(RouterApi, ThroughTheCApiAndItsRefusals) {
   const int64_t tokens = 37, experts = 32, k = 4;
