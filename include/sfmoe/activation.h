@@ -16,13 +16,13 @@ extern "C" {
 #endif
 
 typedef enum sfmoe_activation {
-  SFMOE_ACTIVATION_SWIGLU = 0,         /* silu(gate) * up */
-  SFMOE_ACTIVATION_GEGLU = 1,          /* gelu_tanh(gate) * up */
-  SFMOE_ACTIVATION_SILU = 2,           /* x * sigmoid(x) */
-  SFMOE_ACTIVATION_GELU = 3,           /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
-  SFMOE_ACTIVATION_SQUARED_RELU = 4,   /* max(x, 0)^2 */
-  SFMOE_ACTIVATION_CLAMPED_SWIGLU = 5  /* g sigmoid(alpha g) (u + 1), g = min(gate, limit),
-                                          u = clamp(up, -limit, limit) */
+  SFMOE_ACTIVATION_SWIGLU = 0,        /* silu(gate) * up */
+  SFMOE_ACTIVATION_GEGLU = 1,         /* gelu_tanh(gate) * up */
+  SFMOE_ACTIVATION_SILU = 2,          /* x * sigmoid(x) */
+  SFMOE_ACTIVATION_GELU = 3,          /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+  SFMOE_ACTIVATION_SQUARED_RELU = 4,  /* max(x, 0)^2 */
+  SFMOE_ACTIVATION_CLAMPED_SWIGLU = 5 /* g sigmoid(alpha g) (u + 1), g = min(gate, limit),
+                                         u = clamp(up, -limit, limit) */
 } sfmoe_activation;
 
 typedef struct sfmoe_activation_config {

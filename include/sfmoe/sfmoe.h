@@ -157,13 +157,13 @@ typedef struct sfmoe_grouped_tensor {
   int64_t row_alignment;      /* power of two, >= 1 */
   int64_t uniform_group_rows; /* 0: sizes come from group_offsets */
   int64_t* group_offsets;     /* device-side; written by ops that produce a grouped tensor */
-  void* rowwise_data;      /* [row_capacity, cols] or NULL */
-  void* rowwise_scale_inv; /* layout per scaling; NULL when scaling is NONE */
-  void* columnwise_data;   /* [cols, row_capacity] or NULL */
+  void* rowwise_data;         /* [row_capacity, cols] or NULL */
+  void* rowwise_scale_inv;    /* layout per scaling; NULL when scaling is NONE */
+  void* columnwise_data;      /* [cols, row_capacity] or NULL */
   void* columnwise_scale_inv;
-  float* amax;                /* [num_groups] or NULL: per-group amax (of the rowwise values) */
-  float* columnwise_amax;     /* [num_groups] or NULL: amax of the columnwise values where they
-                                 differ (NVFP4 with the Hadamard transform) */
+  float* amax;            /* [num_groups] or NULL: per-group amax (of the rowwise values) */
+  float* columnwise_amax; /* [num_groups] or NULL: amax of the columnwise values where they
+                             differ (NVFP4 with the Hadamard transform) */
 } sfmoe_grouped_tensor;
 
 /* A descriptor with struct_size set, row_alignment 1 and everything else zero / NULL. */

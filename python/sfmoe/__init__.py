@@ -43,6 +43,7 @@ from ._quantize import (
     swizzle_scales,
     unswizzle_scales,
 )
+from ._router import RouterOutput, router, router_backward
 from ._status import Fault, FaultReport, StatusWord
 
 __version__ = _C.build_info()["version"]
@@ -58,6 +59,7 @@ __all__ = [
     "Memory",
     "QuantizeConfig",
     "QuantizedTensor",
+    "RouterOutput",
     "RECIPES",
     "ScaleLayout",
     "Scaling",
@@ -72,6 +74,8 @@ __all__ = [
     "min_row_alignment",
     "numerics",
     "quantize",
+    "router",
+    "router_backward",
     "quantize_fp8",
     "status_name",
     "swizzle_scales",

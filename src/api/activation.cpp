@@ -16,17 +16,22 @@ static_assert(static_cast<int>(ActivationKind::kClampedSwiGLU) == SFMOE_ACTIVATI
                   static_cast<int>(ActivationKind::kGeLU) == SFMOE_ACTIVATION_GELU,
               "the C enum and the backend's kinds share their order");
 
-sfmoe_status check_config(const char* context, const sfmoe_activation_config* c, ActivationConfig* out) {
+sfmoe_status check_config(const char* context, const sfmoe_activation_config* c,
+                          ActivationConfig* out) {
   if (c == nullptr) return fail(SFMOE_ERROR_NULL_POINTER, "%s: config is NULL", context);
   if (c->struct_size != sizeof(sfmoe_activation_config)) {
-    return fail(SFMOE_ERROR_STRUCT_SIZE, "%s: config struct_size is %zu, expected %zu (use "
-                "sfmoe_activation_config_init())", context, c->struct_size, sizeof(sfmoe_activation_config));
+    return fail(SFMOE_ERROR_STRUCT_SIZE,
+                "%s: config struct_size is %zu, expected %zu (use "
+                "sfmoe_activation_config_init())",
+                context, c->struct_size, sizeof(sfmoe_activation_config));
   }
   if (c->kind < SFMOE_ACTIVATION_SWIGLU || c->kind > SFMOE_ACTIVATION_CLAMPED_SWIGLU) {
-    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: unknown activation %d", context, static_cast<int>(c->kind));
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: unknown activation %d", context,
+                static_cast<int>(c->kind));
   }
   if (!(isfinite(c->limit) && c->limit > 0.0f && isfinite(c->alpha))) {
-    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: limit must be positive and finite, alpha finite", context);
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: limit must be positive and finite, alpha finite",
+                context);
   }
   out->kind = static_cast<ActivationKind>(c->kind);
   out->limit = c->limit;
@@ -35,12 +40,15 @@ sfmoe_status check_config(const char* context, const sfmoe_activation_config* c,
 }
 
 // An unquantized grouped tensor of `cols` columns laid out like `like` (groups, capacity, memory).
-sfmoe_status expect_grouped_rows(const char* context, const char* name, const sfmoe_grouped_tensor* g, int64_t cols,
+sfmoe_status expect_grouped_rows(const char* context, const char* name,
+                                 const sfmoe_grouped_tensor* g, int64_t cols,
                                  const sfmoe_grouped_tensor* like) {
   SFMOE_RETURN_IF_ERROR(validate_grouped_tensor(context, name, g));
   if (g->scaling != SFMOE_SCALING_NONE ||
-      (g->dtype != SFMOE_DTYPE_FP32 && g->dtype != SFMOE_DTYPE_BF16 && g->dtype != SFMOE_DTYPE_FP16)) {
-    return fail(SFMOE_ERROR_DTYPE_MISMATCH, "%s: %s must hold unquantized fp32, bf16 or fp16 rows", context, name);
+      (g->dtype != SFMOE_DTYPE_FP32 && g->dtype != SFMOE_DTYPE_BF16 &&
+       g->dtype != SFMOE_DTYPE_FP16)) {
+    return fail(SFMOE_ERROR_DTYPE_MISMATCH, "%s: %s must hold unquantized fp32, bf16 or fp16 rows",
+                context, name);
   }
   if (g->rowwise_data == nullptr || g->columnwise_data != nullptr) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s must have rowwise data only", context, name);
@@ -49,14 +57,16 @@ sfmoe_status expect_grouped_rows(const char* context, const char* name, const sf
     return fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: %s has %lld cols, expected %lld", context, name,
                 static_cast<long long>(g->cols), static_cast<long long>(cols));
   }
-  if (like != nullptr && (g->num_groups != like->num_groups || g->row_capacity != like->row_capacity ||
-                          g->memory != like->memory || g->device != like->device)) {
-    return fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: %s must have the input's groups, row capacity and memory", context,
-                name);
+  if (like != nullptr &&
+      (g->num_groups != like->num_groups || g->row_capacity != like->row_capacity ||
+       g->memory != like->memory || g->device != like->device)) {
+    return fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                "%s: %s must have the input's groups, row capacity and memory", context, name);
   }
   if (g->memory != SFMOE_MEMORY_HOST) {
     return fail(SFMOE_ERROR_UNSUPPORTED,
-                "%s: runs on host memory only for now (its CUDA kernels are not written yet)", context);
+                "%s: runs on host memory only for now (its CUDA kernels are not written yet)",
+                context);
   }
   if (g->group_offsets == nullptr) {
     return fail(SFMOE_ERROR_NULL_POINTER, "%s: %s needs group_offsets", context, name);
@@ -66,24 +76,28 @@ sfmoe_status expect_grouped_rows(const char* context, const char* name, const sf
 
 // The input's offsets and the real rows of each group, read on the host and checked before
 // anything is written: offsets from 0, non-decreasing, within the capacity; rows within blocks.
-sfmoe_status check_groups(const char* context, const sfmoe_grouped_tensor* input, const sfmoe_tensor* group_rows,
-                          GroupRowsView* view) {
+sfmoe_status check_groups(const char* context, const sfmoe_grouped_tensor* input,
+                          const sfmoe_tensor* group_rows, GroupRowsView* view) {
   SFMOE_RETURN_IF_ERROR(validate_tensor(context, "group_rows", group_rows));
-  if (group_rows->dtype != SFMOE_DTYPE_INT64 || group_rows->ndim != 1 || group_rows->shape[0] != input->num_groups ||
-      group_rows->memory != input->memory) {
-    return fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: group_rows must be [num_groups] int64 beside the input", context);
+  if (group_rows->dtype != SFMOE_DTYPE_INT64 || group_rows->ndim != 1 ||
+      group_rows->shape[0] != input->num_groups || group_rows->memory != input->memory) {
+    return fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                "%s: group_rows must be [num_groups] int64 beside the input", context);
   }
   const int64_t* offsets = input->group_offsets;
   const int64_t* rows = static_cast<const int64_t*>(group_rows->data);
-  if (offsets[0] != 0) return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: input group_offsets[0] must be 0", context);
+  if (offsets[0] != 0)
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: input group_offsets[0] must be 0", context);
   for (int64_t g = 0; g < input->num_groups; ++g) {
     if (offsets[g + 1] < offsets[g] || offsets[g + 1] > input->row_capacity) {
-      return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: input group_offsets[%lld] = %lld is out of order or capacity",
-                  context, static_cast<long long>(g + 1), static_cast<long long>(offsets[g + 1]));
+      return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                  "%s: input group_offsets[%lld] = %lld is out of order or capacity", context,
+                  static_cast<long long>(g + 1), static_cast<long long>(offsets[g + 1]));
     }
     if (rows[g] < 0 || rows[g] > offsets[g + 1] - offsets[g]) {
-      return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: group_rows[%lld] = %lld does not fit its block of %lld rows",
-                  context, static_cast<long long>(g), static_cast<long long>(rows[g]),
+      return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                  "%s: group_rows[%lld] = %lld does not fit its block of %lld rows", context,
+                  static_cast<long long>(g), static_cast<long long>(rows[g]),
                   static_cast<long long>(offsets[g + 1] - offsets[g]));
     }
   }
@@ -104,15 +118,17 @@ sfmoe_activation_config sfmoe_activation_config_init(void) {
   return c;
 }
 
-sfmoe_status sfmoe_grouped_activation(const sfmoe_grouped_tensor* input, const sfmoe_tensor* group_rows,
-                                      const sfmoe_activation_config* config, const sfmoe_grouped_tensor* output,
-                                      void* stream) {
+sfmoe_status sfmoe_grouped_activation(const sfmoe_grouped_tensor* input,
+                                      const sfmoe_tensor* group_rows,
+                                      const sfmoe_activation_config* config,
+                                      const sfmoe_grouped_tensor* output, void* stream) {
   const char* context = "sfmoe_grouped_activation";
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
     (void)stream;  // host memory only for now
     sfmoe::ActivationConfig c;
     SFMOE_RETURN_IF_ERROR(sfmoe::check_config(context, config, &c));
-    if (output == nullptr) return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: output is NULL", context);
+    if (output == nullptr)
+      return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: output is NULL", context);
     const int64_t cols = output->cols;
     const int64_t in_cols = sfmoe::activation_is_gated(c.kind) ? 2 * cols : cols;
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_grouped_rows(context, "input", input, in_cols, nullptr));
@@ -120,15 +136,17 @@ sfmoe_status sfmoe_grouped_activation(const sfmoe_grouped_tensor* input, const s
     sfmoe::GroupRowsView groups;
     SFMOE_RETURN_IF_ERROR(sfmoe::check_groups(context, input, group_rows, &groups));
     if (output->group_offsets != input->group_offsets) {
-      memcpy(output->group_offsets, input->group_offsets, static_cast<size_t>(input->num_groups + 1) * sizeof(int64_t));
+      memcpy(output->group_offsets, input->group_offsets,
+             static_cast<size_t>(input->num_groups + 1) * sizeof(int64_t));
     }
-    sfmoe::cpu::activation_forward(sfmoe::ActivationArgs{c, groups, cols, input->rowwise_data, input->dtype,
-                                                         output->rowwise_data, output->dtype});
+    sfmoe::cpu::activation_forward(sfmoe::ActivationArgs{
+        c, groups, cols, input->rowwise_data, input->dtype, output->rowwise_data, output->dtype});
     return SFMOE_SUCCESS;
   });
 }
 
-sfmoe_status sfmoe_grouped_activation_backward(const sfmoe_grouped_tensor* input, const sfmoe_tensor* group_rows,
+sfmoe_status sfmoe_grouped_activation_backward(const sfmoe_grouped_tensor* input,
+                                               const sfmoe_tensor* group_rows,
                                                const sfmoe_grouped_tensor* d_output,
                                                const sfmoe_activation_config* config,
                                                const sfmoe_grouped_tensor* d_input, void* stream) {
@@ -137,7 +155,8 @@ sfmoe_status sfmoe_grouped_activation_backward(const sfmoe_grouped_tensor* input
     (void)stream;  // host memory only for now
     sfmoe::ActivationConfig c;
     SFMOE_RETURN_IF_ERROR(sfmoe::check_config(context, config, &c));
-    if (d_output == nullptr) return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: d_output is NULL", context);
+    if (d_output == nullptr)
+      return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: d_output is NULL", context);
     const int64_t cols = d_output->cols;
     const int64_t in_cols = sfmoe::activation_is_gated(c.kind) ? 2 * cols : cols;
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_grouped_rows(context, "input", input, in_cols, nullptr));
@@ -145,9 +164,9 @@ sfmoe_status sfmoe_grouped_activation_backward(const sfmoe_grouped_tensor* input
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_grouped_rows(context, "d_input", d_input, in_cols, input));
     sfmoe::GroupRowsView groups;
     SFMOE_RETURN_IF_ERROR(sfmoe::check_groups(context, input, group_rows, &groups));
-    sfmoe::cpu::activation_backward(sfmoe::ActivationBackwardArgs{c, groups, cols, input->rowwise_data, input->dtype,
-                                                                  d_output->rowwise_data, d_output->dtype,
-                                                                  d_input->rowwise_data, d_input->dtype});
+    sfmoe::cpu::activation_backward(sfmoe::ActivationBackwardArgs{
+        c, groups, cols, input->rowwise_data, input->dtype, d_output->rowwise_data, d_output->dtype,
+        d_input->rowwise_data, d_input->dtype});
     return SFMOE_SUCCESS;
   });
 }

@@ -20,18 +20,20 @@ bool is_row_dtype(sfmoe_dtype d) {
 sfmoe_status host_only(const char* context, const sfmoe_tensor* t) {
   if (t->memory != SFMOE_MEMORY_HOST) {
     return fail(SFMOE_ERROR_UNSUPPORTED,
-                "%s: runs on host memory only for now (its CUDA kernels are not written yet)", context);
+                "%s: runs on host memory only for now (its CUDA kernels are not written yet)",
+                context);
   }
   return SFMOE_SUCCESS;
 }
 
 // A grouped tensor of unquantized rows: `cols` columns, a row dtype, rowwise data only, in the
 // memory space of `home`.
-sfmoe_status expect_rows(const char* context, const char* name, const sfmoe_grouped_tensor* g, int64_t cols,
-                         const sfmoe_tensor* home) {
+sfmoe_status expect_rows(const char* context, const char* name, const sfmoe_grouped_tensor* g,
+                         int64_t cols, const sfmoe_tensor* home) {
   SFMOE_RETURN_IF_ERROR(validate_grouped_tensor(context, name, g));
   if (g->scaling != SFMOE_SCALING_NONE || !is_row_dtype(g->dtype)) {
-    return fail(SFMOE_ERROR_DTYPE_MISMATCH, "%s: %s must hold unquantized fp32, bf16 or fp16 rows", context, name);
+    return fail(SFMOE_ERROR_DTYPE_MISMATCH, "%s: %s must hold unquantized fp32, bf16 or fp16 rows",
+                context, name);
   }
   if (g->cols != cols) {
     return fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: %s has %lld cols, expected %lld", context, name,
@@ -41,7 +43,8 @@ sfmoe_status expect_rows(const char* context, const char* name, const sfmoe_grou
     return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s must have rowwise data only", context, name);
   }
   if (g->memory != home->memory || g->device != home->device) {
-    return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: %s is not in the same memory space as the tokens", context, name);
+    return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: %s is not in the same memory space as the tokens",
+                context, name);
   }
   return SFMOE_SUCCESS;
 }
@@ -52,8 +55,10 @@ sfmoe_status check_row_map(const char* context, const sfmoe_tensor* row_map, int
   const int64_t count = tensor_element_count(row_map);
   for (int64_t i = 0; i < count; ++i) {
     if (rows[i] < -1 || rows[i] >= row_capacity) {
-      return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: row_map[%lld] = %lld is neither -1 nor a row of %lld", context,
-                  static_cast<long long>(i), static_cast<long long>(rows[i]), static_cast<long long>(row_capacity));
+      return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                  "%s: row_map[%lld] = %lld is neither -1 nor a row of %lld", context,
+                  static_cast<long long>(i), static_cast<long long>(rows[i]),
+                  static_cast<long long>(row_capacity));
     }
   }
   return SFMOE_SUCCESS;
@@ -69,22 +74,26 @@ sfmoe_permute_config sfmoe_permute_config_init(void) {
   return c;
 }
 
-sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_ids, const sfmoe_permute_config* config,
-                           const sfmoe_grouped_tensor* permuted, const sfmoe_tensor* row_map,
-                           const sfmoe_tensor* tokens_per_expert, const sfmoe_tensor* dropped_per_expert,
-                           void* stream) {
+sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_ids,
+                           const sfmoe_permute_config* config, const sfmoe_grouped_tensor* permuted,
+                           const sfmoe_tensor* row_map, const sfmoe_tensor* tokens_per_expert,
+                           const sfmoe_tensor* dropped_per_expert, void* stream) {
   const char* context = "sfmoe_permute";
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
     (void)stream;  // host memory only for now
     SFMOE_RETURN_IF_ERROR(sfmoe::validate_tensor(context, "tokens", tokens));
     if (tokens->ndim != 2 || !sfmoe::is_row_dtype(tokens->dtype)) {
-      return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: tokens must be [T, H] of fp32, bf16 or fp16", context);
+      return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                         "%s: tokens must be [T, H] of fp32, bf16 or fp16", context);
     }
     SFMOE_RETURN_IF_ERROR(sfmoe::host_only(context, tokens));
-    if (config == nullptr) return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: config is NULL", context);
+    if (config == nullptr)
+      return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: config is NULL", context);
     if (config->struct_size != sizeof(sfmoe_permute_config)) {
-      return sfmoe::fail(SFMOE_ERROR_STRUCT_SIZE, "%s: config struct_size is %zu, expected %zu (use "
-                         "sfmoe_permute_config_init())", context, config->struct_size, sizeof(sfmoe_permute_config));
+      return sfmoe::fail(SFMOE_ERROR_STRUCT_SIZE,
+                         "%s: config struct_size is %zu, expected %zu (use "
+                         "sfmoe_permute_config_init())",
+                         context, config->struct_size, sizeof(sfmoe_permute_config));
     }
     if (config->expert_capacity < 0) {
       return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: expert_capacity must be >= 0", context);
@@ -92,39 +101,45 @@ sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_
     const int64_t t_count = tokens->shape[0], hidden = tokens->shape[1];
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_rows(context, "permuted", permuted, hidden, tokens));
     if (permuted->dtype != tokens->dtype) {
-      return sfmoe::fail(SFMOE_ERROR_DTYPE_MISMATCH, "%s: permuted must have the tokens' dtype (rows are moved)", context);
+      return sfmoe::fail(SFMOE_ERROR_DTYPE_MISMATCH,
+                         "%s: permuted must have the tokens' dtype (rows are moved)", context);
     }
     const int64_t experts = permuted->num_groups, a = permuted->row_alignment;
     if (a != 1 && a != 8 && a != 16 && a != 32 && a != 64 && a != 128) {
-      return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: permuted.row_alignment must be 1, 8, 16, 32, 64 or 128",
-                         context);
+      return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                         "%s: permuted.row_alignment must be 1, 8, 16, 32, 64 or 128", context);
     }
     if (permuted->group_offsets == nullptr || permuted->uniform_group_rows != 0) {
-      return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: permuted needs group_offsets (written by this op)", context);
+      return sfmoe::fail(SFMOE_ERROR_NULL_POINTER,
+                         "%s: permuted needs group_offsets (written by this op)", context);
     }
     if (topk_ids == nullptr || topk_ids->ndim != 2) {
       return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: topk_ids must be [T, k]", context);
     }
     const int64_t k = topk_ids->shape[1];
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "topk_ids", topk_ids, {SFMOE_DTYPE_INT32}, {t_count, k}, tokens, "tokens"));
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "row_map", row_map, {SFMOE_DTYPE_INT64}, {t_count, k}, tokens, "tokens"));
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "tokens_per_expert", tokens_per_expert, {SFMOE_DTYPE_INT64},
-                                               {experts}, tokens, "tokens"));
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "topk_ids", topk_ids, {SFMOE_DTYPE_INT32},
+                                               {t_count, k}, tokens, "tokens"));
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "row_map", row_map, {SFMOE_DTYPE_INT64},
+                                               {t_count, k}, tokens, "tokens"));
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "tokens_per_expert", tokens_per_expert,
+                                               {SFMOE_DTYPE_INT64}, {experts}, tokens, "tokens"));
     if (dropped_per_expert != nullptr) {
-      SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "dropped_per_expert", dropped_per_expert, {SFMOE_DTYPE_INT64},
-                                                 {experts}, tokens, "tokens"));
+      SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "dropped_per_expert", dropped_per_expert,
+                                                 {SFMOE_DTYPE_INT64}, {experts}, tokens, "tokens"));
     }
     // The worst case must fit: every kept row plus each expert's padding.
     const int64_t slots = t_count * k;
-    const int64_t kept_bound = config->expert_capacity > 0 && experts * config->expert_capacity < slots
-                                   ? experts * config->expert_capacity
-                                   : slots;
+    const int64_t kept_bound =
+        config->expert_capacity > 0 && experts * config->expert_capacity < slots
+            ? experts * config->expert_capacity
+            : slots;
     const int64_t needed = kept_bound + experts * (a - 1);
     if (permuted->row_capacity < needed) {
-      return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH,
-                         "%s: permuted.row_capacity = %lld cannot hold the worst case %lld (kept rows + experts x "
-                         "(row_alignment - 1))",
-                         context, static_cast<long long>(permuted->row_capacity), static_cast<long long>(needed));
+      return sfmoe::fail(
+          SFMOE_ERROR_SHAPE_MISMATCH,
+          "%s: permuted.row_capacity = %lld cannot hold the worst case %lld (kept rows + experts x "
+          "(row_alignment - 1))",
+          context, static_cast<long long>(permuted->row_capacity), static_cast<long long>(needed));
     }
     // Ids name experts, each at most once per token: checked before anything is written.
     const int32_t* ids = static_cast<const int32_t*>(topk_ids->data);
@@ -132,14 +147,15 @@ sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_
       for (int64_t i = 0; i < k; ++i) {
         const int32_t e = ids[t * k + i];
         if (e < 0 || e >= experts) {
-          return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: topk_ids[%lld][%lld] = %d is not an expert of %lld",
-                             context, static_cast<long long>(t), static_cast<long long>(i), e,
+          return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                             "%s: topk_ids[%lld][%lld] = %d is not an expert of %lld", context,
+                             static_cast<long long>(t), static_cast<long long>(i), e,
                              static_cast<long long>(experts));
         }
         for (int64_t j = 0; j < i; ++j) {
           if (ids[t * k + j] == e) {
-            return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: token %lld names expert %d twice", context,
-                               static_cast<long long>(t), e);
+            return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: token %lld names expert %d twice",
+                               context, static_cast<long long>(t), e);
           }
         }
       }
@@ -147,21 +163,23 @@ sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_
     std::vector<int64_t> dropped_scratch(dropped_per_expert ? 0 : static_cast<size_t>(experts));
     sfmoe::cpu::permute(sfmoe::PermuteArgs{
         tokens->data, tokens->dtype, t_count, hidden, k, experts, ids, a, config->expert_capacity,
-        permuted->row_capacity, permuted->rowwise_data, permuted->group_offsets, static_cast<int64_t*>(row_map->data),
-        static_cast<int64_t*>(tokens_per_expert->data),
-        dropped_per_expert ? static_cast<int64_t*>(dropped_per_expert->data) : dropped_scratch.data()});
+        permuted->row_capacity, permuted->rowwise_data, permuted->group_offsets,
+        static_cast<int64_t*>(row_map->data), static_cast<int64_t*>(tokens_per_expert->data),
+        dropped_per_expert ? static_cast<int64_t*>(dropped_per_expert->data)
+                           : dropped_scratch.data()});
     return SFMOE_SUCCESS;
   });
 }
 
-sfmoe_status sfmoe_unpermute(const sfmoe_grouped_tensor* rows, const sfmoe_tensor* row_map, const sfmoe_tensor* probs,
-                             const sfmoe_tensor* out, void* stream) {
+sfmoe_status sfmoe_unpermute(const sfmoe_grouped_tensor* rows, const sfmoe_tensor* row_map,
+                             const sfmoe_tensor* probs, const sfmoe_tensor* out, void* stream) {
   const char* context = "sfmoe_unpermute";
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
     (void)stream;  // host memory only for now
     SFMOE_RETURN_IF_ERROR(sfmoe::validate_tensor(context, "out", out));
     if (out->ndim != 2 || !sfmoe::is_row_dtype(out->dtype)) {
-      return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: out must be [T, H] of fp32, bf16 or fp16", context);
+      return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: out must be [T, H] of fp32, bf16 or fp16",
+                         context);
     }
     SFMOE_RETURN_IF_ERROR(sfmoe::host_only(context, out));
     const int64_t t_count = out->shape[0], hidden = out->shape[1];
@@ -170,48 +188,57 @@ sfmoe_status sfmoe_unpermute(const sfmoe_grouped_tensor* rows, const sfmoe_tenso
       return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: row_map must be [T, k]", context);
     }
     const int64_t k = row_map->shape[1];
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "row_map", row_map, {SFMOE_DTYPE_INT64}, {t_count, k}, out, "out"));
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "row_map", row_map, {SFMOE_DTYPE_INT64},
+                                               {t_count, k}, out, "out"));
     if (probs != nullptr) {
-      SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "probs", probs, {SFMOE_DTYPE_FP32}, {t_count, k}, out, "out"));
+      SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "probs", probs, {SFMOE_DTYPE_FP32},
+                                                 {t_count, k}, out, "out"));
     }
     SFMOE_RETURN_IF_ERROR(sfmoe::check_row_map(context, row_map, rows->row_capacity));
-    sfmoe::cpu::unpermute(sfmoe::UnpermuteArgs{rows->rowwise_data, rows->dtype, t_count, hidden, k,
-                                               static_cast<const int64_t*>(row_map->data),
-                                               probs ? static_cast<const float*>(probs->data) : nullptr, out->data,
-                                               out->dtype});
+    sfmoe::cpu::unpermute(sfmoe::UnpermuteArgs{
+        rows->rowwise_data, rows->dtype, t_count, hidden, k,
+        static_cast<const int64_t*>(row_map->data),
+        probs ? static_cast<const float*>(probs->data) : nullptr, out->data, out->dtype});
     return SFMOE_SUCCESS;
   });
 }
 
 sfmoe_status sfmoe_unpermute_backward(const sfmoe_tensor* d_out, const sfmoe_grouped_tensor* rows,
                                       const sfmoe_tensor* row_map, const sfmoe_tensor* probs,
-                                      const sfmoe_grouped_tensor* d_rows, const sfmoe_tensor* d_probs, void* stream) {
+                                      const sfmoe_grouped_tensor* d_rows,
+                                      const sfmoe_tensor* d_probs, void* stream) {
   const char* context = "sfmoe_unpermute_backward";
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
     (void)stream;  // host memory only for now
     SFMOE_RETURN_IF_ERROR(sfmoe::validate_tensor(context, "d_out", d_out));
     if (d_out->ndim != 2 || !sfmoe::is_row_dtype(d_out->dtype)) {
-      return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: d_out must be [T, H] of fp32, bf16 or fp16", context);
+      return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                         "%s: d_out must be [T, H] of fp32, bf16 or fp16", context);
     }
     SFMOE_RETURN_IF_ERROR(sfmoe::host_only(context, d_out));
     const int64_t t_count = d_out->shape[0], hidden = d_out->shape[1];
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_rows(context, "rows", rows, hidden, d_out));
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_rows(context, "d_rows", d_rows, hidden, d_out));
     if (d_rows->row_capacity != rows->row_capacity) {
-      return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: d_rows and rows must have the same row_capacity", context);
+      return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                         "%s: d_rows and rows must have the same row_capacity", context);
     }
     if (row_map == nullptr || row_map->ndim != 2) {
       return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: row_map must be [T, k]", context);
     }
     const int64_t k = row_map->shape[1];
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "row_map", row_map, {SFMOE_DTYPE_INT64}, {t_count, k}, d_out, "d_out"));
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "probs", probs, {SFMOE_DTYPE_FP32}, {t_count, k}, d_out, "d_out"));
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "d_probs", d_probs, {SFMOE_DTYPE_FP32}, {t_count, k}, d_out, "d_out"));
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "row_map", row_map, {SFMOE_DTYPE_INT64},
+                                               {t_count, k}, d_out, "d_out"));
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "probs", probs, {SFMOE_DTYPE_FP32},
+                                               {t_count, k}, d_out, "d_out"));
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "d_probs", d_probs, {SFMOE_DTYPE_FP32},
+                                               {t_count, k}, d_out, "d_out"));
     SFMOE_RETURN_IF_ERROR(sfmoe::check_row_map(context, row_map, rows->row_capacity));
     sfmoe::cpu::unpermute_backward(sfmoe::UnpermuteBackwardArgs{
-        d_out->data, d_out->dtype, rows->rowwise_data, rows->dtype, t_count, hidden, k, rows->row_capacity,
-        static_cast<const int64_t*>(row_map->data), static_cast<const float*>(probs->data), d_rows->rowwise_data,
-        d_rows->dtype, static_cast<float*>(d_probs->data)});
+        d_out->data, d_out->dtype, rows->rowwise_data, rows->dtype, t_count, hidden, k,
+        rows->row_capacity, static_cast<const int64_t*>(row_map->data),
+        static_cast<const float*>(probs->data), d_rows->rowwise_data, d_rows->dtype,
+        static_cast<float*>(d_probs->data)});
     return SFMOE_SUCCESS;
   });
 }

@@ -106,7 +106,8 @@ sfmoe_status describe_quantized(const char* context, const char* name,
   if (config.power_of_two_scales &&
       (q->scaling == SFMOE_SCALING_MX_1X32 || scaling_is_nvfp4(q->scaling))) {
     return fail(SFMOE_ERROR_UNSUPPORTED,
-                "%s: power_of_two_scales applies to fp8 tensor and blockwise scaling only", context);
+                "%s: power_of_two_scales applies to fp8 tensor and blockwise scaling only",
+                context);
   }
   if (q->scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && !scaling_is_swizzlable(q->scaling)) {
     return fail(SFMOE_ERROR_UNSUPPORTED,
@@ -196,7 +197,8 @@ sfmoe_status sfmoe_grouped_quantize(const sfmoe_grouped_tensor* input,
     args.input = input_of(input);
     const int64_t a = output->row_alignment;
     if (output->group_offsets == nullptr) {
-      if (input->group_offsets != nullptr || input->uniform_group_rows != output->uniform_group_rows) {
+      if (input->group_offsets != nullptr ||
+          input->uniform_group_rows != output->uniform_group_rows) {
         return fail(SFMOE_ERROR_SHAPE_MISMATCH,
                     "%s: output has uniform groups (%lld rows) but the input's groups are not the "
                     "same uniform groups",
@@ -209,8 +211,9 @@ sfmoe_status sfmoe_grouped_quantize(const sfmoe_grouped_tensor* input,
                     "padded offsets there)",
                     context);
       }
-      const int64_t input_rows = input->group_offsets ? input->row_capacity
-                                                      : input->num_groups * input->uniform_group_rows;
+      const int64_t input_rows = input->group_offsets
+                                     ? input->row_capacity
+                                     : input->num_groups * input->uniform_group_rows;
       const bool aligned_already = input->group_offsets && input->row_alignment % a == 0;
       const int64_t padding = aligned_already ? 0 : input->num_groups * (a - 1);
       if (output->row_capacity < input_rows + padding) {
@@ -257,7 +260,8 @@ sfmoe_status sfmoe_grouped_dequantize(const sfmoe_grouped_tensor* input,
       return fail(SFMOE_ERROR_SHAPE_MISMATCH,
                   "%s: output must be [%lld, %lld] like the input, got [%lld, %lld]", context,
                   static_cast<long long>(input->row_capacity), static_cast<long long>(input->cols),
-                  static_cast<long long>(output->row_capacity), static_cast<long long>(output->cols));
+                  static_cast<long long>(output->row_capacity),
+                  static_cast<long long>(output->cols));
     }
     GroupedDequantizeArgs args;
     SFMOE_RETURN_IF_ERROR(
@@ -304,9 +308,8 @@ sfmoe_status swizzle_common(const char* context, const sfmoe_tensor* from, const
   const sfmoe_tensor* tensors[] = {from, to};
   for (const sfmoe_tensor* t : tensors) {
     if (t->dtype != SFMOE_DTYPE_E8M0 && t->dtype != SFMOE_DTYPE_FP8_E4M3) {
-      return fail(SFMOE_ERROR_DTYPE_MISMATCH,
-                  "%s: scales must be e8m0 or fp8_e4m3 bytes, got %s", context,
-                  sfmoe_dtype_name(t->dtype));
+      return fail(SFMOE_ERROR_DTYPE_MISMATCH, "%s: scales must be e8m0 or fp8_e4m3 bytes, got %s",
+                  context, sfmoe_dtype_name(t->dtype));
     }
   }
   if (from->memory != to->memory || from->device != to->device) {
@@ -330,10 +333,9 @@ sfmoe_status sfmoe_swizzle_scales(const sfmoe_tensor* compact, int64_t rows, int
   using namespace sfmoe;
   const char* context = "sfmoe_swizzle_scales";
   return guarded(context, [&]() -> sfmoe_status {
-    SFMOE_RETURN_IF_ERROR(swizzle_common(context, compact, "compact", rows * scale_cols, swizzled,
-                                         "swizzled",
-                                         numerics::swizzled_scale_padded_size(rows, scale_cols),
-                                         rows, scale_cols));
+    SFMOE_RETURN_IF_ERROR(
+        swizzle_common(context, compact, "compact", rows * scale_cols, swizzled, "swizzled",
+                       numerics::swizzled_scale_padded_size(rows, scale_cols), rows, scale_cols));
     const auto* from = static_cast<const uint8_t*>(compact->data);
     auto* to = static_cast<uint8_t*>(swizzled->data);
     if (compact->memory == SFMOE_MEMORY_HOST) {
@@ -349,9 +351,8 @@ sfmoe_status sfmoe_swizzle_scales(const sfmoe_tensor* compact, int64_t rows, int
   });
 }
 
-sfmoe_status sfmoe_unswizzle_scales(const sfmoe_tensor* swizzled, int64_t rows,
-                                    int64_t scale_cols, const sfmoe_tensor* compact,
-                                    void* stream) {
+sfmoe_status sfmoe_unswizzle_scales(const sfmoe_tensor* swizzled, int64_t rows, int64_t scale_cols,
+                                    const sfmoe_tensor* compact, void* stream) {
   using namespace sfmoe;
   const char* context = "sfmoe_unswizzle_scales";
   return guarded(context, [&]() -> sfmoe_status {

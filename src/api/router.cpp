@@ -15,52 +15,63 @@
 namespace sfmoe {
 namespace {
 
-sfmoe_status check_config(const char* context, const sfmoe_router_config* c, int64_t experts, RouterConfig* out) {
+sfmoe_status check_config(const char* context, const sfmoe_router_config* c, int64_t experts,
+                          RouterConfig* out) {
   if (c == nullptr) return fail(SFMOE_ERROR_NULL_POINTER, "%s: config is NULL", context);
   if (c->struct_size != sizeof(sfmoe_router_config)) {
-    return fail(SFMOE_ERROR_STRUCT_SIZE,
-                "%s: config struct_size is %zu but this library's sfmoe_router_config has %zu bytes "
-                "(use sfmoe_router_config_init())",
-                context, c->struct_size, sizeof(sfmoe_router_config));
+    return fail(
+        SFMOE_ERROR_STRUCT_SIZE,
+        "%s: config struct_size is %zu but this library's sfmoe_router_config has %zu bytes "
+        "(use sfmoe_router_config_init())",
+        context, c->struct_size, sizeof(sfmoe_router_config));
   }
   if (c->score != SFMOE_ROUTER_SCORE_SOFTMAX && c->score != SFMOE_ROUTER_SCORE_SIGMOID) {
-    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: unknown score function %d", context, static_cast<int>(c->score));
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: unknown score function %d", context,
+                static_cast<int>(c->score));
   }
   if (c->top_k < 1 || c->top_k > experts) {
-    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: top_k = %lld must be in [1, num_experts = %lld]", context,
-                static_cast<long long>(c->top_k), static_cast<long long>(experts));
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: top_k = %lld must be in [1, num_experts = %lld]",
+                context, static_cast<long long>(c->top_k), static_cast<long long>(experts));
   }
   if (c->softmax_after_topk && c->score != SFMOE_ROUTER_SCORE_SOFTMAX) {
-    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: softmax_after_topk needs the softmax score function", context);
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                "%s: softmax_after_topk needs the softmax score function", context);
   }
   if (c->softmax_after_topk && c->normalize) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT,
-                "%s: normalize does nothing after a softmax over the selected experts; leave it 0", context);
+                "%s: normalize does nothing after a softmax over the selected experts; leave it 0",
+                context);
   }
   if (c->num_groups > 1) {
     const int64_t per_group = experts % c->num_groups == 0 ? experts / c->num_groups : 0;
     if (per_group == 0) {
-      return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: num_groups = %lld does not divide num_experts = %lld", context,
+      return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                  "%s: num_groups = %lld does not divide num_experts = %lld", context,
                   static_cast<long long>(c->num_groups), static_cast<long long>(experts));
     }
-    if (c->group_topk < 1 || c->group_topk > c->num_groups || c->group_topk * per_group < c->top_k) {
-      return fail(SFMOE_ERROR_INVALID_ARGUMENT,
-                  "%s: group_topk = %lld must be in [1, num_groups] and keep at least top_k = %lld experts", context,
-                  static_cast<long long>(c->group_topk), static_cast<long long>(c->top_k));
+    if (c->group_topk < 1 || c->group_topk > c->num_groups ||
+        c->group_topk * per_group < c->top_k) {
+      return fail(
+          SFMOE_ERROR_INVALID_ARGUMENT,
+          "%s: group_topk = %lld must be in [1, num_groups] and keep at least top_k = %lld experts",
+          context, static_cast<long long>(c->group_topk), static_cast<long long>(c->top_k));
     }
     if (c->group_score_topk < 1 || c->group_score_topk > per_group) {
-      return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: group_score_topk = %lld must be in [1, experts per group = %lld]",
-                  context, static_cast<long long>(c->group_score_topk), static_cast<long long>(per_group));
+      return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                  "%s: group_score_topk = %lld must be in [1, experts per group = %lld]", context,
+                  static_cast<long long>(c->group_score_topk), static_cast<long long>(per_group));
     }
   } else if (c->num_groups < 0) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: num_groups must be >= 0", context);
   }
   if (!(isfinite(c->scaling_factor) && c->scaling_factor > 0.0f)) {
-    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: scaling_factor must be positive and finite", context);
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: scaling_factor must be positive and finite",
+                context);
   }
   if (!(isfinite(c->aux_loss_coeff) && c->aux_loss_coeff >= 0.0f && isfinite(c->z_loss_coeff) &&
         c->z_loss_coeff >= 0.0f)) {
-    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: loss coefficients must be finite and >= 0", context);
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: loss coefficients must be finite and >= 0",
+                context);
   }
   out->num_experts = experts;
   out->top_k = c->top_k;
@@ -79,15 +90,18 @@ sfmoe_status check_config(const char* context, const sfmoe_router_config* c, int
 sfmoe_status check_logits(const char* context, const sfmoe_tensor* logits) {
   SFMOE_RETURN_IF_ERROR(validate_tensor(context, "logits", logits));
   if (logits->ndim != 2 || logits->shape[1] < 1) {
-    return fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: logits must be [tokens, experts] with experts >= 1", context);
+    return fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                "%s: logits must be [tokens, experts] with experts >= 1", context);
   }
   if (logits->dtype != SFMOE_DTYPE_FP32 && logits->dtype != SFMOE_DTYPE_BF16) {
     return fail(SFMOE_ERROR_DTYPE_MISMATCH, "%s: logits must be fp32 or bf16, not '%s'", context,
                 sfmoe_dtype_name(logits->dtype));
   }
   if (logits->memory != SFMOE_MEMORY_HOST) {
-    return fail(SFMOE_ERROR_UNSUPPORTED,
-                "%s: the router runs on host memory only for now (its CUDA kernels are not written yet)", context);
+    return fail(
+        SFMOE_ERROR_UNSUPPORTED,
+        "%s: the router runs on host memory only for now (its CUDA kernels are not written yet)",
+        context);
   }
   return SFMOE_SUCCESS;
 }
@@ -116,7 +130,8 @@ sfmoe_router_config sfmoe_router_config_init(void) {
 sfmoe_status sfmoe_router_forward(const sfmoe_tensor* logits, const sfmoe_tensor* expert_bias,
                                   const sfmoe_router_config* config, const sfmoe_tensor* topk_ids,
                                   const sfmoe_tensor* probs, const sfmoe_tensor* tokens_per_expert,
-                                  const sfmoe_tensor* aux_loss, const sfmoe_tensor* z_loss, void* stream) {
+                                  const sfmoe_tensor* aux_loss, const sfmoe_tensor* z_loss,
+                                  void* stream) {
   const char* context = "sfmoe_router_forward";
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
     (void)stream;  // host memory only for now
@@ -125,34 +140,43 @@ sfmoe_status sfmoe_router_forward(const sfmoe_tensor* logits, const sfmoe_tensor
     sfmoe::RouterConfig c;
     SFMOE_RETURN_IF_ERROR(sfmoe::check_config(context, config, experts, &c));
     if (expert_bias != nullptr) {
-      SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "expert_bias", expert_bias, {SFMOE_DTYPE_FP32}, {experts}, logits, "logits"));
+      SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "expert_bias", expert_bias,
+                                                 {SFMOE_DTYPE_FP32}, {experts}, logits, "logits"));
     }
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "topk_ids", topk_ids, {SFMOE_DTYPE_INT32}, {tokens, c.top_k}, logits, "logits"));
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "probs", probs, {SFMOE_DTYPE_FP32}, {tokens, c.top_k}, logits, "logits"));
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "tokens_per_expert", tokens_per_expert, {SFMOE_DTYPE_INT64},
-                                               {experts}, logits, "logits"));
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "topk_ids", topk_ids, {SFMOE_DTYPE_INT32},
+                                               {tokens, c.top_k}, logits, "logits"));
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "probs", probs, {SFMOE_DTYPE_FP32},
+                                               {tokens, c.top_k}, logits, "logits"));
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "tokens_per_expert", tokens_per_expert,
+                                               {SFMOE_DTYPE_INT64}, {experts}, logits, "logits"));
     if (c.aux_loss_coeff != 0.0f && aux_loss == nullptr) {
-      return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: aux_loss_coeff is set but aux_loss is NULL", context);
+      return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: aux_loss_coeff is set but aux_loss is NULL",
+                         context);
     }
     if (c.z_loss_coeff != 0.0f && z_loss == nullptr) {
-      return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: z_loss_coeff is set but z_loss is NULL", context);
+      return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: z_loss_coeff is set but z_loss is NULL",
+                         context);
     }
-    if (aux_loss != nullptr) SFMOE_RETURN_IF_ERROR(sfmoe::expect_scalar(context, "aux_loss", aux_loss, logits, "logits"));
-    if (z_loss != nullptr) SFMOE_RETURN_IF_ERROR(sfmoe::expect_scalar(context, "z_loss", z_loss, logits, "logits"));
+    if (aux_loss != nullptr)
+      SFMOE_RETURN_IF_ERROR(sfmoe::expect_scalar(context, "aux_loss", aux_loss, logits, "logits"));
+    if (z_loss != nullptr)
+      SFMOE_RETURN_IF_ERROR(sfmoe::expect_scalar(context, "z_loss", z_loss, logits, "logits"));
     const std::vector<float> values = sfmoe::logits_as_f32(logits);
     sfmoe::cpu::router_forward(sfmoe::RouterForwardArgs{
-        values.data(), expert_bias ? static_cast<const float*>(expert_bias->data) : nullptr, tokens, c,
-        static_cast<int32_t*>(topk_ids->data), static_cast<float*>(probs->data),
-        static_cast<int64_t*>(tokens_per_expert->data), aux_loss ? static_cast<float*>(aux_loss->data) : nullptr,
+        values.data(), expert_bias ? static_cast<const float*>(expert_bias->data) : nullptr, tokens,
+        c, static_cast<int32_t*>(topk_ids->data), static_cast<float*>(probs->data),
+        static_cast<int64_t*>(tokens_per_expert->data),
+        aux_loss ? static_cast<float*>(aux_loss->data) : nullptr,
         z_loss ? static_cast<float*>(z_loss->data) : nullptr});
     return SFMOE_SUCCESS;
   });
 }
 
 sfmoe_status sfmoe_router_backward(const sfmoe_tensor* logits, const sfmoe_tensor* topk_ids,
-                                   const sfmoe_tensor* tokens_per_expert, const sfmoe_router_config* config,
-                                   const sfmoe_tensor* d_probs, float d_aux_loss, float d_z_loss,
-                                   const sfmoe_tensor* d_logits, void* stream) {
+                                   const sfmoe_tensor* tokens_per_expert,
+                                   const sfmoe_router_config* config, const sfmoe_tensor* d_probs,
+                                   float d_aux_loss, float d_z_loss, const sfmoe_tensor* d_logits,
+                                   void* stream) {
   const char* context = "sfmoe_router_backward";
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
     (void)stream;  // host memory only for now
@@ -160,22 +184,27 @@ sfmoe_status sfmoe_router_backward(const sfmoe_tensor* logits, const sfmoe_tenso
     const int64_t tokens = logits->shape[0], experts = logits->shape[1];
     sfmoe::RouterConfig c;
     SFMOE_RETURN_IF_ERROR(sfmoe::check_config(context, config, experts, &c));
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "topk_ids", topk_ids, {SFMOE_DTYPE_INT32}, {tokens, c.top_k}, logits, "logits"));
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "tokens_per_expert", tokens_per_expert, {SFMOE_DTYPE_INT64},
-                                               {experts}, logits, "logits"));
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "topk_ids", topk_ids, {SFMOE_DTYPE_INT32},
+                                               {tokens, c.top_k}, logits, "logits"));
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "tokens_per_expert", tokens_per_expert,
+                                               {SFMOE_DTYPE_INT64}, {experts}, logits, "logits"));
     if (d_probs != nullptr) {
-      SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "d_probs", d_probs, {SFMOE_DTYPE_FP32}, {tokens, c.top_k}, logits, "logits"));
+      SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "d_probs", d_probs, {SFMOE_DTYPE_FP32},
+                                                 {tokens, c.top_k}, logits, "logits"));
     }
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "d_logits", d_logits, {SFMOE_DTYPE_FP32}, {tokens, experts}, logits, "logits"));
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "d_logits", d_logits, {SFMOE_DTYPE_FP32},
+                                               {tokens, experts}, logits, "logits"));
     if (!isfinite(d_aux_loss) || !isfinite(d_z_loss)) {
-      return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: d_aux_loss and d_z_loss must be finite", context);
+      return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: d_aux_loss and d_z_loss must be finite",
+                         context);
     }
     // The ids index the logits' rows: an id outside [0, E) (not a forward's output) is refused
     // before anything is written.
     const int32_t* ids = static_cast<const int32_t*>(topk_ids->data);
     for (int64_t i = 0; i < tokens * c.top_k; ++i) {
       if (ids[i] < 0 || ids[i] >= experts) {
-        return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: topk_ids[%lld] = %d is not an expert of %lld", context,
+        return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                           "%s: topk_ids[%lld] = %d is not an expert of %lld", context,
                            static_cast<long long>(i), ids[i], static_cast<long long>(experts));
       }
     }

@@ -131,10 +131,12 @@ int64_t sfmoe_min_row_alignment(sfmoe_scaling scaling, int32_t has_columnwise) {
 }
 
 sfmoe_status sfmoe_scale_dtype(sfmoe_scaling scaling, sfmoe_dtype* dtype) {
-  if (dtype == nullptr) return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "sfmoe_scale_dtype: dtype is NULL");
+  if (dtype == nullptr)
+    return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "sfmoe_scale_dtype: dtype is NULL");
   const sfmoe_dtype d = sfmoe::scale_dtype_of(scaling);
   if (d == static_cast<sfmoe_dtype>(SFMOE_DTYPE_COUNT)) {
-    return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "sfmoe_scale_dtype: scaling '%s' has no scales",
+    return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                       "sfmoe_scale_dtype: scaling '%s' has no scales",
                        sfmoe_scaling_name(scaling));
   }
   *dtype = d;
@@ -142,7 +144,8 @@ sfmoe_status sfmoe_scale_dtype(sfmoe_scaling scaling, sfmoe_dtype* dtype) {
 }
 
 sfmoe_status sfmoe_scale_shape(sfmoe_scaling scaling, sfmoe_scale_layout layout, int64_t num_groups,
-                               int64_t copy_rows, int64_t copy_cols, int32_t* ndim, int64_t shape[2]) {
+                               int64_t copy_rows, int64_t copy_cols, int32_t* ndim,
+                               int64_t shape[2]) {
   constexpr const char* kContext = "sfmoe_scale_shape";
   if (ndim == nullptr || shape == nullptr) {
     return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: ndim and shape must not be NULL", kContext);
@@ -156,15 +159,16 @@ sfmoe_status sfmoe_scale_shape(sfmoe_scaling scaling, sfmoe_scale_layout layout,
                        static_cast<int>(layout));
   }
   if (layout == SFMOE_SCALE_LAYOUT_SWIZZLED && !sfmoe::scaling_is_swizzlable(scaling)) {
-    return sfmoe::fail(SFMOE_ERROR_UNSUPPORTED,
-                       "%s: the swizzled layout exists for mx_1x32 and nv_1x16 only (scaling is '%s')",
-                       kContext, sfmoe_scaling_name(scaling));
+    return sfmoe::fail(
+        SFMOE_ERROR_UNSUPPORTED,
+        "%s: the swizzled layout exists for mx_1x32 and nv_1x16 only (scaling is '%s')", kContext,
+        sfmoe_scaling_name(scaling));
   }
   if (num_groups < 0 || copy_rows < 0 || copy_cols < 0) {
     return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT,
-                       "%s: sizes must be >= 0 (num_groups %lld, copy_rows %lld, copy_cols %lld)", kContext,
-                       static_cast<long long>(num_groups), static_cast<long long>(copy_rows),
-                       static_cast<long long>(copy_cols));
+                       "%s: sizes must be >= 0 (num_groups %lld, copy_rows %lld, copy_cols %lld)",
+                       kContext, static_cast<long long>(num_groups),
+                       static_cast<long long>(copy_rows), static_cast<long long>(copy_cols));
   }
   auto ceil_div = [](int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); };
   const int64_t block = sfmoe::scaling_block_size(scaling);
@@ -186,8 +190,9 @@ sfmoe_status sfmoe_scale_shape(sfmoe_scaling scaling, sfmoe_scale_layout layout,
     const int64_t col_tiles = ceil_div(scale_cols, sfmoe::numerics::kSwizzleTileCols);
     constexpr int64_t kMax = INT64_MAX / sfmoe::numerics::kSwizzleTileElements;
     if (col_tiles != 0 && row_tiles > kMax / col_tiles) {
-      return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: the swizzled size of [%lld, %lld] overflows int64",
-                         kContext, static_cast<long long>(copy_rows), static_cast<long long>(scale_cols));
+      return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                         "%s: the swizzled size of [%lld, %lld] overflows int64", kContext,
+                         static_cast<long long>(copy_rows), static_cast<long long>(scale_cols));
     }
     *ndim = 1;
     shape[0] = row_tiles * col_tiles * sfmoe::numerics::kSwizzleTileElements;

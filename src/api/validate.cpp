@@ -312,10 +312,10 @@ sfmoe_status validate_grouped_tensor(const char* context, const char* name,
   return SFMOE_SUCCESS;
 }
 
-
 sfmoe_status expect_tensor(const char* context, const char* name, const sfmoe_tensor* t,
-                           std::initializer_list<sfmoe_dtype> dtypes, std::initializer_list<int64_t> shape,
-                           const sfmoe_tensor* home, const char* home_name) {
+                           std::initializer_list<sfmoe_dtype> dtypes,
+                           std::initializer_list<int64_t> shape, const sfmoe_tensor* home,
+                           const char* home_name) {
   SFMOE_RETURN_IF_ERROR(validate_tensor(context, name, t));
   bool dtype_ok = false;
   for (sfmoe_dtype d : dtypes) dtype_ok = dtype_ok || t->dtype == d;
@@ -330,24 +330,27 @@ sfmoe_status expect_tensor(const char* context, const char* name, const sfmoe_te
   if (!shape_ok) {
     std::string want, got;
     for (int64_t extent : shape) want += (want.empty() ? "" : ", ") + std::to_string(extent);
-    for (int32_t i = 0; i < t->ndim && i < SFMOE_MAX_DIMS; ++i) got += (i ? ", " : "") + std::to_string(t->shape[i]);
-    return fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: %s must be [%s] but is [%s]", context, name, want.c_str(),
-                got.c_str());
+    for (int32_t i = 0; i < t->ndim && i < SFMOE_MAX_DIMS; ++i)
+      got += (i ? ", " : "") + std::to_string(t->shape[i]);
+    return fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: %s must be [%s] but is [%s]", context, name,
+                want.c_str(), got.c_str());
   }
   if (home != nullptr && (t->memory != home->memory || t->device != home->device)) {
-    return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: %s is not in the same memory space as %s", context, name, home_name);
+    return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: %s is not in the same memory space as %s", context,
+                name, home_name);
   }
   return SFMOE_SUCCESS;
 }
 
-sfmoe_status expect_scalar(const char* context, const char* name, const sfmoe_tensor* t, const sfmoe_tensor* home,
-                           const char* home_name) {
+sfmoe_status expect_scalar(const char* context, const char* name, const sfmoe_tensor* t,
+                           const sfmoe_tensor* home, const char* home_name) {
   SFMOE_RETURN_IF_ERROR(validate_tensor(context, name, t));
   if (t->dtype != SFMOE_DTYPE_FP32 || tensor_element_count(t) != 1) {
     return fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: %s must be one fp32 element", context, name);
   }
   if (t->memory != home->memory || t->device != home->device) {
-    return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: %s is not in the same memory space as %s", context, name, home_name);
+    return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: %s is not in the same memory space as %s", context,
+                name, home_name);
   }
   return SFMOE_SUCCESS;
 }

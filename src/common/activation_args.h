@@ -25,8 +25,8 @@ inline bool activation_is_gated(ActivationKind kind) {
 
 struct ActivationConfig {
   ActivationKind kind = ActivationKind::kSwiGLU;
-  float limit = 7.0f;   // clamped SwiGLU
-  float alpha = 1.702f; // clamped SwiGLU
+  float limit = 7.0f;    // clamped SwiGLU
+  float alpha = 1.702f;  // clamped SwiGLU
 };
 
 // Rows [offsets[g], offsets[g] + rows[g]) of each group are computed; the rest of each group's
@@ -40,10 +40,10 @@ struct GroupRowsView {
 struct ActivationArgs {
   ActivationConfig config;
   GroupRowsView groups;
-  int64_t cols;              // output columns F (a gated input has 2 F)
-  const void* input;         // [row_capacity, F or 2F]
-  sfmoe_dtype input_dtype;   // FP32, BF16, FP16
-  void* output;              // [row_capacity, F]
+  int64_t cols;             // output columns F (a gated input has 2 F)
+  const void* input;        // [row_capacity, F or 2F]
+  sfmoe_dtype input_dtype;  // FP32, BF16, FP16
+  void* output;             // [row_capacity, F]
   sfmoe_dtype output_dtype;
 };
 
@@ -51,11 +51,11 @@ struct ActivationBackwardArgs {
   ActivationConfig config;
   GroupRowsView groups;
   int64_t cols;
-  const void* input;         // the forward's input
+  const void* input;  // the forward's input
   sfmoe_dtype input_dtype;
-  const void* d_output;      // [row_capacity, F]
+  const void* d_output;  // [row_capacity, F]
   sfmoe_dtype d_output_dtype;
-  void* d_input;             // [row_capacity, F or 2F]
+  void* d_input;  // [row_capacity, F or 2F]
   sfmoe_dtype d_input_dtype;
 };
 

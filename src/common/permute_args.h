@@ -9,45 +9,45 @@ namespace sfmoe {
 
 // Token rows -> expert-sorted rows, each expert's block padded to `alignment` rows with zeros.
 struct PermuteArgs {
-  const void* tokens;             // [num_tokens, hidden]
-  sfmoe_dtype dtype;              // FP32, BF16 or FP16 (rows are moved, not converted)
+  const void* tokens;  // [num_tokens, hidden]
+  sfmoe_dtype dtype;   // FP32, BF16 or FP16 (rows are moved, not converted)
   int64_t num_tokens, hidden, top_k, num_experts;
-  const int32_t* topk_ids;        // [num_tokens, top_k]; each token names an expert at most once
-  int64_t alignment;              // 1, 8, 16, 32, 64 or 128
-  int64_t expert_capacity;        // > 0: an expert keeps at most this many tokens; 0: no limit
-  int64_t row_capacity;           // rows of `permuted`
-  void* permuted;                 // [row_capacity, hidden], rows [0, offsets[E]) written
-  int64_t* expert_offsets;        // [num_experts + 1], written: padded block starts
-  int64_t* row_map;               // [num_tokens, top_k], written: destination row, or -1 (dropped)
-  int64_t* tokens_per_expert;     // [num_experts], written: rows kept per expert
-  int64_t* dropped_per_expert;    // [num_experts], written: rows dropped by the capacity
+  const int32_t* topk_ids;      // [num_tokens, top_k]; each token names an expert at most once
+  int64_t alignment;            // 1, 8, 16, 32, 64 or 128
+  int64_t expert_capacity;      // > 0: an expert keeps at most this many tokens; 0: no limit
+  int64_t row_capacity;         // rows of `permuted`
+  void* permuted;               // [row_capacity, hidden], rows [0, offsets[E]) written
+  int64_t* expert_offsets;      // [num_experts + 1], written: padded block starts
+  int64_t* row_map;             // [num_tokens, top_k], written: destination row, or -1 (dropped)
+  int64_t* tokens_per_expert;   // [num_experts], written: rows kept per expert
+  int64_t* dropped_per_expert;  // [num_experts], written: rows dropped by the capacity
 };
 
 // Expert rows -> token rows: out[t] = sum_i probs[t, i] * rows[row_map[t, i]], FP32 sums in slot
 // order (deterministic: a gather, no atomics). Dropped slots (row -1) add nothing.
 struct UnpermuteArgs {
-  const void* rows;               // [row_capacity, hidden]
+  const void* rows;  // [row_capacity, hidden]
   sfmoe_dtype rows_dtype;
   int64_t num_tokens, hidden, top_k;
-  const int64_t* row_map;         // [num_tokens, top_k] from permute
-  const float* probs;             // [num_tokens, top_k], or NULL: weight 1 (permute's backward)
-  void* out;                      // [num_tokens, hidden]
+  const int64_t* row_map;  // [num_tokens, top_k] from permute
+  const float* probs;      // [num_tokens, top_k], or NULL: weight 1 (permute's backward)
+  void* out;               // [num_tokens, hidden]
   sfmoe_dtype out_dtype;
 };
 
 // Unpermute's backward: d_rows[row_map[t, i]] = probs[t, i] * d_out[t] (padding and rows no slot
 // names stay zero) and d_probs[t, i] = sum_h d_out[t, h] * rows[row_map[t, i], h].
 struct UnpermuteBackwardArgs {
-  const void* d_out;              // [num_tokens, hidden]
+  const void* d_out;  // [num_tokens, hidden]
   sfmoe_dtype d_out_dtype;
-  const void* rows;               // [row_capacity, hidden], the forward's input
+  const void* rows;  // [row_capacity, hidden], the forward's input
   sfmoe_dtype rows_dtype;
   int64_t num_tokens, hidden, top_k, row_capacity;
   const int64_t* row_map;
   const float* probs;
-  void* d_rows;                   // [row_capacity, hidden], every row written
+  void* d_rows;  // [row_capacity, hidden], every row written
   sfmoe_dtype d_rows_dtype;
-  float* d_probs;                 // [num_tokens, top_k]
+  float* d_probs;  // [num_tokens, top_k]
 };
 
 }  // namespace sfmoe

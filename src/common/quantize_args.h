@@ -8,10 +8,10 @@
 namespace sfmoe {
 
 struct GroupedInput {
-  const void* data;          // [row_capacity, cols]
-  sfmoe_dtype dtype;         // FP32, BF16 or FP16
+  const void* data;   // [row_capacity, cols]
+  sfmoe_dtype dtype;  // FP32, BF16 or FP16
   int64_t row_capacity;
-  const int64_t* offsets;    // num_groups + 1, or NULL with uniform_rows > 0
+  const int64_t* offsets;  // num_groups + 1, or NULL with uniform_rows > 0
   int64_t uniform_rows;
 };
 
@@ -19,19 +19,19 @@ struct GroupedQuantizeArgs {
   GroupedInput input;
   int64_t num_groups;
   int64_t cols;
-  sfmoe_dtype dtype;         // FP8_E4M3, FP8_E5M2 or FP4_E2M1
+  sfmoe_dtype dtype;  // FP8_E4M3, FP8_E5M2 or FP4_E2M1
   sfmoe_scaling scaling;
   sfmoe_scale_layout scale_layout;
-  int64_t row_capacity;      // R of the output
-  int64_t row_alignment;     // a
-  int64_t* offsets;          // out_off, written; NULL with uniform groups
-  int64_t uniform_rows;      // > 0: uniform output groups (equal to the input's)
-  void* rowwise;             // [R, C] codes or NULL
+  int64_t row_capacity;   // R of the output
+  int64_t row_alignment;  // a
+  int64_t* offsets;       // out_off, written; NULL with uniform groups
+  int64_t uniform_rows;   // > 0: uniform output groups (equal to the input's)
+  void* rowwise;          // [R, C] codes or NULL
   void* rowwise_scale_inv;
-  void* columnwise;          // [C, R] codes or NULL
+  void* columnwise;  // [C, R] codes or NULL
   void* columnwise_scale_inv;
-  float* amax;               // [num_groups] (TENSOR, NV)
-  float* columnwise_amax;    // [num_groups] (NV with the Hadamard transform and a columnwise copy)
+  float* amax;             // [num_groups] (TENSOR, NV)
+  float* columnwise_amax;  // [num_groups] (NV with the Hadamard transform and a columnwise copy)
   sfmoe_quantize_config config;
   sfmoe_fault_report* word;  // NULL: faults are not recorded
 };
@@ -44,18 +44,23 @@ struct GroupedDequantizeArgs {
   sfmoe_dtype output_dtype;  // FP32, BF16 or FP16
 };
 
-// ---- rules shared by the backends (host + device) -------------------------------------------------
+// ---- rules shared by the backends (host + device)
+// -------------------------------------------------
 
 // Elements per block along the quantized direction (the block height for columnwise copies and
 // the side of 2D blocks); 0 for TENSOR (one scale per group).
 SFMOE_HD int64_t scaling_block_size(sfmoe_scaling scaling) {
   switch (scaling) {
     case SFMOE_SCALING_BLOCK_1X128:
-    case SFMOE_SCALING_BLOCK_128X128: return 128;
-    case SFMOE_SCALING_MX_1X32: return 32;
+    case SFMOE_SCALING_BLOCK_128X128:
+      return 128;
+    case SFMOE_SCALING_MX_1X32:
+      return 32;
     case SFMOE_SCALING_NV_1X16:
-    case SFMOE_SCALING_NV_16X16: return 16;
-    default: return 0;
+    case SFMOE_SCALING_NV_16X16:
+      return 16;
+    default:
+      return 0;
   }
 }
 
@@ -64,11 +69,15 @@ SFMOE_HD sfmoe_dtype scale_dtype_of(sfmoe_scaling scaling) {
   switch (scaling) {
     case SFMOE_SCALING_TENSOR:
     case SFMOE_SCALING_BLOCK_1X128:
-    case SFMOE_SCALING_BLOCK_128X128: return SFMOE_DTYPE_FP32;
-    case SFMOE_SCALING_MX_1X32: return SFMOE_DTYPE_E8M0;
+    case SFMOE_SCALING_BLOCK_128X128:
+      return SFMOE_DTYPE_FP32;
+    case SFMOE_SCALING_MX_1X32:
+      return SFMOE_DTYPE_E8M0;
     case SFMOE_SCALING_NV_1X16:
-    case SFMOE_SCALING_NV_16X16: return SFMOE_DTYPE_FP8_E4M3;
-    default: return static_cast<sfmoe_dtype>(SFMOE_DTYPE_COUNT);
+    case SFMOE_SCALING_NV_16X16:
+      return SFMOE_DTYPE_FP8_E4M3;
+    default:
+      return static_cast<sfmoe_dtype>(SFMOE_DTYPE_COUNT);
   }
 }
 

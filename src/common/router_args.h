@@ -20,27 +20,27 @@ struct RouterConfig {
 };
 
 struct RouterForwardArgs {
-  const float* logits;        // [tokens, num_experts]
-  const float* expert_bias;   // [num_experts] (selection only) or NULL
+  const float* logits;       // [tokens, num_experts]
+  const float* expert_bias;  // [num_experts] (selection only) or NULL
   int64_t tokens;
   RouterConfig config;
-  int32_t* topk_ids;          // [tokens, top_k], best first
-  float* probs;               // [tokens, top_k]
-  int64_t* tokens_per_expert; // [num_experts]
-  float* aux_loss;            // [1] or NULL
-  float* z_loss;              // [1] or NULL
+  int32_t* topk_ids;           // [tokens, top_k], best first
+  float* probs;                // [tokens, top_k]
+  int64_t* tokens_per_expert;  // [num_experts]
+  float* aux_loss;             // [1] or NULL
+  float* z_loss;               // [1] or NULL
 };
 
 struct RouterBackwardArgs {
-  const float* logits;         // [tokens, num_experts], as given to the forward
-  const int32_t* topk_ids;     // [tokens, top_k] from the forward
+  const float* logits;      // [tokens, num_experts], as given to the forward
+  const int32_t* topk_ids;  // [tokens, top_k] from the forward
   const int64_t* tokens_per_expert;
   int64_t tokens;
   RouterConfig config;
-  const float* d_probs;        // [tokens, top_k] or NULL
-  float d_aux_loss;            // upstream gradient of aux_loss (usually 1)
-  float d_z_loss;              // upstream gradient of z_loss
-  float* d_logits;             // [tokens, num_experts], written
+  const float* d_probs;  // [tokens, top_k] or NULL
+  float d_aux_loss;      // upstream gradient of aux_loss (usually 1)
+  float d_z_loss;        // upstream gradient of z_loss
+  float* d_logits;       // [tokens, num_experts], written
 };
 
 }  // namespace sfmoe

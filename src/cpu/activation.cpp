@@ -16,7 +16,8 @@ struct GateUp {
 };
 
 // Column j of row r: the gate (or the only input) and, for gated kinds, the up value.
-GateUp gate_up(const void* input, sfmoe_dtype dtype, bool gated, int64_t cols, int64_t r, int64_t j) {
+GateUp gate_up(const void* input, sfmoe_dtype dtype, bool gated, int64_t cols, int64_t r,
+               int64_t j) {
   const int64_t in_cols = gated ? 2 * cols : cols;
   return GateUp{load_value(input, dtype, r * in_cols + j),
                 gated ? load_value(input, dtype, r * in_cols + cols + j) : 0.0f};
@@ -42,11 +43,13 @@ void activation_forward(const ActivationArgs& a) {
       [&](int64_t r) {
         for (int64_t j = 0; j < a.cols; ++j) {
           const GateUp x = gate_up(a.input, a.input_dtype, gated, a.cols, r, j);
-          store_value(a.output, a.output_dtype, r * a.cols + j, Activation<float>::forward(a.config, x.gate, x.up));
+          store_value(a.output, a.output_dtype, r * a.cols + j,
+                      Activation<float>::forward(a.config, x.gate, x.up));
         }
       },
       [&](int64_t r) {
-        for (int64_t j = 0; j < a.cols; ++j) store_value(a.output, a.output_dtype, r * a.cols + j, 0.0f);
+        for (int64_t j = 0; j < a.cols; ++j)
+          store_value(a.output, a.output_dtype, r * a.cols + j, 0.0f);
       });
 }
 
@@ -66,7 +69,8 @@ void activation_backward(const ActivationBackwardArgs& a) {
         }
       },
       [&](int64_t r) {
-        for (int64_t j = 0; j < in_cols; ++j) store_value(a.d_input, a.d_input_dtype, r * in_cols + j, 0.0f);
+        for (int64_t j = 0; j < in_cols; ++j)
+          store_value(a.d_input, a.d_input_dtype, r * in_cols + j, 0.0f);
       });
 }
 

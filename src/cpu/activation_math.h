@@ -31,7 +31,8 @@ struct Activation {
   // d/dx x s = s + 2 x s (1 - s) y', s = sigmoid(2 y), y' = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
   static Real gelu_grad(Real x) {
     const Real s = A::sigmoid(A::mul(Real(2), gelu_inner(x)));
-    const Real slope = A::mul(kSqrt2OverPi, A::add(Real(1), A::mul(A::mul(Real(3), kGeluCubic), A::mul(x, x))));
+    const Real slope =
+        A::mul(kSqrt2OverPi, A::add(Real(1), A::mul(A::mul(Real(3), kGeluCubic), A::mul(x, x))));
     return A::add(s, A::mul(A::mul(A::mul(Real(2), x), A::mul(s, A::add(Real(1), -s))), slope));
   }
   static Real clamp_gate(Real g, Real limit) { return g > limit ? limit : g; }
@@ -41,10 +42,14 @@ struct Activation {
   static Real forward(const ActivationConfig& c, Real g, Real u) {
     const Real limit = static_cast<Real>(c.limit), alpha = static_cast<Real>(c.alpha);
     switch (c.kind) {
-      case ActivationKind::kSwiGLU: return A::mul(silu(g), u);
-      case ActivationKind::kGeGLU: return A::mul(gelu(g), u);
-      case ActivationKind::kSiLU: return silu(g);
-      case ActivationKind::kGeLU: return gelu(g);
+      case ActivationKind::kSwiGLU:
+        return A::mul(silu(g), u);
+      case ActivationKind::kGeGLU:
+        return A::mul(gelu(g), u);
+      case ActivationKind::kSiLU:
+        return silu(g);
+      case ActivationKind::kGeLU:
+        return gelu(g);
       case ActivationKind::kSquaredReLU: {
         const Real r = g > Real(0) ? g : Real(0);
         return A::mul(r, r);
@@ -71,9 +76,15 @@ struct Activation {
         *dg = A::mul(A::mul(d, u), gelu_grad(g));
         *du = A::mul(d, gelu(g));
         return;
-      case ActivationKind::kSiLU: *dg = A::mul(d, silu_grad(g)); return;
-      case ActivationKind::kGeLU: *dg = A::mul(d, gelu_grad(g)); return;
-      case ActivationKind::kSquaredReLU: *dg = g > Real(0) ? A::mul(A::mul(Real(2), g), d) : Real(0); return;
+      case ActivationKind::kSiLU:
+        *dg = A::mul(d, silu_grad(g));
+        return;
+      case ActivationKind::kGeLU:
+        *dg = A::mul(d, gelu_grad(g));
+        return;
+      case ActivationKind::kSquaredReLU:
+        *dg = g > Real(0) ? A::mul(A::mul(Real(2), g), d) : Real(0);
+        return;
       case ActivationKind::kClampedSwiGLU: {
         const Real gc = clamp_gate(g, limit), uc = clamp_up(u, limit);
         const Real s = A::sigmoid(A::mul(alpha, gc));

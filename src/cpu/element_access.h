@@ -16,7 +16,8 @@ inline float load_value(const void* data, sfmoe_dtype dtype, int64_t index) {
 inline void store_value(void* data, sfmoe_dtype dtype, int64_t index, float value) {
   const uint32_t code = encode_element(dtype, value);
   const int64_t bytes = sfmoe_dtype_bits(dtype) / 8;
-  memcpy(static_cast<uint8_t*>(data) + index * bytes, &code, static_cast<size_t>(bytes));  // little endian
+  memcpy(static_cast<uint8_t*>(data) + index * bytes, &code,
+         static_cast<size_t>(bytes));  // little endian
 }
 
 }  // namespace cpu

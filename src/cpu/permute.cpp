@@ -13,7 +13,6 @@ namespace {
 
 int64_t element_bytes(sfmoe_dtype dtype) { return sfmoe_dtype_bits(dtype) / 8; }
 
-
 }  // namespace
 
 void permute(const PermuteArgs& a) {
@@ -31,7 +30,8 @@ void permute(const PermuteArgs& a) {
   const int64_t row_bytes = a.hidden * element_bytes(a.dtype);
   for (int64_t e = 0; e < experts; ++e) {
     const int64_t received = static_cast<int64_t>(slots[e].size());
-    const int64_t kept = a.expert_capacity > 0 && received > a.expert_capacity ? a.expert_capacity : received;
+    const int64_t kept =
+        a.expert_capacity > 0 && received > a.expert_capacity ? a.expert_capacity : received;
     a.expert_offsets[e] = offset;
     a.tokens_per_expert[e] = kept;
     a.dropped_per_expert[e] = received - kept;
@@ -39,11 +39,13 @@ void permute(const PermuteArgs& a) {
       const int64_t slot = slots[e][j], row = offset + j;
       a.row_map[slot] = row;
       memcpy(static_cast<uint8_t*>(a.permuted) + row * row_bytes,
-             static_cast<const uint8_t*>(a.tokens) + (slot / k) * row_bytes, static_cast<size_t>(row_bytes));
+             static_cast<const uint8_t*>(a.tokens) + (slot / k) * row_bytes,
+             static_cast<size_t>(row_bytes));
     }
     const int64_t padded = (kept + a.alignment - 1) / a.alignment * a.alignment;
     for (int64_t j = kept; j < padded; ++j) {
-      memset(static_cast<uint8_t*>(a.permuted) + (offset + j) * row_bytes, 0, static_cast<size_t>(row_bytes));
+      memset(static_cast<uint8_t*>(a.permuted) + (offset + j) * row_bytes, 0,
+             static_cast<size_t>(row_bytes));
     }
     offset += padded;
   }
@@ -63,12 +65,14 @@ void unpermute(const UnpermuteArgs& a) {
         sum[h] = numerics::add_rn(sum[h], a.probs ? numerics::mul_rn(weight, v) : v);
       }
     }
-    for (int64_t h = 0; h < a.hidden; ++h) store_value(a.out, a.out_dtype, t * a.hidden + h, sum[h]);
+    for (int64_t h = 0; h < a.hidden; ++h)
+      store_value(a.out, a.out_dtype, t * a.hidden + h, sum[h]);
   }
 }
 
 void unpermute_backward(const UnpermuteBackwardArgs& a) {
-  for (int64_t i = 0; i < a.row_capacity * a.hidden; ++i) store_value(a.d_rows, a.d_rows_dtype, i, 0.0f);
+  for (int64_t i = 0; i < a.row_capacity * a.hidden; ++i)
+    store_value(a.d_rows, a.d_rows_dtype, i, 0.0f);
   for (int64_t t = 0; t < a.num_tokens; ++t) {
     for (int64_t i = 0; i < a.top_k; ++i) {
       const int64_t slot = t * a.top_k + i, row = a.row_map[slot];
@@ -79,8 +83,10 @@ void unpermute_backward(const UnpermuteBackwardArgs& a) {
       float dot = 0.0f;
       for (int64_t h = 0; h < a.hidden; ++h) {
         const float d = load_value(a.d_out, a.d_out_dtype, t * a.hidden + h);
-        dot = numerics::add_rn(dot, numerics::mul_rn(d, load_value(a.rows, a.rows_dtype, row * a.hidden + h)));
-        store_value(a.d_rows, a.d_rows_dtype, row * a.hidden + h, numerics::mul_rn(a.probs[slot], d));
+        dot = numerics::add_rn(
+            dot, numerics::mul_rn(d, load_value(a.rows, a.rows_dtype, row * a.hidden + h)));
+        store_value(a.d_rows, a.d_rows_dtype, row * a.hidden + h,
+                    numerics::mul_rn(a.probs[slot], d));
       }
       a.d_probs[slot] = dot;
     }

@@ -13,7 +13,8 @@ namespace {
 // coeff * E / (k * T^2): the load-balancing loss's constant, rounded once to FP32.
 float aux_loss_factor(const RouterConfig& c, int64_t tokens) {
   const double t = static_cast<double>(tokens);
-  return static_cast<float>(static_cast<double>(c.aux_loss_coeff) * static_cast<double>(c.num_experts) /
+  return static_cast<float>(static_cast<double>(c.aux_loss_coeff) *
+                            static_cast<double>(c.num_experts) /
                             (static_cast<double>(c.top_k) * t * t));
 }
 
@@ -24,11 +25,13 @@ void router_forward(const RouterForwardArgs& args) {
   const int64_t n = c.num_experts, k = c.top_k;
   for (int64_t e = 0; e < n; ++e) args.tokens_per_expert[e] = 0;
   for (int64_t t = 0; t < args.tokens; ++t) {
-    route_token<float>(args.logits + t * n, args.expert_bias, c, args.topk_ids + t * k, args.probs + t * k);
+    route_token<float>(args.logits + t * n, args.expert_bias, c, args.topk_ids + t * k,
+                       args.probs + t * k);
     for (int64_t i = 0; i < k; ++i) ++args.tokens_per_expert[args.topk_ids[t * k + i]];
   }
   if (args.aux_loss != nullptr) {
-    // sum_e count_e * (sum over tokens of the aux scores), scaled; sums in token, then expert order.
+    // sum_e count_e * (sum over tokens of the aux scores), scaled; sums in token, then expert
+    // order.
     std::vector<float> column_sum(n, 0.0f), scores(n);
     for (int64_t t = 0; t < args.tokens; ++t) {
       aux_loss_scores<float>(args.logits + t * n, c, scores.data());
@@ -36,9 +39,11 @@ void router_forward(const RouterForwardArgs& args) {
     }
     float total = 0.0f;
     for (int64_t e = 0; e < n; ++e) {
-      total = numerics::add_rn(total, numerics::mul_rn(static_cast<float>(args.tokens_per_expert[e]), column_sum[e]));
+      total = numerics::add_rn(
+          total, numerics::mul_rn(static_cast<float>(args.tokens_per_expert[e]), column_sum[e]));
     }
-    *args.aux_loss = args.tokens > 0 ? numerics::mul_rn(total, aux_loss_factor(c, args.tokens)) : 0.0f;
+    *args.aux_loss =
+        args.tokens > 0 ? numerics::mul_rn(total, aux_loss_factor(c, args.tokens)) : 0.0f;
   }
   if (args.z_loss != nullptr) {
     float total = 0.0f;
@@ -46,9 +51,11 @@ void router_forward(const RouterForwardArgs& args) {
       const float lse = log_sum_exp<float>(args.logits + t * n, n);
       total = numerics::add_rn(total, numerics::mul_rn(lse, lse));
     }
-    *args.z_loss = args.tokens > 0
-                       ? numerics::mul_rn(total, static_cast<float>(static_cast<double>(c.z_loss_coeff) / args.tokens))
-                       : 0.0f;
+    *args.z_loss =
+        args.tokens > 0
+            ? numerics::mul_rn(
+                  total, static_cast<float>(static_cast<double>(c.z_loss_coeff) / args.tokens))
+            : 0.0f;
   }
 }
 
@@ -102,12 +109,14 @@ void router_backward(const RouterBackwardArgs& args) {
       aux_loss_scores<float>(x, c, aux.data());
       float dot = 0.0f;
       for (int64_t e = 0; e < n; ++e) {
-        grad_scores[e] = args.d_aux_loss * aux_factor * static_cast<float>(args.tokens_per_expert[e]);
+        grad_scores[e] =
+            args.d_aux_loss * aux_factor * static_cast<float>(args.tokens_per_expert[e]);
         dot += grad_scores[e] * aux[e];
       }
       if (!c.sigmoid) {
         for (int64_t e = 0; e < n; ++e) dx[e] += aux[e] * (grad_scores[e] - dot);
-      } else {  // a = sigma / sum sigma: d sigma_f = (g_f - dot) / sum; d x_f = sigma_f (1 - sigma_f) d sigma_f
+      } else {  // a = sigma / sum sigma: d sigma_f = (g_f - dot) / sum; d x_f = sigma_f (1 -
+                // sigma_f) d sigma_f
         float sum = 0.0f;
         for (int64_t e = 0; e < n; ++e) sum += numerics::sigmoid_f32(x[e]);
         for (int64_t e = 0; e < n; ++e) {
@@ -121,7 +130,8 @@ void router_backward(const RouterBackwardArgs& args) {
     if (c.z_loss_coeff != 0.0f && args.d_z_loss != 0.0f) {
       const float lse = log_sum_exp<float>(x, n);
       softmax<float>(x, n, softmax_all.data());
-      const float factor = args.d_z_loss * 2.0f * c.z_loss_coeff / static_cast<float>(args.tokens) * lse;
+      const float factor =
+          args.d_z_loss * 2.0f * c.z_loss_coeff / static_cast<float>(args.tokens) * lse;
       for (int64_t e = 0; e < n; ++e) dx[e] += factor * softmax_all[e];
     }
   }

@@ -87,8 +87,9 @@ void route_token(const Real* x, const float* bias, const RouterConfig& c, int32_
         int64_t best = -1;
         for (int64_t j = 0; j < per_group; ++j) {
           const int64_t e = g * per_group + j;
-          if (!taken[j] && (best < 0 || ranks_before(selection[e], e, selection[g * per_group + best],
-                                                     g * per_group + best))) {
+          if (!taken[j] &&
+              (best < 0 || ranks_before(selection[e], e, selection[g * per_group + best],
+                                        g * per_group + best))) {
             best = j;
           }
         }
@@ -101,7 +102,8 @@ void route_token(const Real* x, const float* bias, const RouterConfig& c, int32_
     for (int64_t pick = 0; pick < c.group_topk; ++pick) {
       int64_t best = -1;
       for (int64_t g = 0; g < c.num_groups; ++g) {
-        if (!group_kept[g] && (best < 0 || ranks_before(group_score[g], g, group_score[best], best))) {
+        if (!group_kept[g] &&
+            (best < 0 || ranks_before(group_score[g], g, group_score[best], best))) {
           best = g;
         }
       }
@@ -113,7 +115,8 @@ void route_token(const Real* x, const float* bias, const RouterConfig& c, int32_
   for (int64_t i = 0; i < k; ++i) {
     int64_t best = -1;
     for (int64_t e = 0; e < n; ++e) {
-      if (allowed[e] && !taken[e] && (best < 0 || ranks_before(selection[e], e, selection[best], best))) {
+      if (allowed[e] && !taken[e] &&
+          (best < 0 || ranks_before(selection[e], e, selection[best], best))) {
         best = e;
       }
     }

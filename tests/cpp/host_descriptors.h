@@ -11,12 +11,14 @@ namespace sfmoe {
 namespace testing {
 
 inline sfmoe_tensor host_tensor(void* data, sfmoe_dtype dtype, std::vector<int64_t> dims) {
-  return sfmoe_tensor_make(data, dtype, static_cast<int32_t>(dims.size()), dims.data(), SFMOE_MEMORY_HOST, 0);
+  return sfmoe_tensor_make(data, dtype, static_cast<int32_t>(dims.size()), dims.data(),
+                           SFMOE_MEMORY_HOST, 0);
 }
 
 // Unquantized rows in groups given by `offsets` (num_groups + 1 entries).
-inline sfmoe_grouped_tensor host_rows(void* data, sfmoe_dtype dtype, int64_t num_groups, int64_t row_capacity,
-                                      int64_t cols, int64_t row_alignment, int64_t* offsets) {
+inline sfmoe_grouped_tensor host_rows(void* data, sfmoe_dtype dtype, int64_t num_groups,
+                                      int64_t row_capacity, int64_t cols, int64_t row_alignment,
+                                      int64_t* offsets) {
   sfmoe_grouped_tensor g = sfmoe_grouped_tensor_init();
   g.memory = SFMOE_MEMORY_HOST;
   g.dtype = dtype;

@@ -36,15 +36,19 @@ ActivationConfig config_of(ActivationKind kind) {
 
 TEST(ActivationCpu, KnownValuesAndZeroPreservation) {
   for (ActivationKind kind : kKinds) {
-    EXPECT_EQ(Activation<float>::forward(config_of(kind), 0.0f, 0.0f), 0.0f) << "padding zeros stay zero";
+    EXPECT_EQ(Activation<float>::forward(config_of(kind), 0.0f, 0.0f), 0.0f)
+        << "padding zeros stay zero";
   }
-  EXPECT_NEAR(Activation<float>::forward(config_of(ActivationKind::kSwiGLU), 1.0f, 2.0f), 2.0 / (1.0 + std::exp(-1.0)), 1e-6);
-  EXPECT_NEAR(Activation<float>::forward(config_of(ActivationKind::kGeLU), 1.0f, 0.0f), 0.8411920071, 1e-6);
+  EXPECT_NEAR(Activation<float>::forward(config_of(ActivationKind::kSwiGLU), 1.0f, 2.0f),
+              2.0 / (1.0 + std::exp(-1.0)), 1e-6);
+  EXPECT_NEAR(Activation<float>::forward(config_of(ActivationKind::kGeLU), 1.0f, 0.0f),
+              0.8411920071, 1e-6);
   EXPECT_EQ(Activation<float>::forward(config_of(ActivationKind::kSquaredReLU), 3.0f, 0.0f), 9.0f);
   EXPECT_EQ(Activation<float>::forward(config_of(ActivationKind::kSquaredReLU), -3.0f, 0.0f), 0.0f);
   // Clamped SwiGLU (limit 7, alpha 1.702): gate 10 -> 7, up -10 -> -7.
   const double s = 1.0 / (1.0 + std::exp(-1.702 * 7.0));
-  EXPECT_NEAR(Activation<float>::forward(config_of(ActivationKind::kClampedSwiGLU), 10.0f, -10.0f), 7.0 * s * -6.0, 1e-5);
+  EXPECT_NEAR(Activation<float>::forward(config_of(ActivationKind::kClampedSwiGLU), 10.0f, -10.0f),
+              7.0 * s * -6.0, 1e-5);
 }
 
 TEST(ActivationCpu, BackwardMatchesFloat64FiniteDifferences) {
@@ -57,22 +61,33 @@ TEST(ActivationCpu, BackwardMatchesFloat64FiniteDifferences) {
     while (checked < 2000) {
       const float g = value(rng), u = value(rng), d = grad(rng);
       // Stay off the kinks (ReLU at 0, the clamps at +-limit) by more than the step.
-      if (std::fabs(g) < 1e-3f || std::fabs(std::fabs(g) - c.limit) < 1e-3f || std::fabs(std::fabs(u) - c.limit) < 1e-3f) continue;
+      if (std::fabs(g) < 1e-3f || std::fabs(std::fabs(g) - c.limit) < 1e-3f ||
+          std::fabs(std::fabs(u) - c.limit) < 1e-3f)
+        continue;
       float dg = 0, du = 0;
       Activation<float>::backward(c, g, u, d, &dg, &du);
       const double h = 1e-6;
-      const double fd_g = d * (Activation<double>::forward(c, g + h, u) - Activation<double>::forward(c, g - h, u)) / (2 * h);
-      const double fd_u = d * (Activation<double>::forward(c, g, u + h) - Activation<double>::forward(c, g, u - h)) / (2 * h);
+      const double fd_g =
+          d *
+          (Activation<double>::forward(c, g + h, u) - Activation<double>::forward(c, g - h, u)) /
+          (2 * h);
+      const double fd_u =
+          d *
+          (Activation<double>::forward(c, g, u + h) - Activation<double>::forward(c, g, u - h)) /
+          (2 * h);
       // An absolute floor for gradients that are nearly zero, scaled by the operands.
       const double floor = 1e-6 * std::fabs(d) * (1.0 + std::fabs(u));
       const double err_g = std::fabs(dg - fd_g) / (floor + std::fabs(fd_g));
       const double err_u = std::fabs(du - fd_u) / (floor + std::fabs(fd_u));
       worst = std::max(worst, std::max(err_g, err_u));
-      ASSERT_LE(err_g, 1e-3) << kNames[k] << " d gate at (" << g << ", " << u << "): " << dg << " vs " << fd_g;
-      ASSERT_LE(err_u, 1e-3) << kNames[k] << " d up at (" << g << ", " << u << "): " << du << " vs " << fd_u;
+      ASSERT_LE(err_g, 1e-3) << kNames[k] << " d gate at (" << g << ", " << u << "): " << dg
+                             << " vs " << fd_g;
+      ASSERT_LE(err_u, 1e-3) << kNames[k] << " d up at (" << g << ", " << u << "): " << du << " vs "
+                             << fd_u;
       ++checked;
     }
-    std::printf("[ activation ] %-15s 2000 points, worst |d - fd| / (floor + |fd|) = %.2e\n", kNames[k], worst);
+    std::printf("[ activation ] %-15s 2000 points, worst |d - fd| / (floor + |fd|) = %.2e\n",
+                kNames[k], worst);
   }
 }
 
@@ -84,7 +99,8 @@ TEST(ActivationCpu, GroupedRowsPaddingAndSpecials) {
   const std::vector<int64_t> offsets = {0, 0, 32, 64, 128, 160};
   const std::vector<int64_t> rows = {0, 1, 31, 33, 17};
   const GroupRowsView groups{offsets.data(), rows.data(), 5};
-  const uint16_t specials[] = {0x7FC0, 0xFF80, 0x7F80, 0x8000, 0x0001, 0x4120 /* 10 */, 0xC120 /* -10 */};
+  const uint16_t specials[] = {0x7FC0, 0xFF80,          0x7F80, 0x8000,
+                               0x0001, 0x4120 /* 10 */, 0xC120 /* -10 */};
   for (size_t k = 0; k < 6; ++k) {
     const ActivationConfig c = config_of(kKinds[k]);
     const bool gated = activation_is_gated(c.kind);
@@ -93,11 +109,13 @@ TEST(ActivationCpu, GroupedRowsPaddingAndSpecials) {
     for (size_t i = 0; i < input.size(); ++i) {
       input[i] = i % 41 == 0 ? specials[(i / 41) % 7] : numerics::f32_to_bf16(normal(rng));
     }
-    cpu::activation_forward(ActivationArgs{c, groups, cols, input.data(), SFMOE_DTYPE_BF16, output.data(), SFMOE_DTYPE_BF16});
+    cpu::activation_forward(ActivationArgs{c, groups, cols, input.data(), SFMOE_DTYPE_BF16,
+                                           output.data(), SFMOE_DTYPE_BF16});
     std::vector<float> d_out(row_capacity * cols), d_in(row_capacity * in_cols, 1234.0f);
     for (float& v : d_out) v = normal(rng);
-    cpu::activation_backward(ActivationBackwardArgs{c, groups, cols, input.data(), SFMOE_DTYPE_BF16, d_out.data(),
-                                                    SFMOE_DTYPE_FP32, d_in.data(), SFMOE_DTYPE_FP32});
+    cpu::activation_backward(ActivationBackwardArgs{c, groups, cols, input.data(), SFMOE_DTYPE_BF16,
+                                                    d_out.data(), SFMOE_DTYPE_FP32, d_in.data(),
+                                                    SFMOE_DTYPE_FP32});
     for (int64_t r = 0; r < row_capacity; ++r) {
       int64_t g = -1;
       for (int64_t q = 0; q < 5; ++q) {
@@ -118,7 +136,8 @@ TEST(ActivationCpu, GroupedRowsPaddingAndSpecials) {
         }
         const float gv = numerics::bf16_to_f32(input[r * in_cols + j]);
         const float uv = gated ? numerics::bf16_to_f32(input[r * in_cols + cols + j]) : 0.0f;
-        ASSERT_EQ(got, numerics::f32_to_bf16(Activation<float>::forward(c, gv, uv))) << kNames[k] << " row " << r;
+        ASSERT_EQ(got, numerics::f32_to_bf16(Activation<float>::forward(c, gv, uv)))
+            << kNames[k] << " row " << r;
         float dg = 0, du = 0;
         Activation<float>::backward(c, gv, uv, d_out[r * cols + j], &dg, &du);
         ASSERT_EQ(numerics::f32_to_bits(d_in[r * in_cols + j]), numerics::f32_to_bits(dg));
@@ -150,42 +169,51 @@ TEST(ActivationApi, ThroughTheCApiAndItsRefusals) {
   sfmoe_grouped_tensor g_out = grouped(output.data(), SFMOE_DTYPE_BF16, cols, out_offsets.data());
   sfmoe_tensor t_rows = testing::host_tensor(rows.data(), SFMOE_DTYPE_INT64, {groups});
   sfmoe_activation_config config = sfmoe_activation_config_init();
-  ASSERT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &g_out, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
+  ASSERT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &g_out, nullptr), SFMOE_SUCCESS)
+      << sfmoe_last_error();
   EXPECT_EQ(out_offsets, offsets);
   // Against the reference.
   std::vector<uint16_t> want(capacity * cols, 0xBEEF);
-  cpu::activation_forward(ActivationArgs{config_of(ActivationKind::kSwiGLU), GroupRowsView{offsets.data(), rows.data(), groups},
-                                         cols, input.data(), SFMOE_DTYPE_BF16, want.data(), SFMOE_DTYPE_BF16});
+  cpu::activation_forward(ActivationArgs{
+      config_of(ActivationKind::kSwiGLU), GroupRowsView{offsets.data(), rows.data(), groups}, cols,
+      input.data(), SFMOE_DTYPE_BF16, want.data(), SFMOE_DTYPE_BF16});
   EXPECT_EQ(output, want);
 
   std::vector<float> d_out(capacity * cols, 1.0f), d_in(capacity * 2 * cols, NAN);
   sfmoe_grouped_tensor g_dout = grouped(d_out.data(), SFMOE_DTYPE_FP32, cols, offsets.data());
   sfmoe_grouped_tensor g_din = grouped(d_in.data(), SFMOE_DTYPE_FP32, 2 * cols, offsets.data());
-  ASSERT_EQ(sfmoe_grouped_activation_backward(&g_in, &t_rows, &g_dout, &config, &g_din, nullptr), SFMOE_SUCCESS)
+  ASSERT_EQ(sfmoe_grouped_activation_backward(&g_in, &t_rows, &g_dout, &config, &g_din, nullptr),
+            SFMOE_SUCCESS)
       << sfmoe_last_error();
   EXPECT_EQ(d_in[20 * 2 * cols], 0.0f) << "padding rows of group 0 get zero gradients";
 
   // Refusals write nothing.
   std::fill(output.begin(), output.end(), 0x1234);
   rows[0] = 33;  // more rows than the block
-  EXPECT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &g_out, nullptr), SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &g_out, nullptr),
+            SFMOE_ERROR_INVALID_ARGUMENT);
   rows[0] = 20;
   offsets[2] = 16;  // decreasing offsets
-  EXPECT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &g_out, nullptr), SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &g_out, nullptr),
+            SFMOE_ERROR_INVALID_ARGUMENT);
   offsets[2] = 32;
   sfmoe_grouped_tensor narrow = g_in;
   narrow.cols = cols;  // a gated kind needs 2F input columns
-  EXPECT_EQ(sfmoe_grouped_activation(&narrow, &t_rows, &config, &g_out, nullptr), SFMOE_ERROR_SHAPE_MISMATCH);
+  EXPECT_EQ(sfmoe_grouped_activation(&narrow, &t_rows, &config, &g_out, nullptr),
+            SFMOE_ERROR_SHAPE_MISMATCH);
   sfmoe_activation_config bad = config;
   bad.kind = static_cast<sfmoe_activation>(9);
-  EXPECT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &bad, &g_out, nullptr), SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &bad, &g_out, nullptr),
+            SFMOE_ERROR_INVALID_ARGUMENT);
   bad = config;
   bad.limit = -1.0f;
-  EXPECT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &bad, &g_out, nullptr), SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &bad, &g_out, nullptr),
+            SFMOE_ERROR_INVALID_ARGUMENT);
   for (uint16_t v : output) ASSERT_EQ(v, 0x1234);
   // A non-gated kind takes F input columns.
   config.kind = SFMOE_ACTIVATION_SQUARED_RELU;
-  EXPECT_EQ(sfmoe_grouped_activation(&narrow, &t_rows, &config, &g_out, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
+  EXPECT_EQ(sfmoe_grouped_activation(&narrow, &t_rows, &config, &g_out, nullptr), SFMOE_SUCCESS)
+      << sfmoe_last_error();
 }
 
 }  // namespace

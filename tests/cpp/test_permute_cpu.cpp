@@ -36,9 +36,9 @@ Permuted permute_bf16(const std::vector<uint16_t>& tokens, const std::vector<int
   p.row_map.assign(tokens_count * k, -7);
   p.kept.assign(experts, -7);
   p.dropped.assign(experts, -7);
-  PermuteArgs a{tokens.data(), SFMOE_DTYPE_BF16, tokens_count, hidden, k, experts, ids.data(),
-                alignment, capacity, row_capacity, p.rows.data(), p.offsets.data(),
-                p.row_map.data(), p.kept.data(), p.dropped.data()};
+  PermuteArgs a{tokens.data(), SFMOE_DTYPE_BF16, tokens_count,     hidden,        k,
+                experts,       ids.data(),       alignment,        capacity,      row_capacity,
+                p.rows.data(), p.offsets.data(), p.row_map.data(), p.kept.data(), p.dropped.data()};
   cpu::permute(a);
   return p;
 }
@@ -57,8 +57,10 @@ TEST(PermuteCpu, HandWorkedCaseWithCapacity) {
   EXPECT_EQ(p.dropped, (std::vector<int64_t>{0, 0, 0}));
   EXPECT_EQ(p.row_map, (std::vector<int64_t>{8, 0, 1, 4, 2, 9, 5, 3}));
   const float want_first[12] = {1, 2, 3, 4, 2, 4, 0, 0, 1, 3, 0, 0};
-  for (int r = 0; r < 12; ++r) EXPECT_EQ(numerics::bf16_to_f32(p.rows[2 * r]), want_first[r]) << "row " << r;
-  for (int r = 12; r < 16; ++r) EXPECT_EQ(p.rows[2 * r], kPoison) << "row " << r << " is beyond the groups";
+  for (int r = 0; r < 12; ++r)
+    EXPECT_EQ(numerics::bf16_to_f32(p.rows[2 * r]), want_first[r]) << "row " << r;
+  for (int r = 12; r < 16; ++r)
+    EXPECT_EQ(p.rows[2 * r], kPoison) << "row " << r << " is beyond the groups";
 
   // Capacity 3: expert 0 keeps tokens 0, 1, 2 (the lowest token indices); token 3's slot drops.
   p = permute_bf16(tokens, ids, 4, 2, 2, 3, 4, 3, 16);
@@ -85,8 +87,8 @@ TEST(PermuteCpu, RouterShapedRoutingAtEveryAlignment) {
   for (int64_t e = 0; e < experts; ++e) bias[e] = e % 16 == 5 ? -100.0f : 0.0f;
   std::vector<int32_t> ids(tokens_count * k);
   std::vector<int64_t> router_counts(experts);
-  RouterForwardArgs route{logits.data(), bias.data(), tokens_count, c, ids.data(), probs.data(),
-                          router_counts.data(), nullptr, nullptr};
+  RouterForwardArgs route{logits.data(), bias.data(),          tokens_count, c,      ids.data(),
+                          probs.data(),  router_counts.data(), nullptr,      nullptr};
   cpu::router_forward(route);
 
   // Rows: random BF16 patterns, with specials (NaN payloads, -0, Inf, subnormals) in the mix.
@@ -98,11 +100,13 @@ TEST(PermuteCpu, RouterShapedRoutingAtEveryAlignment) {
   for (int64_t alignment : {1, 8, 16, 32, 64, 128}) {
     for (int64_t capacity : {int64_t{0}, int64_t{150}}) {
       const int64_t row_capacity = tokens_count * k + experts * (alignment - 1) + 64;
-      const Permuted p = permute_bf16(tokens, ids, tokens_count, hidden, k, experts, alignment, capacity, row_capacity);
+      const Permuted p = permute_bf16(tokens, ids, tokens_count, hidden, k, experts, alignment,
+                                      capacity, row_capacity);
       int64_t kept_total = 0, dropped_total = 0;
       for (int64_t e = 0; e < experts; ++e) {
         EXPECT_EQ(p.offsets[e] % alignment, 0);
-        EXPECT_EQ(p.offsets[e + 1] - p.offsets[e], (p.kept[e] + alignment - 1) / alignment * alignment);
+        EXPECT_EQ(p.offsets[e + 1] - p.offsets[e],
+                  (p.kept[e] + alignment - 1) / alignment * alignment);
         EXPECT_EQ(p.kept[e] + p.dropped[e], router_counts[e]);
         if (capacity > 0) {
           EXPECT_LE(p.kept[e], capacity);
@@ -114,8 +118,8 @@ TEST(PermuteCpu, RouterShapedRoutingAtEveryAlignment) {
       if (capacity > 0) {
         EXPECT_GT(dropped_total, 0) << "capacity " << capacity << " should drop some rows";
       }
-      // Every kept slot's row holds its token's row bit for bit; rows fill each block in token order.
-      // Rows fill each block in token order, and an expert drops only its latest tokens.
+      // Every kept slot's row holds its token's row bit for bit; rows fill each block in token
+      // order. Rows fill each block in token order, and an expert drops only its latest tokens.
       std::vector<bool> named(row_capacity, false);
       std::vector<int64_t> filled(experts, 0);
       for (int64_t t = 0; t < tokens_count; ++t) {
@@ -123,26 +127,31 @@ TEST(PermuteCpu, RouterShapedRoutingAtEveryAlignment) {
           const int64_t row = p.row_map[t * k + i];
           const int32_t e = ids[t * k + i];
           if (row < 0) {
-            EXPECT_EQ(filled[e], p.kept[e]) << "token " << t << " dropped while expert " << e << " had room";
+            EXPECT_EQ(filled[e], p.kept[e])
+                << "token " << t << " dropped while expert " << e << " had room";
             continue;
           }
           ASSERT_EQ(row, p.offsets[e] + filled[e]) << "token " << t << ", expert " << e;
           ++filled[e];
           named[row] = true;
-          ASSERT_EQ(std::memcmp(&p.rows[row * hidden], &tokens[t * hidden], hidden * 2), 0) << "row " << row;
+          ASSERT_EQ(std::memcmp(&p.rows[row * hidden], &tokens[t * hidden], hidden * 2), 0)
+              << "row " << row;
         }
       }
       for (int64_t row = 0; row < row_capacity; ++row) {
         if (named[row]) continue;
-        const uint16_t want = row < p.offsets[experts] ? 0 : kPoison;  // padding zeros; beyond untouched
-        for (int64_t h = 0; h < hidden; ++h) ASSERT_EQ(p.rows[row * hidden + h], want) << "row " << row;
+        const uint16_t want =
+            row < p.offsets[experts] ? 0 : kPoison;  // padding zeros; beyond untouched
+        for (int64_t h = 0; h < hidden; ++h)
+          ASSERT_EQ(p.rows[row * hidden + h], want) << "row " << row;
       }
     }
   }
 }
 
 // k distinct random experts per token.
-std::vector<int32_t> random_routing(int64_t tokens_count, int64_t experts, int64_t k, std::mt19937_64& rng) {
+std::vector<int32_t> random_routing(int64_t tokens_count, int64_t experts, int64_t k,
+                                    std::mt19937_64& rng) {
   std::vector<int32_t> ids(tokens_count * k), all(experts);
   for (int64_t t = 0; t < tokens_count; ++t) {
     for (int32_t e = 0; e < experts; ++e) all[e] = e;
@@ -160,13 +169,14 @@ TEST(PermuteCpu, UnpermuteAndItsBackward) {
   std::vector<uint16_t> tokens(tokens_count * hidden);
   for (uint16_t& v : tokens) v = numerics::f32_to_bf16(uniform(rng));
   const int64_t row_capacity = tokens_count * k + experts * 31;
-  const Permuted p = permute_bf16(tokens, ids, tokens_count, hidden, k, experts, 32, 100, row_capacity);
+  const Permuted p =
+      permute_bf16(tokens, ids, tokens_count, hidden, k, experts, 32, 100, row_capacity);
 
   // Permute's backward (no probabilities) in FP32: each token gets its row times the number of
   // its kept slots, exactly.
   std::vector<float> gathered(tokens_count * hidden, NAN);
-  cpu::unpermute(UnpermuteArgs{p.rows.data(), SFMOE_DTYPE_BF16, tokens_count, hidden, k, p.row_map.data(),
-                               nullptr, gathered.data(), SFMOE_DTYPE_FP32});
+  cpu::unpermute(UnpermuteArgs{p.rows.data(), SFMOE_DTYPE_BF16, tokens_count, hidden, k,
+                               p.row_map.data(), nullptr, gathered.data(), SFMOE_DTYPE_FP32});
   for (int64_t t = 0; t < tokens_count; ++t) {
     int kept = 0;
     for (int64_t i = 0; i < k; ++i) kept += p.row_map[t * k + i] >= 0;
@@ -179,14 +189,15 @@ TEST(PermuteCpu, UnpermuteAndItsBackward) {
   std::vector<float> probs(tokens_count * k);
   for (float& v : probs) v = std::fabs(uniform(rng)) / 4.0f;
   std::vector<uint16_t> combined(tokens_count * hidden);
-  cpu::unpermute(UnpermuteArgs{p.rows.data(), SFMOE_DTYPE_BF16, tokens_count, hidden, k, p.row_map.data(),
-                               probs.data(), combined.data(), SFMOE_DTYPE_BF16});
+  cpu::unpermute(UnpermuteArgs{p.rows.data(), SFMOE_DTYPE_BF16, tokens_count, hidden, k,
+                               p.row_map.data(), probs.data(), combined.data(), SFMOE_DTYPE_BF16});
   for (int64_t t = 0; t < tokens_count; ++t) {
     for (int64_t h = 0; h < hidden; ++h) {
       double want = 0.0;
       for (int64_t i = 0; i < k; ++i) {
         const int64_t row = p.row_map[t * k + i];
-        if (row >= 0) want += double(probs[t * k + i]) * numerics::bf16_to_f32(p.rows[row * hidden + h]);
+        if (row >= 0)
+          want += double(probs[t * k + i]) * numerics::bf16_to_f32(p.rows[row * hidden + h]);
       }
       const double got = numerics::bf16_to_f32(combined[t * hidden + h]);
       ASSERT_NEAR(got, want, 1e-5 + std::fabs(want) / 128.0) << "token " << t << " column " << h;
@@ -195,10 +206,12 @@ TEST(PermuteCpu, UnpermuteAndItsBackward) {
 
   // Backward: d_rows = probs * d_out exactly (one FP32 product), padding rows zero; d_probs is
   // the row . d_out dot product.
-  std::vector<float> d_out(tokens_count * hidden), d_rows(row_capacity * hidden, NAN), d_probs(tokens_count * k, NAN);
+  std::vector<float> d_out(tokens_count * hidden), d_rows(row_capacity * hidden, NAN),
+      d_probs(tokens_count * k, NAN);
   for (float& v : d_out) v = uniform(rng);
-  cpu::unpermute_backward(UnpermuteBackwardArgs{d_out.data(), SFMOE_DTYPE_FP32, p.rows.data(), SFMOE_DTYPE_BF16,
-                                                tokens_count, hidden, k, row_capacity, p.row_map.data(), probs.data(),
+  cpu::unpermute_backward(UnpermuteBackwardArgs{d_out.data(), SFMOE_DTYPE_FP32, p.rows.data(),
+                                                SFMOE_DTYPE_BF16, tokens_count, hidden, k,
+                                                row_capacity, p.row_map.data(), probs.data(),
                                                 d_rows.data(), SFMOE_DTYPE_FP32, d_probs.data()});
   std::vector<bool> named(row_capacity, false);
   for (int64_t t = 0; t < tokens_count; ++t) {
@@ -211,7 +224,8 @@ TEST(PermuteCpu, UnpermuteAndItsBackward) {
       named[row] = true;
       double dot = 0.0;
       for (int64_t h = 0; h < hidden; ++h) {
-        ASSERT_EQ(d_rows[row * hidden + h], numerics::mul_rn(probs[t * k + i], d_out[t * hidden + h]));
+        ASSERT_EQ(d_rows[row * hidden + h],
+                  numerics::mul_rn(probs[t * k + i], d_out[t * hidden + h]));
         dot += double(d_out[t * hidden + h]) * numerics::bf16_to_f32(p.rows[row * hidden + h]);
       }
       EXPECT_NEAR(d_probs[t * k + i], dot, 1e-4 * (1.0 + std::fabs(dot)));
@@ -240,18 +254,21 @@ TEST(PermuteApi, RoundTripThroughTheCApiAndItsRefusals) {
   for (uint16_t& v : x) v = numerics::f32_to_bf16(std::ldexp(static_cast<float>(rng() % 64), -3));
   const int64_t capacity_rows = tokens_count * k + experts * (alignment - 1);
   std::vector<uint16_t> rows(capacity_rows * hidden, 0xBEEF);
-  std::vector<int64_t> offsets(experts + 1, -1), row_map(tokens_count * k, -7), kept(experts), dropped(experts);
+  std::vector<int64_t> offsets(experts + 1, -1), row_map(tokens_count * k, -7), kept(experts),
+      dropped(experts);
   sfmoe_tensor t_x = host_tensor(x.data(), SFMOE_DTYPE_BF16, {tokens_count, hidden});
   sfmoe_tensor t_ids = host_tensor(ids.data(), SFMOE_DTYPE_INT32, {tokens_count, k});
   sfmoe_tensor t_map = host_tensor(row_map.data(), SFMOE_DTYPE_INT64, {tokens_count, k});
   sfmoe_tensor t_kept = host_tensor(kept.data(), SFMOE_DTYPE_INT64, {experts});
   sfmoe_tensor t_dropped = host_tensor(dropped.data(), SFMOE_DTYPE_INT64, {experts});
-  sfmoe_grouped_tensor g_rows = host_rows(rows.data(), SFMOE_DTYPE_BF16, experts, capacity_rows, hidden, alignment,
-                                          offsets.data());
+  sfmoe_grouped_tensor g_rows = host_rows(rows.data(), SFMOE_DTYPE_BF16, experts, capacity_rows,
+                                          hidden, alignment, offsets.data());
   sfmoe_permute_config config = sfmoe_permute_config_init();
-  ASSERT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, &t_dropped, nullptr), SFMOE_SUCCESS)
+  ASSERT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, &t_dropped, nullptr),
+            SFMOE_SUCCESS)
       << sfmoe_last_error();
-  const Permuted want = permute_bf16(x, ids, tokens_count, hidden, k, experts, alignment, 0, capacity_rows);
+  const Permuted want =
+      permute_bf16(x, ids, tokens_count, hidden, k, experts, alignment, 0, capacity_rows);
   EXPECT_EQ(rows, want.rows);
   EXPECT_EQ(offsets, want.offsets);
   EXPECT_EQ(row_map, want.row_map);
@@ -261,23 +278,29 @@ TEST(PermuteApi, RoundTripThroughTheCApiAndItsRefusals) {
   // (the values are small multiples of 1/8).
   std::vector<float> back(tokens_count * hidden);
   sfmoe_tensor t_back = host_tensor(back.data(), SFMOE_DTYPE_FP32, {tokens_count, hidden});
-  ASSERT_EQ(sfmoe_unpermute(&g_rows, &t_map, nullptr, &t_back, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
-  for (int64_t i = 0; i < tokens_count * hidden; ++i) ASSERT_EQ(back[i], k * numerics::bf16_to_f32(x[i]));
+  ASSERT_EQ(sfmoe_unpermute(&g_rows, &t_map, nullptr, &t_back, nullptr), SFMOE_SUCCESS)
+      << sfmoe_last_error();
+  for (int64_t i = 0; i < tokens_count * hidden; ++i)
+    ASSERT_EQ(back[i], k * numerics::bf16_to_f32(x[i]));
 
   // Unpermute's backward through the API.
-  std::vector<float> probs(tokens_count * k, 0.25f), d_out(tokens_count * hidden, 1.0f), d_probs(tokens_count * k);
+  std::vector<float> probs(tokens_count * k, 0.25f), d_out(tokens_count * hidden, 1.0f),
+      d_probs(tokens_count * k);
   std::vector<float> d_rows(capacity_rows * hidden, NAN);
   std::vector<int64_t> d_offsets(offsets);
   sfmoe_tensor t_probs = host_tensor(probs.data(), SFMOE_DTYPE_FP32, {tokens_count, k});
   sfmoe_tensor t_dout = host_tensor(d_out.data(), SFMOE_DTYPE_FP32, {tokens_count, hidden});
   sfmoe_tensor t_dprobs = host_tensor(d_probs.data(), SFMOE_DTYPE_FP32, {tokens_count, k});
-  sfmoe_grouped_tensor g_drows = host_rows(d_rows.data(), SFMOE_DTYPE_FP32, experts, capacity_rows, hidden, alignment,
-                                           d_offsets.data());
-  ASSERT_EQ(sfmoe_unpermute_backward(&t_dout, &g_rows, &t_map, &t_probs, &g_drows, &t_dprobs, nullptr), SFMOE_SUCCESS)
+  sfmoe_grouped_tensor g_drows = host_rows(d_rows.data(), SFMOE_DTYPE_FP32, experts, capacity_rows,
+                                           hidden, alignment, d_offsets.data());
+  ASSERT_EQ(
+      sfmoe_unpermute_backward(&t_dout, &g_rows, &t_map, &t_probs, &g_drows, &t_dprobs, nullptr),
+      SFMOE_SUCCESS)
       << sfmoe_last_error();
   for (int64_t t = 0; t < tokens_count; ++t) {
     float row_sum = 0.0f;
-    for (int64_t h = 0; h < hidden; ++h) row_sum = numerics::add_rn(row_sum, numerics::bf16_to_f32(x[t * hidden + h]));
+    for (int64_t h = 0; h < hidden; ++h)
+      row_sum = numerics::add_rn(row_sum, numerics::bf16_to_f32(x[t * hidden + h]));
     for (int64_t i = 0; i < k; ++i) EXPECT_EQ(d_probs[t * k + i], row_sum);
   }
 
@@ -285,23 +308,30 @@ TEST(PermuteApi, RoundTripThroughTheCApiAndItsRefusals) {
   const std::vector<int64_t> map_before = row_map;
   sfmoe_grouped_tensor small = g_rows;
   small.row_capacity = capacity_rows - 1;
-  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &small, &t_map, &t_kept, nullptr, nullptr), SFMOE_ERROR_SHAPE_MISMATCH);
+  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &small, &t_map, &t_kept, nullptr, nullptr),
+            SFMOE_ERROR_SHAPE_MISMATCH);
   sfmoe_grouped_tensor odd = g_rows;
   odd.row_alignment = 4;
-  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &odd, &t_map, &t_kept, nullptr, nullptr), SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &odd, &t_map, &t_kept, nullptr, nullptr),
+            SFMOE_ERROR_INVALID_ARGUMENT);
   sfmoe_grouped_tensor fp32_rows = g_rows;
   fp32_rows.dtype = SFMOE_DTYPE_FP32;
-  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &fp32_rows, &t_map, &t_kept, nullptr, nullptr), SFMOE_ERROR_DTYPE_MISMATCH);
+  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &fp32_rows, &t_map, &t_kept, nullptr, nullptr),
+            SFMOE_ERROR_DTYPE_MISMATCH);
   ids[4] = ids[3];  // token 1 names one expert twice
-  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, nullptr, nullptr), SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, nullptr, nullptr),
+            SFMOE_ERROR_INVALID_ARGUMENT);
   ids[4] = static_cast<int32_t>(experts);
-  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, nullptr, nullptr), SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, nullptr, nullptr),
+            SFMOE_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(row_map, map_before);
   config.expert_capacity = -1;
-  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, nullptr, nullptr), SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, nullptr, nullptr),
+            SFMOE_ERROR_INVALID_ARGUMENT);
   row_map[7] = capacity_rows;  // not a row
   std::fill(back.begin(), back.end(), 5.0f);
-  EXPECT_EQ(sfmoe_unpermute(&g_rows, &t_map, nullptr, &t_back, nullptr), SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sfmoe_unpermute(&g_rows, &t_map, nullptr, &t_back, nullptr),
+            SFMOE_ERROR_INVALID_ARGUMENT);
   for (float v : back) ASSERT_EQ(v, 5.0f);
 }
 

@@ -5,9 +5,9 @@
 // (the seed is printed; SFMOE_TEST_SEED replays it).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <algorithm>
 #include <cstring>
 #include <initializer_list>
 #include <random>
@@ -46,7 +46,8 @@ TEST(RouterNumerics, ExpAndSigmoidStayWithinTwoUlps) {
       ++checked;
     }
     const double s = 1.0 / (1.0 + std::exp(-static_cast<double>(x)));
-    if (s >= 1.1754943508222875e-38) worst_sigmoid = std::max(worst_sigmoid, ulps_from(sigmoid_f32(x), s));
+    if (s >= 1.1754943508222875e-38)
+      worst_sigmoid = std::max(worst_sigmoid, ulps_from(sigmoid_f32(x), s));
   };
   for (int i = 0; i < 1000000; ++i) {
     check(wide(rng));
@@ -83,15 +84,16 @@ struct Routed {
   float aux_loss = 0.0f, z_loss = 0.0f;
 };
 
-Routed route(const std::vector<float>& logits, const std::vector<float>* bias, const RouterConfig& c) {
+Routed route(const std::vector<float>& logits, const std::vector<float>* bias,
+             const RouterConfig& c) {
   const int64_t tokens = static_cast<int64_t>(logits.size()) / c.num_experts;
   Routed out;
   out.ids.assign(tokens * c.top_k, -1);
   out.probs.assign(tokens * c.top_k, NAN);
   out.tokens_per_expert.assign(c.num_experts, -1);
-  RouterForwardArgs args{logits.data(), bias ? bias->data() : nullptr, tokens, c,
-                         out.ids.data(), out.probs.data(), out.tokens_per_expert.data(),
-                         &out.aux_loss, &out.z_loss};
+  RouterForwardArgs args{
+      logits.data(),    bias ? bias->data() : nullptr, tokens,        c,          out.ids.data(),
+      out.probs.data(), out.tokens_per_expert.data(),  &out.aux_loss, &out.z_loss};
   cpu::router_forward(args);
   return out;
 }
@@ -177,18 +179,22 @@ TEST(RouterCpu, DeepSeekShapedRoutingWithIdleExperts) {
     for (int64_t i = 0; i < k; ++i) {
       ASSERT_GE(ids[i], 0);
       ASSERT_LT(ids[i], experts);
-      EXPECT_TRUE(seen.insert(ids[i]).second) << "token " << t << " picks expert " << ids[i] << " twice";
+      EXPECT_TRUE(seen.insert(ids[i]).second)
+          << "token " << t << " picks expert " << ids[i] << " twice";
       used_groups.insert(ids[i] / (experts / groups));
       ++recount[ids[i]];
       if (i > 0) {
-        EXPECT_TRUE(cpu::ranks_before(selection[ids[i - 1]], ids[i - 1], selection[ids[i]], ids[i]));
+        EXPECT_TRUE(
+            cpu::ranks_before(selection[ids[i - 1]], ids[i - 1], selection[ids[i]], ids[i]));
       }
       sum += sigmoid_f32(logits[t * experts + ids[i]]);
     }
     EXPECT_LE(static_cast<int64_t>(used_groups.size()), c.group_topk);
     // Within the kept groups, nothing unselected ranks before the last selected expert.
     for (int64_t e = 0; e < experts; ++e) {
-      if (seen.count(static_cast<int32_t>(e)) || !used_groups.count(static_cast<int32_t>(e / (experts / groups)))) continue;
+      if (seen.count(static_cast<int32_t>(e)) ||
+          !used_groups.count(static_cast<int32_t>(e / (experts / groups))))
+        continue;
       EXPECT_FALSE(cpu::ranks_before(selection[e], e, selection[ids[k - 1]], ids[k - 1]))
           << "token " << t << ": expert " << e << " should have been picked";
     }
@@ -214,8 +220,9 @@ TEST(RouterCpu, DeepSeekShapedRoutingWithIdleExperts) {
 
 // The loss whose gradient the backward computes, in float64: sum_t,i w[t,i] p[t,i] + aux + z,
 // with the token counts held at the forward's values (they are piecewise constant).
-double loss64(const std::vector<double>& x, const std::vector<double>& w, const std::vector<int64_t>& counts,
-              const RouterConfig& c, int64_t tokens, std::vector<int32_t>* ids_out) {
+double loss64(const std::vector<double>& x, const std::vector<double>& w,
+              const std::vector<int64_t>& counts, const RouterConfig& c, int64_t tokens,
+              std::vector<int32_t>* ids_out) {
   const int64_t n = c.num_experts, k = c.top_k;
   std::vector<int32_t> ids(k);
   std::vector<double> probs(k), aux(n), column(n, 0.0);
@@ -231,7 +238,8 @@ double loss64(const std::vector<double>& x, const std::vector<double>& w, const 
   }
   double balance = 0.0;
   for (int64_t e = 0; e < n; ++e) balance += static_cast<double>(counts[e]) * column[e];
-  return total + c.aux_loss_coeff * n / (double(k) * tokens * tokens) * balance + c.z_loss_coeff / tokens * z;
+  return total + c.aux_loss_coeff * n / (double(k) * tokens * tokens) * balance +
+         c.z_loss_coeff / tokens * z;
 }
 
 TEST(RouterCpu, BackwardMatchesFloat64FiniteDifferences) {
@@ -266,8 +274,9 @@ TEST(RouterCpu, BackwardMatchesFloat64FiniteDifferences) {
     for (float& x : w) x = normal(rng);
     const Routed r = route(logits, nullptr, c);
     std::vector<float> d_logits(tokens * experts, NAN);
-    RouterBackwardArgs back{logits.data(), r.ids.data(), r.tokens_per_expert.data(), tokens, c,
-                            w.data(), 1.0f, 1.0f, d_logits.data()};
+    RouterBackwardArgs back{
+        logits.data(), r.ids.data(),   r.tokens_per_expert.data(), tokens, c, w.data(), 1.0f,
+        1.0f,          d_logits.data()};
     cpu::router_backward(back);
 
     std::vector<double> x(logits.begin(), logits.end()), w64(w.begin(), w.end());
@@ -281,7 +290,8 @@ TEST(RouterCpu, BackwardMatchesFloat64FiniteDifferences) {
       x[i] = saved - h;
       const double minus = loss64(x, w64, r.tokens_per_expert, c, tokens, &ids_minus);
       x[i] = saved;
-      ASSERT_EQ(ids_plus, ids_minus) << v.name << ": a step of 1e-6 changed the routing (a near tie)";
+      ASSERT_EQ(ids_plus, ids_minus)
+          << v.name << ": a step of 1e-6 changed the routing (a near tie)";
       const double fd = (plus - minus) / (2 * h);
       const double error = std::fabs(d_logits[i] - fd);
       worst = std::max(worst, error / (1e-4 + std::fabs(fd)));
@@ -332,7 +342,8 @@ TEST(RouterApi, ThroughTheCApiAndItsRefusals) {
   config.scaling_factor = 2.5f;
   config.aux_loss_coeff = 1e-2f;
   config.z_loss_coeff = 1e-3f;
-  ASSERT_EQ(sfmoe_router_forward(&t_logits, &t_bias, &config, &t_ids, &t_probs, &t_counts, &t_aux, &t_z, nullptr),
+  ASSERT_EQ(sfmoe_router_forward(&t_logits, &t_bias, &config, &t_ids, &t_probs, &t_counts, &t_aux,
+                                 &t_z, nullptr),
             SFMOE_SUCCESS)
       << sfmoe_last_error();
 
@@ -357,7 +368,8 @@ TEST(RouterApi, ThroughTheCApiAndItsRefusals) {
   std::vector<float> d_probs(tokens * k, 1.0f), d_logits(tokens * experts, NAN);
   sfmoe_tensor t_dprobs = host_tensor(d_probs.data(), SFMOE_DTYPE_FP32, {tokens, k});
   sfmoe_tensor t_dlogits = host_tensor(d_logits.data(), SFMOE_DTYPE_FP32, {tokens, experts});
-  ASSERT_EQ(sfmoe_router_backward(&t_logits, &t_ids, &t_counts, &config, &t_dprobs, 1.0f, 1.0f, &t_dlogits, nullptr),
+  ASSERT_EQ(sfmoe_router_backward(&t_logits, &t_ids, &t_counts, &config, &t_dprobs, 1.0f, 1.0f,
+                                  &t_dlogits, nullptr),
             SFMOE_SUCCESS)
       << sfmoe_last_error();
   for (float v : d_logits) ASSERT_TRUE(std::isfinite(v));
@@ -365,7 +377,8 @@ TEST(RouterApi, ThroughTheCApiAndItsRefusals) {
   // Refusals leave the outputs alone.
   const std::vector<int32_t> ids_before = ids;
   auto refused = [&](sfmoe_router_config bad, sfmoe_status want_status, const char* what) {
-    EXPECT_EQ(sfmoe_router_forward(&t_logits, &t_bias, &bad, &t_ids, &t_probs, &t_counts, &t_aux, &t_z, nullptr),
+    EXPECT_EQ(sfmoe_router_forward(&t_logits, &t_bias, &bad, &t_ids, &t_probs, &t_counts, &t_aux,
+                                   &t_z, nullptr),
               want_status)
         << what << ": " << sfmoe_last_error();
     EXPECT_EQ(ids, ids_before) << what;
@@ -388,19 +401,23 @@ TEST(RouterApi, ThroughTheCApiAndItsRefusals) {
   bad = config;
   bad.struct_size = 8;
   refused(bad, SFMOE_ERROR_STRUCT_SIZE, "struct size");
-  EXPECT_EQ(sfmoe_router_forward(&t_logits, &t_bias, &config, &t_ids, &t_probs, &t_counts, nullptr, &t_z, nullptr),
+  EXPECT_EQ(sfmoe_router_forward(&t_logits, &t_bias, &config, &t_ids, &t_probs, &t_counts, nullptr,
+                                 &t_z, nullptr),
             SFMOE_ERROR_NULL_POINTER);
   sfmoe_tensor wrong_ids = host_tensor(ids.data(), SFMOE_DTYPE_INT32, {tokens, k + 1});
-  EXPECT_EQ(sfmoe_router_forward(&t_logits, &t_bias, &config, &wrong_ids, &t_probs, &t_counts, &t_aux, &t_z, nullptr),
+  EXPECT_EQ(sfmoe_router_forward(&t_logits, &t_bias, &config, &wrong_ids, &t_probs, &t_counts,
+                                 &t_aux, &t_z, nullptr),
             SFMOE_ERROR_SHAPE_MISMATCH);
   sfmoe_tensor int64_ids = host_tensor(ids.data(), SFMOE_DTYPE_INT64, {tokens, k});
-  EXPECT_EQ(sfmoe_router_forward(&t_logits, &t_bias, &config, &int64_ids, &t_probs, &t_counts, &t_aux, &t_z, nullptr),
+  EXPECT_EQ(sfmoe_router_forward(&t_logits, &t_bias, &config, &int64_ids, &t_probs, &t_counts,
+                                 &t_aux, &t_z, nullptr),
             SFMOE_ERROR_DTYPE_MISMATCH);
   EXPECT_EQ(ids, ids_before);
   // A backward given ids that are not experts writes nothing.
   ids[5] = static_cast<int32_t>(experts);
   std::fill(d_logits.begin(), d_logits.end(), 7.0f);
-  EXPECT_EQ(sfmoe_router_backward(&t_logits, &t_ids, &t_counts, &config, &t_dprobs, 1.0f, 1.0f, &t_dlogits, nullptr),
+  EXPECT_EQ(sfmoe_router_backward(&t_logits, &t_ids, &t_counts, &config, &t_dprobs, 1.0f, 1.0f,
+                                  &t_dlogits, nullptr),
             SFMOE_ERROR_INVALID_ARGUMENT);
   for (float v : d_logits) ASSERT_EQ(v, 7.0f);
 }

@@ -124,8 +124,7 @@ std::vector<BadCase> bad_cases() {
         {"misaligned group offsets", SFMOE_ERROR_MISALIGNED, "group_offsets",
          [](Buffers& b) {
            auto t = good_grouped(b);
-           t.group_offsets =
-               reinterpret_cast<int64_t*>(reinterpret_cast<char*>(b.offsets) + 4);
+           t.group_offsets = reinterpret_cast<int64_t*>(reinterpret_cast<char*>(b.offsets) + 4);
            return validate(t);
          }},
         {"no data at all", SFMOE_ERROR_NULL_POINTER, "neither rowwise_data nor columnwise_data",
@@ -303,7 +302,8 @@ TEST(Validation, ScaleDtypeAndShape) {
   for (const Case& c : cases) {
     int32_t ndim = -1;
     int64_t shape[2] = {-1, -1};
-    ASSERT_EQ(sfmoe_scale_shape(c.scaling, c.layout, c.groups, c.rows, c.cols, &ndim, shape), SFMOE_SUCCESS)
+    ASSERT_EQ(sfmoe_scale_shape(c.scaling, c.layout, c.groups, c.rows, c.cols, &ndim, shape),
+              SFMOE_SUCCESS)
         << sfmoe_last_error();
     EXPECT_EQ(ndim, c.ndim) << sfmoe_scaling_name(c.scaling);
     EXPECT_EQ(shape[0], c.d0) << sfmoe_scaling_name(c.scaling);
@@ -312,21 +312,26 @@ TEST(Validation, ScaleDtypeAndShape) {
     }
     // The swizzled size is the numerics formula.
     if (c.layout == SFMOE_SCALE_LAYOUT_SWIZZLED) {
-      EXPECT_EQ(shape[0], sfmoe::numerics::swizzled_scale_padded_size(c.rows, c.cols / sfmoe_scaling_block_size(c.scaling)));
+      EXPECT_EQ(shape[0], sfmoe::numerics::swizzled_scale_padded_size(
+                              c.rows, c.cols / sfmoe_scaling_block_size(c.scaling)));
     }
   }
   int32_t ndim = -1;
   int64_t shape[2] = {-1, -1};
-  EXPECT_EQ(sfmoe_scale_shape(SFMOE_SCALING_NONE, SFMOE_SCALE_LAYOUT_COMPACT, 1, 1, 1, &ndim, shape),
-            SFMOE_ERROR_INVALID_ARGUMENT);
-  EXPECT_EQ(sfmoe_scale_shape(SFMOE_SCALING_BLOCK_1X128, SFMOE_SCALE_LAYOUT_SWIZZLED, 1, 1, 128, &ndim, shape),
-            SFMOE_ERROR_UNSUPPORTED);
-  EXPECT_EQ(sfmoe_scale_shape(SFMOE_SCALING_MX_1X32, SFMOE_SCALE_LAYOUT_COMPACT, 1, -1, 32, &ndim, shape),
-            SFMOE_ERROR_INVALID_ARGUMENT);
-  EXPECT_EQ(sfmoe_scale_shape(SFMOE_SCALING_MX_1X32, SFMOE_SCALE_LAYOUT_SWIZZLED, 1, INT64_MAX / 2, INT64_MAX / 2,
+  EXPECT_EQ(
+      sfmoe_scale_shape(SFMOE_SCALING_NONE, SFMOE_SCALE_LAYOUT_COMPACT, 1, 1, 1, &ndim, shape),
+      SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sfmoe_scale_shape(SFMOE_SCALING_BLOCK_1X128, SFMOE_SCALE_LAYOUT_SWIZZLED, 1, 1, 128,
                               &ndim, shape),
+            SFMOE_ERROR_UNSUPPORTED);
+  EXPECT_EQ(
+      sfmoe_scale_shape(SFMOE_SCALING_MX_1X32, SFMOE_SCALE_LAYOUT_COMPACT, 1, -1, 32, &ndim, shape),
+      SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sfmoe_scale_shape(SFMOE_SCALING_MX_1X32, SFMOE_SCALE_LAYOUT_SWIZZLED, 1, INT64_MAX / 2,
+                              INT64_MAX / 2, &ndim, shape),
             SFMOE_ERROR_INVALID_ARGUMENT);
-  EXPECT_EQ(sfmoe_scale_shape(SFMOE_SCALING_MX_1X32, SFMOE_SCALE_LAYOUT_COMPACT, 1, 1, 32, nullptr, shape),
+  EXPECT_EQ(sfmoe_scale_shape(SFMOE_SCALING_MX_1X32, SFMOE_SCALE_LAYOUT_COMPACT, 1, 1, 32, nullptr,
+                              shape),
             SFMOE_ERROR_NULL_POINTER);
   EXPECT_EQ(ndim, -1);  // refusals write nothing
   EXPECT_EQ(shape[0], -1);

@@ -27,12 +27,12 @@ SFMOE_HD float exp_f32(float x) {
   if (x > 88.72283935546875f) return bits_to_f32(kF32InfBits);  // e^x > FLT_MAX
   if (x < -103.97208404541015625f) return 0.0f;                 // below half the least subnormal
   constexpr float kLog2E = 1.44269502162933349609375f;
-  constexpr float kLn2Hi = 0.693145751953125f;        // 15 significant bits: n * hi is exact
+  constexpr float kLn2Hi = 0.693145751953125f;         // 15 significant bits: n * hi is exact
   constexpr float kLn2Lo = 1.428606765330187045e-06f;  // ln 2 - hi
   const float n = round_to_integer_f32(mul_rn(x, kLog2E));
   const float r = add_rn(add_rn(x, -mul_rn(n, kLn2Hi)), -mul_rn(n, kLn2Lo));
   constexpr float kCoefficients[] = {1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f,
-                                     1.0f / 6.0f,    0.5f,           1.0f,           1.0f};
+                                     1.0f / 6.0f,    0.5f,          1.0f,          1.0f};
   float p = kCoefficients[0];
   SFMOE_UNROLL
   for (int i = 1; i < 8; ++i) p = add_rn(mul_rn(p, r), kCoefficients[i]);

@@ -15,7 +15,6 @@
 // columnwise copy down the columns, two columns x 16 rows per thread. docs/KERNEL_NOTES.md has
 // the measured versions and why each changed.
 #include <algorithm>
-
 #include <cub/block/block_scan.cuh>
 
 #include "sfmoe/numerics.h"
@@ -34,14 +33,14 @@ namespace {
 
 using namespace numerics;
 
-constexpr int kThreads = 256;  // the small kernels (offsets scan aside)
+constexpr int kThreads = 256;    // the small kernels (offsets scan aside)
 constexpr int kRowBeyond = -2;   // row map marker: at or beyond out_off[G], not written
 constexpr int kRowPadding = -1;  // row map marker: alignment padding, zeros
 
 // Tile geometry, shared by every recipe: 128 x 128 elements.
 constexpr int kTile = 128;
-constexpr int kChunk = 8;                               // elements per rowwise chunk
-constexpr int kChunksPerRow = kTile / kChunk;           // 16 lanes cover a tile row
+constexpr int kChunk = 8;                      // elements per rowwise chunk
+constexpr int kChunksPerRow = kTile / kChunk;  // 16 lanes cover a tile row
 
 // Thread geometry. The rowwise-only path runs 256 threads, each with 8 chunks of a tile in flight
 // from global memory. The columnwise path runs 512 threads (4 chunks and one 16-row column
@@ -61,14 +60,16 @@ constexpr int64_t kMaxStagedGroups = 1024;
 
 template <sfmoe_scaling S>
 struct Recipe {
-  static constexpr int kBlock = S == SFMOE_SCALING_TENSOR ? 0
-                                : (S == SFMOE_SCALING_BLOCK_1X128 || S == SFMOE_SCALING_BLOCK_128X128)
-                                    ? 128
-                                    : S == SFMOE_SCALING_MX_1X32 ? 32 : 16;
+  static constexpr int kBlock =
+      S == SFMOE_SCALING_TENSOR                                              ? 0
+      : (S == SFMOE_SCALING_BLOCK_1X128 || S == SFMOE_SCALING_BLOCK_128X128) ? 128
+      : S == SFMOE_SCALING_MX_1X32                                           ? 32
+                                                                             : 16;
   static constexpr bool kTensor = S == SFMOE_SCALING_TENSOR;
   static constexpr bool kNv = S == SFMOE_SCALING_NV_1X16 || S == SFMOE_SCALING_NV_16X16;
   static constexpr bool k2D = S == SFMOE_SCALING_BLOCK_128X128 || S == SFMOE_SCALING_NV_16X16;
-  static constexpr bool kFp8Block = S == SFMOE_SCALING_BLOCK_1X128 || S == SFMOE_SCALING_BLOCK_128X128;
+  static constexpr bool kFp8Block =
+      S == SFMOE_SCALING_BLOCK_1X128 || S == SFMOE_SCALING_BLOCK_128X128;
   static constexpr bool kGroupAmax = kTensor || kNv;
 };
 
@@ -90,9 +91,8 @@ SFMOE_HD InputSpan input_span(const GroupedInput& in, int64_t g) {
 // ---- 1. padded offsets -------------------------------------------------------------------------
 constexpr int kScanThreads = 1024;
 
-__global__ void __launch_bounds__(kScanThreads) padded_offsets_kernel(GroupedQuantizeArgs a,
-                                                                      bool clear_amax,
-                                                                      bool clear_columnwise_amax) {
+__global__ void __launch_bounds__(kScanThreads)
+    padded_offsets_kernel(GroupedQuantizeArgs a, bool clear_amax, bool clear_columnwise_amax) {
   using Scan = cub::BlockScan<int64_t, kScanThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
   const int64_t groups = a.num_groups;
@@ -133,9 +133,10 @@ __global__ void __launch_bounds__(kScanThreads) padded_offsets_kernel(GroupedQua
   }
 }
 
-// ---- raw input chunks ------------------------------------------------------------------------------
-// 8 elements as stored (8 FP32 words, or 8 16-bit codes in 4 words): loads stay in flight as
-// compact vectors, the amax is taken on the raw bits, and values are decoded only to be encoded.
+// ---- raw input chunks
+// ------------------------------------------------------------------------------ 8 elements as
+// stored (8 FP32 words, or 8 16-bit codes in 4 words): loads stay in flight as compact vectors, the
+// amax is taken on the raw bits, and values are decoded only to be encoded.
 template <sfmoe_dtype In>
 struct RawChunk {
   static constexpr int kWords = In == SFMOE_DTYPE_FP32 ? 8 : 4;
@@ -148,11 +149,15 @@ __device__ __forceinline__ void load_raw(const void* data, int64_t row, int64_t 
   constexpr int kBits = In == SFMOE_DTYPE_FP32 ? 32 : 16;
   const int64_t index = row * cols + col;
   if (col + 8 <= cols && cols % 8 == 0) {
-    const uint4* p = reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(data) + index * (kBits / 8));
+    const uint4* p =
+        reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(data) + index * (kBits / 8));
 #pragma unroll
     for (int v = 0; v < RawChunk<In>::kWords / 4; ++v) {
       const uint4 x = __ldg(p + v);
-      r.w[4 * v] = x.x; r.w[4 * v + 1] = x.y; r.w[4 * v + 2] = x.z; r.w[4 * v + 3] = x.w;
+      r.w[4 * v] = x.x;
+      r.w[4 * v + 1] = x.y;
+      r.w[4 * v + 2] = x.z;
+      r.w[4 * v + 3] = x.w;
     }
     return;
   }
@@ -161,7 +166,10 @@ __device__ __forceinline__ void load_raw(const void* data, int64_t row, int64_t 
 #pragma unroll
   for (int k = 0; k < 8; ++k) {
     const uint32_t code = col + k < cols ? load_code(data, kBits, index + k) : 0u;
-    if (kBits == 32) r.w[k] = code; else r.w[k / 2] |= code << (16 * (k & 1));
+    if (kBits == 32)
+      r.w[k] = code;
+    else
+      r.w[k / 2] |= code << (16 * (k & 1));
   }
 }
 
@@ -236,7 +244,8 @@ __device__ __forceinline__ uint32_t shfl_max(uint32_t v, int lane_mask) {
   return max(v, __shfl_xor_sync(0xFFFFFFFFu, v, lane_mask));
 }
 
-// ---- scale rules per recipe ------------------------------------------------------------------------
+// ---- scale rules per recipe
+// ------------------------------------------------------------------------
 struct BlockScale {
   float multiplier;   // applied to the values before encoding
   float stored_f32;   // FP32 scale_inv (FP8 tensor / blockwise)
@@ -283,16 +292,18 @@ __device__ __forceinline__ void maybe_trap(const GroupedQuantizeArgs& a, float a
   }
 }
 
-// ---- encoding -------------------------------------------------------------------------------------
-// N values (N a multiple of 8) times their multipliers, encoded and packed as stored: FP8 one
-// byte per value (N / 4 words), FP4 a nibble per value (N / 8 words). `mult` holds one multiplier
-// per value (they differ only for TENSOR columnwise pieces whose rows span groups). Stochastic
-// rounding draws the random bits of element index first_index + e (docs/quantization.md);
-// first_index is a multiple of 4, so one Philox evaluation serves four values. The format and the
-// rounding mode are template parameters: encode_packed branches once per call, not per value.
+// ---- encoding
+// ------------------------------------------------------------------------------------- N values (N
+// a multiple of 8) times their multipliers, encoded and packed as stored: FP8 one byte per value (N
+// / 4 words), FP4 a nibble per value (N / 8 words). `mult` holds one multiplier per value (they
+// differ only for TENSOR columnwise pieces whose rows span groups). Stochastic rounding draws the
+// random bits of element index first_index + e (docs/quantization.md); first_index is a multiple of
+// 4, so one Philox evaluation serves four values. The format and the rounding mode are template
+// parameters: encode_packed branches once per call, not per value.
 template <bool kFp4, int N, bool kE5M2, bool kStochastic>
-__device__ __forceinline__ void encode_packed_as(const float v[N], const float mult[N], uint64_t seed,
-                                                 uint64_t stream, int64_t first_index,
+__device__ __forceinline__ void encode_packed_as(const float v[N], const float mult[N],
+                                                 uint64_t seed, uint64_t stream,
+                                                 int64_t first_index,
                                                  uint32_t out[kFp4 ? N / 8 : N / 4]) {
   if constexpr (kFp4) {
 #pragma unroll
@@ -302,13 +313,15 @@ __device__ __forceinline__ void encode_packed_as(const float v[N], const float m
       for (int half = 0; half < 2; ++half) {
         Philox4x32 random{};
         if constexpr (kStochastic) {
-          random = philox_random_quad(seed, stream, static_cast<uint64_t>(first_index + 8 * w + 4 * half) >> 2);
+          random = philox_random_quad(seed, stream,
+                                      static_cast<uint64_t>(first_index + 8 * w + 4 * half) >> 2);
         }
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           const int e = 8 * w + 4 * half + k;
           const float x = mul_rn(v[e], mult[e]);
-          const uint32_t code = kStochastic ? f32_to_e2m1_stochastic(x, random.v[k]) : f32_to_e2m1(x);
+          const uint32_t code =
+              kStochastic ? f32_to_e2m1_stochastic(x, random.v[k]) : f32_to_e2m1(x);
           word |= code << (4 * (4 * half + k));
         }
       }
@@ -318,7 +331,8 @@ __device__ __forceinline__ void encode_packed_as(const float v[N], const float m
 #pragma unroll
     for (int w = 0; w < N / 4; ++w) {
       const float x0 = mul_rn(v[4 * w], mult[4 * w]), x1 = mul_rn(v[4 * w + 1], mult[4 * w + 1]);
-      const float x2 = mul_rn(v[4 * w + 2], mult[4 * w + 2]), x3 = mul_rn(v[4 * w + 3], mult[4 * w + 3]);
+      const float x2 = mul_rn(v[4 * w + 2], mult[4 * w + 2]),
+                  x3 = mul_rn(v[4 * w + 3], mult[4 * w + 3]);
       const uint32_t lo = kE5M2 ? f32x2_to_e5m2x2(x0, x1) : f32x2_to_e4m3x2(x0, x1);
       const uint32_t hi = kE5M2 ? f32x2_to_e5m2x2(x2, x3) : f32x2_to_e4m3x2(x2, x3);
       out[w] = lo | (hi << 16);
@@ -329,7 +343,8 @@ __device__ __forceinline__ void encode_packed_as(const float v[N], const float m
 template <bool kFp4, int N>
 __device__ __forceinline__ void encode_packed(const float v[N], const float mult[N], bool e5m2,
                                               bool stochastic, uint64_t seed, uint64_t stream,
-                                              int64_t first_index, uint32_t out[kFp4 ? N / 8 : N / 4]) {
+                                              int64_t first_index,
+                                              uint32_t out[kFp4 ? N / 8 : N / 4]) {
   if constexpr (kFp4) {
     if (stochastic) {
       encode_packed_as<true, N, false, true>(v, mult, seed, stream, first_index, out);
@@ -373,19 +388,21 @@ __device__ __forceinline__ void store_packed(void* copy, int64_t index, const ui
 // Swizzled MX/NV scales: the padding entries beside a written block hold 0. Rowwise, the last
 // block of a row writes the row's padding columns; columnwise, the block of the last column
 // writes the padding rows under its row block.
-__device__ __forceinline__ void zero_swizzle_padding_columns(uint8_t* scales, int64_t row, int64_t scale_cols) {
+__device__ __forceinline__ void zero_swizzle_padding_columns(uint8_t* scales, int64_t row,
+                                                             int64_t scale_cols) {
   for (int64_t k = scale_cols; k < round_up(scale_cols, kSwizzleTileCols); ++k) {
     scales[swizzled_scale_offset(row, k, scale_cols)] = 0;
   }
 }
-__device__ __forceinline__ void zero_swizzle_padding_rows(uint8_t* scales, int64_t first_row, int64_t col,
-                                                          int64_t scale_cols) {
+__device__ __forceinline__ void zero_swizzle_padding_rows(uint8_t* scales, int64_t first_row,
+                                                          int64_t col, int64_t scale_cols) {
   for (int64_t m = first_row; m < round_up(first_row, kSwizzleTileRows); ++m) {
     scales[swizzled_scale_offset(m, col, scale_cols)] = 0;
   }
 }
 
-// ---- the tile kernel -------------------------------------------------------------------------------
+// ---- the tile kernel
+// -------------------------------------------------------------------------------
 struct TileSchedule {
   int64_t col_tiles;       // ceil(cols / kTile)
   int64_t tiles_per_unit;  // column tiles per work unit
@@ -410,10 +427,13 @@ struct TileBuffers {
 __device__ __forceinline__ void cp_async_16(void* shared, const void* global, bool fill) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(shared));
   // src-size 0 reads nothing and zero-fills the 16 bytes (padding rows, columns past the end).
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global), "r"(fill ? 16 : 0)
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global),
+               "r"(fill ? 16 : 0)
                : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
@@ -447,7 +467,8 @@ __device__ __forceinline__ void issue_tile(uint32_t* buffer, const GroupedInput&
       load_raw<In>(in.data, row_src[i], c, cols, raw);
 #pragma unroll
       for (int v = 0; v < Raw::kWords / 4; ++v) {
-        reinterpret_cast<uint4*>(dst)[v] = make_uint4(raw.w[4 * v], raw.w[4 * v + 1], raw.w[4 * v + 2], raw.w[4 * v + 3]);
+        reinterpret_cast<uint4*>(dst)[v] =
+            make_uint4(raw.w[4 * v], raw.w[4 * v + 1], raw.w[4 * v + 2], raw.w[4 * v + 3]);
       }
     }
   }
@@ -469,7 +490,8 @@ constexpr int tile_min_blocks() {
   if (In == SFMOE_DTYPE_FP32) return kColumnwise ? 1 : 2;  // twice the words per chunk
   if (kColumnwise) return SFMOE_QUANTIZE_COLUMNWISE_MIN_BLOCKS;
   if (kAmaxPass) return SFMOE_QUANTIZE_AMAX_MIN_BLOCKS;
-  return Recipe<S>::kNv ? 2 : SFMOE_QUANTIZE_ROWWISE_MIN_BLOCKS;  // NVFP4 encodes need more registers
+  return Recipe<S>::kNv ? 2
+                        : SFMOE_QUANTIZE_ROWWISE_MIN_BLOCKS;  // NVFP4 encodes need more registers
 }
 
 // The amax bits of columns 2p and 2p + 1 over `count` rows of a columnwise segment (16-bit
@@ -507,12 +529,13 @@ __device__ __forceinline__ float column_value(const uint32_t* words, int m, int 
 // The raw words of a columnwise segment: columns 2 pair and 2 pair + 1 of `count` tile rows from
 // `first_row` (16-bit inputs: one word per row holds both; FP32: two words per row).
 template <sfmoe_dtype In, int kCount>
-__device__ __forceinline__ void load_segment_words(const uint32_t* tile, int words_per_row, int first_row,
-                                                   int pair, uint32_t* words) {
+__device__ __forceinline__ void load_segment_words(const uint32_t* tile, int words_per_row,
+                                                   int first_row, int pair, uint32_t* words) {
 #pragma unroll
   for (int m = 0; m < kCount; ++m) {
     if constexpr (In == SFMOE_DTYPE_FP32) {
-      const uint2 x = *reinterpret_cast<const uint2*>(tile + (first_row + m) * words_per_row + 2 * pair);
+      const uint2 x =
+          *reinterpret_cast<const uint2*>(tile + (first_row + m) * words_per_row + 2 * pair);
       words[2 * m] = x.x;
       words[2 * m + 1] = x.y;
     } else {
@@ -564,7 +587,8 @@ __device__ __forceinline__ void reduce_spread(uint32_t v[kSteps], int lane) {
 }
 
 template <sfmoe_dtype In, sfmoe_scaling S, bool kAmaxPass, bool kColumnwise>
-__global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads, (tile_min_blocks<In, S, kAmaxPass, kColumnwise>()))
+__global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
+                                  (tile_min_blocks<In, S, kAmaxPass, kColumnwise>()))
     quantize_tiles_kernel(GroupedQuantizeArgs a, TileSchedule sched) {
   using R = Recipe<S>;
   using G = Geometry<kColumnwise>;
@@ -579,18 +603,19 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads, (tile_min_blo
   constexpr int kSegmentWords = kSegment * (In == SFMOE_DTYPE_FP32 ? 2 : 1);
   extern __shared__ uint4 dynamic_shared[];
   uint32_t* const tiles = reinterpret_cast<uint32_t*>(dynamic_shared);
-  int64_t* const staged = reinterpret_cast<int64_t*>(reinterpret_cast<uint8_t*>(dynamic_shared) + Buffers::kBytes);
-  __shared__ int64_t row_src[kTile];            // input row, or kRowPadding / kRowBeyond
-  __shared__ const uint8_t* row_input[kTile];   // where that input row starts; NULL for the others
+  int64_t* const staged =
+      reinterpret_cast<int64_t*>(reinterpret_cast<uint8_t*>(dynamic_shared) + Buffers::kBytes);
+  __shared__ int64_t row_src[kTile];           // input row, or kRowPadding / kRowBeyond
+  __shared__ const uint8_t* row_input[kTile];  // where that input row starts; NULL for the others
   __shared__ int32_t row_group[kTile];
-  __shared__ float row_scale[kTile];            // TENSOR: the group's scale; NVFP4: rowwise S_enc
-  __shared__ float row_decode[kTile];           // NVFP4: 1 / S_enc
-  __shared__ float row_col_scale[kTile];        // NVFP4: the columnwise S_enc
-  __shared__ float row_col_decode[kTile];       // NVFP4: its inverse
-  __shared__ uint32_t row_bits[kTile];          // amax pass: each row's amax over the unit
+  __shared__ float row_scale[kTile];       // TENSOR: the group's scale; NVFP4: rowwise S_enc
+  __shared__ float row_decode[kTile];      // NVFP4: 1 / S_enc
+  __shared__ float row_col_scale[kTile];   // NVFP4: the columnwise S_enc
+  __shared__ float row_col_decode[kTile];  // NVFP4: its inverse
+  __shared__ uint32_t row_bits[kTile];     // amax pass: each row's amax over the unit
   __shared__ uint32_t segment_bits[kSegments][kTile];  // columnwise partial amax (blocks > segment)
-  __shared__ uint32_t block_bits[3][64];        // 2D block amax, three rotating sets
-  __shared__ uint32_t hadamard_bits[kTile / 16];  // amax pass: transformed 16-row blocks
+  __shared__ uint32_t block_bits[3][64];               // 2D block amax, three rotating sets
+  __shared__ uint32_t hadamard_bits[kTile / 16];       // amax pass: transformed 16-row blocks
 
   const int tid = threadIdx.x, lane = tid & 31;
   const int64_t groups = a.num_groups, cols = a.cols, capacity = a.row_capacity;
@@ -643,8 +668,9 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads, (tile_min_blo
   for (int64_t unit = blockIdx.x; unit < units; unit += gridDim.x) {
     const int64_t r0 = unit / sched.col_units * kTile;
     const int64_t ct_begin = unit % sched.col_units * sched.tiles_per_unit;
-    const int64_t ct_end = ct_begin + sched.tiles_per_unit < sched.col_tiles ? ct_begin + sched.tiles_per_unit
-                                                                             : sched.col_tiles;
+    const int64_t ct_end = ct_begin + sched.tiles_per_unit < sched.col_tiles
+                               ? ct_begin + sched.tiles_per_unit
+                               : sched.col_tiles;
     __syncthreads();  // the previous unit is done with the row map
     if (tid < kTile) {
       const int64_t r = r0 + tid;
@@ -656,10 +682,12 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads, (tile_min_blo
         src = inside < span.rows ? span.begin + inside : kRowPadding;
       }
       row_src[tid] = src;
-      row_input[tid] = src >= 0 ? static_cast<const uint8_t*>(in.data) + src * cols * (In == SFMOE_DTYPE_FP32 ? 4 : 2)
+      row_input[tid] = src >= 0 ? static_cast<const uint8_t*>(in.data) +
+                                      src * cols * (In == SFMOE_DTYPE_FP32 ? 4 : 2)
                                 : nullptr;
       row_group[tid] = static_cast<int32_t>(g);
-      if constexpr (!kAmaxPass && R::kTensor) row_scale[tid] = fp8_scale_from_amax(a.amax[g], fp8_max, pow2);
+      if constexpr (!kAmaxPass && R::kTensor)
+        row_scale[tid] = fp8_scale_from_amax(a.amax[g], fp8_max, pow2);
       if constexpr (!kAmaxPass && R::kNv) {
         const float s = nvfp4_global_encode_scale(a.amax[g]);
         const float sc = hadamard ? nvfp4_global_encode_scale(a.columnwise_amax[g]) : s;
@@ -673,7 +701,7 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads, (tile_min_blo
     }
     __syncthreads();
 
-    uint32_t unit_bits[kSteps];       // amax pass: running row amax of the rows this thread covers
+    uint32_t unit_bits[kSteps];  // amax pass: running row amax of the rows this thread covers
     uint32_t unit_hadamard[kPieces] = {};  // amax pass: transformed blocks of its column segment
 #pragma unroll
     for (int l = 0; l < kSteps; ++l) unit_bits[l] = 0;
@@ -684,12 +712,15 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads, (tile_min_blo
     if constexpr (kColumnwise) {
 #pragma unroll
       for (int k = 0; k < kStages - 1; ++k) {
-        if (ct_begin + k < ct_end) issue_tile<In, G>(tiles + k * kTile * W, in, cols, (ct_begin + k) * kTile, i0, j, row_src, row_input);
+        if (ct_begin + k < ct_end)
+          issue_tile<In, G>(tiles + k * kTile * W, in, cols, (ct_begin + k) * kTile, i0, j, row_src,
+                            row_input);
         cp_async_commit();
       }
     }
     int stage = 0;  // the shared buffer of this tile (columnwise path)
-    for (int64_t ct = ct_begin; ct < ct_end; ++ct, ++parity, stage = stage + 1 == kStages ? 0 : stage + 1) {
+    for (int64_t ct = ct_begin; ct < ct_end;
+         ++ct, ++parity, stage = stage + 1 == kStages ? 0 : stage + 1) {
       const int64_t c0 = ct * kTile;
       const int64_t c = c0 + j * kChunk;
       const bool chunk_in = c < cols;
@@ -708,11 +739,14 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads, (tile_min_blo
         }
       } else {
         cp_async_wait<kStages - 2>();
-        __syncthreads();  // this tile is in shared memory; every thread is done with the tile before
+        __syncthreads();  // this tile is in shared memory; every thread is done with the tile
+                          // before
         const int64_t ahead = ct + kStages - 1;
         if (ahead < ct_end) {
-          const int ahead_stage = stage == 0 ? kStages - 1 : stage - 1;  // (stage + kStages - 1) % kStages
-          issue_tile<In, G>(tiles + ahead_stage * kTile * W, in, cols, ahead * kTile, i0, j, row_src, row_input);
+          const int ahead_stage =
+              stage == 0 ? kStages - 1 : stage - 1;  // (stage + kStages - 1) % kStages
+          issue_tile<In, G>(tiles + ahead_stage * kTile * W, in, cols, ahead * kTile, i0, j,
+                            row_src, row_input);
         }
         cp_async_commit();
       }
@@ -720,11 +754,15 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads, (tile_min_blo
       auto chunk_at = [&](int l) -> Raw {
         if constexpr (kColumnwise) {
           Raw r;
-          const uint4* p = reinterpret_cast<const uint4*>(tile + (i0 + kRowsPerStep * l) * W + j * Raw::kWords);
+          const uint4* p =
+              reinterpret_cast<const uint4*>(tile + (i0 + kRowsPerStep * l) * W + j * Raw::kWords);
 #pragma unroll
           for (int v = 0; v < Raw::kWords / 4; ++v) {
             const uint4 x = p[v];
-            r.w[4 * v] = x.x; r.w[4 * v + 1] = x.y; r.w[4 * v + 2] = x.z; r.w[4 * v + 3] = x.w;
+            r.w[4 * v] = x.x;
+            r.w[4 * v + 1] = x.y;
+            r.w[4 * v + 2] = x.z;
+            r.w[4 * v + 3] = x.w;
           }
           return r;
         } else {
@@ -739,7 +777,8 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads, (tile_min_blo
       const int cl = 2 * pair, rs = kSegment * seg;
       const int64_t cc = c0 + cl, rseg = r0 + rs;
       const int64_t rows_left = total - rseg;
-      const int valid_rows = rows_left <= 0 ? 0 : (rows_left < kSegment ? static_cast<int>(rows_left) : kSegment);
+      const int valid_rows =
+          rows_left <= 0 ? 0 : (rows_left < kSegment ? static_cast<int>(rows_left) : kSegment);
       const bool segment_active = cc < cols && valid_rows > 0;
 
       if constexpr (kAmaxPass) {
@@ -782,9 +821,11 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads, (tile_min_blo
         } else {
 #pragma unroll
           for (int l = 0; l < kSteps; ++l) {
-            const uint32_t m = shfl_max(shfl_max(bits[l], 1), 16);  // 16 columns x the warp's 2 rows
+            const uint32_t m =
+                shfl_max(shfl_max(bits[l], 1), 16);  // 16 columns x the warp's 2 rows
             const int row_block = (i0 + kRowsPerStep * l) / 16;
-            if (lane < 16 && (lane & 1) == 0 && m != 0) atomicMax(&block_set[row_block * 8 + j / 2], m);
+            if (lane < 16 && (lane & 1) == 0 && m != 0)
+              atomicMax(&block_set[row_block * 8 + j / 2], m);
           }
         }
         __syncthreads();
@@ -798,8 +839,10 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads, (tile_min_blo
             const float block_amax = __uint_as_float(block_set[bl * 8 + bc]);
             const BlockScale s = block_scale<S>(block_amax, fp8, pow2, row_scale[i], row_decode[i]);
             maybe_trap(a, block_amax, row_group[i], br);
-            if (a.rowwise_scale_inv) store_scale<S>(a.rowwise_scale_inv, (br / B) * (cols / B) + bcol / B, s);
-            if (a.columnwise_scale_inv) store_scale<S>(a.columnwise_scale_inv, (bcol / B) * (capacity / B) + br / B, s);
+            if (a.rowwise_scale_inv)
+              store_scale<S>(a.rowwise_scale_inv, (br / B) * (cols / B) + bcol / B, s);
+            if (a.columnwise_scale_inv)
+              store_scale<S>(a.columnwise_scale_inv, (bcol / B) * (capacity / B) + br / B, s);
           }
         }
       }
@@ -829,7 +872,8 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads, (tile_min_blo
               store_scale<S>(a.rowwise_scale_inv, offset, s);
               if constexpr (R::kNv || S == SFMOE_SCALING_MX_1X32) {
                 if (a.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && c / B == scale_cols - 1) {
-                  zero_swizzle_padding_columns(static_cast<uint8_t*>(a.rowwise_scale_inv), r, scale_cols);
+                  zero_swizzle_padding_columns(static_cast<uint8_t*>(a.rowwise_scale_inv), r,
+                                               scale_cols);
                 }
               }
             }
@@ -847,7 +891,8 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads, (tile_min_blo
             mult = row_scale[i];
           } else if constexpr (R::k2D) {
             const uint32_t m = B == 128 ? block_set[0] : block_set[(i / 16) * 8 + j / 2];
-            mult = block_scale<S>(__uint_as_float(m), fp8, pow2, row_scale[i], row_decode[i]).multiplier;
+            mult = block_scale<S>(__uint_as_float(m), fp8, pow2, row_scale[i], row_decode[i])
+                       .multiplier;
           } else {
             mult = __shfl_sync(0xFFFFFFFFu, own_multiplier[Sp::owner_register(l)],
                                (lane & ~(L - 1)) | Sp::owner_lane(l));
@@ -858,7 +903,8 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads, (tile_min_blo
 #pragma unroll
             for (int k = 0; k < kChunk; ++k) m[k] = mult;
             uint32_t words[kFp4 ? 1 : 2];
-            encode_packed<kFp4, kChunk>(v, m, e5m2, stochastic, seed, stream_rowwise, r * cols + c, words);
+            encode_packed<kFp4, kChunk>(v, m, e5m2, stochastic, seed, stream_rowwise, r * cols + c,
+                                        words);
             const int valid = cols - c < kChunk ? static_cast<int>(cols - c) : kChunk;
             store_packed<kFp4, kChunk>(a.rowwise, r * cols + c, words, valid, vector_ok);
           }
@@ -890,17 +936,20 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads, (tile_min_blo
           for (int e = 0; e < 2; ++e) {
             uint32_t m = 0;
 #pragma unroll
-            for (int s2 = 0; s2 < kSegmentsPerBlock; ++s2) m = max(m, segment_bits[first_seg + s2][cl + e]);
+            for (int s2 = 0; s2 < kSegmentsPerBlock; ++s2)
+              m = max(m, segment_bits[first_seg + s2][cl + e]);
             const BlockScale s = block_scale<S>(__uint_as_float(m), fp8, pow2, 0.0f, 0.0f);
 #pragma unroll
             for (int h = 0; h < kPieces; ++h) col_mult[e][h] = s.multiplier;
             if (!packed_mx_scales && seg == first_seg && segment_active && cc + e < cols) {
               const int64_t r = r0 + block_row, scale_cols = capacity / B;
               maybe_trap(a, __uint_as_float(m), row_group[block_row], r);
-              store_scale<S>(a.columnwise_scale_inv, scale_offset(a.scale_layout, cc + e, r / B, scale_cols), s);
+              store_scale<S>(a.columnwise_scale_inv,
+                             scale_offset(a.scale_layout, cc + e, r / B, scale_cols), s);
               if constexpr (S == SFMOE_SCALING_MX_1X32) {
                 if (a.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && cc + e == cols - 1) {
-                  zero_swizzle_padding_rows(static_cast<uint8_t*>(a.columnwise_scale_inv), cols, r / B, scale_cols);
+                  zero_swizzle_padding_rows(static_cast<uint8_t*>(a.columnwise_scale_inv), cols,
+                                            r / B, scale_cols);
                 }
               }
             }
@@ -925,8 +974,10 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads, (tile_min_blo
                   if (r0 + B * b >= total) continue;  // rows at and beyond out_off[G]: not written
                   uint32_t m = 0;
 #pragma unroll
-                  for (int s2 = 0; s2 < kSegmentsPerBlock; ++s2) m = max(m, segment_bits[kSegmentsPerBlock * b + s2][cl + e]);
-                  const uint8_t code = block_scale<S>(__uint_as_float(m), fp8, pow2, 0.0f, 0.0f).stored_u8;
+                  for (int s2 = 0; s2 < kSegmentsPerBlock; ++s2)
+                    m = max(m, segment_bits[kSegmentsPerBlock * b + s2][cl + e]);
+                  const uint8_t code =
+                      block_scale<S>(__uint_as_float(m), fp8, pow2, 0.0f, 0.0f).stored_u8;
                   maybe_trap(a, __uint_as_float(m), row_group[B * b], r0 + B * b);
                   packed |= static_cast<uint32_t>(code) << (8 * b);
                   ++written;
@@ -934,7 +985,8 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads, (tile_min_blo
                 if (written == kTile / B && (offset & 3) == 0) {
                   *reinterpret_cast<uint32_t*>(scales + offset) = packed;
                 } else {
-                  for (int b = 0; b < written; ++b) scales[offset + b] = static_cast<uint8_t>(packed >> (8 * b));
+                  for (int b = 0; b < written; ++b)
+                    scales[offset + b] = static_cast<uint8_t>(packed >> (8 * b));
                 }
               }
             }
@@ -945,7 +997,8 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads, (tile_min_blo
             const int i = rs + 16 * h;
             const uint32_t m = B == 128 ? block_set[0] : block_set[(i / 16) * 8 + cl / 16];
             col_mult[0][h] = col_mult[1][h] =
-                block_scale<S>(__uint_as_float(m), fp8, pow2, row_scale[i], row_decode[i]).multiplier;
+                block_scale<S>(__uint_as_float(m), fp8, pow2, row_scale[i], row_decode[i])
+                    .multiplier;
           }
         }
         if (segment_active) {
@@ -969,12 +1022,14 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads, (tile_min_blo
 #pragma unroll
                 for (int k = 0; k < 16; ++k) mb = max(mb, amax_bits(v[k]));
                 const int i = rs + first;
-                const BlockScale s = block_scale<S>(__uint_as_float(mb), fp8, pow2, row_col_scale[i], row_col_decode[i]);
+                const BlockScale s = block_scale<S>(__uint_as_float(mb), fp8, pow2,
+                                                    row_col_scale[i], row_col_decode[i]);
                 mult = s.multiplier;
                 const int64_t scale_cols = capacity / B;
                 maybe_trap(a, __uint_as_float(mb), row_group[i], rseg + first);
                 uint8_t* scales = static_cast<uint8_t*>(a.columnwise_scale_inv);
-                scales[scale_offset(a.scale_layout, ce, (rseg + first) / B, scale_cols)] = s.stored_u8;
+                scales[scale_offset(a.scale_layout, ce, (rseg + first) / B, scale_cols)] =
+                    s.stored_u8;
                 if (a.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && ce == cols - 1) {
                   zero_swizzle_padding_rows(scales, cols, (rseg + first) / B, scale_cols);
                 }
@@ -1013,7 +1068,8 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads, (tile_min_blo
         const int i = tid;
         if (row_src[i] != kRowBeyond && (i == 0 || row_group[i] != row_group[i - 1])) {
           uint32_t m = 0;  // the first row of its group in this band gathers the group's rows
-          for (int k = i; k < kTile && row_group[k] == row_group[i] && row_src[k] != kRowBeyond; ++k) {
+          for (int k = i; k < kTile && row_group[k] == row_group[i] && row_src[k] != kRowBeyond;
+               ++k) {
             m = max(m, row_bits[k]);
           }
           if (m != 0) atomicMax(reinterpret_cast<unsigned*>(a.amax + row_group[i]), m);
@@ -1021,7 +1077,8 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads, (tile_min_blo
       }
       if (kColumnwise && tid < kTile / 16) {
         if (row_src[16 * tid] != kRowBeyond && hadamard_bits[tid] != 0) {
-          atomicMax(reinterpret_cast<unsigned*>(a.columnwise_amax + row_group[16 * tid]), hadamard_bits[tid]);
+          atomicMax(reinterpret_cast<unsigned*>(a.columnwise_amax + row_group[16 * tid]),
+                    hadamard_bits[tid]);
         }
       }
     }
@@ -1036,15 +1093,19 @@ sfmoe_status launch_tiles(const GroupedQuantizeArgs& a, cudaStream_t stream) {
   TileSchedule sched{};
   const bool has_offsets = a.offsets != nullptr || a.input.offsets != nullptr;
   sched.staged_groups = has_offsets && a.num_groups <= kMaxStagedGroups ? a.num_groups + 1 : 0;
-  const size_t shared = Buffers::kBytes + 2 * sizeof(int64_t) * static_cast<size_t>(sched.staged_groups);
+  const size_t shared =
+      Buffers::kBytes + 2 * sizeof(int64_t) * static_cast<size_t>(sched.staged_groups);
   // Per device, and not a stream operation: set on every launch (cheap, capture-safe).
-  SFMOE_CUDA_RETURN_IF_ERROR("sfmoe_grouped_quantize",
-                             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                  static_cast<int>(shared)));
+  SFMOE_CUDA_RETURN_IF_ERROR(
+      "sfmoe_grouped_quantize",
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(shared)));
   int blocks_per_sm = 0;
-  SFMOE_CUDA_RETURN_IF_ERROR("sfmoe_grouped_quantize",
-                             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kThreads, shared));
-  const int64_t wave = static_cast<int64_t>(multiprocessor_count()) * (blocks_per_sm > 0 ? blocks_per_sm : 1);
+  SFMOE_CUDA_RETURN_IF_ERROR(
+      "sfmoe_grouped_quantize",
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kThreads, shared));
+  const int64_t wave =
+      static_cast<int64_t>(multiprocessor_count()) * (blocks_per_sm > 0 ? blocks_per_sm : 1);
   // Work units: about 16 per resident block over the row bound, so that the last wave is short
   // and each unit's row map is reused over a few column tiles; the columnwise path wants at least
   // 8 tiles per unit (its copy pipeline restarts with every unit).
@@ -1054,9 +1115,12 @@ sfmoe_status launch_tiles(const GroupedQuantizeArgs& a, cudaStream_t stream) {
   if (kColumnwise) col_units = std::min<int64_t>(col_units, (sched.col_tiles + 7) / 8);
   col_units = col_units < 1 ? 1 : (col_units > sched.col_tiles ? sched.col_tiles : col_units);
   sched.tiles_per_unit = col_units > 0 ? (sched.col_tiles + col_units - 1) / col_units : 1;
-  sched.col_units = sched.tiles_per_unit > 0 ? (sched.col_tiles + sched.tiles_per_unit - 1) / sched.tiles_per_unit : 0;
+  sched.col_units = sched.tiles_per_unit > 0
+                        ? (sched.col_tiles + sched.tiles_per_unit - 1) / sched.tiles_per_unit
+                        : 0;
   const int64_t units_bound = bands_bound * sched.col_units;
-  const int grid = static_cast<int>(units_bound < wave ? (units_bound > 0 ? units_bound : 1) : wave);
+  const int grid =
+      static_cast<int>(units_bound < wave ? (units_bound > 0 ? units_bound : 1) : wave);
   kernel<<<grid, kThreads, shared, stream>>>(a, sched);
   return check_launch("sfmoe_grouped_quantize", "quantize_tiles_kernel");
 }
@@ -1081,20 +1145,27 @@ sfmoe_status run_recipe(const GroupedQuantizeArgs& a, cudaStream_t stream) {
 template <sfmoe_dtype In>
 sfmoe_status run_input(const GroupedQuantizeArgs& a, cudaStream_t stream) {
   switch (a.scaling) {
-    case SFMOE_SCALING_TENSOR: return run_recipe<In, SFMOE_SCALING_TENSOR>(a, stream);
-    case SFMOE_SCALING_BLOCK_1X128: return run_recipe<In, SFMOE_SCALING_BLOCK_1X128>(a, stream);
-    case SFMOE_SCALING_BLOCK_128X128: return run_recipe<In, SFMOE_SCALING_BLOCK_128X128>(a, stream);
-    case SFMOE_SCALING_MX_1X32: return run_recipe<In, SFMOE_SCALING_MX_1X32>(a, stream);
-    case SFMOE_SCALING_NV_1X16: return run_recipe<In, SFMOE_SCALING_NV_1X16>(a, stream);
-    case SFMOE_SCALING_NV_16X16: return run_recipe<In, SFMOE_SCALING_NV_16X16>(a, stream);
-    default: return fail(SFMOE_ERROR_UNSUPPORTED, "sfmoe_grouped_quantize: no kernel for this scaling");
+    case SFMOE_SCALING_TENSOR:
+      return run_recipe<In, SFMOE_SCALING_TENSOR>(a, stream);
+    case SFMOE_SCALING_BLOCK_1X128:
+      return run_recipe<In, SFMOE_SCALING_BLOCK_1X128>(a, stream);
+    case SFMOE_SCALING_BLOCK_128X128:
+      return run_recipe<In, SFMOE_SCALING_BLOCK_128X128>(a, stream);
+    case SFMOE_SCALING_MX_1X32:
+      return run_recipe<In, SFMOE_SCALING_MX_1X32>(a, stream);
+    case SFMOE_SCALING_NV_1X16:
+      return run_recipe<In, SFMOE_SCALING_NV_1X16>(a, stream);
+    case SFMOE_SCALING_NV_16X16:
+      return run_recipe<In, SFMOE_SCALING_NV_16X16>(a, stream);
+    default:
+      return fail(SFMOE_ERROR_UNSUPPORTED, "sfmoe_grouped_quantize: no kernel for this scaling");
   }
 }
 
 // ---- standalone amax: one block row-slice per (group, split) -----------------------------------
 template <sfmoe_dtype In>
-__global__ void __launch_bounds__(kThreads) group_amax_kernel(GroupedInput in, int64_t groups,
-                                                              int64_t cols, float* amax) {
+__global__ void __launch_bounds__(kThreads)
+    group_amax_kernel(GroupedInput in, int64_t groups, int64_t cols, float* amax) {
   __shared__ unsigned block_max;
   for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
     if (threadIdx.x == 0) block_max = 0;
@@ -1111,18 +1182,23 @@ __global__ void __launch_bounds__(kThreads) group_amax_kernel(GroupedInput in, i
       load_raw<In>(in.data, span.begin + q / chunks_per_row, (q % chunks_per_row) * 8, cols, raw);
       m = max(m, raw_amax_bits<In>(raw));
     }
-    for (int lane_mask = 16; lane_mask > 0; lane_mask >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, lane_mask));
+    for (int lane_mask = 16; lane_mask > 0; lane_mask >>= 1)
+      m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, lane_mask));
     if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(&block_max, m);
     __syncthreads();
-    if (threadIdx.x == 0 && block_max != 0) atomicMax(reinterpret_cast<unsigned*>(amax + g), block_max);
+    if (threadIdx.x == 0 && block_max != 0)
+      atomicMax(reinterpret_cast<unsigned*>(amax + g), block_max);
     __syncthreads();
   }
 }
 
-__global__ void clear_amax_kernel(GroupedInput in, int64_t groups, float* amax, sfmoe_fault_report* word) {
-  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
+__global__ void clear_amax_kernel(GroupedInput in, int64_t groups, float* amax,
+                                  sfmoe_fault_report* word) {
+  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups;
+       g += int64_t(gridDim.x) * blockDim.x) {
     amax[g] = 0.0f;
-    if (word != nullptr && in.offsets != nullptr) check_group(in.offsets, g, in.row_capacity, 1, word);
+    if (word != nullptr && in.offsets != nullptr)
+      check_group(in.offsets, g, in.row_capacity, 1, word);
   }
 }
 
@@ -1130,16 +1206,20 @@ __global__ void clear_amax_kernel(GroupedInput in, int64_t groups, float* amax, 
 
 sfmoe_status grouped_quantize(const GroupedQuantizeArgs& a, void* stream_handle) {
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
-  const bool clear_columnwise = a.columnwise_amax != nullptr && a.config.hadamard_columnwise &&
-                                a.columnwise != nullptr;
+  const bool clear_columnwise =
+      a.columnwise_amax != nullptr && a.config.hadamard_columnwise && a.columnwise != nullptr;
   const bool clear_amax = a.scaling == SFMOE_SCALING_TENSOR || scaling_is_nvfp4(a.scaling);
   padded_offsets_kernel<<<1, kScanThreads, 0, stream>>>(a, clear_amax, clear_columnwise);
   SFMOE_RETURN_IF_ERROR(check_launch("sfmoe_grouped_quantize", "padded_offsets_kernel"));
   switch (a.input.dtype) {
-    case SFMOE_DTYPE_FP32: return run_input<SFMOE_DTYPE_FP32>(a, stream);
-    case SFMOE_DTYPE_BF16: return run_input<SFMOE_DTYPE_BF16>(a, stream);
-    case SFMOE_DTYPE_FP16: return run_input<SFMOE_DTYPE_FP16>(a, stream);
-    default: return fail(SFMOE_ERROR_UNSUPPORTED, "sfmoe_grouped_quantize: input dtype");
+    case SFMOE_DTYPE_FP32:
+      return run_input<SFMOE_DTYPE_FP32>(a, stream);
+    case SFMOE_DTYPE_BF16:
+      return run_input<SFMOE_DTYPE_BF16>(a, stream);
+    case SFMOE_DTYPE_FP16:
+      return run_input<SFMOE_DTYPE_FP16>(a, stream);
+    default:
+      return fail(SFMOE_ERROR_UNSUPPORTED, "sfmoe_grouped_quantize: input dtype");
   }
 }
 
@@ -1150,10 +1230,17 @@ sfmoe_status grouped_amax(const GroupedInput& in, int64_t groups, int64_t cols, 
   SFMOE_RETURN_IF_ERROR(check_launch("sfmoe_grouped_amax", "clear_amax_kernel"));
   const dim3 grid(static_cast<unsigned>(groups < 65535 ? groups : 65535), 8);
   switch (in.dtype) {
-    case SFMOE_DTYPE_FP32: group_amax_kernel<SFMOE_DTYPE_FP32><<<grid, kThreads, 0, stream>>>(in, groups, cols, amax); break;
-    case SFMOE_DTYPE_BF16: group_amax_kernel<SFMOE_DTYPE_BF16><<<grid, kThreads, 0, stream>>>(in, groups, cols, amax); break;
-    case SFMOE_DTYPE_FP16: group_amax_kernel<SFMOE_DTYPE_FP16><<<grid, kThreads, 0, stream>>>(in, groups, cols, amax); break;
-    default: return fail(SFMOE_ERROR_UNSUPPORTED, "sfmoe_grouped_amax: input dtype");
+    case SFMOE_DTYPE_FP32:
+      group_amax_kernel<SFMOE_DTYPE_FP32><<<grid, kThreads, 0, stream>>>(in, groups, cols, amax);
+      break;
+    case SFMOE_DTYPE_BF16:
+      group_amax_kernel<SFMOE_DTYPE_BF16><<<grid, kThreads, 0, stream>>>(in, groups, cols, amax);
+      break;
+    case SFMOE_DTYPE_FP16:
+      group_amax_kernel<SFMOE_DTYPE_FP16><<<grid, kThreads, 0, stream>>>(in, groups, cols, amax);
+      break;
+    default:
+      return fail(SFMOE_ERROR_UNSUPPORTED, "sfmoe_grouped_amax: input dtype");
   }
   return check_launch("sfmoe_grouped_amax", "group_amax_kernel");
 }
