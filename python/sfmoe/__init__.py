@@ -43,6 +43,7 @@ from ._quantize import (
     swizzle_scales,
     unswizzle_scales,
 )
+from ._permute import PermuteOutput, permute, unpermute, unpermute_backward
 from ._router import RouterOutput, router, router_backward
 from ._status import Fault, FaultReport, StatusWord
 
@@ -58,6 +59,7 @@ __all__ = [
     "GroupedQuantizedTensor",
     "Memory",
     "QuantizeConfig",
+    "PermuteOutput",
     "QuantizedTensor",
     "RouterOutput",
     "RECIPES",
@@ -73,12 +75,15 @@ __all__ = [
     "last_error",
     "min_row_alignment",
     "numerics",
+    "permute",
     "quantize",
     "router",
     "router_backward",
     "quantize_fp8",
     "status_name",
     "swizzle_scales",
+    "unpermute",
+    "unpermute_backward",
     "unswizzle_scales",
     "validate_grouped_tensor",
     "validate_tensor",

@@ -26,6 +26,7 @@
 
 #include "sfmoe/cast.h"
 #include "sfmoe/numerics.h"
+#include "sfmoe/permute.h"
 #include "sfmoe/quantize.h"
 #include "sfmoe/router.h"
 #include "sfmoe/sfmoe.h"
@@ -1024,6 +1025,99 @@ void router_backward(nb::ndarray<nb::ro> logits, int32_t logits_dtype, nb::ndarr
   check(status);
 }
 
+// ---- permute / unpermute (host memory for now)
+// ----------------------------------------------------
+
+// Unquantized rows [row_capacity, cols] in `num_groups` groups whose offsets are `offsets`, where
+// `data` lives.
+sfmoe_grouped_tensor rows_descriptor(const sfmoe_tensor& data, int64_t num_groups,
+                                     int64_t row_alignment, const sfmoe_tensor& offsets) {
+  sfmoe_grouped_tensor g = sfmoe_grouped_tensor_init();
+  g.memory = data.memory;
+  g.device = data.device;
+  g.dtype = data.dtype;
+  g.num_groups = num_groups;
+  g.row_capacity = data.ndim == 2 ? data.shape[0] : 0;
+  g.cols = data.ndim == 2 ? data.shape[1] : 0;
+  g.row_alignment = row_alignment;
+  g.group_offsets = static_cast<int64_t*>(offsets.data);
+  g.rowwise_data = data.data;
+  return g;
+}
+
+void permute(nb::ndarray<nb::ro> tokens, int32_t dtype, nb::ndarray<nb::ro> topk_ids,
+             int64_t expert_capacity, nb::ndarray<> permuted, int64_t num_experts,
+             int64_t alignment, nb::ndarray<> group_offsets, nb::ndarray<> row_map,
+             nb::ndarray<> tokens_per_expert, nb::ndarray<> dropped_per_expert, uint64_t stream) {
+  const sfmoe_tensor t_tokens = describe_array("tokens", tokens, dtype);
+  const sfmoe_tensor t_ids = describe_array("topk_ids", topk_ids, SFMOE_DTYPE_INT32);
+  const sfmoe_tensor t_rows = describe_array("permuted", permuted, dtype);
+  const sfmoe_tensor t_offsets = describe_array("group_offsets", group_offsets, SFMOE_DTYPE_INT64);
+  const sfmoe_tensor t_map = describe_array("row_map", row_map, SFMOE_DTYPE_INT64);
+  const sfmoe_tensor t_kept =
+      describe_array("tokens_per_expert", tokens_per_expert, SFMOE_DTYPE_INT64);
+  const sfmoe_tensor t_dropped =
+      describe_array("dropped_per_expert", dropped_per_expert, SFMOE_DTYPE_INT64);
+  const sfmoe_grouped_tensor g = rows_descriptor(t_rows, num_experts, alignment, t_offsets);
+  sfmoe_permute_config config = sfmoe_permute_config_init();
+  config.expert_capacity = expert_capacity;
+  sfmoe_status status;
+  {
+    nb::gil_scoped_release release;
+    status = sfmoe_permute(&t_tokens, &t_ids, &config, &g, &t_map, &t_kept, &t_dropped,
+                           stream_pointer(stream));
+  }
+  check(status);
+}
+
+void unpermute(nb::ndarray<nb::ro> rows, int32_t rows_dtype, nb::ndarray<nb::ro> group_offsets,
+               nb::ndarray<nb::ro> row_map, nb::object probs, nb::ndarray<> out, int32_t out_dtype,
+               uint64_t stream) {
+  const sfmoe_tensor t_rows = describe_array("rows", rows, rows_dtype);
+  const sfmoe_tensor t_offsets = describe_array("group_offsets", group_offsets, SFMOE_DTYPE_INT64);
+  const sfmoe_tensor t_map = describe_array("row_map", row_map, SFMOE_DTYPE_INT64);
+  const sfmoe_tensor t_out = describe_array("out", out, out_dtype);
+  const sfmoe_grouped_tensor g =
+      rows_descriptor(t_rows, t_offsets.ndim == 1 ? t_offsets.shape[0] - 1 : 0, 1, t_offsets);
+  nb::ndarray<nb::ro> probs_array;
+  sfmoe_tensor t_probs{};
+  if (!probs.is_none()) {
+    probs_array = nb::cast<nb::ndarray<nb::ro>>(probs);
+    t_probs = describe_array("probs", probs_array, SFMOE_DTYPE_FP32);
+  }
+  sfmoe_status status;
+  {
+    nb::gil_scoped_release release;
+    status = sfmoe_unpermute(&g, &t_map, probs.is_none() ? nullptr : &t_probs, &t_out,
+                             stream_pointer(stream));
+  }
+  check(status);
+}
+
+void unpermute_backward(nb::ndarray<nb::ro> d_out, int32_t d_out_dtype, nb::ndarray<nb::ro> rows,
+                        int32_t rows_dtype, nb::ndarray<nb::ro> group_offsets,
+                        nb::ndarray<nb::ro> row_map, nb::ndarray<nb::ro> probs,
+                        nb::ndarray<> d_rows, int32_t d_rows_dtype, nb::ndarray<> d_probs,
+                        uint64_t stream) {
+  const sfmoe_tensor t_dout = describe_array("d_out", d_out, d_out_dtype);
+  const sfmoe_tensor t_rows = describe_array("rows", rows, rows_dtype);
+  const sfmoe_tensor t_offsets = describe_array("group_offsets", group_offsets, SFMOE_DTYPE_INT64);
+  const sfmoe_tensor t_map = describe_array("row_map", row_map, SFMOE_DTYPE_INT64);
+  const sfmoe_tensor t_probs = describe_array("probs", probs, SFMOE_DTYPE_FP32);
+  const sfmoe_tensor t_drows = describe_array("d_rows", d_rows, d_rows_dtype);
+  const sfmoe_tensor t_dprobs = describe_array("d_probs", d_probs, SFMOE_DTYPE_FP32);
+  const int64_t groups = t_offsets.ndim == 1 ? t_offsets.shape[0] - 1 : 0;
+  const sfmoe_grouped_tensor g_rows = rows_descriptor(t_rows, groups, 1, t_offsets);
+  const sfmoe_grouped_tensor g_drows = rows_descriptor(t_drows, groups, 1, t_offsets);
+  sfmoe_status status;
+  {
+    nb::gil_scoped_release release;
+    status = sfmoe_unpermute_backward(&t_dout, &g_rows, &t_map, &t_probs, &g_drows, &t_dprobs,
+                                      stream_pointer(stream));
+  }
+  check(status);
+}
+
 NB_MODULE(_C, m) {
   m.doc() = "sfmoe native extension: a thin binding of the sfmoe C API (use the sfmoe package)";
   nb::register_exception_translator(translate_exception);
@@ -1120,6 +1214,18 @@ NB_MODULE(_C, m) {
         "tokens_per_expert"_a, "config"_a, "d_probs"_a.none(), "d_aux_loss"_a, "d_z_loss"_a,
         "d_logits"_a.noconvert(), "stream"_a = 0,
         "sfmoe_router_backward (host memory only for now).");
+  m.def("permute", &permute, "tokens"_a, "dtype"_a, "topk_ids"_a, "expert_capacity"_a,
+        "permuted"_a.noconvert(), "num_experts"_a, "alignment"_a, "group_offsets"_a.noconvert(),
+        "row_map"_a.noconvert(), "tokens_per_expert"_a.noconvert(),
+        "dropped_per_expert"_a.noconvert(), "stream"_a = 0,
+        "sfmoe_permute (host memory only for now).");
+  m.def("unpermute", &unpermute, "rows"_a, "rows_dtype"_a, "group_offsets"_a, "row_map"_a,
+        "probs"_a.none(), "out"_a.noconvert(), "out_dtype"_a, "stream"_a = 0,
+        "sfmoe_unpermute (host memory only for now).");
+  m.def("unpermute_backward", &unpermute_backward, "d_out"_a, "d_out_dtype"_a, "rows"_a,
+        "rows_dtype"_a, "group_offsets"_a, "row_map"_a, "probs"_a, "d_rows"_a.noconvert(),
+        "d_rows_dtype"_a, "d_probs"_a.noconvert(), "stream"_a = 0,
+        "sfmoe_unpermute_backward (host memory only for now).");
   m.def("grouped_amax", &grouped_amax, "input"_a, "amax"_a.noconvert(),
         "status_word"_a = nb::none(), "stream"_a = 0,
         "sfmoe_grouped_amax: amax[g] = max |x| over group g of the grouped tensor `input` (a\n"

@@ -1,0 +1,103 @@
+"""Permute / unpermute (docs/permute.md): token rows to expert-sorted, padded rows and back. The
+library runs them on host memory for now (NumPy arrays, CPU torch tensors); CUDA tensors are
+refused by the library until its kernels exist."""
+
+import dataclasses
+
+from . import _C, _arrays
+from ._dtypes import DType, as_dtype
+
+_ROW_DTYPES = (DType.FP32, DType.BF16, DType.FP16)
+
+
+@dataclasses.dataclass
+class PermuteOutput:
+    """What :func:`permute` returns. rows: [row_capacity, H], expert e's block at
+    group_offsets[e] (padded to `alignment` with zero rows); row_map [T, k] int64: each slot's row,
+    or -1 where the capacity dropped it; tokens_per_expert / dropped_per_expert [E] int64."""
+
+    rows: object
+    group_offsets: object
+    row_map: object
+    tokens_per_expert: object
+    dropped_per_expert: object
+    alignment: int
+
+
+def _rows_input(x, what):
+    adapter, x = _arrays.adapt(x, what)
+    dtype = _arrays.resolve_dtype(adapter, x, None, what)
+    if dtype not in _ROW_DTYPES:
+        raise TypeError(f"{what}: expected float32, bfloat16 or float16 values, got {dtype.c_name}")
+    if len(adapter.shape(x)) != 2:
+        raise ValueError(f"{what}: expected a 2-D array, got shape {adapter.shape(x)}")
+    return adapter, adapter.prepare_input(x), dtype
+
+
+def _typed(x, what, dtype):
+    adapter, x = _arrays.adapt(x, what)
+    if _arrays.resolve_dtype(adapter, x, None, what) != dtype:
+        raise TypeError(f"{what}: expected {dtype.c_name} values")
+    return adapter.for_binding(adapter.prepare_input(x))
+
+
+def permute(tokens, topk_ids, num_experts, *, alignment=1, expert_capacity=0):
+    """Sorts token rows by expert (docs/permute.md).
+
+    tokens: [T, H] float32 / bfloat16 / float16. topk_ids: [T, k] int32 (the router's), each token
+    naming an expert at most once. alignment: 1, 8, 16, 32, 64 or 128 rows per block step.
+    expert_capacity: > 0 keeps at most that many tokens per expert (the lowest token indices).
+    Returns a :class:`PermuteOutput`; its row capacity is the worst case the sizes allow.
+    """
+    adapter, x, dtype = _rows_input(tokens, "tokens")
+    t_count, hidden = adapter.shape(x)
+    ids_adapter, ids = _arrays.adapt(topk_ids, "topk_ids")
+    ids_shape = ids_adapter.shape(ids)
+    if len(ids_shape) != 2 or ids_shape[0] != t_count:
+        raise ValueError(f"topk_ids: expected [{t_count}, k], got shape {ids_shape}")
+    k = ids_shape[1]
+    experts, alignment, capacity = int(num_experts), int(alignment), int(expert_capacity)
+    kept_bound = min(t_count * k, experts * capacity) if capacity > 0 else t_count * k
+    row_capacity = kept_bound + experts * (alignment - 1)
+    rows = adapter.empty((row_capacity, hidden), dtype, x)
+    offsets = adapter.empty((experts + 1,), DType.INT64, x)
+    row_map = adapter.empty((t_count, k), DType.INT64, x)
+    kept = adapter.empty((experts,), DType.INT64, x)
+    dropped = adapter.empty((experts,), DType.INT64, x)
+    bind = adapter.for_binding
+    _C.permute(bind(x), int(dtype), _typed(topk_ids, "topk_ids", DType.INT32), capacity, bind(rows), experts,
+               alignment, bind(offsets), bind(row_map), bind(kept), bind(dropped), adapter.stream(x))
+    return PermuteOutput(rows, offsets, row_map, kept, dropped, alignment)
+
+
+def unpermute(rows, permuted, probs=None, *, out_dtype=None):
+    """Combines expert rows back into token rows: out[t] = sum_i probs[t, i] rows[row_map[t, i]]
+    (FP32 sums in slot order, deterministic). rows: [row_capacity, H'] laid out like
+    `permuted.rows` (e.g. the FC2 output). probs: [T, k] float32, or None for weight 1 (permute's
+    backward). out_dtype: the output dtype (default: the rows' dtype)."""
+    adapter, r, dtype = _rows_input(rows, "rows")
+    row_map = permuted.row_map
+    t_count, _ = adapter.shape(row_map)
+    out_type = dtype if out_dtype is None else as_dtype(out_dtype, "out_dtype")
+    out = adapter.empty((t_count, adapter.shape(r)[1]), out_type, r)
+    p = None if probs is None else _typed(probs, "probs", DType.FP32)
+    bind = adapter.for_binding
+    _C.unpermute(bind(r), int(dtype), bind(permuted.group_offsets), bind(row_map), p, bind(out), int(out_type),
+                 adapter.stream(r))
+    return out
+
+
+def unpermute_backward(d_out, rows, permuted, probs):
+    """(d_rows, d_probs) of :func:`unpermute`: d_rows [row_capacity, H'] float32 (zeros where no
+    slot points), d_probs [T, k] float32."""
+    adapter, d, d_dtype = _rows_input(d_out, "d_out")
+    _, r, r_dtype = _rows_input(rows, "rows")
+    t_count = adapter.shape(d)[0]
+    k = adapter.shape(permuted.row_map)[1]
+    d_rows = adapter.empty(adapter.shape(r), DType.FP32, r)
+    d_probs = adapter.empty((t_count, k), DType.FP32, r)
+    bind = adapter.for_binding
+    _C.unpermute_backward(bind(d), int(d_dtype), bind(r), int(r_dtype), bind(permuted.group_offsets),
+                          bind(permuted.row_map), _typed(probs, "probs", DType.FP32), bind(d_rows), int(DType.FP32),
+                          bind(d_probs), adapter.stream(d))
+    return d_rows, d_probs
