@@ -19,6 +19,7 @@ except ImportError as error:  # pragma: no cover - depends on the build
     ) from error
 
 from . import numerics
+from ._activation import ACTIVATIONS, grouped_activation, grouped_activation_backward
 from ._core import (
     FP8_MAX,
     QuantizedTensor,
@@ -50,6 +51,7 @@ from ._status import Fault, FaultReport, StatusWord
 __version__ = _C.build_info()["version"]
 
 __all__ = [
+    "ACTIVATIONS",
     "DType",
     "Error",
     "FLOAT_DTYPES",
@@ -71,6 +73,8 @@ __all__ = [
     "cast",
     "dequantize",
     "device_info",
+    "grouped_activation",
+    "grouped_activation_backward",
     "grouped_amax",
     "last_error",
     "min_row_alignment",

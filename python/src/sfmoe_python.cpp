@@ -24,6 +24,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "sfmoe/activation.h"
 #include "sfmoe/cast.h"
 #include "sfmoe/numerics.h"
 #include "sfmoe/permute.h"
@@ -1118,6 +1119,60 @@ void unpermute_backward(nb::ndarray<nb::ro> d_out, int32_t d_out_dtype, nb::ndar
   check(status);
 }
 
+// ---- grouped activations (host memory for now)
+// -----------------------------------------------------
+
+sfmoe_activation_config activation_config(int32_t kind, double limit, double alpha) {
+  sfmoe_activation_config c = sfmoe_activation_config_init();
+  c.kind = to_enum<sfmoe_activation>(kind);
+  c.limit = static_cast<float>(limit);
+  c.alpha = static_cast<float>(alpha);
+  return c;
+}
+
+void grouped_activation(nb::ndarray<nb::ro> input, int32_t input_dtype, nb::ndarray<> group_offsets,
+                        nb::ndarray<nb::ro> group_rows, int32_t kind, double limit, double alpha,
+                        nb::ndarray<> output, int32_t output_dtype, uint64_t stream) {
+  const sfmoe_tensor t_in = describe_array("input", input, input_dtype);
+  const sfmoe_tensor t_offsets = describe_array("group_offsets", group_offsets, SFMOE_DTYPE_INT64);
+  const sfmoe_tensor t_rows = describe_array("group_rows", group_rows, SFMOE_DTYPE_INT64);
+  const sfmoe_tensor t_out = describe_array("output", output, output_dtype);
+  const int64_t groups = t_offsets.ndim == 1 ? t_offsets.shape[0] - 1 : 0;
+  const sfmoe_grouped_tensor g_in = rows_descriptor(t_in, groups, 1, t_offsets);
+  const sfmoe_grouped_tensor g_out = rows_descriptor(t_out, groups, 1, t_offsets);
+  const sfmoe_activation_config c = activation_config(kind, limit, alpha);
+  sfmoe_status status;
+  {
+    nb::gil_scoped_release release;
+    status = sfmoe_grouped_activation(&g_in, &t_rows, &c, &g_out, stream_pointer(stream));
+  }
+  check(status);
+}
+
+void grouped_activation_backward(nb::ndarray<nb::ro> input, int32_t input_dtype,
+                                 nb::ndarray<> group_offsets, nb::ndarray<nb::ro> group_rows,
+                                 nb::ndarray<nb::ro> d_output, int32_t d_output_dtype, int32_t kind,
+                                 double limit, double alpha, nb::ndarray<> d_input,
+                                 int32_t d_input_dtype, uint64_t stream) {
+  const sfmoe_tensor t_in = describe_array("input", input, input_dtype);
+  const sfmoe_tensor t_offsets = describe_array("group_offsets", group_offsets, SFMOE_DTYPE_INT64);
+  const sfmoe_tensor t_rows = describe_array("group_rows", group_rows, SFMOE_DTYPE_INT64);
+  const sfmoe_tensor t_dout = describe_array("d_output", d_output, d_output_dtype);
+  const sfmoe_tensor t_din = describe_array("d_input", d_input, d_input_dtype);
+  const int64_t groups = t_offsets.ndim == 1 ? t_offsets.shape[0] - 1 : 0;
+  const sfmoe_grouped_tensor g_in = rows_descriptor(t_in, groups, 1, t_offsets);
+  const sfmoe_grouped_tensor g_dout = rows_descriptor(t_dout, groups, 1, t_offsets);
+  const sfmoe_grouped_tensor g_din = rows_descriptor(t_din, groups, 1, t_offsets);
+  const sfmoe_activation_config c = activation_config(kind, limit, alpha);
+  sfmoe_status status;
+  {
+    nb::gil_scoped_release release;
+    status = sfmoe_grouped_activation_backward(&g_in, &t_rows, &g_dout, &c, &g_din,
+                                               stream_pointer(stream));
+  }
+  check(status);
+}
+
 NB_MODULE(_C, m) {
   m.doc() = "sfmoe native extension: a thin binding of the sfmoe C API (use the sfmoe package)";
   nb::register_exception_translator(translate_exception);
@@ -1226,6 +1281,14 @@ NB_MODULE(_C, m) {
         "rows_dtype"_a, "group_offsets"_a, "row_map"_a, "probs"_a, "d_rows"_a.noconvert(),
         "d_rows_dtype"_a, "d_probs"_a.noconvert(), "stream"_a = 0,
         "sfmoe_unpermute_backward (host memory only for now).");
+  m.def("grouped_activation", &grouped_activation, "input"_a, "input_dtype"_a,
+        "group_offsets"_a.noconvert(), "group_rows"_a, "kind"_a, "limit"_a, "alpha"_a,
+        "output"_a.noconvert(), "output_dtype"_a, "stream"_a = 0,
+        "sfmoe_grouped_activation (host memory only for now).");
+  m.def("grouped_activation_backward", &grouped_activation_backward, "input"_a, "input_dtype"_a,
+        "group_offsets"_a.noconvert(), "group_rows"_a, "d_output"_a, "d_output_dtype"_a, "kind"_a,
+        "limit"_a, "alpha"_a, "d_input"_a.noconvert(), "d_input_dtype"_a, "stream"_a = 0,
+        "sfmoe_grouped_activation_backward (host memory only for now).");
   m.def("grouped_amax", &grouped_amax, "input"_a, "amax"_a.noconvert(),
         "status_word"_a = nb::none(), "stream"_a = 0,
         "sfmoe_grouped_amax: amax[g] = max |x| over group g of the grouped tensor `input` (a\n"

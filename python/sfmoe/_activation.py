@@ -1,0 +1,73 @@
+"""Grouped activations (docs/activations.md), forward and backward. The library runs them on host
+memory for now (NumPy arrays, CPU torch tensors); CUDA tensors are refused by the library until
+its kernels exist."""
+
+from . import _C, _arrays
+from ._dtypes import DType, as_dtype
+
+ACTIVATIONS = {"swiglu": 0, "geglu": 1, "silu": 2, "gelu": 3, "squared_relu": 4, "clamped_swiglu": 5}
+GATED = ("swiglu", "geglu", "clamped_swiglu")
+
+
+def _kind(activation):
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation: expected one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    return ACTIVATIONS[activation]
+
+
+def _input(x, what):
+    adapter, x = _arrays.adapt(x, what)
+    dtype = _arrays.resolve_dtype(adapter, x, None, what)
+    if dtype not in (DType.FP32, DType.BF16, DType.FP16):
+        raise TypeError(f"{what}: expected float32, bfloat16 or float16 values, got {dtype.c_name}")
+    if len(adapter.shape(x)) != 2:
+        raise ValueError(f"{what}: expected a 2-D array, got shape {adapter.shape(x)}")
+    return adapter, adapter.prepare_input(x), dtype
+
+
+def _groups(adapter, group_offsets, group_rows):
+    offsets_adapter, offsets = _arrays.adapt(group_offsets, "group_offsets")
+    rows_adapter, rows = _arrays.adapt(group_rows, "group_rows")
+    for a, arr, what in ((offsets_adapter, offsets, "group_offsets"), (rows_adapter, rows, "group_rows")):
+        if _arrays.resolve_dtype(a, arr, None, what) != DType.INT64:
+            raise TypeError(f"{what}: expected int64 values")
+    return (offsets_adapter.for_binding(offsets_adapter.prepare_input(offsets)),
+            rows_adapter.for_binding(rows_adapter.prepare_input(rows)))
+
+
+def grouped_activation(x, group_offsets, group_rows, activation="swiglu", *, limit=7.0, alpha=1.702,
+                       out_dtype=None):
+    """The activation of each group's real rows (docs/activations.md).
+
+    x: [row_capacity, 2F] ([gate | up]) for "swiglu", "geglu" and "clamped_swiglu", [row_capacity,
+    F] for "silu", "gelu" and "squared_relu"; float32 / bfloat16 / float16. group_offsets: [G + 1]
+    int64 block starts (e.g. PermuteOutput.group_offsets); group_rows: [G] int64 real rows of each
+    group (e.g. tokens_per_expert). Padding rows of the output are zeros. limit / alpha: the clamped
+    SwiGLU's. Returns [row_capacity, F] in out_dtype (default: x's dtype).
+    """
+    kind = _kind(activation)
+    adapter, x, dtype = _input(x, "x")
+    rows, cols = adapter.shape(x)
+    out_cols = cols // 2 if activation in GATED else cols
+    if activation in GATED and cols % 2:
+        raise ValueError(f"x: a gated activation needs an even number of columns, got {cols}")
+    out_type = dtype if out_dtype is None else as_dtype(out_dtype, "out_dtype")
+    out = adapter.empty((rows, out_cols), out_type, x)
+    offsets, counts = _groups(adapter, group_offsets, group_rows)
+    _C.grouped_activation(adapter.for_binding(x), int(dtype), offsets, counts, kind, float(limit), float(alpha),
+                          adapter.for_binding(out), int(out_type), adapter.stream(x))
+    return out
+
+
+def grouped_activation_backward(x, d_out, group_offsets, group_rows, activation="swiglu", *, limit=7.0,
+                                alpha=1.702):
+    """d x (float32, shaped like x; padding rows zero) from the forward's x and d_out."""
+    kind = _kind(activation)
+    adapter, x, dtype = _input(x, "x")
+    _, d, d_dtype = _input(d_out, "d_out")
+    d_x = adapter.empty(adapter.shape(x), DType.FP32, x)
+    offsets, counts = _groups(adapter, group_offsets, group_rows)
+    _C.grouped_activation_backward(adapter.for_binding(x), int(dtype), offsets, counts, adapter.for_binding(d),
+                                   int(d_dtype), kind, float(limit), float(alpha), adapter.for_binding(d_x),
+                                   int(DType.FP32), adapter.stream(x))
+    return d_x
