@@ -56,7 +56,11 @@ def test_unpermute_and_backward_match_numpy(rng):
     ids = random_routing(rng, tokens, experts, k)
     probs = rng.uniform(size=(tokens, k)).astype(np.float32)
     p = sfmoe.permute(x, ids, experts, alignment=8, expert_capacity=6)
-    y = (p.rows * 2.0).astype(np.float32)  # stands in for the FC2 output, laid out like the rows
+    # Stands in for the FC2 output, laid out like the rows (rows beyond the groups are not written
+    # by permute: they hold whatever the allocation held, and nothing may read them).
+    end = p.group_offsets[-1]
+    y = np.full(p.rows.shape, np.nan, np.float32)
+    y[:end] = p.rows[:end] * 2.0
     out = sfmoe.unpermute(y, p, probs)
     want = np.zeros((tokens, hidden), np.float64)
     for t in range(tokens):
