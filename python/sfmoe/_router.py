@@ -42,6 +42,14 @@ def _config(top_k, score, softmax_after_topk, num_groups, group_topk, group_scor
     )
 
 
+def _typed_f32(x, what):
+    """A float32 array as the binding takes it (the binding checks only the element width)."""
+    adapter, x = _arrays.adapt(x, what)
+    if _arrays.resolve_dtype(adapter, x, None, what) != DType.FP32:
+        raise TypeError(f"{what}: expected float32 values")
+    return adapter.for_binding(adapter.prepare_input(x))
+
+
 def _logits(logits):
     adapter, x = _arrays.adapt(logits, "logits")
     dtype = _arrays.resolve_dtype(adapter, x, None, "logits")
@@ -77,8 +85,7 @@ def router(logits, top_k, *, score="softmax", softmax_after_topk=False, num_grou
     z = adapter.empty((1,), DType.FP32, x) if config["z_loss_coeff"] else None
     bias = None
     if expert_bias is not None:
-        bias_adapter, bias = _arrays.adapt(expert_bias, "expert_bias")
-        bias = bias_adapter.for_binding(bias_adapter.prepare_input(bias))
+        bias = _typed_f32(expert_bias, "expert_bias")
     def bind(array):
         return None if array is None else adapter.for_binding(array)
 
@@ -95,8 +102,7 @@ def router_backward(logits, routed, d_probs=None, d_aux_loss=1.0, d_z_loss=1.0):
     d_logits = adapter.empty((tokens, experts), DType.FP32, x)
     dp = None
     if d_probs is not None:
-        dp_adapter, dp = _arrays.adapt(d_probs, "d_probs")
-        dp = dp_adapter.for_binding(dp_adapter.prepare_input(dp))
+        dp = _typed_f32(d_probs, "d_probs")
     def bind(array):
         return adapter.for_binding(array)
 

@@ -1130,9 +1130,10 @@ sfmoe_activation_config activation_config(int32_t kind, double limit, double alp
   return c;
 }
 
-void grouped_activation(nb::ndarray<nb::ro> input, int32_t input_dtype, nb::ndarray<> group_offsets,
-                        nb::ndarray<nb::ro> group_rows, int32_t kind, double limit, double alpha,
-                        nb::ndarray<> output, int32_t output_dtype, uint64_t stream) {
+void grouped_activation(nb::ndarray<nb::ro> input, int32_t input_dtype,
+                        nb::ndarray<nb::ro> group_offsets, nb::ndarray<nb::ro> group_rows,
+                        int32_t kind, double limit, double alpha, nb::ndarray<> output,
+                        int32_t output_dtype, uint64_t stream) {
   const sfmoe_tensor t_in = describe_array("input", input, input_dtype);
   const sfmoe_tensor t_offsets = describe_array("group_offsets", group_offsets, SFMOE_DTYPE_INT64);
   const sfmoe_tensor t_rows = describe_array("group_rows", group_rows, SFMOE_DTYPE_INT64);
@@ -1150,7 +1151,7 @@ void grouped_activation(nb::ndarray<nb::ro> input, int32_t input_dtype, nb::ndar
 }
 
 void grouped_activation_backward(nb::ndarray<nb::ro> input, int32_t input_dtype,
-                                 nb::ndarray<> group_offsets, nb::ndarray<nb::ro> group_rows,
+                                 nb::ndarray<nb::ro> group_offsets, nb::ndarray<nb::ro> group_rows,
                                  nb::ndarray<nb::ro> d_output, int32_t d_output_dtype, int32_t kind,
                                  double limit, double alpha, nb::ndarray<> d_input,
                                  int32_t d_input_dtype, uint64_t stream) {
@@ -1281,13 +1282,12 @@ NB_MODULE(_C, m) {
         "rows_dtype"_a, "group_offsets"_a, "row_map"_a, "probs"_a, "d_rows"_a.noconvert(),
         "d_rows_dtype"_a, "d_probs"_a.noconvert(), "stream"_a = 0,
         "sfmoe_unpermute_backward (host memory only for now).");
-  m.def("grouped_activation", &grouped_activation, "input"_a, "input_dtype"_a,
-        "group_offsets"_a.noconvert(), "group_rows"_a, "kind"_a, "limit"_a, "alpha"_a,
-        "output"_a.noconvert(), "output_dtype"_a, "stream"_a = 0,
-        "sfmoe_grouped_activation (host memory only for now).");
+  m.def("grouped_activation", &grouped_activation, "input"_a, "input_dtype"_a, "group_offsets"_a,
+        "group_rows"_a, "kind"_a, "limit"_a, "alpha"_a, "output"_a.noconvert(), "output_dtype"_a,
+        "stream"_a = 0, "sfmoe_grouped_activation (host memory only for now).");
   m.def("grouped_activation_backward", &grouped_activation_backward, "input"_a, "input_dtype"_a,
-        "group_offsets"_a.noconvert(), "group_rows"_a, "d_output"_a, "d_output_dtype"_a, "kind"_a,
-        "limit"_a, "alpha"_a, "d_input"_a.noconvert(), "d_input_dtype"_a, "stream"_a = 0,
+        "group_offsets"_a, "group_rows"_a, "d_output"_a, "d_output_dtype"_a, "kind"_a, "limit"_a,
+        "alpha"_a, "d_input"_a.noconvert(), "d_input_dtype"_a, "stream"_a = 0,
         "sfmoe_grouped_activation_backward (host memory only for now).");
   m.def("grouped_amax", &grouped_amax, "input"_a, "amax"_a.noconvert(),
         "status_word"_a = nb::none(), "stream"_a = 0,

@@ -50,15 +50,25 @@ sfmoe_status expect_rows(const char* context, const char* name, const sfmoe_grou
 }
 
 // row_map entries are rows of `row_capacity`, or -1: checked before anything is written.
+// row_map entries are rows of `row_capacity`, each named by one slot at most (as permute writes
+// them; the backward writes each named row once), or -1: checked before anything is written.
 sfmoe_status check_row_map(const char* context, const sfmoe_tensor* row_map, int64_t row_capacity) {
   const int64_t* rows = static_cast<const int64_t*>(row_map->data);
   const int64_t count = tensor_element_count(row_map);
+  std::vector<bool> named(static_cast<size_t>(row_capacity), false);
   for (int64_t i = 0; i < count; ++i) {
     if (rows[i] < -1 || rows[i] >= row_capacity) {
       return fail(SFMOE_ERROR_INVALID_ARGUMENT,
                   "%s: row_map[%lld] = %lld is neither -1 nor a row of %lld", context,
                   static_cast<long long>(i), static_cast<long long>(rows[i]),
                   static_cast<long long>(row_capacity));
+    }
+    if (rows[i] >= 0) {
+      if (named[rows[i]]) {
+        return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: row_map names row %lld twice (entry %lld)",
+                    context, static_cast<long long>(rows[i]), static_cast<long long>(i));
+      }
+      named[rows[i]] = true;
     }
   }
   return SFMOE_SUCCESS;
@@ -127,13 +137,20 @@ sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_
       SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "dropped_per_expert", dropped_per_expert,
                                                  {SFMOE_DTYPE_INT64}, {experts}, tokens, "tokens"));
     }
-    // The worst case must fit: every kept row plus each expert's padding.
-    const int64_t slots = t_count * k;
-    const int64_t kept_bound =
-        config->expert_capacity > 0 && experts * config->expert_capacity < slots
-            ? experts * config->expert_capacity
-            : slots;
-    const int64_t needed = kept_bound + experts * (a - 1);
+    // The worst case must fit: every kept row plus each expert's padding (products checked for
+    // overflow: a wrapped bound would let a small buffer pass).
+    const int64_t slots = t_count * k;  // the element count of a validated tensor
+    int64_t kept_bound = slots, capacity_rows = 0, padding = 0, needed = 0;
+    if (config->expert_capacity > 0 &&
+        !__builtin_mul_overflow(experts, config->expert_capacity, &capacity_rows) &&
+        capacity_rows < slots) {
+      kept_bound = capacity_rows;
+    }
+    if (__builtin_mul_overflow(experts, a - 1, &padding) ||
+        __builtin_add_overflow(kept_bound, padding, &needed)) {
+      return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: the worst-case row count overflows int64",
+                         context);
+    }
     if (permuted->row_capacity < needed) {
       return sfmoe::fail(
           SFMOE_ERROR_SHAPE_MISMATCH,

@@ -29,11 +29,15 @@ struct Activation {
   }
   static Real gelu(Real x) { return A::mul(x, A::sigmoid(A::mul(Real(2), gelu_inner(x)))); }
   // d/dx x s = s + 2 x s (1 - s) y', s = sigmoid(2 y), y' = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
+  // Where the sigmoid has saturated (s (1 - s) = 0) the second term is 0; it is skipped, so that
+  // x^2 overflowing for |x| > ~1.8e19 cannot turn it into 0 * Inf.
   static Real gelu_grad(Real x) {
     const Real s = A::sigmoid(A::mul(Real(2), gelu_inner(x)));
+    const Real spread = A::mul(s, A::add(Real(1), -s));
+    if (spread == Real(0)) return s;
     const Real slope =
         A::mul(kSqrt2OverPi, A::add(Real(1), A::mul(A::mul(Real(3), kGeluCubic), A::mul(x, x))));
-    return A::add(s, A::mul(A::mul(A::mul(Real(2), x), A::mul(s, A::add(Real(1), -s))), slope));
+    return A::add(s, A::mul(A::mul(A::mul(Real(2), x), spread), slope));
   }
   static Real clamp_gate(Real g, Real limit) { return g > limit ? limit : g; }
   static Real clamp_up(Real u, Real limit) { return u > limit ? limit : (u < -limit ? -limit : u); }
@@ -51,7 +55,7 @@ struct Activation {
       case ActivationKind::kGeLU:
         return gelu(g);
       case ActivationKind::kSquaredReLU: {
-        const Real r = g > Real(0) ? g : Real(0);
+        const Real r = g > Real(0) || g != g ? g : Real(0);  // NaN stays NaN
         return A::mul(r, r);
       }
       case ActivationKind::kClampedSwiGLU: {
@@ -83,7 +87,7 @@ struct Activation {
         *dg = A::mul(d, gelu_grad(g));
         return;
       case ActivationKind::kSquaredReLU:
-        *dg = g > Real(0) ? A::mul(A::mul(Real(2), g), d) : Real(0);
+        *dg = g > Real(0) || g != g ? A::mul(A::mul(Real(2), g), d) : Real(0);
         return;
       case ActivationKind::kClampedSwiGLU: {
         const Real gc = clamp_gate(g, limit), uc = clamp_up(u, limit);

@@ -24,18 +24,45 @@ bool ranks_before(Real a, int64_t ia, Real b, int64_t ib) {
   return ia < ib;
 }
 
-// softmax(x) over n values: max, then e^(x - max) summed in index order, then each divided.
+// softmax(x) over n values: the max, then e^(x - max) summed in index order, then each divided.
+// Non-finite logits follow the limits, so that one bad logit cannot decide a token's routing:
+// a NaN logit takes no part (its score is NaN, which ranks last); when some logits are +Inf they
+// share the probability equally and the others get 0; when every logit is -Inf the scores are
+// uniform (all logits equal). Only NaN logits everywhere give NaN everywhere.
 template <class Real>
 void softmax(const Real* x, int64_t n, Real* out) {
   using A = Arithmetic<Real>;
-  Real max = x[0];
-  for (int64_t e = 1; e < n; ++e) max = x[e] > max ? x[e] : max;
+  const Real inf = static_cast<Real>(INFINITY);
+  bool any = false;
+  Real max = 0;
+  int64_t at_max = 0, counted = 0;
+  for (int64_t e = 0; e < n; ++e) {
+    if (x[e] != x[e]) continue;  // NaN
+    if (!any || x[e] > max) max = x[e];
+    any = true;
+    ++counted;
+  }
+  for (int64_t e = 0; e < n; ++e) at_max += x[e] == max;
+  if (any && (max == inf || max == -inf)) {
+    // +Inf: the +Inf logits share 1; all -Inf: every non-NaN logit gets 1 / count.
+    const Real share = A::div(Real(1), static_cast<Real>(max == inf ? at_max : counted));
+    for (int64_t e = 0; e < n; ++e) {
+      out[e] = x[e] != x[e] ? x[e] : (x[e] == max ? share : Real(0));
+    }
+    return;
+  }
   Real sum = 0;
   for (int64_t e = 0; e < n; ++e) {
+    if (x[e] != x[e]) {
+      out[e] = x[e];
+      continue;
+    }
     out[e] = A::exp(A::add(x[e], -max));
     sum = A::add(sum, out[e]);
   }
-  for (int64_t e = 0; e < n; ++e) out[e] = A::div(out[e], sum);
+  for (int64_t e = 0; e < n; ++e) {
+    if (x[e] == x[e]) out[e] = A::div(out[e], sum);
+  }
 }
 
 // log(sum e^x) = max + log(sum e^(x - max)).

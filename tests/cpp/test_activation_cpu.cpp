@@ -45,6 +45,14 @@ TEST(ActivationCpu, KnownValuesAndZeroPreservation) {
               0.8411920071, 1e-6);
   EXPECT_EQ(Activation<float>::forward(config_of(ActivationKind::kSquaredReLU), 3.0f, 0.0f), 9.0f);
   EXPECT_EQ(Activation<float>::forward(config_of(ActivationKind::kSquaredReLU), -3.0f, 0.0f), 0.0f);
+  // NaN propagates through every kind (divergence must show).
+  for (ActivationKind kind : kKinds) {
+    EXPECT_TRUE(std::isnan(Activation<float>::forward(config_of(kind), NAN, 1.0f)))
+        << static_cast<int>(kind);
+  }
+  // GELU's gradient at huge inputs: the saturated limits, not 0 * Inf.
+  EXPECT_EQ(Activation<float>::gelu_grad(1e20f), 1.0f);
+  EXPECT_EQ(Activation<float>::gelu_grad(-1e20f), 0.0f);
   // Clamped SwiGLU (limit 7, alpha 1.702): gate 10 -> 7, up -10 -> -7.
   const double s = 1.0 / (1.0 + std::exp(-1.702 * 7.0));
   EXPECT_NEAR(Activation<float>::forward(config_of(ActivationKind::kClampedSwiGLU), 10.0f, -10.0f),

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -325,9 +326,19 @@ TEST(PermuteApi, RoundTripThroughTheCApiAndItsRefusals) {
   EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, nullptr, nullptr),
             SFMOE_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(row_map, map_before);
+  config.expert_capacity = INT64_MAX / 2;  // experts x capacity overflows: must not pass as small
+  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &small, &t_map, &t_kept, nullptr, nullptr),
+            SFMOE_ERROR_SHAPE_MISMATCH);
   config.expert_capacity = -1;
   EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, nullptr, nullptr),
             SFMOE_ERROR_INVALID_ARGUMENT);
+  const int64_t saved = row_map[7];
+  row_map[7] = row_map[8] >= 0 ? row_map[8] : 0;  // one row named by two slots
+  row_map[8] = row_map[7];
+  EXPECT_EQ(
+      sfmoe_unpermute_backward(&t_dout, &g_rows, &t_map, &t_probs, &g_drows, &t_dprobs, nullptr),
+      SFMOE_ERROR_INVALID_ARGUMENT);
+  row_map[7] = saved;
   row_map[7] = capacity_rows;  // not a row
   std::fill(back.begin(), back.end(), 5.0f);
   EXPECT_EQ(sfmoe_unpermute(&g_rows, &t_map, nullptr, &t_back, nullptr),

@@ -143,10 +143,29 @@ TEST(RouterCpu, HandWorkedCases) {
     EXPECT_NEAR(r.probs[0], 1.0 / (1.0 + std::exp(-1.0)), 1e-7);
     EXPECT_NEAR(r.probs[0] + r.probs[1], 1.0, 1e-7);
   }
-  {  // a NaN logit is never preferred
+  {  // a NaN logit is never preferred, and does not spoil the token's other scores
     RouterConfig c = config(3, 1);
     c.softmax_after_topk = true;
     EXPECT_EQ(route({NAN, 1.0f, 0.0f}, nullptr, c).ids, (std::vector<int32_t>{1}));
+    c.softmax_after_topk = false;
+    const Routed r = route({NAN, 1.0f, 5.0f}, nullptr, c);
+    EXPECT_EQ(r.ids, (std::vector<int32_t>{2}));
+    EXPECT_NEAR(r.probs[0], 1.0 / (1.0 + std::exp(-4.0)), 1e-6);
+    c.sigmoid = true;
+    EXPECT_EQ(route({NAN, 1.0f, 5.0f}, nullptr, c).ids, (std::vector<int32_t>{2}));
+  }
+  {  // infinite logits take the softmax's limits: +Inf ones share 1, all -Inf is uniform
+    RouterConfig c = config(3, 2);
+    Routed r = route({1.0f, 0.0f, INFINITY}, nullptr, c);
+    EXPECT_EQ(r.ids, (std::vector<int32_t>{2, 0}));
+    EXPECT_EQ(r.probs, (std::vector<float>{1.0f, 0.0f}));
+    r = route({INFINITY, INFINITY, 0.0f}, nullptr, c);
+    EXPECT_EQ(r.ids, (std::vector<int32_t>{0, 1}));
+    EXPECT_EQ(r.probs, (std::vector<float>{0.5f, 0.5f}));
+    r = route({-INFINITY, -INFINITY, -INFINITY}, nullptr, c);
+    EXPECT_EQ(r.ids, (std::vector<int32_t>{0, 1}));
+    EXPECT_EQ(r.probs[0], 1.0f / 3.0f);
+    EXPECT_EQ(r.probs[1], 1.0f / 3.0f);
   }
 }
 

@@ -78,3 +78,13 @@ def test_activation_errors(rng):
         sfmoe.grouped_activation(x, GROUP_OFFSETS.astype(np.int32), GROUP_ROWS, "silu")
     with pytest.raises(ValueError, match="even"):
         sfmoe.grouped_activation(x[:, :11], GROUP_OFFSETS, GROUP_ROWS, "swiglu")
+
+
+def test_read_only_offsets_are_accepted(rng):
+    x = rng.normal(size=(64, 12)).astype(np.float32)
+    offsets, rows = GROUP_OFFSETS.copy(), GROUP_ROWS.copy()
+    offsets.setflags(write=False)
+    rows.setflags(write=False)
+    out = sfmoe.grouped_activation(x, offsets, rows, "swiglu")
+    d = sfmoe.grouped_activation_backward(x, np.ones_like(out), offsets, rows, "swiglu")
+    assert out.shape == (64, 6) and d.shape == x.shape

@@ -123,3 +123,19 @@ def test_no_tokens():
     np.testing.assert_array_equal(r.tokens_per_expert, np.zeros(8, np.int64))
     assert r.aux_loss[0] == 0.0 and r.z_loss[0] == 0.0
     assert sfmoe.router_backward(np.zeros((0, 8), np.float32), r).shape == (0, 8)
+
+
+def test_float_arguments_must_be_float32(rng):
+    x = rng.normal(size=(4, 8)).astype(np.float32)
+    with pytest.raises(TypeError, match="expert_bias"):
+        sfmoe.router(x, 2, score="sigmoid", expert_bias=np.zeros(8, np.int32))
+    r = sfmoe.router(x, 2)
+    with pytest.raises(TypeError, match="d_probs"):
+        sfmoe.router_backward(x, r, np.ones((4, 2), np.int32))
+
+
+def test_non_finite_logits_follow_the_limits():
+    x = np.array([[np.nan, 1.0, 5.0], [1.0, 0.0, np.inf], [-np.inf, -np.inf, -np.inf]], np.float32)
+    r = sfmoe.router(x, 1)
+    np.testing.assert_array_equal(r.topk_ids[:, 0], [2, 2, 0])
+    np.testing.assert_allclose(r.probs[:, 0], [1 / (1 + np.exp(-4.0)), 1.0, 1 / 3], rtol=1e-6)
