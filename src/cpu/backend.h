@@ -6,6 +6,7 @@
 
 #include "sfmoe/sfmoe.h"
 #include "src/common/activation_args.h"
+#include "src/common/grouped_gemm_args.h"
 #include "src/common/permute_args.h"
 #include "src/common/quantize_args.h"
 #include "src/common/router_args.h"
@@ -35,6 +36,10 @@ void router_backward(const RouterBackwardArgs& args);
 void permute(const PermuteArgs& args);
 void unpermute(const UnpermuteArgs& args);
 void unpermute_backward(const UnpermuteBackwardArgs& args);
+
+// Grouped GEMM (docs/grouped_gemm.md): the reference the device GEMMs are checked against. Not yet
+// exposed through the C API.
+void grouped_gemm(const GroupedGemmArgs& args);
 
 // Grouped activations (docs/activations.md). Not yet exposed through the C API.
 void activation_forward(const ActivationArgs& args);

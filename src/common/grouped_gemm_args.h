@@ -1,0 +1,30 @@
+// The grouped GEMM's CPU reference as the backends will see it (docs/grouped_gemm.md): FP32
+// operands (quantized ones are dequantized from the copy each form reads), group offsets over the
+// rows M, and uniform [N, K] weights per group.
+#pragma once
+
+#include <stdint.h>
+
+#include "sfmoe/sfmoe.h"
+
+namespace sfmoe {
+
+enum class GroupedGemmForm {
+  kFprop,  // Y_g [M_g, N] = X_g [M_g, K] . W_g^T
+  kDgrad,  // dX_g [M_g, K] = dY_g [M_g, N] . W_g
+  kWgrad,  // dW_g [N, K] (+)= dY_g^T [N, M_g] . X_g [M_g, K]
+};
+
+struct GroupedGemmArgs {
+  GroupedGemmForm form;
+  int64_t num_groups;
+  const int64_t* offsets;  // [num_groups + 1]: group g owns rows [offsets[g], offsets[g + 1])
+  int64_t n, k;            // each group's weight is [n, k]
+  const float* a;          // fprop: X [rows, k]; dgrad and wgrad: dY [rows, n]
+  const float* b;          // fprop and dgrad: W [num_groups, n, k]; wgrad: X [rows, k]
+  void* out;               // fprop: Y [rows, n]; dgrad: dX [rows, k]; wgrad: dW [num_groups, n, k]
+  sfmoe_dtype out_dtype;   // FP32 or BF16 (FP16 too); wgrad accumulation needs FP32
+  bool accumulate;         // wgrad only: dW += instead of =
+};
+
+}  // namespace sfmoe
