@@ -9,8 +9,10 @@
 #include <random>
 #include <vector>
 
+#include "sfmoe/grouped_gemm.h"
 #include "sfmoe/numerics.h"
 #include "src/cpu/backend.h"
+#include "tests/cpp/host_descriptors.h"
 #include "tests/cpp/numerics_cases.h"
 
 namespace sfmoe {
@@ -141,6 +143,82 @@ TEST(GroupedGemmCpu, WgradAccumulatorAndBf16Output) {
   cpu::grouped_gemm(GroupedGemmArgs{GroupedGemmForm::kFprop, kGroups, kOffsets.data(), kN, kK,
                                     x.data(), w.data(), y16.data(), SFMOE_DTYPE_BF16, false});
   for (size_t i = 0; i < y16.size(); ++i) ASSERT_EQ(y16[i], numerics::f32_to_bf16(y32[i]));
+}
+
+}  // namespace
+}  // namespace sfmoe
+
+namespace sfmoe {
+namespace {
+
+sfmoe_grouped_tensor weights(void* data, sfmoe_dtype dtype) {
+  sfmoe_grouped_tensor t = testing::host_rows(data, dtype, kGroups, kGroups * kN, kK, 1, nullptr);
+  t.uniform_group_rows = kN;
+  return t;
+}
+
+TEST(GroupedGemmApi, ThreeFormsThroughTheCApiAndRefusals) {
+  std::mt19937_64 rng(testing::session_test_seed() + 33);
+  std::uniform_int_distribution<int> small(-4, 4);
+  // BF16 operands holding small integers (exact in BF16), FP32 outputs.
+  auto bf16_integers = [&](size_t count, std::vector<float>* as_f32) {
+    std::vector<uint16_t> v(count);
+    as_f32->resize(count);
+    for (size_t i = 0; i < count; ++i) {
+      (*as_f32)[i] = static_cast<float>(small(rng));
+      v[i] = numerics::f32_to_bf16((*as_f32)[i]);
+    }
+    return v;
+  };
+  std::vector<float> xf, wf, dyf;
+  std::vector<uint16_t> x = bf16_integers(kRows * kK, &xf),
+                        w = bf16_integers(kGroups * kN * kK, &wf),
+                        dy = bf16_integers(kRows * kN, &dyf);
+  std::vector<int64_t> offsets(kOffsets), out_offsets(kGroups + 1, -1);
+  std::vector<float> y(kRows * kN, NAN), dx(kRows * kK, NAN), dw(kGroups * kN * kK, NAN);
+  sfmoe_grouped_tensor g_x =
+      testing::host_rows(x.data(), SFMOE_DTYPE_BF16, kGroups, kRows, kK, 1, offsets.data());
+  sfmoe_grouped_tensor g_dy =
+      testing::host_rows(dy.data(), SFMOE_DTYPE_BF16, kGroups, kRows, kN, 1, offsets.data());
+  sfmoe_grouped_tensor g_w = weights(w.data(), SFMOE_DTYPE_BF16);
+  sfmoe_grouped_tensor g_y =
+      testing::host_rows(y.data(), SFMOE_DTYPE_FP32, kGroups, kRows, kN, 1, out_offsets.data());
+  sfmoe_grouped_tensor g_dx =
+      testing::host_rows(dx.data(), SFMOE_DTYPE_FP32, kGroups, kRows, kK, 1, offsets.data());
+  sfmoe_grouped_tensor g_dw = weights(dw.data(), SFMOE_DTYPE_FP32);
+  sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
+  config.form = SFMOE_GEMM_FPROP;
+  ASSERT_EQ(sfmoe_grouped_gemm(&g_x, &g_w, &config, &g_y, nullptr), SFMOE_SUCCESS)
+      << sfmoe_last_error();
+  EXPECT_EQ(out_offsets, offsets) << "fprop's output receives the rows' offsets";
+  config.form = SFMOE_GEMM_DGRAD;
+  ASSERT_EQ(sfmoe_grouped_gemm(&g_dy, &g_w, &config, &g_dx, nullptr), SFMOE_SUCCESS)
+      << sfmoe_last_error();
+  config.form = SFMOE_GEMM_WGRAD;
+  ASSERT_EQ(sfmoe_grouped_gemm(&g_dy, &g_x, &config, &g_dw, nullptr), SFMOE_SUCCESS)
+      << sfmoe_last_error();
+  EXPECT_EQ(y, run(GroupedGemmForm::kFprop, xf, wf, std::vector<float>(kRows * kN, NAN)));
+  EXPECT_EQ(dx, run(GroupedGemmForm::kDgrad, dyf, wf, std::vector<float>(kRows * kK, NAN)));
+  EXPECT_EQ(dw, run(GroupedGemmForm::kWgrad, dyf, xf, std::vector<float>(kGroups * kN * kK, NAN)));
+
+  // Refusals write nothing.
+  const std::vector<float> y_before = y;
+  config.form = SFMOE_GEMM_FPROP;
+  sfmoe_grouped_tensor quantized = g_w;
+  quantized.dtype = SFMOE_DTYPE_FP8_E4M3;
+  quantized.scaling = SFMOE_SCALING_TENSOR;
+  quantized.rowwise_scale_inv = dw.data();
+  EXPECT_EQ(sfmoe_grouped_gemm(&g_x, &quantized, &config, &g_y, nullptr), SFMOE_ERROR_UNSUPPORTED);
+  sfmoe_grouped_tensor narrow = g_w;
+  narrow.cols = kK - 8;
+  EXPECT_EQ(sfmoe_grouped_gemm(&g_x, &narrow, &config, &g_y, nullptr), SFMOE_ERROR_SHAPE_MISMATCH);
+  config.accumulate = 1;
+  EXPECT_EQ(sfmoe_grouped_gemm(&g_x, &g_w, &config, &g_y, nullptr), SFMOE_ERROR_INVALID_ARGUMENT);
+  config.accumulate = 0;
+  offsets[3] = 0;  // below offsets[2] = 1: decreasing
+  EXPECT_EQ(sfmoe_grouped_gemm(&g_x, &g_w, &config, &g_y, nullptr), SFMOE_ERROR_INVALID_ARGUMENT);
+  offsets[3] = kOffsets[3];
+  EXPECT_EQ(y, y_before);
 }
 
 }  // namespace

@@ -1,0 +1,45 @@
+/* Grouped GEMM, the three training forms of an MoE FFN (docs/grouped_gemm.md):
+ *   fprop  Y_g  = X_g . W_g^T       a = X [rows, K] (grouped by offsets), b = W, out = Y [rows, N]
+ *   dgrad  dX_g = dY_g . W_g        a = dY [rows, N],                      b = W, out = dX [rows,
+ * K] wgrad  dW_g (+)= dY_g^T . X_g   a = dY [rows, N], b = X [rows, K] (same offsets), out = dW W
+ * and dW are uniform grouped tensors: num_groups groups of N rows (uniform_group_rows = N) and K
+ * cols. Rows carry group offsets; out shares a's (fprop, dgrad) and is written for every row of
+ * every group, padding rows included (their inputs are zeros).
+ *
+ * Backends: the CPU reference runs on host memory with FP32, BF16 or FP16 operands. Quantized
+ * operands and the Hopper kernels are not written yet: they are refused with
+ * SFMOE_ERROR_UNSUPPORTED.
+ */
+#ifndef SFMOE_GROUPED_GEMM_H_
+#define SFMOE_GROUPED_GEMM_H_
+
+#include "sfmoe/sfmoe.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum sfmoe_gemm_form {
+  SFMOE_GEMM_FPROP = 0,
+  SFMOE_GEMM_DGRAD = 1,
+  SFMOE_GEMM_WGRAD = 2
+} sfmoe_gemm_form;
+
+typedef struct sfmoe_grouped_gemm_config {
+  size_t struct_size;
+  sfmoe_gemm_form form;
+  int32_t accumulate; /* wgrad only: dW += (dW must be FP32); an empty group leaves it alone */
+} sfmoe_grouped_gemm_config;
+
+SFMOE_API sfmoe_grouped_gemm_config sfmoe_grouped_gemm_config_init(void);
+
+SFMOE_API sfmoe_status sfmoe_grouped_gemm(const sfmoe_grouped_tensor* a,
+                                          const sfmoe_grouped_tensor* b,
+                                          const sfmoe_grouped_gemm_config* config,
+                                          const sfmoe_grouped_tensor* out, void* stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* SFMOE_GROUPED_GEMM_H_ */

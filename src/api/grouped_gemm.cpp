@@ -1,0 +1,189 @@
+// sfmoe_grouped_gemm: validate, then run the backend where the tensors live
+// (docs/grouped_gemm.md).
+#include "sfmoe/grouped_gemm.h"
+
+#include <vector>
+
+#include "src/api/validate.h"
+#include "src/common/error.h"
+#include "src/cpu/backend.h"
+#include "src/cpu/element_access.h"
+
+namespace sfmoe {
+namespace {
+
+// An unquantized operand of `cols` columns on the host; quantized ones come with the kernels.
+sfmoe_status expect_operand(const char* context, const char* name, const sfmoe_grouped_tensor* t,
+                            int64_t cols) {
+  SFMOE_RETURN_IF_ERROR(validate_grouped_tensor(context, name, t));
+  if (t->scaling != SFMOE_SCALING_NONE) {
+    return fail(
+        SFMOE_ERROR_UNSUPPORTED,
+        "%s: %s is quantized; quantized operands come with the device kernels (dequantize it "
+        "for the reference)",
+        context, name);
+  }
+  if (t->dtype != SFMOE_DTYPE_FP32 && t->dtype != SFMOE_DTYPE_BF16 &&
+      t->dtype != SFMOE_DTYPE_FP16) {
+    return fail(SFMOE_ERROR_DTYPE_MISMATCH, "%s: %s must be fp32, bf16 or fp16", context, name);
+  }
+  if (t->rowwise_data == nullptr) {
+    return fail(SFMOE_ERROR_NULL_POINTER, "%s: %s needs its rowwise data", context, name);
+  }
+  if (t->cols != cols) {
+    return fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: %s has %lld cols, expected %lld", context, name,
+                static_cast<long long>(t->cols), static_cast<long long>(cols));
+  }
+  if (t->memory != SFMOE_MEMORY_HOST) {
+    return fail(SFMOE_ERROR_UNSUPPORTED,
+                "%s: runs on host memory only for now (the Hopper kernels are not written yet)",
+                context);
+  }
+  return SFMOE_SUCCESS;
+}
+
+// Rows grouped by offsets (read on the host and checked: from 0, non-decreasing, within capacity).
+sfmoe_status expect_grouped_rows(const char* context, const char* name,
+                                 const sfmoe_grouped_tensor* t) {
+  if (t->group_offsets == nullptr || t->uniform_group_rows != 0) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s must be grouped by group_offsets", context,
+                name);
+  }
+  const int64_t* offsets = t->group_offsets;
+  if (offsets[0] != 0)
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s group_offsets[0] must be 0", context, name);
+  for (int64_t g = 0; g < t->num_groups; ++g) {
+    if (offsets[g + 1] < offsets[g] || offsets[g + 1] > t->row_capacity) {
+      return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                  "%s: %s group_offsets[%lld] = %lld is out of order or capacity", context, name,
+                  static_cast<long long>(g + 1), static_cast<long long>(offsets[g + 1]));
+    }
+  }
+  return SFMOE_SUCCESS;
+}
+
+// A uniform weight-shaped tensor: num_groups groups of n rows.
+sfmoe_status expect_weights(const char* context, const char* name, const sfmoe_grouped_tensor* t,
+                            int64_t groups, int64_t n) {
+  if (t->num_groups != groups || t->uniform_group_rows != n || t->row_capacity < groups * n) {
+    return fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: %s must hold %lld uniform groups of %lld rows",
+                context, name, static_cast<long long>(groups), static_cast<long long>(n));
+  }
+  return SFMOE_SUCCESS;
+}
+
+std::vector<float> as_f32(const sfmoe_grouped_tensor* t, int64_t rows) {
+  std::vector<float> v(static_cast<size_t>(rows * t->cols));
+  for (size_t i = 0; i < v.size(); ++i)
+    v[i] = cpu::load_value(t->rowwise_data, t->dtype, static_cast<int64_t>(i));
+  return v;
+}
+
+}  // namespace
+}  // namespace sfmoe
+
+extern "C" {
+
+sfmoe_grouped_gemm_config sfmoe_grouped_gemm_config_init(void) {
+  return sfmoe::sized_zero_config<sfmoe_grouped_gemm_config>();
+}
+
+sfmoe_status sfmoe_grouped_gemm(const sfmoe_grouped_tensor* a, const sfmoe_grouped_tensor* b,
+                                const sfmoe_grouped_gemm_config* config,
+                                const sfmoe_grouped_tensor* out, void* stream) {
+  const char* context = "sfmoe_grouped_gemm";
+  return sfmoe::guarded(context, [&]() -> sfmoe_status {
+    (void)stream;  // host memory only for now
+    if (config == nullptr)
+      return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: config is NULL", context);
+    if (config->struct_size != sizeof(sfmoe_grouped_gemm_config)) {
+      return sfmoe::fail(SFMOE_ERROR_STRUCT_SIZE,
+                         "%s: config struct_size is %zu, expected %zu (use "
+                         "sfmoe_grouped_gemm_config_init())",
+                         context, config->struct_size, sizeof(sfmoe_grouped_gemm_config));
+    }
+    if (config->form != SFMOE_GEMM_FPROP && config->form != SFMOE_GEMM_DGRAD &&
+        config->form != SFMOE_GEMM_WGRAD) {
+      return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: unknown form %d", context,
+                         static_cast<int>(config->form));
+    }
+    if (a == nullptr || b == nullptr || out == nullptr) {
+      return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: a, b and out must not be NULL", context);
+    }
+    if (config->accumulate &&
+        (config->form != SFMOE_GEMM_WGRAD || out->dtype != SFMOE_DTYPE_FP32)) {
+      return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                         "%s: accumulate applies to wgrad into an fp32 dW", context);
+    }
+    const int64_t groups = a->num_groups;
+    sfmoe::GroupedGemmArgs args{};
+    args.num_groups = groups;
+    args.accumulate = config->accumulate != 0;
+    args.out_dtype = out->dtype;
+    // a is grouped rows in every form; out shares a's offsets in fprop and dgrad.
+    switch (config->form) {
+      case SFMOE_GEMM_FPROP:  // a = X [R, K], b = W [G n, K], out = Y [R, n]
+        args.form = sfmoe::GroupedGemmForm::kFprop;
+        args.k = a->cols;
+        args.n = b->uniform_group_rows;
+        SFMOE_RETURN_IF_ERROR(sfmoe::expect_operand(context, "a (X)", a, args.k));
+        SFMOE_RETURN_IF_ERROR(sfmoe::expect_operand(context, "b (W)", b, args.k));
+        SFMOE_RETURN_IF_ERROR(sfmoe::expect_weights(context, "b (W)", b, groups, args.n));
+        SFMOE_RETURN_IF_ERROR(sfmoe::expect_operand(context, "out (Y)", out, args.n));
+        break;
+      case SFMOE_GEMM_DGRAD:  // a = dY [R, n], b = W [G n, K], out = dX [R, K]
+        args.form = sfmoe::GroupedGemmForm::kDgrad;
+        args.n = a->cols;
+        args.k = b->cols;
+        SFMOE_RETURN_IF_ERROR(sfmoe::expect_operand(context, "a (dY)", a, args.n));
+        SFMOE_RETURN_IF_ERROR(sfmoe::expect_operand(context, "b (W)", b, args.k));
+        SFMOE_RETURN_IF_ERROR(sfmoe::expect_weights(context, "b (W)", b, groups, args.n));
+        SFMOE_RETURN_IF_ERROR(sfmoe::expect_operand(context, "out (dX)", out, args.k));
+        break;
+      case SFMOE_GEMM_WGRAD:  // a = dY [R, n], b = X [R, K], out = dW [G n, K]
+        args.form = sfmoe::GroupedGemmForm::kWgrad;
+        args.n = a->cols;
+        args.k = b->cols;
+        SFMOE_RETURN_IF_ERROR(sfmoe::expect_operand(context, "a (dY)", a, args.n));
+        SFMOE_RETURN_IF_ERROR(sfmoe::expect_operand(context, "b (X)", b, args.k));
+        SFMOE_RETURN_IF_ERROR(sfmoe::expect_operand(context, "out (dW)", out, args.k));
+        SFMOE_RETURN_IF_ERROR(sfmoe::expect_weights(context, "out (dW)", out, groups, args.n));
+        if (b->num_groups != groups || b->row_capacity != a->row_capacity ||
+            b->group_offsets == nullptr) {
+          return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                             "%s: b (X) must have a's groups and row capacity", context);
+        }
+        break;
+    }
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_grouped_rows(context, "a", a));
+    if (config->form != SFMOE_GEMM_WGRAD &&
+        (out->num_groups != groups || out->row_capacity != a->row_capacity)) {
+      return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                         "%s: out must have a's groups and row capacity", context);
+    }
+    if (config->form == SFMOE_GEMM_WGRAD && b->group_offsets != a->group_offsets) {
+      for (int64_t g = 0; g <= groups; ++g) {
+        if (b->group_offsets[g] != a->group_offsets[g]) {
+          return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: a and b group their rows differently",
+                             context);
+        }
+      }
+    }
+    const int64_t rows = a->row_capacity;
+    const std::vector<float> av = sfmoe::as_f32(a, rows);
+    const std::vector<float> bv =
+        sfmoe::as_f32(b, config->form == SFMOE_GEMM_WGRAD ? rows : groups * args.n);
+    args.offsets = a->group_offsets;
+    args.a = av.data();
+    args.b = bv.data();
+    args.out = out->rowwise_data;
+    if (config->form != SFMOE_GEMM_WGRAD && out->group_offsets != nullptr &&
+        out->group_offsets != a->group_offsets && out->uniform_group_rows == 0) {
+      for (int64_t g = 0; g <= groups; ++g) out->group_offsets[g] = a->group_offsets[g];
+    }
+    sfmoe::cpu::grouped_gemm(args);
+    return SFMOE_SUCCESS;
+  });
+}
+
+}  // extern "C"
