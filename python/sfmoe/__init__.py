@@ -34,6 +34,8 @@ from ._core import (
     validate_tensor,
 )
 from ._dtypes import FLOAT_DTYPES, DType, Memory, ScaleLayout, Scaling, as_dtype
+from ._gemm import grouped_gemm
+from ._permute import PermuteOutput, permute, unpermute, unpermute_backward
 from ._quantize import (
     RECIPES,
     GroupedQuantizedTensor,
@@ -44,7 +46,6 @@ from ._quantize import (
     swizzle_scales,
     unswizzle_scales,
 )
-from ._permute import PermuteOutput, permute, unpermute, unpermute_backward
 from ._router import RouterOutput, router, router_backward
 from ._status import Fault, FaultReport, StatusWord
 
@@ -76,6 +77,7 @@ __all__ = [
     "grouped_activation",
     "grouped_activation_backward",
     "grouped_amax",
+    "grouped_gemm",
     "last_error",
     "min_row_alignment",
     "numerics",

@@ -26,6 +26,7 @@
 
 #include "sfmoe/activation.h"
 #include "sfmoe/cast.h"
+#include "sfmoe/grouped_gemm.h"
 #include "sfmoe/numerics.h"
 #include "sfmoe/permute.h"
 #include "sfmoe/quantize.h"
@@ -1174,6 +1175,48 @@ void grouped_activation_backward(nb::ndarray<nb::ro> input, int32_t input_dtype,
   check(status);
 }
 
+// ---- grouped GEMM (host memory, unquantized operands, for now)
+// -------------------------------------
+
+// fprop: a = X [R, K] (grouped by offsets), b = W [G, N, K], out = Y [R, N]; dgrad: a = dY [R, N],
+// b = W, out = dX [R, K]; wgrad: a = dY, b = X [R, K], out = dW [G, N, K].
+void grouped_gemm(int32_t form, nb::ndarray<nb::ro> a, int32_t a_dtype, nb::ndarray<nb::ro> b,
+                  int32_t b_dtype, nb::ndarray<nb::ro> group_offsets, nb::ndarray<> out,
+                  int32_t out_dtype, bool accumulate, uint64_t stream) {
+  const sfmoe_tensor t_a = describe_array("a", a, a_dtype);
+  const sfmoe_tensor t_b = describe_array("b", b, b_dtype);
+  const sfmoe_tensor t_offsets = describe_array("group_offsets", group_offsets, SFMOE_DTYPE_INT64);
+  const sfmoe_tensor t_out = describe_array("out", out, out_dtype);
+  const int64_t groups = t_offsets.ndim == 1 ? t_offsets.shape[0] - 1 : 0;
+  // Weights are 3-D [G, N, K]: described as G uniform groups of N rows.
+  auto weights = [&](const sfmoe_tensor& t) {
+    sfmoe_grouped_tensor g = sfmoe_grouped_tensor_init();
+    g.memory = t.memory;
+    g.device = t.device;
+    g.dtype = t.dtype;
+    g.num_groups = t.ndim == 3 ? t.shape[0] : 0;
+    g.uniform_group_rows = t.ndim == 3 ? t.shape[1] : 0;
+    g.row_capacity = t.ndim == 3 ? t.shape[0] * t.shape[1] : 0;
+    g.cols = t.ndim == 3 ? t.shape[2] : 0;
+    g.rowwise_data = t.data;
+    return g;
+  };
+  const sfmoe_grouped_tensor g_a = rows_descriptor(t_a, groups, 1, t_offsets);
+  const sfmoe_grouped_tensor g_b =
+      form == SFMOE_GEMM_WGRAD ? rows_descriptor(t_b, groups, 1, t_offsets) : weights(t_b);
+  const sfmoe_grouped_tensor g_out =
+      form == SFMOE_GEMM_WGRAD ? weights(t_out) : rows_descriptor(t_out, groups, 1, t_offsets);
+  sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
+  config.form = to_enum<sfmoe_gemm_form>(form);
+  config.accumulate = accumulate ? 1 : 0;
+  sfmoe_status status;
+  {
+    nb::gil_scoped_release release;
+    status = sfmoe_grouped_gemm(&g_a, &g_b, &config, &g_out, stream_pointer(stream));
+  }
+  check(status);
+}
+
 NB_MODULE(_C, m) {
   m.doc() = "sfmoe native extension: a thin binding of the sfmoe C API (use the sfmoe package)";
   nb::register_exception_translator(translate_exception);
@@ -1289,6 +1332,9 @@ NB_MODULE(_C, m) {
         "group_offsets"_a, "group_rows"_a, "d_output"_a, "d_output_dtype"_a, "kind"_a, "limit"_a,
         "alpha"_a, "d_input"_a.noconvert(), "d_input_dtype"_a, "stream"_a = 0,
         "sfmoe_grouped_activation_backward (host memory only for now).");
+  m.def("grouped_gemm", &grouped_gemm, "form"_a, "a"_a, "a_dtype"_a, "b"_a, "b_dtype"_a,
+        "group_offsets"_a, "out"_a.noconvert(), "out_dtype"_a, "accumulate"_a = false,
+        "stream"_a = 0, "sfmoe_grouped_gemm (host memory, unquantized operands, for now).");
   m.def("grouped_amax", &grouped_amax, "input"_a, "amax"_a.noconvert(),
         "status_word"_a = nb::none(), "stream"_a = 0,
         "sfmoe_grouped_amax: amax[g] = max |x| over group g of the grouped tensor `input` (a\n"

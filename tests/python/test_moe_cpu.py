@@ -1,7 +1,7 @@
 """An MoE FFN forward composed from the library's ops on the CPU backend (router -> permute ->
-FC1 -> SwiGLU -> FC2 -> unpermute, the two expert GEMMs done in NumPy per group), against a dense
-per-token float64 computation of the same layer. Checks that the ops' layouts fit together:
-padded blocks, row maps, [gate | up] columns, real-row counts."""
+grouped FC1 -> SwiGLU -> grouped FC2 -> unpermute), against a dense per-token float64
+computation of the same layer. Checks that the ops' layouts fit together: padded blocks, row
+maps, [gate | up] columns, real-row counts, grouped GEMM operands."""
 
 import numpy as np
 
@@ -17,15 +17,9 @@ def test_moe_forward_composes(rng):
 
     r = sfmoe.router(x @ w_router, k, score="sigmoid", normalize=True)
     p = sfmoe.permute(x, r.topk_ids, experts, alignment=8)
-    h = np.zeros((p.rows.shape[0], 2 * ffn), np.float32)
-    for e in range(experts):
-        begin, n = p.group_offsets[e], p.tokens_per_expert[e]
-        h[begin:begin + n] = p.rows[begin:begin + n] @ w1[e].T
+    h = sfmoe.grouped_gemm("fprop", p.rows, w1, p.group_offsets)  # FC1: [R, 2F]
     a = sfmoe.grouped_activation(h, p.group_offsets, p.tokens_per_expert, "swiglu")
-    y = np.zeros((p.rows.shape[0], hidden), np.float32)
-    for e in range(experts):
-        begin, n = p.group_offsets[e], p.tokens_per_expert[e]
-        y[begin:begin + n] = a[begin:begin + n] @ w2[e].T
+    y = sfmoe.grouped_gemm("fprop", a, w2, p.group_offsets)  # FC2: [R, H]
     out = sfmoe.unpermute(y, p, r.probs)
 
     want = np.zeros((tokens, hidden))
