@@ -6,9 +6,13 @@
  * cols. Rows carry group offsets; out shares a's (fprop, dgrad) and is written for every row of
  * every group, padding rows included (their inputs are zeros).
  *
- * Backends: the CPU reference runs on host memory with FP32, BF16 or FP16 operands. Quantized
- * operands and the Hopper kernels are not written yet: they are refused with
- * SFMOE_ERROR_UNSUPPORTED.
+ * Quantized operands (any recipe of sfmoe/quantize.h) are read from the copy each form's Hopper
+ * kernel reads (K-major): fprop X rowwise and W rowwise; dgrad dY rowwise and W columnwise; wgrad
+ * dY columnwise and X columnwise. The copy must be present.
+ *
+ * Backends: the CPU reference runs on host memory (quantized operands are dequantized from those
+ * copies, then multiplied in FP32). The Hopper kernels are not written yet: CUDA memory is refused
+ * with SFMOE_ERROR_UNSUPPORTED.
  */
 #ifndef SFMOE_GROUPED_GEMM_H_
 #define SFMOE_GROUPED_GEMM_H_
@@ -29,6 +33,8 @@ typedef struct sfmoe_grouped_gemm_config {
   size_t struct_size;
   sfmoe_gemm_form form;
   int32_t accumulate; /* wgrad only: dW += (dW must be FP32); an empty group leaves it alone */
+  int32_t hadamard_columnwise; /* the NV_1X16 operands' columnwise copies carry the Hadamard
+                                  transform (sfmoe_quantize_config.hadamard_columnwise) */
 } sfmoe_grouped_gemm_config;
 
 SFMOE_API sfmoe_grouped_gemm_config sfmoe_grouped_gemm_config_init(void);

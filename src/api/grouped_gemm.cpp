@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "sfmoe/quantize.h"
 #include "src/api/validate.h"
 #include "src/common/error.h"
 #include "src/cpu/backend.h"
@@ -12,23 +13,23 @@
 namespace sfmoe {
 namespace {
 
-// An unquantized operand of `cols` columns on the host; quantized ones come with the kernels.
+// An operand of `cols` columns on the host: FP32, BF16 or FP16 rows, or a quantized grouped
+// tensor holding the copy this form reads (`columnwise`).
 sfmoe_status expect_operand(const char* context, const char* name, const sfmoe_grouped_tensor* t,
-                            int64_t cols) {
+                            int64_t cols, bool columnwise = false) {
   SFMOE_RETURN_IF_ERROR(validate_grouped_tensor(context, name, t));
-  if (t->scaling != SFMOE_SCALING_NONE) {
-    return fail(
-        SFMOE_ERROR_UNSUPPORTED,
-        "%s: %s is quantized; quantized operands come with the device kernels (dequantize it "
-        "for the reference)",
-        context, name);
-  }
-  if (t->dtype != SFMOE_DTYPE_FP32 && t->dtype != SFMOE_DTYPE_BF16 &&
-      t->dtype != SFMOE_DTYPE_FP16) {
-    return fail(SFMOE_ERROR_DTYPE_MISMATCH, "%s: %s must be fp32, bf16 or fp16", context, name);
-  }
-  if (t->rowwise_data == nullptr) {
-    return fail(SFMOE_ERROR_NULL_POINTER, "%s: %s needs its rowwise data", context, name);
+  if (t->scaling == SFMOE_SCALING_NONE) {
+    if (t->dtype != SFMOE_DTYPE_FP32 && t->dtype != SFMOE_DTYPE_BF16 &&
+        t->dtype != SFMOE_DTYPE_FP16) {
+      return fail(SFMOE_ERROR_DTYPE_MISMATCH, "%s: %s must be fp32, bf16 or fp16 (or quantized)",
+                  context, name);
+    }
+    if (t->rowwise_data == nullptr) {
+      return fail(SFMOE_ERROR_NULL_POINTER, "%s: %s needs its rowwise data", context, name);
+    }
+  } else if ((columnwise ? t->columnwise_data : t->rowwise_data) == nullptr) {
+    return fail(SFMOE_ERROR_NULL_POINTER, "%s: this form reads the %s copy of %s, which is absent",
+                context, columnwise ? "columnwise" : "rowwise", name);
   }
   if (t->cols != cols) {
     return fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: %s has %lld cols, expected %lld", context, name,
@@ -72,11 +73,29 @@ sfmoe_status expect_weights(const char* context, const char* name, const sfmoe_g
   return SFMOE_SUCCESS;
 }
 
-std::vector<float> as_f32(const sfmoe_grouped_tensor* t, int64_t rows) {
-  std::vector<float> v(static_cast<size_t>(rows * t->cols));
-  for (size_t i = 0; i < v.size(); ++i)
-    v[i] = cpu::load_value(t->rowwise_data, t->dtype, static_cast<int64_t>(i));
-  return v;
+// The operand's values as FP32 [row_capacity, cols]: unquantized rows widened, quantized ones
+// dequantized from the copy the form reads (rows no group covers stay 0).
+sfmoe_status operand_as_f32(const sfmoe_grouped_tensor* t, bool columnwise, bool hadamard,
+                            std::vector<float>* out) {
+  out->assign(static_cast<size_t>(t->row_capacity * t->cols), 0.0f);
+  if (t->scaling == SFMOE_SCALING_NONE) {
+    for (size_t i = 0; i < out->size(); ++i) {
+      (*out)[i] = cpu::load_value(t->rowwise_data, t->dtype, static_cast<int64_t>(i));
+    }
+    return SFMOE_SUCCESS;
+  }
+  sfmoe_grouped_tensor values = *t;
+  values.dtype = SFMOE_DTYPE_FP32;
+  values.scaling = SFMOE_SCALING_NONE;
+  values.scale_layout = SFMOE_SCALE_LAYOUT_COMPACT;
+  values.rowwise_data = out->data();
+  values.rowwise_scale_inv = values.columnwise_data = values.columnwise_scale_inv = nullptr;
+  values.amax = values.columnwise_amax = nullptr;
+  sfmoe_quantize_config config = sfmoe_quantize_config_init();
+  config.hadamard_columnwise = hadamard ? 1 : 0;
+  return sfmoe_grouped_dequantize(
+      t, &values, columnwise ? SFMOE_DEQUANTIZE_COLUMNWISE : SFMOE_DEQUANTIZE_ROWWISE, &config,
+      nullptr);
 }
 
 }  // namespace
@@ -136,7 +155,7 @@ sfmoe_status sfmoe_grouped_gemm(const sfmoe_grouped_tensor* a, const sfmoe_group
         args.n = a->cols;
         args.k = b->cols;
         SFMOE_RETURN_IF_ERROR(sfmoe::expect_operand(context, "a (dY)", a, args.n));
-        SFMOE_RETURN_IF_ERROR(sfmoe::expect_operand(context, "b (W)", b, args.k));
+        SFMOE_RETURN_IF_ERROR(sfmoe::expect_operand(context, "b (W)", b, args.k, true));
         SFMOE_RETURN_IF_ERROR(sfmoe::expect_weights(context, "b (W)", b, groups, args.n));
         SFMOE_RETURN_IF_ERROR(sfmoe::expect_operand(context, "out (dX)", out, args.k));
         break;
@@ -144,8 +163,8 @@ sfmoe_status sfmoe_grouped_gemm(const sfmoe_grouped_tensor* a, const sfmoe_group
         args.form = sfmoe::GroupedGemmForm::kWgrad;
         args.n = a->cols;
         args.k = b->cols;
-        SFMOE_RETURN_IF_ERROR(sfmoe::expect_operand(context, "a (dY)", a, args.n));
-        SFMOE_RETURN_IF_ERROR(sfmoe::expect_operand(context, "b (X)", b, args.k));
+        SFMOE_RETURN_IF_ERROR(sfmoe::expect_operand(context, "a (dY)", a, args.n, true));
+        SFMOE_RETURN_IF_ERROR(sfmoe::expect_operand(context, "b (X)", b, args.k, true));
         SFMOE_RETURN_IF_ERROR(sfmoe::expect_operand(context, "out (dW)", out, args.k));
         SFMOE_RETURN_IF_ERROR(sfmoe::expect_weights(context, "out (dW)", out, groups, args.n));
         if (b->num_groups != groups || b->row_capacity != a->row_capacity ||
@@ -154,6 +173,9 @@ sfmoe_status sfmoe_grouped_gemm(const sfmoe_grouped_tensor* a, const sfmoe_group
                              "%s: b (X) must have a's groups and row capacity", context);
         }
         break;
+    }
+    if (out->scaling != SFMOE_SCALING_NONE) {
+      return sfmoe::fail(SFMOE_ERROR_DTYPE_MISMATCH, "%s: out must be fp32, bf16 or fp16", context);
     }
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_grouped_rows(context, "a", a));
     if (config->form != SFMOE_GEMM_WGRAD &&
@@ -169,10 +191,14 @@ sfmoe_status sfmoe_grouped_gemm(const sfmoe_grouped_tensor* a, const sfmoe_group
         }
       }
     }
-    const int64_t rows = a->row_capacity;
-    const std::vector<float> av = sfmoe::as_f32(a, rows);
-    const std::vector<float> bv =
-        sfmoe::as_f32(b, config->form == SFMOE_GEMM_WGRAD ? rows : groups * args.n);
+    // The copies each form reads (docs/grouped_gemm.md): A's columnwise copy only in wgrad; B's
+    // columnwise copy in dgrad (W) and wgrad (X).
+    const bool hadamard = config->hadamard_columnwise != 0;
+    std::vector<float> av, bv;
+    SFMOE_RETURN_IF_ERROR(
+        sfmoe::operand_as_f32(a, config->form == SFMOE_GEMM_WGRAD, hadamard, &av));
+    SFMOE_RETURN_IF_ERROR(
+        sfmoe::operand_as_f32(b, config->form != SFMOE_GEMM_FPROP, hadamard, &bv));
     args.offsets = a->group_offsets;
     args.a = av.data();
     args.b = bv.data();

@@ -11,6 +11,7 @@
 
 #include "sfmoe/grouped_gemm.h"
 #include "sfmoe/numerics.h"
+#include "sfmoe/quantize.h"
 #include "src/cpu/backend.h"
 #include "tests/cpp/host_descriptors.h"
 #include "tests/cpp/numerics_cases.h"
@@ -204,11 +205,14 @@ TEST(GroupedGemmApi, ThreeFormsThroughTheCApiAndRefusals) {
   // Refusals write nothing.
   const std::vector<float> y_before = y;
   config.form = SFMOE_GEMM_FPROP;
-  sfmoe_grouped_tensor quantized = g_w;
-  quantized.dtype = SFMOE_DTYPE_FP8_E4M3;
-  quantized.scaling = SFMOE_SCALING_TENSOR;
-  quantized.rowwise_scale_inv = dw.data();
-  EXPECT_EQ(sfmoe_grouped_gemm(&g_x, &quantized, &config, &g_y, nullptr), SFMOE_ERROR_UNSUPPORTED);
+  sfmoe_grouped_tensor quantized_out = g_y;  // outputs are never quantized
+  quantized_out.dtype = SFMOE_DTYPE_FP8_E4M3;
+  quantized_out.scaling = SFMOE_SCALING_TENSOR;
+  quantized_out.rowwise_scale_inv = dw.data();
+  quantized_out.amax = dw.data();
+  EXPECT_EQ(sfmoe_grouped_gemm(&g_x, &g_w, &config, &quantized_out, nullptr),
+            SFMOE_ERROR_DTYPE_MISMATCH)
+      << sfmoe_last_error();
   sfmoe_grouped_tensor narrow = g_w;
   narrow.cols = kK - 8;
   EXPECT_EQ(sfmoe_grouped_gemm(&g_x, &narrow, &config, &g_y, nullptr), SFMOE_ERROR_SHAPE_MISMATCH);
@@ -219,6 +223,138 @@ TEST(GroupedGemmApi, ThreeFormsThroughTheCApiAndRefusals) {
   EXPECT_EQ(sfmoe_grouped_gemm(&g_x, &g_w, &config, &g_y, nullptr), SFMOE_ERROR_INVALID_ARGUMENT);
   offsets[3] = kOffsets[3];
   EXPECT_EQ(y, y_before);
+}
+
+}  // namespace
+}  // namespace sfmoe
+
+namespace sfmoe {
+namespace {
+
+// A host grouped tensor quantized as FP8 1x128 blockwise (E4M3, FP32 scales) with both copies,
+// from BF16 values. Blockwise scales are not powers of two, so the two copies round differently
+// and a GEMM that read the wrong copy would show (MXFP8's power-of-two scales round the same
+// values the same way in both directions, apart from E4M3 subnormals).
+struct QuantizedHost {
+  std::vector<uint16_t> source;
+  std::vector<uint8_t> rowwise, columnwise;
+  std::vector<float> rowwise_scales, columnwise_scales;
+  std::vector<int64_t> offsets;
+  sfmoe_grouped_tensor q;
+};
+
+void quantize_blockwise(QuantizedHost* h, int64_t groups, int64_t rows, int64_t cols,
+                        const int64_t* in_offsets, int64_t uniform_rows) {
+  // Input groups already aligned to 128 rows: the quantized output needs no extra capacity.
+  sfmoe_grouped_tensor in = testing::host_rows(h->source.data(), SFMOE_DTYPE_BF16, groups, rows,
+                                               cols, 128, const_cast<int64_t*>(in_offsets));
+  in.uniform_group_rows = uniform_rows;
+  h->rowwise.assign(rows * cols, 0);
+  h->columnwise.assign(rows * cols, 0);
+  h->rowwise_scales.assign(rows * cols / 128, 0.0f);
+  h->columnwise_scales.assign(rows * cols / 128, 0.0f);
+  h->offsets.assign(groups + 1, 0);
+  h->q = sfmoe_grouped_tensor_init();
+  h->q.memory = SFMOE_MEMORY_HOST;
+  h->q.dtype = SFMOE_DTYPE_FP8_E4M3;
+  h->q.scaling = SFMOE_SCALING_BLOCK_1X128;
+  h->q.num_groups = groups;
+  h->q.row_capacity = rows;
+  h->q.cols = cols;
+  h->q.row_alignment = 128;
+  h->q.uniform_group_rows = uniform_rows;
+  h->q.group_offsets = uniform_rows ? nullptr : h->offsets.data();
+  h->q.rowwise_data = h->rowwise.data();
+  h->q.rowwise_scale_inv = h->rowwise_scales.data();
+  h->q.columnwise_data = h->columnwise.data();
+  h->q.columnwise_scale_inv = h->columnwise_scales.data();
+  const sfmoe_quantize_config config = sfmoe_quantize_config_init();
+  ASSERT_EQ(sfmoe_grouped_quantize(&in, &h->q, &config, nullptr, nullptr), SFMOE_SUCCESS)
+      << sfmoe_last_error();
+}
+
+std::vector<float> dequantized(const QuantizedHost& h, sfmoe_dequantize_source source) {
+  std::vector<float> v(h.q.row_capacity * h.q.cols, 0.0f);
+  sfmoe_grouped_tensor out = h.q;
+  out.dtype = SFMOE_DTYPE_FP32;
+  out.scaling = SFMOE_SCALING_NONE;
+  out.rowwise_data = v.data();
+  out.rowwise_scale_inv = out.columnwise_data = out.columnwise_scale_inv = nullptr;
+  EXPECT_EQ(sfmoe_grouped_dequantize(&h.q, &out, source, nullptr, nullptr), SFMOE_SUCCESS)
+      << sfmoe_last_error();
+  return v;
+}
+
+TEST(GroupedGemmApi, QuantizedOperandsReadTheCopyOfTheirForm) {
+  const int64_t groups = 3, rows = 256, n = 128, k = 128;
+  const std::vector<int64_t> offsets = {0, 128, 128, 256};
+  std::mt19937_64 rng(testing::session_test_seed() + 34);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  QuantizedHost x, w, dy;
+  x.source.resize(rows * k);
+  w.source.resize(groups * n * k);
+  dy.source.resize(rows * n);
+  for (auto* h : {&x, &w, &dy}) {
+    for (uint16_t& v : h->source) v = numerics::f32_to_bf16(normal(rng));
+  }
+  quantize_blockwise(&x, groups, rows, k, offsets.data(), 0);
+  quantize_blockwise(&w, groups, groups * n, k, nullptr, n);
+  quantize_blockwise(&dy, groups, rows, n, offsets.data(), 0);
+  ASSERT_EQ(x.offsets, offsets);
+  ASSERT_NE(dequantized(w, SFMOE_DEQUANTIZE_ROWWISE), dequantized(w, SFMOE_DEQUANTIZE_COLUMNWISE))
+      << "the test needs copies that round differently";
+
+  struct Case {
+    sfmoe_gemm_form form;
+    GroupedGemmForm ref_form;
+    const QuantizedHost *a, *b;
+    sfmoe_dequantize_source a_copy, b_copy;
+    int64_t out_rows, out_cols;
+  };
+  const Case cases[] = {
+      {SFMOE_GEMM_FPROP, GroupedGemmForm::kFprop, &x, &w, SFMOE_DEQUANTIZE_ROWWISE,
+       SFMOE_DEQUANTIZE_ROWWISE, rows, n},
+      {SFMOE_GEMM_DGRAD, GroupedGemmForm::kDgrad, &dy, &w, SFMOE_DEQUANTIZE_ROWWISE,
+       SFMOE_DEQUANTIZE_COLUMNWISE, rows, k},
+      {SFMOE_GEMM_WGRAD, GroupedGemmForm::kWgrad, &dy, &x, SFMOE_DEQUANTIZE_COLUMNWISE,
+       SFMOE_DEQUANTIZE_COLUMNWISE, groups * n, k},
+  };
+  for (const Case& c : cases) {
+    std::vector<float> got(c.out_rows * c.out_cols, 0.0f), want(c.out_rows * c.out_cols, 0.0f);
+    std::vector<int64_t> out_offsets(offsets);
+    sfmoe_grouped_tensor out = testing::host_rows(got.data(), SFMOE_DTYPE_FP32, groups, c.out_rows,
+                                                  c.out_cols, 1, out_offsets.data());
+    if (c.form == SFMOE_GEMM_WGRAD) {
+      out.group_offsets = nullptr;
+      out.uniform_group_rows = n;
+    }
+    sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
+    config.form = c.form;
+    ASSERT_EQ(sfmoe_grouped_gemm(&c.a->q, &c.b->q, &config, &out, nullptr), SFMOE_SUCCESS)
+        << sfmoe_last_error();
+    const std::vector<float> av = dequantized(*c.a, c.a_copy), bv = dequantized(*c.b, c.b_copy);
+    cpu::grouped_gemm(GroupedGemmArgs{c.ref_form, groups, offsets.data(), n, k, av.data(),
+                                      bv.data(), want.data(), SFMOE_DTYPE_FP32, false});
+    size_t differ = 0, first = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (numerics::f32_to_bits(got[i]) != numerics::f32_to_bits(want[i]) && differ++ == 0)
+        first = i;
+    }
+    EXPECT_EQ(differ, 0u) << "form " << c.form << ": first at " << first << ": " << got[first]
+                          << " vs " << want[first];
+  }
+  // The copy a form reads must be present.
+  sfmoe_grouped_tensor rowwise_only = x.q;
+  rowwise_only.columnwise_data = nullptr;
+  rowwise_only.columnwise_scale_inv = nullptr;
+  std::vector<float> dw(groups * n * k);
+  sfmoe_grouped_tensor out =
+      testing::host_rows(dw.data(), SFMOE_DTYPE_FP32, groups, groups * n, k, 1, nullptr);
+  out.uniform_group_rows = n;
+  sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
+  config.form = SFMOE_GEMM_WGRAD;
+  EXPECT_EQ(sfmoe_grouped_gemm(&dy.q, &rowwise_only, &config, &out, nullptr),
+            SFMOE_ERROR_NULL_POINTER);
 }
 
 }  // namespace
