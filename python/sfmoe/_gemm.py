@@ -1,58 +1,104 @@
 """Grouped GEMM, the three training forms (docs/grouped_gemm.md). The library runs it on host
-memory with unquantized operands for now (NumPy arrays, CPU torch tensors)."""
+memory for now (NumPy arrays, CPU torch tensors), with plain or quantized operands."""
 
 from . import _C, _arrays
 from ._dtypes import DType, as_dtype
+from ._quantize import GroupedQuantizedTensor
 
 _FORMS = {"fprop": 0, "dgrad": 1, "wgrad": 2}
 _OPERAND_DTYPES = (DType.FP32, DType.BF16, DType.FP16)
 
 
-def _operand(x, what, ndim):
-    adapter, x = _arrays.adapt(x, what)
-    dtype = _arrays.resolve_dtype(adapter, x, None, what)
+def _plain(adapter, array, dtype, *, rows, cols, groups, uniform_rows=0, offsets=None):
+    """The descriptor dict of unquantized rows: grouped by `offsets`, or uniform groups."""
+    return {
+        "dtype": int(dtype),
+        "scaling": 0,
+        "num_groups": groups,
+        "row_capacity": rows,
+        "cols": cols,
+        "row_alignment": 1,
+        "uniform_group_rows": uniform_rows,
+        "group_offsets": offsets,
+        "rowwise_data": adapter.for_binding(array),
+    }
+
+
+def _operand(x, what, *, weights, groups, offsets):
+    """(descriptor dict, adapter, an array of it, rows, cols, carries the Hadamard transform) of
+    an operand: a GroupedQuantizedTensor, or an array ([rows, cols], or [G, N, K] weights)."""
+    if isinstance(x, GroupedQuantizedTensor):
+        like = x.data if x.data is not None else x.columnwise_data
+        adapter, _ = _arrays.adapt(like, what)
+        return x._descriptor(adapter), adapter, like, x.rows, x.cols, bool(x.config.hadamard)
+    adapter, array = _arrays.adapt(x, what)
+    dtype = _arrays.resolve_dtype(adapter, array, None, what)
     if dtype not in _OPERAND_DTYPES:
-        raise TypeError(f"{what}: expected float32, bfloat16 or float16 values, got {dtype.c_name}")
-    if len(adapter.shape(x)) != ndim:
-        raise ValueError(f"{what}: expected a {ndim}-D array, got shape {adapter.shape(x)}")
-    return adapter, adapter.prepare_input(x), dtype
+        raise TypeError(f"{what}: expected float32, bfloat16 or float16 values (or a quantized tensor)")
+    array = adapter.prepare_input(array)
+    shape = adapter.shape(array)
+    if weights:
+        if len(shape) != 3:
+            raise ValueError(f"{what}: expected [groups, N, K] weights, got shape {shape}")
+        d = _plain(adapter, array, dtype, rows=shape[0] * shape[1], cols=shape[2], groups=shape[0],
+                   uniform_rows=shape[1])
+        return d, adapter, array, shape[0] * shape[1], shape[2], False
+    if len(shape) != 2:
+        raise ValueError(f"{what}: expected a 2-D array, got shape {shape}")
+    if offsets is None:
+        raise ValueError(f"{what}: group_offsets are needed for unquantized rows")
+    d = _plain(adapter, array, dtype, rows=shape[0], cols=shape[1], groups=groups, offsets=offsets)
+    return d, adapter, array, shape[0], shape[1], False
 
 
-def _offsets(group_offsets):
-    adapter, offsets = _arrays.adapt(group_offsets, "group_offsets")
-    if _arrays.resolve_dtype(adapter, offsets, None, "group_offsets") != DType.INT64:
-        raise TypeError("group_offsets: expected int64 values")
-    return adapter.for_binding(adapter.prepare_input(offsets))
-
-
-def grouped_gemm(form, a, b, group_offsets, *, out=None, out_dtype=None, accumulate=False):
+def grouped_gemm(form, a, b, group_offsets=None, *, out=None, out_dtype=None, accumulate=False):
     """One grouped GEMM (docs/grouped_gemm.md); group g owns rows [offsets[g], offsets[g + 1]).
 
     form "fprop": a = X [R, K], b = W [G, N, K] -> Y [R, N];
     form "dgrad": a = dY [R, N], b = W [G, N, K] -> dX [R, K];
     form "wgrad": a = dY [R, N], b = X [R, K] -> dW [G, N, K] (accumulate=True adds into `out`,
     which must then be a float32 [G, N, K] array).
+    Operands may be :class:`GroupedQuantizedTensor` (from :func:`sfmoe.quantize`, weights with
+    uniform groups): each form reads the copy its Hopper kernel would (fprop rowwise; dgrad W
+    columnwise; wgrad both columnwise), which must be present. group_offsets: int64 [G + 1] for
+    unquantized rows; by default the quantized row operand's own offsets.
     Rows beyond offsets[G] of a row-shaped result are not written. out_dtype defaults to float32.
     """
     if form not in _FORMS:
         raise ValueError(f"form: expected 'fprop', 'dgrad' or 'wgrad', got {form!r}")
-    adapter, a_arr, a_dtype = _operand(a, "a", 2)
-    _, b_arr, b_dtype = _operand(b, "b", 2 if form == "wgrad" else 3)
-    offsets = _offsets(group_offsets)
-    rows = adapter.shape(a_arr)[0]
-    groups = _arrays.adapt(group_offsets, "group_offsets")[0].shape(group_offsets)[0] - 1
+    rows_operand = a
+    if group_offsets is None and isinstance(rows_operand, GroupedQuantizedTensor):
+        group_offsets = rows_operand.group_offsets
+    offsets = None
+    groups = 0
+    if group_offsets is not None:
+        off_adapter, off = _arrays.adapt(group_offsets, "group_offsets")
+        if _arrays.resolve_dtype(off_adapter, off, None, "group_offsets") != DType.INT64:
+            raise TypeError("group_offsets: expected int64 values")
+        offsets = off_adapter.for_binding(off_adapter.prepare_input(off))
+        groups = off_adapter.shape(off)[0] - 1
+    a_desc, adapter, like, rows, a_cols, a_hadamard = _operand(a, "a", weights=False, groups=groups,
+                                                               offsets=offsets)
+    b_desc, _, _, _, b_cols, b_hadamard = _operand(b, "b", weights=form != "wgrad", groups=groups,
+                                                   offsets=offsets)
     if form == "fprop":
-        shape = (rows, adapter.shape(b_arr)[1])
+        n = b_desc["uniform_group_rows"]
+        shape, out_cols = (rows, n), n
     elif form == "dgrad":
-        shape = (rows, adapter.shape(b_arr)[2])
+        shape, out_cols = (rows, b_cols), b_cols
     else:
-        shape = (groups, adapter.shape(a_arr)[1], adapter.shape(b_arr)[1])
+        n = a_cols
+        shape, out_cols = (groups, n, b_cols), b_cols
     if out is None:
         out_type = DType.FP32 if out_dtype is None else as_dtype(out_dtype, "out_dtype")
-        out = adapter.zeros(shape, out_type, a_arr)
+        out = adapter.zeros(shape, out_type, like)
     else:
         out_type = _arrays.resolve_dtype(adapter, out, None, "out")
         adapter.check_output(out, "out")
-    _C.grouped_gemm(_FORMS[form], adapter.for_binding(a_arr), int(a_dtype), adapter.for_binding(b_arr), int(b_dtype),
-                    offsets, adapter.for_binding(out), int(out_type), bool(accumulate), adapter.stream(a_arr))
+    if form == "wgrad":
+        out_desc = _plain(adapter, out, out_type, rows=groups * n, cols=out_cols, groups=groups, uniform_rows=n)
+    else:
+        out_desc = _plain(adapter, out, out_type, rows=rows, cols=out_cols, groups=groups, offsets=offsets)
+    _C.grouped_gemm(_FORMS[form], a_desc, b_desc, out_desc, bool(accumulate), a_hadamard or b_hadamard,
+                    adapter.stream(like))
     return out

@@ -1175,44 +1175,30 @@ void grouped_activation_backward(nb::ndarray<nb::ro> input, int32_t input_dtype,
   check(status);
 }
 
-// ---- grouped GEMM (host memory, unquantized operands, for now)
-// -------------------------------------
+// ---- grouped GEMM (host memory for now) -------------------------------------------------------
 
-// fprop: a = X [R, K] (grouped by offsets), b = W [G, N, K], out = Y [R, N]; dgrad: a = dY [R, N],
-// b = W, out = dX [R, K]; wgrad: a = dY, b = X [R, K], out = dW [G, N, K].
-void grouped_gemm(int32_t form, nb::ndarray<nb::ro> a, int32_t a_dtype, nb::ndarray<nb::ro> b,
-                  int32_t b_dtype, nb::ndarray<nb::ro> group_offsets, nb::ndarray<> out,
-                  int32_t out_dtype, bool accumulate, uint64_t stream) {
-  const sfmoe_tensor t_a = describe_array("a", a, a_dtype);
-  const sfmoe_tensor t_b = describe_array("b", b, b_dtype);
-  const sfmoe_tensor t_offsets = describe_array("group_offsets", group_offsets, SFMOE_DTYPE_INT64);
-  const sfmoe_tensor t_out = describe_array("out", out, out_dtype);
-  const int64_t groups = t_offsets.ndim == 1 ? t_offsets.shape[0] - 1 : 0;
-  // Weights are 3-D [G, N, K]: described as G uniform groups of N rows.
-  auto weights = [&](const sfmoe_tensor& t) {
-    sfmoe_grouped_tensor g = sfmoe_grouped_tensor_init();
-    g.memory = t.memory;
-    g.device = t.device;
-    g.dtype = t.dtype;
-    g.num_groups = t.ndim == 3 ? t.shape[0] : 0;
-    g.uniform_group_rows = t.ndim == 3 ? t.shape[1] : 0;
-    g.row_capacity = t.ndim == 3 ? t.shape[0] * t.shape[1] : 0;
-    g.cols = t.ndim == 3 ? t.shape[2] : 0;
-    g.rowwise_data = t.data;
-    return g;
-  };
-  const sfmoe_grouped_tensor g_a = rows_descriptor(t_a, groups, 1, t_offsets);
-  const sfmoe_grouped_tensor g_b =
-      form == SFMOE_GEMM_WGRAD ? rows_descriptor(t_b, groups, 1, t_offsets) : weights(t_b);
-  const sfmoe_grouped_tensor g_out =
-      form == SFMOE_GEMM_WGRAD ? weights(t_out) : rows_descriptor(t_out, groups, 1, t_offsets);
+// The operands and the output as dicts of sfmoe_grouped_tensor fields (see grouped_quantize): the
+// Python layer describes plain arrays and quantized tensors alike.
+void grouped_gemm(int32_t form, nb::dict a, nb::dict b, nb::dict out, bool accumulate,
+                  bool hadamard, uint64_t stream) {
+  const char* function = "grouped_gemm";
+  std::vector<nb::ndarray<nb::ro>> keep_inputs;
+  std::vector<nb::ndarray<>> keep_output;
+  Placement placement;
+  sfmoe_grouped_tensor ga = describe_grouped(function, "a", a, &keep_inputs, &placement);
+  sfmoe_grouped_tensor gb = describe_grouped(function, "b", b, &keep_inputs, &placement);
+  sfmoe_grouped_tensor go = describe_grouped(function, "out", out, &keep_output, &placement);
+  place(&ga, placement);
+  place(&gb, placement);
+  place(&go, placement);
   sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
   config.form = to_enum<sfmoe_gemm_form>(form);
   config.accumulate = accumulate ? 1 : 0;
+  config.hadamard_columnwise = hadamard ? 1 : 0;
   sfmoe_status status;
   {
     nb::gil_scoped_release release;
-    status = sfmoe_grouped_gemm(&g_a, &g_b, &config, &g_out, stream_pointer(stream));
+    status = sfmoe_grouped_gemm(&ga, &gb, &config, &go, stream_pointer(stream));
   }
   check(status);
 }
@@ -1332,9 +1318,10 @@ NB_MODULE(_C, m) {
         "group_offsets"_a, "group_rows"_a, "d_output"_a, "d_output_dtype"_a, "kind"_a, "limit"_a,
         "alpha"_a, "d_input"_a.noconvert(), "d_input_dtype"_a, "stream"_a = 0,
         "sfmoe_grouped_activation_backward (host memory only for now).");
-  m.def("grouped_gemm", &grouped_gemm, "form"_a, "a"_a, "a_dtype"_a, "b"_a, "b_dtype"_a,
-        "group_offsets"_a, "out"_a.noconvert(), "out_dtype"_a, "accumulate"_a = false,
-        "stream"_a = 0, "sfmoe_grouped_gemm (host memory, unquantized operands, for now).");
+  m.def("grouped_gemm", &grouped_gemm, "form"_a, "a"_a, "b"_a, "out"_a, "accumulate"_a = false,
+        "hadamard"_a = false, "stream"_a = 0,
+        "sfmoe_grouped_gemm; a, b and out are dicts of sfmoe_grouped_tensor fields as for\n"
+        "grouped_quantize (host memory for now).");
   m.def("grouped_amax", &grouped_amax, "input"_a, "amax"_a.noconvert(),
         "status_word"_a = nb::none(), "stream"_a = 0,
         "sfmoe_grouped_amax: amax[g] = max |x| over group g of the grouped tensor `input` (a\n"

@@ -47,3 +47,33 @@ def test_grouped_gemm_errors(rng):
         sfmoe.grouped_gemm("fprop", x, w, OFFSETS, accumulate=True)
     with pytest.raises(TypeError, match="int64"):
         sfmoe.grouped_gemm("fprop", x, w, OFFSETS.astype(np.int32))
+
+
+def test_quantized_operands_read_their_forms_copy(rng):
+    offsets = np.array([0, 128, 128, 256], np.int64)
+    groups, rows, n, k = 3, 256, 128, 128
+    x = rng.normal(size=(rows, k)).astype(np.float32)
+    w = rng.normal(size=(groups * n, k)).astype(np.float32)
+    dy = rng.normal(size=(rows, n)).astype(np.float32)
+    qx = sfmoe.quantize(x, "fp8_block_1x128", group_offsets=offsets, columnwise=True)
+    qw = sfmoe.quantize(w, "fp8_block_1x128", uniform_group_rows=n, columnwise=True)
+    qdy = sfmoe.quantize(dy, "fp8_block_1x128", group_offsets=offsets, columnwise=True)
+    np.testing.assert_array_equal(qx.group_offsets, offsets)
+    x_row, x_col = qx.dequantize(source="rowwise"), qx.dequantize(source="columnwise")
+    w_row, w_col = qw.dequantize(source="rowwise"), qw.dequantize(source="columnwise")
+    dy_row, dy_col = qdy.dequantize(source="rowwise"), qdy.dequantize(source="columnwise")
+    assert not np.array_equal(w_row, w_col), "blockwise copies round differently"
+
+    y = sfmoe.grouped_gemm("fprop", qx, qw)
+    dx = sfmoe.grouped_gemm("dgrad", qdy, qw)
+    dw = sfmoe.grouped_gemm("wgrad", qdy, qx)
+    for g in range(groups):
+        r = slice(offsets[g], offsets[g + 1])
+        wg = slice(g * n, (g + 1) * n)
+        np.testing.assert_allclose(y[r], x_row[r].astype(np.float64) @ w_row[wg].T, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(dx[r], dy_row[r].astype(np.float64) @ w_col[wg], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(dw[g], dy_col[r].T.astype(np.float64) @ x_col[r], rtol=1e-4, atol=1e-4)
+
+    rowwise_only = sfmoe.quantize(w, "fp8_block_1x128", uniform_group_rows=n)
+    with pytest.raises(sfmoe.Error, match="columnwise copy"):
+        sfmoe.grouped_gemm("dgrad", dy, rowwise_only, offsets)
