@@ -39,35 +39,19 @@ sfmoe_status check_config(const char* context, const sfmoe_activation_config* c,
   return SFMOE_SUCCESS;
 }
 
-// An unquantized grouped tensor of `cols` columns laid out like `like` (groups, capacity, memory).
+// An unquantized grouped tensor of `cols` columns on the host, laid out like `like` (groups,
+// capacity, memory).
 sfmoe_status expect_grouped_rows(const char* context, const char* name,
                                  const sfmoe_grouped_tensor* g, int64_t cols,
                                  const sfmoe_grouped_tensor* like) {
-  SFMOE_RETURN_IF_ERROR(validate_grouped_tensor(context, name, g));
-  if (g->scaling != SFMOE_SCALING_NONE ||
-      (g->dtype != SFMOE_DTYPE_FP32 && g->dtype != SFMOE_DTYPE_BF16 &&
-       g->dtype != SFMOE_DTYPE_FP16)) {
-    return fail(SFMOE_ERROR_DTYPE_MISMATCH, "%s: %s must hold unquantized fp32, bf16 or fp16 rows",
-                context, name);
-  }
-  if (g->rowwise_data == nullptr || g->columnwise_data != nullptr) {
-    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s must have rowwise data only", context, name);
-  }
-  if (g->cols != cols) {
-    return fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: %s has %lld cols, expected %lld", context, name,
-                static_cast<long long>(g->cols), static_cast<long long>(cols));
-  }
+  SFMOE_RETURN_IF_ERROR(expect_unquantized_rows(context, name, g, cols));
   if (like != nullptr &&
       (g->num_groups != like->num_groups || g->row_capacity != like->row_capacity ||
        g->memory != like->memory || g->device != like->device)) {
     return fail(SFMOE_ERROR_SHAPE_MISMATCH,
                 "%s: %s must have the input's groups, row capacity and memory", context, name);
   }
-  if (g->memory != SFMOE_MEMORY_HOST) {
-    return fail(SFMOE_ERROR_UNSUPPORTED,
-                "%s: runs on host memory only for now (its CUDA kernels are not written yet)",
-                context);
-  }
+  SFMOE_RETURN_IF_ERROR(expect_host_memory(context, g->memory));
   if (g->group_offsets == nullptr) {
     return fail(SFMOE_ERROR_NULL_POINTER, "%s: %s needs group_offsets", context, name);
   }
@@ -75,7 +59,7 @@ sfmoe_status expect_grouped_rows(const char* context, const char* name,
 }
 
 // The input's offsets and the real rows of each group, read on the host and checked before
-// anything is written: offsets from 0, non-decreasing, within the capacity; rows within blocks.
+// anything is written: the offsets by the grouped-tensor contract, the rows within their blocks.
 sfmoe_status check_groups(const char* context, const sfmoe_grouped_tensor* input,
                           const sfmoe_tensor* group_rows, GroupRowsView* view) {
   SFMOE_RETURN_IF_ERROR(validate_tensor(context, "group_rows", group_rows));
@@ -84,16 +68,10 @@ sfmoe_status check_groups(const char* context, const sfmoe_grouped_tensor* input
     return fail(SFMOE_ERROR_SHAPE_MISMATCH,
                 "%s: group_rows must be [num_groups] int64 beside the input", context);
   }
+  SFMOE_RETURN_IF_ERROR(check_host_group_offsets(context, "input", input));
   const int64_t* offsets = input->group_offsets;
   const int64_t* rows = static_cast<const int64_t*>(group_rows->data);
-  if (offsets[0] != 0)
-    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: input group_offsets[0] must be 0", context);
   for (int64_t g = 0; g < input->num_groups; ++g) {
-    if (offsets[g + 1] < offsets[g] || offsets[g + 1] > input->row_capacity) {
-      return fail(SFMOE_ERROR_INVALID_ARGUMENT,
-                  "%s: input group_offsets[%lld] = %lld is out of order or capacity", context,
-                  static_cast<long long>(g + 1), static_cast<long long>(offsets[g + 1]));
-    }
     if (rows[g] < 0 || rows[g] > offsets[g + 1] - offsets[g]) {
       return fail(SFMOE_ERROR_INVALID_ARGUMENT,
                   "%s: group_rows[%lld] = %lld does not fit its block of %lld rows", context,

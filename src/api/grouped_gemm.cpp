@@ -35,31 +35,7 @@ sfmoe_status expect_operand(const char* context, const char* name, const sfmoe_g
     return fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: %s has %lld cols, expected %lld", context, name,
                 static_cast<long long>(t->cols), static_cast<long long>(cols));
   }
-  if (t->memory != SFMOE_MEMORY_HOST) {
-    return fail(SFMOE_ERROR_UNSUPPORTED,
-                "%s: runs on host memory only for now (the Hopper kernels are not written yet)",
-                context);
-  }
-  return SFMOE_SUCCESS;
-}
-
-// Rows grouped by offsets (read on the host and checked: from 0, non-decreasing, within capacity).
-sfmoe_status expect_grouped_rows(const char* context, const char* name,
-                                 const sfmoe_grouped_tensor* t) {
-  if (t->group_offsets == nullptr || t->uniform_group_rows != 0) {
-    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s must be grouped by group_offsets", context,
-                name);
-  }
-  const int64_t* offsets = t->group_offsets;
-  if (offsets[0] != 0)
-    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s group_offsets[0] must be 0", context, name);
-  for (int64_t g = 0; g < t->num_groups; ++g) {
-    if (offsets[g + 1] < offsets[g] || offsets[g + 1] > t->row_capacity) {
-      return fail(SFMOE_ERROR_INVALID_ARGUMENT,
-                  "%s: %s group_offsets[%lld] = %lld is out of order or capacity", context, name,
-                  static_cast<long long>(g + 1), static_cast<long long>(offsets[g + 1]));
-    }
-  }
+  SFMOE_RETURN_IF_ERROR(expect_host_memory(context, t->memory));
   return SFMOE_SUCCESS;
 }
 
@@ -177,7 +153,7 @@ sfmoe_status sfmoe_grouped_gemm(const sfmoe_grouped_tensor* a, const sfmoe_group
     if (out->scaling != SFMOE_SCALING_NONE) {
       return sfmoe::fail(SFMOE_ERROR_DTYPE_MISMATCH, "%s: out must be fp32, bf16 or fp16", context);
     }
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_grouped_rows(context, "a", a));
+    SFMOE_RETURN_IF_ERROR(sfmoe::check_host_group_offsets(context, "a", a));
     if (config->form != SFMOE_GEMM_WGRAD &&
         (out->num_groups != groups || out->row_capacity != a->row_capacity)) {
       return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH,

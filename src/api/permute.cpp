@@ -17,31 +17,11 @@ bool is_row_dtype(sfmoe_dtype d) {
   return d == SFMOE_DTYPE_BF16 || d == SFMOE_DTYPE_FP32 || d == SFMOE_DTYPE_FP16;
 }
 
-sfmoe_status host_only(const char* context, const sfmoe_tensor* t) {
-  if (t->memory != SFMOE_MEMORY_HOST) {
-    return fail(SFMOE_ERROR_UNSUPPORTED,
-                "%s: runs on host memory only for now (its CUDA kernels are not written yet)",
-                context);
-  }
-  return SFMOE_SUCCESS;
-}
-
 // A grouped tensor of unquantized rows: `cols` columns, a row dtype, rowwise data only, in the
 // memory space of `home`.
 sfmoe_status expect_rows(const char* context, const char* name, const sfmoe_grouped_tensor* g,
                          int64_t cols, const sfmoe_tensor* home) {
-  SFMOE_RETURN_IF_ERROR(validate_grouped_tensor(context, name, g));
-  if (g->scaling != SFMOE_SCALING_NONE || !is_row_dtype(g->dtype)) {
-    return fail(SFMOE_ERROR_DTYPE_MISMATCH, "%s: %s must hold unquantized fp32, bf16 or fp16 rows",
-                context, name);
-  }
-  if (g->cols != cols) {
-    return fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: %s has %lld cols, expected %lld", context, name,
-                static_cast<long long>(g->cols), static_cast<long long>(cols));
-  }
-  if (g->rowwise_data == nullptr || g->columnwise_data != nullptr) {
-    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s must have rowwise data only", context, name);
-  }
+  SFMOE_RETURN_IF_ERROR(expect_unquantized_rows(context, name, g, cols));
   if (g->memory != home->memory || g->device != home->device) {
     return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: %s is not in the same memory space as the tokens",
                 context, name);
@@ -49,7 +29,6 @@ sfmoe_status expect_rows(const char* context, const char* name, const sfmoe_grou
   return SFMOE_SUCCESS;
 }
 
-// row_map entries are rows of `row_capacity`, or -1: checked before anything is written.
 // row_map entries are rows of `row_capacity`, each named by one slot at most (as permute writes
 // them; the backward writes each named row once), or -1: checked before anything is written.
 sfmoe_status check_row_map(const char* context, const sfmoe_tensor* row_map, int64_t row_capacity) {
@@ -96,7 +75,7 @@ sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_
       return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH,
                          "%s: tokens must be [T, H] of fp32, bf16 or fp16", context);
     }
-    SFMOE_RETURN_IF_ERROR(sfmoe::host_only(context, tokens));
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_host_memory(context, tokens->memory));
     if (config == nullptr)
       return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: config is NULL", context);
     if (config->struct_size != sizeof(sfmoe_permute_config)) {
@@ -198,7 +177,7 @@ sfmoe_status sfmoe_unpermute(const sfmoe_grouped_tensor* rows, const sfmoe_tenso
       return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: out must be [T, H] of fp32, bf16 or fp16",
                          context);
     }
-    SFMOE_RETURN_IF_ERROR(sfmoe::host_only(context, out));
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_host_memory(context, out->memory));
     const int64_t t_count = out->shape[0], hidden = out->shape[1];
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_rows(context, "rows", rows, hidden, out));
     if (row_map == nullptr || row_map->ndim != 2) {
@@ -232,7 +211,7 @@ sfmoe_status sfmoe_unpermute_backward(const sfmoe_tensor* d_out, const sfmoe_gro
       return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH,
                          "%s: d_out must be [T, H] of fp32, bf16 or fp16", context);
     }
-    SFMOE_RETURN_IF_ERROR(sfmoe::host_only(context, d_out));
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_host_memory(context, d_out->memory));
     const int64_t t_count = d_out->shape[0], hidden = d_out->shape[1];
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_rows(context, "rows", rows, hidden, d_out));
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_rows(context, "d_rows", d_rows, hidden, d_out));

@@ -97,12 +97,7 @@ sfmoe_status check_logits(const char* context, const sfmoe_tensor* logits) {
     return fail(SFMOE_ERROR_DTYPE_MISMATCH, "%s: logits must be fp32 or bf16, not '%s'", context,
                 sfmoe_dtype_name(logits->dtype));
   }
-  if (logits->memory != SFMOE_MEMORY_HOST) {
-    return fail(
-        SFMOE_ERROR_UNSUPPORTED,
-        "%s: the router runs on host memory only for now (its CUDA kernels are not written yet)",
-        context);
-  }
+  SFMOE_RETURN_IF_ERROR(expect_host_memory(context, logits->memory));
   return SFMOE_SUCCESS;
 }
 

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "src/common/error.h"
+#include "src/common/group_offsets.h"
 #include "src/common/quantize_args.h"
 #if defined(SFMOE_WITH_CUDA)
 #include "src/cuda/backend.h"
@@ -351,6 +352,57 @@ sfmoe_status expect_scalar(const char* context, const char* name, const sfmoe_te
   if (t->memory != home->memory || t->device != home->device) {
     return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: %s is not in the same memory space as %s", context,
                 name, home_name);
+  }
+  return SFMOE_SUCCESS;
+}
+
+sfmoe_status expect_host_memory(const char* context, sfmoe_memory memory) {
+  if (memory != SFMOE_MEMORY_HOST) {
+    return fail(SFMOE_ERROR_UNSUPPORTED,
+                "%s: runs on host memory only for now (its CUDA kernels are not written yet)",
+                context);
+  }
+  return SFMOE_SUCCESS;
+}
+
+sfmoe_status expect_unquantized_rows(const char* context, const char* name,
+                                     const sfmoe_grouped_tensor* t, int64_t cols) {
+  SFMOE_RETURN_IF_ERROR(validate_grouped_tensor(context, name, t));
+  if (t->scaling != SFMOE_SCALING_NONE ||
+      (t->dtype != SFMOE_DTYPE_FP32 && t->dtype != SFMOE_DTYPE_BF16 &&
+       t->dtype != SFMOE_DTYPE_FP16)) {
+    return fail(SFMOE_ERROR_DTYPE_MISMATCH, "%s: %s must hold unquantized fp32, bf16 or fp16 rows",
+                context, name);
+  }
+  if (t->rowwise_data == nullptr || t->columnwise_data != nullptr) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s must have rowwise data only", context, name);
+  }
+  if (t->cols != cols) {
+    return fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: %s has %lld cols, expected %lld", context, name,
+                static_cast<long long>(t->cols), static_cast<long long>(cols));
+  }
+  return SFMOE_SUCCESS;
+}
+
+sfmoe_status check_host_group_offsets(const char* context, const char* name,
+                                      const sfmoe_grouped_tensor* t) {
+  if (t->group_offsets == nullptr || t->uniform_group_rows != 0) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s must be grouped by group_offsets", context,
+                name);
+  }
+  sfmoe_fault_report report{0, 0, -1, 0};
+  for (int64_t g = 0; g < t->num_groups && report.flags == 0; ++g) {
+    check_group(t->group_offsets, g, t->row_capacity, t->row_alignment, &report);
+  }
+  if (report.flags != 0) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                "%s: %s group_offsets break the grouped-tensor contract at group %lld (value "
+                "%lld): %s",
+                context, name, static_cast<long long>(report.first_group),
+                static_cast<long long>(report.first_value),
+                (report.flags & SFMOE_FAULT_GROUP_OVER_CAPACITY) ? "beyond row_capacity"
+                                                                 : "decreasing, misaligned or not "
+                                                                   "starting at 0");
   }
   return SFMOE_SUCCESS;
 }

@@ -39,6 +39,17 @@ sfmoe_status expect_tensor(const char* context, const char* name, const sfmoe_te
                            std::initializer_list<sfmoe_dtype> dtypes,
                            std::initializer_list<int64_t> shape, const sfmoe_tensor* home,
                            const char* home_name);
+// The ops whose CUDA kernels are not written yet (router, permute, activations, grouped GEMM) run
+// on host memory only: SFMOE_ERROR_UNSUPPORTED otherwise.
+sfmoe_status expect_host_memory(const char* context, sfmoe_memory memory);
+// A valid grouped tensor of unquantized rows (FP32, BF16 or FP16, scaling NONE, rowwise data
+// only) with `cols` columns.
+sfmoe_status expect_unquantized_rows(const char* context, const char* name,
+                                     const sfmoe_grouped_tensor* t, int64_t cols);
+// Host-side group offsets read and checked with the shared rule of src/common/group_offsets.h
+// (check_group) before anything is written; SFMOE_ERROR_INVALID_ARGUMENT on the first fault.
+sfmoe_status check_host_group_offsets(const char* context, const char* name,
+                                      const sfmoe_grouped_tensor* t);
 // A valid one-element FP32 tensor in the memory space of `home`.
 sfmoe_status expect_scalar(const char* context, const char* name, const sfmoe_tensor* t,
                            const sfmoe_tensor* home, const char* home_name);
