@@ -9,43 +9,45 @@
 namespace sfmoe {
 namespace cpu {
 
+namespace {
+
+// sum over i < count of a[i * a_step] * b[i * b_step], i upward: the one summation rule.
+float dot(const float* a, int64_t a_step, const float* b, int64_t b_step, int64_t count) {
+  float sum = 0.0f;
+  for (int64_t i = 0; i < count; ++i) {
+    sum = numerics::add_rn(sum, numerics::mul_rn(a[i * a_step], b[i * b_step]));
+  }
+  return sum;
+}
+
+}  // namespace
+
 void grouped_gemm(const GroupedGemmArgs& g) {
   const int64_t n = g.n, k = g.k;
   for (int64_t group = 0; group < g.num_groups; ++group) {
     const int64_t begin = g.offsets[group], end = g.offsets[group + 1];
+    const float* w =
+        g.form == GroupedGemmForm::kWgrad ? nullptr : g.b + group * n * k;  // W_g [n, k]
     switch (g.form) {
-      case GroupedGemmForm::kFprop:
+      case GroupedGemmForm::kFprop:  // Y[m, j] = X[m, :] . W_g[j, :]
         for (int64_t m = begin; m < end; ++m) {
           for (int64_t j = 0; j < n; ++j) {
-            float sum = 0.0f;
-            for (int64_t r = 0; r < k; ++r) {
-              sum = numerics::add_rn(
-                  sum, numerics::mul_rn(g.a[m * k + r], g.b[(group * n + j) * k + r]));
-            }
-            store_value(g.out, g.out_dtype, m * n + j, sum);
+            store_value(g.out, g.out_dtype, m * n + j, dot(g.a + m * k, 1, w + j * k, 1, k));
           }
         }
         break;
-      case GroupedGemmForm::kDgrad:
+      case GroupedGemmForm::kDgrad:  // dX[m, r] = dY[m, :] . W_g[:, r]
         for (int64_t m = begin; m < end; ++m) {
           for (int64_t r = 0; r < k; ++r) {
-            float sum = 0.0f;
-            for (int64_t j = 0; j < n; ++j) {
-              sum = numerics::add_rn(
-                  sum, numerics::mul_rn(g.a[m * n + j], g.b[(group * n + j) * k + r]));
-            }
-            store_value(g.out, g.out_dtype, m * k + r, sum);
+            store_value(g.out, g.out_dtype, m * k + r, dot(g.a + m * n, 1, w + r, k, n));
           }
         }
         break;
-      case GroupedGemmForm::kWgrad:
+      case GroupedGemmForm::kWgrad:  // dW_g[j, r] (+)= dY[rows, j] . X[rows, r]
         // An empty group writes zeros, or leaves an accumulator as it was.
         for (int64_t j = 0; j < n; ++j) {
           for (int64_t r = 0; r < k; ++r) {
-            float sum = 0.0f;
-            for (int64_t m = begin; m < end; ++m) {
-              sum = numerics::add_rn(sum, numerics::mul_rn(g.a[m * n + j], g.b[m * k + r]));
-            }
+            float sum = dot(g.a + begin * n + j, n, g.b + begin * k + r, k, end - begin);
             const int64_t index = (group * n + j) * k + r;
             if (g.accumulate) sum = numerics::add_rn(load_value(g.out, g.out_dtype, index), sum);
             store_value(g.out, g.out_dtype, index, sum);
