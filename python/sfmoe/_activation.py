@@ -16,23 +16,12 @@ def _kind(activation):
 
 
 def _input(x, what):
-    adapter, x = _arrays.adapt(x, what)
-    dtype = _arrays.resolve_dtype(adapter, x, None, what)
-    if dtype not in (DType.FP32, DType.BF16, DType.FP16):
-        raise TypeError(f"{what}: expected float32, bfloat16 or float16 values, got {dtype.c_name}")
-    if len(adapter.shape(x)) != 2:
-        raise ValueError(f"{what}: expected a 2-D array, got shape {adapter.shape(x)}")
-    return adapter, adapter.prepare_input(x), dtype
+    return _arrays.checked_input(x, what, (DType.FP32, DType.BF16, DType.FP16), ndim=2)
 
 
-def _groups(adapter, group_offsets, group_rows):
-    offsets_adapter, offsets = _arrays.adapt(group_offsets, "group_offsets")
-    rows_adapter, rows = _arrays.adapt(group_rows, "group_rows")
-    for a, arr, what in ((offsets_adapter, offsets, "group_offsets"), (rows_adapter, rows, "group_rows")):
-        if _arrays.resolve_dtype(a, arr, None, what) != DType.INT64:
-            raise TypeError(f"{what}: expected int64 values")
-    return (offsets_adapter.for_binding(offsets_adapter.prepare_input(offsets)),
-            rows_adapter.for_binding(rows_adapter.prepare_input(rows)))
+def _groups(group_offsets, group_rows):
+    return (_arrays.bound_input(group_offsets, "group_offsets", DType.INT64),
+            _arrays.bound_input(group_rows, "group_rows", DType.INT64))
 
 
 def grouped_activation(x, group_offsets, group_rows, activation="swiglu", *, limit=7.0, alpha=1.702,
@@ -53,7 +42,7 @@ def grouped_activation(x, group_offsets, group_rows, activation="swiglu", *, lim
         raise ValueError(f"x: a gated activation needs an even number of columns, got {cols}")
     out_type = dtype if out_dtype is None else as_dtype(out_dtype, "out_dtype")
     out = adapter.empty((rows, out_cols), out_type, x)
-    offsets, counts = _groups(adapter, group_offsets, group_rows)
+    offsets, counts = _groups(group_offsets, group_rows)
     _C.grouped_activation(adapter.for_binding(x), int(dtype), offsets, counts, kind, float(limit), float(alpha),
                           adapter.for_binding(out), int(out_type), adapter.stream(x))
     return out
@@ -66,7 +55,7 @@ def grouped_activation_backward(x, d_out, group_offsets, group_rows, activation=
     adapter, x, dtype = _input(x, "x")
     _, d, d_dtype = _input(d_out, "d_out")
     d_x = adapter.empty(adapter.shape(x), DType.FP32, x)
-    offsets, counts = _groups(adapter, group_offsets, group_rows)
+    offsets, counts = _groups(group_offsets, group_rows)
     _C.grouped_activation_backward(adapter.for_binding(x), int(dtype), offsets, counts, adapter.for_binding(d),
                                    int(d_dtype), kind, float(limit), float(alpha), adapter.for_binding(d_x),
                                    int(DType.FP32), adapter.stream(x))

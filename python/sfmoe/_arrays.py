@@ -467,3 +467,23 @@ def container_shape(logical, dtype, what):
             f"even (got shape {tuple(logical)})"
         )
     return tuple(logical[:-1]) + (logical[-1] // 2,)
+
+
+def checked_input(x, what, dtypes, ndim=None):
+    """(adapter, x ready for the library, sfmoe dtype) of an input array whose dtype is one of
+    `dtypes` and, when given, with `ndim` dimensions; TypeError / ValueError otherwise."""
+    adapter, x = adapt(x, what)
+    dtype = resolve_dtype(adapter, x, None, what)
+    if dtype not in dtypes:
+        names = " or ".join(d.c_name for d in dtypes)
+        raise TypeError(f"{what}: expected {names} values, got {dtype.c_name}")
+    if ndim is not None and len(adapter.shape(x)) != ndim:
+        raise ValueError(f"{what}: expected a {ndim}-D array, got shape {adapter.shape(x)}")
+    return adapter, adapter.prepare_input(x), dtype
+
+
+def bound_input(x, what, dtype):
+    """An input array of sfmoe dtype `dtype` as the binding takes it (the binding itself checks
+    only the element width, so an int32 array would pass as float32)."""
+    adapter, x, _ = checked_input(x, what, (dtype,))
+    return adapter.for_binding(x)

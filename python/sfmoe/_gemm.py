@@ -31,20 +31,12 @@ def _operand(x, what, *, weights, groups, offsets):
         like = x.data if x.data is not None else x.columnwise_data
         adapter, _ = _arrays.adapt(like, what)
         return x._descriptor(adapter), adapter, like, x.rows, x.cols, bool(x.config.hadamard)
-    adapter, array = _arrays.adapt(x, what)
-    dtype = _arrays.resolve_dtype(adapter, array, None, what)
-    if dtype not in _OPERAND_DTYPES:
-        raise TypeError(f"{what}: expected float32, bfloat16 or float16 values (or a quantized tensor)")
-    array = adapter.prepare_input(array)
+    adapter, array, dtype = _arrays.checked_input(x, what, _OPERAND_DTYPES, ndim=3 if weights else 2)
     shape = adapter.shape(array)
-    if weights:
-        if len(shape) != 3:
-            raise ValueError(f"{what}: expected [groups, N, K] weights, got shape {shape}")
+    if weights:  # [groups, N, K]
         d = _plain(adapter, array, dtype, rows=shape[0] * shape[1], cols=shape[2], groups=shape[0],
                    uniform_rows=shape[1])
         return d, adapter, array, shape[0] * shape[1], shape[2], False
-    if len(shape) != 2:
-        raise ValueError(f"{what}: expected a 2-D array, got shape {shape}")
     if offsets is None:
         raise ValueError(f"{what}: group_offsets are needed for unquantized rows")
     d = _plain(adapter, array, dtype, rows=shape[0], cols=shape[1], groups=groups, offsets=offsets)
@@ -72,10 +64,8 @@ def grouped_gemm(form, a, b, group_offsets=None, *, out=None, out_dtype=None, ac
     offsets = None
     groups = 0
     if group_offsets is not None:
-        off_adapter, off = _arrays.adapt(group_offsets, "group_offsets")
-        if _arrays.resolve_dtype(off_adapter, off, None, "group_offsets") != DType.INT64:
-            raise TypeError("group_offsets: expected int64 values")
-        offsets = off_adapter.for_binding(off_adapter.prepare_input(off))
+        off_adapter, off, _ = _arrays.checked_input(group_offsets, "group_offsets", (DType.INT64,), ndim=1)
+        offsets = off_adapter.for_binding(off)
         groups = off_adapter.shape(off)[0] - 1
     a_desc, adapter, like, rows, a_cols, a_hadamard = _operand(a, "a", weights=False, groups=groups,
                                                                offsets=offsets)

@@ -25,20 +25,7 @@ class PermuteOutput:
 
 
 def _rows_input(x, what):
-    adapter, x = _arrays.adapt(x, what)
-    dtype = _arrays.resolve_dtype(adapter, x, None, what)
-    if dtype not in _ROW_DTYPES:
-        raise TypeError(f"{what}: expected float32, bfloat16 or float16 values, got {dtype.c_name}")
-    if len(adapter.shape(x)) != 2:
-        raise ValueError(f"{what}: expected a 2-D array, got shape {adapter.shape(x)}")
-    return adapter, adapter.prepare_input(x), dtype
-
-
-def _typed(x, what, dtype):
-    adapter, x = _arrays.adapt(x, what)
-    if _arrays.resolve_dtype(adapter, x, None, what) != dtype:
-        raise TypeError(f"{what}: expected {dtype.c_name} values")
-    return adapter.for_binding(adapter.prepare_input(x))
+    return _arrays.checked_input(x, what, _ROW_DTYPES, ndim=2)
 
 
 def permute(tokens, topk_ids, num_experts, *, alignment=1, expert_capacity=0):
@@ -65,7 +52,7 @@ def permute(tokens, topk_ids, num_experts, *, alignment=1, expert_capacity=0):
     kept = adapter.empty((experts,), DType.INT64, x)
     dropped = adapter.empty((experts,), DType.INT64, x)
     bind = adapter.for_binding
-    _C.permute(bind(x), int(dtype), _typed(topk_ids, "topk_ids", DType.INT32), capacity, bind(rows), experts,
+    _C.permute(bind(x), int(dtype), _arrays.bound_input(topk_ids, "topk_ids", DType.INT32), capacity, bind(rows), experts,
                alignment, bind(offsets), bind(row_map), bind(kept), bind(dropped), adapter.stream(x))
     return PermuteOutput(rows, offsets, row_map, kept, dropped, alignment)
 
@@ -80,7 +67,7 @@ def unpermute(rows, permuted, probs=None, *, out_dtype=None):
     t_count, _ = adapter.shape(row_map)
     out_type = dtype if out_dtype is None else as_dtype(out_dtype, "out_dtype")
     out = adapter.empty((t_count, adapter.shape(r)[1]), out_type, r)
-    p = None if probs is None else _typed(probs, "probs", DType.FP32)
+    p = None if probs is None else _arrays.bound_input(probs, "probs", DType.FP32)
     bind = adapter.for_binding
     _C.unpermute(bind(r), int(dtype), bind(permuted.group_offsets), bind(row_map), p, bind(out), int(out_type),
                  adapter.stream(r))
@@ -98,6 +85,6 @@ def unpermute_backward(d_out, rows, permuted, probs):
     d_probs = adapter.empty((t_count, k), DType.FP32, r)
     bind = adapter.for_binding
     _C.unpermute_backward(bind(d), int(d_dtype), bind(r), int(r_dtype), bind(permuted.group_offsets),
-                          bind(permuted.row_map), _typed(probs, "probs", DType.FP32), bind(d_rows), int(DType.FP32),
+                          bind(permuted.row_map), _arrays.bound_input(probs, "probs", DType.FP32), bind(d_rows), int(DType.FP32),
                           bind(d_probs), adapter.stream(d))
     return d_rows, d_probs

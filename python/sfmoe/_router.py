@@ -42,23 +42,9 @@ def _config(top_k, score, softmax_after_topk, num_groups, group_topk, group_scor
     )
 
 
-def _typed_f32(x, what):
-    """A float32 array as the binding takes it (the binding checks only the element width)."""
-    adapter, x = _arrays.adapt(x, what)
-    if _arrays.resolve_dtype(adapter, x, None, what) != DType.FP32:
-        raise TypeError(f"{what}: expected float32 values")
-    return adapter.for_binding(adapter.prepare_input(x))
-
-
 def _logits(logits):
-    adapter, x = _arrays.adapt(logits, "logits")
-    dtype = _arrays.resolve_dtype(adapter, x, None, "logits")
-    if dtype not in (DType.FP32, DType.BF16):
-        raise TypeError(f"logits: expected float32 or bfloat16 values, got {dtype.c_name}")
-    shape = adapter.shape(x)
-    if len(shape) != 2:
-        raise ValueError(f"logits: expected a 2-D [tokens, experts] array, got shape {shape}")
-    return adapter, adapter.prepare_input(x), dtype, shape
+    adapter, x, dtype = _arrays.checked_input(logits, "logits", (DType.FP32, DType.BF16), ndim=2)
+    return adapter, x, dtype, adapter.shape(x)
 
 
 def router(logits, top_k, *, score="softmax", softmax_after_topk=False, num_groups=0, group_topk=0,
@@ -85,7 +71,7 @@ def router(logits, top_k, *, score="softmax", softmax_after_topk=False, num_grou
     z = adapter.empty((1,), DType.FP32, x) if config["z_loss_coeff"] else None
     bias = None
     if expert_bias is not None:
-        bias = _typed_f32(expert_bias, "expert_bias")
+        bias = _arrays.bound_input(expert_bias, "expert_bias", DType.FP32)
     def bind(array):
         return None if array is None else adapter.for_binding(array)
 
@@ -102,7 +88,7 @@ def router_backward(logits, routed, d_probs=None, d_aux_loss=1.0, d_z_loss=1.0):
     d_logits = adapter.empty((tokens, experts), DType.FP32, x)
     dp = None
     if d_probs is not None:
-        dp = _typed_f32(d_probs, "d_probs")
+        dp = _arrays.bound_input(d_probs, "d_probs", DType.FP32)
     def bind(array):
         return adapter.for_binding(array)
 
