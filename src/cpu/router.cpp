@@ -117,11 +117,11 @@ void router_backward(const RouterBackwardArgs& args) {
         for (int64_t e = 0; e < n; ++e) dx[e] += aux[e] * (grad_scores[e] - dot);
       } else {  // a = sigma / sum sigma: d sigma_f = (g_f - dot) / sum; d x_f = sigma_f (1 -
                 // sigma_f) d sigma_f
+        token_scores<float>(x, c, scores.data());  // the sigmoids, once
         float sum = 0.0f;
-        for (int64_t e = 0; e < n; ++e) sum += numerics::sigmoid_f32(x[e]);
+        for (int64_t e = 0; e < n; ++e) sum += scores[e];
         for (int64_t e = 0; e < n; ++e) {
-          const float s = numerics::sigmoid_f32(x[e]);
-          dx[e] += s * (1.0f - s) * (grad_scores[e] - dot) / sum;
+          dx[e] += scores[e] * (1.0f - scores[e]) * (grad_scores[e] - dot) / sum;
         }
       }
     }
