@@ -40,7 +40,7 @@ run_gtest() {  # name binary [args...]
   local summary
   summary=$(grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/$name.log" | tr '\n' ' ')
   status_line "$name" "rc $rc; $summary"
-  grep -E "^\[ (numerics|device numerics|hardware cvt|cast|graph|validation|gpu|quantize|quantize graph) \]" "$OUT/$name.log" | sed 's/^/   /'
+  grep -E "^\[ (numerics|device numerics|hardware cvt|cast|graph|validation|gpu|quantize|quantize graph|router|permute|activation) \]" "$OUT/$name.log" | sed 's/^/   /'
   return $rc
 }
 
@@ -74,6 +74,8 @@ if [ "${SFMOE_SKIP_PYTHON:-0}" != 1 ]; then
     status_line bench_cast_torch "rc $?"
     PYTHONPATH="$ROOT/build-py/python" OUT="$OUT" python3 bench/bench_quantize_torch.py > "$OUT/bench_quantize_torch.log" 2>&1
     status_line bench_quantize_torch "rc $?"
+    PYTHONPATH="$ROOT/build-py/python:$ROOT/bench" OUT="$OUT" python3 bench/bench_moe_ops_torch.py > "$OUT/bench_moe_ops_torch.log" 2>&1
+    status_line bench_moe_ops_torch "rc $?"
   else
     status_line pytest "extension build failed (see python_build.log)"
     tail -20 "$OUT/python_build.log"
@@ -88,7 +90,7 @@ status_line bench_quantize "rc $?"
 
 echo
 echo "================================ sfmoe GPU check ================================"
-for k in build selfcheck cpu_tests gpu_tests sanitizer_memcheck sanitizer_racecheck pytest bench_memory bench_cast_torch bench_quantize_torch bench_quantize; do
+for k in build selfcheck cpu_tests gpu_tests sanitizer_memcheck sanitizer_racecheck pytest bench_memory bench_cast_torch bench_quantize_torch bench_moe_ops_torch bench_quantize; do
   [ -n "${RESULT[$k]:-}" ] && printf "%-20s %s\n" "$k" "${RESULT[$k]}"
 done
 echo
@@ -96,3 +98,4 @@ tail -8 "$OUT/bench_memory.log"
 [ -f "$OUT/bench_cast_torch.log" ] && { echo; tail -4 "$OUT/bench_cast_torch.log"; }
 [ -f "$OUT/bench_quantize_torch.log" ] && { echo; tail -15 "$OUT/bench_quantize_torch.log"; }
 [ -f "$OUT/bench_quantize.log" ] && { echo; tail -14 "$OUT/bench_quantize.log"; }
+[ -f "$OUT/bench_moe_ops_torch.log" ] && { echo; tail -14 "$OUT/bench_moe_ops_torch.log"; }

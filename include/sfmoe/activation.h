@@ -3,8 +3,11 @@
  * [gate | up] (W1 = [W_gate; W_up]). Only each group's real rows are computed; its alignment
  * padding is written as zeros. The rules are in docs/activations.md.
  *
- * Backends: the CPU reference runs on host memory. The CUDA kernels are not written yet:
- * tensors in CUDA memory are refused with SFMOE_ERROR_UNSUPPORTED.
+ * Backends: the CPU reference on host memory, CUDA kernels on device memory (the same bits,
+ * sync-free: the offsets and row counts are read on the device, the work follows the real rows).
+ * On the host, bad offsets or row counts are refused before anything is written; on the device
+ * the kernels clamp them and report to `word` (may be NULL): SFMOE_FAULT_BAD_GROUP_OFFSETS /
+ * SFMOE_FAULT_GROUP_OVER_CAPACITY.
  */
 #ifndef SFMOE_ACTIVATION_H_
 #define SFMOE_ACTIVATION_H_
@@ -41,7 +44,8 @@ SFMOE_API sfmoe_activation_config sfmoe_activation_config_init(void);
 SFMOE_API sfmoe_status sfmoe_grouped_activation(const sfmoe_grouped_tensor* input,
                                                 const sfmoe_tensor* group_rows,
                                                 const sfmoe_activation_config* config,
-                                                const sfmoe_grouped_tensor* output, void* stream);
+                                                const sfmoe_grouped_tensor* output,
+                                                sfmoe_status_word* word, void* stream);
 
 /* d_input (shaped like input, every row of each group written: padding rows zero) from the
  * forward's input and d_output. */
@@ -50,7 +54,7 @@ SFMOE_API sfmoe_status sfmoe_grouped_activation_backward(const sfmoe_grouped_ten
                                                          const sfmoe_grouped_tensor* d_output,
                                                          const sfmoe_activation_config* config,
                                                          const sfmoe_grouped_tensor* d_input,
-                                                         void* stream);
+                                                         sfmoe_status_word* word, void* stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -2,8 +2,10 @@
  * unpermute (expert rows -> token rows, weighted by the router's probabilities, deterministic),
  * with their backward. The rules are in docs/permute.md.
  *
- * Backends: the CPU reference runs on host memory. The CUDA kernels are not written yet:
- * tensors in CUDA memory are refused with SFMOE_ERROR_UNSUPPORTED.
+ * Backends: the CPU reference on host memory, CUDA kernels on device memory (the same bits; up
+ * to 64 slots per token there; sync-free: ids, row maps and offsets are never read by the host).
+ * On the host, bad ids and row maps are refused before anything is written; on the device the
+ * kernels skip the bad entries and raise SFMOE_FAULT_BAD_INDEX in `word` (may be NULL).
  */
 #ifndef SFMOE_PERMUTE_H_
 #define SFMOE_PERMUTE_H_
@@ -35,7 +37,8 @@ SFMOE_API sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_ten
                                      const sfmoe_grouped_tensor* permuted,
                                      const sfmoe_tensor* row_map,
                                      const sfmoe_tensor* tokens_per_expert,
-                                     const sfmoe_tensor* dropped_per_expert, void* stream);
+                                     const sfmoe_tensor* dropped_per_expert,
+                                     sfmoe_status_word* word, void* stream);
 
 /* out [T, H] = sum_i probs[t, i] * rows[row_map[t, i]], FP32 sums in slot order, rounded once to
  * out's dtype (FP32, BF16, FP16). probs [T, k] FP32, or NULL for weight 1: that is permute's
@@ -43,16 +46,21 @@ SFMOE_API sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_ten
  * data). */
 SFMOE_API sfmoe_status sfmoe_unpermute(const sfmoe_grouped_tensor* rows,
                                        const sfmoe_tensor* row_map, const sfmoe_tensor* probs,
-                                       const sfmoe_tensor* out, void* stream);
+                                       const sfmoe_tensor* out, sfmoe_status_word* word,
+                                       void* stream);
 
-/* Unpermute's backward: d_rows (every row of its capacity written: probs * d_out where a slot
- * names the row, zeros elsewhere) and d_probs [T, k] FP32. */
+/* Unpermute's backward: d_rows (probs * d_out where a slot names the row; each group's padding
+ * rows, after its group_rows real rows, zero; rows beyond the groups untouched) and d_probs
+ * [T, k] FP32. rows carries the group offsets; group_rows [E] INT64 is permute's
+ * tokens_per_expert. */
 SFMOE_API sfmoe_status sfmoe_unpermute_backward(const sfmoe_tensor* d_out,
                                                 const sfmoe_grouped_tensor* rows,
                                                 const sfmoe_tensor* row_map,
                                                 const sfmoe_tensor* probs,
+                                                const sfmoe_tensor* group_rows,
                                                 const sfmoe_grouped_tensor* d_rows,
-                                                const sfmoe_tensor* d_probs, void* stream);
+                                                const sfmoe_tensor* d_probs,
+                                                sfmoe_status_word* word, void* stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

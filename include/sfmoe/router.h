@@ -2,8 +2,9 @@
  * the selection only), probabilities, tokens per expert, the load-balancing and z losses, and
  * the backward. The rules are in docs/router.md.
  *
- * Backends: the CPU reference runs on host memory. The CUDA kernels are not written yet:
- * tensors in CUDA memory are refused with SFMOE_ERROR_UNSUPPORTED.
+ * Backends: the CPU reference on host memory; CUDA kernels on device memory (up to 512 experts,
+ * 64 groups, top_k 64), sync-free and capturable. Both select the same experts and write the
+ * same probability bits; the losses agree to rounding.
  */
 #ifndef SFMOE_ROUTER_H_
 #define SFMOE_ROUTER_H_
@@ -38,21 +39,31 @@ typedef struct sfmoe_router_config {
  * no losses. */
 SFMOE_API sfmoe_router_config sfmoe_router_config_init(void);
 
+/* FP32 elements of the forward's workspace on the device when a loss is asked for: per-block
+ * partial sums, reduced in a fixed order (no float atomics: the losses have the same bits every
+ * run). Allocate it once, outside the step. */
+SFMOE_API int64_t sfmoe_router_workspace_floats(int64_t tokens, int64_t num_experts);
+
 /* logits [T, E] FP32 or BF16; expert_bias [E] FP32 or NULL. Outputs: topk_ids [T, k] INT32 (best
  * first), probs [T, k] FP32, tokens_per_expert [E] INT64; aux_loss and z_loss: FP32 scalars
- * (one element) or NULL, required when their coefficient is not 0. All in one memory space. */
+ * (one element) or NULL, required when their coefficient is not 0. All in one memory space.
+ * workspace: [sfmoe_router_workspace_floats(T, E)] FP32, required on the device when aux_loss or
+ * z_loss is given; ignored (may be NULL) on the host. */
 SFMOE_API sfmoe_status sfmoe_router_forward(
     const sfmoe_tensor* logits, const sfmoe_tensor* expert_bias, const sfmoe_router_config* config,
     const sfmoe_tensor* topk_ids, const sfmoe_tensor* probs, const sfmoe_tensor* tokens_per_expert,
-    const sfmoe_tensor* aux_loss, const sfmoe_tensor* z_loss, void* stream);
+    const sfmoe_tensor* aux_loss, const sfmoe_tensor* z_loss, const sfmoe_tensor* workspace,
+    void* stream);
 
 /* d_logits [T, E] FP32 from the forward's logits, topk_ids and tokens_per_expert, the upstream
  * gradient of the probabilities (d_probs [T, k] FP32, or NULL for none) and of the two losses
- * (host values; usually 1, or 0 to leave a loss out). */
+ * (host values; usually 1, or 0 to leave a loss out). On the host, ids outside [0, E) are
+ * refused before anything is written; on the device (where the host does not read them) such an
+ * id takes no part and raises SFMOE_FAULT_BAD_INDEX in `word` (may be NULL). */
 SFMOE_API sfmoe_status sfmoe_router_backward(
     const sfmoe_tensor* logits, const sfmoe_tensor* topk_ids, const sfmoe_tensor* tokens_per_expert,
     const sfmoe_router_config* config, const sfmoe_tensor* d_probs, float d_aux_loss,
-    float d_z_loss, const sfmoe_tensor* d_logits, void* stream);
+    float d_z_loss, const sfmoe_tensor* d_logits, sfmoe_status_word* word, void* stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

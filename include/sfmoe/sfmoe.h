@@ -183,7 +183,9 @@ typedef enum sfmoe_fault {
   SFMOE_FAULT_BAD_GROUP_OFFSETS = 1u << 0,   /* offsets[0] != 0, decreasing, or misaligned */
   SFMOE_FAULT_GROUP_OVER_CAPACITY = 1u << 1, /* a group ends beyond row_capacity: clamped */
   SFMOE_FAULT_EP_OVERFLOW = 1u << 2,         /* rows beyond an EP receive capacity: dropped */
-  SFMOE_FAULT_NAN_AMAX = 1u << 3             /* an amax was NaN (when trapping is asked for) */
+  SFMOE_FAULT_NAN_AMAX = 1u << 3,            /* an amax was NaN (when trapping is asked for) */
+  SFMOE_FAULT_BAD_INDEX = 1u << 4            /* an expert id or row index outside its range, or
+                                                named twice: that entry was skipped */
 } sfmoe_fault;
 
 typedef struct sfmoe_fault_report {

@@ -1,6 +1,5 @@
-"""Grouped activations (docs/activations.md), forward and backward. The library runs them on host
-memory for now (NumPy arrays, CPU torch tensors); CUDA tensors are refused by the library until
-its kernels exist."""
+"""Grouped activations (docs/activations.md), forward and backward, on host arrays (the CPU
+reference) or CUDA tensors (the device kernels, same bits)."""
 
 from . import _C, _arrays
 from ._dtypes import DType, as_dtype
@@ -49,14 +48,16 @@ def grouped_activation(x, group_offsets, group_rows, activation="swiglu", *, lim
 
 
 def grouped_activation_backward(x, d_out, group_offsets, group_rows, activation="swiglu", *, limit=7.0,
-                                alpha=1.702):
-    """d x (float32, shaped like x; padding rows zero) from the forward's x and d_out."""
+                                alpha=1.702, out_dtype=None):
+    """d x (shaped like x; padding rows zero) from the forward's x and d_out, in out_dtype (default
+    float32)."""
     kind = _kind(activation)
     adapter, x, dtype = _input(x, "x")
     _, d, d_dtype = _input(d_out, "d_out")
-    d_x = adapter.empty(adapter.shape(x), DType.FP32, x)
+    d_type = DType.FP32 if out_dtype is None else as_dtype(out_dtype, "out_dtype")
+    d_x = adapter.empty(adapter.shape(x), d_type, x)
     offsets, counts = _groups(group_offsets, group_rows)
     _C.grouped_activation_backward(adapter.for_binding(x), int(dtype), offsets, counts, adapter.for_binding(d),
                                    int(d_dtype), kind, float(limit), float(alpha), adapter.for_binding(d_x),
-                                   int(DType.FP32), adapter.stream(x))
+                                   int(d_type), adapter.stream(x))
     return d_x

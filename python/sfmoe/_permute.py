@@ -1,6 +1,5 @@
-"""Permute / unpermute (docs/permute.md): token rows to expert-sorted, padded rows and back. The
-library runs them on host memory for now (NumPy arrays, CPU torch tensors); CUDA tensors are
-refused by the library until its kernels exist."""
+"""Permute / unpermute (docs/permute.md): token rows to expert-sorted, padded rows and back, on host
+arrays (the CPU reference) or CUDA tensors (the device kernels, same bits)."""
 
 import dataclasses
 
@@ -75,8 +74,9 @@ def unpermute(rows, permuted, probs=None, *, out_dtype=None):
 
 
 def unpermute_backward(d_out, rows, permuted, probs):
-    """(d_rows, d_probs) of :func:`unpermute`: d_rows [row_capacity, H'] float32 (zeros where no
-    slot points), d_probs [T, k] float32."""
+    """(d_rows, d_probs) of :func:`unpermute`: d_rows [row_capacity, H'] float32 (each group's
+    padding rows zero; rows beyond the groups, like permute's, are not written), d_probs [T, k]
+    float32."""
     adapter, d, d_dtype = _rows_input(d_out, "d_out")
     _, r, r_dtype = _rows_input(rows, "rows")
     t_count = adapter.shape(d)[0]
@@ -85,6 +85,7 @@ def unpermute_backward(d_out, rows, permuted, probs):
     d_probs = adapter.empty((t_count, k), DType.FP32, r)
     bind = adapter.for_binding
     _C.unpermute_backward(bind(d), int(d_dtype), bind(r), int(r_dtype), bind(permuted.group_offsets),
-                          bind(permuted.row_map), _arrays.bound_input(probs, "probs", DType.FP32), bind(d_rows), int(DType.FP32),
+                          bind(permuted.row_map), _arrays.bound_input(probs, "probs", DType.FP32),
+                          bind(permuted.tokens_per_expert), bind(d_rows), int(DType.FP32),
                           bind(d_probs), adapter.stream(d))
     return d_rows, d_probs

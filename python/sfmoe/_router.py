@@ -1,6 +1,5 @@
 """The MoE router (docs/router.md): top-k ids, probabilities, tokens per expert, losses, and the
-backward. The library runs it on host memory for now (NumPy arrays, CPU torch tensors); CUDA
-tensors are refused by the library until its kernels exist."""
+backward, on host arrays (the CPU reference) or CUDA tensors (the device kernels, same bits)."""
 
 import dataclasses
 
@@ -75,8 +74,12 @@ def router(logits, top_k, *, score="softmax", softmax_after_topk=False, num_grou
     def bind(array):
         return None if array is None else adapter.for_binding(array)
 
+    # The device sums the losses' per-block partials in a workspace (the host ignores it).
+    workspace = None
+    if aux is not None or z is not None:
+        workspace = adapter.empty((_C.router_workspace_floats(tokens, experts),), DType.FP32, x)
     _C.router_forward(bind(x), int(dtype), bias, config, bind(ids), bind(probs), bind(counts), bind(aux), bind(z),
-                      adapter.stream(x))
+                      bind(workspace), adapter.stream(x))
     return RouterOutput(ids, probs, counts, aux, z, config)
 
 

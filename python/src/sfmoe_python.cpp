@@ -947,7 +947,7 @@ void def_numerics(nb::module_& m) {
 
 }  // namespace
 
-// ---- router (host memory for now)
+// ---- router
 // ----------------------------------------------------------------
 
 // The sfmoe_router_config fields from the dict python/sfmoe/_router.py builds.
@@ -969,7 +969,7 @@ sfmoe_router_config router_config(const nb::dict& config) {
 void router_forward(nb::ndarray<nb::ro> logits, int32_t logits_dtype, nb::object expert_bias,
                     nb::dict config, nb::ndarray<> topk_ids, nb::ndarray<> probs,
                     nb::ndarray<> tokens_per_expert, nb::object aux_loss, nb::object z_loss,
-                    uint64_t stream) {
+                    nb::object workspace, uint64_t stream) {
   const sfmoe_router_config c = router_config(config);
   const sfmoe_tensor t_logits = describe_array("logits", logits, logits_dtype);
   const sfmoe_tensor t_ids = describe_array("topk_ids", topk_ids, SFMOE_DTYPE_INT32);
@@ -977,8 +977,12 @@ void router_forward(nb::ndarray<nb::ro> logits, int32_t logits_dtype, nb::object
   const sfmoe_tensor t_counts =
       describe_array("tokens_per_expert", tokens_per_expert, SFMOE_DTYPE_INT64);
   nb::ndarray<nb::ro> bias_array;
-  nb::ndarray<> aux_array, z_array;
-  sfmoe_tensor t_bias{}, t_aux{}, t_z{};
+  nb::ndarray<> aux_array, z_array, workspace_array;
+  sfmoe_tensor t_bias{}, t_aux{}, t_z{}, t_workspace{};
+  if (!workspace.is_none()) {
+    workspace_array = nb::cast<nb::ndarray<>>(workspace);
+    t_workspace = describe_array("workspace", workspace_array, SFMOE_DTYPE_FP32);
+  }
   if (!expert_bias.is_none()) {
     bias_array = nb::cast<nb::ndarray<nb::ro>>(expert_bias);
     t_bias = describe_array("expert_bias", bias_array, SFMOE_DTYPE_FP32);
@@ -996,7 +1000,9 @@ void router_forward(nb::ndarray<nb::ro> logits, int32_t logits_dtype, nb::object
     nb::gil_scoped_release release;
     status = sfmoe_router_forward(&t_logits, expert_bias.is_none() ? nullptr : &t_bias, &c, &t_ids,
                                   &t_probs, &t_counts, aux_loss.is_none() ? nullptr : &t_aux,
-                                  z_loss.is_none() ? nullptr : &t_z, stream_pointer(stream));
+                                  z_loss.is_none() ? nullptr : &t_z,
+                                  workspace.is_none() ? nullptr : &t_workspace,
+                                  stream_pointer(stream));
   }
   check(status);
 }
@@ -1022,12 +1028,12 @@ void router_backward(nb::ndarray<nb::ro> logits, int32_t logits_dtype, nb::ndarr
     status = sfmoe_router_backward(&t_logits, &t_ids, &t_counts, &c,
                                    d_probs.is_none() ? nullptr : &t_dprobs,
                                    static_cast<float>(d_aux_loss), static_cast<float>(d_z_loss),
-                                   &t_dlogits, stream_pointer(stream));
+                                   &t_dlogits, nullptr, stream_pointer(stream));
   }
   check(status);
 }
 
-// ---- permute / unpermute (host memory for now)
+// ---- permute / unpermute
 // ----------------------------------------------------
 
 // Unquantized rows [row_capacity, cols] in `num_groups` groups whose offsets are `offsets`, where
@@ -1066,7 +1072,7 @@ void permute(nb::ndarray<nb::ro> tokens, int32_t dtype, nb::ndarray<nb::ro> topk
   sfmoe_status status;
   {
     nb::gil_scoped_release release;
-    status = sfmoe_permute(&t_tokens, &t_ids, &config, &g, &t_map, &t_kept, &t_dropped,
+    status = sfmoe_permute(&t_tokens, &t_ids, &config, &g, &t_map, &t_kept, &t_dropped, nullptr,
                            stream_pointer(stream));
   }
   check(status);
@@ -1090,7 +1096,7 @@ void unpermute(nb::ndarray<nb::ro> rows, int32_t rows_dtype, nb::ndarray<nb::ro>
   sfmoe_status status;
   {
     nb::gil_scoped_release release;
-    status = sfmoe_unpermute(&g, &t_map, probs.is_none() ? nullptr : &t_probs, &t_out,
+    status = sfmoe_unpermute(&g, &t_map, probs.is_none() ? nullptr : &t_probs, &t_out, nullptr,
                              stream_pointer(stream));
   }
   check(status);
@@ -1099,8 +1105,9 @@ void unpermute(nb::ndarray<nb::ro> rows, int32_t rows_dtype, nb::ndarray<nb::ro>
 void unpermute_backward(nb::ndarray<nb::ro> d_out, int32_t d_out_dtype, nb::ndarray<nb::ro> rows,
                         int32_t rows_dtype, nb::ndarray<nb::ro> group_offsets,
                         nb::ndarray<nb::ro> row_map, nb::ndarray<nb::ro> probs,
-                        nb::ndarray<> d_rows, int32_t d_rows_dtype, nb::ndarray<> d_probs,
-                        uint64_t stream) {
+                        nb::ndarray<nb::ro> group_rows, nb::ndarray<> d_rows, int32_t d_rows_dtype,
+                        nb::ndarray<> d_probs, uint64_t stream) {
+  const sfmoe_tensor t_group_rows = describe_array("group_rows", group_rows, SFMOE_DTYPE_INT64);
   const sfmoe_tensor t_dout = describe_array("d_out", d_out, d_out_dtype);
   const sfmoe_tensor t_rows = describe_array("rows", rows, rows_dtype);
   const sfmoe_tensor t_offsets = describe_array("group_offsets", group_offsets, SFMOE_DTYPE_INT64);
@@ -1114,13 +1121,13 @@ void unpermute_backward(nb::ndarray<nb::ro> d_out, int32_t d_out_dtype, nb::ndar
   sfmoe_status status;
   {
     nb::gil_scoped_release release;
-    status = sfmoe_unpermute_backward(&t_dout, &g_rows, &t_map, &t_probs, &g_drows, &t_dprobs,
-                                      stream_pointer(stream));
+    status = sfmoe_unpermute_backward(&t_dout, &g_rows, &t_map, &t_probs, &t_group_rows, &g_drows,
+                                      &t_dprobs, nullptr, stream_pointer(stream));
   }
   check(status);
 }
 
-// ---- grouped activations (host memory for now)
+// ---- grouped activations
 // -----------------------------------------------------
 
 sfmoe_activation_config activation_config(int32_t kind, double limit, double alpha) {
@@ -1146,7 +1153,7 @@ void grouped_activation(nb::ndarray<nb::ro> input, int32_t input_dtype,
   sfmoe_status status;
   {
     nb::gil_scoped_release release;
-    status = sfmoe_grouped_activation(&g_in, &t_rows, &c, &g_out, stream_pointer(stream));
+    status = sfmoe_grouped_activation(&g_in, &t_rows, &c, &g_out, nullptr, stream_pointer(stream));
   }
   check(status);
 }
@@ -1169,7 +1176,7 @@ void grouped_activation_backward(nb::ndarray<nb::ro> input, int32_t input_dtype,
   sfmoe_status status;
   {
     nb::gil_scoped_release release;
-    status = sfmoe_grouped_activation_backward(&g_in, &t_rows, &g_dout, &c, &g_din,
+    status = sfmoe_grouped_activation_backward(&g_in, &t_rows, &g_dout, &c, &g_din, nullptr,
                                                stream_pointer(stream));
   }
   check(status);
@@ -1291,33 +1298,34 @@ NB_MODULE(_C, m) {
 
   m.def("router_forward", &router_forward, "logits"_a, "logits_dtype"_a, "expert_bias"_a.none(),
         "config"_a, "topk_ids"_a.noconvert(), "probs"_a.noconvert(),
-        "tokens_per_expert"_a.noconvert(), "aux_loss"_a.none(), "z_loss"_a.none(), "stream"_a = 0,
-        "sfmoe_router_forward; `config` is a dict of the sfmoe_router_config fields (host memory "
-        "only "
-        "for now).");
+        "tokens_per_expert"_a.noconvert(), "aux_loss"_a.none(), "z_loss"_a.none(),
+        "workspace"_a.none(), "stream"_a = 0,
+        "sfmoe_router_forward; `config` is a dict of the sfmoe_router_config fields.");
+  m.def("router_workspace_floats", &sfmoe_router_workspace_floats, "tokens"_a, "num_experts"_a,
+        "sfmoe_router_workspace_floats.");
   m.def("router_backward", &router_backward, "logits"_a, "logits_dtype"_a, "topk_ids"_a,
         "tokens_per_expert"_a, "config"_a, "d_probs"_a.none(), "d_aux_loss"_a, "d_z_loss"_a,
         "d_logits"_a.noconvert(), "stream"_a = 0,
-        "sfmoe_router_backward (host memory only for now).");
+        "sfmoe_router_backward.");
   m.def("permute", &permute, "tokens"_a, "dtype"_a, "topk_ids"_a, "expert_capacity"_a,
         "permuted"_a.noconvert(), "num_experts"_a, "alignment"_a, "group_offsets"_a.noconvert(),
         "row_map"_a.noconvert(), "tokens_per_expert"_a.noconvert(),
         "dropped_per_expert"_a.noconvert(), "stream"_a = 0,
-        "sfmoe_permute (host memory only for now).");
+        "sfmoe_permute.");
   m.def("unpermute", &unpermute, "rows"_a, "rows_dtype"_a, "group_offsets"_a, "row_map"_a,
         "probs"_a.none(), "out"_a.noconvert(), "out_dtype"_a, "stream"_a = 0,
-        "sfmoe_unpermute (host memory only for now).");
+        "sfmoe_unpermute.");
   m.def("unpermute_backward", &unpermute_backward, "d_out"_a, "d_out_dtype"_a, "rows"_a,
-        "rows_dtype"_a, "group_offsets"_a, "row_map"_a, "probs"_a, "d_rows"_a.noconvert(),
-        "d_rows_dtype"_a, "d_probs"_a.noconvert(), "stream"_a = 0,
-        "sfmoe_unpermute_backward (host memory only for now).");
+        "rows_dtype"_a, "group_offsets"_a, "row_map"_a, "probs"_a, "group_rows"_a,
+        "d_rows"_a.noconvert(), "d_rows_dtype"_a, "d_probs"_a.noconvert(), "stream"_a = 0,
+        "sfmoe_unpermute_backward.");
   m.def("grouped_activation", &grouped_activation, "input"_a, "input_dtype"_a, "group_offsets"_a,
         "group_rows"_a, "kind"_a, "limit"_a, "alpha"_a, "output"_a.noconvert(), "output_dtype"_a,
-        "stream"_a = 0, "sfmoe_grouped_activation (host memory only for now).");
+        "stream"_a = 0, "sfmoe_grouped_activation.");
   m.def("grouped_activation_backward", &grouped_activation_backward, "input"_a, "input_dtype"_a,
         "group_offsets"_a, "group_rows"_a, "d_output"_a, "d_output_dtype"_a, "kind"_a, "limit"_a,
         "alpha"_a, "d_input"_a.noconvert(), "d_input_dtype"_a, "stream"_a = 0,
-        "sfmoe_grouped_activation_backward (host memory only for now).");
+        "sfmoe_grouped_activation_backward.");
   m.def("grouped_gemm", &grouped_gemm, "form"_a, "a"_a, "b"_a, "out"_a, "accumulate"_a = false,
         "hadamard"_a = false, "stream"_a = 0,
         "sfmoe_grouped_gemm; a, b and out are dicts of sfmoe_grouped_tensor fields as for\n"

@@ -5,9 +5,13 @@
 #include <math.h>
 #include <string.h>
 
+#include "src/api/status_word_impl.h"
 #include "src/api/validate.h"
 #include "src/common/error.h"
 #include "src/cpu/backend.h"
+#if defined(SFMOE_WITH_CUDA)
+#include "src/cuda/backend.h"
+#endif
 
 namespace sfmoe {
 namespace {
@@ -51,22 +55,29 @@ sfmoe_status expect_grouped_rows(const char* context, const char* name,
     return fail(SFMOE_ERROR_SHAPE_MISMATCH,
                 "%s: %s must have the input's groups, row capacity and memory", context, name);
   }
-  SFMOE_RETURN_IF_ERROR(expect_host_memory(context, g->memory));
   if (g->group_offsets == nullptr) {
     return fail(SFMOE_ERROR_NULL_POINTER, "%s: %s needs group_offsets", context, name);
   }
   return SFMOE_SUCCESS;
 }
 
-// The input's offsets and the real rows of each group, read on the host and checked before
-// anything is written: the offsets by the grouped-tensor contract, the rows within their blocks.
+// The input's offsets and the real rows of each group. On the host they are read and checked
+// before anything is written: the offsets by the grouped-tensor contract, the rows within their
+// blocks. On the device the kernels clamp them (and report to the status word, which also gets
+// the offsets checked on the stream).
 sfmoe_status check_groups(const char* context, const sfmoe_grouped_tensor* input,
                           const sfmoe_tensor* group_rows, GroupRowsView* view) {
   SFMOE_RETURN_IF_ERROR(validate_tensor(context, "group_rows", group_rows));
   if (group_rows->dtype != SFMOE_DTYPE_INT64 || group_rows->ndim != 1 ||
-      group_rows->shape[0] != input->num_groups || group_rows->memory != input->memory) {
+      group_rows->shape[0] != input->num_groups || group_rows->memory != input->memory ||
+      group_rows->device != input->device) {
     return fail(SFMOE_ERROR_SHAPE_MISMATCH,
                 "%s: group_rows must be [num_groups] int64 beside the input", context);
+  }
+  if (input->memory == SFMOE_MEMORY_CUDA) {
+    *view = GroupRowsView{input->group_offsets, static_cast<const int64_t*>(group_rows->data),
+                          input->num_groups};
+    return SFMOE_SUCCESS;
   }
   SFMOE_RETURN_IF_ERROR(check_host_group_offsets(context, "input", input));
   const int64_t* offsets = input->group_offsets;
@@ -82,6 +93,23 @@ sfmoe_status check_groups(const char* context, const sfmoe_grouped_tensor* input
   *view = GroupRowsView{offsets, rows, input->num_groups};
   return SFMOE_SUCCESS;
 }
+
+#if defined(SFMOE_WITH_CUDA)
+// On the device: the output's offsets receive the input's (an async copy on the stream), and
+// with a status word the offsets are checked there too.
+sfmoe_status launch_offsets_copy_and_check(const char* context, const sfmoe_grouped_tensor* input,
+                                           const sfmoe_grouped_tensor* output,
+                                           sfmoe_status_word* word, void* stream) {
+  if (output->group_offsets != input->group_offsets) {
+    SFMOE_RETURN_IF_ERROR(cuda::copy_device_async(
+        context, output->group_offsets, input->group_offsets,
+        static_cast<size_t>(input->num_groups + 1) * sizeof(int64_t), stream));
+  }
+  if (word == nullptr) return SFMOE_SUCCESS;
+  return cuda::check_group_offsets(input->group_offsets, input->num_groups, input->row_capacity,
+                                   input->row_alignment, word->word, stream);
+}
+#endif
 
 }  // namespace
 }  // namespace sfmoe
@@ -99,10 +127,10 @@ sfmoe_activation_config sfmoe_activation_config_init(void) {
 sfmoe_status sfmoe_grouped_activation(const sfmoe_grouped_tensor* input,
                                       const sfmoe_tensor* group_rows,
                                       const sfmoe_activation_config* config,
-                                      const sfmoe_grouped_tensor* output, void* stream) {
+                                      const sfmoe_grouped_tensor* output, sfmoe_status_word* word,
+                                      void* stream) {
   const char* context = "sfmoe_grouped_activation";
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
-    (void)stream;  // host memory only for now
     sfmoe::ActivationConfig c;
     SFMOE_RETURN_IF_ERROR(sfmoe::check_config(context, config, &c));
     if (output == nullptr)
@@ -113,12 +141,24 @@ sfmoe_status sfmoe_grouped_activation(const sfmoe_grouped_tensor* input,
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_grouped_rows(context, "output", output, cols, input));
     sfmoe::GroupRowsView groups;
     SFMOE_RETURN_IF_ERROR(sfmoe::check_groups(context, input, group_rows, &groups));
+    SFMOE_RETURN_IF_ERROR(sfmoe::check_word(context, word, input->memory, input->device));
+    const sfmoe::ActivationArgs args{
+        c, groups, cols, input->rowwise_data, input->dtype, output->rowwise_data, output->dtype};
+    if (input->memory == SFMOE_MEMORY_CUDA) {
+#if defined(SFMOE_WITH_CUDA)
+      SFMOE_RETURN_IF_ERROR(
+          sfmoe::launch_offsets_copy_and_check(context, input, output, word, stream));
+      return sfmoe::cuda::activation_forward(args, input->row_capacity, word ? word->word : nullptr,
+                                             stream);
+#else
+      return SFMOE_ERROR_INTERNAL;
+#endif
+    }
     if (output->group_offsets != input->group_offsets) {
       memcpy(output->group_offsets, input->group_offsets,
              static_cast<size_t>(input->num_groups + 1) * sizeof(int64_t));
     }
-    sfmoe::cpu::activation_forward(sfmoe::ActivationArgs{
-        c, groups, cols, input->rowwise_data, input->dtype, output->rowwise_data, output->dtype});
+    sfmoe::cpu::activation_forward(args);
     return SFMOE_SUCCESS;
   });
 }
@@ -127,10 +167,10 @@ sfmoe_status sfmoe_grouped_activation_backward(const sfmoe_grouped_tensor* input
                                                const sfmoe_tensor* group_rows,
                                                const sfmoe_grouped_tensor* d_output,
                                                const sfmoe_activation_config* config,
-                                               const sfmoe_grouped_tensor* d_input, void* stream) {
+                                               const sfmoe_grouped_tensor* d_input,
+                                               sfmoe_status_word* word, void* stream) {
   const char* context = "sfmoe_grouped_activation_backward";
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
-    (void)stream;  // host memory only for now
     sfmoe::ActivationConfig c;
     SFMOE_RETURN_IF_ERROR(sfmoe::check_config(context, config, &c));
     if (d_output == nullptr)
@@ -142,9 +182,30 @@ sfmoe_status sfmoe_grouped_activation_backward(const sfmoe_grouped_tensor* input
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_grouped_rows(context, "d_input", d_input, in_cols, input));
     sfmoe::GroupRowsView groups;
     SFMOE_RETURN_IF_ERROR(sfmoe::check_groups(context, input, group_rows, &groups));
-    sfmoe::cpu::activation_backward(sfmoe::ActivationBackwardArgs{
-        c, groups, cols, input->rowwise_data, input->dtype, d_output->rowwise_data, d_output->dtype,
-        d_input->rowwise_data, d_input->dtype});
+    SFMOE_RETURN_IF_ERROR(sfmoe::check_word(context, word, input->memory, input->device));
+    const sfmoe::ActivationBackwardArgs args{c,
+                                             groups,
+                                             cols,
+                                             input->rowwise_data,
+                                             input->dtype,
+                                             d_output->rowwise_data,
+                                             d_output->dtype,
+                                             d_input->rowwise_data,
+                                             d_input->dtype};
+    if (input->memory == SFMOE_MEMORY_CUDA) {
+#if defined(SFMOE_WITH_CUDA)
+      if (word != nullptr) {
+        SFMOE_RETURN_IF_ERROR(sfmoe::cuda::check_group_offsets(
+            input->group_offsets, input->num_groups, input->row_capacity, input->row_alignment,
+            word->word, stream));
+      }
+      return sfmoe::cuda::activation_backward(args, input->row_capacity,
+                                              word ? word->word : nullptr, stream);
+#else
+      return SFMOE_ERROR_INTERNAL;
+#endif
+    }
+    sfmoe::cpu::activation_backward(args);
     return SFMOE_SUCCESS;
   });
 }

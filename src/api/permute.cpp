@@ -6,9 +6,13 @@
 
 #include <vector>
 
+#include "src/api/status_word_impl.h"
 #include "src/api/validate.h"
 #include "src/common/error.h"
 #include "src/cpu/backend.h"
+#if defined(SFMOE_WITH_CUDA)
+#include "src/cuda/backend.h"
+#endif
 
 namespace sfmoe {
 namespace {
@@ -53,6 +57,16 @@ sfmoe_status check_row_map(const char* context, const sfmoe_tensor* row_map, int
   return SFMOE_SUCCESS;
 }
 
+// The device kernels stage a token's k slots in shared memory.
+sfmoe_status check_device_top_k(const char* context, int64_t k) {
+  if (k > kMaxDevicePermuteTopK) {
+    return fail(SFMOE_ERROR_UNSUPPORTED,
+                "%s: the CUDA kernels handle up to %d slots per token (k = %lld)", context,
+                kMaxDevicePermuteTopK, static_cast<long long>(k));
+  }
+  return SFMOE_SUCCESS;
+}
+
 }  // namespace
 }  // namespace sfmoe
 
@@ -66,16 +80,15 @@ sfmoe_permute_config sfmoe_permute_config_init(void) {
 sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_ids,
                            const sfmoe_permute_config* config, const sfmoe_grouped_tensor* permuted,
                            const sfmoe_tensor* row_map, const sfmoe_tensor* tokens_per_expert,
-                           const sfmoe_tensor* dropped_per_expert, void* stream) {
+                           const sfmoe_tensor* dropped_per_expert, sfmoe_status_word* word,
+                           void* stream) {
   const char* context = "sfmoe_permute";
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
-    (void)stream;  // host memory only for now
     SFMOE_RETURN_IF_ERROR(sfmoe::validate_tensor(context, "tokens", tokens));
     if (tokens->ndim != 2 || !sfmoe::is_row_dtype(tokens->dtype)) {
       return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH,
                          "%s: tokens must be [T, H] of fp32, bf16 or fp16", context);
     }
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_host_memory(context, tokens->memory));
     if (config == nullptr)
       return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: config is NULL", context);
     if (config->struct_size != sizeof(sfmoe_permute_config)) {
@@ -137,6 +150,25 @@ sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_
           "(row_alignment - 1))",
           context, static_cast<long long>(permuted->row_capacity), static_cast<long long>(needed));
     }
+    SFMOE_RETURN_IF_ERROR(sfmoe::check_word(context, word, tokens->memory, tokens->device));
+    if (tokens->memory == SFMOE_MEMORY_CUDA) {
+#if defined(SFMOE_WITH_CUDA)
+      // The ids stay on the device: an id outside [0, E), or a token's second naming of an
+      // expert, is skipped there (row -1) and raises SFMOE_FAULT_BAD_INDEX.
+      SFMOE_RETURN_IF_ERROR(sfmoe::check_device_top_k(context, k));
+      return sfmoe::cuda::permute(
+          sfmoe::PermuteArgs{
+              tokens->data, tokens->dtype, t_count, hidden, k, experts,
+              static_cast<const int32_t*>(topk_ids->data), a, config->expert_capacity,
+              permuted->row_capacity, permuted->rowwise_data, permuted->group_offsets,
+              static_cast<int64_t*>(row_map->data), static_cast<int64_t*>(tokens_per_expert->data),
+              dropped_per_expert ? static_cast<int64_t*>(dropped_per_expert->data) : nullptr,
+              word ? word->word : nullptr},
+          stream);
+#else
+      return SFMOE_ERROR_INTERNAL;
+#endif
+    }
     // Ids name experts, each at most once per token: checked before anything is written.
     const int32_t* ids = static_cast<const int32_t*>(topk_ids->data);
     for (int64_t t = 0; t < t_count; ++t) {
@@ -162,22 +194,22 @@ sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_
         permuted->row_capacity, permuted->rowwise_data, permuted->group_offsets,
         static_cast<int64_t*>(row_map->data), static_cast<int64_t*>(tokens_per_expert->data),
         dropped_per_expert ? static_cast<int64_t*>(dropped_per_expert->data)
-                           : dropped_scratch.data()});
+                           : dropped_scratch.data(),
+        nullptr});
     return SFMOE_SUCCESS;
   });
 }
 
 sfmoe_status sfmoe_unpermute(const sfmoe_grouped_tensor* rows, const sfmoe_tensor* row_map,
-                             const sfmoe_tensor* probs, const sfmoe_tensor* out, void* stream) {
+                             const sfmoe_tensor* probs, const sfmoe_tensor* out,
+                             sfmoe_status_word* word, void* stream) {
   const char* context = "sfmoe_unpermute";
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
-    (void)stream;  // host memory only for now
     SFMOE_RETURN_IF_ERROR(sfmoe::validate_tensor(context, "out", out));
     if (out->ndim != 2 || !sfmoe::is_row_dtype(out->dtype)) {
       return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: out must be [T, H] of fp32, bf16 or fp16",
                          context);
     }
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_host_memory(context, out->memory));
     const int64_t t_count = out->shape[0], hidden = out->shape[1];
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_rows(context, "rows", rows, hidden, out));
     if (row_map == nullptr || row_map->ndim != 2) {
@@ -190,28 +222,45 @@ sfmoe_status sfmoe_unpermute(const sfmoe_grouped_tensor* rows, const sfmoe_tenso
       SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "probs", probs, {SFMOE_DTYPE_FP32},
                                                  {t_count, k}, out, "out"));
     }
+    SFMOE_RETURN_IF_ERROR(sfmoe::check_word(context, word, out->memory, out->device));
+    const sfmoe::UnpermuteArgs args{rows->rowwise_data,
+                                    rows->dtype,
+                                    t_count,
+                                    hidden,
+                                    k,
+                                    static_cast<const int64_t*>(row_map->data),
+                                    probs ? static_cast<const float*>(probs->data) : nullptr,
+                                    out->data,
+                                    out->dtype,
+                                    rows->row_capacity,
+                                    word ? word->word : nullptr};
+    if (out->memory == SFMOE_MEMORY_CUDA) {
+#if defined(SFMOE_WITH_CUDA)
+      SFMOE_RETURN_IF_ERROR(sfmoe::check_device_top_k(context, k));
+      return sfmoe::cuda::unpermute(args, stream);
+#else
+      return SFMOE_ERROR_INTERNAL;
+#endif
+    }
     SFMOE_RETURN_IF_ERROR(sfmoe::check_row_map(context, row_map, rows->row_capacity));
-    sfmoe::cpu::unpermute(sfmoe::UnpermuteArgs{
-        rows->rowwise_data, rows->dtype, t_count, hidden, k,
-        static_cast<const int64_t*>(row_map->data),
-        probs ? static_cast<const float*>(probs->data) : nullptr, out->data, out->dtype});
+    sfmoe::cpu::unpermute(args);
     return SFMOE_SUCCESS;
   });
 }
 
 sfmoe_status sfmoe_unpermute_backward(const sfmoe_tensor* d_out, const sfmoe_grouped_tensor* rows,
                                       const sfmoe_tensor* row_map, const sfmoe_tensor* probs,
+                                      const sfmoe_tensor* group_rows,
                                       const sfmoe_grouped_tensor* d_rows,
-                                      const sfmoe_tensor* d_probs, void* stream) {
+                                      const sfmoe_tensor* d_probs, sfmoe_status_word* word,
+                                      void* stream) {
   const char* context = "sfmoe_unpermute_backward";
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
-    (void)stream;  // host memory only for now
     SFMOE_RETURN_IF_ERROR(sfmoe::validate_tensor(context, "d_out", d_out));
     if (d_out->ndim != 2 || !sfmoe::is_row_dtype(d_out->dtype)) {
       return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH,
                          "%s: d_out must be [T, H] of fp32, bf16 or fp16", context);
     }
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_host_memory(context, d_out->memory));
     const int64_t t_count = d_out->shape[0], hidden = d_out->shape[1];
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_rows(context, "rows", rows, hidden, d_out));
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_rows(context, "d_rows", d_rows, hidden, d_out));
@@ -229,12 +278,58 @@ sfmoe_status sfmoe_unpermute_backward(const sfmoe_tensor* d_out, const sfmoe_gro
                                                {t_count, k}, d_out, "d_out"));
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "d_probs", d_probs, {SFMOE_DTYPE_FP32},
                                                {t_count, k}, d_out, "d_out"));
+    if (rows->group_offsets == nullptr) {
+      return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: rows needs its group_offsets", context);
+    }
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "group_rows", group_rows,
+                                               {SFMOE_DTYPE_INT64}, {rows->num_groups}, d_out,
+                                               "d_out"));
+    SFMOE_RETURN_IF_ERROR(sfmoe::check_word(context, word, d_out->memory, d_out->device));
+    const sfmoe::UnpermuteBackwardArgs args{d_out->data,
+                                            d_out->dtype,
+                                            rows->rowwise_data,
+                                            rows->dtype,
+                                            t_count,
+                                            hidden,
+                                            k,
+                                            rows->row_capacity,
+                                            static_cast<const int64_t*>(row_map->data),
+                                            static_cast<const float*>(probs->data),
+                                            d_rows->rowwise_data,
+                                            d_rows->dtype,
+                                            static_cast<float*>(d_probs->data),
+                                            rows->group_offsets,
+                                            static_cast<const int64_t*>(group_rows->data),
+                                            rows->num_groups,
+                                            word ? word->word : nullptr};
+    if (d_out->memory == SFMOE_MEMORY_CUDA) {
+#if defined(SFMOE_WITH_CUDA)
+      // Rows and offsets stay on the device: a row outside the capacity is skipped and raises
+      // SFMOE_FAULT_BAD_INDEX; with a word the offsets are checked on the stream as well.
+      SFMOE_RETURN_IF_ERROR(sfmoe::check_device_top_k(context, k));
+      if (word != nullptr) {
+        SFMOE_RETURN_IF_ERROR(sfmoe::cuda::check_group_offsets(
+            rows->group_offsets, rows->num_groups, rows->row_capacity, rows->row_alignment,
+            word->word, stream));
+      }
+      return sfmoe::cuda::unpermute_backward(args, stream);
+#else
+      return SFMOE_ERROR_INTERNAL;
+#endif
+    }
     SFMOE_RETURN_IF_ERROR(sfmoe::check_row_map(context, row_map, rows->row_capacity));
-    sfmoe::cpu::unpermute_backward(sfmoe::UnpermuteBackwardArgs{
-        d_out->data, d_out->dtype, rows->rowwise_data, rows->dtype, t_count, hidden, k,
-        rows->row_capacity, static_cast<const int64_t*>(row_map->data),
-        static_cast<const float*>(probs->data), d_rows->rowwise_data, d_rows->dtype,
-        static_cast<float*>(d_probs->data)});
+    SFMOE_RETURN_IF_ERROR(sfmoe::check_host_group_offsets(context, "rows", rows));
+    const int64_t* real = static_cast<const int64_t*>(group_rows->data);
+    for (int64_t g = 0; g < rows->num_groups; ++g) {
+      const int64_t block = rows->group_offsets[g + 1] - rows->group_offsets[g];
+      if (real[g] < 0 || real[g] > block) {
+        return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                           "%s: group_rows[%lld] = %lld does not fit its block of %lld rows",
+                           context, static_cast<long long>(g), static_cast<long long>(real[g]),
+                           static_cast<long long>(block));
+      }
+    }
+    sfmoe::cpu::unpermute_backward(args);
     return SFMOE_SUCCESS;
   });
 }

@@ -30,15 +30,6 @@ sfmoe_status check_config(const char* context, const sfmoe_quantize_config* conf
   return SFMOE_SUCCESS;
 }
 
-sfmoe_status check_word(const char* context, const sfmoe_status_word* word, sfmoe_memory memory,
-                        int32_t device) {
-  if (word != nullptr && (word->memory != memory || word->device != device)) {
-    return fail(SFMOE_ERROR_MEMORY_SPACE,
-                "%s: the status word and the tensors are in different memory spaces", context);
-  }
-  return SFMOE_SUCCESS;
-}
-
 sfmoe_status check_high_precision(const char* context, const char* name,
                                   const sfmoe_grouped_tensor* t) {
   if (t->scaling != SFMOE_SCALING_NONE || !is_high_precision(t->dtype)) {

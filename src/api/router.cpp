@@ -7,10 +7,14 @@
 
 #include <vector>
 
+#include "src/api/status_word_impl.h"
 #include "src/api/validate.h"
 #include "src/common/error.h"
 #include "src/cpu/backend.h"
 #include "src/cpu/element_access.h"
+#if defined(SFMOE_WITH_CUDA)
+#include "src/cuda/backend.h"
+#endif
 
 namespace sfmoe {
 namespace {
@@ -97,7 +101,20 @@ sfmoe_status check_logits(const char* context, const sfmoe_tensor* logits) {
     return fail(SFMOE_ERROR_DTYPE_MISMATCH, "%s: logits must be fp32 or bf16, not '%s'", context,
                 sfmoe_dtype_name(logits->dtype));
   }
-  SFMOE_RETURN_IF_ERROR(expect_host_memory(context, logits->memory));
+  return SFMOE_SUCCESS;
+}
+
+// The CUDA router's bounds (registers and shared memory hold a token's scores and picks).
+sfmoe_status check_device_bounds(const char* context, const RouterConfig& c) {
+  if (c.num_experts > kMaxDeviceExperts || c.num_groups > kMaxDeviceGroups ||
+      c.top_k > kMaxDeviceTopK) {
+    return fail(SFMOE_ERROR_UNSUPPORTED,
+                "%s: the CUDA router handles up to %d experts, %d groups and top_k %d (got %lld, "
+                "%lld, %lld)",
+                context, kMaxDeviceExperts, kMaxDeviceGroups, kMaxDeviceTopK,
+                static_cast<long long>(c.num_experts), static_cast<long long>(c.num_groups),
+                static_cast<long long>(c.top_k));
+  }
   return SFMOE_SUCCESS;
 }
 
@@ -122,14 +139,18 @@ sfmoe_router_config sfmoe_router_config_init(void) {
   return c;
 }
 
+int64_t sfmoe_router_workspace_floats(int64_t tokens, int64_t num_experts) {
+  if (tokens < 0 || num_experts < 1) return 0;
+  return sfmoe::router_workspace_floats(tokens, num_experts);
+}
+
 sfmoe_status sfmoe_router_forward(const sfmoe_tensor* logits, const sfmoe_tensor* expert_bias,
                                   const sfmoe_router_config* config, const sfmoe_tensor* topk_ids,
                                   const sfmoe_tensor* probs, const sfmoe_tensor* tokens_per_expert,
                                   const sfmoe_tensor* aux_loss, const sfmoe_tensor* z_loss,
-                                  void* stream) {
+                                  const sfmoe_tensor* workspace, void* stream) {
   const char* context = "sfmoe_router_forward";
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
-    (void)stream;  // host memory only for now
     SFMOE_RETURN_IF_ERROR(sfmoe::check_logits(context, logits));
     const int64_t tokens = logits->shape[0], experts = logits->shape[1];
     sfmoe::RouterConfig c;
@@ -156,6 +177,36 @@ sfmoe_status sfmoe_router_forward(const sfmoe_tensor* logits, const sfmoe_tensor
       SFMOE_RETURN_IF_ERROR(sfmoe::expect_scalar(context, "aux_loss", aux_loss, logits, "logits"));
     if (z_loss != nullptr)
       SFMOE_RETURN_IF_ERROR(sfmoe::expect_scalar(context, "z_loss", z_loss, logits, "logits"));
+    if (logits->memory == SFMOE_MEMORY_CUDA) {
+#if defined(SFMOE_WITH_CUDA)
+      SFMOE_RETURN_IF_ERROR(sfmoe::check_device_bounds(context, c));
+      float* partials = nullptr;
+      if (aux_loss != nullptr || z_loss != nullptr) {
+        const int64_t needed = sfmoe::router_workspace_floats(tokens, experts);
+        if (workspace == nullptr) {
+          return sfmoe::fail(SFMOE_ERROR_NULL_POINTER,
+                             "%s: a loss on the device needs a workspace of %lld fp32 (see "
+                             "sfmoe_router_workspace_floats)",
+                             context, static_cast<long long>(needed));
+        }
+        SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "workspace", workspace,
+                                                   {SFMOE_DTYPE_FP32}, {needed}, logits, "logits"));
+        partials = static_cast<float*>(workspace->data);
+      }
+      return sfmoe::cuda::router_forward(
+          sfmoe::RouterDeviceForward{
+              logits->data, logits->dtype == SFMOE_DTYPE_BF16,
+              expert_bias ? static_cast<const float*>(expert_bias->data) : nullptr, tokens, c,
+              static_cast<int32_t*>(topk_ids->data), static_cast<float*>(probs->data),
+              static_cast<int64_t*>(tokens_per_expert->data),
+              aux_loss ? static_cast<float*>(aux_loss->data) : nullptr,
+              z_loss ? static_cast<float*>(z_loss->data) : nullptr, partials,
+              sfmoe::router_aux_factor(c, tokens), sfmoe::router_z_factor(c, tokens)},
+          stream);
+#else
+      return SFMOE_ERROR_INTERNAL;
+#endif
+    }
     const std::vector<float> values = sfmoe::logits_as_f32(logits);
     sfmoe::cpu::router_forward(sfmoe::RouterForwardArgs{
         values.data(), expert_bias ? static_cast<const float*>(expert_bias->data) : nullptr, tokens,
@@ -171,10 +222,9 @@ sfmoe_status sfmoe_router_backward(const sfmoe_tensor* logits, const sfmoe_tenso
                                    const sfmoe_tensor* tokens_per_expert,
                                    const sfmoe_router_config* config, const sfmoe_tensor* d_probs,
                                    float d_aux_loss, float d_z_loss, const sfmoe_tensor* d_logits,
-                                   void* stream) {
+                                   sfmoe_status_word* word, void* stream) {
   const char* context = "sfmoe_router_backward";
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
-    (void)stream;  // host memory only for now
     SFMOE_RETURN_IF_ERROR(sfmoe::check_logits(context, logits));
     const int64_t tokens = logits->shape[0], experts = logits->shape[1];
     sfmoe::RouterConfig c;
@@ -192,6 +242,25 @@ sfmoe_status sfmoe_router_backward(const sfmoe_tensor* logits, const sfmoe_tenso
     if (!isfinite(d_aux_loss) || !isfinite(d_z_loss)) {
       return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: d_aux_loss and d_z_loss must be finite",
                          context);
+    }
+    SFMOE_RETURN_IF_ERROR(sfmoe::check_word(context, word, logits->memory, logits->device));
+    if (logits->memory == SFMOE_MEMORY_CUDA) {
+#if defined(SFMOE_WITH_CUDA)
+      // Ids are checked by the kernel: one outside [0, E) takes no part and raises
+      // SFMOE_FAULT_BAD_INDEX.
+      SFMOE_RETURN_IF_ERROR(sfmoe::check_device_bounds(context, c));
+      return sfmoe::cuda::router_backward(
+          sfmoe::RouterDeviceBackward{
+              logits->data, logits->dtype == SFMOE_DTYPE_BF16,
+              static_cast<const int32_t*>(topk_ids->data),
+              static_cast<const int64_t*>(tokens_per_expert->data), tokens, c,
+              d_probs ? static_cast<const float*>(d_probs->data) : nullptr, d_aux_loss, d_z_loss,
+              sfmoe::router_aux_factor(c, tokens), static_cast<float*>(d_logits->data),
+              word ? word->word : nullptr},
+          stream);
+#else
+      return SFMOE_ERROR_INTERNAL;
+#endif
     }
     // The ids index the logits' rows: an id outside [0, E) (not a forward's output) is refused
     // before anything is written.

@@ -3,6 +3,7 @@
 #include <limits>
 #include <string>
 
+#include "src/api/status_word_impl.h"
 #include "src/common/error.h"
 #include "src/common/group_offsets.h"
 #include "src/common/quantize_args.h"
@@ -403,6 +404,15 @@ sfmoe_status check_host_group_offsets(const char* context, const char* name,
                 (report.flags & SFMOE_FAULT_GROUP_OVER_CAPACITY) ? "beyond row_capacity"
                                                                  : "decreasing, misaligned or not "
                                                                    "starting at 0");
+  }
+  return SFMOE_SUCCESS;
+}
+
+sfmoe_status check_word(const char* context, const sfmoe_status_word* word, sfmoe_memory memory,
+                        int32_t device) {
+  if (word != nullptr && (word->memory != memory || word->device != device)) {
+    return fail(SFMOE_ERROR_MEMORY_SPACE,
+                "%s: the status word and the tensors are in different memory spaces", context);
   }
   return SFMOE_SUCCESS;
 }

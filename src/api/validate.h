@@ -50,6 +50,9 @@ sfmoe_status expect_unquantized_rows(const char* context, const char* name,
 // (check_group) before anything is written; SFMOE_ERROR_INVALID_ARGUMENT on the first fault.
 sfmoe_status check_host_group_offsets(const char* context, const char* name,
                                       const sfmoe_grouped_tensor* t);
+// A status word (or NULL) in the tensors' memory space.
+sfmoe_status check_word(const char* context, const sfmoe_status_word* word, sfmoe_memory memory,
+                        int32_t device);
 // A valid one-element FP32 tensor in the memory space of `home`.
 sfmoe_status expect_scalar(const char* context, const char* name, const sfmoe_tensor* t,
                            const sfmoe_tensor* home, const char* home_name);

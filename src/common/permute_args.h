@@ -7,6 +7,9 @@
 
 namespace sfmoe {
 
+// The device kernels stage a token's slots in shared memory: top_k up to this on the device.
+constexpr int kMaxDevicePermuteTopK = 64;
+
 // Token rows -> expert-sorted rows, each expert's block padded to `alignment` rows with zeros.
 struct PermuteArgs {
   const void* tokens;  // [num_tokens, hidden]
@@ -20,7 +23,9 @@ struct PermuteArgs {
   int64_t* expert_offsets;      // [num_experts + 1], written: padded block starts
   int64_t* row_map;             // [num_tokens, top_k], written: destination row, or -1 (dropped)
   int64_t* tokens_per_expert;   // [num_experts], written: rows kept per expert
-  int64_t* dropped_per_expert;  // [num_experts], written: rows dropped by the capacity
+  int64_t* dropped_per_expert;  // [num_experts], written: rows dropped by the capacity (device:
+                                // or NULL)
+  sfmoe_fault_report* word;     // device: bad ids are skipped and reported here (or NULL)
 };
 
 // Expert rows -> token rows: out[t] = sum_i probs[t, i] * rows[row_map[t, i]], FP32 sums in slot
@@ -33,10 +38,13 @@ struct UnpermuteArgs {
   const float* probs;      // [num_tokens, top_k], or NULL: weight 1 (permute's backward)
   void* out;               // [num_tokens, hidden]
   sfmoe_dtype out_dtype;
+  int64_t row_capacity;      // rows of `rows`
+  sfmoe_fault_report* word;  // device: rows outside the capacity are skipped and reported here
 };
 
-// Unpermute's backward: d_rows[row_map[t, i]] = probs[t, i] * d_out[t] (padding and rows no slot
-// names stay zero) and d_probs[t, i] = sum_h d_out[t, h] * rows[row_map[t, i], h].
+// Unpermute's backward: d_rows[row_map[t, i]] = probs[t, i] * d_out[t], each group's padding rows
+// (after its group_rows real rows) zero, rows beyond the groups untouched; and
+// d_probs[t, i] = sum_h d_out[t, h] * rows[row_map[t, i], h].
 struct UnpermuteBackwardArgs {
   const void* d_out;  // [num_tokens, hidden]
   sfmoe_dtype d_out_dtype;
@@ -47,7 +55,11 @@ struct UnpermuteBackwardArgs {
   const float* probs;
   void* d_rows;  // [row_capacity, hidden], every row written
   sfmoe_dtype d_rows_dtype;
-  float* d_probs;  // [num_tokens, top_k]
+  float* d_probs;             // [num_tokens, top_k]
+  const int64_t* offsets;     // [num_groups + 1], the rows' group offsets
+  const int64_t* group_rows;  // [num_groups], real rows of each group (permute's tokens_per_expert)
+  int64_t num_groups;
+  sfmoe_fault_report* word;  // device: rows outside the capacity are skipped and reported here
 };
 
 }  // namespace sfmoe

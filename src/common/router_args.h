@@ -3,6 +3,8 @@
 
 #include <stdint.h>
 
+#include "sfmoe/sfmoe.h"
+
 namespace sfmoe {
 
 struct RouterConfig {
@@ -18,6 +20,40 @@ struct RouterConfig {
   float aux_loss_coeff = 0.0f;      // Switch/GShard load-balancing loss; 0: not computed
   float z_loss_coeff = 0.0f;        // z-loss; 0: not computed
 };
+
+// The CUDA router's bounds (docs/router.md): a token's scores live in the registers of eight
+// lanes, group scores in eight registers per lane, the picked experts in shared memory.
+constexpr int kMaxDeviceExperts = 512;
+constexpr int kMaxDeviceGroups = 64;
+constexpr int kMaxDeviceTopK = 64;
+
+// The forward's blocks (32 tokens each, at most 1024, grid-stride beyond): a function of the
+// token count only, so that the loss partials, and the losses' bits, do not depend on the device.
+// The workspace holds one row of E + 1 partial sums per block.
+constexpr int64_t kRouterTokensPerBlock = 32;
+constexpr int64_t kRouterMaxBlocks = 1024;
+inline int64_t router_blocks(int64_t tokens) {
+  const int64_t blocks = (tokens + kRouterTokensPerBlock - 1) / kRouterTokensPerBlock;
+  return blocks < 1 ? 1 : (blocks < kRouterMaxBlocks ? blocks : kRouterMaxBlocks);
+}
+inline int64_t router_workspace_floats(int64_t tokens, int64_t experts) {
+  return router_blocks(tokens) * (experts + 1);
+}
+
+// coeff * E / (k * T^2), the load-balancing loss's constant, rounded once to FP32; 0 for T = 0.
+inline float router_aux_factor(const RouterConfig& c, int64_t tokens) {
+  if (tokens == 0) return 0.0f;
+  const double t = static_cast<double>(tokens);
+  return static_cast<float>(static_cast<double>(c.aux_loss_coeff) *
+                            static_cast<double>(c.num_experts) /
+                            (static_cast<double>(c.top_k) * t * t));
+}
+// coeff / T, the z-loss's constant; 0 for T = 0.
+inline float router_z_factor(const RouterConfig& c, int64_t tokens) {
+  return tokens == 0 ? 0.0f
+                     : static_cast<float>(static_cast<double>(c.z_loss_coeff) /
+                                          static_cast<double>(tokens));
+}
 
 struct RouterForwardArgs {
   const float* logits;       // [tokens, num_experts]
@@ -41,6 +77,36 @@ struct RouterBackwardArgs {
   float d_aux_loss;      // upstream gradient of aux_loss (usually 1)
   float d_z_loss;        // upstream gradient of z_loss
   float* d_logits;       // [tokens, num_experts], written
+};
+
+// The same calls as the CUDA backend sees them: logits in their own dtype, the loss partials in
+// the caller's workspace, faults to the status word.
+struct RouterDeviceForward {
+  const void* logits;  // [tokens, num_experts], FP32 or BF16
+  bool logits_bf16;
+  const float* bias;  // or NULL
+  int64_t tokens;
+  RouterConfig config;
+  int32_t* topk_ids;
+  float* probs;
+  int64_t* tokens_per_expert;
+  float* aux_loss;      // or NULL
+  float* z_loss;        // or NULL
+  float* aux_partials;  // router_workspace_floats(tokens, E) floats when a loss is asked for
+  float aux_factor, z_factor;
+};
+
+struct RouterDeviceBackward {
+  const void* logits;
+  bool logits_bf16;
+  const int32_t* topk_ids;
+  const int64_t* tokens_per_expert;
+  int64_t tokens;
+  RouterConfig config;
+  const float* d_probs;  // or NULL
+  float d_aux_loss, d_z_loss, aux_factor;
+  float* d_logits;
+  sfmoe_fault_report* word;  // or NULL
 };
 
 }  // namespace sfmoe

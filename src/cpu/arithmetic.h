@@ -14,17 +14,13 @@ template <class Real>
 struct Arithmetic;
 
 template <>
-struct Arithmetic<float> {
-  static float add(float a, float b) { return numerics::add_rn(a, b); }
-  static float mul(float a, float b) { return numerics::mul_rn(a, b); }
-  static float div(float a, float b) { return numerics::div_rn(a, b); }
-  static float exp(float a) { return numerics::exp_f32(a); }
-  static float sigmoid(float a) { return numerics::sigmoid_f32(a); }
+struct Arithmetic<float> : numerics::Fp32Arithmetic {
   static float log(float a) { return std::log(a); }  // losses only: not bit-exact across backends
 };
 
 template <>
 struct Arithmetic<double> {
+  using Real = double;
   static double add(double a, double b) { return a + b; }
   static double mul(double a, double b) { return a * b; }
   static double div(double a, double b) { return a / b; }

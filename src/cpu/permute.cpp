@@ -71,8 +71,13 @@ void unpermute(const UnpermuteArgs& a) {
 }
 
 void unpermute_backward(const UnpermuteBackwardArgs& a) {
-  for (int64_t i = 0; i < a.row_capacity * a.hidden; ++i)
-    store_value(a.d_rows, a.d_rows_dtype, i, 0.0f);
+  // Each group's padding rows (after its real rows) are zeros; rows beyond the groups untouched.
+  for (int64_t g = 0; g < a.num_groups; ++g) {
+    for (int64_t r = a.offsets[g] + a.group_rows[g]; r < a.offsets[g + 1]; ++r) {
+      for (int64_t h = 0; h < a.hidden; ++h)
+        store_value(a.d_rows, a.d_rows_dtype, r * a.hidden + h, 0.0f);
+    }
+  }
   for (int64_t t = 0; t < a.num_tokens; ++t) {
     for (int64_t i = 0; i < a.top_k; ++i) {
       const int64_t slot = t * a.top_k + i, row = a.row_map[slot];

@@ -8,18 +8,6 @@
 namespace sfmoe {
 namespace cpu {
 
-namespace {
-
-// coeff * E / (k * T^2): the load-balancing loss's constant, rounded once to FP32.
-float aux_loss_factor(const RouterConfig& c, int64_t tokens) {
-  const double t = static_cast<double>(tokens);
-  return static_cast<float>(static_cast<double>(c.aux_loss_coeff) *
-                            static_cast<double>(c.num_experts) /
-                            (static_cast<double>(c.top_k) * t * t));
-}
-
-}  // namespace
-
 void router_forward(const RouterForwardArgs& args) {
   const RouterConfig& c = args.config;
   const int64_t n = c.num_experts, k = c.top_k;
@@ -42,8 +30,7 @@ void router_forward(const RouterForwardArgs& args) {
       total = numerics::add_rn(
           total, numerics::mul_rn(static_cast<float>(args.tokens_per_expert[e]), column_sum[e]));
     }
-    *args.aux_loss =
-        args.tokens > 0 ? numerics::mul_rn(total, aux_loss_factor(c, args.tokens)) : 0.0f;
+    *args.aux_loss = numerics::mul_rn(total, router_aux_factor(c, args.tokens));
   }
   if (args.z_loss != nullptr) {
     float total = 0.0f;
@@ -52,17 +39,14 @@ void router_forward(const RouterForwardArgs& args) {
       total = numerics::add_rn(total, numerics::mul_rn(lse, lse));
     }
     *args.z_loss =
-        args.tokens > 0
-            ? numerics::mul_rn(
-                  total, static_cast<float>(static_cast<double>(c.z_loss_coeff) / args.tokens))
-            : 0.0f;
+        args.tokens > 0 ? numerics::mul_rn(total, router_z_factor(c, args.tokens)) : 0.0f;
   }
 }
 
 void router_backward(const RouterBackwardArgs& args) {
   const RouterConfig& c = args.config;
   const int64_t n = c.num_experts, k = c.top_k;
-  const float aux_factor = args.tokens > 0 ? aux_loss_factor(c, args.tokens) : 0.0f;
+  const float aux_factor = args.tokens > 0 ? router_aux_factor(c, args.tokens) : 0.0f;
   std::vector<float> scores(n), grad_scores(n), aux(n), softmax_all(n);
   for (int64_t t = 0; t < args.tokens; ++t) {
     const float* x = args.logits + t * n;

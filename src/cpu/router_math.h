@@ -9,22 +9,22 @@
 #include <vector>
 
 #include "src/common/router_args.h"
+#include "sfmoe/numerics/routing.h"
 #include "src/cpu/arithmetic.h"
 
 namespace sfmoe {
 namespace cpu {
 
-// Selection order: a higher score first, then a lower index; a NaN score ranks below every
-// number (a NaN logit is never preferred), NaNs among themselves by index.
+using numerics::ranks_before;
+
+// A router sum (numerics::router_sum's order) in this arithmetic.
 template <class Real>
-bool ranks_before(Real a, int64_t ia, Real b, int64_t ib) {
-  const bool a_nan = a != a, b_nan = b != b;
-  if (a_nan != b_nan) return b_nan;
-  if (!a_nan && a != b) return a > b;
-  return ia < ib;
+Real router_sum(const Real* x, int64_t n) {
+  return numerics::router_sum(x, n, [](Real a, Real b) { return Arithmetic<Real>::add(a, b); });
 }
 
-// softmax(x) over n values: the max, then e^(x - max) summed in index order, then each divided.
+// softmax(x) over n values: the max, then e^(x - max) summed in the router-sum order (NaN logits
+// contribute +0), then each divided.
 // Non-finite logits follow the limits, so that one bad logit cannot decide a token's routing:
 // a NaN logit takes no part (its score is NaN, which ranks last); when some logits are +Inf they
 // share the probability equally and the others get 0; when every logit is -Inf the scores are
@@ -51,29 +51,31 @@ void softmax(const Real* x, int64_t n, Real* out) {
     }
     return;
   }
-  Real sum = 0;
+  std::vector<Real> terms(static_cast<size_t>(n));
   for (int64_t e = 0; e < n; ++e) {
     if (x[e] != x[e]) {
       out[e] = x[e];
+      terms[e] = Real(0);
       continue;
     }
     out[e] = A::exp(A::add(x[e], -max));
-    sum = A::add(sum, out[e]);
+    terms[e] = out[e];
   }
+  const Real sum = router_sum(terms.data(), n);
   for (int64_t e = 0; e < n; ++e) {
     if (x[e] == x[e]) out[e] = A::div(out[e], sum);
   }
 }
 
-// log(sum e^x) = max + log(sum e^(x - max)).
+// log(sum e^x) = max + log(sum e^(x - max)), the sum in the router-sum order.
 template <class Real>
 Real log_sum_exp(const Real* x, int64_t n) {
   using A = Arithmetic<Real>;
   Real max = x[0];
   for (int64_t e = 1; e < n; ++e) max = x[e] > max ? x[e] : max;
-  Real sum = 0;
-  for (int64_t e = 0; e < n; ++e) sum = A::add(sum, A::exp(A::add(x[e], -max)));
-  return A::add(max, A::log(sum));
+  std::vector<Real> terms(static_cast<size_t>(n));
+  for (int64_t e = 0; e < n; ++e) terms[e] = A::exp(A::add(x[e], -max));
+  return A::add(max, A::log(router_sum(terms.data(), n)));
 }
 
 // The per-token scores the probabilities come from: softmax over all experts, or sigmoid; for
@@ -177,11 +179,8 @@ void aux_loss_scores(const Real* x, const RouterConfig& c, Real* out) {
     softmax(x, c.num_experts, out);
     return;
   }
-  Real sum = 0;
-  for (int64_t e = 0; e < c.num_experts; ++e) {
-    out[e] = A::sigmoid(x[e]);
-    sum = A::add(sum, out[e]);
-  }
+  for (int64_t e = 0; e < c.num_experts; ++e) out[e] = A::sigmoid(x[e]);
+  const Real sum = router_sum(out, c.num_experts);
   for (int64_t e = 0; e < c.num_experts; ++e) out[e] = A::div(out[e], sum);
 }
 

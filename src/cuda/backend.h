@@ -6,7 +6,10 @@
 
 #include "sfmoe/cast.h"
 #include "sfmoe/sfmoe.h"
+#include "src/common/activation_args.h"
+#include "src/common/permute_args.h"
 #include "src/common/quantize_args.h"
+#include "src/common/router_args.h"
 
 namespace sfmoe {
 namespace cuda {
@@ -29,6 +32,10 @@ sfmoe_status status_word_reset(sfmoe_fault_report* device_word, void* stream);
 sfmoe_status status_word_snapshot(const sfmoe_fault_report* device_word,
                                   sfmoe_fault_report* host_mirror, void* stream);
 
+// An asynchronous device-to-device copy on the stream.
+sfmoe_status copy_device_async(const char* context, void* to, const void* from, size_t bytes,
+                               void* stream);
+
 // Operations (launchers). Inputs are validated by the API layer.
 sfmoe_status check_group_offsets(const int64_t* offsets, int64_t num_groups, int64_t row_capacity,
                                  int64_t row_alignment, sfmoe_fault_report* word, void* stream);
@@ -43,6 +50,21 @@ sfmoe_status grouped_quantize(const GroupedQuantizeArgs& args, void* stream);
 sfmoe_status grouped_dequantize(const GroupedDequantizeArgs& args, void* stream);
 sfmoe_status swizzle_scales(const uint8_t* from, int64_t rows, int64_t scale_cols, uint8_t* to,
                             bool unswizzle, void* stream);
+
+// Permute / unpermute (docs/permute.md).
+sfmoe_status permute(const PermuteArgs& args, void* stream);
+sfmoe_status unpermute(const UnpermuteArgs& args, void* stream);
+sfmoe_status unpermute_backward(const UnpermuteBackwardArgs& args, void* stream);
+
+// Grouped activations (docs/activations.md).
+sfmoe_status activation_forward(const ActivationArgs& args, int64_t row_capacity,
+                                sfmoe_fault_report* word, void* stream);
+sfmoe_status activation_backward(const ActivationBackwardArgs& args, int64_t row_capacity,
+                                 sfmoe_fault_report* word, void* stream);
+
+// Router (docs/router.md).
+sfmoe_status router_forward(const RouterDeviceForward& args, void* stream);
+sfmoe_status router_backward(const RouterDeviceBackward& args, void* stream);
 
 }  // namespace cuda
 }  // namespace sfmoe

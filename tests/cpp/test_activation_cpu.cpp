@@ -179,7 +179,7 @@ TEST(ActivationApi, ThroughTheCApiAndItsRefusals) {
   sfmoe_grouped_tensor g_out = grouped(output.data(), SFMOE_DTYPE_BF16, cols, out_offsets.data());
   sfmoe_tensor t_rows = testing::host_tensor(rows.data(), SFMOE_DTYPE_INT64, {groups});
   sfmoe_activation_config config = sfmoe_activation_config_init();
-  ASSERT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &g_out, nullptr), SFMOE_SUCCESS)
+  ASSERT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &g_out, nullptr, nullptr), SFMOE_SUCCESS)
       << sfmoe_last_error();
   EXPECT_EQ(out_offsets, offsets);
   // Against the reference.
@@ -192,7 +192,7 @@ TEST(ActivationApi, ThroughTheCApiAndItsRefusals) {
   std::vector<float> d_out(capacity * cols, 1.0f), d_in(capacity * 2 * cols, NAN);
   sfmoe_grouped_tensor g_dout = grouped(d_out.data(), SFMOE_DTYPE_FP32, cols, offsets.data());
   sfmoe_grouped_tensor g_din = grouped(d_in.data(), SFMOE_DTYPE_FP32, 2 * cols, offsets.data());
-  ASSERT_EQ(sfmoe_grouped_activation_backward(&g_in, &t_rows, &g_dout, &config, &g_din, nullptr),
+  ASSERT_EQ(sfmoe_grouped_activation_backward(&g_in, &t_rows, &g_dout, &config, &g_din, nullptr, nullptr),
             SFMOE_SUCCESS)
       << sfmoe_last_error();
   EXPECT_EQ(d_in[20 * 2 * cols], 0.0f) << "padding rows of group 0 get zero gradients";
@@ -200,29 +200,29 @@ TEST(ActivationApi, ThroughTheCApiAndItsRefusals) {
   // Refusals write nothing.
   std::fill(output.begin(), output.end(), 0x1234);
   rows[0] = 33;  // more rows than the block
-  EXPECT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &g_out, nullptr),
+  EXPECT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &g_out, nullptr, nullptr),
             SFMOE_ERROR_INVALID_ARGUMENT);
   rows[0] = 20;
   offsets[2] = 16;  // decreasing offsets
-  EXPECT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &g_out, nullptr),
+  EXPECT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &g_out, nullptr, nullptr),
             SFMOE_ERROR_INVALID_ARGUMENT);
   offsets[2] = 32;
   sfmoe_grouped_tensor narrow = g_in;
   narrow.cols = cols;  // a gated kind needs 2F input columns
-  EXPECT_EQ(sfmoe_grouped_activation(&narrow, &t_rows, &config, &g_out, nullptr),
+  EXPECT_EQ(sfmoe_grouped_activation(&narrow, &t_rows, &config, &g_out, nullptr, nullptr),
             SFMOE_ERROR_SHAPE_MISMATCH);
   sfmoe_activation_config bad = config;
   bad.kind = static_cast<sfmoe_activation>(9);
-  EXPECT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &bad, &g_out, nullptr),
+  EXPECT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &bad, &g_out, nullptr, nullptr),
             SFMOE_ERROR_INVALID_ARGUMENT);
   bad = config;
   bad.limit = -1.0f;
-  EXPECT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &bad, &g_out, nullptr),
+  EXPECT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &bad, &g_out, nullptr, nullptr),
             SFMOE_ERROR_INVALID_ARGUMENT);
   for (uint16_t v : output) ASSERT_EQ(v, 0x1234);
   // A non-gated kind takes F input columns.
   config.kind = SFMOE_ACTIVATION_SQUARED_RELU;
-  EXPECT_EQ(sfmoe_grouped_activation(&narrow, &t_rows, &config, &g_out, nullptr), SFMOE_SUCCESS)
+  EXPECT_EQ(sfmoe_grouped_activation(&narrow, &t_rows, &config, &g_out, nullptr, nullptr), SFMOE_SUCCESS)
       << sfmoe_last_error();
 }
 

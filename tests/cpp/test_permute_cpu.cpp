@@ -39,7 +39,8 @@ Permuted permute_bf16(const std::vector<uint16_t>& tokens, const std::vector<int
   p.dropped.assign(experts, -7);
   PermuteArgs a{tokens.data(), SFMOE_DTYPE_BF16, tokens_count,     hidden,        k,
                 experts,       ids.data(),       alignment,        capacity,      row_capacity,
-                p.rows.data(), p.offsets.data(), p.row_map.data(), p.kept.data(), p.dropped.data()};
+                p.rows.data(), p.offsets.data(), p.row_map.data(), p.kept.data(), p.dropped.data(),
+                nullptr};
   cpu::permute(a);
   return p;
 }
@@ -177,7 +178,8 @@ TEST(PermuteCpu, UnpermuteAndItsBackward) {
   // its kept slots, exactly.
   std::vector<float> gathered(tokens_count * hidden, NAN);
   cpu::unpermute(UnpermuteArgs{p.rows.data(), SFMOE_DTYPE_BF16, tokens_count, hidden, k,
-                               p.row_map.data(), nullptr, gathered.data(), SFMOE_DTYPE_FP32});
+                               p.row_map.data(), nullptr, gathered.data(), SFMOE_DTYPE_FP32,
+                               row_capacity, nullptr});
   for (int64_t t = 0; t < tokens_count; ++t) {
     int kept = 0;
     for (int64_t i = 0; i < k; ++i) kept += p.row_map[t * k + i] >= 0;
@@ -191,7 +193,8 @@ TEST(PermuteCpu, UnpermuteAndItsBackward) {
   for (float& v : probs) v = std::fabs(uniform(rng)) / 4.0f;
   std::vector<uint16_t> combined(tokens_count * hidden);
   cpu::unpermute(UnpermuteArgs{p.rows.data(), SFMOE_DTYPE_BF16, tokens_count, hidden, k,
-                               p.row_map.data(), probs.data(), combined.data(), SFMOE_DTYPE_BF16});
+                               p.row_map.data(), probs.data(), combined.data(), SFMOE_DTYPE_BF16,
+                               row_capacity, nullptr});
   for (int64_t t = 0; t < tokens_count; ++t) {
     for (int64_t h = 0; h < hidden; ++h) {
       double want = 0.0;
@@ -213,7 +216,8 @@ TEST(PermuteCpu, UnpermuteAndItsBackward) {
   cpu::unpermute_backward(UnpermuteBackwardArgs{d_out.data(), SFMOE_DTYPE_FP32, p.rows.data(),
                                                 SFMOE_DTYPE_BF16, tokens_count, hidden, k,
                                                 row_capacity, p.row_map.data(), probs.data(),
-                                                d_rows.data(), SFMOE_DTYPE_FP32, d_probs.data()});
+                                                d_rows.data(), SFMOE_DTYPE_FP32, d_probs.data(),
+                                                p.offsets.data(), p.kept.data(), experts, nullptr});
   std::vector<bool> named(row_capacity, false);
   for (int64_t t = 0; t < tokens_count; ++t) {
     for (int64_t i = 0; i < k; ++i) {
@@ -232,9 +236,16 @@ TEST(PermuteCpu, UnpermuteAndItsBackward) {
       EXPECT_NEAR(d_probs[t * k + i], dot, 1e-4 * (1.0 + std::fabs(dot)));
     }
   }
+  // Rows no slot names: the groups' padding is zero, rows beyond the groups are left alone.
   for (int64_t row = 0; row < row_capacity; ++row) {
     if (named[row]) continue;
-    for (int64_t h = 0; h < hidden; ++h) ASSERT_EQ(d_rows[row * hidden + h], 0.0f) << "row " << row;
+    for (int64_t h = 0; h < hidden; ++h) {
+      if (row < p.offsets[experts]) {
+        ASSERT_EQ(d_rows[row * hidden + h], 0.0f) << "row " << row;
+      } else {
+        ASSERT_TRUE(std::isnan(d_rows[row * hidden + h])) << "row " << row;
+      }
+    }
   }
 }
 
@@ -265,7 +276,7 @@ TEST(PermuteApi, RoundTripThroughTheCApiAndItsRefusals) {
   sfmoe_grouped_tensor g_rows = host_rows(rows.data(), SFMOE_DTYPE_BF16, experts, capacity_rows,
                                           hidden, alignment, offsets.data());
   sfmoe_permute_config config = sfmoe_permute_config_init();
-  ASSERT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, &t_dropped, nullptr),
+  ASSERT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, &t_dropped, nullptr, nullptr),
             SFMOE_SUCCESS)
       << sfmoe_last_error();
   const Permuted want =
@@ -279,7 +290,7 @@ TEST(PermuteApi, RoundTripThroughTheCApiAndItsRefusals) {
   // (the values are small multiples of 1/8).
   std::vector<float> back(tokens_count * hidden);
   sfmoe_tensor t_back = host_tensor(back.data(), SFMOE_DTYPE_FP32, {tokens_count, hidden});
-  ASSERT_EQ(sfmoe_unpermute(&g_rows, &t_map, nullptr, &t_back, nullptr), SFMOE_SUCCESS)
+  ASSERT_EQ(sfmoe_unpermute(&g_rows, &t_map, nullptr, &t_back, nullptr, nullptr), SFMOE_SUCCESS)
       << sfmoe_last_error();
   for (int64_t i = 0; i < tokens_count * hidden; ++i)
     ASSERT_EQ(back[i], k * numerics::bf16_to_f32(x[i]));
@@ -295,7 +306,7 @@ TEST(PermuteApi, RoundTripThroughTheCApiAndItsRefusals) {
   sfmoe_grouped_tensor g_drows = host_rows(d_rows.data(), SFMOE_DTYPE_FP32, experts, capacity_rows,
                                            hidden, alignment, d_offsets.data());
   ASSERT_EQ(
-      sfmoe_unpermute_backward(&t_dout, &g_rows, &t_map, &t_probs, &g_drows, &t_dprobs, nullptr),
+      sfmoe_unpermute_backward(&t_dout, &g_rows, &t_map, &t_probs, &t_kept, &g_drows, &t_dprobs, nullptr, nullptr),
       SFMOE_SUCCESS)
       << sfmoe_last_error();
   for (int64_t t = 0; t < tokens_count; ++t) {
@@ -309,39 +320,39 @@ TEST(PermuteApi, RoundTripThroughTheCApiAndItsRefusals) {
   const std::vector<int64_t> map_before = row_map;
   sfmoe_grouped_tensor small = g_rows;
   small.row_capacity = capacity_rows - 1;
-  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &small, &t_map, &t_kept, nullptr, nullptr),
+  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &small, &t_map, &t_kept, nullptr, nullptr, nullptr),
             SFMOE_ERROR_SHAPE_MISMATCH);
   sfmoe_grouped_tensor odd = g_rows;
   odd.row_alignment = 4;
-  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &odd, &t_map, &t_kept, nullptr, nullptr),
+  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &odd, &t_map, &t_kept, nullptr, nullptr, nullptr),
             SFMOE_ERROR_INVALID_ARGUMENT);
   sfmoe_grouped_tensor fp32_rows = g_rows;
   fp32_rows.dtype = SFMOE_DTYPE_FP32;
-  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &fp32_rows, &t_map, &t_kept, nullptr, nullptr),
+  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &fp32_rows, &t_map, &t_kept, nullptr, nullptr, nullptr),
             SFMOE_ERROR_DTYPE_MISMATCH);
   ids[4] = ids[3];  // token 1 names one expert twice
-  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, nullptr, nullptr),
+  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, nullptr, nullptr, nullptr),
             SFMOE_ERROR_INVALID_ARGUMENT);
   ids[4] = static_cast<int32_t>(experts);
-  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, nullptr, nullptr),
+  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, nullptr, nullptr, nullptr),
             SFMOE_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(row_map, map_before);
   config.expert_capacity = INT64_MAX / 2;  // experts x capacity overflows: must not pass as small
-  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &small, &t_map, &t_kept, nullptr, nullptr),
+  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &small, &t_map, &t_kept, nullptr, nullptr, nullptr),
             SFMOE_ERROR_SHAPE_MISMATCH);
   config.expert_capacity = -1;
-  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, nullptr, nullptr),
+  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, nullptr, nullptr, nullptr),
             SFMOE_ERROR_INVALID_ARGUMENT);
   const int64_t saved = row_map[7];
   row_map[7] = row_map[8] >= 0 ? row_map[8] : 0;  // one row named by two slots
   row_map[8] = row_map[7];
   EXPECT_EQ(
-      sfmoe_unpermute_backward(&t_dout, &g_rows, &t_map, &t_probs, &g_drows, &t_dprobs, nullptr),
+      sfmoe_unpermute_backward(&t_dout, &g_rows, &t_map, &t_probs, &t_kept, &g_drows, &t_dprobs, nullptr, nullptr),
       SFMOE_ERROR_INVALID_ARGUMENT);
   row_map[7] = saved;
   row_map[7] = capacity_rows;  // not a row
   std::fill(back.begin(), back.end(), 5.0f);
-  EXPECT_EQ(sfmoe_unpermute(&g_rows, &t_map, nullptr, &t_back, nullptr),
+  EXPECT_EQ(sfmoe_unpermute(&g_rows, &t_map, nullptr, &t_back, nullptr, nullptr),
             SFMOE_ERROR_INVALID_ARGUMENT);
   for (float v : back) ASSERT_EQ(v, 5.0f);
 }

@@ -362,7 +362,7 @@ TEST(RouterApi, ThroughTheCApiAndItsRefusals) {
   config.aux_loss_coeff = 1e-2f;
   config.z_loss_coeff = 1e-3f;
   ASSERT_EQ(sfmoe_router_forward(&t_logits, &t_bias, &config, &t_ids, &t_probs, &t_counts, &t_aux,
-                                 &t_z, nullptr),
+                                 &t_z, nullptr, nullptr),
             SFMOE_SUCCESS)
       << sfmoe_last_error();
 
@@ -388,7 +388,7 @@ TEST(RouterApi, ThroughTheCApiAndItsRefusals) {
   sfmoe_tensor t_dprobs = host_tensor(d_probs.data(), SFMOE_DTYPE_FP32, {tokens, k});
   sfmoe_tensor t_dlogits = host_tensor(d_logits.data(), SFMOE_DTYPE_FP32, {tokens, experts});
   ASSERT_EQ(sfmoe_router_backward(&t_logits, &t_ids, &t_counts, &config, &t_dprobs, 1.0f, 1.0f,
-                                  &t_dlogits, nullptr),
+                                  &t_dlogits, nullptr, nullptr),
             SFMOE_SUCCESS)
       << sfmoe_last_error();
   for (float v : d_logits) ASSERT_TRUE(std::isfinite(v));
@@ -397,7 +397,7 @@ TEST(RouterApi, ThroughTheCApiAndItsRefusals) {
   const std::vector<int32_t> ids_before = ids;
   auto refused = [&](sfmoe_router_config bad, sfmoe_status want_status, const char* what) {
     EXPECT_EQ(sfmoe_router_forward(&t_logits, &t_bias, &bad, &t_ids, &t_probs, &t_counts, &t_aux,
-                                   &t_z, nullptr),
+                                   &t_z, nullptr, nullptr),
               want_status)
         << what << ": " << sfmoe_last_error();
     EXPECT_EQ(ids, ids_before) << what;
@@ -421,22 +421,22 @@ TEST(RouterApi, ThroughTheCApiAndItsRefusals) {
   bad.struct_size = 8;
   refused(bad, SFMOE_ERROR_STRUCT_SIZE, "struct size");
   EXPECT_EQ(sfmoe_router_forward(&t_logits, &t_bias, &config, &t_ids, &t_probs, &t_counts, nullptr,
-                                 &t_z, nullptr),
+                                 &t_z, nullptr, nullptr),
             SFMOE_ERROR_NULL_POINTER);
   sfmoe_tensor wrong_ids = host_tensor(ids.data(), SFMOE_DTYPE_INT32, {tokens, k + 1});
   EXPECT_EQ(sfmoe_router_forward(&t_logits, &t_bias, &config, &wrong_ids, &t_probs, &t_counts,
-                                 &t_aux, &t_z, nullptr),
+                                 &t_aux, &t_z, nullptr, nullptr),
             SFMOE_ERROR_SHAPE_MISMATCH);
   sfmoe_tensor int64_ids = host_tensor(ids.data(), SFMOE_DTYPE_INT64, {tokens, k});
   EXPECT_EQ(sfmoe_router_forward(&t_logits, &t_bias, &config, &int64_ids, &t_probs, &t_counts,
-                                 &t_aux, &t_z, nullptr),
+                                 &t_aux, &t_z, nullptr, nullptr),
             SFMOE_ERROR_DTYPE_MISMATCH);
   EXPECT_EQ(ids, ids_before);
   // A backward given ids that are not experts writes nothing.
   ids[5] = static_cast<int32_t>(experts);
   std::fill(d_logits.begin(), d_logits.end(), 7.0f);
   EXPECT_EQ(sfmoe_router_backward(&t_logits, &t_ids, &t_counts, &config, &t_dprobs, 1.0f, 1.0f,
-                                  &t_dlogits, nullptr),
+                                  &t_dlogits, nullptr, nullptr),
             SFMOE_ERROR_INVALID_ARGUMENT);
   for (float v : d_logits) ASSERT_EQ(v, 7.0f);
 }

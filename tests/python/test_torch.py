@@ -422,3 +422,82 @@ def test_cpu_tensors_grouped_quantize_match_numpy(rng):
     assert tuple(empty.data.shape) == (0, 64) and empty.group_offsets.tolist() == [0, 0]
     with pytest.raises(TypeError, match="same kind of array"):
         sfmoe.quantize(x, "mxfp8", group_offsets=offsets)
+
+
+# ---- router, permute, activations: CUDA tensors give the host's results ------------------------
+
+
+def _routing_logits(rng, tokens, experts):
+    x = rng.standard_normal((tokens, experts)).astype(np.float32) * 2
+    x[3, 5] = x[3, 6]  # an exact tie
+    x[7] = 0.5  # every expert tied
+    x[9, 1] = np.nan
+    x[11, 2] = np.inf
+    return x
+
+
+@requires_cuda
+@pytest.mark.parametrize("config", [
+    dict(score="sigmoid", normalize=True, num_groups=8, group_topk=4, scaling_factor=2.5, aux_loss_coeff=1e-3),
+    dict(normalize=True, z_loss_coeff=1e-3),
+    dict(softmax_after_topk=True),
+])
+def test_cuda_router_matches_host(config, rng):
+    x = _routing_logits(rng, 515, 64)
+    bias = (rng.standard_normal(64) * 0.01).astype(np.float32)
+    use_bias = config.get("num_groups", 0) > 1
+    host = sfmoe.router(torch.from_numpy(x), 6, expert_bias=torch.from_numpy(bias) if use_bias else None, **config)
+    dev = sfmoe.router(torch.from_numpy(x).cuda(), 6, expert_bias=torch.from_numpy(bias).cuda() if use_bias else None,
+                       **config)
+    torch.cuda.synchronize()
+    assert torch.equal(dev.topk_ids.cpu(), host.topk_ids)
+    assert np.array_equal(dev.probs.cpu().numpy().view(np.uint32), host.probs.numpy().view(np.uint32))
+    assert torch.equal(dev.tokens_per_expert.cpu(), host.tokens_per_expert)
+    for name in ("aux_loss", "z_loss"):
+        if getattr(host, name) is not None:
+            np.testing.assert_allclose(getattr(dev, name).cpu().numpy(), getattr(host, name).numpy(), rtol=1e-5)
+    finite = torch.from_numpy(np.nan_to_num(x, nan=0.0, posinf=3.0))
+    d_probs = torch.from_numpy(rng.standard_normal((515, 6)).astype(np.float32))
+    host = sfmoe.router(finite, 6, expert_bias=torch.from_numpy(bias) if use_bias else None, **config)
+    dev = sfmoe.router(finite.cuda(), 6, expert_bias=torch.from_numpy(bias).cuda() if use_bias else None, **config)
+    g_host = sfmoe.router_backward(finite, host, d_probs)
+    g_dev = sfmoe.router_backward(finite.cuda(), dev, d_probs.cuda())
+    np.testing.assert_allclose(g_dev.cpu().numpy(), g_host.numpy(), rtol=1e-4, atol=1e-6)
+
+
+@requires_cuda
+@pytest.mark.parametrize("alignment", [1, 16, 128])
+def test_cuda_permute_unpermute_activation_match_host(alignment, rng):
+    tokens, experts, k, hidden = 300, 16, 4, 96
+    x = torch.from_numpy(rng.standard_normal((tokens, hidden)).astype(np.float32)).to(torch.bfloat16)
+    routed = sfmoe.router(torch.from_numpy(_routing_logits(rng, tokens, experts)), k)
+    ids = routed.topk_ids
+    host = sfmoe.permute(x, ids, experts, alignment=alignment)
+    dev = sfmoe.permute(x.cuda(), ids.cuda(), experts, alignment=alignment)
+    torch.cuda.synchronize()
+    end = int(host.group_offsets[-1])
+    assert torch.equal(dev.group_offsets.cpu(), host.group_offsets)
+    assert torch.equal(dev.row_map.cpu(), host.row_map)
+    assert torch.equal(dev.tokens_per_expert.cpu(), host.tokens_per_expert)
+    assert torch.equal(dev.rows[:end].cpu().view(torch.int16), host.rows[:end].view(torch.int16))
+
+    probs = routed.probs
+    out_host = sfmoe.unpermute(host.rows, host, probs)
+    out_dev = sfmoe.unpermute(dev.rows, dev, probs.cuda())
+    assert torch.equal(out_dev.cpu().view(torch.int16), out_host.view(torch.int16))
+
+    for kind in ("swiglu", "gelu", "clamped_swiglu"):
+        a_host = sfmoe.grouped_activation(host.rows, host.group_offsets, host.tokens_per_expert, kind)
+        a_dev = sfmoe.grouped_activation(dev.rows, dev.group_offsets, dev.tokens_per_expert, kind)
+        assert torch.equal(a_dev[:end].cpu().view(torch.int16), a_host[:end].view(torch.int16)), kind
+        d = torch.ones_like(a_host)
+        g_host = sfmoe.grouped_activation_backward(host.rows, d, host.group_offsets, host.tokens_per_expert, kind)
+        g_dev = sfmoe.grouped_activation_backward(dev.rows, d.cuda(), dev.group_offsets, dev.tokens_per_expert,
+                                                  kind)
+        assert torch.equal(g_dev[:end].cpu(), g_host[:end]), kind
+
+    d_out = torch.from_numpy(rng.standard_normal((tokens, hidden)).astype(np.float32))
+    dr_host, dp_host = sfmoe.unpermute_backward(d_out, host.rows, host, probs)
+    dr_dev, dp_dev = sfmoe.unpermute_backward(d_out.cuda(), dev.rows, dev, probs.cuda())
+    assert torch.equal(dr_dev[:end].cpu(), dr_host[:end])
+    np.testing.assert_allclose(dp_dev.cpu().numpy(), dp_host.numpy(), rtol=1e-4, atol=1e-5)

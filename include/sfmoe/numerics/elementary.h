@@ -45,5 +45,16 @@ SFMOE_HD float exp_f32(float x) {
 // 1 / (1 + e^-x), the router's sigmoid score and the SiLU gate.
 SFMOE_HD float sigmoid_f32(float x) { return div_rn(1.0f, add_rn(1.0f, exp_f32(-x))); }
 
+// FP32 arithmetic with every operation rounded once, the same on host and device: the arithmetic
+// of the shared per-element rules (activations, router).
+struct Fp32Arithmetic {
+  using Real = float;
+  static SFMOE_HD float add(float a, float b) { return add_rn(a, b); }
+  static SFMOE_HD float mul(float a, float b) { return mul_rn(a, b); }
+  static SFMOE_HD float div(float a, float b) { return div_rn(a, b); }
+  static SFMOE_HD float exp(float a) { return exp_f32(a); }
+  static SFMOE_HD float sigmoid(float a) { return sigmoid_f32(a); }
+};
+
 }  // namespace numerics
 }  // namespace sfmoe

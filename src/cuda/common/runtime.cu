@@ -156,5 +156,12 @@ sfmoe_status status_word_snapshot(const sfmoe_fault_report* device_word,
   return SFMOE_SUCCESS;
 }
 
+sfmoe_status copy_device_async(const char* context, void* to, const void* from, size_t bytes,
+                               void* stream) {
+  const cudaError_t error =
+      cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream));
+  return error == cudaSuccess ? SFMOE_SUCCESS : cuda_fail(context, "cudaMemcpyAsync", error);
+}
+
 }  // namespace cuda
 }  // namespace sfmoe

@@ -1,0 +1,201 @@
+"""The router, permute, unpermute and SwiGLU of sfmoe against what a PyTorch user writes, timed in
+the same process on the GPU at T = 8192 tokens, E = 256 experts, k = 8, H = 7168 (BF16), and the
+DeepSeek-V3 expert width F = 2048 for SwiGLU (rows = T k).
+
+sfmoe's calls are captured in a CUDA graph and the graph is replayed (device time: the Python
+binding's per-call overhead is not the kernels'). The torch peers are timed eagerly, as the
+project's GPU notes measured them, and graphed as well where torch can capture them.
+
+Bandwidth is effective: the bytes an op must read and write once (rows, not indices), over its
+time, and as a share of the copy ceiling measured here (torch copy_). Writes JSON to
+$OUT/bench_moe_ops_torch.json when OUT is set.
+"""
+import json
+import os
+
+import torch
+import torch.nn.functional as F
+
+import sfmoe
+from torch_timing import copy_ceiling_tbps, median_ms
+
+T, E, K, H, FFN = 8192, 256, 8, 7168, 2048
+
+
+def graphed(fn):
+    """fn captured once in a CUDA graph (after a warm-up on a side stream, as torch asks); returns
+    the replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def time_graphed(fn):
+    return median_ms(graphed(fn), runs=25, warmup=5, batch=10)
+
+
+def time_ours(fn):
+    """Graph replay; eager (marked) if the capture fails."""
+    try:
+        return time_graphed(fn), ""
+    except Exception as error:  # noqa: BLE001
+        print(f"  (capture failed: {error}; timed eagerly)")
+        return median_ms(fn, runs=25, warmup=5, batch=10), " eager"
+
+
+def time_torch(fn):
+    """(eager ms, graphed ms or None)."""
+    eager = median_ms(fn, runs=25, warmup=5, batch=10)
+    try:
+        graph = time_graphed(fn)
+    except Exception:  # noqa: BLE001 -- some torch ops cannot be captured
+        graph = None
+    return eager, graph
+
+
+def main():
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    ceiling = copy_ceiling_tbps(dev)
+    print(f"copy ceiling (torch copy_, 2 GiB): {ceiling:.2f} TB/s")
+    results = []
+
+    def report(name, ours, torch_times, nbytes=None):
+        ours_ms, how = ours
+        eager, graph = torch_times
+        row = dict(op=name, sfmoe_ms=ours_ms, torch_eager_ms=eager, torch_graph_ms=graph)
+        line = f"{name + how:44s} {ours_ms * 1e3:9.1f} us"
+        if nbytes is not None:
+            tbps = nbytes / (ours_ms * 1e-3) / 1e12
+            row.update(sfmoe_TBps=tbps, ceiling_fraction=tbps / ceiling)
+            line += f" {tbps:5.2f} TB/s {100 * tbps / ceiling:5.1f}%"
+        else:
+            line += " " * 20
+        line += f" | torch {eager * 1e3:8.1f} us ({eager / ours_ms:5.1f}x)"
+        if graph is not None:
+            line += f", graphed {graph * 1e3:8.1f} us ({graph / ours_ms:5.1f}x)"
+        print(line)
+        results.append(row)
+
+    print(f"{'op':44s} {'sfmoe':>12s} {'eff. bandwidth':>19s} | plain PyTorch in this process (ratio)")
+
+    # ---- router ------------------------------------------------------------------------------
+    logits = torch.randn(T, E, device=dev, dtype=torch.float32)
+    bias = 0.01 * torch.randn(E, device=dev, dtype=torch.float32)
+
+    def torch_sigmoid_topk():
+        s = torch.sigmoid(logits)
+        v, i = torch.topk(s, K, dim=-1)
+        return v / v.sum(-1, keepdim=True), i
+
+    def torch_softmax_topk():
+        s = torch.softmax(logits, dim=-1)
+        v, i = torch.topk(s, K, dim=-1)
+        return v, i, torch.bincount(i.flatten(), minlength=E)
+
+    def torch_deepseek():
+        s = torch.sigmoid(logits)
+        q = s + bias
+        group_scores = q.view(T, 8, E // 8).topk(2, dim=-1).values.sum(-1)
+        keep = torch.zeros_like(group_scores).scatter_(1, group_scores.topk(4, dim=-1).indices, 1.0)
+        q = q.masked_fill(keep.repeat_interleave(E // 8, dim=1) == 0, float("-inf"))
+        i = q.topk(K, dim=-1).indices
+        v = s.gather(1, i)
+        return 2.5 * v / v.sum(-1, keepdim=True), i, torch.bincount(i.flatten(), minlength=E)
+
+    router_cases = [
+        ("router: sigmoid, top-8, normalize", dict(score="sigmoid", normalize=True), None, torch_sigmoid_topk),
+        ("router: softmax, top-8, counts", dict(), None, torch_softmax_topk),
+        ("router: DeepSeek-V3 (bias, 8 groups, keep 4)",
+         dict(score="sigmoid", normalize=True, num_groups=8, group_topk=4, scaling_factor=2.5), bias,
+         torch_deepseek),
+    ]
+    for name, kwargs, b, peer in router_cases:
+        fn = lambda: sfmoe.router(logits, K, expert_bias=b, **kwargs)  # noqa: E731
+        fn()
+        report(name, time_ours(fn), time_torch(peer))
+
+    routed = sfmoe.router(logits, K, score="sigmoid", normalize=True)
+    ids, probs = routed.topk_ids, routed.probs
+
+    # ---- permute -----------------------------------------------------------------------------
+    tokens = torch.randn(T, H, device=dev, dtype=torch.bfloat16)
+
+    def torch_permute():
+        order = torch.argsort(ids.reshape(-1), stable=True)
+        return tokens.index_select(0, order // K), order
+
+    torch_permute_times = time_torch(torch_permute)
+    for alignment in (1, 16, 128):
+        fn = lambda: sfmoe.permute(tokens, ids, E, alignment=alignment)  # noqa: E731
+        out = fn()
+        rows_written = int(out.group_offsets[-1])  # kept rows and zero padding: all written
+        nbytes = T * H * 2 + rows_written * H * 2
+        report(f"permute, alignment {alignment}", time_ours(fn), torch_permute_times, nbytes)
+
+    # ---- unpermute ---------------------------------------------------------------------------
+    permuted = sfmoe.permute(tokens, ids, E, alignment=16)
+    torch_rows, order = torch_permute()
+
+    def torch_unpermute():
+        o = torch.zeros(T, H, device=dev, dtype=torch.float32)
+        o.index_add_(0, order // K, torch_rows.float() * probs.reshape(-1)[order, None])
+        return o.to(torch.bfloat16)
+
+    fn = lambda: sfmoe.unpermute(permuted.rows, permuted, probs)  # noqa: E731
+    fn()
+    report("unpermute (prob-weighted combine)", time_ours(fn), time_torch(torch_unpermute),
+           T * K * H * 2 + T * H * 2)
+
+    d_out = torch.randn(T, H, device=dev, dtype=torch.bfloat16)
+    fn = lambda: sfmoe.unpermute_backward(d_out, permuted.rows, permuted, probs)  # noqa: E731
+    fn()
+    kept_rows = int(permuted.group_offsets[-1])
+    report("unpermute backward (d rows fp32, d probs)", time_ours(fn), (float("nan"), None),
+           T * H * 2 + T * K * H * 2 + kept_rows * H * 4)
+    del torch_rows, permuted
+
+    # ---- SwiGLU on the FC1 output, rows = T k (+ alignment padding) ----------------------------
+    sizes = torch.bincount(ids.flatten(), minlength=E)
+    padded = (sizes + 15) // 16 * 16
+    offsets = torch.zeros(E + 1, dtype=torch.int64, device=dev)
+    offsets[1:] = torch.cumsum(padded, 0)
+    rows = int(offsets[-1])
+    h = torch.randn(rows, 2 * FFN, device=dev, dtype=torch.bfloat16)
+    dy = torch.randn(rows, FFN, device=dev, dtype=torch.bfloat16)
+
+    def torch_swiglu_fwd_bwd():
+        x = h.detach().requires_grad_(True)
+        g, u = x.chunk(2, dim=-1)
+        y = F.silu(g) * u
+        y.backward(dy)
+        return y, x.grad
+
+    def ours_fwd_bwd():
+        y = sfmoe.grouped_activation(h, offsets, sizes, "swiglu")
+        dx = sfmoe.grouped_activation_backward(h, dy, offsets, sizes, "swiglu", out_dtype="bf16")
+        return y, dx
+
+    ours_fwd_bwd()
+    fwd_bytes = rows * (2 * FFN + FFN) * 2
+    bwd_bytes = rows * (2 * FFN + FFN + 2 * FFN) * 2
+    fn = lambda: sfmoe.grouped_activation(h, offsets, sizes, "swiglu")  # noqa: E731
+    report("SwiGLU forward [T k, 2 x 2048] bf16", time_ours(fn),
+           time_torch(lambda: F.silu(h[:, :FFN]) * h[:, FFN:]), fwd_bytes)
+    report("SwiGLU forward + backward", time_ours(ours_fwd_bwd), time_torch(torch_swiglu_fwd_bwd),
+           fwd_bytes + bwd_bytes)
+
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "bench_moe_ops_torch.json"), "w") as f:
+            json.dump(dict(ceiling_TBps=ceiling, results=results), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

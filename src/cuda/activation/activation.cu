@@ -1,0 +1,150 @@
+// Grouped activations on the device (docs/activations.md): the per-element rules of
+// src/common/activation_rules.h in numerics::Fp32Arithmetic, so every output has the CPU
+// reference's bits. Blocks stride over the rows of the groups ([0, offsets[G]) read on the
+// device, so the work follows the real rows, not the capacity); a row's group comes from a binary
+// search of the offsets; real rows are computed, padding rows written as zeros.
+#include <stdint.h>
+
+#include "src/common/activation_rules.h"
+#include "src/common/fault.h"
+#include "src/cuda/backend.h"
+#include "src/cuda/common/cuda_check.h"
+#include "src/cuda/common/vector_io.h"
+
+namespace sfmoe {
+namespace cuda {
+namespace {
+
+using Rules = ActivationRules<numerics::Fp32Arithmetic>;
+constexpr int kThreads = 256;
+
+// Rows [0, end) of the groups, end = offsets[G] clamped into the capacity.
+__device__ __forceinline__ int64_t rows_end(const GroupRowsView& g, int64_t row_capacity) {
+  const int64_t end = g.offsets[g.num_groups];
+  return end < 0 ? 0 : (end > row_capacity ? row_capacity : end);
+}
+
+// Whether `row` is one of its group's real rows: the group is the last g with offsets[g] <= row
+// (empty groups share their start with the next one). A row count beyond its block is clamped
+// and reported.
+__device__ __forceinline__ bool is_real_row(const GroupRowsView& g, int64_t row,
+                                            sfmoe_fault_report* word) {
+  int64_t lo = 0, hi = g.num_groups - 1;  // offsets[lo] <= row
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (g.offsets[mid] <= row) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int64_t begin = g.offsets[lo], block = g.offsets[lo + 1] - begin;
+  int64_t real = g.rows[lo];
+  if (real < 0 || real > block) {
+    if (word != nullptr && threadIdx.x == 0 && row == begin) {
+      raise_fault(word, SFMOE_FAULT_GROUP_OVER_CAPACITY, lo, real);
+    }
+    real = real < 0 ? 0 : block;
+  }
+  return row - begin < real;
+}
+
+template <int kVec>
+__global__ void __launch_bounds__(kThreads)
+    activation_forward_kernel(ActivationArgs a, int64_t row_capacity, sfmoe_fault_report* word) {
+  const int64_t end = rows_end(a.groups, row_capacity);
+  const bool gated = activation_is_gated(a.config.kind);
+  const int64_t in_cols = gated ? 2 * a.cols : a.cols;
+  for (int64_t row = blockIdx.x; row < end; row += gridDim.x) {
+    const bool real = is_real_row(a.groups, row, word);
+    for (int64_t j = threadIdx.x * kVec; j < a.cols; j += kThreads * kVec) {
+      float out[kVec];
+      if (real) {
+        float gate[kVec], up[kVec];
+        load_vector<kVec>(a.input, a.input_dtype, row * in_cols + j, gate);
+        if (gated) {
+          load_vector<kVec>(a.input, a.input_dtype, row * in_cols + a.cols + j, up);
+        } else {
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) up[i] = 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) out[i] = Rules::forward(a.config, gate[i], up[i]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) out[i] = 0.0f;
+      }
+      store_vector<kVec>(a.output, a.output_dtype, row * a.cols + j, out);
+    }
+  }
+}
+
+template <int kVec>
+__global__ void __launch_bounds__(kThreads)
+    activation_backward_kernel(ActivationBackwardArgs a, int64_t row_capacity,
+                               sfmoe_fault_report* word) {
+  const int64_t end = rows_end(a.groups, row_capacity);
+  const bool gated = activation_is_gated(a.config.kind);
+  const int64_t in_cols = gated ? 2 * a.cols : a.cols;
+  for (int64_t row = blockIdx.x; row < end; row += gridDim.x) {
+    const bool real = is_real_row(a.groups, row, word);
+    for (int64_t j = threadIdx.x * kVec; j < a.cols; j += kThreads * kVec) {
+      float dg[kVec], du[kVec];
+      if (real) {
+        float gate[kVec], up[kVec], d[kVec];
+        load_vector<kVec>(a.input, a.input_dtype, row * in_cols + j, gate);
+        if (gated) {
+          load_vector<kVec>(a.input, a.input_dtype, row * in_cols + a.cols + j, up);
+        } else {
+#pragma unroll
+          for (int i = 0; i < kVec; ++i) up[i] = 0.0f;
+        }
+        load_vector<kVec>(a.d_output, a.d_output_dtype, row * a.cols + j, d);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i)
+          Rules::backward(a.config, gate[i], up[i], d[i], &dg[i], &du[i]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) dg[i] = du[i] = 0.0f;
+      }
+      store_vector<kVec>(a.d_input, a.d_input_dtype, row * in_cols + j, dg);
+      if (gated) store_vector<kVec>(a.d_input, a.d_input_dtype, row * in_cols + a.cols + j, du);
+    }
+  }
+}
+
+// Blocks: one per row up to a few waves of the device; they stride over the real rows.
+unsigned activation_grid(int64_t row_capacity) {
+  const int64_t most = static_cast<int64_t>(multiprocessor_count()) * 16;
+  const int64_t blocks = row_capacity < most ? row_capacity : most;
+  return static_cast<unsigned>(blocks < 1 ? 1 : blocks);
+}
+
+}  // namespace
+
+sfmoe_status activation_forward(const ActivationArgs& a, int64_t row_capacity,
+                                sfmoe_fault_report* word, void* stream) {
+  const unsigned blocks = activation_grid(row_capacity);
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (a.cols % 8 == 0) {
+    activation_forward_kernel<8><<<blocks, kThreads, 0, s>>>(a, row_capacity, word);
+  } else {
+    activation_forward_kernel<1><<<blocks, kThreads, 0, s>>>(a, row_capacity, word);
+  }
+  return check_launch("sfmoe_grouped_activation", "activation_forward_kernel");
+}
+
+sfmoe_status activation_backward(const ActivationBackwardArgs& a, int64_t row_capacity,
+                                 sfmoe_fault_report* word, void* stream) {
+  const unsigned blocks = activation_grid(row_capacity);
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (a.cols % 8 == 0) {
+    activation_backward_kernel<8><<<blocks, kThreads, 0, s>>>(a, row_capacity, word);
+  } else {
+    activation_backward_kernel<1><<<blocks, kThreads, 0, s>>>(a, row_capacity, word);
+  }
+  return check_launch("sfmoe_grouped_activation_backward", "activation_backward_kernel");
+}
+
+}  // namespace cuda
+}  // namespace sfmoe

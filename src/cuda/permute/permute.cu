@@ -1,0 +1,328 @@
+// Permute / unpermute on the device (docs/permute.md), equal to the CPU reference bit for bit.
+//
+// Permute, three kernels, no float atomics and no host reads:
+//   rank:    one block per expert scans the ids in slot (= token) order and gives each of its
+//            slots a rank by a block-wide ballot scan: the kept ranks (the lowest token indices)
+//            become local rows, the others -1; it writes the expert's kept and dropped counts;
+//   offsets: one block: the padded block starts, an exclusive scan over the experts;
+//   copy:    one block per token reads its row once and writes it to each of its k destination
+//            rows (making row_map absolute); further blocks write the padding rows' zeros.
+// Unpermute: one block per token gathers its k rows, FP32 sums in slot order. Its backward: one
+// block per token scatters probs * d_out and reduces d_probs; padding blocks write zeros.
+#include <stdint.h>
+
+#include "sfmoe/numerics/float_formats.h"
+#include "src/common/fault.h"
+#include "src/cuda/backend.h"
+#include "src/cuda/common/cuda_check.h"
+#include "src/cuda/common/vector_io.h"
+
+namespace sfmoe {
+namespace cuda {
+namespace {
+
+constexpr int kRankThreads = 512;
+constexpr int kCopyThreads = 256;
+constexpr int kMaxDeviceSlots = kMaxDevicePermuteTopK;
+constexpr int kPaddingSplit = 8;  // blocks per expert that write its padding rows
+
+// ---- rank ------------------------------------------------------------------------------------
+
+__global__ void __launch_bounds__(kRankThreads)
+    permute_rank_kernel(const int32_t* ids, int64_t slots, int64_t top_k, int64_t experts,
+                        int64_t expert_capacity, int64_t* row_map, int64_t* tokens_per_expert,
+                        int64_t* dropped_per_expert, sfmoe_fault_report* word) {
+  __shared__ int warp_counts[kRankThreads / 32];
+  __shared__ int64_t running;
+  const int32_t e = static_cast<int32_t>(blockIdx.x);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (threadIdx.x == 0) running = 0;
+  __syncthreads();
+  for (int64_t tile = 0; tile < slots; tile += kRankThreads) {
+    const int64_t s = tile + threadIdx.x;
+    bool mine = false;
+    if (s < slots) {
+      const int32_t id = ids[s];
+      if (id == e) {
+        // A token naming this expert twice keeps its first slot; the others are skipped.
+        const int64_t token_first = s - s % top_k;
+        mine = true;
+        for (int64_t other = token_first; other < s; ++other) {
+          if (ids[other] == e) {
+            mine = false;
+            row_map[s] = -1;
+            if (word != nullptr) raise_fault(word, SFMOE_FAULT_BAD_INDEX, s / top_k, id);
+          }
+        }
+      } else if (e == 0 && (id < 0 || id >= experts)) {
+        row_map[s] = -1;  // block 0 answers for the ids of no expert
+        if (word != nullptr) raise_fault(word, SFMOE_FAULT_BAD_INDEX, s / top_k, id);
+      }
+    }
+    const unsigned ballot = __ballot_sync(0xFFFFFFFFu, mine);
+    if (lane == 0) warp_counts[warp] = __popc(ballot);
+    __syncthreads();
+    int64_t before = running;
+    for (int w = 0; w < warp; ++w) before += warp_counts[w];
+    before += __popc(ballot & ((1u << lane) - 1u));
+    if (mine) row_map[s] = expert_capacity > 0 && before >= expert_capacity ? -1 : before;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int w = 0; w < kRankThreads / 32; ++w) running += warp_counts[w];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    const int64_t kept =
+        expert_capacity > 0 && running > expert_capacity ? expert_capacity : running;
+    tokens_per_expert[e] = kept;
+    if (dropped_per_expert != nullptr) dropped_per_expert[e] = running - kept;
+  }
+}
+
+// ---- offsets -----------------------------------------------------------------------------------
+
+constexpr int kScanThreads = 1024;
+__global__ void __launch_bounds__(kScanThreads)
+    permute_offsets_kernel(const int64_t* tokens_per_expert, int64_t experts, int64_t alignment,
+                           int64_t* offsets) {
+  __shared__ int64_t partial[kScanThreads];
+  __shared__ int64_t carry;
+  if (threadIdx.x == 0) carry = 0;
+  __syncthreads();
+  for (int64_t first = 0; first < experts; first += kScanThreads) {
+    const int64_t e = first + threadIdx.x;
+    const int64_t kept = e < experts ? tokens_per_expert[e] : 0;
+    partial[threadIdx.x] = (kept + alignment - 1) / alignment * alignment;
+    __syncthreads();
+    for (int width = 1; width < kScanThreads; width *= 2) {  // inclusive scan (Hillis-Steele)
+      const int64_t add = threadIdx.x >= width ? partial[threadIdx.x - width] : 0;
+      __syncthreads();
+      partial[threadIdx.x] += add;
+      __syncthreads();
+    }
+    const int64_t inclusive = carry + partial[threadIdx.x];
+    if (e < experts) offsets[e + 1] = inclusive;
+    __syncthreads();
+    if (threadIdx.x == kScanThreads - 1) carry = inclusive;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) offsets[0] = 0;
+}
+
+// ---- row copies
+// ----------------------------------------------------------------------------------
+
+// Rows move as 16-byte vectors when the row size allows, else as elements of their size.
+template <class Vec>
+__device__ __forceinline__ void copy_row_to(const Vec* source, Vec* const* destinations, int count,
+                                            int64_t vectors) {
+  for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
+    const Vec value = source[v];
+    for (int i = 0; i < count; ++i) destinations[i][v] = value;
+  }
+}
+
+template <class Vec>
+__device__ __forceinline__ void zero_row(Vec* row, int64_t vectors) {
+  for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) row[v] = Vec{};
+}
+
+// Blocks [0, T): token rows to their destinations. Blocks [T, T + E * kPaddingSplit): expert
+// e = (b - T) / split writes every split-th of its padding rows.
+template <class Vec>
+__global__ void __launch_bounds__(kCopyThreads)
+    permute_copy_kernel(const Vec* tokens, const int32_t* ids, int64_t num_tokens, int64_t top_k,
+                        int64_t experts, int64_t row_vectors, int64_t row_capacity,
+                        const int64_t* offsets, const int64_t* tokens_per_expert, int64_t* row_map,
+                        Vec* permuted) {
+  __shared__ Vec* destinations[kMaxDeviceSlots];
+  __shared__ int count;
+  const int64_t b = blockIdx.x;
+  if (b < num_tokens) {
+    if (threadIdx.x == 0) {
+      int n = 0;
+      for (int64_t i = 0; i < top_k; ++i) {
+        const int64_t slot = b * top_k + i;
+        const int32_t e = ids[slot];
+        const int64_t local = row_map[slot];
+        int64_t row = -1;
+        if (e >= 0 && e < experts && local >= 0) {
+          row = offsets[e] + local;
+          if (row >= row_capacity) row = -1;  // offsets already checked against the bound
+        }
+        row_map[slot] = row;
+        if (row >= 0) destinations[n++] = permuted + row * row_vectors;
+      }
+      count = n;
+    }
+    __syncthreads();
+    copy_row_to(tokens + b * row_vectors, destinations, count, row_vectors);
+    return;
+  }
+  const int64_t pad = b - num_tokens;
+  const int64_t e = pad / kPaddingSplit, part = pad % kPaddingSplit;
+  const int64_t end = offsets[e + 1] < row_capacity ? offsets[e + 1] : row_capacity;
+  for (int64_t row = offsets[e] + tokens_per_expert[e] + part; row < end; row += kPaddingSplit) {
+    zero_row(permuted + row * row_vectors, row_vectors);
+  }
+}
+
+// ---- unpermute
+// -------------------------------------------------------------------------------------
+
+// The token's slots: rows (checked: one outside [0, row_capacity) is skipped and reported) and
+// weights, staged in shared memory by the first k threads.
+struct TokenSlots {
+  int64_t row[kMaxDeviceSlots];
+  float weight[kMaxDeviceSlots];
+};
+
+__device__ __forceinline__ void stage_slots(TokenSlots* slots, const int64_t* row_map,
+                                            const float* probs, int64_t t, int64_t top_k,
+                                            int64_t row_capacity, sfmoe_fault_report* word) {
+  if (threadIdx.x < top_k) {
+    const int64_t slot = t * top_k + threadIdx.x;
+    int64_t row = row_map[slot];
+    if (row < -1 || row >= row_capacity) {
+      if (word != nullptr) raise_fault(word, SFMOE_FAULT_BAD_INDEX, t, row);
+      row = -1;
+    }
+    slots->row[threadIdx.x] = row;
+    slots->weight[threadIdx.x] = probs != nullptr ? probs[slot] : 1.0f;
+  }
+  __syncthreads();
+}
+
+template <int kVec>
+__global__ void __launch_bounds__(kCopyThreads) unpermute_kernel(UnpermuteArgs a) {
+  __shared__ TokenSlots slots;
+  const int64_t t = blockIdx.x;
+  stage_slots(&slots, a.row_map, a.probs, t, a.top_k, a.row_capacity, a.word);
+  for (int64_t first = threadIdx.x * kVec; first < a.hidden; first += kCopyThreads * kVec) {
+    float sum[kVec];
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) sum[j] = 0.0f;
+    for (int i = 0; i < a.top_k; ++i) {
+      const int64_t row = slots.row[i];
+      if (row < 0) continue;
+      float v[kVec];
+      load_vector<kVec>(a.rows, a.rows_dtype, row * a.hidden + first, v);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        sum[j] = numerics::add_rn(
+            sum[j], a.probs != nullptr ? numerics::mul_rn(slots.weight[i], v[j]) : v[j]);
+      }
+    }
+    store_vector<kVec>(a.out, a.out_dtype, t * a.hidden + first, sum);
+  }
+}
+
+// Blocks [0, T): tokens. Blocks [T, T + E * kPaddingSplit): padding rows of d_rows.
+template <int kVec>
+__global__ void __launch_bounds__(kCopyThreads) unpermute_backward_kernel(UnpermuteBackwardArgs a) {
+  __shared__ TokenSlots slots;
+  __shared__ float partial[kMaxDeviceSlots][kCopyThreads / 32];
+  const int64_t b = blockIdx.x;
+  if (b >= a.num_tokens) {
+    const int64_t pad = b - a.num_tokens;
+    const int64_t e = pad / kPaddingSplit, part = pad % kPaddingSplit;
+    const int64_t end = a.offsets[e + 1] < a.row_capacity ? a.offsets[e + 1] : a.row_capacity;
+    for (int64_t row = a.offsets[e] + a.group_rows[e] + part; row < end; row += kPaddingSplit) {
+      for (int64_t h = threadIdx.x; h < a.hidden; h += kCopyThreads) {
+        store_element(a.d_rows, a.d_rows_dtype, row * a.hidden + h, 0.0f);
+      }
+    }
+    return;
+  }
+  const int64_t t = b;
+  stage_slots(&slots, a.row_map, a.probs, t, a.top_k, a.row_capacity, a.word);
+  // Slot by slot: d_rows = weight * d_out, and the slot's d_prob partial reduced over the block.
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int i = 0; i < a.top_k; ++i) {
+    const int64_t row = slots.row[i];
+    float dot = 0.0f;
+    if (row >= 0) {
+      for (int64_t first = threadIdx.x * kVec; first < a.hidden; first += kCopyThreads * kVec) {
+        float d[kVec], v[kVec], g[kVec];
+        load_vector<kVec>(a.d_out, a.d_out_dtype, t * a.hidden + first, d);
+        load_vector<kVec>(a.rows, a.rows_dtype, row * a.hidden + first, v);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) {
+          dot += d[j] * v[j];
+          g[j] = numerics::mul_rn(slots.weight[i], d[j]);
+        }
+        store_vector<kVec>(a.d_rows, a.d_rows_dtype, row * a.hidden + first, g);
+      }
+    }
+    for (int width = 16; width >= 1; width /= 2) dot += __shfl_xor_sync(0xFFFFFFFFu, dot, width);
+    if (lane == 0) partial[i][warp] = dot;
+  }
+  __syncthreads();
+  if (threadIdx.x < a.top_k) {
+    float total = 0.0f;
+    for (int w = 0; w < kCopyThreads / 32; ++w) total += partial[threadIdx.x][w];
+    a.d_probs[t * a.top_k + threadIdx.x] = slots.row[threadIdx.x] >= 0 ? total : 0.0f;
+  }
+}
+
+}  // namespace
+
+sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
+  const char* context = "sfmoe_permute";
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_pointer);
+  const int64_t slots = a.num_tokens * a.top_k;
+  permute_rank_kernel<<<static_cast<unsigned>(a.num_experts), kRankThreads, 0, stream>>>(
+      a.topk_ids, slots, a.top_k, a.num_experts, a.expert_capacity, a.row_map, a.tokens_per_expert,
+      a.dropped_per_expert, a.word);
+  SFMOE_RETURN_IF_ERROR(check_launch(context, "permute_rank_kernel"));
+  permute_offsets_kernel<<<1, kScanThreads, 0, stream>>>(a.tokens_per_expert, a.num_experts,
+                                                         a.alignment, a.expert_offsets);
+  SFMOE_RETURN_IF_ERROR(check_launch(context, "permute_offsets_kernel"));
+  const int64_t row_bytes = a.hidden * (sfmoe_dtype_bits(a.dtype) / 8);
+  const int64_t blocks = a.num_tokens + (a.alignment > 1 ? a.num_experts * kPaddingSplit : 0);
+  if (blocks == 0) return SFMOE_SUCCESS;
+  auto launch = [&](auto vec) {
+    using Vec = decltype(vec);
+    const int64_t vectors = row_bytes / static_cast<int64_t>(sizeof(Vec));
+    permute_copy_kernel<Vec><<<static_cast<unsigned>(blocks), kCopyThreads, 0, stream>>>(
+        static_cast<const Vec*>(a.tokens), a.topk_ids, a.num_tokens, a.top_k, a.num_experts,
+        vectors, a.row_capacity, a.expert_offsets, a.tokens_per_expert, a.row_map,
+        static_cast<Vec*>(a.permuted));
+  };
+  if (row_bytes % 16 == 0) {
+    launch(uint4{});
+  } else if (row_bytes % 4 == 0) {
+    launch(uint32_t{});
+  } else {
+    launch(uint16_t{});
+  }
+  return check_launch(context, "permute_copy_kernel");
+}
+
+sfmoe_status unpermute(const UnpermuteArgs& a, void* stream_pointer) {
+  if (a.num_tokens == 0) return SFMOE_SUCCESS;
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_pointer);
+  const unsigned blocks = static_cast<unsigned>(a.num_tokens);
+  if (a.hidden % 8 == 0) {
+    unpermute_kernel<8><<<blocks, kCopyThreads, 0, stream>>>(a);
+  } else {
+    unpermute_kernel<1><<<blocks, kCopyThreads, 0, stream>>>(a);
+  }
+  return check_launch("sfmoe_unpermute", "unpermute_kernel");
+}
+
+sfmoe_status unpermute_backward(const UnpermuteBackwardArgs& a, void* stream_pointer) {
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_pointer);
+  const int64_t blocks = a.num_tokens + a.num_groups * kPaddingSplit;
+  if (blocks == 0) return SFMOE_SUCCESS;
+  if (a.hidden % 8 == 0) {
+    unpermute_backward_kernel<8><<<static_cast<unsigned>(blocks), kCopyThreads, 0, stream>>>(a);
+  } else {
+    unpermute_backward_kernel<1><<<static_cast<unsigned>(blocks), kCopyThreads, 0, stream>>>(a);
+  }
+  return check_launch("sfmoe_unpermute_backward", "unpermute_backward_kernel");
+}
+
+}  // namespace cuda
+}  // namespace sfmoe

@@ -1,0 +1,691 @@
+// The router on the device (docs/router.md): eight lanes per token, each owning one chunk of
+// router_chunk_size(E) consecutive experts, so that the softmax's denominator is summed in the
+// order numerics::router_sum defines and the ids and probabilities equal the CPU reference's
+// bit for bit. Selection is a sequence of argmax reductions over numerics::selection_key.
+//
+// Forward: one kernel (scores, groups, top-k, probabilities, per-block expert counts, per-block
+// loss partials into the caller's workspace), then, when a loss is asked for, one single-block
+// kernel that sums the partials in block order (deterministic: no float atomics anywhere).
+// Backward: one kernel, d logits per token.
+#include <cuda_bf16.h>
+
+#include <type_traits>
+
+#include "sfmoe/numerics/elementary.h"
+#include "sfmoe/numerics/routing.h"
+#include "src/common/fault.h"
+#include "src/cuda/backend.h"
+#include "src/cuda/common/cuda_check.h"
+
+namespace sfmoe {
+namespace cuda {
+namespace {
+
+using numerics::add_rn;
+using numerics::div_rn;
+using numerics::mul_rn;
+
+constexpr int kLanes = numerics::kRouterSumChunks;  // lanes per token
+constexpr int kThreads = 256;
+constexpr int kTokensPerBlock = kThreads / kLanes;
+static_assert(kTokensPerBlock == kRouterTokensPerBlock, "the workspace's block count");
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+__device__ __forceinline__ float shfl_xor(float v, int m) {
+  return __shfl_xor_sync(kFullMask, v, m, kLanes);
+}
+__device__ __forceinline__ int shfl_xor(int v, int m) {
+  return __shfl_xor_sync(kFullMask, v, m, kLanes);
+}
+__device__ __forceinline__ uint32_t shfl_xor(uint32_t v, int m) {
+  return __shfl_xor_sync(kFullMask, v, m, kLanes);
+}
+
+// The token's sum in the router-sum order: this lane's chunk sum, then the butterfly.
+__device__ __forceinline__ float token_sum(float chunk_sum) {
+  for (int width = kLanes / 2; width >= 1; width /= 2) {
+    chunk_sum = add_rn(chunk_sum, shfl_xor(chunk_sum, width));
+  }
+  return chunk_sum;
+}
+
+// Plain (not bit-defined) token sum and max, for gradients and losses.
+__device__ __forceinline__ float token_max(float v) {
+  for (int width = kLanes / 2; width >= 1; width /= 2) v = fmaxf(v, shfl_xor(v, width));
+  return v;
+}
+__device__ __forceinline__ int token_count(int v) {
+  for (int width = kLanes / 2; width >= 1; width /= 2) v += shfl_xor(v, width);
+  return v;
+}
+
+SFMOE_HD float key_to_score(uint32_t key) {
+  if (key == 1u) return numerics::bits_to_f32(numerics::kF32CanonicalNanBits);
+  return numerics::bits_to_f32((key & numerics::kF32SignMask) ? key & ~numerics::kF32SignMask
+                                                              : ~key);
+}
+
+// The best (key, index) of the token: a higher key, then a lower index. Returns key 0 when no lane
+// has a candidate.
+struct Pick {
+  uint32_t key;
+  int index;
+};
+__device__ __forceinline__ Pick token_argmax(Pick p) {
+  for (int width = kLanes / 2; width >= 1; width /= 2) {
+    const uint32_t other_key = shfl_xor(p.key, width);
+    const int other_index = shfl_xor(p.index, width);
+    if (other_key > p.key || (other_key == p.key && other_index < p.index)) {
+      p.key = other_key;
+      p.index = other_index;
+    }
+  }
+  return p;
+}
+
+// A token's values as this lane holds them: `count` values of indices base..base+count-1.
+template <int kV>
+struct Chunk {
+  float v[kV];
+};
+
+// softmax over a token's n values held by chunks (present: j < count): docs/router.md's rule
+// with its limits for non-finite values, the denominator in the router-sum order.
+template <int kV>
+__device__ __forceinline__ void token_softmax(const float (&x)[kV], int count, float (&s)[kV]) {
+  bool any = false;
+  float max = -INFINITY;
+  int counted = 0;
+#pragma unroll
+  for (int j = 0; j < kV; ++j) {
+    if (j < count && x[j] == x[j]) {
+      max = fmaxf(max, x[j]);
+      any = true;
+      ++counted;
+    }
+  }
+  max = token_max(max);
+  any = token_count(any ? 1 : 0) > 0;
+  counted = token_count(counted);
+  if (any && (max == INFINITY || max == -INFINITY)) {
+    int at_max = 0;
+#pragma unroll
+    for (int j = 0; j < kV; ++j) at_max += (j < count && x[j] == max) ? 1 : 0;
+    at_max = token_count(at_max);
+    const float share = div_rn(1.0f, static_cast<float>(max == INFINITY ? at_max : counted));
+#pragma unroll
+    for (int j = 0; j < kV; ++j) s[j] = x[j] != x[j] ? x[j] : (x[j] == max ? share : 0.0f);
+    return;
+  }
+  float chunk = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kV; ++j) {
+    s[j] = x[j] != x[j] ? x[j] : numerics::exp_f32(add_rn(x[j], -max));
+    if (j < count && x[j] == x[j]) chunk = add_rn(chunk, s[j]);
+  }
+  const float sum = token_sum(chunk);
+#pragma unroll
+  for (int j = 0; j < kV; ++j) {
+    if (x[j] == x[j]) s[j] = div_rn(s[j], sum);
+  }
+}
+
+// The scores the probabilities come from (softmax, sigmoid, or the logits for softmax after
+// top-k).
+template <int kV>
+__device__ __forceinline__ void token_scores(const RouterConfig& c, const float (&x)[kV], int count,
+                                             float (&s)[kV]) {
+  if (c.sigmoid) {
+#pragma unroll
+    for (int j = 0; j < kV; ++j) s[j] = numerics::sigmoid_f32(x[j]);
+  } else if (c.softmax_after_topk) {
+#pragma unroll
+    for (int j = 0; j < kV; ++j) s[j] = x[j];
+  } else {
+    token_softmax(x, count, s);
+  }
+}
+
+// The load-balancing loss's scores: the softmax over all experts, or the sigmoids divided by
+// their router sum.
+template <int kV>
+__device__ __forceinline__ void aux_scores(const RouterConfig& c, const float (&x)[kV],
+                                           const float (&s)[kV], int count, float (&a)[kV]) {
+  if (c.sigmoid) {
+    float chunk = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kV; ++j) {
+      if (j < count) chunk = add_rn(chunk, s[j]);
+    }
+    const float sum = token_sum(chunk);
+#pragma unroll
+    for (int j = 0; j < kV; ++j) a[j] = div_rn(s[j], sum);
+  } else if (c.softmax_after_topk) {
+    token_softmax(x, count, a);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kV; ++j) a[j] = s[j];
+  }
+}
+
+// log sum exp of the token's logits (losses only: logf, not bit-defined).
+template <int kV>
+__device__ __forceinline__ float token_log_sum_exp(const float (&x)[kV], int count) {
+  float max = -INFINITY;
+  bool nan = false;
+#pragma unroll
+  for (int j = 0; j < kV; ++j) {
+    if (j < count) {
+      max = fmaxf(max, x[j]);
+      nan = nan || x[j] != x[j];
+    }
+  }
+  max = token_max(max);
+  float chunk = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kV; ++j) {
+    if (j < count) chunk = add_rn(chunk, numerics::exp_f32(add_rn(x[j], -max)));
+  }
+  const float sum = token_sum(chunk);
+  if (token_count(nan ? 1 : 0) > 0) return NAN;
+  return max + logf(sum);
+}
+
+template <class In>
+__device__ __forceinline__ float load_logit(const In* p);
+template <>
+__device__ __forceinline__ float load_logit<float>(const float* p) {
+  return __ldg(p);
+}
+template <>
+__device__ __forceinline__ float load_logit<__nv_bfloat16>(const __nv_bfloat16* p) {
+  return __bfloat162float(*p);
+}
+
+// This lane's chunk of token t: x[j] for experts base + j, j < count (others NaN).
+template <int kV, class In>
+__device__ __forceinline__ void load_chunk(const In* logits, int64_t t, int64_t experts,
+                                           int64_t base, int count, bool active, float (&x)[kV]) {
+#pragma unroll
+  for (int j = 0; j < kV; ++j) {
+    x[j] = (active && j < count) ? load_logit(logits + t * experts + base + j) : NAN;
+  }
+}
+
+// The best candidate of this lane among keys (a higher key, then the lower j), as a token pick.
+template <int kV>
+__device__ __forceinline__ Pick lane_best(const uint32_t (&key)[kV], int base) {
+  Pick p{0u, 0x7FFFFFFF};
+#pragma unroll
+  for (int j = 0; j < kV; ++j) {
+    if (key[j] > p.key) {
+      p.key = key[j];
+      p.index = base + j;
+    }
+  }
+  return p;
+}
+
+// Per-block storage: expert counts and the picked experts' values for the probabilities.
+struct RouterShared {
+  int counts[kMaxDeviceExperts];
+  float picked[kTokensPerBlock][kMaxDeviceTopK];
+  float loss_columns[kMaxDeviceExperts];
+  float loss_z[kThreads / 32];
+};
+
+template <int kV, class In>
+__global__ void __launch_bounds__(kThreads)
+    router_forward_kernel(RouterDeviceForward a, int chunk_size) {
+  const RouterConfig& c = a.config;
+  __shared__ RouterShared shared;
+  const int experts = static_cast<int>(c.num_experts), k = static_cast<int>(c.top_k);
+  for (int e = threadIdx.x; e < experts; e += kThreads) {
+    shared.counts[e] = 0;
+    shared.loss_columns[e] = 0.0f;
+  }
+  __syncthreads();
+  const int sub = threadIdx.x % kLanes, slot = threadIdx.x / kLanes;
+  const int base = sub * chunk_size;
+  const int count = max(0, min(chunk_size, experts - base));
+  const bool losses = a.aux_loss != nullptr || a.z_loss != nullptr;
+  const int per_group = c.num_groups > 1 ? experts / static_cast<int>(c.num_groups) : experts;
+  float column_sum[kV];
+#pragma unroll
+  for (int j = 0; j < kV; ++j) column_sum[j] = 0.0f;
+  float z_sum = 0.0f;
+  const In* logits = static_cast<const In*>(a.logits);
+
+  // Every lane runs the same trip count (full-mask shuffles); lanes past the last token are idle.
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kTokensPerBlock;
+  const int64_t rounds = (a.tokens + stride - 1) / stride;
+  for (int64_t round = 0; round < rounds; ++round) {
+    const int64_t t = round * stride + static_cast<int64_t>(blockIdx.x) * kTokensPerBlock + slot;
+    const bool active = t < a.tokens;
+    float x[kV], s[kV];
+    load_chunk<kV>(logits, t, experts, base, count, active, x);
+    token_scores(c, x, count, s);
+    uint32_t key[kV];
+#pragma unroll
+    for (int j = 0; j < kV; ++j) {
+      const float q =
+          a.bias != nullptr && j < count ? add_rn(s[j], __ldg(a.bias + base + j)) : s[j];
+      key[j] = j < count ? numerics::selection_key(q) : 0u;
+    }
+
+    if (c.num_groups > 1) {
+      // Group scores: the sum of each group's best group_score_topk selection scores, best first.
+      const int groups = static_cast<int>(c.num_groups);
+      float group_score_held[kMaxDeviceGroups / kLanes];  // group g on lane g % 8, slot g / 8
+#pragma unroll
+      for (int i = 0; i < kMaxDeviceGroups / kLanes; ++i) group_score_held[i] = 0.0f;
+      for (int g = 0; g < groups; ++g) {
+        // This lane's part of group g: j in [g * per_group - base, (g + 1) * per_group - base).
+        const int lo = g * per_group - base, hi = lo + per_group;
+        uint32_t group_key[kV];
+#pragma unroll
+        for (int j = 0; j < kV; ++j) group_key[j] = j >= lo && j < hi ? key[j] : 0u;
+        float sum = 0.0f;
+        for (int pick = 0; pick < c.group_score_topk; ++pick) {
+          const Pick best = token_argmax(lane_best(group_key, base));
+          sum = add_rn(sum, key_to_score(best.key));
+#pragma unroll
+          for (int j = 0; j < kV; ++j) {
+            if (j < count && base + j == best.index) group_key[j] = 0u;
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < kMaxDeviceGroups / kLanes; ++i) {
+          if (g == sub + kLanes * i) group_score_held[i] = sum;
+        }
+      }
+      uint64_t kept = 0;
+      uint32_t held_key[kMaxDeviceGroups / kLanes];
+#pragma unroll
+      for (int i = 0; i < kMaxDeviceGroups / kLanes; ++i) {
+        held_key[i] = sub + kLanes * i < groups ? numerics::selection_key(group_score_held[i]) : 0u;
+      }
+      for (int pick = 0; pick < c.group_topk; ++pick) {
+        Pick p{0u, 0x7FFFFFFF};
+#pragma unroll
+        for (int i = 0; i < kMaxDeviceGroups / kLanes; ++i) {
+          if (held_key[i] > p.key) {
+            p.key = held_key[i];
+            p.index = sub + kLanes * i;
+          }
+        }
+        const Pick best = token_argmax(p);
+        kept |= uint64_t{1} << best.index;
+#pragma unroll
+        for (int i = 0; i < kMaxDeviceGroups / kLanes; ++i) {
+          if (sub + kLanes * i == best.index) held_key[i] = 0u;
+        }
+      }
+      // The experts of dropped groups are out (this lane spans groups first..last).
+      const int first = base / per_group, last = (base + max(count, 1) - 1) / per_group;
+      for (int g = first; g <= last; ++g) {
+        if ((kept >> g) & 1u) continue;
+        const int lo = g * per_group - base, hi = lo + per_group;
+#pragma unroll
+        for (int j = 0; j < kV; ++j) {
+          if (j >= lo && j < hi) key[j] = 0u;
+        }
+      }
+    }
+
+    // Top-k, best first. The owner of each pick records its score (or logit) for the
+    // probabilities and counts it.
+    for (int i = 0; i < k; ++i) {
+      const Pick best = token_argmax(lane_best(key, base));
+#pragma unroll
+      for (int j = 0; j < kV; ++j) {
+        if (j < count && base + j == best.index) {
+          key[j] = 0u;
+          shared.picked[slot][i] = c.softmax_after_topk ? x[j] : s[j];
+          if (active) atomicAdd(&shared.counts[best.index], 1);
+        }
+      }
+      if (active && sub == 0) a.topk_ids[t * k + i] = best.index;
+    }
+    __syncwarp();
+
+    // Probabilities, in selection order.
+    if (c.softmax_after_topk) {
+      constexpr int kPerLane = kMaxDeviceTopK / kLanes;
+      const int k_chunk = static_cast<int>(numerics::router_chunk_size(k));
+      const int k_base = sub * k_chunk, k_count = max(0, min(k_chunk, k - k_base));
+      float px[kPerLane], pp[kPerLane];
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j)
+        px[j] = j < k_count ? shared.picked[slot][k_base + j] : NAN;
+      token_softmax(px, k_count, pp);
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) {
+        if (active && j < k_count) {
+          a.probs[t * k + k_base + j] = mul_rn(pp[j], c.scaling_factor);
+        }
+      }
+    } else {
+      float sum = 0.0f;
+      if (c.normalize) {
+        for (int i = 0; i < k; ++i) sum = add_rn(sum, shared.picked[slot][i]);
+      }
+      for (int i = sub; i < k; i += kLanes) {
+        float p = shared.picked[slot][i];
+        if (c.normalize && sum > 0.0f) p = div_rn(p, sum);
+        if (active) a.probs[t * k + i] = mul_rn(p, c.scaling_factor);
+      }
+    }
+    __syncwarp();
+
+    // Idle lanes take part in the helpers' shuffles too; only active tokens are summed.
+    if (a.aux_loss != nullptr) {
+      float aux[kV];
+      aux_scores(c, x, s, count, aux);
+#pragma unroll
+      for (int j = 0; j < kV; ++j) {
+        if (active && j < count) column_sum[j] = add_rn(column_sum[j], aux[j]);
+      }
+    }
+    if (a.z_loss != nullptr) {
+      const float lse = token_log_sum_exp(x, count);
+      if (active) z_sum = add_rn(z_sum, mul_rn(lse, lse));
+    }
+  }
+
+  __syncthreads();
+  for (int e = threadIdx.x; e < experts; e += kThreads) {
+    if (shared.counts[e] != 0) {
+      atomicAdd(reinterpret_cast<unsigned long long*>(a.tokens_per_expert + e),
+                static_cast<unsigned long long>(shared.counts[e]));
+    }
+  }
+  if (!losses) return;
+    // Loss partials of this block, in a fixed order: the four tokens of a warp by a butterfly over
+    // lanes 8 and 16 apart, then the warps one after the other.
+#pragma unroll
+  for (int j = 0; j < kV; ++j) {
+    column_sum[j] = add_rn(column_sum[j], __shfl_xor_sync(kFullMask, column_sum[j], 8));
+    column_sum[j] = add_rn(column_sum[j], __shfl_xor_sync(kFullMask, column_sum[j], 16));
+  }
+  // z: one value per token slot (lane 0 of each 8 holds it; all lanes hold the same).
+  z_sum = add_rn(z_sum, __shfl_xor_sync(kFullMask, z_sum, 8));
+  z_sum = add_rn(z_sum, __shfl_xor_sync(kFullMask, z_sum, 16));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) shared.loss_z[warp] = z_sum;
+  for (int w = 0; w < kThreads / 32; ++w) {
+    if (warp == w && lane < kLanes) {
+#pragma unroll
+      for (int j = 0; j < kV; ++j) {
+        if (j < count) {
+          shared.loss_columns[base + j] = add_rn(shared.loss_columns[base + j], column_sum[j]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  float* partial = a.aux_partials + static_cast<int64_t>(blockIdx.x) * (experts + 1);
+  for (int e = threadIdx.x; e < experts; e += kThreads) partial[e] = shared.loss_columns[e];
+  if (threadIdx.x == 0) {
+    float z = 0.0f;
+    for (int w = 0; w < kThreads / 32; ++w) z = add_rn(z, shared.loss_z[w]);
+    partial[experts] = z;
+  }
+}
+
+// The losses from the blocks' partials, in block order, then over experts by a fixed tree.
+constexpr int kLossThreads = 512;
+__global__ void __launch_bounds__(kLossThreads)
+    router_loss_kernel(const float* partials, int blocks, int experts,
+                       const int64_t* tokens_per_expert, float aux_factor, float z_factor,
+                       float* aux_loss, float* z_loss) {
+  __shared__ float terms[kLossThreads];
+  float term = 0.0f;
+  for (int e = threadIdx.x; e < experts; e += kLossThreads) {
+    float column = 0.0f;
+    for (int b = 0; b < blocks; ++b) column = add_rn(column, partials[b * (experts + 1) + e]);
+    term = add_rn(term, mul_rn(static_cast<float>(tokens_per_expert[e]), column));
+  }
+  terms[threadIdx.x] = term;
+  __syncthreads();
+  for (int width = kLossThreads / 2; width >= 1; width /= 2) {
+    if (threadIdx.x < width)
+      terms[threadIdx.x] = add_rn(terms[threadIdx.x], terms[threadIdx.x + width]);
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    if (aux_loss != nullptr) *aux_loss = mul_rn(terms[0], aux_factor);
+    if (z_loss != nullptr) {
+      float z = 0.0f;
+      for (int b = 0; b < blocks; ++b) z = add_rn(z, partials[b * (experts + 1) + experts]);
+      *z_loss = mul_rn(z, z_factor);
+    }
+  }
+}
+
+// ---- backward -------------------------------------------------------------------------------
+
+template <int kV, class In>
+__global__ void __launch_bounds__(kThreads)
+    router_backward_kernel(RouterDeviceBackward a, int chunk_size) {
+  const RouterConfig& c = a.config;
+  __shared__ int picked_id[kTokensPerBlock][kMaxDeviceTopK];
+  __shared__ float picked_u[kTokensPerBlock][kMaxDeviceTopK];
+  const int experts = static_cast<int>(c.num_experts), k = static_cast<int>(c.top_k);
+  const int sub = threadIdx.x % kLanes, slot = threadIdx.x / kLanes;
+  const int base = sub * chunk_size;
+  const int count = max(0, min(chunk_size, experts - base));
+  const In* logits = static_cast<const In*>(a.logits);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kTokensPerBlock;
+  const int64_t rounds = (a.tokens + stride - 1) / stride;
+  for (int64_t round = 0; round < rounds; ++round) {
+    const int64_t t = round * stride + static_cast<int64_t>(blockIdx.x) * kTokensPerBlock + slot;
+    const bool active = t < a.tokens;
+    float x[kV], s[kV], dx[kV];
+    load_chunk<kV>(logits, t, experts, base, count, active, x);
+#pragma unroll
+    for (int j = 0; j < kV; ++j) dx[j] = 0.0f;
+
+    if (a.d_probs != nullptr) {
+      // The selected experts: ids checked (an id outside [0, E) takes no part, and is reported).
+      for (int i = sub; i < k; i += kLanes) {
+        int id = active ? a.topk_ids[t * k + i] : -1;
+        if (active && (id < 0 || id >= experts)) {
+          if (a.word != nullptr) raise_fault(a.word, SFMOE_FAULT_BAD_INDEX, t, id);
+          id = -1;
+        }
+        picked_id[slot][i] = id;
+      }
+      __syncwarp();
+      if (!c.sigmoid && c.softmax_after_topk) {
+        // u = softmax over the selected logits (plain order: gradients are compared with a
+        // tolerance): d x_id = u_i (dp_i scale - sum_j dp_j scale u_j).
+        float max = -INFINITY, sum = 0.0f, dot = 0.0f;
+        for (int i = 0; i < k; ++i) {
+          const int id = picked_id[slot][i];
+          if (id >= 0) max = fmaxf(max, load_logit(logits + t * experts + id));
+        }
+        for (int i = 0; i < k; ++i) {
+          const int id = picked_id[slot][i];
+          if (id >= 0) sum += __expf(load_logit(logits + t * experts + id) - max);
+        }
+        for (int i = 0; i < k; ++i) {
+          const int id = picked_id[slot][i];
+          if (id < 0) continue;
+          const float u = __expf(load_logit(logits + t * experts + id) - max) / sum;
+          dot += a.d_probs[t * k + i] * c.scaling_factor * u;
+        }
+        for (int i = 0; i < k; ++i) {
+          const int id = picked_id[slot][i];
+          if (id < base || id >= base + count) continue;
+          const float u = __expf(load_logit(logits + t * experts + id) - max) / sum;
+#pragma unroll
+          for (int j = 0; j < kV; ++j) {
+            if (j < count && base + j == id)
+              dx[j] += u * (a.d_probs[t * k + i] * c.scaling_factor - dot);
+          }
+        }
+      } else {
+        token_scores(c, x, count, s);
+        __syncwarp();
+        // u_i = s[id_i], gathered through shared memory by the owner lanes.
+        for (int i = 0; i < k; ++i) {
+          const int id = picked_id[slot][i];
+          __syncwarp();
+          float mine = 0.0f;
+          bool owner = false;
+#pragma unroll
+          for (int j = 0; j < kV; ++j) {
+            if (j < count && base + j == id) {
+              mine = s[j];
+              owner = true;
+            }
+          }
+          if (owner) picked_u[slot][i] = mine;
+          if (id < 0 && sub == 0) picked_u[slot][i] = 0.0f;
+          __syncwarp();
+        }
+        float sum = 0.0f, weighted = 0.0f;
+        for (int i = 0; i < k; ++i) {
+          const float u = picked_u[slot][i];
+          sum += u;
+          weighted += (active ? a.d_probs[t * k + i] : 0.0f) * u;
+        }
+        const bool normalized = c.normalize && sum > 0.0f;
+        float dot = 0.0f;  // softmax: sum_i du_i u_i
+        for (int i = 0; i < k; ++i) {
+          const int id = picked_id[slot][i];
+          const float u = picked_u[slot][i];
+          const float dp = active ? a.d_probs[t * k + i] : 0.0f;
+          const float du = c.scaling_factor * (normalized ? dp / sum - weighted / (sum * sum) : dp);
+          dot += du * u;
+          if (id >= base && id < base + count) {
+#pragma unroll
+            for (int j = 0; j < kV; ++j) {
+              if (j < count && base + j == id) dx[j] += c.sigmoid ? du * u * (1.0f - u) : s[j] * du;
+            }
+          }
+        }
+        if (!c.sigmoid) {
+#pragma unroll
+          for (int j = 0; j < kV; ++j) dx[j] -= s[j] * dot;
+        }
+      }
+      __syncwarp();
+    }
+
+    if (c.aux_loss_coeff != 0.0f && a.d_aux_loss != 0.0f) {
+      // d aux / d a[t, e] = factor count_e; then through the softmax or the normalized sigmoids.
+      if (a.d_probs == nullptr || c.softmax_after_topk) token_scores(c, x, count, s);
+      float aux[kV], g[kV];
+      aux_scores(c, x, s, count, aux);
+      float dot = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kV; ++j) {
+        g[j] = j < count
+                   ? a.d_aux_loss * a.aux_factor * static_cast<float>(a.tokens_per_expert[base + j])
+                   : 0.0f;
+        if (j < count) dot += g[j] * aux[j];
+      }
+      for (int width = kLanes / 2; width >= 1; width /= 2) dot += shfl_xor(dot, width);
+      if (!c.sigmoid) {
+#pragma unroll
+        for (int j = 0; j < kV; ++j) dx[j] += aux[j] * (g[j] - dot);
+      } else {
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kV; ++j) sum += j < count ? s[j] : 0.0f;
+        for (int width = kLanes / 2; width >= 1; width /= 2) sum += shfl_xor(sum, width);
+#pragma unroll
+        for (int j = 0; j < kV; ++j) dx[j] += s[j] * (1.0f - s[j]) * (g[j] - dot) / sum;
+      }
+    }
+
+    if (c.z_loss_coeff != 0.0f && a.d_z_loss != 0.0f) {
+      const float lse = token_log_sum_exp(x, count);
+      float sm[kV];
+      token_softmax(x, count, sm);
+      const float factor = a.d_z_loss * 2.0f * c.z_loss_coeff / static_cast<float>(a.tokens) * lse;
+#pragma unroll
+      for (int j = 0; j < kV; ++j) dx[j] += factor * sm[j];
+    }
+
+    if (active) {
+#pragma unroll
+      for (int j = 0; j < kV; ++j) {
+        if (j < count) a.d_logits[t * experts + base + j] = dx[j];
+      }
+    }
+    __syncwarp();
+  }
+}
+
+template <class Launch>
+sfmoe_status by_chunk(int chunk, Launch launch) {
+  if (chunk <= 1) return launch(std::integral_constant<int, 1>());
+  if (chunk <= 2) return launch(std::integral_constant<int, 2>());
+  if (chunk <= 4) return launch(std::integral_constant<int, 4>());
+  if (chunk <= 8) return launch(std::integral_constant<int, 8>());
+  if (chunk <= 16) return launch(std::integral_constant<int, 16>());
+  if (chunk <= 32) return launch(std::integral_constant<int, 32>());
+  return launch(std::integral_constant<int, 64>());
+}
+
+}  // namespace
+
+sfmoe_status router_forward(const RouterDeviceForward& a, void* stream_pointer) {
+  const char* context = "sfmoe_router_forward";
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_pointer);
+  const RouterConfig& c = a.config;
+  SFMOE_CUDA_RETURN_IF_ERROR(
+      context, cudaMemsetAsync(a.tokens_per_expert, 0, sizeof(int64_t) * c.num_experts, stream));
+  const int64_t blocks = router_blocks(a.tokens);
+  const int chunk = static_cast<int>(numerics::router_chunk_size(c.num_experts));
+  if (a.tokens > 0) {
+    SFMOE_RETURN_IF_ERROR(by_chunk(chunk, [&](auto v) -> sfmoe_status {
+      constexpr int kV = decltype(v)::value;
+      if (a.logits_bf16) {
+        router_forward_kernel<kV, __nv_bfloat16>
+            <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a, chunk);
+      } else {
+        router_forward_kernel<kV, float>
+            <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a, chunk);
+      }
+      return check_launch(context, "router_forward_kernel");
+    }));
+  }
+  if (a.aux_loss != nullptr || a.z_loss != nullptr) {
+    if (a.tokens == 0) {
+      if (a.aux_loss)
+        SFMOE_CUDA_RETURN_IF_ERROR(context, cudaMemsetAsync(a.aux_loss, 0, 4, stream));
+      if (a.z_loss) SFMOE_CUDA_RETURN_IF_ERROR(context, cudaMemsetAsync(a.z_loss, 0, 4, stream));
+      return SFMOE_SUCCESS;
+    }
+    router_loss_kernel<<<1, kLossThreads, 0, stream>>>(
+        a.aux_partials, static_cast<int>(blocks), static_cast<int>(c.num_experts),
+        a.tokens_per_expert, a.aux_factor, a.z_factor, a.aux_loss, a.z_loss);
+    return check_launch(context, "router_loss_kernel");
+  }
+  return SFMOE_SUCCESS;
+}
+
+sfmoe_status router_backward(const RouterDeviceBackward& a, void* stream_pointer) {
+  const char* context = "sfmoe_router_backward";
+  if (a.tokens == 0) return SFMOE_SUCCESS;
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_pointer);
+  const int chunk = static_cast<int>(numerics::router_chunk_size(a.config.num_experts));
+  const int64_t wanted = (a.tokens + kTokensPerBlock - 1) / kTokensPerBlock;
+  const unsigned blocks = static_cast<unsigned>(wanted < 65535 ? wanted : 65535);
+  return by_chunk(chunk, [&](auto v) -> sfmoe_status {
+    constexpr int kV = decltype(v)::value;
+    if (a.logits_bf16) {
+      router_backward_kernel<kV, __nv_bfloat16><<<blocks, kThreads, 0, stream>>>(a, chunk);
+    } else {
+      router_backward_kernel<kV, float><<<blocks, kThreads, 0, stream>>>(a, chunk);
+    }
+    return check_launch(context, "router_backward_kernel");
+  });
+}
+
+}  // namespace cuda
+}  // namespace sfmoe
