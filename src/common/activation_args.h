@@ -19,7 +19,7 @@ enum class ActivationKind {
 
 // Gated kinds read [gate | up]: input row r holds gate in columns [0, cols) and up in
 // [cols, 2 cols), matching W1 = [W_gate; W_up] stacked along the output features.
-SFMOE_HD bool activation_is_gated(ActivationKind kind) {
+constexpr SFMOE_HD bool activation_is_gated(ActivationKind kind) {
   return kind == ActivationKind::kSwiGLU || kind == ActivationKind::kGeGLU ||
          kind == ActivationKind::kClampedSwiGLU;
 }

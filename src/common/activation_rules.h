@@ -17,9 +17,8 @@ struct ActivationRules {
   static constexpr Real kGeluCubic = static_cast<Real>(0.044715);
 
   static SFMOE_HD Real silu(Real x) { return A::mul(x, A::sigmoid(x)); }
-  // d silu / dx = s (1 + x (1 - s)), s = sigmoid(x).
-  static SFMOE_HD Real silu_grad(Real x) {
-    const Real s = A::sigmoid(x);
+  // d silu / dx = s (1 + x (1 - s)), s = sigmoid(x) (given: the backward shares it with silu).
+  static SFMOE_HD Real silu_grad(Real x, Real s) {
     return A::mul(s, A::add(Real(1), A::mul(x, A::add(Real(1), -s))));
   }
   // The tanh form of GELU, 0.5 x (1 + tanh(y)) with y = sqrt(2/pi) (x + 0.044715 x^3), written
@@ -28,14 +27,12 @@ struct ActivationRules {
   static SFMOE_HD Real gelu_inner(Real x) {
     return A::mul(kSqrt2OverPi, A::add(x, A::mul(kGeluCubic, A::mul(A::mul(x, x), x))));
   }
-  static SFMOE_HD Real gelu(Real x) {
-    return A::mul(x, A::sigmoid(A::mul(Real(2), gelu_inner(x))));
-  }
+  static SFMOE_HD Real gelu_sigmoid(Real x) { return A::sigmoid(A::mul(Real(2), gelu_inner(x))); }
+  static SFMOE_HD Real gelu(Real x) { return A::mul(x, gelu_sigmoid(x)); }
   // d/dx x s = s + 2 x s (1 - s) y', s = sigmoid(2 y), y' = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
   // Where the sigmoid has saturated (s (1 - s) = 0) the second term is 0; it is skipped, so that
   // x^2 overflowing for |x| > ~1.8e19 cannot turn it into 0 * Inf.
-  static SFMOE_HD Real gelu_grad(Real x) {
-    const Real s = A::sigmoid(A::mul(Real(2), gelu_inner(x)));
+  static SFMOE_HD Real gelu_grad(Real x, Real s) {  // s = gelu_sigmoid(x)
     const Real spread = A::mul(s, A::add(Real(1), -s));
     if (spread == Real(0)) return s;
     const Real slope =
@@ -78,19 +75,23 @@ struct ActivationRules {
     const Real limit = static_cast<Real>(c.limit), alpha = static_cast<Real>(c.alpha);
     *du = Real(0);
     switch (c.kind) {
-      case ActivationKind::kSwiGLU:
-        *dg = A::mul(A::mul(d, u), silu_grad(g));
-        *du = A::mul(d, silu(g));
+      case ActivationKind::kSwiGLU: {
+        const Real s = A::sigmoid(g);
+        *dg = A::mul(A::mul(d, u), silu_grad(g, s));
+        *du = A::mul(d, A::mul(g, s));
         return;
-      case ActivationKind::kGeGLU:
-        *dg = A::mul(A::mul(d, u), gelu_grad(g));
-        *du = A::mul(d, gelu(g));
+      }
+      case ActivationKind::kGeGLU: {
+        const Real s = gelu_sigmoid(g);
+        *dg = A::mul(A::mul(d, u), gelu_grad(g, s));
+        *du = A::mul(d, A::mul(g, s));
         return;
+      }
       case ActivationKind::kSiLU:
-        *dg = A::mul(d, silu_grad(g));
+        *dg = A::mul(d, silu_grad(g, A::sigmoid(g)));
         return;
       case ActivationKind::kGeLU:
-        *dg = A::mul(d, gelu_grad(g));
+        *dg = A::mul(d, gelu_grad(g, gelu_sigmoid(g)));
         return;
       case ActivationKind::kSquaredReLU:
         *dg = g > Real(0) || g != g ? A::mul(A::mul(Real(2), g), d) : Real(0);

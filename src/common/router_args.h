@@ -21,16 +21,17 @@ struct RouterConfig {
   float z_loss_coeff = 0.0f;        // z-loss; 0: not computed
 };
 
-// The CUDA router's bounds (docs/router.md): a token's scores live in the registers of eight
-// lanes, group scores in eight registers per lane, the picked experts in shared memory.
+// The CUDA router's bounds (docs/router.md): a token's scores live in the registers of a warp
+// (16 per lane at most), group scores in two registers per lane, the picked experts in shared
+// memory.
 constexpr int kMaxDeviceExperts = 512;
 constexpr int kMaxDeviceGroups = 64;
 constexpr int kMaxDeviceTopK = 64;
 
-// The forward's blocks (32 tokens each, at most 1024, grid-stride beyond): a function of the
+// The forward's blocks (8 tokens each, at most 1024, grid-stride beyond): a function of the
 // token count only, so that the loss partials, and the losses' bits, do not depend on the device.
 // The workspace holds one row of E + 1 partial sums per block.
-constexpr int64_t kRouterTokensPerBlock = 32;
+constexpr int64_t kRouterTokensPerBlock = 8;
 constexpr int64_t kRouterMaxBlocks = 1024;
 inline int64_t router_blocks(int64_t tokens) {
   const int64_t blocks = (tokens + kRouterTokensPerBlock - 1) / kRouterTokensPerBlock;

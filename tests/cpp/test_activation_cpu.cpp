@@ -51,8 +51,8 @@ TEST(ActivationCpu, KnownValuesAndZeroPreservation) {
         << static_cast<int>(kind);
   }
   // GELU's gradient at huge inputs: the saturated limits, not 0 * Inf.
-  EXPECT_EQ(Activation<float>::gelu_grad(1e20f), 1.0f);
-  EXPECT_EQ(Activation<float>::gelu_grad(-1e20f), 0.0f);
+  EXPECT_EQ(Activation<float>::gelu_grad(1e20f, Activation<float>::gelu_sigmoid(1e20f)), 1.0f);
+  EXPECT_EQ(Activation<float>::gelu_grad(-1e20f, Activation<float>::gelu_sigmoid(-1e20f)), 0.0f);
   // Clamped SwiGLU (limit 7, alpha 1.702): gate 10 -> 7, up -10 -> -7.
   const double s = 1.0 / (1.0 + std::exp(-1.702 * 7.0));
   EXPECT_NEAR(Activation<float>::forward(config_of(ActivationKind::kClampedSwiGLU), 10.0f, -10.0f),

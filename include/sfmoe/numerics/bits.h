@@ -3,6 +3,7 @@
 // once goes through mul_rn/div_rn so no compiler can contract it into an FMA or approximate it.
 #pragma once
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -86,6 +87,25 @@ SFMOE_HD float add_rn(float a, float b) {
   return __fadd_rn(a, b);
 #else
   return canonical_nan_if_nan(a + b);
+#endif
+}
+
+// 1 / a rounded once (the same value as div_rn(1, a)).
+SFMOE_HD float rcp_rn(float a) {
+#if defined(__CUDA_ARCH__)
+  return __frcp_rn(a);
+#else
+  return canonical_nan_if_nan(1.0f / a);
+#endif
+}
+
+// a * b + c rounded once (a fused multiply-add): __fmaf_rn on the device, C's fmaf (correctly
+// rounded in glibc, in hardware or software) on the host.
+SFMOE_HD float fma_rn(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return canonical_nan_if_nan(fmaf(a, b, c));
 #endif
 }
 

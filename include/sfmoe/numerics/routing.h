@@ -31,10 +31,11 @@ SFMOE_HD uint32_t selection_key(float score) {
 
 // The order of a router sum over n values (the softmax's denominator): the values are cut into
 // kRouterSumChunks consecutive chunks of router_chunk_size(n) values (the last ones shorter or
-// empty); each chunk is summed in index order from +0; the chunk sums c0..c7 are then combined
-// pairwise as ((c0 + c4) + (c2 + c6)) + ((c1 + c5) + (c3 + c7)). The device computes exactly
-// this with eight lanes per token (one chunk each) and a butterfly of shuffles.
-constexpr int kRouterSumChunks = 8;
+// empty); each chunk is summed in index order from +0; the 32 chunk sums are then combined by a
+// butterfly: at widths 16, 8, 4, 2, 1 each chunk sum c_l becomes c_l + c_(l xor width), and the
+// result is c_0. The device computes exactly this with a warp per token (one chunk per lane) and
+// xor shuffles.
+constexpr int kRouterSumChunks = 32;
 
 SFMOE_HD int64_t router_chunk_size(int64_t n) {
   return (n + kRouterSumChunks - 1) / kRouterSumChunks;

@@ -5,6 +5,8 @@
 // search of the offsets; real rows are computed, padding rows written as zeros.
 #include <stdint.h>
 
+#include <utility>
+
 #include "src/common/activation_rules.h"
 #include "src/common/fault.h"
 #include "src/cuda/backend.h"
@@ -24,21 +26,31 @@ __device__ __forceinline__ int64_t rows_end(const GroupRowsView& g, int64_t row_
   return end < 0 ? 0 : (end > row_capacity ? row_capacity : end);
 }
 
+// The offsets as the block reads them: staged in shared memory when they fit.
+constexpr int kMaxStagedOffsets = 2048;
+__device__ __forceinline__ const int64_t* stage_offsets(const GroupRowsView& g,
+                                                        int64_t (&staged)[kMaxStagedOffsets]) {
+  if (g.num_groups + 1 > kMaxStagedOffsets) return g.offsets;
+  for (int64_t i = threadIdx.x; i <= g.num_groups; i += blockDim.x) staged[i] = g.offsets[i];
+  __syncthreads();
+  return staged;
+}
+
 // Whether `row` is one of its group's real rows: the group is the last g with offsets[g] <= row
 // (empty groups share their start with the next one). A row count beyond its block is clamped
 // and reported.
-__device__ __forceinline__ bool is_real_row(const GroupRowsView& g, int64_t row,
-                                            sfmoe_fault_report* word) {
+__device__ __forceinline__ bool is_real_row(const GroupRowsView& g, const int64_t* offsets,
+                                            int64_t row, sfmoe_fault_report* word) {
   int64_t lo = 0, hi = g.num_groups - 1;  // offsets[lo] <= row
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
-    if (g.offsets[mid] <= row) {
+    if (offsets[mid] <= row) {
       lo = mid;
     } else {
       hi = mid - 1;
     }
   }
-  const int64_t begin = g.offsets[lo], block = g.offsets[lo + 1] - begin;
+  const int64_t begin = offsets[lo], block = offsets[lo + 1] - begin;
   int64_t real = g.rows[lo];
   if (real < 0 || real > block) {
     if (word != nullptr && threadIdx.x == 0 && row == begin) {
@@ -49,20 +61,24 @@ __device__ __forceinline__ bool is_real_row(const GroupRowsView& g, int64_t row,
   return row - begin < real;
 }
 
-template <int kVec>
+// Kernels are compiled per kind (the rules' switch folds away).
+template <int kVec, ActivationKind kKind>
 __global__ void __launch_bounds__(kThreads)
     activation_forward_kernel(ActivationArgs a, int64_t row_capacity, sfmoe_fault_report* word) {
+  a.config.kind = kKind;
+  __shared__ int64_t staged[kMaxStagedOffsets];
+  const int64_t* offsets = stage_offsets(a.groups, staged);
   const int64_t end = rows_end(a.groups, row_capacity);
-  const bool gated = activation_is_gated(a.config.kind);
+  constexpr bool gated = activation_is_gated(kKind);
   const int64_t in_cols = gated ? 2 * a.cols : a.cols;
   for (int64_t row = blockIdx.x; row < end; row += gridDim.x) {
-    const bool real = is_real_row(a.groups, row, word);
+    const bool real = is_real_row(a.groups, offsets, row, word);
     for (int64_t j = threadIdx.x * kVec; j < a.cols; j += kThreads * kVec) {
       float out[kVec];
       if (real) {
         float gate[kVec], up[kVec];
         load_vector<kVec>(a.input, a.input_dtype, row * in_cols + j, gate);
-        if (gated) {
+        if constexpr (gated) {
           load_vector<kVec>(a.input, a.input_dtype, row * in_cols + a.cols + j, up);
         } else {
 #pragma unroll
@@ -79,21 +95,24 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int kVec>
+template <int kVec, ActivationKind kKind>
 __global__ void __launch_bounds__(kThreads)
     activation_backward_kernel(ActivationBackwardArgs a, int64_t row_capacity,
                                sfmoe_fault_report* word) {
+  a.config.kind = kKind;
+  __shared__ int64_t staged[kMaxStagedOffsets];
+  const int64_t* offsets = stage_offsets(a.groups, staged);
   const int64_t end = rows_end(a.groups, row_capacity);
-  const bool gated = activation_is_gated(a.config.kind);
+  constexpr bool gated = activation_is_gated(kKind);
   const int64_t in_cols = gated ? 2 * a.cols : a.cols;
   for (int64_t row = blockIdx.x; row < end; row += gridDim.x) {
-    const bool real = is_real_row(a.groups, row, word);
+    const bool real = is_real_row(a.groups, offsets, row, word);
     for (int64_t j = threadIdx.x * kVec; j < a.cols; j += kThreads * kVec) {
       float dg[kVec], du[kVec];
       if (real) {
         float gate[kVec], up[kVec], d[kVec];
         load_vector<kVec>(a.input, a.input_dtype, row * in_cols + j, gate);
-        if (gated) {
+        if constexpr (gated) {
           load_vector<kVec>(a.input, a.input_dtype, row * in_cols + a.cols + j, up);
         } else {
 #pragma unroll
@@ -108,7 +127,8 @@ __global__ void __launch_bounds__(kThreads)
         for (int i = 0; i < kVec; ++i) dg[i] = du[i] = 0.0f;
       }
       store_vector<kVec>(a.d_input, a.d_input_dtype, row * in_cols + j, dg);
-      if (gated) store_vector<kVec>(a.d_input, a.d_input_dtype, row * in_cols + a.cols + j, du);
+      if constexpr (gated)
+        store_vector<kVec>(a.d_input, a.d_input_dtype, row * in_cols + a.cols + j, du);
     }
   }
 }
@@ -120,30 +140,56 @@ unsigned activation_grid(int64_t row_capacity) {
   return static_cast<unsigned>(blocks < 1 ? 1 : blocks);
 }
 
+template <template <int, ActivationKind> class Launch, class... Args>
+sfmoe_status by_kind(ActivationKind kind, int64_t cols, Args&&... args) {
+  switch (kind) {
+#define SFMOE_ACTIVATION_CASE(K)                                          \
+  case K:                                                                 \
+    return cols % 8 == 0 ? Launch<8, K>::run(std::forward<Args>(args)...) \
+                         : Launch<1, K>::run(std::forward<Args>(args)...);
+    SFMOE_ACTIVATION_CASE(ActivationKind::kSwiGLU)
+    SFMOE_ACTIVATION_CASE(ActivationKind::kGeGLU)
+    SFMOE_ACTIVATION_CASE(ActivationKind::kSiLU)
+    SFMOE_ACTIVATION_CASE(ActivationKind::kGeLU)
+    SFMOE_ACTIVATION_CASE(ActivationKind::kSquaredReLU)
+    SFMOE_ACTIVATION_CASE(ActivationKind::kClampedSwiGLU)
+#undef SFMOE_ACTIVATION_CASE
+  }
+  return SFMOE_ERROR_INTERNAL;
+}
+
+template <int kVec, ActivationKind kKind>
+struct LaunchForward {
+  static sfmoe_status run(const ActivationArgs& a, int64_t row_capacity, sfmoe_fault_report* word,
+                          cudaStream_t stream) {
+    activation_forward_kernel<kVec, kKind>
+        <<<activation_grid(row_capacity), kThreads, 0, stream>>>(a, row_capacity, word);
+    return check_launch("sfmoe_grouped_activation", "activation_forward_kernel");
+  }
+};
+
+template <int kVec, ActivationKind kKind>
+struct LaunchBackward {
+  static sfmoe_status run(const ActivationBackwardArgs& a, int64_t row_capacity,
+                          sfmoe_fault_report* word, cudaStream_t stream) {
+    activation_backward_kernel<kVec, kKind>
+        <<<activation_grid(row_capacity), kThreads, 0, stream>>>(a, row_capacity, word);
+    return check_launch("sfmoe_grouped_activation_backward", "activation_backward_kernel");
+  }
+};
+
 }  // namespace
 
 sfmoe_status activation_forward(const ActivationArgs& a, int64_t row_capacity,
                                 sfmoe_fault_report* word, void* stream) {
-  const unsigned blocks = activation_grid(row_capacity);
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (a.cols % 8 == 0) {
-    activation_forward_kernel<8><<<blocks, kThreads, 0, s>>>(a, row_capacity, word);
-  } else {
-    activation_forward_kernel<1><<<blocks, kThreads, 0, s>>>(a, row_capacity, word);
-  }
-  return check_launch("sfmoe_grouped_activation", "activation_forward_kernel");
+  return by_kind<LaunchForward>(a.config.kind, a.cols, a, row_capacity, word,
+                                static_cast<cudaStream_t>(stream));
 }
 
 sfmoe_status activation_backward(const ActivationBackwardArgs& a, int64_t row_capacity,
                                  sfmoe_fault_report* word, void* stream) {
-  const unsigned blocks = activation_grid(row_capacity);
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (a.cols % 8 == 0) {
-    activation_backward_kernel<8><<<blocks, kThreads, 0, s>>>(a, row_capacity, word);
-  } else {
-    activation_backward_kernel<1><<<blocks, kThreads, 0, s>>>(a, row_capacity, word);
-  }
-  return check_launch("sfmoe_grouped_activation_backward", "activation_backward_kernel");
+  return by_kind<LaunchBackward>(a.config.kind, a.cols, a, row_capacity, word,
+                                 static_cast<cudaStream_t>(stream));
 }
 
 }  // namespace cuda

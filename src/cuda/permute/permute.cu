@@ -21,7 +21,8 @@ namespace sfmoe {
 namespace cuda {
 namespace {
 
-constexpr int kRankThreads = 512;
+constexpr int kRankThreads = 256;
+constexpr int kRankSlotsPerThread = 16;  // consecutive slots: ranks follow the thread order
 constexpr int kCopyThreads = 256;
 constexpr int kMaxDeviceSlots = kMaxDevicePermuteTopK;
 constexpr int kPaddingSplit = 8;  // blocks per expert that write its padding rows
@@ -32,45 +33,71 @@ __global__ void __launch_bounds__(kRankThreads)
     permute_rank_kernel(const int32_t* ids, int64_t slots, int64_t top_k, int64_t experts,
                         int64_t expert_capacity, int64_t* row_map, int64_t* tokens_per_expert,
                         int64_t* dropped_per_expert, sfmoe_fault_report* word) {
-  __shared__ int warp_counts[kRankThreads / 32];
-  __shared__ int64_t running;
+  constexpr int kWarps = kRankThreads / 32;
+  constexpr int64_t kTile = static_cast<int64_t>(kRankThreads) * kRankSlotsPerThread;
+  __shared__ int warp_counts[kWarps];
   const int32_t e = static_cast<int32_t>(blockIdx.x);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (threadIdx.x == 0) running = 0;
-  __syncthreads();
-  for (int64_t tile = 0; tile < slots; tile += kRankThreads) {
-    const int64_t s = tile + threadIdx.x;
-    bool mine = false;
-    if (s < slots) {
-      const int32_t id = ids[s];
-      if (id == e) {
+  int64_t running = 0;  // slots of this expert in earlier tiles (the same in every thread)
+  for (int64_t tile = 0; tile < slots; tile += kTile) {
+    const int64_t first = tile + static_cast<int64_t>(threadIdx.x) * kRankSlotsPerThread;
+    int32_t id[kRankSlotsPerThread];
+    if (first + kRankSlotsPerThread <= slots) {
+      const int4* v = reinterpret_cast<const int4*>(ids + first);  // 16-byte aligned: 16 | first
+#pragma unroll
+      for (int q = 0; q < kRankSlotsPerThread / 4; ++q) {
+        const int4 four = v[q];
+        id[4 * q] = four.x, id[4 * q + 1] = four.y, id[4 * q + 2] = four.z, id[4 * q + 3] = four.w;
+      }
+    } else {
+#pragma unroll
+      for (int q = 0; q < kRankSlotsPerThread; ++q) id[q] = first + q < slots ? ids[first + q] : -1;
+    }
+    uint32_t mine = 0;  // bit q: slot first + q is this expert's
+#pragma unroll
+    for (int q = 0; q < kRankSlotsPerThread; ++q) {
+      const int64_t s = first + q;
+      if (s >= slots) continue;
+      if (id[q] == e) {
         // A token naming this expert twice keeps its first slot; the others are skipped.
-        const int64_t token_first = s - s % top_k;
-        mine = true;
-        for (int64_t other = token_first; other < s; ++other) {
-          if (ids[other] == e) {
-            mine = false;
-            row_map[s] = -1;
-            if (word != nullptr) raise_fault(word, SFMOE_FAULT_BAD_INDEX, s / top_k, id);
-          }
+        bool duplicate = false;
+        for (int64_t other = s - s % top_k; other < s; ++other) duplicate |= ids[other] == e;
+        if (duplicate) {
+          row_map[s] = -1;
+          if (word != nullptr) raise_fault(word, SFMOE_FAULT_BAD_INDEX, s / top_k, id[q]);
+        } else {
+          mine |= 1u << q;
         }
-      } else if (e == 0 && (id < 0 || id >= experts)) {
+      } else if (e == 0 && (id[q] < 0 || id[q] >= experts)) {
         row_map[s] = -1;  // block 0 answers for the ids of no expert
-        if (word != nullptr) raise_fault(word, SFMOE_FAULT_BAD_INDEX, s / top_k, id);
+        if (word != nullptr) raise_fault(word, SFMOE_FAULT_BAD_INDEX, s / top_k, id[q]);
       }
     }
-    const unsigned ballot = __ballot_sync(0xFFFFFFFFu, mine);
-    if (lane == 0) warp_counts[warp] = __popc(ballot);
-    __syncthreads();
-    int64_t before = running;
-    for (int w = 0; w < warp; ++w) before += warp_counts[w];
-    before += __popc(ballot & ((1u << lane) - 1u));
-    if (mine) row_map[s] = expert_capacity > 0 && before >= expert_capacity ? -1 : before;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      for (int w = 0; w < kRankThreads / 32; ++w) running += warp_counts[w];
+    // Exclusive scan of the threads' counts: within the warp by shuffles, then over the warps.
+    const int count = __popc(mine);
+    int inclusive = count;
+#pragma unroll
+    for (int width = 1; width < 32; width *= 2) {
+      const int other = __shfl_up_sync(0xFFFFFFFFu, inclusive, width);
+      if (lane >= width) inclusive += other;
     }
+    if (lane == 31) warp_counts[warp] = inclusive;
     __syncthreads();
+    int64_t before = running + inclusive - count;
+    int64_t total = running;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      if (w < warp) before += warp_counts[w];
+      total += warp_counts[w];
+    }
+    while (mine != 0) {
+      const int q = __ffs(mine) - 1;
+      mine &= mine - 1;
+      row_map[first + q] = expert_capacity > 0 && before >= expert_capacity ? -1 : before;
+      ++before;
+    }
+    running = total;
+    __syncthreads();  // warp_counts is rewritten by the next tile
   }
   if (threadIdx.x == 0) {
     const int64_t kept =
@@ -113,13 +140,29 @@ __global__ void __launch_bounds__(kScanThreads)
 // ---- row copies
 // ----------------------------------------------------------------------------------
 
-// Rows move as 16-byte vectors when the row size allows, else as elements of their size.
+// Rows move as 16-byte vectors when the row size allows, else as elements of their size; each
+// thread has four vectors of the row in flight before it writes them to every destination (null
+// destinations are slots without a row).
 template <class Vec>
 __device__ __forceinline__ void copy_row_to(const Vec* source, Vec* const* destinations, int count,
                                             int64_t vectors) {
-  for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
-    const Vec value = source[v];
-    for (int i = 0; i < count; ++i) destinations[i][v] = value;
+  constexpr int kUnroll = 4;
+  for (int64_t first = threadIdx.x; first < vectors; first += blockDim.x * kUnroll) {
+    Vec value[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t v = first + u * blockDim.x;
+      if (v < vectors) value[u] = source[v];
+    }
+    for (int i = 0; i < count; ++i) {
+      Vec* destination = destinations[i];
+      if (destination == nullptr) continue;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t v = first + u * blockDim.x;
+        if (v < vectors) destination[v] = value[u];
+      }
+    }
   }
 }
 
@@ -136,28 +179,24 @@ __global__ void __launch_bounds__(kCopyThreads)
                         int64_t experts, int64_t row_vectors, int64_t row_capacity,
                         const int64_t* offsets, const int64_t* tokens_per_expert, int64_t* row_map,
                         Vec* permuted) {
-  __shared__ Vec* destinations[kMaxDeviceSlots];
-  __shared__ int count;
   const int64_t b = blockIdx.x;
   if (b < num_tokens) {
-    if (threadIdx.x == 0) {
-      int n = 0;
-      for (int64_t i = 0; i < top_k; ++i) {
-        const int64_t slot = b * top_k + i;
-        const int32_t e = ids[slot];
-        const int64_t local = row_map[slot];
-        int64_t row = -1;
-        if (e >= 0 && e < experts && local >= 0) {
-          row = offsets[e] + local;
-          if (row >= row_capacity) row = -1;  // offsets already checked against the bound
-        }
-        row_map[slot] = row;
-        if (row >= 0) destinations[n++] = permuted + row * row_vectors;
+    // Each of the first k threads places one slot.
+    __shared__ Vec* by_slot[kMaxDeviceSlots];
+    if (threadIdx.x < top_k) {
+      const int64_t slot = b * top_k + threadIdx.x;
+      const int32_t e = ids[slot];
+      const int64_t local = row_map[slot];
+      int64_t row = -1;
+      if (e >= 0 && e < experts && local >= 0) {
+        row = offsets[e] + local;
+        if (row >= row_capacity) row = -1;  // offsets already checked against the bound
       }
-      count = n;
+      row_map[slot] = row;
+      by_slot[threadIdx.x] = row >= 0 ? permuted + row * row_vectors : nullptr;
     }
     __syncthreads();
-    copy_row_to(tokens + b * row_vectors, destinations, count, row_vectors);
+    copy_row_to(tokens + b * row_vectors, by_slot, static_cast<int>(top_k), row_vectors);
     return;
   }
   const int64_t pad = b - num_tokens;
@@ -272,6 +311,7 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
   const char* context = "sfmoe_permute";
   cudaStream_t stream = static_cast<cudaStream_t>(stream_pointer);
   const int64_t slots = a.num_tokens * a.top_k;
+  // Slots are read 16 at a time from 16-byte aligned addresses (the API checks the data alignment).
   permute_rank_kernel<<<static_cast<unsigned>(a.num_experts), kRankThreads, 0, stream>>>(
       a.topk_ids, slots, a.top_k, a.num_experts, a.expert_capacity, a.row_map, a.tokens_per_expert,
       a.dropped_per_expert, a.word);

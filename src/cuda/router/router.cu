@@ -1,7 +1,8 @@
-// The router on the device (docs/router.md): eight lanes per token, each owning one chunk of
+// The router on the device (docs/router.md): a warp per token, each lane owning one chunk of
 // router_chunk_size(E) consecutive experts, so that the softmax's denominator is summed in the
 // order numerics::router_sum defines and the ids and probabilities equal the CPU reference's
-// bit for bit. Selection is a sequence of argmax reductions over numerics::selection_key.
+// bit for bit. Selection is a sequence of warp argmax reductions (two redux instructions) over
+// numerics::selection_key.
 //
 // Forward: one kernel (scores, groups, top-k, probabilities, per-block expert counts, per-block
 // loss partials into the caller's workspace), then, when a loss is asked for, one single-block
@@ -25,7 +26,8 @@ using numerics::add_rn;
 using numerics::div_rn;
 using numerics::mul_rn;
 
-constexpr int kLanes = numerics::kRouterSumChunks;  // lanes per token
+constexpr int kLanes = numerics::kRouterSumChunks;  // lanes per token: a warp
+static_assert(kLanes == 32, "a warp per token");
 constexpr int kThreads = 256;
 constexpr int kTokensPerBlock = kThreads / kLanes;
 static_assert(kTokensPerBlock == kRouterTokensPerBlock, "the workspace's block count");
@@ -72,15 +74,15 @@ struct Pick {
   int index;
 };
 __device__ __forceinline__ Pick token_argmax(Pick p) {
-  for (int width = kLanes / 2; width >= 1; width /= 2) {
-    const uint32_t other_key = shfl_xor(p.key, width);
-    const int other_index = shfl_xor(p.index, width);
-    if (other_key > p.key || (other_key == p.key && other_index < p.index)) {
-      p.key = other_key;
-      p.index = other_index;
-    }
-  }
-  return p;
+  const uint32_t key = __reduce_max_sync(kFullMask, p.key);
+  const uint32_t index =
+      __reduce_min_sync(kFullMask, p.key == key ? static_cast<uint32_t>(p.index) : 0x7FFFFFFFu);
+  return Pick{key, static_cast<int>(index)};
+}
+
+// The better of two picks (a higher key, then a lower index).
+__device__ __forceinline__ bool better(const Pick& a, const Pick& b) {
+  return a.key > b.key || (a.key == b.key && a.index < b.index);
 }
 
 // A token's values as this lane holds them: `count` values of indices base..base+count-1.
@@ -250,6 +252,12 @@ __global__ void __launch_bounds__(kThreads)
   const int count = max(0, min(chunk_size, experts - base));
   const bool losses = a.aux_loss != nullptr || a.z_loss != nullptr;
   const int per_group = c.num_groups > 1 ? experts / static_cast<int>(c.num_groups) : experts;
+  // Groups made of whole lanes (a power of two of them; DeepSeek-V3: 4 lanes of 8 experts) with a
+  // group score of the best one or two take the fast path.
+  const int lanes_per_group = per_group / chunk_size;
+  const bool aligned_groups = experts % kLanes == 0 && per_group % chunk_size == 0 &&
+                              (lanes_per_group & (lanes_per_group - 1)) == 0 &&
+                              c.group_score_topk <= 2;
   float column_sum[kV];
 #pragma unroll
   for (int j = 0; j < kV; ++j) column_sum[j] = 0.0f;
@@ -273,10 +281,47 @@ __global__ void __launch_bounds__(kThreads)
       key[j] = j < count ? numerics::selection_key(q) : 0u;
     }
 
-    if (c.num_groups > 1) {
+    if (c.num_groups > 1 && aligned_groups) {
+      // Each lane's chunk lies in one group of lanes_per_group lanes: the group's best two come
+      // from each lane's best two, merged over the group's lanes by xor shuffles.
+      Pick first{0u, 0x7FFFFFFF}, second{0u, 0x7FFFFFFF};
+#pragma unroll
+      for (int j = 0; j < kV; ++j) {
+        const Pick p{key[j], base + j};
+        if (better(p, first)) {
+          second = first;
+          first = p;
+        } else if (better(p, second)) {
+          second = p;
+        }
+      }
+      for (int width = 1; width < lanes_per_group; width *= 2) {
+        const Pick o1{shfl_xor(first.key, width), shfl_xor(first.index, width)};
+        const Pick o2{shfl_xor(second.key, width), shfl_xor(second.index, width)};
+        if (better(first, o1)) {
+          second = better(second, o1) ? second : o1;
+        } else {
+          second = better(first, o2) ? first : o2;
+          first = o1;
+        }
+      }
+      float sum = add_rn(0.0f, key_to_score(first.key));
+      if (c.group_score_topk == 2) sum = add_rn(sum, key_to_score(second.key));
+      const int group = sub / lanes_per_group;
+      const uint32_t group_key = sub % lanes_per_group == 0 ? numerics::selection_key(sum) : 0u;
+      uint64_t kept = 0;
+      for (int pick = 0; pick < c.group_topk; ++pick) {
+        const Pick best = token_argmax(Pick{(kept >> group) & 1u ? 0u : group_key, group});
+        kept |= uint64_t{1} << best.index;
+      }
+      if (!((kept >> group) & 1u)) {
+#pragma unroll
+        for (int j = 0; j < kV; ++j) key[j] = 0u;
+      }
+    } else if (c.num_groups > 1) {
       // Group scores: the sum of each group's best group_score_topk selection scores, best first.
       const int groups = static_cast<int>(c.num_groups);
-      float group_score_held[kMaxDeviceGroups / kLanes];  // group g on lane g % 8, slot g / 8
+      float group_score_held[kMaxDeviceGroups / kLanes];  // group g on lane g % 32, slot g / 32
 #pragma unroll
       for (int i = 0; i < kMaxDeviceGroups / kLanes; ++i) group_score_held[i] = 0.0f;
       for (int g = 0; g < groups; ++g) {
@@ -433,32 +478,50 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The losses from the blocks' partials, in block order, then over experts by a fixed tree.
-constexpr int kLossThreads = 512;
+// The losses from the blocks' partials in a fixed order: warp w sums the blocks b = w (mod 32)
+// of 32 columns at a time, warp 0 adds the 32 warps' sums in order and weighs each column by its
+// count; the columns' terms are then added by a butterfly over the lanes.
+constexpr int kLossThreads = 1024;
 __global__ void __launch_bounds__(kLossThreads)
     router_loss_kernel(const float* partials, int blocks, int experts,
                        const int64_t* tokens_per_expert, float aux_factor, float z_factor,
                        float* aux_loss, float* z_loss) {
-  __shared__ float terms[kLossThreads];
+  __shared__ float part[32][33];
+  __shared__ float z_part[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t row = experts + 1;
   float term = 0.0f;
-  for (int e = threadIdx.x; e < experts; e += kLossThreads) {
-    float column = 0.0f;
-    for (int b = 0; b < blocks; ++b) column = add_rn(column, partials[b * (experts + 1) + e]);
-    term = add_rn(term, mul_rn(static_cast<float>(tokens_per_expert[e]), column));
-  }
-  terms[threadIdx.x] = term;
-  __syncthreads();
-  for (int width = kLossThreads / 2; width >= 1; width /= 2) {
-    if (threadIdx.x < width)
-      terms[threadIdx.x] = add_rn(terms[threadIdx.x], terms[threadIdx.x + width]);
+  for (int first = 0; first < experts; first += 32) {
+    const int column = first + lane;
+    float sum = 0.0f;
+    if (column < experts) {
+      for (int b = warp; b < blocks; b += 32) sum = add_rn(sum, partials[b * row + column]);
+    }
+    part[warp][lane] = sum;
+    __syncthreads();
+    if (warp == 0 && column < experts) {
+      float total = 0.0f;
+      for (int w = 0; w < 32; ++w) total = add_rn(total, part[w][lane]);
+      term = add_rn(term, mul_rn(static_cast<float>(tokens_per_expert[column]), total));
+    }
     __syncthreads();
   }
-  if (threadIdx.x == 0) {
-    if (aux_loss != nullptr) *aux_loss = mul_rn(terms[0], aux_factor);
+  float z = 0.0f;
+  if (lane == 0) {
+    for (int b = warp; b < blocks; b += 32) z = add_rn(z, partials[b * row + experts]);
+    z_part[warp] = z;
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  for (int width = 16; width >= 1; width /= 2) {
+    term = add_rn(term, __shfl_xor_sync(kFullMask, term, width));
+  }
+  if (lane == 0) {
+    if (aux_loss != nullptr) *aux_loss = mul_rn(term, aux_factor);
     if (z_loss != nullptr) {
-      float z = 0.0f;
-      for (int b = 0; b < blocks; ++b) z = add_rn(z, partials[b * (experts + 1) + experts]);
-      *z_loss = mul_rn(z, z_factor);
+      float total = 0.0f;
+      for (int w = 0; w < 32; ++w) total = add_rn(total, z_part[w]);
+      *z_loss = mul_rn(total, z_factor);
     }
   }
 }
@@ -620,15 +683,14 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+static_assert(kMaxDeviceExperts <= 16 * kLanes, "chunks of at most 16 experts");
 template <class Launch>
 sfmoe_status by_chunk(int chunk, Launch launch) {
   if (chunk <= 1) return launch(std::integral_constant<int, 1>());
   if (chunk <= 2) return launch(std::integral_constant<int, 2>());
   if (chunk <= 4) return launch(std::integral_constant<int, 4>());
   if (chunk <= 8) return launch(std::integral_constant<int, 8>());
-  if (chunk <= 16) return launch(std::integral_constant<int, 16>());
-  if (chunk <= 32) return launch(std::integral_constant<int, 32>());
-  return launch(std::integral_constant<int, 64>());
+  return launch(std::integral_constant<int, 16>());  // kMaxDeviceExperts / 32
 }
 
 }  // namespace
