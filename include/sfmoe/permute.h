@@ -24,6 +24,10 @@ typedef struct sfmoe_permute_config {
 
 SFMOE_API sfmoe_permute_config sfmoe_permute_config_init(void);
 
+/* INT32 elements of permute's device workspace (per-chunk expert counts): allocate it once,
+ * outside the step. */
+SFMOE_API int64_t sfmoe_permute_workspace_elements(int64_t num_tokens, int64_t num_experts);
+
 /* tokens [T, H] FP32, BF16 or FP16; topk_ids [T, k] INT32 (each token names an expert at most
  * once; ids outside [0, E) are refused). Outputs:
  *   permuted: a grouped tensor of E groups, H cols, the tokens' dtype, scaling NONE, rowwise data
@@ -31,14 +35,17 @@ SFMOE_API sfmoe_permute_config sfmoe_permute_config_init(void);
  *     (E + 1 entries) is written; row_capacity must hold the worst case,
  *     min(T k, E capacity) + E (row_alignment - 1);
  *   row_map [T, k] INT64: each slot's row, or -1 where the capacity dropped it;
- *   tokens_per_expert [E] INT64: rows kept; dropped_per_expert [E] INT64 or NULL. */
+ *   tokens_per_expert [E] INT64: rows kept; dropped_per_expert [E] INT64 or NULL.
+ * workspace: [sfmoe_permute_workspace_elements(T, E)] INT32, required on the device (up to 6144
+ * experts there), ignored (may be NULL) on the host. */
 SFMOE_API sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_ids,
                                      const sfmoe_permute_config* config,
                                      const sfmoe_grouped_tensor* permuted,
                                      const sfmoe_tensor* row_map,
                                      const sfmoe_tensor* tokens_per_expert,
                                      const sfmoe_tensor* dropped_per_expert,
-                                     sfmoe_status_word* word, void* stream);
+                                     const sfmoe_tensor* workspace, sfmoe_status_word* word,
+                                     void* stream);
 
 /* out [T, H] = sum_i probs[t, i] * rows[row_map[t, i]], FP32 sums in slot order, rounded once to
  * out's dtype (FP32, BF16, FP16). probs [T, k] FP32, or NULL for weight 1: that is permute's

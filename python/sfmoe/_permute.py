@@ -50,9 +50,12 @@ def permute(tokens, topk_ids, num_experts, *, alignment=1, expert_capacity=0):
     row_map = adapter.empty((t_count, k), DType.INT64, x)
     kept = adapter.empty((experts,), DType.INT64, x)
     dropped = adapter.empty((experts,), DType.INT64, x)
+    # The device ranks tokens in chunks through a workspace (the host ignores it).
+    workspace = adapter.empty((_C.permute_workspace_elements(t_count, experts),), DType.INT32, x)
     bind = adapter.for_binding
     _C.permute(bind(x), int(dtype), _arrays.bound_input(topk_ids, "topk_ids", DType.INT32), capacity, bind(rows), experts,
-               alignment, bind(offsets), bind(row_map), bind(kept), bind(dropped), adapter.stream(x))
+               alignment, bind(offsets), bind(row_map), bind(kept), bind(dropped), bind(workspace),
+               adapter.stream(x))
     return PermuteOutput(rows, offsets, row_map, kept, dropped, alignment)
 
 

@@ -1056,7 +1056,9 @@ sfmoe_grouped_tensor rows_descriptor(const sfmoe_tensor& data, int64_t num_group
 void permute(nb::ndarray<nb::ro> tokens, int32_t dtype, nb::ndarray<nb::ro> topk_ids,
              int64_t expert_capacity, nb::ndarray<> permuted, int64_t num_experts,
              int64_t alignment, nb::ndarray<> group_offsets, nb::ndarray<> row_map,
-             nb::ndarray<> tokens_per_expert, nb::ndarray<> dropped_per_expert, uint64_t stream) {
+             nb::ndarray<> tokens_per_expert, nb::ndarray<> dropped_per_expert,
+             nb::ndarray<> workspace, uint64_t stream) {
+  const sfmoe_tensor t_workspace = describe_array("workspace", workspace, SFMOE_DTYPE_INT32);
   const sfmoe_tensor t_tokens = describe_array("tokens", tokens, dtype);
   const sfmoe_tensor t_ids = describe_array("topk_ids", topk_ids, SFMOE_DTYPE_INT32);
   const sfmoe_tensor t_rows = describe_array("permuted", permuted, dtype);
@@ -1072,8 +1074,8 @@ void permute(nb::ndarray<nb::ro> tokens, int32_t dtype, nb::ndarray<nb::ro> topk
   sfmoe_status status;
   {
     nb::gil_scoped_release release;
-    status = sfmoe_permute(&t_tokens, &t_ids, &config, &g, &t_map, &t_kept, &t_dropped, nullptr,
-                           stream_pointer(stream));
+    status = sfmoe_permute(&t_tokens, &t_ids, &config, &g, &t_map, &t_kept, &t_dropped,
+                           &t_workspace, nullptr, stream_pointer(stream));
   }
   check(status);
 }
@@ -1310,8 +1312,10 @@ NB_MODULE(_C, m) {
   m.def("permute", &permute, "tokens"_a, "dtype"_a, "topk_ids"_a, "expert_capacity"_a,
         "permuted"_a.noconvert(), "num_experts"_a, "alignment"_a, "group_offsets"_a.noconvert(),
         "row_map"_a.noconvert(), "tokens_per_expert"_a.noconvert(),
-        "dropped_per_expert"_a.noconvert(), "stream"_a = 0,
+        "dropped_per_expert"_a.noconvert(), "workspace"_a.noconvert(), "stream"_a = 0,
         "sfmoe_permute.");
+  m.def("permute_workspace_elements", &sfmoe_permute_workspace_elements, "num_tokens"_a,
+        "num_experts"_a, "sfmoe_permute_workspace_elements.");
   m.def("unpermute", &unpermute, "rows"_a, "rows_dtype"_a, "group_offsets"_a, "row_map"_a,
         "probs"_a.none(), "out"_a.noconvert(), "out_dtype"_a, "stream"_a = 0,
         "sfmoe_unpermute.");

@@ -77,11 +77,16 @@ sfmoe_permute_config sfmoe_permute_config_init(void) {
   return c;
 }
 
+int64_t sfmoe_permute_workspace_elements(int64_t num_tokens, int64_t num_experts) {
+  if (num_tokens < 0 || num_experts < 1) return 0;
+  return sfmoe::permute_workspace_elements(num_tokens, num_experts);
+}
+
 sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_ids,
                            const sfmoe_permute_config* config, const sfmoe_grouped_tensor* permuted,
                            const sfmoe_tensor* row_map, const sfmoe_tensor* tokens_per_expert,
-                           const sfmoe_tensor* dropped_per_expert, sfmoe_status_word* word,
-                           void* stream) {
+                           const sfmoe_tensor* dropped_per_expert, const sfmoe_tensor* workspace,
+                           sfmoe_status_word* word, void* stream) {
   const char* context = "sfmoe_permute";
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
     SFMOE_RETURN_IF_ERROR(sfmoe::validate_tensor(context, "tokens", tokens));
@@ -156,6 +161,20 @@ sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_
       // The ids stay on the device: an id outside [0, E), or a token's second naming of an
       // expert, is skipped there (row -1) and raises SFMOE_FAULT_BAD_INDEX.
       SFMOE_RETURN_IF_ERROR(sfmoe::check_device_top_k(context, k));
+      if (experts > sfmoe::kMaxDevicePermuteExperts) {
+        return sfmoe::fail(SFMOE_ERROR_UNSUPPORTED,
+                           "%s: the CUDA kernels handle up to %d experts (got %lld)", context,
+                           sfmoe::kMaxDevicePermuteExperts, static_cast<long long>(experts));
+      }
+      const int64_t needed = sfmoe::permute_workspace_elements(t_count, experts);
+      if (workspace == nullptr) {
+        return sfmoe::fail(SFMOE_ERROR_NULL_POINTER,
+                           "%s: the device needs a workspace of %lld int32 (see "
+                           "sfmoe_permute_workspace_elements)",
+                           context, static_cast<long long>(needed));
+      }
+      SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "workspace", workspace,
+                                                 {SFMOE_DTYPE_INT32}, {needed}, tokens, "tokens"));
       return sfmoe::cuda::permute(
           sfmoe::PermuteArgs{
               tokens->data, tokens->dtype, t_count, hidden, k, experts,
@@ -163,7 +182,7 @@ sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_
               permuted->row_capacity, permuted->rowwise_data, permuted->group_offsets,
               static_cast<int64_t*>(row_map->data), static_cast<int64_t*>(tokens_per_expert->data),
               dropped_per_expert ? static_cast<int64_t*>(dropped_per_expert->data) : nullptr,
-              word ? word->word : nullptr},
+              word ? word->word : nullptr, static_cast<int32_t*>(workspace->data)},
           stream);
 #else
       return SFMOE_ERROR_INTERNAL;
@@ -195,7 +214,7 @@ sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_
         static_cast<int64_t*>(row_map->data), static_cast<int64_t*>(tokens_per_expert->data),
         dropped_per_expert ? static_cast<int64_t*>(dropped_per_expert->data)
                            : dropped_scratch.data(),
-        nullptr});
+        nullptr, nullptr});
     return SFMOE_SUCCESS;
   });
 }

@@ -9,6 +9,18 @@ namespace sfmoe {
 
 // The device kernels stage a token's slots in shared memory: top_k up to this on the device.
 constexpr int kMaxDevicePermuteTopK = 64;
+// A chunk's expert bitmap lives in shared memory: 8 bytes per expert.
+constexpr int kMaxDevicePermuteExperts = 6144;
+
+// The device ranks tokens in chunks of 64: its workspace holds one count per chunk and expert.
+constexpr int64_t kPermuteChunkTokens = 64;
+inline int64_t permute_chunks(int64_t num_tokens) {
+  return (num_tokens + kPermuteChunkTokens - 1) / kPermuteChunkTokens;
+}
+inline int64_t permute_workspace_elements(int64_t num_tokens, int64_t num_experts) {
+  const int64_t elements = permute_chunks(num_tokens) * num_experts;
+  return elements > 0 ? elements : 1;
+}
 
 // Token rows -> expert-sorted rows, each expert's block padded to `alignment` rows with zeros.
 struct PermuteArgs {
@@ -26,6 +38,7 @@ struct PermuteArgs {
   int64_t* dropped_per_expert;  // [num_experts], written: rows dropped by the capacity (device:
                                 // or NULL)
   sfmoe_fault_report* word;     // device: bad ids are skipped and reported here (or NULL)
+  int32_t* workspace;           // device: permute_workspace_elements(...) int32 (per-chunk counts)
 };
 
 // Expert rows -> token rows: out[t] = sum_i probs[t, i] * rows[row_map[t, i]], FP32 sums in slot

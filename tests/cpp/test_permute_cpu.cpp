@@ -40,7 +40,7 @@ Permuted permute_bf16(const std::vector<uint16_t>& tokens, const std::vector<int
   PermuteArgs a{tokens.data(), SFMOE_DTYPE_BF16, tokens_count,     hidden,        k,
                 experts,       ids.data(),       alignment,        capacity,      row_capacity,
                 p.rows.data(), p.offsets.data(), p.row_map.data(), p.kept.data(), p.dropped.data(),
-                nullptr};
+                nullptr,       nullptr};
   cpu::permute(a);
   return p;
 }
@@ -213,11 +213,10 @@ TEST(PermuteCpu, UnpermuteAndItsBackward) {
   std::vector<float> d_out(tokens_count * hidden), d_rows(row_capacity * hidden, NAN),
       d_probs(tokens_count * k, NAN);
   for (float& v : d_out) v = uniform(rng);
-  cpu::unpermute_backward(UnpermuteBackwardArgs{d_out.data(), SFMOE_DTYPE_FP32, p.rows.data(),
-                                                SFMOE_DTYPE_BF16, tokens_count, hidden, k,
-                                                row_capacity, p.row_map.data(), probs.data(),
-                                                d_rows.data(), SFMOE_DTYPE_FP32, d_probs.data(),
-                                                p.offsets.data(), p.kept.data(), experts, nullptr});
+  cpu::unpermute_backward(UnpermuteBackwardArgs{
+      d_out.data(), SFMOE_DTYPE_FP32, p.rows.data(), SFMOE_DTYPE_BF16, tokens_count, hidden, k,
+      row_capacity, p.row_map.data(), probs.data(), d_rows.data(), SFMOE_DTYPE_FP32, d_probs.data(),
+      p.offsets.data(), p.kept.data(), experts, nullptr});
   std::vector<bool> named(row_capacity, false);
   for (int64_t t = 0; t < tokens_count; ++t) {
     for (int64_t i = 0; i < k; ++i) {
@@ -276,7 +275,8 @@ TEST(PermuteApi, RoundTripThroughTheCApiAndItsRefusals) {
   sfmoe_grouped_tensor g_rows = host_rows(rows.data(), SFMOE_DTYPE_BF16, experts, capacity_rows,
                                           hidden, alignment, offsets.data());
   sfmoe_permute_config config = sfmoe_permute_config_init();
-  ASSERT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, &t_dropped, nullptr, nullptr),
+  ASSERT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, &t_dropped, nullptr,
+                          nullptr, nullptr),
             SFMOE_SUCCESS)
       << sfmoe_last_error();
   const Permuted want =
@@ -305,9 +305,9 @@ TEST(PermuteApi, RoundTripThroughTheCApiAndItsRefusals) {
   sfmoe_tensor t_dprobs = host_tensor(d_probs.data(), SFMOE_DTYPE_FP32, {tokens_count, k});
   sfmoe_grouped_tensor g_drows = host_rows(d_rows.data(), SFMOE_DTYPE_FP32, experts, capacity_rows,
                                            hidden, alignment, d_offsets.data());
-  ASSERT_EQ(
-      sfmoe_unpermute_backward(&t_dout, &g_rows, &t_map, &t_probs, &t_kept, &g_drows, &t_dprobs, nullptr, nullptr),
-      SFMOE_SUCCESS)
+  ASSERT_EQ(sfmoe_unpermute_backward(&t_dout, &g_rows, &t_map, &t_probs, &t_kept, &g_drows,
+                                     &t_dprobs, nullptr, nullptr),
+            SFMOE_SUCCESS)
       << sfmoe_last_error();
   for (int64_t t = 0; t < tokens_count; ++t) {
     float row_sum = 0.0f;
@@ -320,35 +320,42 @@ TEST(PermuteApi, RoundTripThroughTheCApiAndItsRefusals) {
   const std::vector<int64_t> map_before = row_map;
   sfmoe_grouped_tensor small = g_rows;
   small.row_capacity = capacity_rows - 1;
-  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &small, &t_map, &t_kept, nullptr, nullptr, nullptr),
+  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &small, &t_map, &t_kept, nullptr, nullptr, nullptr,
+                          nullptr),
             SFMOE_ERROR_SHAPE_MISMATCH);
   sfmoe_grouped_tensor odd = g_rows;
   odd.row_alignment = 4;
-  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &odd, &t_map, &t_kept, nullptr, nullptr, nullptr),
+  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &odd, &t_map, &t_kept, nullptr, nullptr, nullptr,
+                          nullptr),
             SFMOE_ERROR_INVALID_ARGUMENT);
   sfmoe_grouped_tensor fp32_rows = g_rows;
   fp32_rows.dtype = SFMOE_DTYPE_FP32;
-  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &fp32_rows, &t_map, &t_kept, nullptr, nullptr, nullptr),
+  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &fp32_rows, &t_map, &t_kept, nullptr, nullptr,
+                          nullptr, nullptr),
             SFMOE_ERROR_DTYPE_MISMATCH);
   ids[4] = ids[3];  // token 1 names one expert twice
-  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, nullptr, nullptr, nullptr),
+  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, nullptr, nullptr,
+                          nullptr, nullptr),
             SFMOE_ERROR_INVALID_ARGUMENT);
   ids[4] = static_cast<int32_t>(experts);
-  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, nullptr, nullptr, nullptr),
+  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, nullptr, nullptr,
+                          nullptr, nullptr),
             SFMOE_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(row_map, map_before);
   config.expert_capacity = INT64_MAX / 2;  // experts x capacity overflows: must not pass as small
-  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &small, &t_map, &t_kept, nullptr, nullptr, nullptr),
+  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &small, &t_map, &t_kept, nullptr, nullptr, nullptr,
+                          nullptr),
             SFMOE_ERROR_SHAPE_MISMATCH);
   config.expert_capacity = -1;
-  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, nullptr, nullptr, nullptr),
+  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, nullptr, nullptr,
+                          nullptr, nullptr),
             SFMOE_ERROR_INVALID_ARGUMENT);
   const int64_t saved = row_map[7];
   row_map[7] = row_map[8] >= 0 ? row_map[8] : 0;  // one row named by two slots
   row_map[8] = row_map[7];
-  EXPECT_EQ(
-      sfmoe_unpermute_backward(&t_dout, &g_rows, &t_map, &t_probs, &t_kept, &g_drows, &t_dprobs, nullptr, nullptr),
-      SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sfmoe_unpermute_backward(&t_dout, &g_rows, &t_map, &t_probs, &t_kept, &g_drows,
+                                     &t_dprobs, nullptr, nullptr),
+            SFMOE_ERROR_INVALID_ARGUMENT);
   row_map[7] = saved;
   row_map[7] = capacity_rows;  // not a row
   std::fill(back.begin(), back.end(), 5.0f);

@@ -1,12 +1,12 @@
 // Permute / unpermute on the device (docs/permute.md), equal to the CPU reference bit for bit.
 //
-// Permute, three kernels, no float atomics and no host reads:
-//   rank:    one block per expert scans the ids in slot (= token) order and gives each of its
-//            slots a rank by a block-wide ballot scan: the kept ranks (the lowest token indices)
-//            become local rows, the others -1; it writes the expert's kept and dropped counts;
-//   offsets: one block: the padded block starts, an exclusive scan over the experts;
+// Permute, four kernels, no float atomics and no host reads:
+//   count:   per chunk of 64 tokens, each expert's count in the chunk (into the workspace);
+//   scan:    one block: each chunk's base rank per expert, the kept and dropped counts (the
+//            lowest token indices are kept), and the padded block starts;
+//   place:   per chunk, each slot's row (row_map);
 //   copy:    one block per token reads its row once and writes it to each of its k destination
-//            rows (making row_map absolute); further blocks write the padding rows' zeros.
+//            rows; further blocks write the padding rows' zeros.
 // Unpermute: one block per token gathers its k rows, FP32 sums in slot order. Its backward: one
 // block per token scatters probs * d_out and reduces d_probs; padding blocks write zeros.
 #include <stdint.h>
@@ -21,105 +21,91 @@ namespace sfmoe {
 namespace cuda {
 namespace {
 
-constexpr int kRankThreads = 256;
-constexpr int kRankSlotsPerThread = 16;  // consecutive slots: ranks follow the thread order
 constexpr int kCopyThreads = 256;
 constexpr int kMaxDeviceSlots = kMaxDevicePermuteTopK;
 constexpr int kPaddingSplit = 8;  // blocks per expert that write its padding rows
 
-// ---- rank ------------------------------------------------------------------------------------
+// ---- rank -------------------------------------------------------------------------------------
+//
+// Tokens are taken in chunks of kChunkTokens, a thread each. A chunk's experts are a bitmap in
+// shared memory: bit t of expert e's words says token t of the chunk names e. Its popcount is the
+// chunk's count of e (count kernel, into the workspace [chunks, E]); the bits below t give the
+// token's rank among the chunk's tokens of e, in token order (place kernel). Between the two, one
+// block turns the counts into each chunk's base rank per expert (an exclusive scan over chunks),
+// the kept and dropped counts, and the padded offsets.
 
-__global__ void __launch_bounds__(kRankThreads)
-    permute_rank_kernel(const int32_t* ids, int64_t slots, int64_t top_k, int64_t experts,
-                        int64_t expert_capacity, int64_t* row_map, int64_t* tokens_per_expert,
-                        int64_t* dropped_per_expert, sfmoe_fault_report* word) {
-  constexpr int kWarps = kRankThreads / 32;
-  constexpr int64_t kTile = static_cast<int64_t>(kRankThreads) * kRankSlotsPerThread;
-  __shared__ int warp_counts[kWarps];
-  const int32_t e = static_cast<int32_t>(blockIdx.x);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  int64_t running = 0;  // slots of this expert in earlier tiles (the same in every thread)
-  for (int64_t tile = 0; tile < slots; tile += kTile) {
-    const int64_t first = tile + static_cast<int64_t>(threadIdx.x) * kRankSlotsPerThread;
-    int32_t id[kRankSlotsPerThread];
-    if (first + kRankSlotsPerThread <= slots) {
-      const int4* v = reinterpret_cast<const int4*>(ids + first);  // 16-byte aligned: 16 | first
-#pragma unroll
-      for (int q = 0; q < kRankSlotsPerThread / 4; ++q) {
-        const int4 four = v[q];
-        id[4 * q] = four.x, id[4 * q + 1] = four.y, id[4 * q + 2] = four.z, id[4 * q + 3] = four.w;
-      }
-    } else {
-#pragma unroll
-      for (int q = 0; q < kRankSlotsPerThread; ++q) id[q] = first + q < slots ? ids[first + q] : -1;
-    }
-    uint32_t mine = 0;  // bit q: slot first + q is this expert's
-#pragma unroll
-    for (int q = 0; q < kRankSlotsPerThread; ++q) {
-      const int64_t s = first + q;
-      if (s >= slots) continue;
-      if (id[q] == e) {
-        // A token naming this expert twice keeps its first slot; the others are skipped.
-        bool duplicate = false;
-        for (int64_t other = s - s % top_k; other < s; ++other) duplicate |= ids[other] == e;
-        if (duplicate) {
-          row_map[s] = -1;
-          if (word != nullptr) raise_fault(word, SFMOE_FAULT_BAD_INDEX, s / top_k, id[q]);
-        } else {
-          mine |= 1u << q;
-        }
-      } else if (e == 0 && (id[q] < 0 || id[q] >= experts)) {
-        row_map[s] = -1;  // block 0 answers for the ids of no expert
-        if (word != nullptr) raise_fault(word, SFMOE_FAULT_BAD_INDEX, s / top_k, id[q]);
+constexpr int kChunkTokens = static_cast<int>(kPermuteChunkTokens);
+constexpr int kChunkWords = kChunkTokens / 32;
+
+// Builds the chunk's bitmap (dynamic shared memory, experts x kChunkWords words). Ids outside
+// [0, E) take no part.
+__device__ __forceinline__ void build_chunk_bitmap(uint32_t* bitmap, const int32_t* ids,
+                                                   int64_t num_tokens, int64_t top_k,
+                                                   int64_t experts, int64_t chunk) {
+  for (int64_t w = threadIdx.x; w < experts * kChunkWords; w += blockDim.x) bitmap[w] = 0u;
+  __syncthreads();
+  const int64_t t = chunk * kChunkTokens + threadIdx.x;
+  if (t < num_tokens) {
+    for (int64_t i = 0; i < top_k; ++i) {
+      const int32_t e = ids[t * top_k + i];
+      if (e >= 0 && e < experts) {
+        atomicOr(&bitmap[e * kChunkWords + threadIdx.x / 32], 1u << (threadIdx.x % 32));
       }
     }
-    // Exclusive scan of the threads' counts: within the warp by shuffles, then over the warps.
-    const int count = __popc(mine);
-    int inclusive = count;
-#pragma unroll
-    for (int width = 1; width < 32; width *= 2) {
-      const int other = __shfl_up_sync(0xFFFFFFFFu, inclusive, width);
-      if (lane >= width) inclusive += other;
-    }
-    if (lane == 31) warp_counts[warp] = inclusive;
-    __syncthreads();
-    int64_t before = running + inclusive - count;
-    int64_t total = running;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      if (w < warp) before += warp_counts[w];
-      total += warp_counts[w];
-    }
-    while (mine != 0) {
-      const int q = __ffs(mine) - 1;
-      mine &= mine - 1;
-      row_map[first + q] = expert_capacity > 0 && before >= expert_capacity ? -1 : before;
-      ++before;
-    }
-    running = total;
-    __syncthreads();  // warp_counts is rewritten by the next tile
   }
-  if (threadIdx.x == 0) {
-    const int64_t kept =
-        expert_capacity > 0 && running > expert_capacity ? expert_capacity : running;
-    tokens_per_expert[e] = kept;
-    if (dropped_per_expert != nullptr) dropped_per_expert[e] = running - kept;
+  __syncthreads();
+}
+
+__global__ void __launch_bounds__(kChunkTokens)
+    permute_count_kernel(const int32_t* ids, int64_t num_tokens, int64_t top_k, int64_t experts,
+                         int32_t* chunk_counts) {
+  extern __shared__ uint32_t bitmap[];
+  const int64_t chunk = blockIdx.x;
+  build_chunk_bitmap(bitmap, ids, num_tokens, top_k, experts, chunk);
+  for (int64_t e = threadIdx.x; e < experts; e += blockDim.x) {
+    int count = 0;
+#pragma unroll
+    for (int w = 0; w < kChunkWords; ++w) count += __popc(bitmap[e * kChunkWords + w]);
+    chunk_counts[chunk * experts + e] = count;
   }
 }
 
-// ---- offsets -----------------------------------------------------------------------------------
-
+// One block: per expert, the chunks' counts become base ranks (in place) and the total gives the
+// kept and dropped rows; then the padded block starts.
 constexpr int kScanThreads = 1024;
 __global__ void __launch_bounds__(kScanThreads)
-    permute_offsets_kernel(const int64_t* tokens_per_expert, int64_t experts, int64_t alignment,
-                           int64_t* offsets) {
+    permute_scan_kernel(int32_t* chunk_counts, int64_t chunks, int64_t experts,
+                        int64_t expert_capacity, int64_t alignment, int64_t* tokens_per_expert,
+                        int64_t* dropped_per_expert, int64_t* offsets) {
   __shared__ int64_t partial[kScanThreads];
   __shared__ int64_t carry;
   if (threadIdx.x == 0) carry = 0;
-  __syncthreads();
   for (int64_t first = 0; first < experts; first += kScanThreads) {
     const int64_t e = first + threadIdx.x;
-    const int64_t kept = e < experts ? tokens_per_expert[e] : 0;
+    int64_t kept = 0;
+    if (e < experts) {
+      int64_t received = 0;
+      constexpr int kUnroll = 8;  // loads of several chunks in flight
+      int64_t c = 0;
+      for (; c + kUnroll <= chunks; c += kUnroll) {
+        int32_t v[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) v[u] = chunk_counts[(c + u) * experts + e];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          chunk_counts[(c + u) * experts + e] = static_cast<int32_t>(received);
+          received += v[u];
+        }
+      }
+      for (; c < chunks; ++c) {
+        const int32_t v = chunk_counts[c * experts + e];
+        chunk_counts[c * experts + e] = static_cast<int32_t>(received);
+        received += v;
+      }
+      kept = expert_capacity > 0 && received > expert_capacity ? expert_capacity : received;
+      tokens_per_expert[e] = kept;
+      if (dropped_per_expert != nullptr) dropped_per_expert[e] = received - kept;
+    }
     partial[threadIdx.x] = (kept + alignment - 1) / alignment * alignment;
     __syncthreads();
     for (int width = 1; width < kScanThreads; width *= 2) {  // inclusive scan (Hillis-Steele)
@@ -137,8 +123,38 @@ __global__ void __launch_bounds__(kScanThreads)
   if (threadIdx.x == 0) offsets[0] = 0;
 }
 
-// ---- row copies
-// ----------------------------------------------------------------------------------
+// Each token's rows: offsets[e] + the chunk's base rank + the token's rank in the chunk, or -1
+// past the capacity. A token's second naming of an expert, and ids outside [0, E), are skipped
+// (-1) and reported.
+__global__ void __launch_bounds__(kChunkTokens)
+    permute_place_kernel(const int32_t* ids, int64_t num_tokens, int64_t top_k, int64_t experts,
+                         int64_t expert_capacity, const int32_t* chunk_bases,
+                         const int64_t* offsets, int64_t* row_map, sfmoe_fault_report* word) {
+  extern __shared__ uint32_t bitmap[];
+  const int64_t chunk = blockIdx.x;
+  build_chunk_bitmap(bitmap, ids, num_tokens, top_k, experts, chunk);
+  const int64_t t = chunk * kChunkTokens + threadIdx.x;
+  if (t >= num_tokens) return;
+  const int word_index = threadIdx.x / 32;
+  const uint32_t below = (1u << (threadIdx.x % 32)) - 1u;
+  for (int64_t i = 0; i < top_k; ++i) {
+    const int64_t slot = t * top_k + i;
+    const int32_t e = ids[slot];
+    bool named_before = false;
+    for (int64_t j = 0; j < i; ++j) named_before |= ids[t * top_k + j] == e;
+    if (e < 0 || e >= experts || named_before) {
+      row_map[slot] = -1;
+      if (word != nullptr) raise_fault(word, SFMOE_FAULT_BAD_INDEX, t, e);
+      continue;
+    }
+    const uint32_t* mine = bitmap + e * kChunkWords;
+    int64_t rank = chunk_bases[chunk * experts + e] + __popc(mine[word_index] & below);
+    for (int w = 0; w < word_index; ++w) rank += __popc(mine[w]);
+    row_map[slot] = expert_capacity > 0 && rank >= expert_capacity ? -1 : offsets[e] + rank;
+  }
+}
+
+// ---- row copies ----------------------------------------------------------------------------
 
 // Rows move as 16-byte vectors when the row size allows, else as elements of their size; each
 // thread has four vectors of the row in flight before it writes them to every destination (null
@@ -175,25 +191,18 @@ __device__ __forceinline__ void zero_row(Vec* row, int64_t vectors) {
 // e = (b - T) / split writes every split-th of its padding rows.
 template <class Vec>
 __global__ void __launch_bounds__(kCopyThreads)
-    permute_copy_kernel(const Vec* tokens, const int32_t* ids, int64_t num_tokens, int64_t top_k,
-                        int64_t experts, int64_t row_vectors, int64_t row_capacity,
-                        const int64_t* offsets, const int64_t* tokens_per_expert, int64_t* row_map,
-                        Vec* permuted) {
+    permute_copy_kernel(const Vec* tokens, int64_t num_tokens, int64_t top_k, int64_t row_vectors,
+                        int64_t row_capacity, const int64_t* offsets,
+                        const int64_t* tokens_per_expert, const int64_t* row_map, Vec* permuted) {
   const int64_t b = blockIdx.x;
   if (b < num_tokens) {
     // Each of the first k threads places one slot.
     __shared__ Vec* by_slot[kMaxDeviceSlots];
     if (threadIdx.x < top_k) {
-      const int64_t slot = b * top_k + threadIdx.x;
-      const int32_t e = ids[slot];
-      const int64_t local = row_map[slot];
-      int64_t row = -1;
-      if (e >= 0 && e < experts && local >= 0) {
-        row = offsets[e] + local;
-        if (row >= row_capacity) row = -1;  // offsets already checked against the bound
-      }
-      row_map[slot] = row;
-      by_slot[threadIdx.x] = row >= 0 ? permuted + row * row_vectors : nullptr;
+      const int64_t row = row_map[b * top_k + threadIdx.x];
+      // The API checked the capacity against the worst case; the bound is kept regardless.
+      by_slot[threadIdx.x] =
+          row >= 0 && row < row_capacity ? permuted + row * row_vectors : nullptr;
     }
     __syncthreads();
     copy_row_to(tokens + b * row_vectors, by_slot, static_cast<int>(top_k), row_vectors);
@@ -207,8 +216,7 @@ __global__ void __launch_bounds__(kCopyThreads)
   }
 }
 
-// ---- unpermute
-// -------------------------------------------------------------------------------------
+// ---- unpermute -----------------------------------------------------------------------------
 
 // The token's slots: rows (checked: one outside [0, row_capacity) is skipped and reported) and
 // weights, staged in shared memory by the first k threads.
@@ -310,15 +318,23 @@ __global__ void __launch_bounds__(kCopyThreads) unpermute_backward_kernel(Unperm
 sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
   const char* context = "sfmoe_permute";
   cudaStream_t stream = static_cast<cudaStream_t>(stream_pointer);
-  const int64_t slots = a.num_tokens * a.top_k;
-  // Slots are read 16 at a time from 16-byte aligned addresses (the API checks the data alignment).
-  permute_rank_kernel<<<static_cast<unsigned>(a.num_experts), kRankThreads, 0, stream>>>(
-      a.topk_ids, slots, a.top_k, a.num_experts, a.expert_capacity, a.row_map, a.tokens_per_expert,
-      a.dropped_per_expert, a.word);
-  SFMOE_RETURN_IF_ERROR(check_launch(context, "permute_rank_kernel"));
-  permute_offsets_kernel<<<1, kScanThreads, 0, stream>>>(a.tokens_per_expert, a.num_experts,
-                                                         a.alignment, a.expert_offsets);
-  SFMOE_RETURN_IF_ERROR(check_launch(context, "permute_offsets_kernel"));
+  const int64_t chunks = permute_chunks(a.num_tokens);
+  const size_t bitmap_bytes = static_cast<size_t>(a.num_experts) * kChunkWords * sizeof(uint32_t);
+  if (chunks > 0) {
+    permute_count_kernel<<<static_cast<unsigned>(chunks), kChunkTokens, bitmap_bytes, stream>>>(
+        a.topk_ids, a.num_tokens, a.top_k, a.num_experts, a.workspace);
+    SFMOE_RETURN_IF_ERROR(check_launch(context, "permute_count_kernel"));
+  }
+  permute_scan_kernel<<<1, kScanThreads, 0, stream>>>(
+      a.workspace, chunks, a.num_experts, a.expert_capacity, a.alignment, a.tokens_per_expert,
+      a.dropped_per_expert, a.expert_offsets);
+  SFMOE_RETURN_IF_ERROR(check_launch(context, "permute_scan_kernel"));
+  if (chunks > 0) {
+    permute_place_kernel<<<static_cast<unsigned>(chunks), kChunkTokens, bitmap_bytes, stream>>>(
+        a.topk_ids, a.num_tokens, a.top_k, a.num_experts, a.expert_capacity, a.workspace,
+        a.expert_offsets, a.row_map, a.word);
+    SFMOE_RETURN_IF_ERROR(check_launch(context, "permute_place_kernel"));
+  }
   const int64_t row_bytes = a.hidden * (sfmoe_dtype_bits(a.dtype) / 8);
   const int64_t blocks = a.num_tokens + (a.alignment > 1 ? a.num_experts * kPaddingSplit : 0);
   if (blocks == 0) return SFMOE_SUCCESS;
@@ -326,9 +342,8 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
     using Vec = decltype(vec);
     const int64_t vectors = row_bytes / static_cast<int64_t>(sizeof(Vec));
     permute_copy_kernel<Vec><<<static_cast<unsigned>(blocks), kCopyThreads, 0, stream>>>(
-        static_cast<const Vec*>(a.tokens), a.topk_ids, a.num_tokens, a.top_k, a.num_experts,
-        vectors, a.row_capacity, a.expert_offsets, a.tokens_per_expert, a.row_map,
-        static_cast<Vec*>(a.permuted));
+        static_cast<const Vec*>(a.tokens), a.num_tokens, a.top_k, vectors, a.row_capacity,
+        a.expert_offsets, a.tokens_per_expert, a.row_map, static_cast<Vec*>(a.permuted));
   };
   if (row_bytes % 16 == 0) {
     launch(uint4{});

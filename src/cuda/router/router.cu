@@ -236,8 +236,10 @@ struct RouterShared {
   float loss_z[kThreads / 32];
 };
 
-template <int kV, class In>
-__global__ void __launch_bounds__(kThreads)
+// Four blocks per multiprocessor (64 registers) up to 256 experts: the occupancy hides the
+// latency of the per-token chain of reductions. The loss sums are compiled in only when asked for.
+template <int kV, class In, bool kLosses>
+__global__ void __launch_bounds__(kThreads, kV <= 8 ? 4 : 2)
     router_forward_kernel(RouterDeviceForward a, int chunk_size) {
   const RouterConfig& c = a.config;
   __shared__ RouterShared shared;
@@ -250,7 +252,7 @@ __global__ void __launch_bounds__(kThreads)
   const int sub = threadIdx.x % kLanes, slot = threadIdx.x / kLanes;
   const int base = sub * chunk_size;
   const int count = max(0, min(chunk_size, experts - base));
-  const bool losses = a.aux_loss != nullptr || a.z_loss != nullptr;
+  constexpr bool losses = kLosses;
   const int per_group = c.num_groups > 1 ? experts / static_cast<int>(c.num_groups) : experts;
   // Groups made of whole lanes (a power of two of them; DeepSeek-V3: 4 lanes of 8 experts) with a
   // group score of the best one or two take the fast path.
@@ -424,7 +426,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncwarp();
 
     // Idle lanes take part in the helpers' shuffles too; only active tokens are summed.
-    if (a.aux_loss != nullptr) {
+    if (kLosses && a.aux_loss != nullptr) {
       float aux[kV];
       aux_scores(c, x, s, count, aux);
 #pragma unroll
@@ -432,7 +434,7 @@ __global__ void __launch_bounds__(kThreads)
         if (active && j < count) column_sum[j] = add_rn(column_sum[j], aux[j]);
       }
     }
-    if (a.z_loss != nullptr) {
+    if (kLosses && a.z_loss != nullptr) {
       const float lse = token_log_sum_exp(x, count);
       if (active) z_sum = add_rn(z_sum, mul_rn(lse, lse));
     }
@@ -446,20 +448,12 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   if (!losses) return;
-    // Loss partials of this block, in a fixed order: the four tokens of a warp by a butterfly over
-    // lanes 8 and 16 apart, then the warps one after the other.
-#pragma unroll
-  for (int j = 0; j < kV; ++j) {
-    column_sum[j] = add_rn(column_sum[j], __shfl_xor_sync(kFullMask, column_sum[j], 8));
-    column_sum[j] = add_rn(column_sum[j], __shfl_xor_sync(kFullMask, column_sum[j], 16));
-  }
-  // z: one value per token slot (lane 0 of each 8 holds it; all lanes hold the same).
-  z_sum = add_rn(z_sum, __shfl_xor_sync(kFullMask, z_sum, 8));
-  z_sum = add_rn(z_sum, __shfl_xor_sync(kFullMask, z_sum, 16));
+  // Loss partials of this block, in a fixed order: the warps one after the other (the lanes of a
+  // warp own distinct experts; each holds the warp's z sum).
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) shared.loss_z[warp] = z_sum;
   for (int w = 0; w < kThreads / 32; ++w) {
-    if (warp == w && lane < kLanes) {
+    if (warp == w) {
 #pragma unroll
       for (int j = 0; j < kV; ++j) {
         if (j < count) {
@@ -706,12 +700,18 @@ sfmoe_status router_forward(const RouterDeviceForward& a, void* stream_pointer) 
   if (a.tokens > 0) {
     SFMOE_RETURN_IF_ERROR(by_chunk(chunk, [&](auto v) -> sfmoe_status {
       constexpr int kV = decltype(v)::value;
+      const bool losses = a.aux_loss != nullptr || a.z_loss != nullptr;
+      const unsigned grid = static_cast<unsigned>(blocks);
       if (a.logits_bf16) {
-        router_forward_kernel<kV, __nv_bfloat16>
-            <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a, chunk);
+        if (losses) {
+          router_forward_kernel<kV, __nv_bfloat16, true><<<grid, kThreads, 0, stream>>>(a, chunk);
+        } else {
+          router_forward_kernel<kV, __nv_bfloat16, false><<<grid, kThreads, 0, stream>>>(a, chunk);
+        }
+      } else if (losses) {
+        router_forward_kernel<kV, float, true><<<grid, kThreads, 0, stream>>>(a, chunk);
       } else {
-        router_forward_kernel<kV, float>
-            <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(a, chunk);
+        router_forward_kernel<kV, float, false><<<grid, kThreads, 0, stream>>>(a, chunk);
       }
       return check_launch(context, "router_forward_kernel");
     }));
