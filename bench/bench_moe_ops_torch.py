@@ -2,9 +2,10 @@
 the same process on the GPU at T = 8192 tokens, E = 256 experts, k = 8, H = 7168 (BF16), and the
 DeepSeek-V3 expert width F = 2048 for SwiGLU (rows = T k).
 
-sfmoe's calls are captured in a CUDA graph and the graph is replayed (device time: the Python
-binding's per-call overhead is not the kernels'). The torch peers are timed eagerly, as the
-project's GPU notes measured them, and graphed as well where torch can capture them.
+sfmoe's calls are captured in a CUDA graph, 20 calls per graph, and the graph is replayed (device
+time: neither the Python binding's per-call overhead nor a graph launch is the kernels'). The torch
+peers are timed eagerly, as the project's GPU notes measured them, and graphed the same way where
+torch can capture them.
 
 Bandwidth is effective: the bytes an op must read and write once (rows, not indices), over its
 time, and as a share of the copy ceiling measured here (torch copy_). Writes JSON to
@@ -22,9 +23,12 @@ from torch_timing import copy_ceiling_tbps, median_ms
 T, E, K, H, FFN = 8192, 256, 8, 7168, 2048
 
 
+REPEAT = 20  # calls per captured graph: a replay's launch cost is spread over them
+
+
 def graphed(fn):
-    """fn captured once in a CUDA graph (after a warm-up on a side stream, as torch asks); returns
-    the replay."""
+    """REPEAT calls of fn captured in one CUDA graph (after a warm-up on a side stream, as torch
+    asks); returns the replay."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -33,12 +37,14 @@ def graphed(fn):
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        for _ in range(REPEAT):
+            fn()
     return graph.replay
 
 
 def time_graphed(fn):
-    return median_ms(graphed(fn), runs=25, warmup=5, batch=10)
+    """Device time of one call: a graph of REPEAT calls, replayed, divided by REPEAT."""
+    return median_ms(graphed(fn), runs=15, warmup=3, batch=3) / REPEAT
 
 
 def time_ours(fn):
