@@ -176,11 +176,7 @@ __device__ __forceinline__ void copy_row_to(const Vec* source, Vec* const* desti
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t v = first + u * blockDim.x;
-#if defined(SFMOE_PERMUTE_STREAMING_STORES)
-        if (v < vectors) __stcs(destination + v, value[u]);
-#else
         if (v < vectors) destination[v] = value[u];
-#endif
       }
     }
   }
