@@ -146,6 +146,34 @@ def main():
         nbytes = T * H * 2 + rows_written * H * 2
         report(f"permute, alignment {alignment}", time_ours(fn), torch_permute_times, nbytes)
 
+    # ---- permute with the fused MXFP8 quantization, against permute then quantize ------------
+    def torch_permute_mxfp8():
+        rows, _ = torch_permute()
+        b = rows.view(-1, 32).float()
+        amax = b.abs().amax(-1, keepdim=True).clamp(min=1e-30)
+        e = torch.floor(torch.log2(amax)) - 8
+        return (b * torch.exp2(-e)).clamp(-448, 448).to(torch.float8_e4m3fn), (e + 127).to(torch.uint8)
+
+    torch_mx_times = time_torch(torch_permute_mxfp8)
+    for alignment in (32, 128):
+        fused = lambda: sfmoe.permute(tokens, ids, E, alignment=alignment, quantize="mxfp8",  # noqa: E731
+                                      scale_layout="swizzled")
+
+        def separate():
+            p = sfmoe.permute(tokens, ids, E, alignment=alignment)
+            return sfmoe.quantize(p.rows, "mxfp8", group_offsets=p.group_offsets, row_alignment=alignment,
+                                  scale_layout="swizzled")
+
+        out = fused()
+        rows_written = int(out.group_offsets[-1])
+        nbytes = T * H * 2 + rows_written * H * (1 + 1 / 32)
+        fused_time = time_ours(fused)
+        separate_time = time_ours(separate)
+        report(f"permute + MXFP8 fused, alignment {alignment}", fused_time, torch_mx_times, nbytes)
+        report(f"permute, then quantize (sfmoe), alignment {alignment}", separate_time, torch_mx_times)
+        print(f"  fused / separate: {fused_time[0] / separate_time[0]:.2f}")
+        results[-1]["fused_over_separate"] = fused_time[0] / separate_time[0]
+
     # ---- unpermute ---------------------------------------------------------------------------
     permuted = sfmoe.permute(tokens, ids, E, alignment=16)
     torch_rows, order = torch_permute()

@@ -10,6 +10,7 @@
 #ifndef SFMOE_PERMUTE_H_
 #define SFMOE_PERMUTE_H_
 
+#include "sfmoe/quantize.h"
 #include "sfmoe/sfmoe.h"
 
 #ifdef __cplusplus
@@ -20,6 +21,8 @@ typedef struct sfmoe_permute_config {
   size_t struct_size;
   int64_t expert_capacity; /* > 0: an expert keeps at most this many tokens (the lowest token
                               indices); 0: no limit */
+  const struct sfmoe_quantize_config* quantize; /* options of a fused quantization (only
+                                                   power_of_two_scales applies), or NULL */
 } sfmoe_permute_config;
 
 SFMOE_API sfmoe_permute_config sfmoe_permute_config_init(void);
@@ -33,7 +36,10 @@ SFMOE_API int64_t sfmoe_permute_workspace_elements(int64_t num_tokens, int64_t n
  *   permuted: a grouped tensor of E groups, H cols, the tokens' dtype, scaling NONE, rowwise data
  *     only; its row_alignment (1, 8, 16, 32, 64 or 128) pads each expert's block; group_offsets
  *     (E + 1 entries) is written; row_capacity must hold the worst case,
- *     min(T k, E capacity) + E (row_alignment - 1);
+ *     min(T k, E capacity) + E (row_alignment - 1). Or quantized rows (fused quantization): FP8
+ *     with rowwise MX_1X32 or BLOCK_1X128 scales (compact, or swizzled for MX), rowwise copy
+ *     only, H a multiple of the block: the same bytes as permute followed by
+ *     sfmoe_grouped_quantize of the rows with these offsets;
  *   row_map [T, k] INT64: each slot's row, or -1 where the capacity dropped it;
  *   tokens_per_expert [E] INT64: rows kept; dropped_per_expert [E] INT64 or NULL.
  * workspace: [sfmoe_permute_workspace_elements(T, E)] INT32, required on the device (up to 6144

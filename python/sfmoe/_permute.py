@@ -3,7 +3,7 @@ arrays (the CPU reference) or CUDA tensors (the device kernels, same bits)."""
 
 import dataclasses
 
-from . import _C, _arrays
+from . import _C, _arrays, _quantize
 from ._dtypes import DType, as_dtype
 
 _ROW_DTYPES = (DType.FP32, DType.BF16, DType.FP16)
@@ -27,12 +27,17 @@ def _rows_input(x, what):
     return _arrays.checked_input(x, what, _ROW_DTYPES, ndim=2)
 
 
-def permute(tokens, topk_ids, num_experts, *, alignment=1, expert_capacity=0):
+def permute(tokens, topk_ids, num_experts, *, alignment=1, expert_capacity=0, quantize=None, fmt="e4m3",
+            scale_layout="compact", power_of_two_scales=False):
     """Sorts token rows by expert (docs/permute.md).
 
     tokens: [T, H] float32 / bfloat16 / float16. topk_ids: [T, k] int32 (the router's), each token
     naming an expert at most once. alignment: 1, 8, 16, 32, 64 or 128 rows per block step.
     expert_capacity: > 0 keeps at most that many tokens per expert (the lowest token indices).
+    quantize: None, or "mxfp8" / "fp8_block_1x128" for the fused quantization of the rows (the
+    same bytes as :func:`sfmoe.quantize` of the permuted rows with these offsets), with fmt,
+    scale_layout ("swizzled": mxfp8) and power_of_two_scales (fp8_block_1x128) as there; rows is
+    then a :class:`sfmoe.GroupedQuantizedTensor` (rowwise copy only).
     Returns a :class:`PermuteOutput`; its row capacity is the worst case the sizes allow.
     """
     adapter, x, dtype = _rows_input(tokens, "tokens")
@@ -45,7 +50,6 @@ def permute(tokens, topk_ids, num_experts, *, alignment=1, expert_capacity=0):
     experts, alignment, capacity = int(num_experts), int(alignment), int(expert_capacity)
     kept_bound = min(t_count * k, experts * capacity) if capacity > 0 else t_count * k
     row_capacity = kept_bound + experts * (alignment - 1)
-    rows = adapter.empty((row_capacity, hidden), dtype, x)
     offsets = adapter.empty((experts + 1,), DType.INT64, x)
     row_map = adapter.empty((t_count, k), DType.INT64, x)
     kept = adapter.empty((experts,), DType.INT64, x)
@@ -53,9 +57,18 @@ def permute(tokens, topk_ids, num_experts, *, alignment=1, expert_capacity=0):
     # The device ranks tokens in chunks through a workspace (the host ignores it).
     workspace = adapter.empty((_C.permute_workspace_elements(t_count, experts),), DType.INT32, x)
     bind = adapter.for_binding
-    _C.permute(bind(x), int(dtype), _arrays.bound_input(topk_ids, "topk_ids", DType.INT32), capacity, bind(rows), experts,
-               alignment, bind(offsets), bind(row_map), bind(kept), bind(dropped), bind(workspace),
-               adapter.stream(x))
+    ids_bound = _arrays.bound_input(topk_ids, "topk_ids", DType.INT32)
+    if quantize is not None:
+        rows = _quantize.quantized_rows(adapter, x, quantize, fmt, scale_layout, power_of_two_scales, row_capacity,
+                                        hidden, experts, alignment, offsets)
+        with adapter.device_context(x):
+            _C.permute_quantized(bind(x), int(dtype), ids_bound, capacity, rows._descriptor(adapter),
+                                 rows.config._fields(), bind(row_map), bind(kept), bind(dropped), bind(workspace),
+                                 adapter.stream(x))
+        return PermuteOutput(rows, offsets, row_map, kept, dropped, alignment)
+    rows = adapter.empty((row_capacity, hidden), dtype, x)
+    _C.permute(bind(x), int(dtype), ids_bound, capacity, bind(rows), experts, alignment, bind(offsets), bind(row_map),
+               bind(kept), bind(dropped), bind(workspace), adapter.stream(x))
     return PermuteOutput(rows, offsets, row_map, kept, dropped, alignment)
 
 

@@ -433,6 +433,36 @@ def quantize(
     return q
 
 
+def quantized_rows(adapter, x, recipe, fmt, scale_layout, power_of_two_scales, capacity, cols, num_groups,
+                   row_alignment, group_offsets):
+    """An empty rowwise-only GroupedQuantizedTensor of [capacity, cols] whose offsets array is
+    `group_offsets` (for ops that write quantized rows, such as permute's fused quantization)."""
+    scaling = _recipe_scaling(recipe)
+    dtype = _element_dtype(scaling, fmt)
+    layout = _scale_layout(scale_layout, scaling)
+    block = _C.scaling_block_size(int(scaling))
+    if block and cols % block:
+        raise ValueError(f"recipe {recipe} scales blocks of {block} columns, so cols must be a multiple of {block}")
+    shape = _C.scale_shape(int(scaling), int(layout), num_groups, capacity, cols)
+    return GroupedQuantizedTensor(
+        data=adapter.empty(_arrays.container_shape((capacity, cols), dtype, "data"), dtype, x),
+        columnwise_data=None,
+        scale_inv=adapter.empty(shape, DType(_C.scale_dtype(int(scaling))), x),
+        columnwise_scale_inv=None,
+        amax=None,
+        columnwise_amax=None,
+        group_offsets=group_offsets,
+        recipe=_RECIPE_OF[scaling],
+        dtype=dtype,
+        scale_layout=layout,
+        row_alignment=row_alignment,
+        rows=capacity,
+        cols=cols,
+        num_groups=num_groups,
+        config=QuantizeConfig(power_of_two_scales=bool(power_of_two_scales)),
+    )
+
+
 def dequantize_grouped(q, out_dtype=DType.FP32, source="auto", out=None):
     """Decodes `q` into [q.rows, q.cols] values of `out_dtype` (FP32, BF16 or FP16) on q's
     device: rows [0, group_offsets[num_groups]) are written (padding rows as zeros); a fresh

@@ -998,11 +998,10 @@ void router_forward(nb::ndarray<nb::ro> logits, int32_t logits_dtype, nb::object
   sfmoe_status status;
   {
     nb::gil_scoped_release release;
-    status = sfmoe_router_forward(&t_logits, expert_bias.is_none() ? nullptr : &t_bias, &c, &t_ids,
-                                  &t_probs, &t_counts, aux_loss.is_none() ? nullptr : &t_aux,
-                                  z_loss.is_none() ? nullptr : &t_z,
-                                  workspace.is_none() ? nullptr : &t_workspace,
-                                  stream_pointer(stream));
+    status = sfmoe_router_forward(
+        &t_logits, expert_bias.is_none() ? nullptr : &t_bias, &c, &t_ids, &t_probs, &t_counts,
+        aux_loss.is_none() ? nullptr : &t_aux, z_loss.is_none() ? nullptr : &t_z,
+        workspace.is_none() ? nullptr : &t_workspace, stream_pointer(stream));
   }
   check(status);
 }
@@ -1076,6 +1075,38 @@ void permute(nb::ndarray<nb::ro> tokens, int32_t dtype, nb::ndarray<nb::ro> topk
     nb::gil_scoped_release release;
     status = sfmoe_permute(&t_tokens, &t_ids, &config, &g, &t_map, &t_kept, &t_dropped,
                            &t_workspace, nullptr, stream_pointer(stream));
+  }
+  check(status);
+}
+
+// Permute with the fused quantization: `output` is a dict of the quantized grouped tensor's fields
+// (as for grouped_quantize), `config` the quantize options.
+void permute_quantized(nb::ndarray<nb::ro> tokens, int32_t dtype, nb::ndarray<nb::ro> topk_ids,
+                       int64_t expert_capacity, nb::dict output, nb::object config,
+                       nb::ndarray<> row_map, nb::ndarray<> tokens_per_expert,
+                       nb::ndarray<> dropped_per_expert, nb::ndarray<> workspace, uint64_t stream) {
+  const char* function = "permute";
+  const sfmoe_tensor t_tokens = describe_array("tokens", tokens, dtype);
+  const sfmoe_tensor t_ids = describe_array("topk_ids", topk_ids, SFMOE_DTYPE_INT32);
+  const sfmoe_tensor t_map = describe_array("row_map", row_map, SFMOE_DTYPE_INT64);
+  const sfmoe_tensor t_kept =
+      describe_array("tokens_per_expert", tokens_per_expert, SFMOE_DTYPE_INT64);
+  const sfmoe_tensor t_dropped =
+      describe_array("dropped_per_expert", dropped_per_expert, SFMOE_DTYPE_INT64);
+  const sfmoe_tensor t_workspace = describe_array("workspace", workspace, SFMOE_DTYPE_INT32);
+  std::vector<nb::ndarray<>> keep;
+  Placement placement;
+  sfmoe_grouped_tensor out = describe_grouped(function, "output", output, &keep, &placement);
+  place(&out, placement);
+  const sfmoe_quantize_config q = describe_config(function, config);
+  sfmoe_permute_config c = sfmoe_permute_config_init();
+  c.expert_capacity = expert_capacity;
+  c.quantize = &q;
+  sfmoe_status status;
+  {
+    nb::gil_scoped_release release;
+    status = sfmoe_permute(&t_tokens, &t_ids, &c, &out, &t_map, &t_kept, &t_dropped, &t_workspace,
+                           nullptr, stream_pointer(stream));
   }
   check(status);
 }
@@ -1307,18 +1338,22 @@ NB_MODULE(_C, m) {
         "sfmoe_router_workspace_floats.");
   m.def("router_backward", &router_backward, "logits"_a, "logits_dtype"_a, "topk_ids"_a,
         "tokens_per_expert"_a, "config"_a, "d_probs"_a.none(), "d_aux_loss"_a, "d_z_loss"_a,
-        "d_logits"_a.noconvert(), "stream"_a = 0,
-        "sfmoe_router_backward.");
+        "d_logits"_a.noconvert(), "stream"_a = 0, "sfmoe_router_backward.");
   m.def("permute", &permute, "tokens"_a, "dtype"_a, "topk_ids"_a, "expert_capacity"_a,
         "permuted"_a.noconvert(), "num_experts"_a, "alignment"_a, "group_offsets"_a.noconvert(),
         "row_map"_a.noconvert(), "tokens_per_expert"_a.noconvert(),
         "dropped_per_expert"_a.noconvert(), "workspace"_a.noconvert(), "stream"_a = 0,
         "sfmoe_permute.");
+  m.def("permute_quantized", &permute_quantized, "tokens"_a, "dtype"_a, "topk_ids"_a,
+        "expert_capacity"_a, "output"_a, "config"_a.none(), "row_map"_a.noconvert(),
+        "tokens_per_expert"_a.noconvert(), "dropped_per_expert"_a.noconvert(),
+        "workspace"_a.noconvert(), "stream"_a = 0,
+        "sfmoe_permute into quantized rows (the fused quantization); `output` is a dict of "
+        "sfmoe_grouped_tensor fields.");
   m.def("permute_workspace_elements", &sfmoe_permute_workspace_elements, "num_tokens"_a,
         "num_experts"_a, "sfmoe_permute_workspace_elements.");
   m.def("unpermute", &unpermute, "rows"_a, "rows_dtype"_a, "group_offsets"_a, "row_map"_a,
-        "probs"_a.none(), "out"_a.noconvert(), "out_dtype"_a, "stream"_a = 0,
-        "sfmoe_unpermute.");
+        "probs"_a.none(), "out"_a.noconvert(), "out_dtype"_a, "stream"_a = 0, "sfmoe_unpermute.");
   m.def("unpermute_backward", &unpermute_backward, "d_out"_a, "d_out_dtype"_a, "rows"_a,
         "rows_dtype"_a, "group_offsets"_a, "row_map"_a, "probs"_a, "group_rows"_a,
         "d_rows"_a.noconvert(), "d_rows_dtype"_a, "d_probs"_a.noconvert(), "stream"_a = 0,

@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "src/api/quantize_common.h"
 #include "src/api/status_word_impl.h"
 #include "src/api/validate.h"
 #include "src/common/error.h"
@@ -54,6 +55,54 @@ sfmoe_status check_row_map(const char* context, const sfmoe_tensor* row_map, int
       named[rows[i]] = true;
     }
   }
+  return SFMOE_SUCCESS;
+}
+
+// A quantized `permuted`: FP8 codes with rowwise MX_1X32 or BLOCK_1X128 scales (compact, or
+// swizzled for MX), no columnwise copy (it runs down the expert's rows, which a token-parallel
+// pass does not see), H a multiple of the block, and the quantize options of the config.
+sfmoe_status check_fused_quantization(const char* context, const sfmoe_grouped_tensor* permuted,
+                                      int64_t hidden, const sfmoe_tensor* home,
+                                      const sfmoe_permute_config* config,
+                                      GroupedQuantizeArgs* args) {
+  SFMOE_RETURN_IF_ERROR(validate_grouped_tensor(context, "permuted", permuted));
+  if (permuted->memory != home->memory || permuted->device != home->device) {
+    return fail(SFMOE_ERROR_MEMORY_SPACE,
+                "%s: permuted is not in the same memory space as the tokens", context);
+  }
+  if (permuted->scaling != SFMOE_SCALING_MX_1X32 &&
+      permuted->scaling != SFMOE_SCALING_BLOCK_1X128) {
+    return fail(SFMOE_ERROR_UNSUPPORTED,
+                "%s: permute quantizes into mx_1x32 or block_1x128 rows (got '%s'; per-tensor "
+                "scaling needs the group amax before the cast: quantize the permuted rows)",
+                context, sfmoe_scaling_name(permuted->scaling));
+  }
+  if (permuted->dtype != SFMOE_DTYPE_FP8_E4M3 && permuted->dtype != SFMOE_DTYPE_FP8_E5M2) {
+    return fail(SFMOE_ERROR_DTYPE_MISMATCH, "%s: quantized permuted rows must be fp8, not '%s'",
+                context, sfmoe_dtype_name(permuted->dtype));
+  }
+  if (permuted->rowwise_data == nullptr || permuted->rowwise_scale_inv == nullptr ||
+      permuted->columnwise_data != nullptr) {
+    return fail(SFMOE_ERROR_UNSUPPORTED,
+                "%s: the fused quantization writes the rowwise copy only (rowwise_data and "
+                "rowwise_scale_inv, no columnwise_data)",
+                context);
+  }
+  const int64_t block = scaling_block_size(permuted->scaling);
+  if (permuted->cols != hidden || hidden % block != 0) {
+    return fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                "%s: permuted must have the tokens' %lld columns, a multiple of the %lld-element "
+                "block",
+                context, static_cast<long long>(hidden), static_cast<long long>(block));
+  }
+  const sfmoe_quantize_config defaults = sfmoe_quantize_config_init();
+  const sfmoe_quantize_config* options = config->quantize ? config->quantize : &defaults;
+  SFMOE_RETURN_IF_ERROR(check_quantize_config(context, options));
+  if (options->stochastic_rounding || options->hadamard_columnwise || options->trap_nan_amax) {
+    return fail(SFMOE_ERROR_UNSUPPORTED,
+                "%s: the fused quantization takes power_of_two_scales only", context);
+  }
+  SFMOE_RETURN_IF_ERROR(describe_quantized(context, "permuted", permuted, *options, args));
   return SFMOE_SUCCESS;
 }
 
@@ -106,10 +155,19 @@ sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_
       return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: expert_capacity must be >= 0", context);
     }
     const int64_t t_count = tokens->shape[0], hidden = tokens->shape[1];
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_rows(context, "permuted", permuted, hidden, tokens));
-    if (permuted->dtype != tokens->dtype) {
-      return sfmoe::fail(SFMOE_ERROR_DTYPE_MISMATCH,
-                         "%s: permuted must have the tokens' dtype (rows are moved)", context);
+    // Quantized permuted rows: the fused quantization (permute, then sfmoe_grouped_quantize of
+    // the rows with these offsets), for the rowwise recipes whose blocks lie within a row.
+    const bool fused = permuted != nullptr && permuted->scaling != SFMOE_SCALING_NONE;
+    sfmoe::GroupedQuantizeArgs quantized;
+    if (fused) {
+      SFMOE_RETURN_IF_ERROR(
+          sfmoe::check_fused_quantization(context, permuted, hidden, tokens, config, &quantized));
+    } else {
+      SFMOE_RETURN_IF_ERROR(sfmoe::expect_rows(context, "permuted", permuted, hidden, tokens));
+      if (permuted->dtype != tokens->dtype) {
+        return sfmoe::fail(SFMOE_ERROR_DTYPE_MISMATCH,
+                           "%s: permuted must have the tokens' dtype (rows are moved)", context);
+      }
     }
     const int64_t experts = permuted->num_groups, a = permuted->row_alignment;
     if (a != 1 && a != 8 && a != 16 && a != 32 && a != 64 && a != 128) {
@@ -182,7 +240,8 @@ sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_
               permuted->row_capacity, permuted->rowwise_data, permuted->group_offsets,
               static_cast<int64_t*>(row_map->data), static_cast<int64_t*>(tokens_per_expert->data),
               dropped_per_expert ? static_cast<int64_t*>(dropped_per_expert->data) : nullptr,
-              word ? word->word : nullptr, static_cast<int32_t*>(workspace->data)},
+              word ? word->word : nullptr, static_cast<int32_t*>(workspace->data),
+              fused ? &quantized : nullptr},
           stream);
 #else
       return SFMOE_ERROR_INTERNAL;
@@ -208,13 +267,27 @@ sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_
       }
     }
     std::vector<int64_t> dropped_scratch(dropped_per_expert ? 0 : static_cast<size_t>(experts));
+    // The fused form on the host is its definition: the rows permuted into a scratch buffer of
+    // the tokens' dtype, then quantized with the grouped quantization's reference.
+    std::vector<uint8_t> rows_scratch(
+        fused ? static_cast<size_t>(permuted->row_capacity * hidden *
+                                    (sfmoe_dtype_bits(tokens->dtype) / 8))
+              : 0);
     sfmoe::cpu::permute(sfmoe::PermuteArgs{
         tokens->data, tokens->dtype, t_count, hidden, k, experts, ids, a, config->expert_capacity,
-        permuted->row_capacity, permuted->rowwise_data, permuted->group_offsets,
-        static_cast<int64_t*>(row_map->data), static_cast<int64_t*>(tokens_per_expert->data),
+        permuted->row_capacity, fused ? rows_scratch.data() : permuted->rowwise_data,
+        permuted->group_offsets, static_cast<int64_t*>(row_map->data),
+        static_cast<int64_t*>(tokens_per_expert->data),
         dropped_per_expert ? static_cast<int64_t*>(dropped_per_expert->data)
                            : dropped_scratch.data(),
-        nullptr, nullptr});
+        nullptr, nullptr, nullptr});
+    if (fused) {
+      const std::vector<int64_t> input_offsets(permuted->group_offsets,
+                                               permuted->group_offsets + experts + 1);
+      quantized.input = sfmoe::GroupedInput{rows_scratch.data(), tokens->dtype,
+                                            permuted->row_capacity, input_offsets.data(), 0};
+      sfmoe::cpu::grouped_quantize(quantized);
+    }
     return SFMOE_SUCCESS;
   });
 }

@@ -4,6 +4,7 @@
 
 #include <string.h>
 
+#include "src/api/quantize_common.h"
 #include "src/api/status_word_impl.h"
 #include "src/api/validate.h"
 #include "src/common/error.h"
@@ -12,121 +13,6 @@
 #include "src/cuda/backend.h"
 #endif
 
-namespace sfmoe {
-namespace {
-
-bool is_high_precision(sfmoe_dtype d) {
-  return d == SFMOE_DTYPE_FP32 || d == SFMOE_DTYPE_BF16 || d == SFMOE_DTYPE_FP16;
-}
-
-sfmoe_status check_config(const char* context, const sfmoe_quantize_config* config) {
-  if (config == nullptr) return fail(SFMOE_ERROR_NULL_POINTER, "%s: config is NULL", context);
-  if (config->struct_size != sizeof(sfmoe_quantize_config)) {
-    return fail(SFMOE_ERROR_STRUCT_SIZE,
-                "%s: config struct_size is %zu but this library's sfmoe_quantize_config has %zu "
-                "bytes (use sfmoe_quantize_config_init())",
-                context, config->struct_size, sizeof(sfmoe_quantize_config));
-  }
-  return SFMOE_SUCCESS;
-}
-
-sfmoe_status check_high_precision(const char* context, const char* name,
-                                  const sfmoe_grouped_tensor* t) {
-  if (t->scaling != SFMOE_SCALING_NONE || !is_high_precision(t->dtype)) {
-    return fail(SFMOE_ERROR_DTYPE_MISMATCH,
-                "%s: %s must hold fp32, bf16 or fp16 values with scaling 'none' (got %s, '%s')",
-                context, name, sfmoe_dtype_name(t->dtype), sfmoe_scaling_name(t->scaling));
-  }
-  if (t->rowwise_data == nullptr) {
-    return fail(SFMOE_ERROR_NULL_POINTER, "%s: %s needs rowwise_data", context, name);
-  }
-  return SFMOE_SUCCESS;
-}
-
-GroupedInput input_of(const sfmoe_grouped_tensor* x) {
-  return GroupedInput{x->rowwise_data, x->dtype, x->row_capacity, x->group_offsets,
-                      x->group_offsets ? 0 : x->uniform_group_rows};
-}
-
-// Checks a quantized tensor's recipe-specific requirements and fills the backend arguments.
-sfmoe_status describe_quantized(const char* context, const char* name,
-                                const sfmoe_grouped_tensor* q, const sfmoe_quantize_config& config,
-                                GroupedQuantizeArgs* args) {
-  if (q->scaling == SFMOE_SCALING_NONE) {
-    return fail(SFMOE_ERROR_DTYPE_MISMATCH,
-                "%s: %s must be a quantized tensor (fp8 or fp4 with a scaling), got '%s'", context,
-                name, sfmoe_dtype_name(q->dtype));
-  }
-  const bool columnwise = q->columnwise_data != nullptr;
-  const int64_t block = scaling_block_size(q->scaling);
-  const int64_t min_alignment = min_row_alignment(q->scaling, columnwise);
-  if (q->row_alignment % min_alignment != 0) {
-    return fail(SFMOE_ERROR_SHAPE_MISMATCH,
-                "%s: %s: scaling '%s'%s needs row_alignment to be a multiple of %lld (got %lld)",
-                context, name, sfmoe_scaling_name(q->scaling),
-                columnwise ? " with a columnwise copy" : "", static_cast<long long>(min_alignment),
-                static_cast<long long>(q->row_alignment));
-  }
-  if (block > 0 && (columnwise || scaling_is_2d(q->scaling)) && q->row_capacity % block != 0) {
-    return fail(SFMOE_ERROR_SHAPE_MISMATCH,
-                "%s: %s: row_capacity %lld must be a multiple of the %lld-row block of '%s'",
-                context, name, static_cast<long long>(q->row_capacity),
-                static_cast<long long>(block), sfmoe_scaling_name(q->scaling));
-  }
-  const bool needs_amax = q->scaling == SFMOE_SCALING_TENSOR || scaling_is_nvfp4(q->scaling);
-  if (needs_amax && q->amax == nullptr) {
-    return fail(SFMOE_ERROR_NULL_POINTER,
-                "%s: %s: scaling '%s' needs amax ([num_groups] floats): it holds the group amax",
-                context, name, sfmoe_scaling_name(q->scaling));
-  }
-  if (config.hadamard_columnwise && q->scaling != SFMOE_SCALING_NV_1X16) {
-    return fail(SFMOE_ERROR_UNSUPPORTED,
-                "%s: the Hadamard transform applies to nv_1x16 only (scaling is '%s')", context,
-                sfmoe_scaling_name(q->scaling));
-  }
-  if (config.hadamard_columnwise && columnwise && q->columnwise_amax == nullptr) {
-    return fail(SFMOE_ERROR_NULL_POINTER,
-                "%s: %s: the Hadamard transform needs columnwise_amax ([num_groups] floats)",
-                context, name);
-  }
-  if (config.stochastic_rounding && !scaling_is_nvfp4(q->scaling)) {
-    return fail(SFMOE_ERROR_UNSUPPORTED,
-                "%s: stochastic rounding applies to nvfp4 recipes only (scaling is '%s')", context,
-                sfmoe_scaling_name(q->scaling));
-  }
-  if (config.power_of_two_scales &&
-      (q->scaling == SFMOE_SCALING_MX_1X32 || scaling_is_nvfp4(q->scaling))) {
-    return fail(SFMOE_ERROR_UNSUPPORTED,
-                "%s: power_of_two_scales applies to fp8 tensor and blockwise scaling only",
-                context);
-  }
-  if (q->scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && !scaling_is_swizzlable(q->scaling)) {
-    return fail(SFMOE_ERROR_UNSUPPORTED,
-                "%s: %s: the swizzled scale layout exists for mx_1x32 and nv_1x16 only", context,
-                name);
-  }
-  memset(args, 0, sizeof(*args));
-  args->num_groups = q->num_groups;
-  args->cols = q->cols;
-  args->dtype = q->dtype;
-  args->scaling = q->scaling;
-  args->scale_layout = q->scale_layout;
-  args->row_capacity = q->row_capacity;
-  args->row_alignment = q->row_alignment;
-  args->offsets = q->group_offsets;
-  args->uniform_rows = q->group_offsets ? 0 : q->uniform_group_rows;
-  args->rowwise = q->rowwise_data;
-  args->rowwise_scale_inv = q->rowwise_scale_inv;
-  args->columnwise = q->columnwise_data;
-  args->columnwise_scale_inv = q->columnwise_scale_inv;
-  args->amax = q->amax;
-  args->columnwise_amax = q->columnwise_amax;
-  args->config = config;
-  return SFMOE_SUCCESS;
-}
-
-}  // namespace
-}  // namespace sfmoe
 
 extern "C" {
 
@@ -170,7 +56,7 @@ sfmoe_status sfmoe_grouped_quantize(const sfmoe_grouped_tensor* input,
   return guarded(context, [&]() -> sfmoe_status {
     SFMOE_RETURN_IF_ERROR(validate_grouped_tensor(context, "input", input));
     SFMOE_RETURN_IF_ERROR(validate_grouped_tensor(context, "output", output));
-    SFMOE_RETURN_IF_ERROR(check_config(context, config));
+    SFMOE_RETURN_IF_ERROR(check_quantize_config(context, config));
     SFMOE_RETURN_IF_ERROR(check_high_precision(context, "input", input));
     if (input->memory != output->memory || input->device != output->device) {
       return fail(SFMOE_ERROR_MEMORY_SPACE,
@@ -241,7 +127,7 @@ sfmoe_status sfmoe_grouped_dequantize(const sfmoe_grouped_tensor* input,
     SFMOE_RETURN_IF_ERROR(validate_grouped_tensor(context, "input", input));
     SFMOE_RETURN_IF_ERROR(validate_grouped_tensor(context, "output", output));
     const sfmoe_quantize_config defaults = sfmoe_quantize_config_init();
-    if (config != nullptr) SFMOE_RETURN_IF_ERROR(check_config(context, config));
+    if (config != nullptr) SFMOE_RETURN_IF_ERROR(check_quantize_config(context, config));
     SFMOE_RETURN_IF_ERROR(check_high_precision(context, "output", output));
     if (input->memory != output->memory || input->device != output->device) {
       return fail(SFMOE_ERROR_MEMORY_SPACE,

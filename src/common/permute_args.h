@@ -4,6 +4,7 @@
 #include <stdint.h>
 
 #include "sfmoe/sfmoe.h"
+#include "src/common/quantize_args.h"
 
 namespace sfmoe {
 
@@ -39,6 +40,9 @@ struct PermuteArgs {
                                 // or NULL)
   sfmoe_fault_report* word;     // device: bad ids are skipped and reported here (or NULL)
   int32_t* workspace;           // device: permute_workspace_elements(...) int32 (per-chunk counts)
+  // Fused quantization (device): the permuted rows' recipe, rowwise MX_1X32 or BLOCK_1X128 (its
+  // rowwise codes, scales, layout and options); NULL: the rows are moved unquantized.
+  const GroupedQuantizeArgs* quantized;
 };
 
 // Expert rows -> token rows: out[t] = sum_i probs[t, i] * rows[row_map[t, i]], FP32 sums in slot

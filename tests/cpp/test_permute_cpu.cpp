@@ -40,7 +40,7 @@ Permuted permute_bf16(const std::vector<uint16_t>& tokens, const std::vector<int
   PermuteArgs a{tokens.data(), SFMOE_DTYPE_BF16, tokens_count,     hidden,        k,
                 experts,       ids.data(),       alignment,        capacity,      row_capacity,
                 p.rows.data(), p.offsets.data(), p.row_map.data(), p.kept.data(), p.dropped.data(),
-                nullptr,       nullptr};
+                nullptr,       nullptr,          nullptr};
   cpu::permute(a);
   return p;
 }
@@ -362,6 +362,79 @@ TEST(PermuteApi, RoundTripThroughTheCApiAndItsRefusals) {
   EXPECT_EQ(sfmoe_unpermute(&g_rows, &t_map, nullptr, &t_back, nullptr, nullptr),
             SFMOE_ERROR_INVALID_ARGUMENT);
   for (float v : back) ASSERT_EQ(v, 5.0f);
+}
+
+}  // namespace
+}  // namespace sfmoe
+
+namespace sfmoe {
+namespace {
+
+using testing::host_tensor;
+
+// The fused quantization takes the rowwise recipes whose blocks lie within a row; the rest is
+// refused before anything is written.
+TEST(PermuteApi, FusedQuantizationRefusals) {
+  const int64_t tokens_count = 8, hidden = 64, k = 2, experts = 4, alignment = 32;
+  std::vector<uint16_t> x(tokens_count * hidden, 0x3F80);
+  std::vector<int32_t> ids(tokens_count * k);
+  for (int64_t i = 0; i < tokens_count * k; ++i) ids[i] = static_cast<int32_t>(i % experts);
+  const int64_t capacity_rows = tokens_count * k + experts * (alignment - 1);
+  std::vector<uint8_t> codes(capacity_rows * hidden, 0xA5), scales(capacity_rows * hidden, 0xA5),
+      columnwise(capacity_rows * hidden);
+  std::vector<int64_t> offsets(experts + 1, -1), row_map(tokens_count * k, -7), kept(experts);
+  sfmoe_tensor t_x = host_tensor(x.data(), SFMOE_DTYPE_BF16, {tokens_count, hidden});
+  sfmoe_tensor t_ids = host_tensor(ids.data(), SFMOE_DTYPE_INT32, {tokens_count, k});
+  sfmoe_tensor t_map = host_tensor(row_map.data(), SFMOE_DTYPE_INT64, {tokens_count, k});
+  sfmoe_tensor t_kept = host_tensor(kept.data(), SFMOE_DTYPE_INT64, {experts});
+  sfmoe_grouped_tensor q = sfmoe_grouped_tensor_init();
+  q.memory = SFMOE_MEMORY_HOST;
+  q.dtype = SFMOE_DTYPE_FP8_E4M3;
+  q.scaling = SFMOE_SCALING_MX_1X32;
+  q.num_groups = experts;
+  q.row_capacity = capacity_rows;
+  q.cols = hidden;
+  q.row_alignment = alignment;
+  q.group_offsets = offsets.data();
+  q.rowwise_data = codes.data();
+  q.rowwise_scale_inv = scales.data();
+  sfmoe_permute_config config = sfmoe_permute_config_init();
+  ASSERT_EQ(
+      sfmoe_permute(&t_x, &t_ids, &config, &q, &t_map, &t_kept, nullptr, nullptr, nullptr, nullptr),
+      SFMOE_SUCCESS)
+      << sfmoe_last_error();
+  const std::vector<int64_t> map_before = row_map;
+  std::fill(row_map.begin(), row_map.end(), -7);
+  auto refused = [&](const sfmoe_grouped_tensor& bad, const sfmoe_permute_config& c,
+                     sfmoe_status want, const char* what) {
+    EXPECT_EQ(
+        sfmoe_permute(&t_x, &t_ids, &c, &bad, &t_map, &t_kept, nullptr, nullptr, nullptr, nullptr),
+        want)
+        << what << ": " << sfmoe_last_error();
+    for (int64_t v : row_map) EXPECT_EQ(v, -7) << what;
+  };
+  sfmoe_grouped_tensor bad = q;
+  bad.scaling = SFMOE_SCALING_TENSOR;
+  refused(bad, config, SFMOE_ERROR_UNSUPPORTED, "per-tensor scaling");
+  bad = q;
+  bad.columnwise_data = columnwise.data();
+  bad.columnwise_scale_inv = scales.data();
+  refused(bad, config, SFMOE_ERROR_UNSUPPORTED, "a columnwise copy");
+  bad = q;
+  bad.dtype = SFMOE_DTYPE_FP4_E2M1;
+  refused(bad, config, SFMOE_ERROR_DTYPE_MISMATCH, "fp4 codes");
+  bad = q;
+  bad.scaling = SFMOE_SCALING_BLOCK_1X128;  // 64 columns: not a whole 128-element block
+  refused(bad, config, SFMOE_ERROR_SHAPE_MISMATCH, "columns not a multiple of the block");
+  sfmoe_quantize_config options = sfmoe_quantize_config_init();
+  options.power_of_two_scales = 1;  // not an MX option
+  sfmoe_permute_config with_options = config;
+  with_options.quantize = &options;
+  refused(q, with_options, SFMOE_ERROR_UNSUPPORTED, "power-of-two scales for mxfp8");
+  options = sfmoe_quantize_config_init();
+  options.stochastic_rounding = 1;
+  refused(q, with_options, SFMOE_ERROR_UNSUPPORTED, "stochastic rounding");
+  EXPECT_NE(map_before[0], -7);
 }
 
 }  // namespace

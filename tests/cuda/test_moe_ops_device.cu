@@ -451,6 +451,94 @@ TEST(CudaPermute, PermuteUnpermuteAndBackwardEqualTheCpuBackend) {
       checked);
 }
 
+// Permute into quantized rows (the fused quantization) against the CPU backend's definition
+// (permute, then the grouped quantization of the rows), byte for byte over poisoned buffers: codes,
+// scales in both layouts, offsets, row map.
+TEST(CudaPermute, FusedQuantizationEqualsTheCpuBackend) {
+  SFMOE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(session_test_seed() + 15);
+  const int64_t tokens = 4097, E = 256, k = 8;
+  struct Fused {
+    sfmoe_scaling scaling;
+    sfmoe_dtype dtype, in_dtype;
+    sfmoe_scale_layout layout;
+    bool pow2;
+    int64_t hidden, alignment, capacity;
+  };
+  const Fused cases[] = {
+      {SFMOE_SCALING_MX_1X32, SFMOE_DTYPE_FP8_E4M3, SFMOE_DTYPE_BF16, SFMOE_SCALE_LAYOUT_COMPACT,
+       false, 256, 32, 0},
+      {SFMOE_SCALING_MX_1X32, SFMOE_DTYPE_FP8_E5M2, SFMOE_DTYPE_FP32, SFMOE_SCALE_LAYOUT_SWIZZLED,
+       false, 96, 128, 0},
+      {SFMOE_SCALING_MX_1X32, SFMOE_DTYPE_FP8_E4M3, SFMOE_DTYPE_BF16, SFMOE_SCALE_LAYOUT_SWIZZLED,
+       false, 256, 128, 60},
+      {SFMOE_SCALING_BLOCK_1X128, SFMOE_DTYPE_FP8_E4M3, SFMOE_DTYPE_BF16,
+       SFMOE_SCALE_LAYOUT_COMPACT, false, 384, 16, 0},
+      {SFMOE_SCALING_BLOCK_1X128, SFMOE_DTYPE_FP8_E5M2, SFMOE_DTYPE_FP16,
+       SFMOE_SCALE_LAYOUT_COMPACT, true, 128, 1, 50},
+  };
+  int checked = 0;
+  for (const Fused& fc : cases) {
+    const int64_t H = fc.hidden, a = fc.alignment;
+    SCOPED_TRACE(std::string(sfmoe_scaling_name(fc.scaling)) + " " + sfmoe_dtype_name(fc.dtype) +
+                 " H=" + std::to_string(H) + " alignment=" + std::to_string(a));
+    const int64_t kept_bound = fc.capacity > 0 ? std::min(tokens * k, E * fc.capacity) : tokens * k;
+    const int64_t R = kept_bound + E * (a - 1) + 5;
+    int32_t ndim = 0;
+    int64_t scale_shape[2] = {1, 1};
+    ASSERT_EQ(sfmoe_scale_shape(fc.scaling, fc.layout, E, R, H, &ndim, scale_shape), SFMOE_SUCCESS);
+    const int64_t scale_bytes = scale_shape[0] * (ndim == 2 ? scale_shape[1] : 1) *
+                                (fc.scaling == SFMOE_SCALING_MX_1X32 ? 1 : 4);
+    Twin<uint8_t> x(make_rows(rng, tokens * H, fc.in_dtype));
+    Twin<int32_t> ids(make_ids(rng, tokens, E, k));
+    Twin<uint8_t> codes(static_cast<size_t>(R * H), 0xA5),
+        scales(static_cast<size_t>(scale_bytes), 0x5A);
+    Twin<int64_t> offsets(E + 1, -9), row_map(tokens * k, -7), kept(E, -1), dropped(E, -1);
+    Twin<int32_t> workspace(static_cast<size_t>(sfmoe_permute_workspace_elements(tokens, E)), 0);
+    sfmoe_quantize_config qc = sfmoe_quantize_config_init();
+    qc.power_of_two_scales = fc.pow2;
+    sfmoe_permute_config config = sfmoe_permute_config_init();
+    config.expert_capacity = fc.capacity;
+    config.quantize = &qc;
+    for (sfmoe_memory m : kBoth) {
+      const sfmoe_tensor t_x = tensor_in(m, x.on(m), fc.in_dtype, {tokens, H});
+      const sfmoe_tensor t_ids = tensor_in(m, ids.on(m), SFMOE_DTYPE_INT32, {tokens, k});
+      sfmoe_grouped_tensor g = sfmoe_grouped_tensor_init();
+      g.memory = m;
+      g.dtype = fc.dtype;
+      g.scaling = fc.scaling;
+      g.scale_layout = fc.layout;
+      g.num_groups = E;
+      g.row_capacity = R;
+      g.cols = H;
+      g.row_alignment = a;
+      g.group_offsets = offsets.on(m);
+      g.rowwise_data = codes.on(m);
+      g.rowwise_scale_inv = scales.on(m);
+      const sfmoe_tensor t_map = tensor_in(m, row_map.on(m), SFMOE_DTYPE_INT64, {tokens, k});
+      const sfmoe_tensor t_kept = tensor_in(m, kept.on(m), SFMOE_DTYPE_INT64, {E});
+      const sfmoe_tensor t_dropped = tensor_in(m, dropped.on(m), SFMOE_DTYPE_INT64, {E});
+      const sfmoe_tensor t_ws = tensor_in(m, workspace.on(m), SFMOE_DTYPE_INT32,
+                                          {static_cast<int64_t>(workspace.host.size())});
+      ASSERT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g, &t_map, &t_kept, &t_dropped, &t_ws,
+                              nullptr, nullptr),
+                SFMOE_SUCCESS)
+          << sfmoe_last_error();
+    }
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_TRUE(codes.same("codes (whole buffer)"));
+    EXPECT_TRUE(scales.same("scales (whole buffer)"));
+    EXPECT_TRUE(offsets.same("group offsets"));
+    EXPECT_TRUE(row_map.same("row_map"));
+    EXPECT_TRUE(kept.same("tokens_per_expert"));
+    ++checked;
+  }
+  std::printf(
+      "[ permute ] %d fused-quantization cases (mxfp8 compact/swizzled, fp8 1x128, pow2, "
+      "capacity): bit-exact vs CPU\n",
+      checked);
+}
+
 TEST(CudaPermute, BadIdsAreSkippedAndReported) {
   SFMOE_SKIP_WITHOUT_GPU();
   const int64_t tokens = 40, E = 8, k = 2, H = 16, a = 8;

@@ -110,3 +110,31 @@ def test_permute_errors(rng):
         sfmoe.permute(x, random_routing(rng, 4, 4, 2), 4, alignment=3)
     with pytest.raises(TypeError, match="int32"):
         sfmoe.permute(x, random_routing(rng, 4, 4, 2).astype(np.int64), 4)
+
+
+@pytest.mark.parametrize("recipe,layout,alignment,hidden,pow2", [
+    ("mxfp8", "compact", 32, 96, False),
+    ("mxfp8", "swizzled", 128, 96, False),
+    ("fp8_block_1x128", "compact", 16, 256, False),
+    ("fp8_block_1x128", "compact", 1, 128, True),
+])
+def test_fused_quantization_is_permute_then_quantize(recipe, layout, alignment, hidden, pow2, rng):
+    tokens, experts, k = 45, 8, 3
+    x = rng.normal(size=(tokens, hidden)).astype(np.float32) * 4.0
+    x[3, 5] = np.inf
+    x[7, 0] = np.nan
+    x[9] = 0.0
+    ids = random_routing(rng, tokens, experts, k)
+    fused = sfmoe.permute(x, ids, experts, alignment=alignment, expert_capacity=7, quantize=recipe,
+                          scale_layout=layout, power_of_two_scales=pow2)
+    plain = sfmoe.permute(x, ids, experts, alignment=alignment, expert_capacity=7)
+    q = sfmoe.quantize(plain.rows, recipe, group_offsets=plain.group_offsets, row_alignment=alignment,
+                       out_row_capacity=plain.rows.shape[0] + experts * alignment, scale_layout=layout,
+                       power_of_two_scales=pow2)
+    end = int(plain.group_offsets[-1])
+    np.testing.assert_array_equal(fused.group_offsets, plain.group_offsets)
+    np.testing.assert_array_equal(fused.row_map, plain.row_map)
+    np.testing.assert_array_equal(fused.rows.data[:end].view(np.uint8), q.data[:end].view(np.uint8))
+    np.testing.assert_array_equal(fused.rows.compact_scale_inv()[:end].view(np.uint8), q.compact_scale_inv()[:end].view(np.uint8))
+    with pytest.raises(sfmoe.Error):
+        sfmoe.permute(x, ids, experts, alignment=alignment, quantize="fp8_tensor")

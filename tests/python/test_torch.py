@@ -501,3 +501,19 @@ def test_cuda_permute_unpermute_activation_match_host(alignment, rng):
     dr_dev, dp_dev = sfmoe.unpermute_backward(d_out.cuda(), dev.rows, dev, probs.cuda())
     assert torch.equal(dr_dev[:end].cpu(), dr_host[:end])
     np.testing.assert_allclose(dp_dev.cpu().numpy(), dp_host.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@requires_cuda
+@pytest.mark.parametrize("recipe,layout", [("mxfp8", "swizzled"), ("mxfp8", "compact"), ("fp8_block_1x128", "compact")])
+def test_cuda_fused_permute_quantization_matches_host(recipe, layout, rng):
+    tokens, experts, k, hidden = 300, 16, 4, 256
+    x = torch.from_numpy(rng.standard_normal((tokens, hidden)).astype(np.float32)).to(torch.bfloat16)
+    ids = sfmoe.router(torch.from_numpy(_routing_logits(rng, tokens, experts)), k).topk_ids
+    host = sfmoe.permute(x, ids, experts, alignment=32, quantize=recipe, scale_layout=layout)
+    dev = sfmoe.permute(x.cuda(), ids.cuda(), experts, alignment=32, quantize=recipe, scale_layout=layout)
+    torch.cuda.synchronize()
+    end = int(host.group_offsets[-1])
+    assert torch.equal(dev.group_offsets.cpu(), host.group_offsets)
+    assert torch.equal(dev.rows.data[:end].cpu().view(torch.uint8), host.rows.data[:end].view(torch.uint8))
+    assert torch.equal(dev.rows.compact_scale_inv()[:end].cpu().view(torch.uint8),
+                       host.rows.compact_scale_inv()[:end].view(torch.uint8))

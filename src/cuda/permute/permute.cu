@@ -12,6 +12,8 @@
 #include <stdint.h>
 
 #include "sfmoe/numerics/float_formats.h"
+#include "sfmoe/numerics/scale_swizzle.h"
+#include "sfmoe/numerics/scaling.h"
 #include "src/common/fault.h"
 #include "src/cuda/backend.h"
 #include "src/cuda/common/cuda_check.h"
@@ -216,6 +218,138 @@ __global__ void __launch_bounds__(kCopyThreads)
   }
 }
 
+// ---- fused quantization ----------------------------------------------------------------------
+//
+// Permute followed by sfmoe_grouped_quantize of the permuted rows, in one pass, for the rowwise
+// recipes whose blocks lie within a row (MX_1X32, BLOCK_1X128): a token's codes and scales are
+// the same in each of its k rows, so they are computed once from its row and written k times.
+// Each thread takes 8 consecutive elements; a block of B elements is B / 8 neighbouring lanes,
+// whose amax is reduced by xor shuffles (the propagating max of the numerics headers, which does
+// not depend on the order).
+
+struct FusedQuantization {
+  uint8_t* codes;  // [row_capacity, hidden]
+  void* scales;    // compact [row_capacity, hidden / B] or swizzled
+  bool e5m2, swizzled, power_of_two;
+};
+
+template <int kBlock>
+struct BlockScales {
+  float multiplier, scale_inv;
+  uint8_t code;
+  static __device__ __forceinline__ BlockScales of(float amax, bool e5m2, bool power_of_two) {
+    const float fp8_max = e5m2 ? numerics::kE5M2Max : numerics::kE4M3Max;
+    BlockScales s;
+    if constexpr (kBlock == 32) {
+      s.code = numerics::mx_scale_from_amax(amax, fp8_max);
+      s.multiplier = numerics::mx_multiplier(s.code);
+      s.scale_inv = 0.0f;
+    } else {
+      s.multiplier = numerics::fp8_scale_from_amax(amax, fp8_max, power_of_two);
+      s.scale_inv = numerics::scale_inverse(s.multiplier);
+      s.code = 0;
+    }
+    return s;
+  }
+  __device__ __forceinline__ void store(const FusedQuantization& q, int64_t row, int64_t block_col,
+                                        int64_t scale_cols) const {
+    if constexpr (kBlock == 32) {
+      const int64_t at = q.swizzled ? numerics::swizzled_scale_offset(row, block_col, scale_cols)
+                                    : row * scale_cols + block_col;
+      static_cast<uint8_t*>(q.scales)[at] = code;
+    } else {
+      static_cast<float*>(q.scales)[row * scale_cols + block_col] = scale_inv;
+    }
+  }
+};
+
+// Eight codes, packed in element order.
+__device__ __forceinline__ uint2 encode_eight(const float (&v)[8], float multiplier, bool e5m2) {
+  uint32_t words[2] = {0u, 0u};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float x = numerics::mul_rn(v[i], multiplier);
+    const uint32_t code = e5m2 ? numerics::f32_to_e5m2(x) : numerics::f32_to_e4m3(x);
+    words[i / 4] |= code << (8 * (i % 4));
+  }
+  return make_uint2(words[0], words[1]);
+}
+
+// The swizzled layout's padding columns of a written row (scale_cols not a multiple of 4) are 0.
+__device__ __forceinline__ void zero_swizzle_padding(const FusedQuantization& q, int64_t row,
+                                                     int64_t scale_cols) {
+  const int64_t padded = numerics::round_up(scale_cols, numerics::kSwizzleTileCols);
+  for (int64_t c = scale_cols; c < padded; ++c) {
+    static_cast<uint8_t*>(q.scales)[numerics::swizzled_scale_offset(row, c, scale_cols)] = 0;
+  }
+}
+
+// Blocks [0, T): a token's row quantized once, written to its rows. Blocks [T, T + E * split):
+// padding rows, quantized zeros (zero codes, the scale of a zero block).
+template <int kBlock>
+__global__ void __launch_bounds__(kCopyThreads)
+    permute_quantize_kernel(const void* tokens, sfmoe_dtype dtype, int64_t num_tokens,
+                            int64_t top_k, int64_t hidden, int64_t row_capacity,
+                            const int64_t* offsets, const int64_t* tokens_per_expert,
+                            const int64_t* row_map, FusedQuantization q) {
+  constexpr int kLanesPerBlock = kBlock / 8;
+  const int64_t scale_cols = hidden / kBlock, chunks = hidden / 8;
+  const int64_t b = blockIdx.x;
+  if (b >= num_tokens) {
+    const int64_t pad = b - num_tokens;
+    const int64_t e = pad / kPaddingSplit, part = pad % kPaddingSplit;
+    const int64_t end = offsets[e + 1] < row_capacity ? offsets[e + 1] : row_capacity;
+    const BlockScales<kBlock> zero = BlockScales<kBlock>::of(0.0f, q.e5m2, q.power_of_two);
+    for (int64_t row = offsets[e] + tokens_per_expert[e] + part; row < end; row += kPaddingSplit) {
+      for (int64_t c = threadIdx.x; c < chunks; c += kCopyThreads) {
+        reinterpret_cast<uint2*>(q.codes + row * hidden)[c] = make_uint2(0u, 0u);
+        if (c % kLanesPerBlock == 0) zero.store(q, row, c / kLanesPerBlock, scale_cols);
+      }
+      if (q.swizzled && threadIdx.x == 0) zero_swizzle_padding(q, row, scale_cols);
+    }
+    return;
+  }
+  __shared__ int64_t rows[kMaxDeviceSlots];
+  if (threadIdx.x < top_k) {
+    const int64_t row = row_map[b * top_k + threadIdx.x];
+    rows[threadIdx.x] = row >= 0 && row < row_capacity ? row : -1;
+  }
+  __syncthreads();
+  // Every lane runs the same trip count (the block amax is a shuffle over neighbouring lanes).
+  for (int64_t first = 0; first < chunks; first += kCopyThreads) {
+    const int64_t c = first + threadIdx.x;
+    const bool active = c < chunks;
+    float v[8];
+    if (active) {
+      load_vector<8>(tokens, dtype, b * hidden + c * 8, v);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = 0.0f;
+    }
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) amax = numerics::amax_accumulate(amax, v[i]);
+#pragma unroll
+    for (int width = 1; width < kLanesPerBlock; width *= 2) {
+      amax = numerics::amax_accumulate(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, width));
+    }
+    if (!active) continue;
+    const BlockScales<kBlock> s = BlockScales<kBlock>::of(amax, q.e5m2, q.power_of_two);
+    const uint2 codes = encode_eight(v, s.multiplier, q.e5m2);
+    for (int i = 0; i < top_k; ++i) {
+      const int64_t row = rows[i];
+      if (row < 0) continue;
+      reinterpret_cast<uint2*>(q.codes + row * hidden)[c] = codes;
+      if (c % kLanesPerBlock == 0) s.store(q, row, c / kLanesPerBlock, scale_cols);
+    }
+  }
+  if (q.swizzled && threadIdx.x == 0) {
+    for (int i = 0; i < top_k; ++i) {
+      if (rows[i] >= 0) zero_swizzle_padding(q, rows[i], scale_cols);
+    }
+  }
+}
+
 // ---- unpermute -----------------------------------------------------------------------------
 
 // The token's slots: rows (checked: one outside [0, row_capacity) is skipped and reported) and
@@ -338,6 +472,22 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
   const int64_t row_bytes = a.hidden * (sfmoe_dtype_bits(a.dtype) / 8);
   const int64_t blocks = a.num_tokens + (a.alignment > 1 ? a.num_experts * kPaddingSplit : 0);
   if (blocks == 0) return SFMOE_SUCCESS;
+  if (a.quantized != nullptr) {
+    const GroupedQuantizeArgs& q = *a.quantized;
+    const FusedQuantization fused{
+        static_cast<uint8_t*>(q.rowwise), q.rowwise_scale_inv, q.dtype == SFMOE_DTYPE_FP8_E5M2,
+        q.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED, q.config.power_of_two_scales != 0};
+    if (q.scaling == SFMOE_SCALING_MX_1X32) {
+      permute_quantize_kernel<32><<<static_cast<unsigned>(blocks), kCopyThreads, 0, stream>>>(
+          a.tokens, a.dtype, a.num_tokens, a.top_k, a.hidden, a.row_capacity, a.expert_offsets,
+          a.tokens_per_expert, a.row_map, fused);
+    } else {
+      permute_quantize_kernel<128><<<static_cast<unsigned>(blocks), kCopyThreads, 0, stream>>>(
+          a.tokens, a.dtype, a.num_tokens, a.top_k, a.hidden, a.row_capacity, a.expert_offsets,
+          a.tokens_per_expert, a.row_map, fused);
+    }
+    return check_launch(context, "permute_quantize_kernel");
+  }
   auto launch = [&](auto vec) {
     using Vec = decltype(vec);
     const int64_t vectors = row_bytes / static_cast<int64_t>(sizeof(Vec));
