@@ -12,6 +12,7 @@
 #ifndef SFMOE_ACTIVATION_H_
 #define SFMOE_ACTIVATION_H_
 
+#include "sfmoe/quantize.h"
 #include "sfmoe/sfmoe.h"
 
 #ifdef __cplusplus
@@ -33,6 +34,8 @@ typedef struct sfmoe_activation_config {
   sfmoe_activation kind;
   float limit; /* clamped SwiGLU (7) */
   float alpha; /* clamped SwiGLU (1.702) */
+  const struct sfmoe_quantize_config* quantize; /* options of a fused output quantization (only
+                                                   power_of_two_scales applies), or NULL */
 } sfmoe_activation_config;
 
 SFMOE_API sfmoe_activation_config sfmoe_activation_config_init(void);
@@ -40,7 +43,11 @@ SFMOE_API sfmoe_activation_config sfmoe_activation_config_init(void);
 /* input: grouped [row_capacity, 2F] for the gated kinds, [row_capacity, F] otherwise (FP32, BF16
  * or FP16); group_rows [num_groups] INT64: each group's real rows (e.g. tokens_per_expert), at
  * most its block. output: grouped [row_capacity, F], same groups and capacity; its group_offsets
- * receive the input's (or are the same pointer). */
+ * receive the input's (or are the same pointer). The output is FP32, BF16 or FP16 values, or
+ * quantized on the fly (FP8 with rowwise MX_1X32 or BLOCK_1X128 scales, rowwise copy only, F a
+ * multiple of the block): the same bytes as sfmoe_grouped_quantize of the FP32 activations with
+ * these offsets. output->amax, when not NULL, receives each group's amax of the FP32 activations
+ * (propagating NaN; 0 for an empty group), e.g. for a per-tensor scale. */
 SFMOE_API sfmoe_status sfmoe_grouped_activation(const sfmoe_grouped_tensor* input,
                                                 const sfmoe_tensor* group_rows,
                                                 const sfmoe_activation_config* config,

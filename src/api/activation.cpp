@@ -5,6 +5,9 @@
 #include <math.h>
 #include <string.h>
 
+#include <vector>
+
+#include "src/api/quantize_common.h"
 #include "src/api/status_word_impl.h"
 #include "src/api/validate.h"
 #include "src/common/error.h"
@@ -138,12 +141,39 @@ sfmoe_status sfmoe_grouped_activation(const sfmoe_grouped_tensor* input,
     const int64_t cols = output->cols;
     const int64_t in_cols = sfmoe::activation_is_gated(c.kind) ? 2 * cols : cols;
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_grouped_rows(context, "input", input, in_cols, nullptr));
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_grouped_rows(context, "output", output, cols, input));
+    // A quantized output: the fused quantization of the FP32 activations.
+    const bool fused = output->scaling != SFMOE_SCALING_NONE;
+    sfmoe::GroupedQuantizeArgs quantized;
+    if (fused) {
+      SFMOE_RETURN_IF_ERROR(sfmoe::check_rowwise_fusion(context, "output", output, cols,
+                                                        input->memory, input->device,
+                                                        config->quantize, &quantized));
+      if (output->num_groups != input->num_groups || output->row_capacity != input->row_capacity ||
+          output->group_offsets == nullptr) {
+        return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                           "%s: output must have the input's groups and row capacity, and "
+                           "group_offsets",
+                           context);
+      }
+    } else {
+      SFMOE_RETURN_IF_ERROR(sfmoe::expect_grouped_rows(context, "output", output, cols, input));
+    }
+    if (output->amax != nullptr) {
+      SFMOE_RETURN_IF_ERROR(sfmoe::validate_pointer_memory(context, "output", "amax", output->amax,
+                                                           input->memory, input->device));
+    }
     sfmoe::GroupRowsView groups;
     SFMOE_RETURN_IF_ERROR(sfmoe::check_groups(context, input, group_rows, &groups));
     SFMOE_RETURN_IF_ERROR(sfmoe::check_word(context, word, input->memory, input->device));
-    const sfmoe::ActivationArgs args{
-        c, groups, cols, input->rowwise_data, input->dtype, output->rowwise_data, output->dtype};
+    sfmoe::ActivationArgs args{c,
+                               groups,
+                               cols,
+                               input->rowwise_data,
+                               input->dtype,
+                               fused ? nullptr : output->rowwise_data,
+                               output->dtype,
+                               output->amax,
+                               fused ? &quantized : nullptr};
     if (input->memory == SFMOE_MEMORY_CUDA) {
 #if defined(SFMOE_WITH_CUDA)
       SFMOE_RETURN_IF_ERROR(
@@ -158,7 +188,22 @@ sfmoe_status sfmoe_grouped_activation(const sfmoe_grouped_tensor* input,
       memcpy(output->group_offsets, input->group_offsets,
              static_cast<size_t>(input->num_groups + 1) * sizeof(int64_t));
     }
+    if (!fused) {
+      sfmoe::cpu::activation_forward(args);
+      return SFMOE_SUCCESS;
+    }
+    // The fused form on the host is its definition: the FP32 activations, then the grouped
+    // quantization's reference over them with the same offsets.
+    std::vector<float> values(static_cast<size_t>(input->row_capacity * cols), 0.0f);
+    args.output = values.data();
+    args.output_dtype = SFMOE_DTYPE_FP32;
+    args.quantized = nullptr;
     sfmoe::cpu::activation_forward(args);
+    const std::vector<int64_t> input_offsets(input->group_offsets,
+                                             input->group_offsets + input->num_groups + 1);
+    quantized.input = sfmoe::GroupedInput{values.data(), SFMOE_DTYPE_FP32, input->row_capacity,
+                                          input_offsets.data(), 0};
+    sfmoe::cpu::grouped_quantize(quantized);
     return SFMOE_SUCCESS;
   });
 }

@@ -58,54 +58,6 @@ sfmoe_status check_row_map(const char* context, const sfmoe_tensor* row_map, int
   return SFMOE_SUCCESS;
 }
 
-// A quantized `permuted`: FP8 codes with rowwise MX_1X32 or BLOCK_1X128 scales (compact, or
-// swizzled for MX), no columnwise copy (it runs down the expert's rows, which a token-parallel
-// pass does not see), H a multiple of the block, and the quantize options of the config.
-sfmoe_status check_fused_quantization(const char* context, const sfmoe_grouped_tensor* permuted,
-                                      int64_t hidden, const sfmoe_tensor* home,
-                                      const sfmoe_permute_config* config,
-                                      GroupedQuantizeArgs* args) {
-  SFMOE_RETURN_IF_ERROR(validate_grouped_tensor(context, "permuted", permuted));
-  if (permuted->memory != home->memory || permuted->device != home->device) {
-    return fail(SFMOE_ERROR_MEMORY_SPACE,
-                "%s: permuted is not in the same memory space as the tokens", context);
-  }
-  if (permuted->scaling != SFMOE_SCALING_MX_1X32 &&
-      permuted->scaling != SFMOE_SCALING_BLOCK_1X128) {
-    return fail(SFMOE_ERROR_UNSUPPORTED,
-                "%s: permute quantizes into mx_1x32 or block_1x128 rows (got '%s'; per-tensor "
-                "scaling needs the group amax before the cast: quantize the permuted rows)",
-                context, sfmoe_scaling_name(permuted->scaling));
-  }
-  if (permuted->dtype != SFMOE_DTYPE_FP8_E4M3 && permuted->dtype != SFMOE_DTYPE_FP8_E5M2) {
-    return fail(SFMOE_ERROR_DTYPE_MISMATCH, "%s: quantized permuted rows must be fp8, not '%s'",
-                context, sfmoe_dtype_name(permuted->dtype));
-  }
-  if (permuted->rowwise_data == nullptr || permuted->rowwise_scale_inv == nullptr ||
-      permuted->columnwise_data != nullptr) {
-    return fail(SFMOE_ERROR_UNSUPPORTED,
-                "%s: the fused quantization writes the rowwise copy only (rowwise_data and "
-                "rowwise_scale_inv, no columnwise_data)",
-                context);
-  }
-  const int64_t block = scaling_block_size(permuted->scaling);
-  if (permuted->cols != hidden || hidden % block != 0) {
-    return fail(SFMOE_ERROR_SHAPE_MISMATCH,
-                "%s: permuted must have the tokens' %lld columns, a multiple of the %lld-element "
-                "block",
-                context, static_cast<long long>(hidden), static_cast<long long>(block));
-  }
-  const sfmoe_quantize_config defaults = sfmoe_quantize_config_init();
-  const sfmoe_quantize_config* options = config->quantize ? config->quantize : &defaults;
-  SFMOE_RETURN_IF_ERROR(check_quantize_config(context, options));
-  if (options->stochastic_rounding || options->hadamard_columnwise || options->trap_nan_amax) {
-    return fail(SFMOE_ERROR_UNSUPPORTED,
-                "%s: the fused quantization takes power_of_two_scales only", context);
-  }
-  SFMOE_RETURN_IF_ERROR(describe_quantized(context, "permuted", permuted, *options, args));
-  return SFMOE_SUCCESS;
-}
-
 // The device kernels stage a token's k slots in shared memory.
 sfmoe_status check_device_top_k(const char* context, int64_t k) {
   if (k > kMaxDevicePermuteTopK) {
@@ -160,8 +112,9 @@ sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_
     const bool fused = permuted != nullptr && permuted->scaling != SFMOE_SCALING_NONE;
     sfmoe::GroupedQuantizeArgs quantized;
     if (fused) {
-      SFMOE_RETURN_IF_ERROR(
-          sfmoe::check_fused_quantization(context, permuted, hidden, tokens, config, &quantized));
+      SFMOE_RETURN_IF_ERROR(sfmoe::check_rowwise_fusion(context, "permuted", permuted, hidden,
+                                                        tokens->memory, tokens->device,
+                                                        config->quantize, &quantized));
     } else {
       SFMOE_RETURN_IF_ERROR(sfmoe::expect_rows(context, "permuted", permuted, hidden, tokens));
       if (permuted->dtype != tokens->dtype) {

@@ -4,6 +4,7 @@
 
 #include <string.h>
 
+#include "src/api/validate.h"
 #include "src/common/error.h"
 
 namespace sfmoe {
@@ -116,6 +117,49 @@ sfmoe_status describe_quantized(const char* context, const char* name,
   args->columnwise_amax = q->columnwise_amax;
   args->config = config;
   return SFMOE_SUCCESS;
+}
+
+sfmoe_status check_rowwise_fusion(const char* context, const char* name,
+                                  const sfmoe_grouped_tensor* q, int64_t cols, sfmoe_memory memory,
+                                  int32_t device, const sfmoe_quantize_config* options,
+                                  GroupedQuantizeArgs* args) {
+  SFMOE_RETURN_IF_ERROR(validate_grouped_tensor(context, name, q));
+  if (q->memory != memory || q->device != device) {
+    return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: %s is not in the inputs' memory space", context,
+                name);
+  }
+  if (q->scaling != SFMOE_SCALING_MX_1X32 && q->scaling != SFMOE_SCALING_BLOCK_1X128) {
+    return fail(SFMOE_ERROR_UNSUPPORTED,
+                "%s: %s can be quantized on the fly into mx_1x32 or block_1x128 rows only (got "
+                "'%s'; a per-tensor or NVFP4 scale needs the group amax before the cast: quantize "
+                "the rows afterwards)",
+                context, name, sfmoe_scaling_name(q->scaling));
+  }
+  if (q->dtype != SFMOE_DTYPE_FP8_E4M3 && q->dtype != SFMOE_DTYPE_FP8_E5M2) {
+    return fail(SFMOE_ERROR_DTYPE_MISMATCH, "%s: %s: quantized rows must be fp8, not '%s'", context,
+                name, sfmoe_dtype_name(q->dtype));
+  }
+  if (q->rowwise_data == nullptr || q->rowwise_scale_inv == nullptr ||
+      q->columnwise_data != nullptr) {
+    return fail(SFMOE_ERROR_UNSUPPORTED,
+                "%s: %s: the fused quantization writes the rowwise copy only (rowwise_data and "
+                "rowwise_scale_inv, no columnwise_data)",
+                context, name);
+  }
+  const int64_t block = scaling_block_size(q->scaling);
+  if (q->cols != cols || cols % block != 0) {
+    return fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                "%s: %s must have %lld columns, a multiple of the %lld-element block", context,
+                name, static_cast<long long>(cols), static_cast<long long>(block));
+  }
+  const sfmoe_quantize_config defaults = sfmoe_quantize_config_init();
+  if (options == nullptr) options = &defaults;
+  SFMOE_RETURN_IF_ERROR(check_quantize_config(context, options));
+  if (options->stochastic_rounding || options->hadamard_columnwise || options->trap_nan_amax) {
+    return fail(SFMOE_ERROR_UNSUPPORTED,
+                "%s: the fused quantization takes power_of_two_scales only", context);
+  }
+  return describe_quantized(context, name, q, *options, args);
 }
 
 }  // namespace sfmoe

@@ -5,6 +5,7 @@
 
 #include "sfmoe/numerics/bits.h"
 #include "sfmoe/sfmoe.h"
+#include "src/common/quantize_args.h"
 
 namespace sfmoe {
 
@@ -44,8 +45,12 @@ struct ActivationArgs {
   int64_t cols;             // output columns F (a gated input has 2 F)
   const void* input;        // [row_capacity, F or 2F]
   sfmoe_dtype input_dtype;  // FP32, BF16, FP16
-  void* output;             // [row_capacity, F]
+  void* output;             // [row_capacity, F] (unquantized output)
   sfmoe_dtype output_dtype;
+  float* amax;  // [num_groups]: each group's amax of the FP32 outputs (propagating NaN), or NULL
+  // Fused quantization (device): the output's rowwise MX_1X32 / BLOCK_1X128 recipe; NULL: the
+  // output is written unquantized.
+  const GroupedQuantizeArgs* quantized;
 };
 
 struct ActivationBackwardArgs {

@@ -2,6 +2,7 @@
 // src/cpu/activation_math.h; real rows computed, padding rows written as zeros.
 #include <string.h>
 
+#include "sfmoe/numerics/scaling.h"
 #include "src/cpu/activation_math.h"
 #include "src/cpu/backend.h"
 #include "src/cpu/element_access.h"
@@ -23,13 +24,13 @@ GateUp gate_up(const void* input, sfmoe_dtype dtype, bool gated, int64_t cols, i
                 gated ? load_value(input, dtype, r * in_cols + cols + j) : 0.0f};
 }
 
-// Calls row_fn(r) for the real rows and pad_fn(r) for the padding rows of every group.
+// Calls row_fn(r, g) for the real rows and pad_fn(r) for the padding rows of every group.
 template <class RowFn, class PadFn>
 void for_each_row(const GroupRowsView& groups, RowFn row_fn, PadFn pad_fn) {
   for (int64_t g = 0; g < groups.num_groups; ++g) {
     const int64_t begin = groups.offsets[g], end = groups.offsets[g + 1];
     const int64_t real_end = begin + groups.rows[g] < end ? begin + groups.rows[g] : end;
-    for (int64_t r = begin; r < real_end; ++r) row_fn(r);
+    for (int64_t r = begin; r < real_end; ++r) row_fn(r, g);
     for (int64_t r = real_end; r < end; ++r) pad_fn(r);
   }
 }
@@ -38,13 +39,17 @@ void for_each_row(const GroupRowsView& groups, RowFn row_fn, PadFn pad_fn) {
 
 void activation_forward(const ActivationArgs& a) {
   const bool gated = activation_is_gated(a.config.kind);
+  if (a.amax != nullptr) {
+    for (int64_t g = 0; g < a.groups.num_groups; ++g) a.amax[g] = 0.0f;
+  }
   for_each_row(
       a.groups,
-      [&](int64_t r) {
+      [&](int64_t r, int64_t group) {
         for (int64_t j = 0; j < a.cols; ++j) {
           const GateUp x = gate_up(a.input, a.input_dtype, gated, a.cols, r, j);
-          store_value(a.output, a.output_dtype, r * a.cols + j,
-                      Activation<float>::forward(a.config, x.gate, x.up));
+          const float y = Activation<float>::forward(a.config, x.gate, x.up);
+          if (a.amax != nullptr) a.amax[group] = numerics::amax_accumulate(a.amax[group], y);
+          store_value(a.output, a.output_dtype, r * a.cols + j, y);
         }
       },
       [&](int64_t r) {
@@ -58,7 +63,7 @@ void activation_backward(const ActivationBackwardArgs& a) {
   const int64_t in_cols = gated ? 2 * a.cols : a.cols;
   for_each_row(
       a.groups,
-      [&](int64_t r) {
+      [&](int64_t r, int64_t) {
         for (int64_t j = 0; j < a.cols; ++j) {
           const GateUp x = gate_up(a.input, a.input_dtype, gated, a.cols, r, j);
           const float d = load_value(a.d_output, a.d_output_dtype, r * a.cols + j);

@@ -120,7 +120,7 @@ TEST(ActivationCpu, GroupedRowsPaddingAndSpecials) {
       input[i] = i % 41 == 0 ? specials[(i / 41) % 7] : numerics::f32_to_bf16(normal(rng));
     }
     cpu::activation_forward(ActivationArgs{c, groups, cols, input.data(), SFMOE_DTYPE_BF16,
-                                           output.data(), SFMOE_DTYPE_BF16});
+                                           output.data(), SFMOE_DTYPE_BF16, nullptr, nullptr});
     std::vector<float> d_out(row_capacity * cols), d_in(row_capacity * in_cols, 1234.0f);
     for (float& v : d_out) v = normal(rng);
     cpu::activation_backward(ActivationBackwardArgs{c, groups, cols, input.data(), SFMOE_DTYPE_BF16,
@@ -179,21 +179,23 @@ TEST(ActivationApi, ThroughTheCApiAndItsRefusals) {
   sfmoe_grouped_tensor g_out = grouped(output.data(), SFMOE_DTYPE_BF16, cols, out_offsets.data());
   sfmoe_tensor t_rows = testing::host_tensor(rows.data(), SFMOE_DTYPE_INT64, {groups});
   sfmoe_activation_config config = sfmoe_activation_config_init();
-  ASSERT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &g_out, nullptr, nullptr), SFMOE_SUCCESS)
+  ASSERT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &g_out, nullptr, nullptr),
+            SFMOE_SUCCESS)
       << sfmoe_last_error();
   EXPECT_EQ(out_offsets, offsets);
   // Against the reference.
   std::vector<uint16_t> want(capacity * cols, 0xBEEF);
   cpu::activation_forward(ActivationArgs{
       config_of(ActivationKind::kSwiGLU), GroupRowsView{offsets.data(), rows.data(), groups}, cols,
-      input.data(), SFMOE_DTYPE_BF16, want.data(), SFMOE_DTYPE_BF16});
+      input.data(), SFMOE_DTYPE_BF16, want.data(), SFMOE_DTYPE_BF16, nullptr, nullptr});
   EXPECT_EQ(output, want);
 
   std::vector<float> d_out(capacity * cols, 1.0f), d_in(capacity * 2 * cols, NAN);
   sfmoe_grouped_tensor g_dout = grouped(d_out.data(), SFMOE_DTYPE_FP32, cols, offsets.data());
   sfmoe_grouped_tensor g_din = grouped(d_in.data(), SFMOE_DTYPE_FP32, 2 * cols, offsets.data());
-  ASSERT_EQ(sfmoe_grouped_activation_backward(&g_in, &t_rows, &g_dout, &config, &g_din, nullptr, nullptr),
-            SFMOE_SUCCESS)
+  ASSERT_EQ(
+      sfmoe_grouped_activation_backward(&g_in, &t_rows, &g_dout, &config, &g_din, nullptr, nullptr),
+      SFMOE_SUCCESS)
       << sfmoe_last_error();
   EXPECT_EQ(d_in[20 * 2 * cols], 0.0f) << "padding rows of group 0 get zero gradients";
 
@@ -222,7 +224,61 @@ TEST(ActivationApi, ThroughTheCApiAndItsRefusals) {
   for (uint16_t v : output) ASSERT_EQ(v, 0x1234);
   // A non-gated kind takes F input columns.
   config.kind = SFMOE_ACTIVATION_SQUARED_RELU;
-  EXPECT_EQ(sfmoe_grouped_activation(&narrow, &t_rows, &config, &g_out, nullptr, nullptr), SFMOE_SUCCESS)
+  EXPECT_EQ(sfmoe_grouped_activation(&narrow, &t_rows, &config, &g_out, nullptr, nullptr),
+            SFMOE_SUCCESS)
+      << sfmoe_last_error();
+}
+
+}  // namespace
+}  // namespace sfmoe
+
+namespace sfmoe {
+namespace {
+
+// The group amax output is the largest |activation| of each group's real rows (FP32 values, before
+// any rounding to the output dtype); a quantized output is refused where its scale would need the
+// amax before the cast.
+TEST(ActivationApi, GroupAmaxAndFusedQuantizationRefusals) {
+  const int64_t groups = 3, cols = 64, capacity = 96;
+  std::vector<int64_t> offsets = {0, 32, 32, 64}, rows = {20, 0, 31};
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<uint16_t> input(capacity * 2 * cols);
+  for (uint16_t& v : input) v = numerics::f32_to_bf16(normal(rng));
+  std::vector<float> output(capacity * cols, NAN), amax(groups, -1.0f);
+  auto grouped = [&](void* data, sfmoe_dtype dtype, int64_t c) {
+    return testing::host_rows(data, dtype, groups, capacity, c, 1, offsets.data());
+  };
+  sfmoe_grouped_tensor g_in = grouped(input.data(), SFMOE_DTYPE_BF16, 2 * cols);
+  sfmoe_grouped_tensor g_out = grouped(output.data(), SFMOE_DTYPE_FP32, cols);
+  g_out.amax = amax.data();
+  sfmoe_tensor t_rows = testing::host_tensor(rows.data(), SFMOE_DTYPE_INT64, {groups});
+  sfmoe_activation_config config = sfmoe_activation_config_init();
+  ASSERT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &g_out, nullptr, nullptr),
+            SFMOE_SUCCESS)
+      << sfmoe_last_error();
+  for (int64_t g = 0; g < groups; ++g) {
+    float want = 0.0f;
+    for (int64_t r = offsets[g]; r < offsets[g] + rows[g]; ++r) {
+      for (int64_t j = 0; j < cols; ++j) want = std::max(want, std::fabs(output[r * cols + j]));
+    }
+    EXPECT_EQ(amax[g], want) << "group " << g;
+  }
+  EXPECT_EQ(amax[1], 0.0f);  // an empty group
+
+  std::vector<uint8_t> codes(capacity * cols), scales(capacity * cols);
+  sfmoe_grouped_tensor q = grouped(codes.data(), SFMOE_DTYPE_FP8_E4M3, cols);
+  q.scaling = SFMOE_SCALING_TENSOR;
+  q.rowwise_scale_inv = scales.data();
+  q.amax = amax.data();
+  EXPECT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &q, nullptr, nullptr),
+            SFMOE_ERROR_UNSUPPORTED);
+  q.scaling = SFMOE_SCALING_MX_1X32;
+  q.dtype = SFMOE_DTYPE_FP4_E2M1;
+  EXPECT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &q, nullptr, nullptr),
+            SFMOE_ERROR_DTYPE_MISMATCH);
+  q.dtype = SFMOE_DTYPE_FP8_E4M3;
+  ASSERT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &q, nullptr, nullptr), SFMOE_SUCCESS)
       << sfmoe_last_error();
 }
 

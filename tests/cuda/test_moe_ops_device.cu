@@ -653,6 +653,89 @@ TEST(CudaActivation, EveryKindForwardAndBackwardEqualsTheCpuBackend) {
               checked);
 }
 
+// The activation quantized on the fly (MXFP8 with both scale layouts, FP8 1x128) and the group
+// amax output, against the CPU backend's definition (the FP32 activations, then the grouped
+// quantization), byte for byte over poisoned buffers.
+TEST(CudaActivation, FusedQuantizationAndAmaxEqualTheCpuBackend) {
+  SFMOE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(session_test_seed() + 16);
+  struct Fused {
+    sfmoe_activation kind;
+    sfmoe_scaling scaling;  // NONE: unquantized output, amax only
+    sfmoe_dtype dtype;
+    sfmoe_scale_layout layout;
+    bool pow2;
+    int64_t cols;
+  };
+  const Fused cases[] = {
+      {SFMOE_ACTIVATION_SWIGLU, SFMOE_SCALING_MX_1X32, SFMOE_DTYPE_FP8_E4M3,
+       SFMOE_SCALE_LAYOUT_SWIZZLED, false, 96},
+      {SFMOE_ACTIVATION_SWIGLU, SFMOE_SCALING_MX_1X32, SFMOE_DTYPE_FP8_E5M2,
+       SFMOE_SCALE_LAYOUT_COMPACT, false, 256},
+      {SFMOE_ACTIVATION_GELU, SFMOE_SCALING_BLOCK_1X128, SFMOE_DTYPE_FP8_E4M3,
+       SFMOE_SCALE_LAYOUT_COMPACT, true, 256},
+      {SFMOE_ACTIVATION_CLAMPED_SWIGLU, SFMOE_SCALING_BLOCK_1X128, SFMOE_DTYPE_FP8_E4M3,
+       SFMOE_SCALE_LAYOUT_COMPACT, false, 384},
+      {SFMOE_ACTIVATION_SQUARED_RELU, SFMOE_SCALING_NONE, SFMOE_DTYPE_BF16,
+       SFMOE_SCALE_LAYOUT_COMPACT, false, 40},
+      {SFMOE_ACTIVATION_SWIGLU, SFMOE_SCALING_NONE, SFMOE_DTYPE_BF16, SFMOE_SCALE_LAYOUT_COMPACT,
+       false, 37},
+  };
+  int checked = 0;
+  for (const Fused& fc : cases) {
+    const bool gated = fc.kind == SFMOE_ACTIVATION_SWIGLU || fc.kind == SFMOE_ACTIVATION_GEGLU ||
+                       fc.kind == SFMOE_ACTIVATION_CLAMPED_SWIGLU;
+    const int64_t G = 40, a = 32, F = fc.cols, in_cols = gated ? 2 * F : F;
+    std::vector<int64_t> offsets(G + 1, 0), real(G);
+    for (int64_t g = 0; g < G; ++g) {
+      real[g] = g < 3 ? g * 17 : static_cast<int64_t>(rng() % 120);
+      offsets[g + 1] = offsets[g] + (real[g] + a - 1) / a * a;
+    }
+    const int64_t R = offsets[G] + 32;
+    Twin<uint8_t> input(make_rows(rng, R * in_cols, SFMOE_DTYPE_BF16));
+    const bool quantized = fc.scaling != SFMOE_SCALING_NONE;
+    int64_t scale_bytes = 1;
+    if (quantized) {
+      int32_t ndim = 0;
+      int64_t shape[2] = {1, 1};
+      ASSERT_EQ(sfmoe_scale_shape(fc.scaling, fc.layout, G, R, F, &ndim, shape), SFMOE_SUCCESS);
+      scale_bytes =
+          shape[0] * (ndim == 2 ? shape[1] : 1) * (fc.scaling == SFMOE_SCALING_MX_1X32 ? 1 : 4);
+    }
+    const int64_t out_bytes = quantized ? R * F : R * F * 2;
+    Twin<uint8_t> output(static_cast<size_t>(out_bytes), 0xA5),
+        scales(static_cast<size_t>(scale_bytes), 0x5A);
+    Twin<float> amax(G, -3.0f);
+    Twin<int64_t> t_offsets(offsets), out_offsets(G + 1, -4), rows(real);
+    sfmoe_quantize_config qc = sfmoe_quantize_config_init();
+    qc.power_of_two_scales = fc.pow2;
+    sfmoe_activation_config c = sfmoe_activation_config_init();
+    c.kind = fc.kind;
+    c.quantize = &qc;
+    for (sfmoe_memory m : kBoth) {
+      const sfmoe_grouped_tensor in =
+          rows_in(m, input.on(m), SFMOE_DTYPE_BF16, G, R, in_cols, a, t_offsets.on(m));
+      sfmoe_grouped_tensor out = rows_in(m, output.on(m), fc.dtype, G, R, F, a, out_offsets.on(m));
+      out.scaling = fc.scaling;
+      out.scale_layout = fc.layout;
+      if (quantized) out.rowwise_scale_inv = scales.on(m);
+      out.amax = amax.on(m);
+      const sfmoe_tensor t_rows = tensor_in(m, rows.on(m), SFMOE_DTYPE_INT64, {G});
+      ASSERT_EQ(sfmoe_grouped_activation(&in, &t_rows, &c, &out, nullptr, nullptr), SFMOE_SUCCESS)
+          << sfmoe_last_error();
+    }
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::string what = std::string("kind ") + std::to_string(fc.kind) + " " +
+                             sfmoe_scaling_name(fc.scaling) + " F=" + std::to_string(F);
+    EXPECT_TRUE(output.same((what + " codes / values").c_str()));
+    EXPECT_TRUE(scales.same((what + " scales").c_str()));
+    EXPECT_TRUE(amax.same((what + " amax").c_str()));
+    EXPECT_TRUE(out_offsets.same((what + " offsets").c_str()));
+    ++checked;
+  }
+  std::printf("[ activation ] %d fused-quantization / amax cases: bit-exact vs CPU\n", checked);
+}
+
 // ---- the chain, captured
 // --------------------------------------------------------------------------
 

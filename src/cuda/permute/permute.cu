@@ -17,6 +17,7 @@
 #include "src/common/fault.h"
 #include "src/cuda/backend.h"
 #include "src/cuda/common/cuda_check.h"
+#include "src/cuda/common/rowwise_quantize.h"
 #include "src/cuda/common/vector_io.h"
 
 namespace sfmoe {
@@ -221,68 +222,9 @@ __global__ void __launch_bounds__(kCopyThreads)
 // ---- fused quantization ----------------------------------------------------------------------
 //
 // Permute followed by sfmoe_grouped_quantize of the permuted rows, in one pass, for the rowwise
-// recipes whose blocks lie within a row (MX_1X32, BLOCK_1X128): a token's codes and scales are
-// the same in each of its k rows, so they are computed once from its row and written k times.
-// Each thread takes 8 consecutive elements; a block of B elements is B / 8 neighbouring lanes,
-// whose amax is reduced by xor shuffles (the propagating max of the numerics headers, which does
-// not depend on the order).
-
-struct FusedQuantization {
-  uint8_t* codes;  // [row_capacity, hidden]
-  void* scales;    // compact [row_capacity, hidden / B] or swizzled
-  bool e5m2, swizzled, power_of_two;
-};
-
-template <int kBlock>
-struct BlockScales {
-  float multiplier, scale_inv;
-  uint8_t code;
-  static __device__ __forceinline__ BlockScales of(float amax, bool e5m2, bool power_of_two) {
-    const float fp8_max = e5m2 ? numerics::kE5M2Max : numerics::kE4M3Max;
-    BlockScales s;
-    if constexpr (kBlock == 32) {
-      s.code = numerics::mx_scale_from_amax(amax, fp8_max);
-      s.multiplier = numerics::mx_multiplier(s.code);
-      s.scale_inv = 0.0f;
-    } else {
-      s.multiplier = numerics::fp8_scale_from_amax(amax, fp8_max, power_of_two);
-      s.scale_inv = numerics::scale_inverse(s.multiplier);
-      s.code = 0;
-    }
-    return s;
-  }
-  __device__ __forceinline__ void store(const FusedQuantization& q, int64_t row, int64_t block_col,
-                                        int64_t scale_cols) const {
-    if constexpr (kBlock == 32) {
-      const int64_t at = q.swizzled ? numerics::swizzled_scale_offset(row, block_col, scale_cols)
-                                    : row * scale_cols + block_col;
-      static_cast<uint8_t*>(q.scales)[at] = code;
-    } else {
-      static_cast<float*>(q.scales)[row * scale_cols + block_col] = scale_inv;
-    }
-  }
-};
-
-// Eight codes, packed in element order.
-__device__ __forceinline__ uint2 encode_eight(const float (&v)[8], float multiplier, bool e5m2) {
-  uint32_t words[2] = {0u, 0u};
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const float x = numerics::mul_rn(v[i], multiplier);
-    const uint32_t code = e5m2 ? numerics::f32_to_e5m2(x) : numerics::f32_to_e4m3(x);
-    words[i / 4] |= code << (8 * (i % 4));
-  }
-  return make_uint2(words[0], words[1]);
-}
-
-// The swizzled layout's padding columns of a written row (scale_cols not a multiple of 4) are 0.
-__device__ __forceinline__ void zero_swizzle_padding(const FusedQuantization& q, int64_t row,
-                                                     int64_t scale_cols) {
-  const int64_t padded = numerics::round_up(scale_cols, numerics::kSwizzleTileCols);
-  for (int64_t c = scale_cols; c < padded; ++c) {
-    static_cast<uint8_t*>(q.scales)[numerics::swizzled_scale_offset(row, c, scale_cols)] = 0;
-  }
-}
+// recipes whose blocks lie within a row (src/cuda/common/rowwise_quantize.h): a token's codes and
+// scales are the same in each of its k rows, so they are computed once from its row and written
+// k times.
 
 // Blocks [0, T): a token's row quantized once, written to its rows. Blocks [T, T + E * split):
 // padding rows, quantized zeros (zero codes, the scale of a zero block).
@@ -326,16 +268,9 @@ __global__ void __launch_bounds__(kCopyThreads)
 #pragma unroll
       for (int i = 0; i < 8; ++i) v[i] = 0.0f;
     }
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) amax = numerics::amax_accumulate(amax, v[i]);
-#pragma unroll
-    for (int width = 1; width < kLanesPerBlock; width *= 2) {
-      amax = numerics::amax_accumulate(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, width));
-    }
+    BlockScales<kBlock> s;
+    const uint2 codes = quantize_eight<kBlock>(v, q, &s);  // every lane: shuffles inside
     if (!active) continue;
-    const BlockScales<kBlock> s = BlockScales<kBlock>::of(amax, q.e5m2, q.power_of_two);
-    const uint2 codes = encode_eight(v, s.multiplier, q.e5m2);
     for (int i = 0; i < top_k; ++i) {
       const int64_t row = rows[i];
       if (row < 0) continue;

@@ -1,0 +1,103 @@
+// Rowwise quantization of eight consecutive values per thread, for kernels that produce rows and
+// quantize them on the fly (permute, the grouped activations): the recipes whose blocks lie within
+// a row, MX_1X32 (E8M0 scales, compact or swizzled) and BLOCK_1X128 (FP32 scales, compact). A
+// block of B elements is B / 8 neighbouring lanes, whose amax is reduced by xor shuffles (the
+// propagating max of the numerics headers, which does not depend on the order); the scale and the
+// codes are the grouped quantization's (docs/quantization.md), so the bytes equal
+// sfmoe_grouped_quantize of the same FP32 values.
+#pragma once
+
+#include <stdint.h>
+
+#include "sfmoe/numerics/float_formats.h"
+#include "sfmoe/numerics/scale_swizzle.h"
+#include "sfmoe/numerics/scaling.h"
+#include "src/common/quantize_args.h"
+
+namespace sfmoe {
+namespace cuda {
+
+struct FusedQuantization {
+  uint8_t* codes;  // [row_capacity, hidden]
+  void* scales;    // compact [row_capacity, hidden / B] or swizzled
+  bool e5m2, swizzled, power_of_two;
+};
+
+template <int kBlock>
+struct BlockScales {
+  float multiplier, scale_inv;
+  uint8_t code;
+  static __device__ __forceinline__ BlockScales of(float amax, bool e5m2, bool power_of_two) {
+    const float fp8_max = e5m2 ? numerics::kE5M2Max : numerics::kE4M3Max;
+    BlockScales s;
+    if constexpr (kBlock == 32) {
+      s.code = numerics::mx_scale_from_amax(amax, fp8_max);
+      s.multiplier = numerics::mx_multiplier(s.code);
+      s.scale_inv = 0.0f;
+    } else {
+      s.multiplier = numerics::fp8_scale_from_amax(amax, fp8_max, power_of_two);
+      s.scale_inv = numerics::scale_inverse(s.multiplier);
+      s.code = 0;
+    }
+    return s;
+  }
+  __device__ __forceinline__ void store(const FusedQuantization& q, int64_t row, int64_t block_col,
+                                        int64_t scale_cols) const {
+    if constexpr (kBlock == 32) {
+      const int64_t at = q.swizzled ? numerics::swizzled_scale_offset(row, block_col, scale_cols)
+                                    : row * scale_cols + block_col;
+      static_cast<uint8_t*>(q.scales)[at] = code;
+    } else {
+      static_cast<float*>(q.scales)[row * scale_cols + block_col] = scale_inv;
+    }
+  }
+};
+
+// Eight codes, packed in element order.
+__device__ __forceinline__ uint2 encode_eight(const float (&v)[8], float multiplier, bool e5m2) {
+  uint32_t words[2] = {0u, 0u};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float x = numerics::mul_rn(v[i], multiplier);
+    const uint32_t code = e5m2 ? numerics::f32_to_e5m2(x) : numerics::f32_to_e4m3(x);
+    words[i / 4] |= code << (8 * (i % 4));
+  }
+  return make_uint2(words[0], words[1]);
+}
+
+// The swizzled layout's padding columns of a written row (scale_cols not a multiple of 4) are 0.
+__device__ __forceinline__ void zero_swizzle_padding(const FusedQuantization& q, int64_t row,
+                                                     int64_t scale_cols) {
+  const int64_t padded = numerics::round_up(scale_cols, numerics::kSwizzleTileCols);
+  for (int64_t c = scale_cols; c < padded; ++c) {
+    static_cast<uint8_t*>(q.scales)[numerics::swizzled_scale_offset(row, c, scale_cols)] = 0;
+  }
+}
+
+// The codes of this thread's eight values and their block's scales. Every lane of the warp calls
+// it (the block amax is a shuffle); lanes without data pass zeros.
+template <int kBlock>
+__device__ __forceinline__ uint2 quantize_eight(const float (&v)[8], const FusedQuantization& q,
+                                                BlockScales<kBlock>* scales) {
+  constexpr int kLanesPerBlock = kBlock / 8;
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) amax = numerics::amax_accumulate(amax, v[i]);
+#pragma unroll
+  for (int width = 1; width < kLanesPerBlock; width *= 2) {
+    amax = numerics::amax_accumulate(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, width));
+  }
+  *scales = BlockScales<kBlock>::of(amax, q.e5m2, q.power_of_two);
+  return encode_eight(v, scales->multiplier, q.e5m2);
+}
+
+// The fused form of a rowwise quantization from its backend arguments.
+inline FusedQuantization fused_quantization_of(const GroupedQuantizeArgs& q) {
+  return FusedQuantization{static_cast<uint8_t*>(q.rowwise), q.rowwise_scale_inv,
+                           q.dtype == SFMOE_DTYPE_FP8_E5M2,
+                           q.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED,
+                           q.config.power_of_two_scales != 0};
+}
+
+}  // namespace cuda
+}  // namespace sfmoe
