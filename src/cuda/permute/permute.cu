@@ -25,6 +25,14 @@ namespace cuda {
 namespace {
 
 constexpr int kCopyThreads = 256;
+// The plain row copy's block and the vectors each thread keeps in flight (tuning knobs).
+#ifndef SFMOE_PERMUTE_COPY_THREADS
+#define SFMOE_PERMUTE_COPY_THREADS 128
+#endif
+#ifndef SFMOE_PERMUTE_COPY_UNROLL
+#define SFMOE_PERMUTE_COPY_UNROLL 8
+#endif
+constexpr int kRowCopyThreads = SFMOE_PERMUTE_COPY_THREADS;
 constexpr int kMaxDeviceSlots = kMaxDevicePermuteTopK;
 constexpr int kPaddingSplit = 8;  // blocks per expert that write its padding rows
 
@@ -165,7 +173,7 @@ __global__ void __launch_bounds__(kChunkTokens)
 template <class Vec>
 __device__ __forceinline__ void copy_row_to(const Vec* source, Vec* const* destinations, int count,
                                             int64_t vectors) {
-  constexpr int kUnroll = 4;
+  constexpr int kUnroll = SFMOE_PERMUTE_COPY_UNROLL;
   for (int64_t first = threadIdx.x; first < vectors; first += blockDim.x * kUnroll) {
     Vec value[kUnroll];
 #pragma unroll
@@ -193,7 +201,7 @@ __device__ __forceinline__ void zero_row(Vec* row, int64_t vectors) {
 // Blocks [0, T): token rows to their destinations. Blocks [T, T + E * kPaddingSplit): expert
 // e = (b - T) / split writes every split-th of its padding rows.
 template <class Vec>
-__global__ void __launch_bounds__(kCopyThreads)
+__global__ void __launch_bounds__(kRowCopyThreads)
     permute_copy_kernel(const Vec* tokens, int64_t num_tokens, int64_t top_k, int64_t row_vectors,
                         int64_t row_capacity, const int64_t* offsets,
                         const int64_t* tokens_per_expert, const int64_t* row_map, Vec* permuted) {
@@ -426,7 +434,7 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
   auto launch = [&](auto vec) {
     using Vec = decltype(vec);
     const int64_t vectors = row_bytes / static_cast<int64_t>(sizeof(Vec));
-    permute_copy_kernel<Vec><<<static_cast<unsigned>(blocks), kCopyThreads, 0, stream>>>(
+    permute_copy_kernel<Vec><<<static_cast<unsigned>(blocks), kRowCopyThreads, 0, stream>>>(
         static_cast<const Vec*>(a.tokens), a.num_tokens, a.top_k, vectors, a.row_capacity,
         a.expert_offsets, a.tokens_per_expert, a.row_map, static_cast<Vec*>(a.permuted));
   };
