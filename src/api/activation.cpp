@@ -203,6 +203,9 @@ sfmoe_status sfmoe_grouped_activation(const sfmoe_grouped_tensor* input,
                                              input->group_offsets + input->num_groups + 1);
     quantized.input = sfmoe::GroupedInput{values.data(), SFMOE_DTYPE_FP32, input->row_capacity,
                                           input_offsets.data(), 0};
+    // The input's offsets are the output's: nothing is re-aligned (alignment 1 keeps each
+    // group's rows where they are, whatever the output descriptor's row_alignment says).
+    quantized.row_alignment = 1;
     sfmoe::cpu::grouped_quantize(quantized);
     return SFMOE_SUCCESS;
   });

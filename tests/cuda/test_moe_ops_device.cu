@@ -257,6 +257,47 @@ TEST(CudaRouter, IdsProbabilitiesAndCountsEqualTheCpuBackend) {
   }
 }
 
+// Softmax after top-k with non-finite selected logits: the backward follows the forward's limits
+// (the +Inf logits share the probability, all -Inf gives uniform shares), so its gradients are
+// finite where the CPU reference's are, and close to them.
+TEST(CudaRouter, SoftmaxAfterTopKBackwardWithInfiniteLogits) {
+  SFMOE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(session_test_seed() + 17);
+  const int64_t tokens = 64, E = 16, k = 4;
+  std::vector<float> logits = make_logits(rng, tokens, E, false);
+  for (int64_t t = 0; t < tokens; t += 4) logits[t * E + rng() % E] = INFINITY;
+  for (int64_t t = 1; t < tokens; t += 8)
+    logits[t * E + rng() % E] = INFINITY, logits[t * E + 3] = INFINITY;
+  for (int64_t e = 0; e < E; ++e) logits[2 * E + e] = -INFINITY;
+  sfmoe_router_config c = sfmoe_router_config_init();
+  c.top_k = k;
+  c.softmax_after_topk = 1;
+  Twin<float> t_logits(logits), d_probs(tokens * k, 0.0f);
+  for (float& v : d_probs.host) v = std::normal_distribution<float>(0.0f, 1.0f)(rng);
+  CUDA_OK(d_probs.device.upload(d_probs.host));
+  RouterRun run(tokens, E, k);
+  for (sfmoe_memory m : kBoth) {
+    const sfmoe_tensor l = tensor_in(m, t_logits.on(m), SFMOE_DTYPE_FP32, {tokens, E});
+    const sfmoe_tensor ids = tensor_in(m, run.ids.on(m), SFMOE_DTYPE_INT32, {tokens, k});
+    const sfmoe_tensor probs = tensor_in(m, run.probs.on(m), SFMOE_DTYPE_FP32, {tokens, k});
+    const sfmoe_tensor counts = tensor_in(m, run.counts.on(m), SFMOE_DTYPE_INT64, {E});
+    const sfmoe_tensor dp = tensor_in(m, d_probs.on(m), SFMOE_DTYPE_FP32, {tokens, k});
+    const sfmoe_tensor dl = tensor_in(m, run.d_logits.on(m), SFMOE_DTYPE_FP32, {tokens, E});
+    ASSERT_EQ(sfmoe_router_forward(&l, nullptr, &c, &ids, &probs, &counts, nullptr, nullptr,
+                                   nullptr, nullptr),
+              SFMOE_SUCCESS)
+        << sfmoe_last_error();
+    ASSERT_EQ(sfmoe_router_backward(&l, &ids, &counts, &c, &dp, 0.0f, 0.0f, &dl, nullptr, nullptr),
+              SFMOE_SUCCESS)
+        << sfmoe_last_error();
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_TRUE(run.ids.same("topk_ids"));
+  EXPECT_TRUE(run.probs.same("probs"));
+  for (float v : run.d_logits.host) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_TRUE(close(run.d_logits.device.download(), run.d_logits.host, 1e-4, 1e-6, "d_logits"));
+}
+
 // A backward given an id that is no expert skips it and says so in the status word.
 TEST(CudaRouter, BadIdsInTheBackwardAreSkippedAndReported) {
   SFMOE_SKIP_WITHOUT_GPU();
@@ -666,8 +707,11 @@ TEST(CudaActivation, FusedQuantizationAndAmaxEqualTheCpuBackend) {
     sfmoe_scale_layout layout;
     bool pow2;
     int64_t cols;
+    int64_t in_alignment = 32;  // 1: group blocks of any size (the output keeps the offsets)
   };
   const Fused cases[] = {
+      {SFMOE_ACTIVATION_SWIGLU, SFMOE_SCALING_MX_1X32, SFMOE_DTYPE_FP8_E4M3,
+       SFMOE_SCALE_LAYOUT_COMPACT, false, 64, 1},
       {SFMOE_ACTIVATION_SWIGLU, SFMOE_SCALING_MX_1X32, SFMOE_DTYPE_FP8_E4M3,
        SFMOE_SCALE_LAYOUT_SWIZZLED, false, 96},
       {SFMOE_ACTIVATION_SWIGLU, SFMOE_SCALING_MX_1X32, SFMOE_DTYPE_FP8_E5M2,
@@ -685,11 +729,11 @@ TEST(CudaActivation, FusedQuantizationAndAmaxEqualTheCpuBackend) {
   for (const Fused& fc : cases) {
     const bool gated = fc.kind == SFMOE_ACTIVATION_SWIGLU || fc.kind == SFMOE_ACTIVATION_GEGLU ||
                        fc.kind == SFMOE_ACTIVATION_CLAMPED_SWIGLU;
-    const int64_t G = 40, a = 32, F = fc.cols, in_cols = gated ? 2 * F : F;
+    const int64_t G = 40, a = fc.in_alignment, F = fc.cols, in_cols = gated ? 2 * F : F;
     std::vector<int64_t> offsets(G + 1, 0), real(G);
     for (int64_t g = 0; g < G; ++g) {
       real[g] = g < 3 ? g * 17 : static_cast<int64_t>(rng() % 120);
-      offsets[g + 1] = offsets[g] + (real[g] + a - 1) / a * a;
+      offsets[g + 1] = offsets[g] + (real[g] + a - 1) / a * a + (a == 1 ? rng() % 3 : 0);
     }
     const int64_t R = offsets[G] + 32;
     Twin<uint8_t> input(make_rows(rng, R * in_cols, SFMOE_DTYPE_BF16));
@@ -715,7 +759,7 @@ TEST(CudaActivation, FusedQuantizationAndAmaxEqualTheCpuBackend) {
     for (sfmoe_memory m : kBoth) {
       const sfmoe_grouped_tensor in =
           rows_in(m, input.on(m), SFMOE_DTYPE_BF16, G, R, in_cols, a, t_offsets.on(m));
-      sfmoe_grouped_tensor out = rows_in(m, output.on(m), fc.dtype, G, R, F, a, out_offsets.on(m));
+      sfmoe_grouped_tensor out = rows_in(m, output.on(m), fc.dtype, G, R, F, 32, out_offsets.on(m));
       out.scaling = fc.scaling;
       out.scale_layout = fc.layout;
       if (quantized) out.rowwise_scale_inv = scales.on(m);

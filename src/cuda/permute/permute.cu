@@ -15,6 +15,7 @@
 #include "sfmoe/numerics/scale_swizzle.h"
 #include "sfmoe/numerics/scaling.h"
 #include "src/common/fault.h"
+#include "src/common/group_offsets.h"
 #include "src/cuda/backend.h"
 #include "src/cuda/common/cuda_check.h"
 #include "src/cuda/common/rowwise_quantize.h"
@@ -33,6 +34,7 @@ constexpr int kCopyThreads = 256;
 #define SFMOE_PERMUTE_COPY_UNROLL 8
 #endif
 constexpr int kRowCopyThreads = SFMOE_PERMUTE_COPY_THREADS;
+static_assert(kRowCopyThreads >= kMaxDevicePermuteTopK, "a thread per slot places the rows");
 constexpr int kMaxDeviceSlots = kMaxDevicePermuteTopK;
 constexpr int kPaddingSplit = 8;  // blocks per expert that write its padding rows
 
@@ -349,10 +351,15 @@ __global__ void __launch_bounds__(kCopyThreads) unpermute_backward_kernel(Unperm
   __shared__ float partial[kMaxDeviceSlots][kCopyThreads / 32];
   const int64_t b = blockIdx.x;
   if (b >= a.num_tokens) {
+    // The offsets and row counts come from the caller here: clamped into the capacity and the
+    // group's block, so that bad ones cannot write out of bounds (they are reported when the
+    // offsets are checked against a status word).
     const int64_t pad = b - a.num_tokens;
     const int64_t e = pad / kPaddingSplit, part = pad % kPaddingSplit;
-    const int64_t end = a.offsets[e + 1] < a.row_capacity ? a.offsets[e + 1] : a.row_capacity;
-    for (int64_t row = a.offsets[e] + a.group_rows[e] + part; row < end; row += kPaddingSplit) {
+    const GroupRows block = clamp_group_rows(a.offsets, e, a.row_capacity);
+    int64_t real = a.group_rows[e];
+    real = real < 0 ? 0 : (real > block.end - block.begin ? block.end - block.begin : real);
+    for (int64_t row = block.begin + real + part; row < block.end; row += kPaddingSplit) {
       for (int64_t h = threadIdx.x; h < a.hidden; h += kCopyThreads) {
         store_element(a.d_rows, a.d_rows_dtype, row * a.hidden + h, 0.0f);
       }

@@ -555,31 +555,64 @@ __global__ void __launch_bounds__(kThreads)
       }
       __syncwarp();
       if (!c.sigmoid && c.softmax_after_topk) {
-        // u = softmax over the selected logits (plain order: gradients are compared with a
-        // tolerance): d x_id = u_i (dp_i scale - sum_j dp_j scale u_j).
-        float max = -INFINITY, sum = 0.0f, dot = 0.0f;
-        for (int i = 0; i < k; ++i) {
+        // u = softmax over the selected logits with the forward's rules for non-finite logits
+        // (a sum in plain order: gradients are compared with a tolerance); lane i computes u_i.
+        // d x_id = u_i (dp_i scale - sum_j dp_j scale u_j).
+        for (int i = sub; i < k; i += kLanes) {
           const int id = picked_id[slot][i];
-          if (id >= 0) max = fmaxf(max, load_logit(logits + t * experts + id));
+          picked_u[slot][i] = id >= 0 ? load_logit(logits + t * experts + id) : NAN;
         }
+        __syncwarp();
+        bool any = false;
+        float max = -INFINITY;
+        int counted = 0;
         for (int i = 0; i < k; ++i) {
-          const int id = picked_id[slot][i];
-          if (id >= 0) sum += __expf(load_logit(logits + t * experts + id) - max);
+          const float v = picked_u[slot][i];
+          if (v == v) {
+            max = fmaxf(max, v);
+            any = true;
+            ++counted;
+          }
         }
+        const bool limit = any && (max == INFINITY || max == -INFINITY);
+        int at_max = 0;
+        float sum = 0.0f;
         for (int i = 0; i < k; ++i) {
-          const int id = picked_id[slot][i];
-          if (id < 0) continue;
-          const float u = __expf(load_logit(logits + t * experts + id) - max) / sum;
-          dot += a.d_probs[t * k + i] * c.scaling_factor * u;
+          const float v = picked_u[slot][i];
+          at_max += v == max ? 1 : 0;
+          if (v == v) sum += __expf(v - max);
+        }
+        float u_mine[kMaxDeviceTopK / kLanes];
+#pragma unroll
+        for (int r = 0; r < kMaxDeviceTopK / kLanes; ++r) {
+          const int i = sub + r * kLanes;
+          const float v = i < k ? picked_u[slot][i] : 0.0f;
+          u_mine[r] = v != v
+                          ? v
+                          : (limit ? (v == max ? 1.0f / (max == INFINITY ? at_max : counted) : 0.0f)
+                                   : __expf(v - max) / sum);
+        }
+        __syncwarp();
+#pragma unroll
+        for (int r = 0; r < kMaxDeviceTopK / kLanes; ++r) {
+          const int i = sub + r * kLanes;
+          if (i < k) picked_u[slot][i] = u_mine[r];
+        }
+        __syncwarp();
+        float dot = 0.0f;
+        for (int i = 0; i < k; ++i) {
+          if (picked_id[slot][i] < 0) continue;
+          dot += (active ? a.d_probs[t * k + i] : 0.0f) * c.scaling_factor * picked_u[slot][i];
         }
         for (int i = 0; i < k; ++i) {
           const int id = picked_id[slot][i];
           if (id < base || id >= base + count) continue;
-          const float u = __expf(load_logit(logits + t * experts + id) - max) / sum;
+          const float u = picked_u[slot][i];
 #pragma unroll
           for (int j = 0; j < kV; ++j) {
-            if (j < count && base + j == id)
-              dx[j] += u * (a.d_probs[t * k + i] * c.scaling_factor - dot);
+            if (j < count && base + j == id) {
+              dx[j] += u * ((active ? a.d_probs[t * k + i] : 0.0f) * c.scaling_factor - dot);
+            }
           }
         }
       } else {
