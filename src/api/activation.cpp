@@ -181,6 +181,7 @@ sfmoe_status sfmoe_grouped_activation(const sfmoe_grouped_tensor* input,
       return sfmoe::cuda::activation_forward(args, input->row_capacity, word ? word->word : nullptr,
                                              stream);
 #else
+      (void)stream;
       return SFMOE_ERROR_INTERNAL;
 #endif
     }
@@ -250,6 +251,7 @@ sfmoe_status sfmoe_grouped_activation_backward(const sfmoe_grouped_tensor* input
       return sfmoe::cuda::activation_backward(args, input->row_capacity,
                                               word ? word->word : nullptr, stream);
 #else
+      (void)stream;
       return SFMOE_ERROR_INTERNAL;
 #endif
     }

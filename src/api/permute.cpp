@@ -59,7 +59,7 @@ sfmoe_status check_row_map(const char* context, const sfmoe_tensor* row_map, int
 }
 
 // The device kernels stage a token's k slots in shared memory.
-sfmoe_status check_device_top_k(const char* context, int64_t k) {
+[[maybe_unused]] sfmoe_status check_device_top_k(const char* context, int64_t k) {
   if (k > kMaxDevicePermuteTopK) {
     return fail(SFMOE_ERROR_UNSUPPORTED,
                 "%s: the CUDA kernels handle up to %d slots per token (k = %lld)", context,
@@ -197,6 +197,8 @@ sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_
               fused ? &quantized : nullptr},
           stream);
 #else
+      (void)stream;
+      (void)workspace;
       return SFMOE_ERROR_INTERNAL;
 #endif
     }
@@ -284,6 +286,7 @@ sfmoe_status sfmoe_unpermute(const sfmoe_grouped_tensor* rows, const sfmoe_tenso
       SFMOE_RETURN_IF_ERROR(sfmoe::check_device_top_k(context, k));
       return sfmoe::cuda::unpermute(args, stream);
 #else
+      (void)stream;
       return SFMOE_ERROR_INTERNAL;
 #endif
     }
@@ -359,6 +362,7 @@ sfmoe_status sfmoe_unpermute_backward(const sfmoe_tensor* d_out, const sfmoe_gro
       }
       return sfmoe::cuda::unpermute_backward(args, stream);
 #else
+      (void)stream;
       return SFMOE_ERROR_INTERNAL;
 #endif
     }

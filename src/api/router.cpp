@@ -105,7 +105,7 @@ sfmoe_status check_logits(const char* context, const sfmoe_tensor* logits) {
 }
 
 // The CUDA router's bounds (registers and shared memory hold a token's scores and picks).
-sfmoe_status check_device_bounds(const char* context, const RouterConfig& c) {
+[[maybe_unused]] sfmoe_status check_device_bounds(const char* context, const RouterConfig& c) {
   if (c.num_experts > kMaxDeviceExperts || c.num_groups > kMaxDeviceGroups ||
       c.top_k > kMaxDeviceTopK) {
     return fail(SFMOE_ERROR_UNSUPPORTED,
@@ -204,6 +204,8 @@ sfmoe_status sfmoe_router_forward(const sfmoe_tensor* logits, const sfmoe_tensor
               sfmoe::router_aux_factor(c, tokens), sfmoe::router_z_factor(c, tokens)},
           stream);
 #else
+      (void)stream;
+      (void)workspace;
       return SFMOE_ERROR_INTERNAL;
 #endif
     }
@@ -259,6 +261,7 @@ sfmoe_status sfmoe_router_backward(const sfmoe_tensor* logits, const sfmoe_tenso
               word ? word->word : nullptr},
           stream);
 #else
+      (void)stream;
       return SFMOE_ERROR_INTERNAL;
 #endif
     }
