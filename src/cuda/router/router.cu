@@ -382,24 +382,17 @@ __global__ void __launch_bounds__(kThreads, kV <= 8 ? 4 : 2)
 
     // Top-k, best first. The owner of each pick records its score (or logit) for the
     // probabilities and counts it.
-    // The owner's update is written with selects, not a branch per register (which compiled to
-    // a convergence region per value and dominated the kernel's instruction count).
-    int32_t* token_ids = a.topk_ids + t * k;
     for (int i = 0; i < k; ++i) {
       const Pick best = token_argmax(lane_best(key, base));
-      const int mine = best.index - base;
-      float value = 0.0f;
 #pragma unroll
       for (int j = 0; j < kV; ++j) {
-        const bool hit = j == mine;
-        key[j] = hit ? 0u : key[j];
-        value = hit ? (c.softmax_after_topk ? x[j] : s[j]) : value;
+        if (j < count && base + j == best.index) {
+          key[j] = 0u;
+          shared.picked[slot][i] = c.softmax_after_topk ? x[j] : s[j];
+          if (active) atomicAdd(&shared.counts[best.index], 1);
+        }
       }
-      if (mine >= 0 && mine < count) {
-        shared.picked[slot][i] = value;
-        if (active) atomicAdd(&shared.counts[best.index], 1);
-      }
-      if (active && sub == 0) token_ids[i] = best.index;
+      if (active && sub == 0) a.topk_ids[t * k + i] = best.index;
     }
     __syncwarp();
 
