@@ -177,15 +177,10 @@ sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_
                            "%s: the CUDA kernels handle up to %d experts (got %lld)", context,
                            sfmoe::kMaxDevicePermuteExperts, static_cast<long long>(experts));
       }
-      const int64_t needed = sfmoe::permute_workspace_elements(t_count, experts);
-      if (workspace == nullptr) {
-        return sfmoe::fail(SFMOE_ERROR_NULL_POINTER,
-                           "%s: the device needs a workspace of %lld int32 (see "
-                           "sfmoe_permute_workspace_elements)",
-                           context, static_cast<long long>(needed));
-      }
-      SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "workspace", workspace,
-                                                 {SFMOE_DTYPE_INT32}, {needed}, tokens, "tokens"));
+      SFMOE_RETURN_IF_ERROR(
+          sfmoe::expect_workspace(context, workspace, SFMOE_DTYPE_INT32,
+                                  sfmoe::permute_workspace_elements(t_count, experts),
+                                  "sfmoe_permute_workspace_elements", tokens, "tokens"));
       return sfmoe::cuda::permute(
           sfmoe::PermuteArgs{
               tokens->data, tokens->dtype, t_count, hidden, k, experts,

@@ -182,15 +182,10 @@ sfmoe_status sfmoe_router_forward(const sfmoe_tensor* logits, const sfmoe_tensor
       SFMOE_RETURN_IF_ERROR(sfmoe::check_device_bounds(context, c));
       float* partials = nullptr;
       if (aux_loss != nullptr || z_loss != nullptr) {
-        const int64_t needed = sfmoe::router_workspace_floats(tokens, experts);
-        if (workspace == nullptr) {
-          return sfmoe::fail(SFMOE_ERROR_NULL_POINTER,
-                             "%s: a loss on the device needs a workspace of %lld fp32 (see "
-                             "sfmoe_router_workspace_floats)",
-                             context, static_cast<long long>(needed));
-        }
-        SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "workspace", workspace,
-                                                   {SFMOE_DTYPE_FP32}, {needed}, logits, "logits"));
+        // A loss on the device needs the per-block partials' workspace.
+        SFMOE_RETURN_IF_ERROR(sfmoe::expect_workspace(
+            context, workspace, SFMOE_DTYPE_FP32, sfmoe::router_workspace_floats(tokens, experts),
+            "sfmoe_router_workspace_floats", logits, "logits"));
         partials = static_cast<float*>(workspace->data);
       }
       return sfmoe::cuda::router_forward(

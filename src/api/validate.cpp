@@ -417,4 +417,14 @@ sfmoe_status check_word(const char* context, const sfmoe_status_word* word, sfmo
   return SFMOE_SUCCESS;
 }
 
+sfmoe_status expect_workspace(const char* context, const sfmoe_tensor* workspace, sfmoe_dtype dtype,
+                              int64_t elements, const char* size_function, const sfmoe_tensor* home,
+                              const char* home_name) {
+  if (workspace == nullptr) {
+    return fail(SFMOE_ERROR_NULL_POINTER, "%s: the device needs a workspace of %lld %s (see %s)",
+                context, static_cast<long long>(elements), sfmoe_dtype_name(dtype), size_function);
+  }
+  return expect_tensor(context, "workspace", workspace, {dtype}, {elements}, home, home_name);
+}
+
 }  // namespace sfmoe

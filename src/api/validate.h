@@ -50,6 +50,11 @@ sfmoe_status expect_unquantized_rows(const char* context, const char* name,
 // (check_group) before anything is written; SFMOE_ERROR_INVALID_ARGUMENT on the first fault.
 sfmoe_status check_host_group_offsets(const char* context, const char* name,
                                       const sfmoe_grouped_tensor* t);
+// A device workspace: a valid 1-D tensor of exactly `elements` of `dtype` beside `home`;
+// SFMOE_ERROR_NULL_POINTER naming `size_function` (the API call that sizes it) when it is NULL.
+sfmoe_status expect_workspace(const char* context, const sfmoe_tensor* workspace, sfmoe_dtype dtype,
+                              int64_t elements, const char* size_function, const sfmoe_tensor* home,
+                              const char* home_name);
 // A status word (or NULL) in the tensors' memory space.
 sfmoe_status check_word(const char* context, const sfmoe_status_word* word, sfmoe_memory memory,
                         int32_t device);

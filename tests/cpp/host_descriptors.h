@@ -3,6 +3,7 @@
 
 #include <stdint.h>
 
+#include <utility>
 #include <vector>
 
 #include "sfmoe/sfmoe.h"
@@ -10,17 +11,22 @@
 namespace sfmoe {
 namespace testing {
 
-inline sfmoe_tensor host_tensor(void* data, sfmoe_dtype dtype, std::vector<int64_t> dims) {
-  return sfmoe_tensor_make(data, dtype, static_cast<int32_t>(dims.size()), dims.data(),
-                           SFMOE_MEMORY_HOST, 0);
+inline sfmoe_tensor tensor_in(sfmoe_memory memory, void* data, sfmoe_dtype dtype,
+                              std::vector<int64_t> dims) {
+  return sfmoe_tensor_make(data, dtype, static_cast<int32_t>(dims.size()), dims.data(), memory, 0);
 }
 
-// Unquantized rows in groups given by `offsets` (num_groups + 1 entries).
-inline sfmoe_grouped_tensor host_rows(void* data, sfmoe_dtype dtype, int64_t num_groups,
-                                      int64_t row_capacity, int64_t cols, int64_t row_alignment,
-                                      int64_t* offsets) {
+inline sfmoe_tensor host_tensor(void* data, sfmoe_dtype dtype, std::vector<int64_t> dims) {
+  return tensor_in(SFMOE_MEMORY_HOST, data, dtype, std::move(dims));
+}
+
+// Rows (unquantized unless the caller sets a scaling) in groups given by `offsets`
+// (num_groups + 1 entries), in `memory` (device 0 for CUDA).
+inline sfmoe_grouped_tensor rows_in(sfmoe_memory memory, void* data, sfmoe_dtype dtype,
+                                    int64_t num_groups, int64_t row_capacity, int64_t cols,
+                                    int64_t row_alignment, int64_t* offsets) {
   sfmoe_grouped_tensor g = sfmoe_grouped_tensor_init();
-  g.memory = SFMOE_MEMORY_HOST;
+  g.memory = memory;
   g.dtype = dtype;
   g.num_groups = num_groups;
   g.row_capacity = row_capacity;
@@ -29,6 +35,13 @@ inline sfmoe_grouped_tensor host_rows(void* data, sfmoe_dtype dtype, int64_t num
   g.group_offsets = offsets;
   g.rowwise_data = data;
   return g;
+}
+
+inline sfmoe_grouped_tensor host_rows(void* data, sfmoe_dtype dtype, int64_t num_groups,
+                                      int64_t row_capacity, int64_t cols, int64_t row_alignment,
+                                      int64_t* offsets) {
+  return rows_in(SFMOE_MEMORY_HOST, data, dtype, num_groups, row_capacity, cols, row_alignment,
+                 offsets);
 }
 
 }  // namespace testing

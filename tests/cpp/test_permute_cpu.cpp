@@ -387,16 +387,9 @@ TEST(PermuteApi, FusedQuantizationRefusals) {
   sfmoe_tensor t_ids = host_tensor(ids.data(), SFMOE_DTYPE_INT32, {tokens_count, k});
   sfmoe_tensor t_map = host_tensor(row_map.data(), SFMOE_DTYPE_INT64, {tokens_count, k});
   sfmoe_tensor t_kept = host_tensor(kept.data(), SFMOE_DTYPE_INT64, {experts});
-  sfmoe_grouped_tensor q = sfmoe_grouped_tensor_init();
-  q.memory = SFMOE_MEMORY_HOST;
-  q.dtype = SFMOE_DTYPE_FP8_E4M3;
+  sfmoe_grouped_tensor q = testing::host_rows(codes.data(), SFMOE_DTYPE_FP8_E4M3, experts,
+                                              capacity_rows, hidden, alignment, offsets.data());
   q.scaling = SFMOE_SCALING_MX_1X32;
-  q.num_groups = experts;
-  q.row_capacity = capacity_rows;
-  q.cols = hidden;
-  q.row_alignment = alignment;
-  q.group_offsets = offsets.data();
-  q.rowwise_data = codes.data();
   q.rowwise_scale_inv = scales.data();
   sfmoe_permute_config config = sfmoe_permute_config_init();
   ASSERT_EQ(

@@ -13,6 +13,7 @@
 #include "sfmoe/numerics.h"
 #include "sfmoe/permute.h"
 #include "sfmoe/router.h"
+#include "tests/cpp/host_descriptors.h"
 #include "tests/cpp/numerics_cases.h"
 #include "tests/cuda/gpu_test_util.h"
 
@@ -47,24 +48,6 @@ struct Twin {
                                          << " elements differ, first at " << first;
   }
 };
-
-sfmoe_tensor tensor_in(sfmoe_memory m, void* data, sfmoe_dtype dtype, std::vector<int64_t> dims) {
-  return sfmoe_tensor_make(data, dtype, static_cast<int32_t>(dims.size()), dims.data(), m, 0);
-}
-
-sfmoe_grouped_tensor rows_in(sfmoe_memory m, void* data, sfmoe_dtype dtype, int64_t groups,
-                             int64_t capacity, int64_t cols, int64_t alignment, int64_t* offsets) {
-  sfmoe_grouped_tensor g = sfmoe_grouped_tensor_init();
-  g.memory = m;
-  g.dtype = dtype;
-  g.num_groups = groups;
-  g.row_capacity = capacity;
-  g.cols = cols;
-  g.row_alignment = alignment;
-  g.group_offsets = offsets;
-  g.rowwise_data = data;
-  return g;
-}
 
 constexpr sfmoe_memory kBoth[] = {SFMOE_MEMORY_HOST, SFMOE_MEMORY_CUDA};
 
@@ -544,17 +527,9 @@ TEST(CudaPermute, FusedQuantizationEqualsTheCpuBackend) {
     for (sfmoe_memory m : kBoth) {
       const sfmoe_tensor t_x = tensor_in(m, x.on(m), fc.in_dtype, {tokens, H});
       const sfmoe_tensor t_ids = tensor_in(m, ids.on(m), SFMOE_DTYPE_INT32, {tokens, k});
-      sfmoe_grouped_tensor g = sfmoe_grouped_tensor_init();
-      g.memory = m;
-      g.dtype = fc.dtype;
+      sfmoe_grouped_tensor g = rows_in(m, codes.on(m), fc.dtype, E, R, H, a, offsets.on(m));
       g.scaling = fc.scaling;
       g.scale_layout = fc.layout;
-      g.num_groups = E;
-      g.row_capacity = R;
-      g.cols = H;
-      g.row_alignment = a;
-      g.group_offsets = offsets.on(m);
-      g.rowwise_data = codes.on(m);
       g.rowwise_scale_inv = scales.on(m);
       const sfmoe_tensor t_map = tensor_in(m, row_map.on(m), SFMOE_DTYPE_INT64, {tokens, k});
       const sfmoe_tensor t_kept = tensor_in(m, kept.on(m), SFMOE_DTYPE_INT64, {E});
