@@ -1,7 +1,7 @@
 """Grouped activations (docs/activations.md), forward and backward, on host arrays (the CPU
 reference) or CUDA tensors (the device kernels, same bits)."""
 
-from . import _C, _arrays
+from . import _C, _arrays, _quantize
 from ._dtypes import DType, as_dtype
 
 ACTIVATIONS = {"swiglu": 0, "geglu": 1, "silu": 2, "gelu": 3, "squared_relu": 4, "clamped_swiglu": 5}
@@ -24,7 +24,8 @@ def _groups(group_offsets, group_rows):
 
 
 def grouped_activation(x, group_offsets, group_rows, activation="swiglu", *, limit=7.0, alpha=1.702,
-                       out_dtype=None):
+                       out_dtype=None, return_amax=False, quantize=None, fmt="e4m3", scale_layout="compact",
+                       power_of_two_scales=False):
     """The activation of each group's real rows (docs/activations.md).
 
     x: [row_capacity, 2F] ([gate | up]) for "swiglu", "geglu" and "clamped_swiglu", [row_capacity,
@@ -32,6 +33,12 @@ def grouped_activation(x, group_offsets, group_rows, activation="swiglu", *, lim
     int64 block starts (e.g. PermuteOutput.group_offsets); group_rows: [G] int64 real rows of each
     group (e.g. tokens_per_expert). Padding rows of the output are zeros. limit / alpha: the clamped
     SwiGLU's. Returns [row_capacity, F] in out_dtype (default: x's dtype).
+
+    return_amax: also return each group's amax of the FP32 activations ([G] float32): (out, amax).
+    quantize: None, or "mxfp8" / "fp8_block_1x128" to quantize the output on the fly (the same
+    bytes as :func:`sfmoe.quantize` of the FP32 activations with these offsets), with fmt,
+    scale_layout and power_of_two_scales as there; out is then a
+    :class:`sfmoe.GroupedQuantizedTensor` (rowwise copy only).
     """
     kind = _kind(activation)
     adapter, x, dtype = _input(x, "x")
@@ -39,12 +46,24 @@ def grouped_activation(x, group_offsets, group_rows, activation="swiglu", *, lim
     out_cols = cols // 2 if activation in GATED else cols
     if activation in GATED and cols % 2:
         raise ValueError(f"x: a gated activation needs an even number of columns, got {cols}")
+    offsets, counts = _groups(group_offsets, group_rows)
+    num_groups = int(len(group_rows))
+    amax = adapter.empty((num_groups,), DType.FP32, x) if return_amax else None
+    if quantize is not None:
+        out = _quantize.quantized_rows(adapter, x, quantize, fmt, scale_layout, power_of_two_scales, rows, out_cols,
+                                       num_groups, 1, adapter.empty((num_groups + 1,), DType.INT64, x))
+        out.amax = amax
+        with adapter.device_context(x):
+            _C.grouped_activation_quantized(adapter.for_binding(x), int(dtype), offsets, counts, kind, float(limit),
+                                            float(alpha), out._descriptor(adapter), out.config._fields(),
+                                            adapter.stream(x))
+        return (out, amax) if return_amax else out
     out_type = dtype if out_dtype is None else as_dtype(out_dtype, "out_dtype")
     out = adapter.empty((rows, out_cols), out_type, x)
-    offsets, counts = _groups(group_offsets, group_rows)
     _C.grouped_activation(adapter.for_binding(x), int(dtype), offsets, counts, kind, float(limit), float(alpha),
-                          adapter.for_binding(out), int(out_type), adapter.stream(x))
-    return out
+                          adapter.for_binding(out), int(out_type), None if amax is None else adapter.for_binding(amax),
+                          adapter.stream(x))
+    return (out, amax) if return_amax else out
 
 
 def grouped_activation_backward(x, d_out, group_offsets, group_rows, activation="swiglu", *, limit=7.0,

@@ -1174,15 +1174,48 @@ sfmoe_activation_config activation_config(int32_t kind, double limit, double alp
 void grouped_activation(nb::ndarray<nb::ro> input, int32_t input_dtype,
                         nb::ndarray<nb::ro> group_offsets, nb::ndarray<nb::ro> group_rows,
                         int32_t kind, double limit, double alpha, nb::ndarray<> output,
-                        int32_t output_dtype, uint64_t stream) {
+                        int32_t output_dtype, nb::object amax, uint64_t stream) {
   const sfmoe_tensor t_in = describe_array("input", input, input_dtype);
   const sfmoe_tensor t_offsets = describe_array("group_offsets", group_offsets, SFMOE_DTYPE_INT64);
   const sfmoe_tensor t_rows = describe_array("group_rows", group_rows, SFMOE_DTYPE_INT64);
   const sfmoe_tensor t_out = describe_array("output", output, output_dtype);
   const int64_t groups = t_offsets.ndim == 1 ? t_offsets.shape[0] - 1 : 0;
   const sfmoe_grouped_tensor g_in = rows_descriptor(t_in, groups, 1, t_offsets);
-  const sfmoe_grouped_tensor g_out = rows_descriptor(t_out, groups, 1, t_offsets);
+  sfmoe_grouped_tensor g_out = rows_descriptor(t_out, groups, 1, t_offsets);
+  nb::ndarray<> amax_array;
+  if (!amax.is_none()) {
+    amax_array = nb::cast<nb::ndarray<>>(amax);
+    g_out.amax = static_cast<float*>(describe_array("amax", amax_array, SFMOE_DTYPE_FP32).data);
+  }
   const sfmoe_activation_config c = activation_config(kind, limit, alpha);
+  sfmoe_status status;
+  {
+    nb::gil_scoped_release release;
+    status = sfmoe_grouped_activation(&g_in, &t_rows, &c, &g_out, nullptr, stream_pointer(stream));
+  }
+  check(status);
+}
+
+// The activation quantized on the fly: `output` is a dict of the quantized grouped tensor's
+// fields (as for grouped_quantize), `config` the quantize options.
+void grouped_activation_quantized(nb::ndarray<nb::ro> input, int32_t input_dtype,
+                                  nb::ndarray<nb::ro> group_offsets,
+                                  nb::ndarray<nb::ro> group_rows, int32_t kind, double limit,
+                                  double alpha, nb::dict output, nb::object config,
+                                  uint64_t stream) {
+  const char* function = "grouped_activation";
+  const sfmoe_tensor t_in = describe_array("input", input, input_dtype);
+  const sfmoe_tensor t_offsets = describe_array("group_offsets", group_offsets, SFMOE_DTYPE_INT64);
+  const sfmoe_tensor t_rows = describe_array("group_rows", group_rows, SFMOE_DTYPE_INT64);
+  const int64_t groups = t_offsets.ndim == 1 ? t_offsets.shape[0] - 1 : 0;
+  const sfmoe_grouped_tensor g_in = rows_descriptor(t_in, groups, 1, t_offsets);
+  std::vector<nb::ndarray<>> keep;
+  Placement placement;
+  sfmoe_grouped_tensor g_out = describe_grouped(function, "output", output, &keep, &placement);
+  place(&g_out, placement);
+  const sfmoe_quantize_config q = describe_config(function, config);
+  sfmoe_activation_config c = activation_config(kind, limit, alpha);
+  c.quantize = &q;
   sfmoe_status status;
   {
     nb::gil_scoped_release release;
@@ -1360,7 +1393,13 @@ NB_MODULE(_C, m) {
         "sfmoe_unpermute_backward.");
   m.def("grouped_activation", &grouped_activation, "input"_a, "input_dtype"_a, "group_offsets"_a,
         "group_rows"_a, "kind"_a, "limit"_a, "alpha"_a, "output"_a.noconvert(), "output_dtype"_a,
-        "stream"_a = 0, "sfmoe_grouped_activation.");
+        "amax"_a.none() = nb::none(), "stream"_a = 0,
+        "sfmoe_grouped_activation (amax: [G] float32 for the group amax, or None).");
+  m.def("grouped_activation_quantized", &grouped_activation_quantized, "input"_a, "input_dtype"_a,
+        "group_offsets"_a, "group_rows"_a, "kind"_a, "limit"_a, "alpha"_a, "output"_a,
+        "config"_a.none(), "stream"_a = 0,
+        "sfmoe_grouped_activation into a quantized output; `output` is a dict of "
+        "sfmoe_grouped_tensor fields.");
   m.def("grouped_activation_backward", &grouped_activation_backward, "input"_a, "input_dtype"_a,
         "group_offsets"_a, "group_rows"_a, "d_output"_a, "d_output_dtype"_a, "kind"_a, "limit"_a,
         "alpha"_a, "d_input"_a.noconvert(), "d_input_dtype"_a, "stream"_a = 0,

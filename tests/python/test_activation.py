@@ -88,3 +88,44 @@ def test_read_only_offsets_are_accepted(rng):
     out = sfmoe.grouped_activation(x, offsets, rows, "swiglu")
     d = sfmoe.grouped_activation_backward(x, np.ones_like(out), offsets, rows, "swiglu")
     assert out.shape == (64, 6) and d.shape == x.shape
+
+
+def _grouped_rows(rng, groups=5, alignment=32):
+    rows = np.array([3, 0, 40, 17, 1][:groups], np.int64)
+    offsets = np.zeros(groups + 1, np.int64)
+    offsets[1:] = np.cumsum((rows + alignment - 1) // alignment * alignment)
+    return offsets, rows
+
+
+def test_group_amax_is_the_largest_magnitude_of_the_real_rows(rng):
+    offsets, rows = _grouped_rows(rng)
+    x = (rng.normal(size=(int(offsets[-1]) + 8, 2 * 96)) * 3).astype(np.float32)
+    x[offsets[3], 5] = np.nan  # a NaN in a real row makes its group's amax NaN
+    y, amax = sfmoe.grouped_activation(x, offsets, rows, "swiglu", out_dtype="fp32", return_amax=True)
+    for g in range(len(rows)):
+        real = y[offsets[g]:offsets[g] + rows[g]]
+        if rows[g] == 0:
+            assert amax[g] == 0.0
+        elif np.isnan(real).any():
+            assert np.isnan(amax[g])
+        else:
+            assert amax[g] == np.abs(real).max()
+
+
+@pytest.mark.parametrize("recipe,layout,cols", [("mxfp8", "swizzled", 96), ("mxfp8", "compact", 64),
+                                                ("fp8_block_1x128", "compact", 128)])
+def test_fused_output_quantization_is_the_quantized_fp32_activations(recipe, layout, cols, rng):
+    offsets, rows = _grouped_rows(rng)
+    capacity = int(offsets[-1]) + 8
+    x = (rng.normal(size=(capacity, 2 * cols)) * 3).astype(np.float32)
+    q = sfmoe.grouped_activation(x, offsets, rows, "swiglu", quantize=recipe, scale_layout=layout)
+    y = sfmoe.grouped_activation(x, offsets, rows, "swiglu", out_dtype="fp32")
+    want = sfmoe.quantize(y, recipe, group_offsets=offsets, row_alignment=1, out_row_capacity=capacity,
+                          scale_layout=layout)
+    end = int(offsets[-1])
+    np.testing.assert_array_equal(q.data[:end].view(np.uint8), want.data[:end].view(np.uint8))
+    np.testing.assert_array_equal(q.compact_scale_inv()[:end].view(np.uint8),
+                                  want.compact_scale_inv()[:end].view(np.uint8))
+    np.testing.assert_array_equal(q.group_offsets, offsets)
+    with pytest.raises(sfmoe.Error):
+        sfmoe.grouped_activation(x, offsets, rows, "swiglu", quantize="fp8_tensor")

@@ -517,3 +517,23 @@ def test_cuda_fused_permute_quantization_matches_host(recipe, layout, rng):
     assert torch.equal(dev.rows.data[:end].cpu().view(torch.uint8), host.rows.data[:end].view(torch.uint8))
     assert torch.equal(dev.rows.compact_scale_inv()[:end].cpu().view(torch.uint8),
                        host.rows.compact_scale_inv()[:end].view(torch.uint8))
+
+
+@requires_cuda
+@pytest.mark.parametrize("recipe,layout", [("mxfp8", "swizzled"), ("fp8_block_1x128", "compact")])
+def test_cuda_fused_activation_quantization_and_amax_match_host(recipe, layout, rng):
+    rows = torch.tensor([3, 0, 40, 17, 1], dtype=torch.int64)
+    offsets = torch.zeros(6, dtype=torch.int64)
+    offsets[1:] = torch.cumsum((rows + 31) // 32 * 32, 0)
+    capacity = int(offsets[-1]) + 8
+    x = torch.from_numpy((rng.standard_normal((capacity, 256)) * 3).astype(np.float32)).to(torch.bfloat16)
+    host, host_amax = sfmoe.grouped_activation(x, offsets, rows, "swiglu", quantize=recipe, scale_layout=layout,
+                                               return_amax=True)
+    dev, dev_amax = sfmoe.grouped_activation(x.cuda(), offsets.cuda(), rows.cuda(), "swiglu", quantize=recipe,
+                                             scale_layout=layout, return_amax=True)
+    torch.cuda.synchronize()
+    end = int(offsets[-1])
+    assert torch.equal(dev.data[:end].cpu().view(torch.uint8), host.data[:end].view(torch.uint8))
+    assert torch.equal(dev.compact_scale_inv()[:end].cpu().view(torch.uint8),
+                       host.compact_scale_inv()[:end].view(torch.uint8))
+    assert torch.equal(dev_amax.cpu().view(torch.int32), host_amax.view(torch.int32))
