@@ -390,38 +390,8 @@ def quantize(
                 f"out_row_capacity: fp4_e2m1 tensors need an even row capacity, got {capacity}"
             )
 
-    def data_array(logical):
-        return adapter.empty(_arrays.container_shape(logical, dtype, "data"), dtype, x)
-
-    scale_dtype = DType(_C.scale_dtype(int(scaling)))
-
-    def scale_array(copy_rows, copy_cols):
-        shape = _C.scale_shape(int(scaling), int(layout), num_groups, copy_rows, copy_cols)
-        return adapter.empty(shape, scale_dtype, x)
-
-    has_amax = scaling == Scaling.TENSOR or scaling in _NVFP4
-    q = GroupedQuantizedTensor(
-        data=data_array((capacity, cols)) if rowwise else None,
-        columnwise_data=data_array((cols, capacity)) if columnwise else None,
-        scale_inv=scale_array(capacity, cols) if rowwise else None,
-        columnwise_scale_inv=scale_array(cols, capacity) if columnwise else None,
-        amax=adapter.empty((num_groups,), DType.FP32, x) if has_amax else None,
-        columnwise_amax=(
-            adapter.empty((num_groups,), DType.FP32, x)
-            if scaling == Scaling.NV_1X16 and config.hadamard and columnwise
-            else None
-        ),
-        group_offsets=(None if uniform_rows else adapter.empty((num_groups + 1,), DType.INT64, x)),
-        recipe=_RECIPE_OF[scaling],
-        dtype=dtype,
-        scale_layout=layout,
-        row_alignment=a,
-        rows=capacity,
-        cols=cols,
-        num_groups=num_groups,
-        config=config,
-        uniform_group_rows=uniform_rows,
-    )
+    q = _allocate(adapter, x, scaling, dtype, layout, config, capacity, cols, num_groups, a, rowwise, columnwise,
+                  None if uniform_rows else adapter.empty((num_groups + 1,), DType.INT64, x), uniform_rows)
     with adapter.device_context(x):
         _C.grouped_quantize(
             _input_descriptor(adapter, x, in_dtype, offsets, uniform_rows, num_groups),
@@ -433,24 +403,32 @@ def quantize(
     return q
 
 
-def quantized_rows(adapter, x, recipe, fmt, scale_layout, power_of_two_scales, capacity, cols, num_groups,
-                   row_alignment, group_offsets):
-    """An empty rowwise-only GroupedQuantizedTensor of [capacity, cols] whose offsets array is
-    `group_offsets` (for ops that write quantized rows, such as permute's fused quantization)."""
-    scaling = _recipe_scaling(recipe)
-    dtype = _element_dtype(scaling, fmt)
-    layout = _scale_layout(scale_layout, scaling)
-    block = _C.scaling_block_size(int(scaling))
-    if block and cols % block:
-        raise ValueError(f"recipe {recipe} scales blocks of {block} columns, so cols must be a multiple of {block}")
-    shape = _C.scale_shape(int(scaling), int(layout), num_groups, capacity, cols)
+def _allocate(adapter, x, scaling, dtype, layout, config, capacity, cols, num_groups, row_alignment, rowwise,
+              columnwise, group_offsets, uniform_rows=0):
+    """An empty GroupedQuantizedTensor of [capacity, cols] on x's device: the copies asked for,
+    their scales, the amax arrays the recipe and options need, and the given offsets array."""
+
+    def data_array(logical):
+        return adapter.empty(_arrays.container_shape(logical, dtype, "data"), dtype, x)
+
+    scale_dtype = DType(_C.scale_dtype(int(scaling)))
+
+    def scale_array(copy_rows, copy_cols):
+        shape = _C.scale_shape(int(scaling), int(layout), num_groups, copy_rows, copy_cols)
+        return adapter.empty(shape, scale_dtype, x)
+
+    has_amax = scaling == Scaling.TENSOR or scaling in _NVFP4
     return GroupedQuantizedTensor(
-        data=adapter.empty(_arrays.container_shape((capacity, cols), dtype, "data"), dtype, x),
-        columnwise_data=None,
-        scale_inv=adapter.empty(shape, DType(_C.scale_dtype(int(scaling))), x),
-        columnwise_scale_inv=None,
-        amax=None,
-        columnwise_amax=None,
+        data=data_array((capacity, cols)) if rowwise else None,
+        columnwise_data=data_array((cols, capacity)) if columnwise else None,
+        scale_inv=scale_array(capacity, cols) if rowwise else None,
+        columnwise_scale_inv=scale_array(cols, capacity) if columnwise else None,
+        amax=adapter.empty((num_groups,), DType.FP32, x) if has_amax else None,
+        columnwise_amax=(
+            adapter.empty((num_groups,), DType.FP32, x)
+            if scaling == Scaling.NV_1X16 and config.hadamard and columnwise
+            else None
+        ),
         group_offsets=group_offsets,
         recipe=_RECIPE_OF[scaling],
         dtype=dtype,
@@ -459,8 +437,22 @@ def quantized_rows(adapter, x, recipe, fmt, scale_layout, power_of_two_scales, c
         rows=capacity,
         cols=cols,
         num_groups=num_groups,
-        config=QuantizeConfig(power_of_two_scales=bool(power_of_two_scales)),
+        config=config,
+        uniform_group_rows=uniform_rows,
     )
+
+
+def quantized_rows(adapter, x, recipe, fmt, scale_layout, power_of_two_scales, capacity, cols, num_groups,
+                   row_alignment, group_offsets):
+    """An empty rowwise-only GroupedQuantizedTensor of [capacity, cols] whose offsets array is
+    `group_offsets` (for ops that write quantized rows, such as permute's fused quantization)."""
+    scaling = _recipe_scaling(recipe)
+    block = _C.scaling_block_size(int(scaling))
+    if block and cols % block:
+        raise ValueError(f"recipe {recipe} scales blocks of {block} columns, so cols must be a multiple of {block}")
+    config = QuantizeConfig(power_of_two_scales=bool(power_of_two_scales))
+    return _allocate(adapter, x, scaling, _element_dtype(scaling, fmt), _scale_layout(scale_layout, scaling), config,
+                     capacity, cols, num_groups, row_alignment, True, False, group_offsets)
 
 
 def dequantize_grouped(q, out_dtype=DType.FP32, source="auto", out=None):
