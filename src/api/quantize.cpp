@@ -13,7 +13,6 @@
 #include "src/cuda/backend.h"
 #endif
 
-
 extern "C" {
 
 sfmoe_quantize_config sfmoe_quantize_config_init(void) {

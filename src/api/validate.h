@@ -39,8 +39,8 @@ sfmoe_status expect_tensor(const char* context, const char* name, const sfmoe_te
                            std::initializer_list<sfmoe_dtype> dtypes,
                            std::initializer_list<int64_t> shape, const sfmoe_tensor* home,
                            const char* home_name);
-// The ops whose CUDA kernels are not written yet (router, permute, activations, grouped GEMM) run
-// on host memory only: SFMOE_ERROR_UNSUPPORTED otherwise.
+// The ops whose CUDA kernels are not written yet (the grouped GEMM) run on host memory only:
+// SFMOE_ERROR_UNSUPPORTED otherwise.
 sfmoe_status expect_host_memory(const char* context, sfmoe_memory memory);
 // A valid grouped tensor of unquantized rows (FP32, BF16 or FP16, scaling NONE, rowwise data
 // only) with `cols` columns.
@@ -55,6 +55,10 @@ sfmoe_status check_host_group_offsets(const char* context, const char* name,
 sfmoe_status expect_workspace(const char* context, const sfmoe_tensor* workspace, sfmoe_dtype dtype,
                               int64_t elements, const char* size_function, const sfmoe_tensor* home,
                               const char* home_name);
+// With a status word, a device tensor's group offsets checked on the stream (faults go to the
+// word, nothing is read back: sync-free); nothing to do without one.
+sfmoe_status check_device_offsets(const sfmoe_grouped_tensor* t, sfmoe_status_word* word,
+                                  void* stream);
 // A status word (or NULL) in the tensors' memory space.
 sfmoe_status check_word(const char* context, const sfmoe_status_word* word, sfmoe_memory memory,
                         int32_t device);

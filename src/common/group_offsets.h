@@ -33,4 +33,20 @@ SFMOE_HD void check_group(const int64_t* offsets, int64_t g, int64_t row_capacit
   if (end > row_capacity) raise_fault(word, SFMOE_FAULT_GROUP_OVER_CAPACITY, g, end);
 }
 
+// The group holding row r < offsets[G]: the last g with offsets[g] <= r (empty groups share their
+// offset with the next one and are skipped this way). `offsets` may be any copy of the offsets
+// (kernels search a copy staged in shared memory).
+SFMOE_HD int64_t group_of_offset_row(const int64_t* offsets, int64_t num_groups, int64_t r) {
+  int64_t lo = 0, hi = num_groups - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (offsets[mid] <= r) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
 }  // namespace sfmoe

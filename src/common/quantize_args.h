@@ -4,6 +4,7 @@
 
 #include "sfmoe/numerics/scale_swizzle.h"
 #include "sfmoe/quantize.h"
+#include "src/common/group_offsets.h"
 
 namespace sfmoe {
 
@@ -116,21 +117,6 @@ SFMOE_HD int64_t quantized_group_offset(const GroupedQuantizeArgs& a, int64_t g)
   return a.offsets ? a.offsets[g] : g * a.uniform_rows;
 }
 
-// The group holding output row r < out_off[G]: the last g with out_off[g] <= r (empty groups
-// share their offset with the next one and are skipped this way).
-// `offsets` may be any copy of out_off (kernels search a copy staged in shared memory).
-SFMOE_HD int64_t group_of_offset_row(const int64_t* offsets, int64_t num_groups, int64_t r) {
-  int64_t lo = 0, hi = num_groups - 1;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    if (offsets[mid] <= r) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  return lo;
-}
 SFMOE_HD int64_t quantized_group_of_row(const GroupedQuantizeArgs& a, int64_t r) {
   if (a.offsets == nullptr) return r / a.uniform_rows;
   return group_of_offset_row(a.offsets, a.num_groups, r);

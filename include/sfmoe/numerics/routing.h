@@ -29,6 +29,13 @@ SFMOE_HD uint32_t selection_key(float score) {
   return (bits & kF32SignMask) ? ~bits : bits | kF32SignMask;
 }
 
+// The score a selection key stands for (the inverse of selection_key; -0 comes back as +0, NaN
+// as the canonical NaN): device selection carries keys and adds the scores they name.
+SFMOE_HD float selection_key_score(uint32_t key) {
+  if (key == 1u) return bits_to_f32(kF32CanonicalNanBits);
+  return bits_to_f32((key & kF32SignMask) ? key & ~kF32SignMask : ~key);
+}
+
 // The order of a router sum over n values (the softmax's denominator): the values are cut into
 // kRouterSumChunks consecutive chunks of router_chunk_size(n) values (the last ones shorter or
 // empty); each chunk is summed in index order from +0; the 32 chunk sums are then combined by a

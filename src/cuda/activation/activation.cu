@@ -9,6 +9,7 @@
 
 #include "src/common/activation_rules.h"
 #include "src/common/fault.h"
+#include "src/common/group_offsets.h"
 #include "src/cuda/backend.h"
 #include "src/cuda/common/cuda_check.h"
 #include "src/cuda/common/rowwise_quantize.h"
@@ -43,15 +44,7 @@ __device__ __forceinline__ const int64_t* stage_offsets(const GroupRowsView& g,
 __device__ __forceinline__ bool is_real_row(const GroupRowsView& g, const int64_t* offsets,
                                             int64_t row, sfmoe_fault_report* word,
                                             int64_t* group = nullptr) {
-  int64_t lo = 0, hi = g.num_groups - 1;  // offsets[lo] <= row
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    if (offsets[mid] <= row) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
+  const int64_t lo = group_of_offset_row(offsets, g.num_groups, row);
   if (group != nullptr) *group = lo;
   const int64_t begin = offsets[lo], block = offsets[lo + 1] - begin;
   int64_t real = g.rows[lo];

@@ -61,12 +61,6 @@ __device__ __forceinline__ int token_count(int v) {
   return v;
 }
 
-SFMOE_HD float key_to_score(uint32_t key) {
-  if (key == 1u) return numerics::bits_to_f32(numerics::kF32CanonicalNanBits);
-  return numerics::bits_to_f32((key & numerics::kF32SignMask) ? key & ~numerics::kF32SignMask
-                                                              : ~key);
-}
-
 // The best (key, index) of the token: a higher key, then a lower index. Returns key 0 when no lane
 // has a candidate.
 struct Pick {
@@ -84,12 +78,6 @@ __device__ __forceinline__ Pick token_argmax(Pick p) {
 __device__ __forceinline__ bool better(const Pick& a, const Pick& b) {
   return a.key > b.key || (a.key == b.key && a.index < b.index);
 }
-
-// A token's values as this lane holds them: `count` values of indices base..base+count-1.
-template <int kV>
-struct Chunk {
-  float v[kV];
-};
 
 // softmax over a token's n values held by chunks (present: j < count): docs/router.md's rule
 // with its limits for non-finite values, the denominator in the router-sum order.
@@ -307,8 +295,8 @@ __global__ void __launch_bounds__(kThreads, kV <= 8 ? 4 : 2)
           first = o1;
         }
       }
-      float sum = add_rn(0.0f, key_to_score(first.key));
-      if (c.group_score_topk == 2) sum = add_rn(sum, key_to_score(second.key));
+      float sum = add_rn(0.0f, numerics::selection_key_score(first.key));
+      if (c.group_score_topk == 2) sum = add_rn(sum, numerics::selection_key_score(second.key));
       const int group = sub / lanes_per_group;
       const uint32_t group_key = sub % lanes_per_group == 0 ? numerics::selection_key(sum) : 0u;
       uint64_t kept = 0;
@@ -335,7 +323,7 @@ __global__ void __launch_bounds__(kThreads, kV <= 8 ? 4 : 2)
         float sum = 0.0f;
         for (int pick = 0; pick < c.group_score_topk; ++pick) {
           const Pick best = token_argmax(lane_best(group_key, base));
-          sum = add_rn(sum, key_to_score(best.key));
+          sum = add_rn(sum, numerics::selection_key_score(best.key));
 #pragma unroll
           for (int j = 0; j < kV; ++j) {
             if (j < count && base + j == best.index) group_key[j] = 0u;
