@@ -108,9 +108,7 @@ sfmoe_status launch_offsets_copy_and_check(const char* context, const sfmoe_grou
         context, output->group_offsets, input->group_offsets,
         static_cast<size_t>(input->num_groups + 1) * sizeof(int64_t), stream));
   }
-  if (word == nullptr) return SFMOE_SUCCESS;
-  return cuda::check_group_offsets(input->group_offsets, input->num_groups, input->row_capacity,
-                                   input->row_alignment, word->word, stream);
+  return check_device_offsets(input, word, stream);
 }
 #endif
 
@@ -243,11 +241,7 @@ sfmoe_status sfmoe_grouped_activation_backward(const sfmoe_grouped_tensor* input
                                              d_input->dtype};
     if (input->memory == SFMOE_MEMORY_CUDA) {
 #if defined(SFMOE_WITH_CUDA)
-      if (word != nullptr) {
-        SFMOE_RETURN_IF_ERROR(sfmoe::cuda::check_group_offsets(
-            input->group_offsets, input->num_groups, input->row_capacity, input->row_alignment,
-            word->word, stream));
-      }
+      SFMOE_RETURN_IF_ERROR(sfmoe::check_device_offsets(input, word, stream));
       return sfmoe::cuda::activation_backward(args, input->row_capacity,
                                               word ? word->word : nullptr, stream);
 #else

@@ -350,11 +350,7 @@ sfmoe_status sfmoe_unpermute_backward(const sfmoe_tensor* d_out, const sfmoe_gro
       // Rows and offsets stay on the device: a row outside the capacity is skipped and raises
       // SFMOE_FAULT_BAD_INDEX; with a word the offsets are checked on the stream as well.
       SFMOE_RETURN_IF_ERROR(sfmoe::check_device_top_k(context, k));
-      if (word != nullptr) {
-        SFMOE_RETURN_IF_ERROR(sfmoe::cuda::check_group_offsets(
-            rows->group_offsets, rows->num_groups, rows->row_capacity, rows->row_alignment,
-            word->word, stream));
-      }
+      SFMOE_RETURN_IF_ERROR(sfmoe::check_device_offsets(rows, word, stream));
       return sfmoe::cuda::unpermute_backward(args, stream);
 #else
       (void)stream;

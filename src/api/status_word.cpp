@@ -132,14 +132,7 @@ sfmoe_status sfmoe_check_group_offsets(const sfmoe_grouped_tensor* tensor, sfmoe
                                       tensor->row_capacity, tensor->row_alignment, word->word);
       return SFMOE_SUCCESS;
     }
-#if defined(SFMOE_WITH_CUDA)
-    return sfmoe::cuda::check_group_offsets(tensor->group_offsets, tensor->num_groups,
-                                            tensor->row_capacity, tensor->row_alignment, word->word,
-                                            stream);
-#else
-    (void)stream;
-    return SFMOE_ERROR_INTERNAL;
-#endif
+    return sfmoe::check_device_offsets(tensor, word, stream);
   });
 }
 

@@ -427,4 +427,16 @@ sfmoe_status expect_workspace(const char* context, const sfmoe_tensor* workspace
   return expect_tensor(context, "workspace", workspace, {dtype}, {elements}, home, home_name);
 }
 
+sfmoe_status check_device_offsets(const sfmoe_grouped_tensor* t, sfmoe_status_word* word,
+                                  void* stream) {
+  if (word == nullptr || t->group_offsets == nullptr) return SFMOE_SUCCESS;
+#if defined(SFMOE_WITH_CUDA)
+  return cuda::check_group_offsets(t->group_offsets, t->num_groups, t->row_capacity,
+                                   t->row_alignment, word->word, stream);
+#else
+  (void)stream;
+  return SFMOE_ERROR_INTERNAL;
+#endif
+}
+
 }  // namespace sfmoe
