@@ -66,6 +66,11 @@ def time_torch(fn):
     return eager, graph
 
 
+def wanted(section):
+    only = os.environ.get("SFMOE_BENCH_ONLY")
+    return not only or section in only.split(",")
+
+
 def main():
     dev = torch.device("cuda")
     torch.manual_seed(0)
@@ -123,7 +128,7 @@ def main():
          dict(score="sigmoid", normalize=True, num_groups=8, group_topk=4, scaling_factor=2.5), bias,
          torch_deepseek),
     ]
-    for name, kwargs, b, peer in router_cases:
+    for name, kwargs, b, peer in router_cases if wanted("router") else []:
         fn = lambda: sfmoe.router(logits, K, expert_bias=b, **kwargs)  # noqa: E731
         fn()
         report(name, time_ours(fn), time_torch(peer))
@@ -138,8 +143,8 @@ def main():
         order = torch.argsort(ids.reshape(-1), stable=True)
         return tokens.index_select(0, order // K), order
 
-    torch_permute_times = time_torch(torch_permute)
-    for alignment in (1, 16, 128):
+    torch_permute_times = time_torch(torch_permute) if wanted("permute") else None
+    for alignment in (1, 16, 128) if wanted("permute") else ():
         fn = lambda: sfmoe.permute(tokens, ids, E, alignment=alignment)  # noqa: E731
         out = fn()
         rows_written = int(out.group_offsets[-1])  # kept rows and zero padding: all written
@@ -154,8 +159,8 @@ def main():
         e = torch.floor(torch.log2(amax)) - 8
         return (b * torch.exp2(-e)).clamp(-448, 448).to(torch.float8_e4m3fn), (e + 127).to(torch.uint8)
 
-    torch_mx_times = time_torch(torch_permute_mxfp8)
-    for alignment in (32, 128):
+    torch_mx_times = time_torch(torch_permute_mxfp8) if wanted("permute") else None
+    for alignment in (32, 128) if wanted("permute") else ():
         fused = lambda: sfmoe.permute(tokens, ids, E, alignment=alignment, quantize="mxfp8",  # noqa: E731
                                       scale_layout="swizzled")
 
@@ -183,20 +188,30 @@ def main():
         o.index_add_(0, order // K, torch_rows.float() * probs.reshape(-1)[order, None])
         return o.to(torch.bfloat16)
 
-    fn = lambda: sfmoe.unpermute(permuted.rows, permuted, probs)  # noqa: E731
-    fn()
-    report("unpermute (prob-weighted combine)", time_ours(fn), time_torch(torch_unpermute),
-           T * K * H * 2 + T * H * 2)
+    if wanted("unpermute"):
+        fn = lambda: sfmoe.unpermute(permuted.rows, permuted, probs)  # noqa: E731
+        fn()
+        report("unpermute (prob-weighted combine)", time_ours(fn), time_torch(torch_unpermute),
+               T * K * H * 2 + T * H * 2)
 
-    d_out = torch.randn(T, H, device=dev, dtype=torch.bfloat16)
-    fn = lambda: sfmoe.unpermute_backward(d_out, permuted.rows, permuted, probs)  # noqa: E731
-    fn()
-    kept_rows = int(permuted.group_offsets[-1])
-    report("unpermute backward (d rows fp32, d probs)", time_ours(fn), (float("nan"), None),
-           T * H * 2 + T * K * H * 2 + kept_rows * H * 4)
+        d_out = torch.randn(T, H, device=dev, dtype=torch.bfloat16)
+        fn = lambda: sfmoe.unpermute_backward(d_out, permuted.rows, permuted, probs)  # noqa: E731
+        fn()
+        kept_rows = int(permuted.group_offsets[-1])
+        report("unpermute backward (d rows fp32, d probs)", time_ours(fn), (float("nan"), None),
+               T * H * 2 + T * K * H * 2 + kept_rows * H * 4)
     del torch_rows, permuted
 
     # ---- SwiGLU on the FC1 output, rows = T k (+ alignment padding) ----------------------------
+    if wanted("swiglu"):
+        time_swiglu(dev, ids, report)
+
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "bench_moe_ops_torch.json"), "w") as f:
+            json.dump(dict(ceiling_TBps=ceiling, results=results), f, indent=1)
+
+
+def time_swiglu(dev, ids, report):
     sizes = torch.bincount(ids.flatten(), minlength=E)
     padded = (sizes + 15) // 16 * 16
     offsets = torch.zeros(E + 1, dtype=torch.int64, device=dev)
@@ -225,10 +240,6 @@ def main():
            time_torch(lambda: F.silu(h[:, :FFN]) * h[:, FFN:]), fwd_bytes)
     report("SwiGLU forward + backward", time_ours(ours_fwd_bwd), time_torch(torch_swiglu_fwd_bwd),
            fwd_bytes + bwd_bytes)
-
-    if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "bench_moe_ops_torch.json"), "w") as f:
-            json.dump(dict(ceiling_TBps=ceiling, results=results), f, indent=1)
 
 
 if __name__ == "__main__":

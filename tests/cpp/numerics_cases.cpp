@@ -122,6 +122,20 @@ std::vector<NumericsCase> make_numerics_cases(uint64_t seed) {
     cases.push_back({fn, "", encoder_inputs, zeros});
   }
 
+  // The sigmoid's reciprocal over its whole domain [1, 2^126): every fourth significand of
+  // [1, 2) (the rounding depends on the significand only), random values across the exponents,
+  // and the ends.
+  {
+    NumericsCase rcp{NumericsFn::kRcpFromOne, "", {}, {}};
+    for (uint32_t m = 0; m < (1u << 23); m += 4) rcp.a.push_back(0x3F800000u | m | (random_u32() & 3u));
+    std::uniform_int_distribution<uint32_t> bits(0x3F800000u, 0x7E7FFFFFu);
+    for (int i = 0; i < 300000; ++i) rcp.a.push_back(bits(rng));
+    for (uint32_t edge : {0x3F800000u, 0x3F800001u, 0x3FFFFFFFu, 0x7E7FFFFFu, 0x7E7FFFFEu})
+      rcp.a.push_back(edge);
+    rcp.b.assign(rcp.a.size(), 0u);
+    cases.push_back(rcp);
+  }
+
   // Decoders: every code.
   auto all_codes = [](uint32_t n) {
     std::vector<uint32_t> v(n);
@@ -240,7 +254,8 @@ std::vector<NumericsCase> make_numerics_cases(uint64_t seed) {
                                        "philox_bits",
                                        "swizzle_offset",
                                        "exp",
-                                       "sigmoid"};
+                                       "sigmoid",
+                                       "rcp_from_one"};
   static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<int>(NumericsFn::kCount),
                 "a name per function");
   for (NumericsCase& c : cases) c.name = kNames[static_cast<int>(c.fn)];

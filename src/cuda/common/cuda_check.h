@@ -23,6 +23,10 @@ inline sfmoe_status check_launch(const char* context, const char* kernel) {
 // Multiprocessors of the current device (cached per device).
 int multiprocessor_count();
 
+// Blocks of `kernel` the device holds at once (one wave), from the occupancy calculator: per
+// device, not a stream operation (capture-safe); at least one per multiprocessor.
+int64_t resident_wave(const void* kernel, int threads_per_block, size_t dynamic_shared);
+
 // Grid size for a grid-stride kernel over `work_items`, bounded by a few waves of the device.
 int grid_for(int64_t work_items, int threads_per_block);
 

@@ -53,6 +53,16 @@ int grid_for(int64_t work_items, int threads_per_block) {
   return static_cast<int>(blocks < max_blocks ? blocks : max_blocks);
 }
 
+int64_t resident_wave(const void* kernel, int threads_per_block, size_t dynamic_shared) {
+  int blocks_per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads_per_block,
+                                                    dynamic_shared) != cudaSuccess) {
+    (void)cudaGetLastError();  // a launch of this kernel reports the problem
+    blocks_per_sm = 1;
+  }
+  return static_cast<int64_t>(multiprocessor_count()) * (blocks_per_sm > 0 ? blocks_per_sm : 1);
+}
+
 PointerKind classify_pointer(const void* pointer, int32_t* device) {
   if (device_count() == 0) return PointerKind::kUnknown;
   cudaPointerAttributes attributes;

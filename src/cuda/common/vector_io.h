@@ -11,12 +11,7 @@
 namespace sfmoe {
 namespace cuda {
 
-// Elements as FP32 and back, in the numerics headers' conversions (the CPU's bits).
-__device__ __forceinline__ float load_element(const void* p, sfmoe_dtype dtype, int64_t i) {
-  if (dtype == SFMOE_DTYPE_FP32) return static_cast<const float*>(p)[i];
-  const uint16_t code = static_cast<const uint16_t*>(p)[i];
-  return dtype == SFMOE_DTYPE_BF16 ? numerics::bf16_to_f32(code) : numerics::fp16_to_f32(code);
-}
+// An element written from FP32 (the CPU's bits).
 __device__ __forceinline__ void store_element(void* p, sfmoe_dtype dtype, int64_t i, float v) {
   if (dtype == SFMOE_DTYPE_FP32) {
     static_cast<float*>(p)[i] = v;
@@ -26,30 +21,58 @@ __device__ __forceinline__ void store_element(void* p, sfmoe_dtype dtype, int64_
   }
 }
 
+// kVec consecutive elements as they lie in memory (32 bytes at most), so that a kernel can issue
+// the loads of its next step before it decodes and computes the current one.
+template <int kVec>
+struct RawVector {
+  static_assert(kVec == 8 || kVec == 1, "eights or ones");
+  uint4 words[2];
+};
+
+// Loads kVec elements (16-byte aligned when kVec > 1): one 16-byte vector for the 16-bit types,
+// two for FP32.
+template <int kVec>
+__device__ __forceinline__ RawVector<kVec> load_raw_vector(const void* p, sfmoe_dtype dtype,
+                                                           int64_t first) {
+  RawVector<kVec> r;
+  if constexpr (kVec == 8) {
+    if (dtype == SFMOE_DTYPE_FP32) {
+      const uint4* v = reinterpret_cast<const uint4*>(static_cast<const float*>(p) + first);
+      r.words[0] = v[0];
+      r.words[1] = v[1];
+    } else {
+      r.words[0] = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p) + first);
+    }
+  } else {
+    r.words[0].x = dtype == SFMOE_DTYPE_FP32 ? static_cast<const uint32_t*>(p)[first]
+                                             : static_cast<const uint16_t*>(p)[first];
+  }
+  return r;
+}
+
+// The loaded elements as FP32, through the numerics headers' conversions.
+template <int kVec>
+__device__ __forceinline__ void decode_raw_vector(const RawVector<kVec>& r, sfmoe_dtype dtype,
+                                                  float (&v)[kVec]) {
+  const uint32_t words[8] = {r.words[0].x, r.words[0].y, r.words[0].z, r.words[0].w,
+                             r.words[1].x, r.words[1].y, r.words[1].z, r.words[1].w};
+  if (dtype == SFMOE_DTYPE_FP32) {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) v[i] = numerics::bits_to_f32(words[i]);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    const uint16_t code = static_cast<uint16_t>(words[i / 2] >> (16 * (i % 2)));
+    v[i] = dtype == SFMOE_DTYPE_BF16 ? numerics::bf16_to_f32(code) : numerics::fp16_to_f32(code);
+  }
+}
+
 // kVec consecutive elements (16-byte aligned when kVec > 1) as FP32.
 template <int kVec>
 __device__ __forceinline__ void load_vector(const void* p, sfmoe_dtype dtype, int64_t first,
                                             float (&v)[kVec]) {
-  static_assert(kVec == 8 || kVec == 1, "eights or ones");
-  if constexpr (kVec == 8) {
-    if (dtype == SFMOE_DTYPE_FP32) {
-      const float4 a = *reinterpret_cast<const float4*>(static_cast<const float*>(p) + first);
-      const float4 b = *reinterpret_cast<const float4*>(static_cast<const float*>(p) + first + 4);
-      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
-      v[7] = b.w;
-      return;
-    }
-    const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p) + first);
-    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-      const uint16_t code = static_cast<uint16_t>(words[i / 2] >> (16 * (i % 2)));
-      v[i] = dtype == SFMOE_DTYPE_BF16 ? numerics::bf16_to_f32(code) : numerics::fp16_to_f32(code);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) v[i] = load_element(p, dtype, first + i);
-  }
+  decode_raw_vector<kVec>(load_raw_vector<kVec>(p, dtype, first), dtype, v);
 }
 
 template <int kVec>

@@ -21,6 +21,7 @@
 #include "src/common/element_codec.h"
 #include "src/common/group_offsets.h"
 #include "src/cuda/backend.h"
+#include "src/cuda/common/cp_async.h"
 #include "src/cuda/common/cuda_check.h"
 
 // nvcc reports static constexpr members of class templates that a given instantiation's
@@ -423,21 +424,6 @@ struct TileBuffers {
   static constexpr int kCount = kColumnwise ? kStages : 0;
   static constexpr size_t kBytes = static_cast<size_t>(kCount) * kTile * kWordsPerRow * 4;
 };
-
-__device__ __forceinline__ void cp_async_16(void* shared, const void* global, bool fill) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  // src-size 0 reads nothing and zero-fills the 16 bytes (padding rows, columns past the end).
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global),
-               "r"(fill ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
 
 // Starts the copy of tile column c0 (rows from the row map) into a shared buffer; each thread
 // copies the chunks it reads back in the rowwise pass. A chunk cut by the end of a row (cols not
@@ -1100,12 +1086,7 @@ sfmoe_status launch_tiles(const GroupedQuantizeArgs& a, cudaStream_t stream) {
       "sfmoe_grouped_quantize",
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(shared)));
-  int blocks_per_sm = 0;
-  SFMOE_CUDA_RETURN_IF_ERROR(
-      "sfmoe_grouped_quantize",
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kThreads, shared));
-  const int64_t wave =
-      static_cast<int64_t>(multiprocessor_count()) * (blocks_per_sm > 0 ? blocks_per_sm : 1);
+  const int64_t wave = resident_wave(reinterpret_cast<const void*>(kernel), kThreads, shared);
   // Work units: about 16 per resident block over the row bound, so that the last wave is short
   // and each unit's row map is reused over a few column tiles; the columnwise path wants at least
   // 8 tiles per unit (its copy pipeline restarts with every unit).
