@@ -192,14 +192,42 @@ __device__ __forceinline__ float load_logit<__nv_bfloat16>(const __nv_bfloat16* 
   return __bfloat162float(*p);
 }
 
-// This lane's chunk of token t: x[j] for experts base + j, j < count (others NaN).
+// kV consecutive values as FP32 from p: 16-byte vectors where `vectorized` (p 16-byte aligned
+// and all kV present), otherwise value by value for j < count (the others NaN).
 template <int kV, class In>
-__device__ __forceinline__ void load_chunk(const In* logits, int64_t t, int64_t experts,
-                                           int64_t base, int count, bool active, float (&x)[kV]) {
+__device__ __forceinline__ void load_values(const In* p, bool vectorized, int count,
+                                            float (&x)[kV]) {
+  constexpr int kPerVector = 16 / static_cast<int>(sizeof(In));
+  if constexpr (kV % kPerVector == 0) {
+    if (vectorized) {
 #pragma unroll
-  for (int j = 0; j < kV; ++j) {
-    x[j] = (active && j < count) ? load_logit(logits + t * experts + base + j) : NAN;
+      for (int v = 0; v < kV / kPerVector; ++v) {
+        const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p) + v);
+        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+        for (int i = 0; i < kPerVector; ++i) {
+          if constexpr (std::is_same<In, float>::value) {
+            x[v * kPerVector + i] = __uint_as_float(words[i]);
+          } else {
+            x[v * kPerVector + i] = __uint_as_float((words[i / 2] >> (16 * (i % 2))) << 16);
+          }
+        }
+      }
+      return;
+    }
   }
+#pragma unroll
+  for (int j = 0; j < kV; ++j) x[j] = j < count ? load_logit(p + j) : NAN;
+}
+
+// Whether a lane's full chunk can be read as 16-byte vectors: the chunk starts 16-byte aligned
+// for every token (the same for all lanes and tokens of a launch).
+template <class In>
+__device__ __forceinline__ bool chunks_vectorizable(const void* p, int64_t row_elements,
+                                                    int chunk_size) {
+  constexpr int kPerVector = 16 / static_cast<int>(sizeof(In));
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && row_elements % kPerVector == 0 &&
+         chunk_size % kPerVector == 0;
 }
 
 // The best candidate of this lane among keys (a higher key, then the lower j), as a token pick.
@@ -216,10 +244,63 @@ __device__ __forceinline__ Pick lane_best(const uint32_t (&key)[kV], int base) {
   return p;
 }
 
+// A lane's candidates, best first (a higher key, then a lower index), so that each pick of the
+// top-k looks at one head per lane and only the lane that owned the pick shifts its list. Keys of
+// 0 (left out) carry no index.
+template <int kV>
+struct LaneCandidates {
+  uint32_t key[kV];
+  int index[kV];
+
+  __device__ __forceinline__ LaneCandidates(const uint32_t (&keys)[kV], int base) {
+#pragma unroll
+    for (int j = 0; j < kV; ++j) {
+      key[j] = keys[j];
+      index[j] = keys[j] != 0u ? base + j : 0x7FFFFFFF;
+    }
+    // Bitonic sort, descending; every index is compile-time, so all of it stays in registers.
+#pragma unroll
+    for (int size = 2; size <= kV; size *= 2) {
+#pragma unroll
+      for (int stride = size / 2; stride > 0; stride /= 2) {
+#pragma unroll
+        for (int i = 0; i < kV; ++i) {
+          const int j = i ^ stride;
+          if (j <= i) continue;
+          const bool descending = (i & size) == 0;
+          const bool j_first = key[j] > key[i] || (key[j] == key[i] && index[j] < index[i]);
+          if (j_first == descending) {
+            const uint32_t k = key[i];
+            key[i] = key[j];
+            key[j] = k;
+            const int x = index[i];
+            index[i] = index[j];
+            index[j] = x;
+          }
+        }
+      }
+    }
+  }
+
+  // Drops the head (the lane's pick was taken).
+  __device__ __forceinline__ void pop_if(bool taken) {
+#pragma unroll
+    for (int j = 0; j + 1 < kV; ++j) {
+      key[j] = taken ? key[j + 1] : key[j];
+      index[j] = taken ? index[j + 1] : index[j];
+    }
+    key[kV - 1] = taken ? 0u : key[kV - 1];
+    index[kV - 1] = taken ? 0x7FFFFFFF : index[kV - 1];
+  }
+};
+
 // Per-block storage: expert counts and the picked experts' values for the probabilities.
 struct RouterShared {
   int counts[kMaxDeviceExperts];
   float picked[kTokensPerBlock][kMaxDeviceTopK];
+  // The token's per-expert values where the probabilities do not follow from the selection key
+  // (an expert bias, or softmax after top-k).
+  float values[kTokensPerBlock][kMaxDeviceExperts];
   float loss_columns[kMaxDeviceExperts];
   float loss_z[kThreads / 32];
 };
@@ -253,6 +334,8 @@ __global__ void __launch_bounds__(kThreads, kV <= 8 ? 4 : 2)
   for (int j = 0; j < kV; ++j) column_sum[j] = 0.0f;
   float z_sum = 0.0f;
   const In* logits = static_cast<const In*>(a.logits);
+  const bool logits_vectors = chunks_vectorizable<In>(a.logits, experts, chunk_size) && count == kV;
+  const bool bias_vectors = chunks_vectorizable<float>(a.bias, 0, chunk_size) && count == kV;
 
   // Every lane runs the same trip count (full-mask shuffles); lanes past the last token are idle.
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kTokensPerBlock;
@@ -261,14 +344,19 @@ __global__ void __launch_bounds__(kThreads, kV <= 8 ? 4 : 2)
     const int64_t t = round * stride + static_cast<int64_t>(blockIdx.x) * kTokensPerBlock + slot;
     const bool active = t < a.tokens;
     float x[kV], s[kV];
-    load_chunk<kV>(logits, t, experts, base, count, active, x);
+    load_values<kV, In>(logits + (active ? t : 0) * experts + base, logits_vectors && active,
+                        active ? count : 0, x);
     token_scores(c, x, count, s);
     uint32_t key[kV];
+    if (a.bias != nullptr) {
+      float bias[kV];  // (read per token: L1 hits, and no registers held across tokens)
+      load_values<kV, float>(a.bias + base, bias_vectors, count, bias);
 #pragma unroll
-    for (int j = 0; j < kV; ++j) {
-      const float q =
-          a.bias != nullptr && j < count ? add_rn(s[j], __ldg(a.bias + base + j)) : s[j];
-      key[j] = j < count ? numerics::selection_key(q) : 0u;
+      for (int j = 0; j < kV; ++j)
+        key[j] = j < count ? numerics::selection_key(add_rn(s[j], bias[j])) : 0u;
+    } else {
+#pragma unroll
+      for (int j = 0; j < kV; ++j) key[j] = j < count ? numerics::selection_key(s[j]) : 0u;
     }
 
     if (c.num_groups > 1 && aligned_groups) {
@@ -368,19 +456,46 @@ __global__ void __launch_bounds__(kThreads, kV <= 8 ? 4 : 2)
       }
     }
 
-    // Top-k, best first. The owner of each pick records its score (or logit) for the
-    // probabilities and counts it.
-    for (int i = 0; i < k; ++i) {
-      const Pick best = token_argmax(lane_best(key, base));
+    // Top-k, best first: each pick is the best of the lanes' heads. Pick i is kept by lane
+    // i % 32 (slot i / 32), which then writes its id, counts it and records its value.
+    constexpr int kHeld = kMaxDeviceTopK / kLanes;
+    uint32_t held_key[kHeld];
+    int held_index[kHeld];
 #pragma unroll
-      for (int j = 0; j < kV; ++j) {
-        if (j < count && base + j == best.index) {
-          key[j] = 0u;
-          shared.picked[slot][i] = c.softmax_after_topk ? x[j] : s[j];
-          if (active) atomicAdd(&shared.counts[best.index], 1);
+    for (int h = 0; h < kHeld; ++h) held_key[h] = 0u, held_index[h] = 0;
+    {
+      LaneCandidates<kV> list(key, base);
+      for (int i = 0; i < k; ++i) {
+        const Pick best = token_argmax(Pick{list.key[0], list.index[0]});
+        list.pop_if(list.index[0] == best.index);
+#pragma unroll
+        for (int h = 0; h < kHeld; ++h) {
+          if (i == sub + kLanes * h) held_key[h] = best.key, held_index[h] = best.index;
         }
       }
-      if (active && sub == 0) a.topk_ids[t * k + i] = best.index;
+    }
+    // The probabilities' values: the selection score itself (the key's inverse) unless a bias was
+    // added for the selection or the values are the logits (softmax after top-k).
+    const bool key_is_value = a.bias == nullptr && !c.softmax_after_topk;
+    if (!key_is_value) {
+#pragma unroll
+      for (int j = 0; j < kV; ++j) {
+        if (j < count) shared.values[slot][base + j] = c.softmax_after_topk ? x[j] : s[j];
+      }
+      __syncwarp();
+    }
+#pragma unroll
+    for (int h = 0; h < kHeld; ++h) {
+      const int i = sub + kLanes * h;
+      // (A key of 0 cannot win: the configuration keeps at least k experts selectable.)
+      if (i < k && held_key[h] != 0u) {
+        shared.picked[slot][i] = key_is_value ? numerics::selection_key_score(held_key[h])
+                                              : shared.values[slot][held_index[h]];
+        if (active) {
+          atomicAdd(&shared.counts[held_index[h]], 1);
+          a.topk_ids[t * k + i] = held_index[h];
+        }
+      }
     }
     __syncwarp();
 
@@ -521,13 +636,15 @@ __global__ void __launch_bounds__(kThreads)
   const int base = sub * chunk_size;
   const int count = max(0, min(chunk_size, experts - base));
   const In* logits = static_cast<const In*>(a.logits);
+  const bool logits_vectors = chunks_vectorizable<In>(a.logits, experts, chunk_size) && count == kV;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kTokensPerBlock;
   const int64_t rounds = (a.tokens + stride - 1) / stride;
   for (int64_t round = 0; round < rounds; ++round) {
     const int64_t t = round * stride + static_cast<int64_t>(blockIdx.x) * kTokensPerBlock + slot;
     const bool active = t < a.tokens;
     float x[kV], s[kV], dx[kV];
-    load_chunk<kV>(logits, t, experts, base, count, active, x);
+    load_values<kV, In>(logits + (active ? t : 0) * experts + base, logits_vectors && active,
+                        active ? count : 0, x);
 #pragma unroll
     for (int j = 0; j < kV; ++j) dx[j] = 0.0f;
 
