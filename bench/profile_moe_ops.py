@@ -2,7 +2,12 @@
 E = 256, k = 8, H = 7168, F = 2048), after a warm-up, for a profiler to look at, e.g.
 
   ncu --kernel-name regex:'router|permute|activation' --launch-skip 6 python3 profile_moe_ops.py
+
+With SFMOE_PROFILE_ROUTER=sigmoid only the router runs, in the sigmoid top-8 normalized
+configuration of the benchmark (DeepSeek-V3's otherwise).
 """
+import os
+
 import torch
 
 import sfmoe
@@ -15,6 +20,11 @@ def main():
     logits = torch.randn(T, E, device=dev)
     bias = 0.01 * torch.randn(E, device=dev)
     tokens = torch.randn(T, H, device=dev, dtype=torch.bfloat16)
+    if os.environ.get("SFMOE_PROFILE_ROUTER") == "sigmoid":
+        for _ in range(2):
+            sfmoe.router(logits, K, score="sigmoid", normalize=True)
+        torch.cuda.synchronize()
+        return
     for round_ in range(2):  # the first round warms up
         routed = sfmoe.router(logits, K, score="sigmoid", normalize=True, num_groups=8, group_topk=4,
                               scaling_factor=2.5, expert_bias=bias)

@@ -305,11 +305,41 @@ struct RouterShared {
   float loss_z[kThreads / 32];
 };
 
+// The launch's shape, worked out on the host (integer divisions cost a warp, which routes a token
+// or two, more than a hundred instructions).
+struct RouterShape {
+  int chunk_size;       // experts per lane: router_chunk_size(E)
+  int per_group;        // experts per group (E when ungrouped)
+  int lanes_per_group;  // per_group / chunk_size
+  int lanes_per_group_log2;
+  bool aligned_groups;  // groups of a power of two of whole lanes, group score of the best 1-2
+  int k_chunk;          // router_chunk_size(k): the softmax after top-k's chunks
+  int64_t rounds;       // tokens per warp: ceil(tokens / (grid x tokens per block))
+};
+
+RouterShape router_shape(const RouterConfig& c, int64_t tokens, int64_t grid) {
+  RouterShape r{};
+  const int64_t experts = c.num_experts;
+  r.chunk_size = static_cast<int>(numerics::router_chunk_size(experts));
+  r.per_group = static_cast<int>(c.num_groups > 1 ? experts / c.num_groups : experts);
+  r.lanes_per_group = r.per_group / r.chunk_size;
+  // Groups made of whole lanes (a power of two of them; DeepSeek-V3: 4 lanes of 8 experts) with a
+  // group score of the best one or two take the fast path.
+  r.aligned_groups = experts % kLanes == 0 && r.per_group % r.chunk_size == 0 &&
+                     r.lanes_per_group > 0 && (r.lanes_per_group & (r.lanes_per_group - 1)) == 0 &&
+                     c.group_score_topk <= 2;
+  while (r.aligned_groups && (1 << r.lanes_per_group_log2) < r.lanes_per_group) ++r.lanes_per_group_log2;
+  r.k_chunk = static_cast<int>(numerics::router_chunk_size(c.top_k));
+  const int64_t stride = grid * kTokensPerBlock;
+  r.rounds = (tokens + stride - 1) / stride;
+  return r;
+}
+
 // Four blocks per multiprocessor (64 registers) up to 256 experts: the occupancy hides the
 // latency of the per-token chain of reductions. The loss sums are compiled in only when asked for.
 template <int kV, class In, bool kLosses>
 __global__ void __launch_bounds__(kThreads, kV <= 8 ? 4 : 2)
-    router_forward_kernel(RouterDeviceForward a, int chunk_size) {
+    router_forward_kernel(RouterDeviceForward a, RouterShape shape) {
   const RouterConfig& c = a.config;
   __shared__ RouterShared shared;
   const int experts = static_cast<int>(c.num_experts), k = static_cast<int>(c.top_k);
@@ -319,16 +349,12 @@ __global__ void __launch_bounds__(kThreads, kV <= 8 ? 4 : 2)
   }
   __syncthreads();
   const int sub = threadIdx.x % kLanes, slot = threadIdx.x / kLanes;
+  const int chunk_size = shape.chunk_size;
   const int base = sub * chunk_size;
   const int count = max(0, min(chunk_size, experts - base));
   constexpr bool losses = kLosses;
-  const int per_group = c.num_groups > 1 ? experts / static_cast<int>(c.num_groups) : experts;
-  // Groups made of whole lanes (a power of two of them; DeepSeek-V3: 4 lanes of 8 experts) with a
-  // group score of the best one or two take the fast path.
-  const int lanes_per_group = per_group / chunk_size;
-  const bool aligned_groups = experts % kLanes == 0 && per_group % chunk_size == 0 &&
-                              (lanes_per_group & (lanes_per_group - 1)) == 0 &&
-                              c.group_score_topk <= 2;
+  const int per_group = shape.per_group, lanes_per_group = shape.lanes_per_group;
+  const bool aligned_groups = shape.aligned_groups;
   float column_sum[kV];
 #pragma unroll
   for (int j = 0; j < kV; ++j) column_sum[j] = 0.0f;
@@ -339,8 +365,7 @@ __global__ void __launch_bounds__(kThreads, kV <= 8 ? 4 : 2)
 
   // Every lane runs the same trip count (full-mask shuffles); lanes past the last token are idle.
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kTokensPerBlock;
-  const int64_t rounds = (a.tokens + stride - 1) / stride;
-  for (int64_t round = 0; round < rounds; ++round) {
+  for (int64_t round = 0; round < shape.rounds; ++round) {
     const int64_t t = round * stride + static_cast<int64_t>(blockIdx.x) * kTokensPerBlock + slot;
     const bool active = t < a.tokens;
     float x[kV], s[kV];
@@ -385,8 +410,9 @@ __global__ void __launch_bounds__(kThreads, kV <= 8 ? 4 : 2)
       }
       float sum = add_rn(0.0f, numerics::selection_key_score(first.key));
       if (c.group_score_topk == 2) sum = add_rn(sum, numerics::selection_key_score(second.key));
-      const int group = sub / lanes_per_group;
-      const uint32_t group_key = sub % lanes_per_group == 0 ? numerics::selection_key(sum) : 0u;
+      const int group = sub >> shape.lanes_per_group_log2;  // (a power of two of lanes)
+      const uint32_t group_key =
+          (sub & (lanes_per_group - 1)) == 0 ? numerics::selection_key(sum) : 0u;
       uint64_t kept = 0;
       for (int pick = 0; pick < c.group_topk; ++pick) {
         const Pick best = token_argmax(Pick{(kept >> group) & 1u ? 0u : group_key, group});
@@ -502,7 +528,7 @@ __global__ void __launch_bounds__(kThreads, kV <= 8 ? 4 : 2)
     // Probabilities, in selection order.
     if (c.softmax_after_topk) {
       constexpr int kPerLane = kMaxDeviceTopK / kLanes;
-      const int k_chunk = static_cast<int>(numerics::router_chunk_size(k));
+      const int k_chunk = shape.k_chunk;
       const int k_base = sub * k_chunk, k_count = max(0, min(k_chunk, k - k_base));
       float px[kPerLane], pp[kPerLane];
 #pragma unroll
@@ -627,19 +653,19 @@ __global__ void __launch_bounds__(kLossThreads)
 
 template <int kV, class In>
 __global__ void __launch_bounds__(kThreads)
-    router_backward_kernel(RouterDeviceBackward a, int chunk_size) {
+    router_backward_kernel(RouterDeviceBackward a, RouterShape shape) {
   const RouterConfig& c = a.config;
   __shared__ int picked_id[kTokensPerBlock][kMaxDeviceTopK];
   __shared__ float picked_u[kTokensPerBlock][kMaxDeviceTopK];
   const int experts = static_cast<int>(c.num_experts), k = static_cast<int>(c.top_k);
   const int sub = threadIdx.x % kLanes, slot = threadIdx.x / kLanes;
+  const int chunk_size = shape.chunk_size;
   const int base = sub * chunk_size;
   const int count = max(0, min(chunk_size, experts - base));
   const In* logits = static_cast<const In*>(a.logits);
   const bool logits_vectors = chunks_vectorizable<In>(a.logits, experts, chunk_size) && count == kV;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kTokensPerBlock;
-  const int64_t rounds = (a.tokens + stride - 1) / stride;
-  for (int64_t round = 0; round < rounds; ++round) {
+  for (int64_t round = 0; round < shape.rounds; ++round) {
     const int64_t t = round * stride + static_cast<int64_t>(blockIdx.x) * kTokensPerBlock + slot;
     const bool active = t < a.tokens;
     float x[kV], s[kV], dx[kV];
@@ -834,22 +860,22 @@ sfmoe_status router_forward(const RouterDeviceForward& a, void* stream_pointer) 
   SFMOE_CUDA_RETURN_IF_ERROR(
       context, cudaMemsetAsync(a.tokens_per_expert, 0, sizeof(int64_t) * c.num_experts, stream));
   const int64_t blocks = router_blocks(a.tokens);
-  const int chunk = static_cast<int>(numerics::router_chunk_size(c.num_experts));
+  const RouterShape shape = router_shape(c, a.tokens, blocks);
   if (a.tokens > 0) {
-    SFMOE_RETURN_IF_ERROR(by_chunk(chunk, [&](auto v) -> sfmoe_status {
+    SFMOE_RETURN_IF_ERROR(by_chunk(shape.chunk_size, [&](auto v) -> sfmoe_status {
       constexpr int kV = decltype(v)::value;
       const bool losses = a.aux_loss != nullptr || a.z_loss != nullptr;
       const unsigned grid = static_cast<unsigned>(blocks);
       if (a.logits_bf16) {
         if (losses) {
-          router_forward_kernel<kV, __nv_bfloat16, true><<<grid, kThreads, 0, stream>>>(a, chunk);
+          router_forward_kernel<kV, __nv_bfloat16, true><<<grid, kThreads, 0, stream>>>(a, shape);
         } else {
-          router_forward_kernel<kV, __nv_bfloat16, false><<<grid, kThreads, 0, stream>>>(a, chunk);
+          router_forward_kernel<kV, __nv_bfloat16, false><<<grid, kThreads, 0, stream>>>(a, shape);
         }
       } else if (losses) {
-        router_forward_kernel<kV, float, true><<<grid, kThreads, 0, stream>>>(a, chunk);
+        router_forward_kernel<kV, float, true><<<grid, kThreads, 0, stream>>>(a, shape);
       } else {
-        router_forward_kernel<kV, float, false><<<grid, kThreads, 0, stream>>>(a, chunk);
+        router_forward_kernel<kV, float, false><<<grid, kThreads, 0, stream>>>(a, shape);
       }
       return check_launch(context, "router_forward_kernel");
     }));
@@ -873,15 +899,15 @@ sfmoe_status router_backward(const RouterDeviceBackward& a, void* stream_pointer
   const char* context = "sfmoe_router_backward";
   if (a.tokens == 0) return SFMOE_SUCCESS;
   cudaStream_t stream = static_cast<cudaStream_t>(stream_pointer);
-  const int chunk = static_cast<int>(numerics::router_chunk_size(a.config.num_experts));
   const int64_t wanted = (a.tokens + kTokensPerBlock - 1) / kTokensPerBlock;
   const unsigned blocks = static_cast<unsigned>(wanted < 65535 ? wanted : 65535);
-  return by_chunk(chunk, [&](auto v) -> sfmoe_status {
+  const RouterShape shape = router_shape(a.config, a.tokens, blocks);
+  return by_chunk(shape.chunk_size, [&](auto v) -> sfmoe_status {
     constexpr int kV = decltype(v)::value;
     if (a.logits_bf16) {
-      router_backward_kernel<kV, __nv_bfloat16><<<blocks, kThreads, 0, stream>>>(a, chunk);
+      router_backward_kernel<kV, __nv_bfloat16><<<blocks, kThreads, 0, stream>>>(a, shape);
     } else {
-      router_backward_kernel<kV, float><<<blocks, kThreads, 0, stream>>>(a, chunk);
+      router_backward_kernel<kV, float><<<blocks, kThreads, 0, stream>>>(a, shape);
     }
     return check_launch(context, "router_backward_kernel");
   });
