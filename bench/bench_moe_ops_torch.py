@@ -200,6 +200,11 @@ def main():
         kept_rows = int(permuted.group_offsets[-1])
         report("unpermute backward (d rows fp32, d probs)", time_ours(fn), (float("nan"), None),
                T * H * 2 + T * K * H * 2 + kept_rows * H * 4)
+        fn = lambda: sfmoe.unpermute_backward(d_out, permuted.rows, permuted, probs,  # noqa: E731
+                                              out_dtype="bf16")
+        fn()
+        report("unpermute backward (d rows bf16, d probs)", time_ours(fn), (float("nan"), None),
+               T * H * 2 + T * K * H * 2 + kept_rows * H * 2)
     del torch_rows, permuted
 
     # ---- SwiGLU on the FC1 output, rows = T k (+ alignment padding) ----------------------------

@@ -89,19 +89,23 @@ def unpermute(rows, permuted, probs=None, *, out_dtype=None):
     return out
 
 
-def unpermute_backward(d_out, rows, permuted, probs):
-    """(d_rows, d_probs) of :func:`unpermute`: d_rows [row_capacity, H'] float32 (each group's
-    padding rows zero; rows beyond the groups, like permute's, are not written), d_probs [T, k]
+def unpermute_backward(d_out, rows, permuted, probs, *, out_dtype=None):
+    """(d_rows, d_probs) of :func:`unpermute`: d_rows [row_capacity, H'] in out_dtype (float32,
+    bfloat16 or float16; default float32: each value is rounded once from its FP32 product), each
+    group's padding rows zero, rows beyond the groups (like permute's) not written; d_probs [T, k]
     float32."""
     adapter, d, d_dtype = _rows_input(d_out, "d_out")
     _, r, r_dtype = _rows_input(rows, "rows")
     t_count = adapter.shape(d)[0]
     k = adapter.shape(permuted.row_map)[1]
-    d_rows = adapter.empty(adapter.shape(r), DType.FP32, r)
+    rows_type = DType.FP32 if out_dtype is None else as_dtype(out_dtype, "out_dtype")
+    if rows_type not in _ROW_DTYPES:
+        raise ValueError(f"out_dtype must be float32, bfloat16 or float16, not {out_dtype!r}")
+    d_rows = adapter.empty(adapter.shape(r), rows_type, r)
     d_probs = adapter.empty((t_count, k), DType.FP32, r)
     bind = adapter.for_binding
     _C.unpermute_backward(bind(d), int(d_dtype), bind(r), int(r_dtype), bind(permuted.group_offsets),
                           bind(permuted.row_map), _arrays.bound_input(probs, "probs", DType.FP32),
-                          bind(permuted.tokens_per_expert), bind(d_rows), int(DType.FP32),
+                          bind(permuted.tokens_per_expert), bind(d_rows), int(rows_type),
                           bind(d_probs), adapter.stream(d))
     return d_rows, d_probs

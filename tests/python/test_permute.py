@@ -84,6 +84,13 @@ def test_unpermute_and_backward_match_numpy(rng):
     for row in range(int(p.group_offsets[-1])):
         if row not in named:
             assert not d_rows[row].any()
+    # Half-precision d rows are the FP32 ones rounded once.
+    d_rows16, d_probs16 = sfmoe.unpermute_backward(d_out, y, p, probs, out_dtype="float16")
+    assert d_rows16.dtype == np.float16
+    np.testing.assert_array_equal(d_rows16[:end], d_rows[:end].astype(np.float16))
+    np.testing.assert_array_equal(d_probs16, d_probs)
+    with pytest.raises(ValueError):
+        sfmoe.unpermute_backward(d_out, y, p, probs, out_dtype="int8")
 
 
 def test_bf16_rows_move_bit_for_bit(rng):

@@ -501,6 +501,12 @@ def test_cuda_permute_unpermute_activation_match_host(alignment, rng):
     dr_dev, dp_dev = sfmoe.unpermute_backward(d_out.cuda(), dev.rows, dev, probs.cuda())
     assert torch.equal(dr_dev[:end].cpu(), dr_host[:end])
     np.testing.assert_allclose(dp_dev.cpu().numpy(), dp_host.numpy(), rtol=1e-4, atol=1e-5)
+    # BF16 d rows: the same FP32 products, rounded once, on both backends.
+    dr16_host, _ = sfmoe.unpermute_backward(d_out, host.rows, host, probs, out_dtype="bf16")
+    dr16_dev, _ = sfmoe.unpermute_backward(d_out.cuda(), dev.rows, dev, probs.cuda(), out_dtype="bf16")
+    assert dr16_dev.dtype == torch.bfloat16
+    assert torch.equal(dr16_dev[:end].cpu().view(torch.int16), dr16_host[:end].view(torch.int16))
+    assert torch.equal(dr16_host[:end], dr_host[:end].to(torch.bfloat16))
 
 
 @requires_cuda
