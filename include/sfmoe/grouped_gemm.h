@@ -11,8 +11,12 @@
  * dY columnwise and X columnwise. The copy must be present.
  *
  * Backends: the CPU reference runs on host memory (quantized operands are dequantized from those
- * copies, then multiplied in FP32). The Hopper kernels are not written yet: CUDA memory is refused
- * with SFMOE_ERROR_UNSUPPORTED.
+ * copies, then multiplied in FP32). On CUDA memory (builds with CUTLASS, Hopper): BF16 operands
+ * (scaling NONE), out BF16 or FP32, n and k multiples of 8, 16-byte aligned data; the group sizes
+ * stay on the device (a's offsets; in wgrad they are taken for b's as well) and the kernels'
+ * work follows them. Offsets outside [0, row_capacity] or decreasing are clamped and raise
+ * SFMOE_FAULT_BAD_GROUP_OFFSETS / SFMOE_FAULT_GROUP_OVER_CAPACITY in `word`. Quantized operands
+ * and FP16 are SFMOE_ERROR_UNSUPPORTED on the device for now.
  */
 #ifndef SFMOE_GROUPED_GEMM_H_
 #define SFMOE_GROUPED_GEMM_H_
@@ -39,10 +43,18 @@ typedef struct sfmoe_grouped_gemm_config {
 
 SFMOE_API sfmoe_grouped_gemm_config sfmoe_grouped_gemm_config_init(void);
 
+/* INT64 elements of the device workspace for num_groups groups on the current device (any form
+ * and output dtype): allocate it once, outside the step. 0 in builds without the CUDA kernels. */
+SFMOE_API int64_t sfmoe_grouped_gemm_workspace_elements(int64_t num_groups);
+
+/* workspace: [sfmoe_grouped_gemm_workspace_elements(num_groups)] INT64 in a's device memory,
+ * required on the device, ignored on the host. `word` may be NULL. */
 SFMOE_API sfmoe_status sfmoe_grouped_gemm(const sfmoe_grouped_tensor* a,
                                           const sfmoe_grouped_tensor* b,
                                           const sfmoe_grouped_gemm_config* config,
-                                          const sfmoe_grouped_tensor* out, void* stream);
+                                          const sfmoe_grouped_tensor* out,
+                                          const sfmoe_tensor* workspace, sfmoe_status_word* word,
+                                          void* stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

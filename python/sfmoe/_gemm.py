@@ -1,5 +1,5 @@
-"""Grouped GEMM, the three training forms (docs/grouped_gemm.md). The library runs it on host
-memory for now (NumPy arrays, CPU torch tensors), with plain or quantized operands."""
+"""Grouped GEMM, the three training forms (docs/grouped_gemm.md): on host memory (NumPy arrays, CPU
+torch tensors) with plain or quantized operands, and on CUDA tensors (Hopper) with BF16 operands."""
 
 from . import _C, _arrays
 from ._dtypes import DType, as_dtype
@@ -89,6 +89,9 @@ def grouped_gemm(form, a, b, group_offsets=None, *, out=None, out_dtype=None, ac
         out_desc = _plain(adapter, out, out_type, rows=groups * n, cols=out_cols, groups=groups, uniform_rows=n)
     else:
         out_desc = _plain(adapter, out, out_type, rows=rows, cols=out_cols, groups=groups, offsets=offsets)
+    # The device reads each group's arguments from a workspace (the host ignores it).
+    elements = _C.grouped_gemm_workspace_elements(groups)
+    workspace = adapter.empty((elements,), DType.INT64, like) if elements > 0 else None
     _C.grouped_gemm(_FORMS[form], a_desc, b_desc, out_desc, bool(accumulate), a_hadamard or b_hadamard,
-                    adapter.stream(like))
+                    None if workspace is None else adapter.for_binding(workspace), adapter.stream(like))
     return out

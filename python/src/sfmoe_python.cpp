@@ -1248,12 +1248,12 @@ void grouped_activation_backward(nb::ndarray<nb::ro> input, int32_t input_dtype,
   check(status);
 }
 
-// ---- grouped GEMM (host memory for now) -------------------------------------------------------
+// ---- grouped GEMM -------------------------------------------------------------------------------
 
 // The operands and the output as dicts of sfmoe_grouped_tensor fields (see grouped_quantize): the
 // Python layer describes plain arrays and quantized tensors alike.
 void grouped_gemm(int32_t form, nb::dict a, nb::dict b, nb::dict out, bool accumulate,
-                  bool hadamard, uint64_t stream) {
+                  bool hadamard, nb::object workspace, uint64_t stream) {
   const char* function = "grouped_gemm";
   std::vector<nb::ndarray<nb::ro>> keep_inputs;
   std::vector<nb::ndarray<>> keep_output;
@@ -1264,6 +1264,12 @@ void grouped_gemm(int32_t form, nb::dict a, nb::dict b, nb::dict out, bool accum
   place(&ga, placement);
   place(&gb, placement);
   place(&go, placement);
+  nb::ndarray<> workspace_array;
+  sfmoe_tensor t_workspace{};
+  if (!workspace.is_none()) {
+    workspace_array = nb::cast<nb::ndarray<>>(workspace);
+    t_workspace = describe_array("workspace", workspace_array, SFMOE_DTYPE_INT64);
+  }
   sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
   config.form = to_enum<sfmoe_gemm_form>(form);
   config.accumulate = accumulate ? 1 : 0;
@@ -1271,7 +1277,8 @@ void grouped_gemm(int32_t form, nb::dict a, nb::dict b, nb::dict out, bool accum
   sfmoe_status status;
   {
     nb::gil_scoped_release release;
-    status = sfmoe_grouped_gemm(&ga, &gb, &config, &go, stream_pointer(stream));
+    status = sfmoe_grouped_gemm(&ga, &gb, &config, &go, workspace.is_none() ? nullptr : &t_workspace,
+                                nullptr, stream_pointer(stream));
   }
   check(status);
 }
@@ -1383,6 +1390,8 @@ NB_MODULE(_C, m) {
         "workspace"_a.noconvert(), "stream"_a = 0,
         "sfmoe_permute into quantized rows (the fused quantization); `output` is a dict of "
         "sfmoe_grouped_tensor fields.");
+  m.def("grouped_gemm_workspace_elements", &sfmoe_grouped_gemm_workspace_elements, "num_groups"_a,
+        "sfmoe_grouped_gemm_workspace_elements.");
   m.def("permute_workspace_elements", &sfmoe_permute_workspace_elements, "num_tokens"_a,
         "num_experts"_a, "sfmoe_permute_workspace_elements.");
   m.def("unpermute", &unpermute, "rows"_a, "rows_dtype"_a, "group_offsets"_a, "row_map"_a,
@@ -1405,9 +1414,9 @@ NB_MODULE(_C, m) {
         "alpha"_a, "d_input"_a.noconvert(), "d_input_dtype"_a, "stream"_a = 0,
         "sfmoe_grouped_activation_backward.");
   m.def("grouped_gemm", &grouped_gemm, "form"_a, "a"_a, "b"_a, "out"_a, "accumulate"_a = false,
-        "hadamard"_a = false, "stream"_a = 0,
+        "hadamard"_a = false, "workspace"_a = nb::none(), "stream"_a = 0,
         "sfmoe_grouped_gemm; a, b and out are dicts of sfmoe_grouped_tensor fields as for\n"
-        "grouped_quantize (host memory for now).");
+        "grouped_quantize; workspace: INT64 [grouped_gemm_workspace_elements(G)] (device only).");
   m.def("grouped_amax", &grouped_amax, "input"_a, "amax"_a.noconvert(),
         "status_word"_a = nb::none(), "stream"_a = 0,
         "sfmoe_grouped_amax: amax[g] = max |x| over group g of the grouped tensor `input` (a\n"

@@ -5,10 +5,14 @@
 #include <vector>
 
 #include "sfmoe/quantize.h"
+#include "src/api/status_word_impl.h"
 #include "src/api/validate.h"
 #include "src/common/error.h"
 #include "src/cpu/backend.h"
 #include "src/cpu/element_access.h"
+#if defined(SFMOE_WITH_CUDA)
+#include "src/cuda/backend.h"
+#endif
 
 namespace sfmoe {
 namespace {
@@ -35,7 +39,6 @@ sfmoe_status expect_operand(const char* context, const char* name, const sfmoe_g
     return fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: %s has %lld cols, expected %lld", context, name,
                 static_cast<long long>(t->cols), static_cast<long long>(cols));
   }
-  SFMOE_RETURN_IF_ERROR(expect_host_memory(context, t->memory));
   return SFMOE_SUCCESS;
 }
 
@@ -74,10 +77,94 @@ sfmoe_status operand_as_f32(const sfmoe_grouped_tensor* t, bool columnwise, bool
       nullptr);
 }
 
+// The device path's extra requirements (docs/grouped_gemm.md), then the launch.
+sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
+                           const sfmoe_grouped_tensor* b, const sfmoe_grouped_gemm_config* config,
+                           const sfmoe_grouped_tensor* out, GroupedGemmArgs args,
+                           const sfmoe_tensor* workspace, sfmoe_status_word* word, void* stream) {
+#if defined(SFMOE_WITH_CUDA) && defined(SFMOE_WITH_CUTE)
+  for (const sfmoe_grouped_tensor* t : {a, b}) {
+    if (t->scaling != SFMOE_SCALING_NONE || t->dtype != SFMOE_DTYPE_BF16) {
+      return fail(SFMOE_ERROR_UNSUPPORTED,
+                  "%s: the CUDA grouped GEMM takes BF16 operands for now (quantized and FP16 "
+                  "operands run on the host)",
+                  context);
+    }
+  }
+  if (out->dtype != SFMOE_DTYPE_BF16 && out->dtype != SFMOE_DTYPE_FP32) {
+    return fail(SFMOE_ERROR_UNSUPPORTED, "%s: the CUDA grouped GEMM writes BF16 or FP32", context);
+  }
+  if (args.n % 8 != 0 || args.k % 8 != 0 || args.n > INT32_MAX || args.k > INT32_MAX ||
+      a->row_capacity > INT32_MAX) {
+    return fail(SFMOE_ERROR_UNSUPPORTED,
+                "%s: the CUDA grouped GEMM needs n and k multiples of 8 (16-byte rows for TMA) "
+                "and sizes below 2^31 (n = %lld, k = %lld)",
+                context, static_cast<long long>(args.n), static_cast<long long>(args.k));
+  }
+  for (const sfmoe_grouped_tensor* t : {a, b, out}) {
+    if (t->memory != SFMOE_MEMORY_CUDA || t->device != a->device) {
+      return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: a, b and out must be on the same CUDA device",
+                  context);
+    }
+    if (reinterpret_cast<uintptr_t>(t->rowwise_data) % kDataAlignment != 0) {
+      return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: operand data must be 16-byte aligned",
+                  context);
+    }
+  }
+  if (a->group_offsets == nullptr) {
+    return fail(SFMOE_ERROR_NULL_POINTER, "%s: a needs its group offsets", context);
+  }
+  const int64_t elements = sfmoe_grouped_gemm_workspace_elements(a->num_groups);
+  SFMOE_RETURN_IF_ERROR(expect_workspace(context, workspace, SFMOE_DTYPE_INT64, elements,
+                                         "sfmoe_grouped_gemm_workspace_elements", nullptr, nullptr));
+  if (workspace->memory != SFMOE_MEMORY_CUDA || workspace->device != a->device) {
+    return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: the workspace must be on a's device", context);
+  }
+  SFMOE_RETURN_IF_ERROR(check_word(context, word, a->memory, a->device));
+  // out shares a's offsets in fprop and dgrad (as on the host).
+  if (config->form != SFMOE_GEMM_WGRAD && out->group_offsets != nullptr &&
+      out->group_offsets != a->group_offsets && out->uniform_group_rows == 0) {
+    SFMOE_RETURN_IF_ERROR(cuda::copy_device_async(context, out->group_offsets, a->group_offsets,
+                                                  sizeof(int64_t) * (a->num_groups + 1), stream));
+  }
+  GroupedGemmDeviceArgs d{};
+  d.form = args.form;
+  d.num_groups = a->num_groups;
+  d.offsets = a->group_offsets;
+  d.row_capacity = a->row_capacity;
+  d.n = args.n;
+  d.k = args.k;
+  d.a = a->rowwise_data;
+  d.b = b->rowwise_data;
+  d.out = out->rowwise_data;
+  d.out_dtype = out->dtype;
+  d.accumulate = args.accumulate;
+  d.workspace = workspace->data;
+  d.workspace_bytes = elements * 8;
+  d.word = word != nullptr ? word->word : nullptr;
+  return cuda::grouped_gemm(d, stream);
+#else
+  (void)a, (void)b, (void)config, (void)out, (void)args, (void)workspace, (void)word, (void)stream;
+  return fail(SFMOE_ERROR_UNSUPPORTED,
+              "%s: this build has no CUDA grouped GEMM (it needs the CUDA backend and CUTLASS)",
+              context);
+#endif
+}
+
 }  // namespace
 }  // namespace sfmoe
 
 extern "C" {
+
+int64_t sfmoe_grouped_gemm_workspace_elements(int64_t num_groups) {
+#if defined(SFMOE_WITH_CUDA) && defined(SFMOE_WITH_CUTE)
+  if (num_groups < 0 || sfmoe::cuda::device_count() == 0) return 0;
+  return (sfmoe::cuda::grouped_gemm_workspace_bytes(num_groups) + 7) / 8;
+#else
+  (void)num_groups;
+  return 0;
+#endif
+}
 
 sfmoe_grouped_gemm_config sfmoe_grouped_gemm_config_init(void) {
   return sfmoe::sized_zero_config<sfmoe_grouped_gemm_config>();
@@ -85,10 +172,10 @@ sfmoe_grouped_gemm_config sfmoe_grouped_gemm_config_init(void) {
 
 sfmoe_status sfmoe_grouped_gemm(const sfmoe_grouped_tensor* a, const sfmoe_grouped_tensor* b,
                                 const sfmoe_grouped_gemm_config* config,
-                                const sfmoe_grouped_tensor* out, void* stream) {
+                                const sfmoe_grouped_tensor* out, const sfmoe_tensor* workspace,
+                                sfmoe_status_word* word, void* stream) {
   const char* context = "sfmoe_grouped_gemm";
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
-    (void)stream;  // host memory only for now
     if (config == nullptr)
       return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: config is NULL", context);
     if (config->struct_size != sizeof(sfmoe_grouped_gemm_config)) {
@@ -153,12 +240,23 @@ sfmoe_status sfmoe_grouped_gemm(const sfmoe_grouped_tensor* a, const sfmoe_group
     if (out->scaling != SFMOE_SCALING_NONE) {
       return sfmoe::fail(SFMOE_ERROR_DTYPE_MISMATCH, "%s: out must be fp32, bf16 or fp16", context);
     }
-    SFMOE_RETURN_IF_ERROR(sfmoe::check_host_group_offsets(context, "a", a));
     if (config->form != SFMOE_GEMM_WGRAD &&
         (out->num_groups != groups || out->row_capacity != a->row_capacity)) {
       return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH,
                          "%s: out must have a's groups and row capacity", context);
     }
+    if (a->memory == SFMOE_MEMORY_CUDA) {
+      return sfmoe::run_on_device(context, a, b, config, out, args, workspace, word, stream);
+    }
+    (void)workspace;
+    (void)word;
+    for (const sfmoe_grouped_tensor* t : {b, out}) {
+      if (t->memory != SFMOE_MEMORY_HOST) {
+        return sfmoe::fail(SFMOE_ERROR_MEMORY_SPACE, "%s: a, b and out must share a memory space",
+                           context);
+      }
+    }
+    SFMOE_RETURN_IF_ERROR(sfmoe::check_host_group_offsets(context, "a", a));
     if (config->form == SFMOE_GEMM_WGRAD && b->group_offsets != a->group_offsets) {
       for (int64_t g = 0; g <= groups; ++g) {
         if (b->group_offsets[g] != a->group_offsets[g]) {

@@ -27,4 +27,22 @@ struct GroupedGemmArgs {
   bool accumulate;         // wgrad only: dW += instead of =
 };
 
+// The device path (docs/grouped_gemm.md): BF16 operands as they lie in memory, the rows' group
+// offsets on the device, a caller workspace for the per-group arguments.
+struct GroupedGemmDeviceArgs {
+  GroupedGemmForm form;
+  int64_t num_groups;
+  const int64_t* offsets;  // device [num_groups + 1], a's (and b's in wgrad)
+  int64_t row_capacity;    // rows of a (and of out in fprop / dgrad)
+  int64_t n, k;
+  const void* a;  // BF16, as in GroupedGemmArgs
+  const void* b;
+  void* out;
+  sfmoe_dtype out_dtype;  // BF16 or FP32
+  bool accumulate;        // wgrad into FP32 dW
+  void* workspace;        // device, workspace_bytes
+  int64_t workspace_bytes;
+  sfmoe_fault_report* word;  // or NULL
+};
+
 }  // namespace sfmoe

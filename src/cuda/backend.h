@@ -7,6 +7,7 @@
 #include "sfmoe/cast.h"
 #include "sfmoe/sfmoe.h"
 #include "src/common/activation_args.h"
+#include "src/common/grouped_gemm_args.h"
 #include "src/common/permute_args.h"
 #include "src/common/quantize_args.h"
 #include "src/common/router_args.h"
@@ -61,6 +62,11 @@ sfmoe_status activation_forward(const ActivationArgs& args, int64_t row_capacity
                                 sfmoe_fault_report* word, void* stream);
 sfmoe_status activation_backward(const ActivationBackwardArgs& args, int64_t row_capacity,
                                  sfmoe_fault_report* word, void* stream);
+
+// Grouped GEMM on Hopper (docs/grouped_gemm.md). Available only in builds with CUTLASS.
+bool grouped_gemm_available();
+int64_t grouped_gemm_workspace_bytes(int64_t num_groups);
+sfmoe_status grouped_gemm(const GroupedGemmDeviceArgs& args, void* stream);
 
 // Router (docs/router.md).
 sfmoe_status router_forward(const RouterDeviceForward& args, void* stream);

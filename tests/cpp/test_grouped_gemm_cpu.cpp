@@ -189,14 +189,14 @@ TEST(GroupedGemmApi, ThreeFormsThroughTheCApiAndRefusals) {
   sfmoe_grouped_tensor g_dw = weights(dw.data(), SFMOE_DTYPE_FP32);
   sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
   config.form = SFMOE_GEMM_FPROP;
-  ASSERT_EQ(sfmoe_grouped_gemm(&g_x, &g_w, &config, &g_y, nullptr), SFMOE_SUCCESS)
+  ASSERT_EQ(sfmoe_grouped_gemm(&g_x, &g_w, &config, &g_y, nullptr, nullptr, nullptr), SFMOE_SUCCESS)
       << sfmoe_last_error();
   EXPECT_EQ(out_offsets, offsets) << "fprop's output receives the rows' offsets";
   config.form = SFMOE_GEMM_DGRAD;
-  ASSERT_EQ(sfmoe_grouped_gemm(&g_dy, &g_w, &config, &g_dx, nullptr), SFMOE_SUCCESS)
+  ASSERT_EQ(sfmoe_grouped_gemm(&g_dy, &g_w, &config, &g_dx, nullptr, nullptr, nullptr), SFMOE_SUCCESS)
       << sfmoe_last_error();
   config.form = SFMOE_GEMM_WGRAD;
-  ASSERT_EQ(sfmoe_grouped_gemm(&g_dy, &g_x, &config, &g_dw, nullptr), SFMOE_SUCCESS)
+  ASSERT_EQ(sfmoe_grouped_gemm(&g_dy, &g_x, &config, &g_dw, nullptr, nullptr, nullptr), SFMOE_SUCCESS)
       << sfmoe_last_error();
   EXPECT_EQ(y, run(GroupedGemmForm::kFprop, xf, wf, std::vector<float>(kRows * kN, NAN)));
   EXPECT_EQ(dx, run(GroupedGemmForm::kDgrad, dyf, wf, std::vector<float>(kRows * kK, NAN)));
@@ -210,17 +210,17 @@ TEST(GroupedGemmApi, ThreeFormsThroughTheCApiAndRefusals) {
   quantized_out.scaling = SFMOE_SCALING_TENSOR;
   quantized_out.rowwise_scale_inv = dw.data();
   quantized_out.amax = dw.data();
-  EXPECT_EQ(sfmoe_grouped_gemm(&g_x, &g_w, &config, &quantized_out, nullptr),
+  EXPECT_EQ(sfmoe_grouped_gemm(&g_x, &g_w, &config, &quantized_out, nullptr, nullptr, nullptr),
             SFMOE_ERROR_DTYPE_MISMATCH)
       << sfmoe_last_error();
   sfmoe_grouped_tensor narrow = g_w;
   narrow.cols = kK - 8;
-  EXPECT_EQ(sfmoe_grouped_gemm(&g_x, &narrow, &config, &g_y, nullptr), SFMOE_ERROR_SHAPE_MISMATCH);
+  EXPECT_EQ(sfmoe_grouped_gemm(&g_x, &narrow, &config, &g_y, nullptr, nullptr, nullptr), SFMOE_ERROR_SHAPE_MISMATCH);
   config.accumulate = 1;
-  EXPECT_EQ(sfmoe_grouped_gemm(&g_x, &g_w, &config, &g_y, nullptr), SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sfmoe_grouped_gemm(&g_x, &g_w, &config, &g_y, nullptr, nullptr, nullptr), SFMOE_ERROR_INVALID_ARGUMENT);
   config.accumulate = 0;
   offsets[3] = 0;  // below offsets[2] = 1: decreasing
-  EXPECT_EQ(sfmoe_grouped_gemm(&g_x, &g_w, &config, &g_y, nullptr), SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sfmoe_grouped_gemm(&g_x, &g_w, &config, &g_y, nullptr, nullptr, nullptr), SFMOE_ERROR_INVALID_ARGUMENT);
   offsets[3] = kOffsets[3];
   EXPECT_EQ(y, y_before);
 }
@@ -330,7 +330,7 @@ TEST(GroupedGemmApi, QuantizedOperandsReadTheCopyOfTheirForm) {
     }
     sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
     config.form = c.form;
-    ASSERT_EQ(sfmoe_grouped_gemm(&c.a->q, &c.b->q, &config, &out, nullptr), SFMOE_SUCCESS)
+    ASSERT_EQ(sfmoe_grouped_gemm(&c.a->q, &c.b->q, &config, &out, nullptr, nullptr, nullptr), SFMOE_SUCCESS)
         << sfmoe_last_error();
     const std::vector<float> av = dequantized(*c.a, c.a_copy), bv = dequantized(*c.b, c.b_copy);
     cpu::grouped_gemm(GroupedGemmArgs{c.ref_form, groups, offsets.data(), n, k, av.data(),
@@ -353,7 +353,7 @@ TEST(GroupedGemmApi, QuantizedOperandsReadTheCopyOfTheirForm) {
   out.uniform_group_rows = n;
   sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
   config.form = SFMOE_GEMM_WGRAD;
-  EXPECT_EQ(sfmoe_grouped_gemm(&dy.q, &rowwise_only, &config, &out, nullptr),
+  EXPECT_EQ(sfmoe_grouped_gemm(&dy.q, &rowwise_only, &config, &out, nullptr, nullptr, nullptr),
             SFMOE_ERROR_NULL_POINTER);
 }
 
