@@ -40,7 +40,7 @@ run_gtest() {  # name binary [args...]
   local summary
   summary=$(grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$OUT/$name.log" | tr '\n' ' ')
   status_line "$name" "rc $rc; $summary"
-  grep -E "^\[ (numerics|device numerics|hardware cvt|cast|graph|validation|gpu|quantize|quantize graph|router|permute|activation) \]" "$OUT/$name.log" | sed 's/^/   /'
+  grep -E "^\[ (numerics|device numerics|hardware cvt|cast|graph|validation|gpu|quantize|quantize graph|router|permute|activation|gemm|gemm graph) \]" "$OUT/$name.log" | sed 's/^/   /'
   return $rc
 }
 
@@ -76,6 +76,8 @@ if [ "${SFMOE_SKIP_PYTHON:-0}" != 1 ]; then
     status_line bench_quantize_torch "rc $?"
     PYTHONPATH="$ROOT/build-py/python:$ROOT/bench" OUT="$OUT" python3 bench/bench_moe_ops_torch.py > "$OUT/bench_moe_ops_torch.log" 2>&1
     status_line bench_moe_ops_torch "rc $?"
+    PYTHONPATH="$ROOT/build-py/python:$ROOT/bench" OUT="$OUT" python3 bench/bench_grouped_gemm_torch.py > "$OUT/bench_grouped_gemm_torch.log" 2>&1
+    status_line bench_grouped_gemm_torch "rc $?"
   else
     status_line pytest "extension build failed (see python_build.log)"
     tail -20 "$OUT/python_build.log"
@@ -90,7 +92,7 @@ status_line bench_quantize "rc $?"
 
 echo
 echo "================================ sfmoe GPU check ================================"
-for k in build selfcheck cpu_tests gpu_tests sanitizer_memcheck sanitizer_racecheck pytest bench_memory bench_cast_torch bench_quantize_torch bench_moe_ops_torch bench_quantize; do
+for k in build selfcheck cpu_tests gpu_tests sanitizer_memcheck sanitizer_racecheck pytest bench_memory bench_cast_torch bench_quantize_torch bench_moe_ops_torch bench_grouped_gemm_torch bench_quantize; do
   [ -n "${RESULT[$k]:-}" ] && printf "%-20s %s\n" "$k" "${RESULT[$k]}"
 done
 echo
@@ -99,3 +101,4 @@ tail -8 "$OUT/bench_memory.log"
 [ -f "$OUT/bench_quantize_torch.log" ] && { echo; tail -15 "$OUT/bench_quantize_torch.log"; }
 [ -f "$OUT/bench_quantize.log" ] && { echo; tail -14 "$OUT/bench_quantize.log"; }
 [ -f "$OUT/bench_moe_ops_torch.log" ] && { echo; tail -14 "$OUT/bench_moe_ops_torch.log"; }
+[ -f "$OUT/bench_grouped_gemm_torch.log" ] && { echo; tail -22 "$OUT/bench_grouped_gemm_torch.log"; }

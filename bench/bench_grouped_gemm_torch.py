@@ -1,0 +1,164 @@
+"""sfmoe's grouped GEMM against the peers of ../shared/GPU.md, timed in the same process on the GPU:
+the 12 forward cases (DeepSeek-V3 EP8, Qwen3-30B-A3B, Mixtral-8x7B; balanced and Zipf group sizes,
+each padded to 16 rows; fc1 and fc2) and the balanced wgrad cases, in TFLOP/s for sfmoe (BF16),
+`torch._grouped_mm` (BF16), `torch._scaled_grouped_mm` (FP8 rowwise) and a dense cuBLAS GEMM of
+the same FLOPs, with the ratios; plus the capacity case (the same rows in buffers with 2x spare
+capacity, where the work must follow the rows, not the buffer).
+
+sfmoe is timed as REPEAT calls captured in one CUDA graph (device time, as in
+bench_moe_ops_torch.py); the peers eagerly, as ../shared/peers/peer_baseline.py measured them.
+Writes JSON to $OUT/bench_grouped_gemm_torch.json when OUT is set.
+"""
+import json
+import math
+import os
+
+import torch
+
+import sfmoe
+from torch_timing import median_ms
+
+REPEAT = 10
+
+SHAPES = {  # name: (local experts E, routed rows M, hidden, ffn)
+    "DeepSeek-V3 EP8": (32, 4096 * 8, 7168, 2048),
+    "Qwen3-30B-A3B": (128, 8192 * 8, 2048, 768),
+    "Mixtral-8x7B": (8, 8192 * 2, 4096, 14336),
+}
+
+
+def group_sizes(experts, rows, skew, align=16, seed=0):
+    """The peers' group sizes: balanced, or Zipf weights 1/rank shuffled; each padded to `align`."""
+    g = torch.Generator().manual_seed(seed)
+    if skew == "balanced":
+        w = torch.ones(experts)
+    else:
+        w = 1.0 / torch.arange(1, experts + 1).float()
+        w = w[torch.randperm(experts, generator=g)]
+    c = (w / w.sum() * rows).floor().long()
+    c[0] += rows - c.sum()
+    return ((c + align - 1) // align) * align
+
+
+def graphed_ms(fn):
+    fn()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(REPEAT):
+            fn()
+    return median_ms(graph.replay, runs=10, warmup=2, batch=2) / REPEAT
+
+
+def tflops(flops, ms):
+    return flops / (ms * 1e-3) / 1e12
+
+
+def peer(fn):
+    try:
+        return median_ms(fn, runs=10, warmup=3, batch=3)
+    except Exception as error:  # noqa: BLE001 -- a peer this torch lacks
+        print(f"  (peer unavailable: {str(error)[:100]})")
+        return None
+
+
+def main():
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    results = []
+    print(f"{'case':44s} {'sfmoe':>8s} {'grouped_mm':>11s} {'ratio':>6s} {'dense':>7s} {'ratio':>6s} "
+          f"{'fp8 rowwise':>11s}   (TFLOP/s)")
+    ratios_grouped = []
+    for name, (experts, rows, hidden, ffn) in SHAPES.items():
+        for skew in ("balanced", "zipf"):
+            sizes = group_sizes(experts, rows, skew)
+            m = int(sizes.sum())
+            offsets = torch.zeros(experts + 1, dtype=torch.int64)
+            offsets[1:] = torch.cumsum(sizes, 0)
+            offsets = offsets.to(dev)
+            ends32 = offsets[1:].to(torch.int32)
+            for stage, (k, n) in {"fc1": (hidden, 2 * ffn), "fc2": (ffn, hidden)}.items():
+                x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+                w = torch.randn(experts, n, k, device=dev, dtype=torch.bfloat16)
+                y = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+                flops = 2.0 * m * n * k
+                ours = graphed_ms(lambda: sfmoe.grouped_gemm("fprop", x, w, offsets, out=y))
+                grouped = peer(lambda: torch._grouped_mm(x, w.transpose(1, 2), offs=ends32))
+                xd = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+                wd = torch.randn(k, n, device=dev, dtype=torch.bfloat16)
+                dense = peer(lambda: xd @ wd)
+                x8, w8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+                sa = torch.ones(m, device=dev, dtype=torch.float32)
+                sb = torch.ones(experts, n, device=dev, dtype=torch.float32)
+                fp8 = peer(lambda: torch._scaled_grouped_mm(x8, w8.transpose(1, 2), sa, sb, offs=ends32,
+                                                            out_dtype=torch.bfloat16))
+                row = dict(case=f"{name} {skew} {stage}", M=m, N=n, K=k, sfmoe=tflops(flops, ours),
+                           grouped_mm=grouped and tflops(flops, grouped), dense=dense and tflops(flops, dense),
+                           scaled_grouped_mm=fp8 and tflops(flops, fp8))
+                results.append(row)
+                if grouped:
+                    ratios_grouped.append(row["sfmoe"] / row["grouped_mm"])
+                fmt = lambda v: f"{v:8.0f}" if v else "       -"  # noqa: E731
+                print(f"{row['case']:44s} {row['sfmoe']:8.0f} {fmt(row['grouped_mm']):>11s} "
+                      f"{row['sfmoe'] / row['grouped_mm'] if row['grouped_mm'] else float('nan'):6.2f} "
+                      f"{fmt(row['dense']):>7s} {row['sfmoe'] / row['dense'] if row['dense'] else float('nan'):6.2f} "
+                      f"{fmt(row['scaled_grouped_mm']):>11s}")
+                del x, w, y, xd, wd, x8, w8
+                torch.cuda.empty_cache()
+    if ratios_grouped:
+        geo = math.exp(sum(math.log(r) for r in ratios_grouped) / len(ratios_grouped))
+        print(f"geometric mean sfmoe / torch._grouped_mm over {len(ratios_grouped)} cases: {geo:.2f}x")
+
+    # wgrad, balanced: dW_e [N, K] = dY_e^T X_e.
+    print(f"\n{'wgrad case':44s} {'sfmoe':>8s} {'grouped_mm':>11s} {'dense':>7s}")
+    for name, (experts, rows, hidden, ffn) in SHAPES.items():
+        sizes = group_sizes(experts, rows, "balanced")
+        m = int(sizes.sum())
+        offsets = torch.zeros(experts + 1, dtype=torch.int64)
+        offsets[1:] = torch.cumsum(sizes, 0)
+        offsets = offsets.to(dev)
+        ends32 = offsets[1:].to(torch.int32)
+        k, n = hidden, 2 * ffn
+        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+        dw = torch.empty(experts, n, k, device=dev, dtype=torch.float32)
+        flops = 2.0 * m * n * k
+        ours = graphed_ms(lambda: sfmoe.grouped_gemm("wgrad", dy, x, offsets, out=dw))
+        grouped = peer(lambda: torch._grouped_mm(dy.t(), x, offs=ends32))
+        dense = peer(lambda: dy.t() @ x)
+        row = dict(case=f"wgrad {name} fc1", M=m, N=n, K=k, sfmoe=tflops(flops, ours),
+                   grouped_mm=grouped and tflops(flops, grouped), dense=dense and tflops(flops, dense))
+        results.append(row)
+        print(f"{row['case']:44s} {row['sfmoe']:8.0f} {row['grouped_mm'] or 0:11.0f} {row['dense'] or 0:7.0f}")
+        del x, dy, dw
+        torch.cuda.empty_cache()
+
+    # Capacity: Qwen3 fc1 balanced rows in buffers of twice the rows.
+    experts, rows, hidden, ffn = SHAPES["Qwen3-30B-A3B"]
+    sizes = group_sizes(experts, rows, "balanced")
+    m = int(sizes.sum())
+    offsets = torch.zeros(experts + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(sizes, 0)
+    offsets = offsets.to(dev)
+    k, n = hidden, 2 * ffn
+    w = torch.randn(experts, n, k, device=dev, dtype=torch.bfloat16)
+    times = {}
+    for capacity in (m, 2 * m):
+        x = torch.randn(capacity, k, device=dev, dtype=torch.bfloat16)
+        y = torch.empty(capacity, n, device=dev, dtype=torch.bfloat16)
+        times[capacity] = graphed_ms(lambda: sfmoe.grouped_gemm("fprop", x, w, offsets, out=y))
+    print(f"\ncapacity (Qwen3 fc1, balanced): exact {times[m] * 1e3:.1f} us, 2x spare {times[2 * m] * 1e3:.1f} us, "
+          f"ratio {times[2 * m] / times[m]:.3f} (target <= 1.1)")
+    results.append(dict(case="capacity", exact_ms=times[m], spare_ms=times[2 * m]))
+
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "bench_grouped_gemm_torch.json"), "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
