@@ -83,30 +83,61 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
                            const sfmoe_grouped_tensor* out, GroupedGemmArgs args,
                            const sfmoe_tensor* workspace, sfmoe_status_word* word, void* stream) {
 #if defined(SFMOE_WITH_CUDA) && defined(SFMOE_WITH_CUTE)
-  for (const sfmoe_grouped_tensor* t : {a, b}) {
-    if (t->scaling != SFMOE_SCALING_NONE || t->dtype != SFMOE_DTYPE_BF16) {
-      return fail(SFMOE_ERROR_UNSUPPORTED,
-                  "%s: the CUDA grouped GEMM takes BF16 operands for now (quantized and FP16 "
-                  "operands run on the host)",
-                  context);
-    }
+  // Operands: both BF16 rows, or both FP8 per-tensor (B E4M3; A E4M3, or E5M2 for gradients).
+  const bool fp8 = a->scaling == SFMOE_SCALING_TENSOR && b->scaling == SFMOE_SCALING_TENSOR &&
+                   (a->dtype == SFMOE_DTYPE_FP8_E4M3 || a->dtype == SFMOE_DTYPE_FP8_E5M2) &&
+                   b->dtype == SFMOE_DTYPE_FP8_E4M3;
+  const bool bf16 = a->scaling == SFMOE_SCALING_NONE && b->scaling == SFMOE_SCALING_NONE &&
+                    a->dtype == SFMOE_DTYPE_BF16 && b->dtype == SFMOE_DTYPE_BF16;
+  if (!fp8 && !bf16) {
+    return fail(SFMOE_ERROR_UNSUPPORTED,
+                "%s: the CUDA grouped GEMM takes BF16 x BF16 or FP8 per-tensor (E4M3 or E5M2 x "
+                "E4M3) operands for now; other recipes run on the host",
+                context);
   }
   if (out->dtype != SFMOE_DTYPE_BF16 && out->dtype != SFMOE_DTYPE_FP32) {
     return fail(SFMOE_ERROR_UNSUPPORTED, "%s: the CUDA grouped GEMM writes BF16 or FP32", context);
   }
-  if (args.n % 8 != 0 || args.k % 8 != 0 || args.n > INT32_MAX || args.k > INT32_MAX ||
-      a->row_capacity > INT32_MAX) {
+  // TMA: 16-byte rows and bases.
+  const int64_t multiple = fp8 ? 16 : 8;
+  if (args.n % multiple != 0 || args.k % multiple != 0 || args.n > INT32_MAX ||
+      args.k > INT32_MAX || a->row_capacity > INT32_MAX) {
     return fail(SFMOE_ERROR_UNSUPPORTED,
-                "%s: the CUDA grouped GEMM needs n and k multiples of 8 (16-byte rows for TMA) "
+                "%s: the CUDA grouped GEMM needs n and k multiples of %lld (16-byte rows for TMA) "
                 "and sizes below 2^31 (n = %lld, k = %lld)",
-                context, static_cast<long long>(args.n), static_cast<long long>(args.k));
+                context, static_cast<long long>(multiple), static_cast<long long>(args.n),
+                static_cast<long long>(args.k));
+  }
+  // The copy each form reads (FP8: K-major, docs/grouped_gemm.md).
+  const bool a_columnwise = fp8 && config->form == SFMOE_GEMM_WGRAD;
+  const bool b_columnwise = fp8 && config->form != SFMOE_GEMM_FPROP;
+  if (fp8) {
+    for (const sfmoe_grouped_tensor* t : {a, b}) {
+      const bool columnwise = t == a ? a_columnwise : b_columnwise;
+      if ((columnwise ? t->columnwise_scale_inv : t->rowwise_scale_inv) == nullptr) {
+        return fail(SFMOE_ERROR_NULL_POINTER, "%s: an FP8 operand needs its scale_inv", context);
+      }
+      if (columnwise && t->row_capacity % 16 != 0) {
+        return fail(SFMOE_ERROR_UNSUPPORTED,
+                    "%s: a columnwise FP8 operand needs row_capacity a multiple of 16", context);
+      }
+    }
+    if (config->form == SFMOE_GEMM_WGRAD && (a->row_alignment < 16 || b->row_alignment < 16)) {
+      return fail(SFMOE_ERROR_UNSUPPORTED,
+                  "%s: FP8 wgrad reads the groups' columns of the columnwise copies, which needs "
+                  "groups aligned to 16 rows (row_alignment >= 16)",
+                  context);
+    }
   }
   for (const sfmoe_grouped_tensor* t : {a, b, out}) {
     if (t->memory != SFMOE_MEMORY_CUDA || t->device != a->device) {
       return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: a, b and out must be on the same CUDA device",
                   context);
     }
-    if (reinterpret_cast<uintptr_t>(t->rowwise_data) % kDataAlignment != 0) {
+    const void* data = t == a && a_columnwise ? a->columnwise_data
+                       : t == b && b_columnwise ? b->columnwise_data
+                                                : t->rowwise_data;
+    if (reinterpret_cast<uintptr_t>(data) % kDataAlignment != 0) {
       return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: operand data must be 16-byte aligned",
                   context);
     }
@@ -134,8 +165,20 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
   d.row_capacity = a->row_capacity;
   d.n = args.n;
   d.k = args.k;
-  d.a = a->rowwise_data;
-  d.b = b->rowwise_data;
+  auto operand = [](const sfmoe_grouped_tensor* t, bool columnwise) {
+    GemmDeviceOperand o{};
+    o.data = columnwise ? t->columnwise_data : t->rowwise_data;
+    o.dtype = t->dtype;
+    o.columnwise = columnwise;
+    o.rows = t->row_capacity;
+    o.scale_inv = t->scaling == SFMOE_SCALING_TENSOR
+                      ? static_cast<const float*>(columnwise ? t->columnwise_scale_inv
+                                                             : t->rowwise_scale_inv)
+                      : nullptr;
+    return o;
+  };
+  d.a = operand(a, a_columnwise);
+  d.b = operand(b, b_columnwise);
   d.out = out->rowwise_data;
   d.out_dtype = out->dtype;
   d.accumulate = args.accumulate;

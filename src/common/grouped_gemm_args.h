@@ -27,16 +27,23 @@ struct GroupedGemmArgs {
   bool accumulate;         // wgrad only: dW += instead of =
 };
 
-// The device path (docs/grouped_gemm.md): BF16 operands as they lie in memory, the rows' group
-// offsets on the device, a caller workspace for the per-group arguments.
+// The device path (docs/grouped_gemm.md): each operand as the copy the form's kernel reads, the
+// rows' group offsets on the device, a caller workspace for the per-group arguments.
+struct GemmDeviceOperand {
+  const void* data;        // the copy read: rowwise [rows, cols], or columnwise [cols, rows]
+  sfmoe_dtype dtype;       // BF16, FP8_E4M3 or FP8_E5M2
+  bool columnwise;         // data is the columnwise copy
+  int64_t rows;            // the tensor's row_capacity (the columnwise copy's leading dimension)
+  const float* scale_inv;  // FP8 per-tensor: [num_groups] (of the copy read); NULL for BF16
+};
+
 struct GroupedGemmDeviceArgs {
   GroupedGemmForm form;
   int64_t num_groups;
   const int64_t* offsets;  // device [num_groups + 1], a's (and b's in wgrad)
   int64_t row_capacity;    // rows of a (and of out in fprop / dgrad)
   int64_t n, k;
-  const void* a;  // BF16, as in GroupedGemmArgs
-  const void* b;
+  GemmDeviceOperand a, b;
   void* out;
   sfmoe_dtype out_dtype;  // BF16 or FP32
   bool accumulate;        // wgrad into FP32 dW

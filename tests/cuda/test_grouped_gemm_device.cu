@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "sfmoe/grouped_gemm.h"
+#include "sfmoe/quantize.h"
 #include "sfmoe/numerics/float_formats.h"
 #include "tests/cpp/host_descriptors.h"
 #include "tests/cpp/numerics_cases.h"
@@ -284,6 +285,163 @@ TEST(CudaGroupedGemm, CapturedGraphFollowsNewGroupSizes) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// A host grouped tensor quantized as FP8 per-tensor (power-of-two scales) with both copies, and
+// its device twin.
+struct Fp8Operand {
+  std::vector<uint8_t> rowwise, columnwise;
+  std::vector<float> rowwise_scales, columnwise_scales, amax;
+  std::vector<int64_t> offsets;
+  sfmoe_grouped_tensor host;
+};
+
+void quantize_fp8(const std::vector<uint16_t>& source, sfmoe_dtype dtype, int64_t rows,
+                  int64_t cols, const std::vector<int64_t>* offsets, int64_t uniform_rows,
+                  Fp8Operand* q) {
+  std::vector<uint16_t> values = source;
+  std::vector<int64_t> in_offsets = offsets ? *offsets : std::vector<int64_t>();
+  sfmoe_grouped_tensor in = rows_in(SFMOE_MEMORY_HOST, values.data(), SFMOE_DTYPE_BF16, kGroups,
+                                    rows, cols, 16, offsets ? in_offsets.data() : nullptr);
+  in.uniform_group_rows = uniform_rows;
+  q->rowwise.assign(rows * cols, 0);
+  q->columnwise.assign(rows * cols, 0);
+  q->rowwise_scales.assign(kGroups, 0.0f);
+  q->columnwise_scales.assign(kGroups, 0.0f);
+  q->amax.assign(kGroups, 0.0f);
+  q->offsets.assign(kGroups + 1, 0);
+  q->host = sfmoe_grouped_tensor_init();
+  q->host.memory = SFMOE_MEMORY_HOST;
+  q->host.dtype = dtype;
+  q->host.scaling = SFMOE_SCALING_TENSOR;
+  q->host.num_groups = kGroups;
+  q->host.row_capacity = rows;
+  q->host.cols = cols;
+  q->host.row_alignment = 16;
+  q->host.uniform_group_rows = uniform_rows;
+  q->host.group_offsets = uniform_rows ? nullptr : q->offsets.data();
+  q->host.rowwise_data = q->rowwise.data();
+  q->host.rowwise_scale_inv = q->rowwise_scales.data();
+  q->host.columnwise_data = q->columnwise.data();
+  q->host.columnwise_scale_inv = q->columnwise_scales.data();
+  q->host.amax = q->amax.data();
+  sfmoe_quantize_config config = sfmoe_quantize_config_init();
+  config.power_of_two_scales = 1;
+  ASSERT_EQ(sfmoe_grouped_quantize(&in, &q->host, &config, nullptr, nullptr), SFMOE_SUCCESS)
+      << sfmoe_last_error();
+}
+
+// Device copies of a quantized host operand, described in CUDA memory.
+struct Fp8Device {
+  DeviceBuffer<uint8_t> rowwise, columnwise;
+  DeviceBuffer<float> rowwise_scales, columnwise_scales, amax;
+  DeviceBuffer<int64_t> offsets;
+  sfmoe_grouped_tensor t;
+  explicit Fp8Device(const Fp8Operand& q)
+      : rowwise(q.rowwise.size()), columnwise(q.columnwise.size()),
+        rowwise_scales(q.rowwise_scales.size()), columnwise_scales(q.columnwise_scales.size()),
+        amax(q.amax.size()), offsets(q.offsets.size()) {
+    rowwise.upload(q.rowwise);
+    columnwise.upload(q.columnwise);
+    rowwise_scales.upload(q.rowwise_scales);
+    columnwise_scales.upload(q.columnwise_scales);
+    amax.upload(q.amax);
+    offsets.upload(q.offsets);
+    t = q.host;
+    t.memory = SFMOE_MEMORY_CUDA;
+    t.device = 0;
+    t.group_offsets = q.host.group_offsets ? offsets.ptr : nullptr;
+    t.rowwise_data = rowwise.ptr;
+    t.rowwise_scale_inv = rowwise_scales.ptr;
+    t.columnwise_data = columnwise.ptr;
+    t.columnwise_scale_inv = columnwise_scales.ptr;
+    t.amax = amax.ptr;
+  }
+};
+
+TEST(CudaGroupedGemm, Fp8PerTensorOperandsEqualTheCpuReferenceOnIntegers) {
+  SFMOE_SKIP_WITHOUT_GPU();
+  // Integer inputs with power-of-two scales: every code is the exact value times 2^e, every
+  // product and sum exact, so the device's alpha_g = scale_inv_a[g] scale_inv_b[g] and the host's
+  // dequantize-then-multiply agree bit for bit. Groups of 16-row multiples (wgrad reads the
+  // columnwise copies' columns), one empty.
+  std::mt19937_64 rng(session_test_seed() + 75);
+  std::uniform_int_distribution<int> small(-4, 4);
+  const std::vector<int64_t> sizes = {0, 16, 48, 112, 32, 16};
+  std::vector<int64_t> offsets(1, 0);
+  for (int64_t s : sizes) offsets.push_back(offsets.back() + s);
+  const int64_t rows = offsets.back();
+  constexpr int64_t n = 272, k = 144;  // multiples of 16
+  auto integers = [&](size_t count) {
+    std::vector<uint16_t> v(count);
+    for (auto& e : v) e = numerics::f32_to_bf16(static_cast<float>(small(rng)));
+    return v;
+  };
+  const std::vector<uint16_t> x = integers(rows * k), w = integers(kGroups * n * k),
+                              dy = integers(rows * n);
+  struct Case {
+    sfmoe_gemm_form form;
+    sfmoe_dtype a_dtype;
+  };
+  for (const Case c : {Case{SFMOE_GEMM_FPROP, SFMOE_DTYPE_FP8_E4M3},
+                       Case{SFMOE_GEMM_DGRAD, SFMOE_DTYPE_FP8_E5M2},
+                       Case{SFMOE_GEMM_DGRAD, SFMOE_DTYPE_FP8_E4M3},
+                       Case{SFMOE_GEMM_WGRAD, SFMOE_DTYPE_FP8_E5M2}}) {
+    Fp8Operand qa, qb;
+    if (c.form == SFMOE_GEMM_FPROP) {
+      quantize_fp8(x, c.a_dtype, rows, k, &offsets, 0, &qa);
+    } else {
+      quantize_fp8(dy, c.a_dtype, rows, n, &offsets, 0, &qa);
+    }
+    if (c.form == SFMOE_GEMM_WGRAD) {
+      quantize_fp8(x, SFMOE_DTYPE_FP8_E4M3, rows, k, &offsets, 0, &qb);
+    } else {
+      quantize_fp8(w, SFMOE_DTYPE_FP8_E4M3, kGroups * n, k, nullptr, n, &qb);
+    }
+    if (HasFatalFailure()) return;
+    for (sfmoe_dtype out_dtype : {SFMOE_DTYPE_FP32, SFMOE_DTYPE_BF16}) {
+      const bool wgrad = c.form == SFMOE_GEMM_WGRAD;
+      const int64_t out_rows = wgrad ? kGroups * n : rows;
+      const int64_t out_cols = c.form == SFMOE_GEMM_FPROP ? n : k;
+      const size_t bytes = static_cast<size_t>(out_rows * out_cols) * (out_dtype == SFMOE_DTYPE_FP32 ? 4 : 2);
+      std::vector<unsigned char> host(bytes, 0);
+      std::vector<int64_t> out_offsets = offsets;
+      sfmoe_grouped_tensor out = rows_in(SFMOE_MEMORY_HOST, host.data(), out_dtype, kGroups, out_rows,
+                                         out_cols, 1, wgrad ? nullptr : out_offsets.data());
+      if (wgrad) out.uniform_group_rows = n;
+      sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
+      config.form = c.form;
+      ASSERT_EQ(sfmoe_grouped_gemm(&qa.host, &qb.host, &config, &out, nullptr, nullptr, nullptr),
+                SFMOE_SUCCESS)
+          << sfmoe_last_error();
+      Fp8Device da(qa), db(qb);
+      if (wgrad) db.t.group_offsets = da.t.group_offsets;
+      DeviceBuffer<unsigned char> dout(bytes);
+      CUDA_OK(cudaMemset(dout.ptr, 0, bytes));
+      sfmoe_grouped_tensor dev_out = out;
+      dev_out.memory = SFMOE_MEMORY_CUDA;
+      dev_out.rowwise_data = dout.ptr;
+      dev_out.group_offsets = nullptr;
+      const int64_t ws_elements = sfmoe_grouped_gemm_workspace_elements(kGroups);
+      DeviceBuffer<int64_t> ws(static_cast<size_t>(ws_elements));
+      const sfmoe_tensor workspace =
+          tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});
+      ASSERT_EQ(sfmoe_grouped_gemm(&da.t, &db.t, &config, &dev_out, &workspace, nullptr, nullptr),
+                SFMOE_SUCCESS)
+          << sfmoe_last_error();
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<unsigned char> device = dout.download();
+      int64_t differ = 0;
+      const int64_t valid = (wgrad ? out_rows : offsets.back()) * out_cols *
+                            (out_dtype == SFMOE_DTYPE_FP32 ? 4 : 2);
+      for (int64_t i = 0; i < valid; ++i) differ += host[i] != device[i];
+      EXPECT_EQ(differ, 0) << form_name(c.form) << " " << sfmoe_dtype_name(c.a_dtype) << " out "
+                           << sfmoe_dtype_name(out_dtype);
+      std::printf("[ gemm ] fp8 %s, a %s, %s out: %lld bytes differ\n", form_name(c.form),
+                  sfmoe_dtype_name(c.a_dtype), sfmoe_dtype_name(out_dtype),
+                  static_cast<long long>(differ));
+    }
+  }
 }
 
 }  // namespace

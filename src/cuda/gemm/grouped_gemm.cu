@@ -1,13 +1,18 @@
 // Grouped GEMM on Hopper (docs/grouped_gemm.md): CUTLASS's persistent ptr-array kernels (TMA
-// loads, warp-specialized cooperative HGMMA) over problem shapes that exist only on the device.
-// A setup kernel turns the group offsets into each group's shape, operand pointers and strides in
-// the caller's workspace; the GEMM kernel's tile scheduler reads them there, so the host never
-// learns a group's size and the work follows the real rows (a group of 0 rows has no tiles).
+// loads, warp-specialized cooperative GMMA) over problem shapes that exist only on the device.
+// A setup kernel turns the group offsets into each group's shape, operand pointers, strides and
+// scale in the caller's workspace; the GEMM kernel's tile scheduler reads them there, so the host
+// never learns a group's size and the work follows the real rows (a group of 0 rows has no tiles).
 //
-// The three forms map onto one GEMM D[M, N] = A[M, K] . B[K, N] each:
+// The three forms map onto one GEMM D[M, N] = A[M, K] . B[K, N] each. BF16 operands are read as
+// the rows lie (16-bit GMMA takes M/N-major operands too):
 //   fprop  Y_g = X_g W_g^T:    M = rows, N = n, K = k; A = X (K-major), B = W (K-major)
 //   dgrad  dX_g = dY_g W_g:    M = rows, N = k, K = n; A = dY (K-major), B = W (N-major)
 //   wgrad  dW_g = dY_g^T X_g:  M = n, N = k, K = rows; A = dY (M-major), B = X (N-major)
+// FP8 GMMA reads K-major operands only, which is what each form's copy provides (per-tensor
+// scaling, alpha_g = scale_inv_a[g] scale_inv_b[g]): fprop X and W rowwise; dgrad dY rowwise and
+// W columnwise ([k, G n]: W_g^T at column g n); wgrad dY and X columnwise ([n or k, rows]: group g
+// at column offsets[g]).
 // A wgrad group with no rows has no K: it is given no tiles, and its dW is zeroed by a separate
 // kernel unless the call accumulates.
 #include <cuda_runtime.h>
@@ -35,13 +40,21 @@ using namespace cute;
 using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;
 using Shape3 = ProblemShape::UnderlyingProblemShape;
 using Bf16 = cutlass::bfloat16_t;
-constexpr int kAlignment = 8;  // 16 bytes of BF16: TMA's requirement on strides and bases
 
-// One CUTLASS grouped GEMM: BF16 operands in the given layouts, ElementOut results.
-template <class LayoutA, class LayoutB, class ElementOut>
+using E4M3 = cutlass::float_e4m3_t;
+using E5M2 = cutlass::float_e5m2_t;
+
+// One CUTLASS grouped GEMM: A and B elements in the given layouts, ElementOut results.
+template <class ElementA, class ElementB, class LayoutA, class LayoutB, class ElementOut>
 struct GroupedKernel {
-  using TileShape = Shape<_128, _128, _64>;
+  using A = ElementA;
+  using B = ElementB;
+  using Out = ElementOut;
+  static constexpr bool kFp8 = sizeof(ElementA) == 1;
+  using TileShape = std::conditional_t<kFp8, Shape<_128, _128, _128>, Shape<_128, _128, _64>>;
   using ClusterShape = Shape<_1, _1, _1>;
+  static constexpr int kAlignmentA = 16 / static_cast<int>(sizeof(ElementA));
+  static constexpr int kAlignmentB = 16 / static_cast<int>(sizeof(ElementB));
   static constexpr int kOutAlignment = 16 / static_cast<int>(sizeof(ElementOut));
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
@@ -50,8 +63,8 @@ struct GroupedKernel {
       kOutAlignment, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
       cutlass::epilogue::fusion::LinearCombination<ElementOut, float>>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, LayoutA*, kAlignment, Bf16,
-      LayoutB*, kAlignment, float, TileShape, ClusterShape,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, LayoutA*, kAlignmentA,
+      ElementB, LayoutB*, kAlignmentB, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
       cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
@@ -65,14 +78,16 @@ struct GroupedKernel {
   // The per-group arrays, carved out of the workspace.
   struct Arrays {
     Shape3* shapes;
-    const Bf16** a;
-    const Bf16** b;
+    const ElementA** a;
+    const ElementB** b;
     const ElementOut** c;
     ElementOut** d;
     StrideA* stride_a;
     StrideB* stride_b;
     StrideC* stride_c;
     StrideD* stride_d;
+    float* alpha;
+    const float** alpha_pointers;
     void* cutlass_workspace;
   };
 };
@@ -82,12 +97,12 @@ constexpr int64_t round_up_128(int64_t bytes) { return (bytes + 127) / 128 * 128
 
 template <class K>
 int64_t arrays_bytes(int64_t groups) {
-  const int64_t per_group = static_cast<int64_t>(sizeof(Shape3) + 4 * sizeof(void*) +
+  const int64_t per_group = static_cast<int64_t>(sizeof(Shape3) + 5 * sizeof(void*) + 4 +
                                                  sizeof(typename K::StrideA) +
                                                  sizeof(typename K::StrideB) +
                                                  sizeof(typename K::StrideC) +
                                                  sizeof(typename K::StrideD));
-  return round_up_128(groups * per_group + 9 * 128);
+  return round_up_128(groups * per_group + 11 * 128);
 }
 
 template <class K>
@@ -100,14 +115,16 @@ typename K::Arrays carve(void* workspace, int64_t groups) {
   };
   typename K::Arrays r;
   r.shapes = reinterpret_cast<Shape3*>(take(groups * sizeof(Shape3)));
-  r.a = reinterpret_cast<const Bf16**>(take(groups * sizeof(void*)));
-  r.b = reinterpret_cast<const Bf16**>(take(groups * sizeof(void*)));
+  r.a = reinterpret_cast<decltype(r.a)>(take(groups * sizeof(void*)));
+  r.b = reinterpret_cast<decltype(r.b)>(take(groups * sizeof(void*)));
   r.c = reinterpret_cast<decltype(r.c)>(take(groups * sizeof(void*)));
   r.d = reinterpret_cast<decltype(r.d)>(take(groups * sizeof(void*)));
   r.stride_a = reinterpret_cast<typename K::StrideA*>(take(groups * sizeof(typename K::StrideA)));
   r.stride_b = reinterpret_cast<typename K::StrideB*>(take(groups * sizeof(typename K::StrideB)));
   r.stride_c = reinterpret_cast<typename K::StrideC*>(take(groups * sizeof(typename K::StrideC)));
   r.stride_d = reinterpret_cast<typename K::StrideD*>(take(groups * sizeof(typename K::StrideD)));
+  r.alpha = reinterpret_cast<float*>(take(groups * sizeof(float)));
+  r.alpha_pointers = reinterpret_cast<const float**>(take(groups * sizeof(void*)));
   r.cutlass_workspace = p;
   return r;
 }
@@ -128,50 +145,78 @@ __device__ __forceinline__ void group_rows(const GroupedGemmDeviceArgs& a, int64
   *hi = end;
 }
 
-// One thread per group: its problem shape, operand pointers and strides.
+// A CuTe stride of one of the kernel's types with its dynamic leading dimension set (row-major
+// (ld, 1, 0) or column-major (1, ld, 0)).
+template <class Stride>
+__device__ __forceinline__ Stride stride_with_leading(int64_t ld) {
+  Stride s{};
+  if constexpr (cute::is_static<cute::remove_cvref_t<decltype(cute::get<0>(s))>>::value) {
+    cute::get<1>(s) = ld;
+  } else {
+    cute::get<0>(s) = ld;
+  }
+  return s;
+}
+
+// One thread per group: its problem shape, operand pointers, strides and scale.
 template <class K>
 __global__ void grouped_gemm_setup_kernel(GroupedGemmDeviceArgs a, typename K::Arrays r) {
-  using Out = std::remove_pointer_t<std::remove_pointer_t<decltype(r.d)>>;
+  using Out = typename K::Out;
   const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (g >= a.num_groups) return;
   int64_t lo, hi;
   group_rows(a, g, &lo, &hi);
   const int rows = static_cast<int>(hi - lo), n = static_cast<int>(a.n), k = static_cast<int>(a.k);
-  const Bf16* in_a = static_cast<const Bf16*>(a.a);
-  const Bf16* in_b = static_cast<const Bf16*>(a.b);
+  const auto* in_a = static_cast<const typename K::A*>(a.a.data);
+  const auto* in_b = static_cast<const typename K::B*>(a.b.data);
   Out* out = static_cast<Out*>(a.out);
+  // (pointer offsets and leading dimensions of A, B and D)
+  int64_t at = 0, bt = 0, dt = 0, lda = 0, ldb = 0, ldd = 0;
   switch (a.form) {
-    case GroupedGemmForm::kFprop:
+    case GroupedGemmForm::kFprop:  // X [rows, k] . W_g [n, k]^T, both rowwise
       r.shapes[g] = Shape3(rows, n, k);
-      r.a[g] = in_a + lo * a.k;
-      r.b[g] = in_b + g * a.n * a.k;
-      r.d[g] = out + lo * a.n;
-      r.stride_a[g] = cutlass::make_cute_packed_stride(typename K::StrideA{}, {rows, k, 1});
-      r.stride_b[g] = cutlass::make_cute_packed_stride(typename K::StrideB{}, {n, k, 1});
-      r.stride_d[g] = cutlass::make_cute_packed_stride(typename K::StrideD{}, {rows, n, 1});
+      at = lo * a.k, lda = a.k;
+      bt = g * a.n * a.k, ldb = a.k;
+      dt = lo * a.n, ldd = a.n;
       break;
     case GroupedGemmForm::kDgrad:
       r.shapes[g] = Shape3(rows, k, n);
-      r.a[g] = in_a + lo * a.n;
-      r.b[g] = in_b + g * a.n * a.k;
-      r.d[g] = out + lo * a.k;
-      r.stride_a[g] = cutlass::make_cute_packed_stride(typename K::StrideA{}, {rows, n, 1});
-      r.stride_b[g] = cutlass::make_cute_packed_stride(typename K::StrideB{}, {k, n, 1});
-      r.stride_d[g] = cutlass::make_cute_packed_stride(typename K::StrideD{}, {rows, k, 1});
+      at = lo * a.n, lda = a.n;  // dY rowwise
+      if (a.b.columnwise) {      // W^T [k, G n], group g at column g n (K-major)
+        bt = g * a.n, ldb = a.b.rows;
+      } else {  // W_g [n, k] rowwise, read N-major
+        bt = g * a.n * a.k, ldb = a.k;
+      }
+      dt = lo * a.k, ldd = a.k;
       break;
     case GroupedGemmForm::kWgrad:
       // No rows: no K, and no tiles (M = 0); the zeroing kernel writes dW_g when needed.
       r.shapes[g] = Shape3(rows > 0 ? n : 0, k, rows);
-      r.a[g] = in_a + lo * a.n;
-      r.b[g] = in_b + lo * a.k;
-      r.d[g] = out + g * a.n * a.k;
-      r.stride_a[g] = cutlass::make_cute_packed_stride(typename K::StrideA{}, {n, rows, 1});
-      r.stride_b[g] = cutlass::make_cute_packed_stride(typename K::StrideB{}, {k, rows, 1});
-      r.stride_d[g] = cutlass::make_cute_packed_stride(typename K::StrideD{}, {n, k, 1});
+      if (a.a.columnwise) {  // dY^T [n, rows of a]: group g at column lo (K-major)
+        at = lo, lda = a.a.rows;
+      } else {  // dY [rows, n] read M-major
+        at = lo * a.n, lda = a.n;
+      }
+      if (a.b.columnwise) {  // X^T [k, rows of b] (K-major)
+        bt = lo, ldb = a.b.rows;
+      } else {  // X [rows, k] read N-major
+        bt = lo * a.k, ldb = a.k;
+      }
+      dt = g * a.n * a.k, ldd = a.k;
       break;
   }
+  r.a[g] = in_a + at;
+  r.b[g] = in_b + bt;
+  r.d[g] = out + dt;
   r.c[g] = r.d[g];  // read only when accumulating (beta = 1)
+  r.stride_a[g] = stride_with_leading<typename K::StrideA>(lda);
+  r.stride_b[g] = stride_with_leading<typename K::StrideB>(ldb);
+  r.stride_d[g] = stride_with_leading<typename K::StrideD>(ldd);
   r.stride_c[g] = r.stride_d[g];
+  const float sa = a.a.scale_inv != nullptr ? a.a.scale_inv[g] : 1.0f;
+  const float sb = a.b.scale_inv != nullptr ? a.b.scale_inv[g] : 1.0f;
+  r.alpha[g] = __fmul_rn(sa, sb);
+  r.alpha_pointers[g] = r.alpha + g;
 }
 
 // wgrad without accumulation: dW_g = 0 for the groups without rows.
@@ -205,6 +250,10 @@ typename K::Gemm::Arguments gemm_arguments(const GroupedGemmDeviceArgs& a,
       hw};
   args.epilogue.thread.alpha = 1.0f;
   args.epilogue.thread.beta = a.accumulate ? 1.0f : 0.0f;
+  if constexpr (K::kFp8) {  // one scale per group
+    args.epilogue.thread.alpha_ptr_array = r.alpha_pointers;
+    args.epilogue.thread.dAlpha = {_0{}, _0{}, 1};
+  }
   return args;
 }
 
@@ -231,7 +280,7 @@ sfmoe_status run_kernel(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
       <<<static_cast<unsigned>((a.num_groups + kSetupThreads - 1) / kSetupThreads), kSetupThreads,
          0, stream>>>(a, r);
   SFMOE_RETURN_IF_ERROR(check_launch(context, "grouped_gemm_setup_kernel"));
-  using Out = std::remove_pointer_t<std::remove_pointer_t<decltype(r.d)>>;
+  using Out = typename K::Out;
   if (a.form == GroupedGemmForm::kWgrad && !a.accumulate) {
     zero_empty_weights_kernel<Out>
         <<<dim3(8, static_cast<unsigned>(a.num_groups)), 256, 0, stream>>>(a);
@@ -255,23 +304,34 @@ sfmoe_status run_kernel(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
 using RowMajor = cutlass::layout::RowMajor;
 using ColumnMajor = cutlass::layout::ColumnMajor;
 template <class Out>
-using FpropKernel = GroupedKernel<RowMajor, ColumnMajor, Out>;
+using Bf16Fprop = GroupedKernel<Bf16, Bf16, RowMajor, ColumnMajor, Out>;
 template <class Out>
-using DgradKernel = GroupedKernel<RowMajor, RowMajor, Out>;
+using Bf16Dgrad = GroupedKernel<Bf16, Bf16, RowMajor, RowMajor, Out>;
 template <class Out>
-using WgradKernel = GroupedKernel<ColumnMajor, RowMajor, Out>;
+using Bf16Wgrad = GroupedKernel<Bf16, Bf16, ColumnMajor, RowMajor, Out>;
+// FP8: every form reads K-major copies; A is E4M3 (activations) or E5M2 (gradients), B E4M3.
+template <class ElementA, class Out>
+using Fp8Kernel = GroupedKernel<ElementA, E4M3, RowMajor, ColumnMajor, Out>;
 
 template <class Out>
-sfmoe_status run_form(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
+sfmoe_status run_out(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
+  if (a.a.dtype == SFMOE_DTYPE_FP8_E4M3) return run_kernel<Fp8Kernel<E4M3, Out>>(a, stream);
+  if (a.a.dtype == SFMOE_DTYPE_FP8_E5M2) return run_kernel<Fp8Kernel<E5M2, Out>>(a, stream);
   switch (a.form) {
     case GroupedGemmForm::kFprop:
-      return run_kernel<FpropKernel<Out>>(a, stream);
+      return run_kernel<Bf16Fprop<Out>>(a, stream);
     case GroupedGemmForm::kDgrad:
-      return run_kernel<DgradKernel<Out>>(a, stream);
+      return run_kernel<Bf16Dgrad<Out>>(a, stream);
     case GroupedGemmForm::kWgrad:
-      return run_kernel<WgradKernel<Out>>(a, stream);
+      return run_kernel<Bf16Wgrad<Out>>(a, stream);
   }
   return SFMOE_ERROR_INTERNAL;
+}
+
+template <class K>
+void most_workspace(int64_t groups, int64_t* most) {
+  const int64_t bytes = kernel_workspace_bytes<K>(groups);
+  *most = bytes > *most ? bytes : *most;
 }
 
 }  // namespace
@@ -279,22 +339,24 @@ sfmoe_status run_form(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
 bool grouped_gemm_available() { return true; }
 
 int64_t grouped_gemm_workspace_bytes(int64_t num_groups) {
-  const int64_t sizes[] = {
-      kernel_workspace_bytes<FpropKernel<Bf16>>(num_groups),
-      kernel_workspace_bytes<DgradKernel<Bf16>>(num_groups),
-      kernel_workspace_bytes<WgradKernel<Bf16>>(num_groups),
-      kernel_workspace_bytes<FpropKernel<float>>(num_groups),
-      kernel_workspace_bytes<DgradKernel<float>>(num_groups),
-      kernel_workspace_bytes<WgradKernel<float>>(num_groups)};
   int64_t most = 0;
-  for (int64_t s : sizes) most = s > most ? s : most;
+  most_workspace<Bf16Fprop<Bf16>>(num_groups, &most);
+  most_workspace<Bf16Dgrad<Bf16>>(num_groups, &most);
+  most_workspace<Bf16Wgrad<Bf16>>(num_groups, &most);
+  most_workspace<Bf16Fprop<float>>(num_groups, &most);
+  most_workspace<Bf16Dgrad<float>>(num_groups, &most);
+  most_workspace<Bf16Wgrad<float>>(num_groups, &most);
+  most_workspace<Fp8Kernel<E4M3, Bf16>>(num_groups, &most);
+  most_workspace<Fp8Kernel<E5M2, Bf16>>(num_groups, &most);
+  most_workspace<Fp8Kernel<E4M3, float>>(num_groups, &most);
+  most_workspace<Fp8Kernel<E5M2, float>>(num_groups, &most);
   return most;
 }
 
 sfmoe_status grouped_gemm(const GroupedGemmDeviceArgs& a, void* stream_pointer) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_pointer);
   if (a.num_groups == 0) return SFMOE_SUCCESS;
-  return a.out_dtype == SFMOE_DTYPE_FP32 ? run_form<float>(a, stream) : run_form<Bf16>(a, stream);
+  return a.out_dtype == SFMOE_DTYPE_FP32 ? run_out<float>(a, stream) : run_out<Bf16>(a, stream);
 }
 
 }  // namespace cuda
