@@ -30,6 +30,7 @@
 #include "src/common/fault.h"
 #include "src/cuda/backend.h"
 #include "src/cuda/common/cuda_check.h"
+#include "src/cuda/gemm/gemm_heuristics.h"
 
 namespace sfmoe {
 namespace cuda {
@@ -44,15 +45,44 @@ using Bf16 = cutlass::bfloat16_t;
 using E4M3 = cutlass::float_e4m3_t;
 using E5M2 = cutlass::float_e5m2_t;
 
-// One CUTLASS grouped GEMM: A and B elements in the given layouts, ElementOut results.
-template <class ElementA, class ElementB, class LayoutA, class LayoutB, class ElementOut>
+// The tile configurations (gemm_heuristics.h): tile M x N (K: 128 bytes of the operands), the
+// cluster, and the kernel / epilogue schedules.
+template <GemmTile kTile, bool kFp8>
+struct TileConfig;
+template <bool kFp8>
+struct TileConfig<GemmTile::kCooperative128x128, kFp8> {
+  using Tile = Shape<_128, _128, std::conditional_t<kFp8, _128, _64>>;
+  using Cluster = Shape<_1, _1, _1>;
+  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
+template <bool kFp8>
+struct TileConfig<GemmTile::kCooperative128x256, kFp8> {
+  using Tile = Shape<_128, _256, std::conditional_t<kFp8, _128, _64>>;
+  using Cluster = Shape<_2, _1, _1>;
+  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
+template <bool kFp8>
+struct TileConfig<GemmTile::kPingpong64x128, kFp8> {
+  using Tile = Shape<_64, _128, std::conditional_t<kFp8, _128, _64>>;
+  using Cluster = Shape<_1, _1, _1>;
+  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+};
+
+// One CUTLASS grouped GEMM: A and B elements in the given layouts, ElementOut results, a tile
+// configuration.
+template <class ElementA, class ElementB, class LayoutA, class LayoutB, class ElementOut,
+          GemmTile kTile>
 struct GroupedKernel {
   using A = ElementA;
   using B = ElementB;
   using Out = ElementOut;
   static constexpr bool kFp8 = sizeof(ElementA) == 1;
-  using TileShape = std::conditional_t<kFp8, Shape<_128, _128, _128>, Shape<_128, _128, _64>>;
-  using ClusterShape = Shape<_1, _1, _1>;
+  using Config = TileConfig<kTile, kFp8>;
+  using TileShape = typename Config::Tile;
+  using ClusterShape = typename Config::Cluster;
   static constexpr int kAlignmentA = 16 / static_cast<int>(sizeof(ElementA));
   static constexpr int kAlignmentB = 16 / static_cast<int>(sizeof(ElementB));
   static constexpr int kOutAlignment = 16 / static_cast<int>(sizeof(ElementOut));
@@ -60,14 +90,14 @@ struct GroupedKernel {
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementOut,
       cutlass::layout::RowMajor*, kOutAlignment, ElementOut, cutlass::layout::RowMajor*,
-      kOutAlignment, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+      kOutAlignment, typename Config::EpilogueSchedule,
       cutlass::epilogue::fusion::LinearCombination<ElementOut, float>>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, LayoutA*, kAlignmentA,
       ElementB, LayoutB*, kAlignmentB, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+      typename Config::Schedule>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
   using StrideA = typename Kernel::InternalStrideA;
@@ -303,27 +333,47 @@ sfmoe_status run_kernel(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
 
 using RowMajor = cutlass::layout::RowMajor;
 using ColumnMajor = cutlass::layout::ColumnMajor;
-template <class Out>
-using Bf16Fprop = GroupedKernel<Bf16, Bf16, RowMajor, ColumnMajor, Out>;
-template <class Out>
-using Bf16Dgrad = GroupedKernel<Bf16, Bf16, RowMajor, RowMajor, Out>;
-template <class Out>
-using Bf16Wgrad = GroupedKernel<Bf16, Bf16, ColumnMajor, RowMajor, Out>;
+template <class Out, GemmTile T>
+using Bf16Fprop = GroupedKernel<Bf16, Bf16, RowMajor, ColumnMajor, Out, T>;
+template <class Out, GemmTile T>
+using Bf16Dgrad = GroupedKernel<Bf16, Bf16, RowMajor, RowMajor, Out, T>;
+template <class Out, GemmTile T>
+using Bf16Wgrad = GroupedKernel<Bf16, Bf16, ColumnMajor, RowMajor, Out, T>;
 // FP8: every form reads K-major copies; A is E4M3 (activations) or E5M2 (gradients), B E4M3.
-template <class ElementA, class Out>
-using Fp8Kernel = GroupedKernel<ElementA, E4M3, RowMajor, ColumnMajor, Out>;
+template <class ElementA, class Out, GemmTile T>
+using Fp8Kernel = GroupedKernel<ElementA, E4M3, RowMajor, ColumnMajor, Out, T>;
 
-template <class Out>
-sfmoe_status run_out(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
-  if (a.a.dtype == SFMOE_DTYPE_FP8_E4M3) return run_kernel<Fp8Kernel<E4M3, Out>>(a, stream);
-  if (a.a.dtype == SFMOE_DTYPE_FP8_E5M2) return run_kernel<Fp8Kernel<E5M2, Out>>(a, stream);
+template <class Out, GemmTile T>
+sfmoe_status run_tile(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
+  if (a.a.dtype == SFMOE_DTYPE_FP8_E4M3) return run_kernel<Fp8Kernel<E4M3, Out, T>>(a, stream);
+  if (a.a.dtype == SFMOE_DTYPE_FP8_E5M2) return run_kernel<Fp8Kernel<E5M2, Out, T>>(a, stream);
   switch (a.form) {
     case GroupedGemmForm::kFprop:
-      return run_kernel<Bf16Fprop<Out>>(a, stream);
+      return run_kernel<Bf16Fprop<Out, T>>(a, stream);
     case GroupedGemmForm::kDgrad:
-      return run_kernel<Bf16Dgrad<Out>>(a, stream);
+      return run_kernel<Bf16Dgrad<Out, T>>(a, stream);
     case GroupedGemmForm::kWgrad:
-      return run_kernel<Bf16Wgrad<Out>>(a, stream);
+      return run_kernel<Bf16Wgrad<Out, T>>(a, stream);
+  }
+  return SFMOE_ERROR_INTERNAL;
+}
+
+// The tile from the bounds the host knows: the GEMM's M per group (rows over groups in fprop and
+// dgrad; n in wgrad) and N.
+template <class Out>
+sfmoe_status run_out(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
+  const bool wgrad = a.form == GroupedGemmForm::kWgrad;
+  const int64_t rows_per_group = a.row_capacity / (a.num_groups > 0 ? a.num_groups : 1);
+  const int64_t m_per_group = wgrad ? a.n : rows_per_group;
+  const int64_t gemm_n = a.form == GroupedGemmForm::kFprop ? a.n : a.k;
+  const int64_t gemm_k = a.form == GroupedGemmForm::kDgrad ? a.n : (wgrad ? rows_per_group : a.k);
+  switch (choose_gemm_tile(m_per_group, gemm_n, gemm_k)) {
+    case GemmTile::kCooperative128x128:
+      return run_tile<Out, GemmTile::kCooperative128x128>(a, stream);
+    case GemmTile::kCooperative128x256:
+      return run_tile<Out, GemmTile::kCooperative128x256>(a, stream);
+    case GemmTile::kPingpong64x128:
+      return run_tile<Out, GemmTile::kPingpong64x128>(a, stream);
   }
   return SFMOE_ERROR_INTERNAL;
 }
@@ -338,18 +388,25 @@ void most_workspace(int64_t groups, int64_t* most) {
 
 bool grouped_gemm_available() { return true; }
 
+template <GemmTile T>
+void most_workspace_of_tile(int64_t groups, int64_t* most) {
+  most_workspace<Bf16Fprop<Bf16, T>>(groups, most);
+  most_workspace<Bf16Dgrad<Bf16, T>>(groups, most);
+  most_workspace<Bf16Wgrad<Bf16, T>>(groups, most);
+  most_workspace<Bf16Fprop<float, T>>(groups, most);
+  most_workspace<Bf16Dgrad<float, T>>(groups, most);
+  most_workspace<Bf16Wgrad<float, T>>(groups, most);
+  most_workspace<Fp8Kernel<E4M3, Bf16, T>>(groups, most);
+  most_workspace<Fp8Kernel<E5M2, Bf16, T>>(groups, most);
+  most_workspace<Fp8Kernel<E4M3, float, T>>(groups, most);
+  most_workspace<Fp8Kernel<E5M2, float, T>>(groups, most);
+}
+
 int64_t grouped_gemm_workspace_bytes(int64_t num_groups) {
   int64_t most = 0;
-  most_workspace<Bf16Fprop<Bf16>>(num_groups, &most);
-  most_workspace<Bf16Dgrad<Bf16>>(num_groups, &most);
-  most_workspace<Bf16Wgrad<Bf16>>(num_groups, &most);
-  most_workspace<Bf16Fprop<float>>(num_groups, &most);
-  most_workspace<Bf16Dgrad<float>>(num_groups, &most);
-  most_workspace<Bf16Wgrad<float>>(num_groups, &most);
-  most_workspace<Fp8Kernel<E4M3, Bf16>>(num_groups, &most);
-  most_workspace<Fp8Kernel<E5M2, Bf16>>(num_groups, &most);
-  most_workspace<Fp8Kernel<E4M3, float>>(num_groups, &most);
-  most_workspace<Fp8Kernel<E5M2, float>>(num_groups, &most);
+  most_workspace_of_tile<GemmTile::kCooperative128x128>(num_groups, &most);
+  most_workspace_of_tile<GemmTile::kCooperative128x256>(num_groups, &most);
+  most_workspace_of_tile<GemmTile::kPingpong64x128>(num_groups, &most);
   return most;
 }
 
