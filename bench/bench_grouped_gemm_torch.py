@@ -7,7 +7,9 @@ capacity, where the work must follow the rows, not the buffer).
 
 sfmoe is timed as REPEAT calls captured in one CUDA graph (device time, as in
 bench_moe_ops_torch.py); the peers eagerly, as ../shared/peers/peer_baseline.py measured them.
-Writes JSON to $OUT/bench_grouped_gemm_torch.json when OUT is set.
+Each forward case is also timed with every tile configuration forced (SFMOE_GEMM_TILE), to check
+the heuristic's choice (src/cuda/gemm/gemm_heuristics.h). Writes JSON to
+$OUT/bench_grouped_gemm_torch.json when OUT is set.
 """
 import json
 import math
@@ -19,6 +21,7 @@ import sfmoe
 from torch_timing import median_ms
 
 REPEAT = 10
+TILES = ("coop128", "coop256", "pingpong64")
 
 SHAPES = {  # name: (local experts E, routed rows M, hidden, ffn)
     "DeepSeek-V3 EP8": (32, 4096 * 8, 7168, 2048),
@@ -87,6 +90,12 @@ def main():
                 y = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
                 flops = 2.0 * m * n * k
                 ours = graphed_ms(lambda: sfmoe.grouped_gemm("fprop", x, w, offsets, out=y))
+                per_tile = {}
+                for tile in TILES:
+                    os.environ["SFMOE_GEMM_TILE"] = tile
+                    per_tile[tile] = tflops(2.0 * m * n * k, graphed_ms(
+                        lambda: sfmoe.grouped_gemm("fprop", x, w, offsets, out=y)))
+                del os.environ["SFMOE_GEMM_TILE"]
                 grouped = peer(lambda: torch._grouped_mm(x, w.transpose(1, 2), offs=ends32))
                 xd = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
                 wd = torch.randn(k, n, device=dev, dtype=torch.bfloat16)
@@ -98,7 +107,7 @@ def main():
                                                             out_dtype=torch.bfloat16))
                 row = dict(case=f"{name} {skew} {stage}", M=m, N=n, K=k, sfmoe=tflops(flops, ours),
                            grouped_mm=grouped and tflops(flops, grouped), dense=dense and tflops(flops, dense),
-                           scaled_grouped_mm=fp8 and tflops(flops, fp8))
+                           scaled_grouped_mm=fp8 and tflops(flops, fp8), tiles=per_tile)
                 results.append(row)
                 if grouped:
                     ratios_grouped.append(row["sfmoe"] / row["grouped_mm"])
@@ -106,7 +115,8 @@ def main():
                 print(f"{row['case']:44s} {row['sfmoe']:8.0f} {fmt(row['grouped_mm']):>11s} "
                       f"{row['sfmoe'] / row['grouped_mm'] if row['grouped_mm'] else float('nan'):6.2f} "
                       f"{fmt(row['dense']):>7s} {row['sfmoe'] / row['dense'] if row['dense'] else float('nan'):6.2f} "
-                      f"{fmt(row['scaled_grouped_mm']):>11s}")
+                      f"{fmt(row['scaled_grouped_mm']):>11s}   tiles "
+                      + " ".join(f"{t} {v:.0f}" for t, v in per_tile.items()))
                 del x, w, y, xd, wd, x8, w8
                 torch.cuda.empty_cache()
     if ratios_grouped:
