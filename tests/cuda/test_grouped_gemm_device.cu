@@ -6,7 +6,9 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <random>
 #include <vector>
@@ -76,16 +78,19 @@ void run_both(sfmoe_gemm_form form, const Problem& p, sfmoe_dtype out_dtype, boo
       reinterpret_cast<uint16_t*>(host.data())[i] = 0;
     }
   }
+  // The device output starts as NaN bytes unless accumulating: every value must be written
+  // (empty wgrad groups by the zeroing kernel).
   std::vector<unsigned char> device_initial = host;
+  if (!accumulate) std::fill(device_initial.begin(), device_initial.end(), 0xFF);
   auto operands = [&](sfmoe_memory m, void* xp, void* wp, void* dyp, int64_t* off, void* outp) {
     sfmoe_grouped_tensor a, b, out;
     const sfmoe_grouped_tensor gx = rows_in(m, xp, SFMOE_DTYPE_BF16, kGroups, p.rows, kK, 1, off);
     const sfmoe_grouped_tensor gdy = rows_in(m, dyp, SFMOE_DTYPE_BF16, kGroups, p.rows, kN, 1, off);
     const sfmoe_grouped_tensor gw = weights_in(m, wp, SFMOE_DTYPE_BF16);
     if (form == SFMOE_GEMM_FPROP) {
-      a = gx, b = gw, out = rows_in(m, outp, out_dtype, kGroups, p.rows, kN, 1, nullptr);
+      a = gx, b = gw, out = rows_in(m, outp, out_dtype, kGroups, p.rows, kN, 1, off);
     } else if (form == SFMOE_GEMM_DGRAD) {
-      a = gdy, b = gw, out = rows_in(m, outp, out_dtype, kGroups, p.rows, kK, 1, nullptr);
+      a = gdy, b = gw, out = rows_in(m, outp, out_dtype, kGroups, p.rows, kK, 1, off);
     } else {
       a = gdy, b = gx, out = weights_in(m, outp, out_dtype);
     }
@@ -135,6 +140,13 @@ void run_both(sfmoe_gemm_form form, const Problem& p, sfmoe_dtype out_dtype, boo
   *device_out = widen(device);
 }
 
+// Every compiled tile configuration, forced in turn (the heuristic alone would pick one per shape).
+constexpr const char* kTiles[] = {"coop128", "coop256", "pingpong64"};
+struct ForcedTile {
+  explicit ForcedTile(const char* tile) { setenv("SFMOE_GEMM_TILE", tile, 1); }
+  ~ForcedTile() { unsetenv("SFMOE_GEMM_TILE"); }
+};
+
 const char* form_name(sfmoe_gemm_form f) {
   return f == SFMOE_GEMM_FPROP ? "fprop" : (f == SFMOE_GEMM_DGRAD ? "dgrad" : "wgrad");
 }
@@ -143,17 +155,20 @@ TEST(CudaGroupedGemm, IntegerInputsEqualTheCpuReferenceBitForBit) {
   SFMOE_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(session_test_seed() + 71);
   const Problem p = make_problem({0, 1, 7, 129, 300, 0}, true, &rng);
-  for (sfmoe_gemm_form form : {SFMOE_GEMM_FPROP, SFMOE_GEMM_DGRAD, SFMOE_GEMM_WGRAD}) {
-    for (sfmoe_dtype out : {SFMOE_DTYPE_FP32, SFMOE_DTYPE_BF16}) {
-      std::vector<float> host, device;
-      run_both(form, p, out, false, {}, &host, &device);
-      if (HasFatalFailure()) return;
-      int64_t differ = 0;
-      for (size_t i = 0; i < host.size(); ++i) differ += host[i] != device[i];
-      EXPECT_EQ(differ, 0) << form_name(form) << " out " << sfmoe_dtype_name(out);
-      std::printf("[ gemm ] %s, %s out, integer inputs: %zu values, %lld differ\n",
-                  form_name(form), sfmoe_dtype_name(out), host.size(),
-                  static_cast<long long>(differ));
+  for (const char* tile : kTiles) {
+    const ForcedTile forced(tile);
+    for (sfmoe_gemm_form form : {SFMOE_GEMM_FPROP, SFMOE_GEMM_DGRAD, SFMOE_GEMM_WGRAD}) {
+      for (sfmoe_dtype out : {SFMOE_DTYPE_FP32, SFMOE_DTYPE_BF16}) {
+        std::vector<float> host, device;
+        run_both(form, p, out, false, {}, &host, &device);
+        if (HasFatalFailure()) return;
+        int64_t differ = 0;
+        for (size_t i = 0; i < host.size(); ++i) differ += !(host[i] == device[i]);
+        EXPECT_EQ(differ, 0) << tile << " " << form_name(form) << " out " << sfmoe_dtype_name(out);
+        std::printf("[ gemm ] %s %s, %s out, integer inputs: %zu values, %lld differ\n", tile,
+                    form_name(form), sfmoe_dtype_name(out), host.size(),
+                    static_cast<long long>(differ));
+      }
     }
   }
   // wgrad accumulating into FP32 dW (the empty groups keep their start values).
@@ -168,6 +183,8 @@ TEST(CudaGroupedGemm, RandomInputsMeetTheBf16Bound) {
   SFMOE_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(session_test_seed() + 72);
   const Problem p = make_problem({5, 0, 1, 257, 64, 33}, false, &rng);
+  for (const char* tile : kTiles) {
+  const ForcedTile forced(tile);
   for (sfmoe_gemm_form form : {SFMOE_GEMM_FPROP, SFMOE_GEMM_DGRAD, SFMOE_GEMM_WGRAD}) {
     std::vector<float> host, device;
     run_both(form, p, SFMOE_DTYPE_FP32, false, {}, &host, &device);
@@ -181,9 +198,10 @@ TEST(CudaGroupedGemm, RandomInputsMeetTheBf16Bound) {
       xx_yy += static_cast<double>(host[i]) * host[i] + static_cast<double>(device[i]) * device[i];
     }
     const double distance = xx_yy > 0.0 ? 1.0 - 2.0 * xy / xx_yy : 0.0;
-    EXPECT_LE(distance, 1e-5) << form_name(form);
-    std::printf("[ gemm ] %s random: 1 - 2 sum(xy) / sum(x^2 + y^2) = %.3g\n", form_name(form),
-                distance);
+    EXPECT_LE(distance, 1e-5) << tile << " " << form_name(form);
+    std::printf("[ gemm ] %s %s random: 1 - 2 sum(xy) / sum(x^2 + y^2) = %.3g\n", tile,
+                form_name(form), distance);
+  }
   }
 }
 
@@ -208,7 +226,7 @@ TEST(CudaGroupedGemm, BadOffsetsAreClampedAndReported) {
       rows_in(SFMOE_MEMORY_CUDA, dx.ptr, SFMOE_DTYPE_BF16, kGroups, p.rows, kK, 1, doff.ptr);
   const sfmoe_grouped_tensor b = weights_in(SFMOE_MEMORY_CUDA, dw.ptr, SFMOE_DTYPE_BF16);
   const sfmoe_grouped_tensor out =
-      rows_in(SFMOE_MEMORY_CUDA, dy.ptr, SFMOE_DTYPE_FP32, kGroups, p.rows, kN, 1, nullptr);
+      rows_in(SFMOE_MEMORY_CUDA, dy.ptr, SFMOE_DTYPE_FP32, kGroups, p.rows, kN, 1, doff.ptr);
   const sfmoe_tensor workspace = tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});
   ASSERT_EQ(sfmoe_grouped_gemm(&a, &b, &config, &out, &workspace, word, nullptr), SFMOE_SUCCESS)
       << sfmoe_last_error();
@@ -245,7 +263,7 @@ TEST(CudaGroupedGemm, CapturedGraphFollowsNewGroupSizes) {
       rows_in(SFMOE_MEMORY_CUDA, dx.ptr, SFMOE_DTYPE_BF16, kGroups, capacity, kK, 1, doff.ptr);
   const sfmoe_grouped_tensor b = weights_in(SFMOE_MEMORY_CUDA, dw.ptr, SFMOE_DTYPE_BF16);
   const sfmoe_grouped_tensor out =
-      rows_in(SFMOE_MEMORY_CUDA, dy.ptr, SFMOE_DTYPE_FP32, kGroups, capacity, kN, 1, nullptr);
+      rows_in(SFMOE_MEMORY_CUDA, dy.ptr, SFMOE_DTYPE_FP32, kGroups, capacity, kN, 1, doff.ptr);
   const sfmoe_tensor workspace = tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});
   cudaGraph_t graph;
   CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
@@ -273,7 +291,8 @@ TEST(CudaGroupedGemm, CapturedGraphFollowsNewGroupSizes) {
         rows_in(SFMOE_MEMORY_HOST, x.data(), SFMOE_DTYPE_BF16, kGroups, capacity, kK, 1, host_offsets.data());
     const sfmoe_grouped_tensor hb = weights_in(SFMOE_MEMORY_HOST, w.data(), SFMOE_DTYPE_BF16);
     const sfmoe_grouped_tensor hout =
-        rows_in(SFMOE_MEMORY_HOST, want.data(), SFMOE_DTYPE_FP32, kGroups, capacity, kN, 1, nullptr);
+        rows_in(SFMOE_MEMORY_HOST, want.data(), SFMOE_DTYPE_FP32, kGroups, capacity, kN, 1,
+                host_offsets.data());
     ASSERT_EQ(sfmoe_grouped_gemm(&ha, &hb, &config, &hout, nullptr, nullptr, nullptr), SFMOE_SUCCESS)
         << sfmoe_last_error();
     int64_t differ = 0;
@@ -366,19 +385,36 @@ TEST(CudaGroupedGemm, Fp8PerTensorOperandsEqualTheCpuReferenceOnIntegers) {
   // dequantize-then-multiply agree bit for bit. Groups of 16-row multiples (wgrad reads the
   // columnwise copies' columns), one empty.
   std::mt19937_64 rng(session_test_seed() + 75);
-  std::uniform_int_distribution<int> small(-4, 4);
   const std::vector<int64_t> sizes = {0, 16, 48, 112, 32, 16};
   std::vector<int64_t> offsets(1, 0);
   for (int64_t s : sizes) offsets.push_back(offsets.back() + s);
   const int64_t rows = offsets.back();
   constexpr int64_t n = 272, k = 144;  // multiples of 16
-  auto integers = [&](size_t count) {
-    std::vector<uint16_t> v(count);
-    for (auto& e : v) e = numerics::f32_to_bf16(static_cast<float>(small(rng)));
+  // Each group's values lie in [-m_g, m_g] with m_g in {1, 2, 4, 8}: the groups get different
+  // power-of-two scales (E4M3 256 down to 32, E5M2 16384 down to 4096), so a group reading its
+  // neighbour's scale, or a's and b's scales swapped, shows. Integers up to 8 are exact in E4M3
+  // and E5M2.
+  const int magnitude[kGroups] = {1, 2, 4, 8, 1, 2};
+  auto group_integers = [&](int64_t row_count, int64_t cols, const std::vector<int64_t>* offs,
+                            int64_t uniform_rows) {
+    std::vector<uint16_t> v(static_cast<size_t>(row_count * cols));
+    for (int64_t r = 0; r < row_count; ++r) {
+      int64_t g = 0;
+      if (offs != nullptr) {
+        while (g + 1 < kGroups && (*offs)[g + 1] <= r) ++g;
+      } else {
+        g = r / uniform_rows;
+      }
+      std::uniform_int_distribution<int> values(-magnitude[g], magnitude[g]);
+      for (int64_t c = 0; c < cols; ++c) {
+        v[r * cols + c] = numerics::f32_to_bf16(static_cast<float>(values(rng)));
+      }
+    }
     return v;
   };
-  const std::vector<uint16_t> x = integers(rows * k), w = integers(kGroups * n * k),
-                              dy = integers(rows * n);
+  const std::vector<uint16_t> x = group_integers(rows, k, &offsets, 0),
+                              w = group_integers(kGroups * n, k, nullptr, n),
+                              dy = group_integers(rows, n, &offsets, 0);
   struct Case {
     sfmoe_gemm_form form;
     sfmoe_dtype a_dtype;
@@ -399,6 +435,8 @@ TEST(CudaGroupedGemm, Fp8PerTensorOperandsEqualTheCpuReferenceOnIntegers) {
       quantize_fp8(w, SFMOE_DTYPE_FP8_E4M3, kGroups * n, k, nullptr, n, &qb);
     }
     if (HasFatalFailure()) return;
+    for (const char* tile : kTiles) {
+    const ForcedTile forced(tile);
     for (sfmoe_dtype out_dtype : {SFMOE_DTYPE_FP32, SFMOE_DTYPE_BF16}) {
       const bool wgrad = c.form == SFMOE_GEMM_WGRAD;
       const int64_t out_rows = wgrad ? kGroups * n : rows;
@@ -417,11 +455,11 @@ TEST(CudaGroupedGemm, Fp8PerTensorOperandsEqualTheCpuReferenceOnIntegers) {
       Fp8Device da(qa), db(qb);
       if (wgrad) db.t.group_offsets = da.t.group_offsets;
       DeviceBuffer<unsigned char> dout(bytes);
-      CUDA_OK(cudaMemset(dout.ptr, 0, bytes));
+      CUDA_OK(cudaMemset(dout.ptr, 0xFF, bytes));  // NaN bytes: every value must be written
       sfmoe_grouped_tensor dev_out = out;
       dev_out.memory = SFMOE_MEMORY_CUDA;
       dev_out.rowwise_data = dout.ptr;
-      dev_out.group_offsets = nullptr;
+      dev_out.group_offsets = wgrad ? nullptr : da.t.group_offsets;
       const int64_t ws_elements = sfmoe_grouped_gemm_workspace_elements(kGroups);
       DeviceBuffer<int64_t> ws(static_cast<size_t>(ws_elements));
       const sfmoe_tensor workspace =
@@ -435,11 +473,12 @@ TEST(CudaGroupedGemm, Fp8PerTensorOperandsEqualTheCpuReferenceOnIntegers) {
       const int64_t valid = (wgrad ? out_rows : offsets.back()) * out_cols *
                             (out_dtype == SFMOE_DTYPE_FP32 ? 4 : 2);
       for (int64_t i = 0; i < valid; ++i) differ += host[i] != device[i];
-      EXPECT_EQ(differ, 0) << form_name(c.form) << " " << sfmoe_dtype_name(c.a_dtype) << " out "
-                           << sfmoe_dtype_name(out_dtype);
-      std::printf("[ gemm ] fp8 %s, a %s, %s out: %lld bytes differ\n", form_name(c.form),
-                  sfmoe_dtype_name(c.a_dtype), sfmoe_dtype_name(out_dtype),
+      EXPECT_EQ(differ, 0) << tile << " " << form_name(c.form) << " "
+                           << sfmoe_dtype_name(c.a_dtype) << " out " << sfmoe_dtype_name(out_dtype);
+      std::printf("[ gemm ] fp8 %s %s, a %s, %s out: %lld bytes differ\n", tile,
+                  form_name(c.form), sfmoe_dtype_name(c.a_dtype), sfmoe_dtype_name(out_dtype),
                   static_cast<long long>(differ));
+    }
     }
   }
 }

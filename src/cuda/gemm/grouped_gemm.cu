@@ -175,6 +175,15 @@ __device__ __forceinline__ void group_rows(const GroupedGemmDeviceArgs& a, int64
   *hi = end;
 }
 
+// Whether wgrad runs group g: it has rows, and where a columnwise FP8 copy is read at column lo
+// (TMA: 16-byte aligned addresses), lo is a multiple of 16 (bad offsets break that: the group is
+// then skipped, its dW zeroed, and the fault reported by the setup kernel).
+__device__ __forceinline__ bool wgrad_group_runs(const GroupedGemmDeviceArgs& a, int64_t lo,
+                                                 int64_t hi) {
+  const bool columnwise = a.a.columnwise || a.b.columnwise;
+  return hi > lo && (!columnwise || lo % 16 == 0);
+}
+
 // A CuTe stride of one of the kernel's types with its dynamic leading dimension set (row-major
 // (ld, 1, 0) or column-major (1, ld, 0)).
 template <class Stride>
@@ -220,8 +229,12 @@ __global__ void grouped_gemm_setup_kernel(GroupedGemmDeviceArgs a, typename K::A
       dt = lo * a.k, ldd = a.k;
       break;
     case GroupedGemmForm::kWgrad:
-      // No rows: no K, and no tiles (M = 0); the zeroing kernel writes dW_g when needed.
-      r.shapes[g] = Shape3(rows > 0 ? n : 0, k, rows);
+      // No rows (or a misaligned columnwise start): no tiles (M = 0); the zeroing kernel writes
+      // dW_g when needed.
+      if ((a.a.columnwise || a.b.columnwise) && lo % 16 != 0 && a.word != nullptr) {
+        raise_fault(a.word, SFMOE_FAULT_BAD_GROUP_OFFSETS, g, lo);
+      }
+      r.shapes[g] = Shape3(wgrad_group_runs(a, lo, hi) ? n : 0, k, rows);
       if (a.a.columnwise) {  // dY^T [n, rows of a]: group g at column lo (K-major)
         at = lo, lda = a.a.rows;
       } else {  // dY [rows, n] read M-major
@@ -249,20 +262,20 @@ __global__ void grouped_gemm_setup_kernel(GroupedGemmDeviceArgs a, typename K::A
   r.alpha_pointers[g] = r.alpha + g;
 }
 
-// wgrad without accumulation: dW_g = 0 for the groups without rows.
+// wgrad without accumulation: dW_g = 0 for the groups wgrad does not run.
 template <class Out>
 __global__ void zero_empty_weights_kernel(GroupedGemmDeviceArgs a) {
-  const int64_t g = blockIdx.y;
-  int64_t lo, hi;
-  const int64_t begin = a.offsets[g], end = a.offsets[g + 1];
-  lo = begin < 0 ? 0 : (begin > a.row_capacity ? a.row_capacity : begin);
-  hi = end < lo ? lo : (end > a.row_capacity ? a.row_capacity : end);
-  if (hi > lo) return;
-  Out* w = static_cast<Out*>(a.out) + g * a.n * a.k;
-  const int64_t count = a.n * a.k;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    w[i] = Out(0);
+  for (int64_t g = blockIdx.y; g < a.num_groups; g += gridDim.y) {
+    const int64_t begin = a.offsets[g], end = a.offsets[g + 1];
+    const int64_t lo = begin < 0 ? 0 : (begin > a.row_capacity ? a.row_capacity : begin);
+    const int64_t hi = end < lo ? lo : (end > a.row_capacity ? a.row_capacity : end);
+    if (wgrad_group_runs(a, lo, hi)) continue;
+    Out* w = static_cast<Out*>(a.out) + g * a.n * a.k;
+    const int64_t count = a.n * a.k;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      w[i] = Out(0);
+    }
   }
 }
 
@@ -312,8 +325,9 @@ sfmoe_status run_kernel(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
   SFMOE_RETURN_IF_ERROR(check_launch(context, "grouped_gemm_setup_kernel"));
   using Out = typename K::Out;
   if (a.form == GroupedGemmForm::kWgrad && !a.accumulate) {
+    const int64_t groups_per_launch = a.num_groups < 65535 ? a.num_groups : 65535;
     zero_empty_weights_kernel<Out>
-        <<<dim3(8, static_cast<unsigned>(a.num_groups)), 256, 0, stream>>>(a);
+        <<<dim3(8, static_cast<unsigned>(groups_per_launch)), 256, 0, stream>>>(a);
     SFMOE_RETURN_IF_ERROR(check_launch(context, "zero_empty_weights_kernel"));
   }
   typename K::Gemm gemm;
