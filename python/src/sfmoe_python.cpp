@@ -534,6 +534,13 @@ sfmoe_quantize_config describe_config(const char* function, nb::handle config) {
       c.hadamard_columnwise = integer_field<int32_t>(function, field, item.second);
     } else if (key == "trap_nan_amax") {
       c.trap_nan_amax = integer_field<int32_t>(function, field, item.second);
+    } else if (key == "tensor_scales") {
+      // An array the caller's dict keeps alive for the call (float32 [num_groups], checked in
+      // Python; the library checks the memory space).
+      if (!item.second.is_none()) {
+        c.tensor_scales =
+            static_cast<const float*>(nb::cast<nb::ndarray<nb::ro>>(item.second).data());
+      }
     } else {
       throw nb::type_error((std::string(function) + ": unknown field '" + field + "'").c_str());
     }
