@@ -297,7 +297,7 @@ __global__ void __launch_bounds__(kCopyThreads)
 
 // TENSOR with given scales: each expert has its own scale, so a token's row is encoded once per
 // destination; the row's amax (bit-pattern max of |x|: order-free) goes to each destination
-// expert's group amax. Padding rows are zero codes (their zeros do not change an amax).
+// expert's group amax. Padding rows are the codes of zeros (which do not change an amax).
 __global__ void __launch_bounds__(kCopyThreads)
     permute_quantize_tensor_kernel(const void* tokens, sfmoe_dtype dtype, int64_t num_tokens,
                                    int64_t top_k, int64_t hidden, int64_t row_capacity,
@@ -310,9 +310,13 @@ __global__ void __launch_bounds__(kCopyThreads)
     const int64_t pad = b - num_tokens;
     const int64_t e = pad / kPaddingSplit, part = pad % kPaddingSplit;
     const int64_t end = offsets[e + 1] < row_capacity ? offsets[e + 1] : row_capacity;
+    // Zeros times the expert's scale (not bare zero codes: a given Inf or NaN scale makes NaN
+    // codes, as the grouped quantization of the padding's zeros does).
+    const float zeros[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    const uint2 zero_codes = encode_eight(zeros, q.tensor_scales[e], q.e5m2);
     for (int64_t row = offsets[e] + tokens_per_expert[e] + part; row < end; row += kPaddingSplit) {
       for (int64_t c = threadIdx.x; c < chunks; c += kCopyThreads) {
-        reinterpret_cast<uint2*>(q.codes + row * hidden)[c] = make_uint2(0u, 0u);
+        reinterpret_cast<uint2*>(q.codes + row * hidden)[c] = zero_codes;
       }
     }
     return;
