@@ -110,11 +110,14 @@ class QuantizeConfig:
     offset: int = 0
     hadamard: bool = False
     trap_nan_amax: bool = False
-    tensor_scales: object = None  # the array as the binding takes it
+    # The array, prepared for the library (bound afresh for every call: a DLPack capsule is used
+    # up by one import); not compared or hashed.
+    tensor_scales: object = dataclasses.field(default=None, compare=False)
+    _scales_adapter: object = dataclasses.field(default=None, compare=False, repr=False)
 
     def _fields(self):
         return {
-            "tensor_scales": self.tensor_scales,
+            "tensor_scales": None if self.tensor_scales is None else self._scales_adapter.for_binding(self.tensor_scales),
             "power_of_two_scales": int(self.power_of_two_scales),
             "stochastic_rounding": int(self.stochastic_rounding),
             "seed": self.seed,
@@ -368,7 +371,7 @@ def quantize(
     adapter, x, in_dtype = _high_precision_input(x, "x")
     word = _check_status_word(status_word, adapter, x)
     rows, cols = adapter.shape(x)
-    config = dataclasses.replace(config, tensor_scales=given_tensor_scales(scaling, tensor_scales))
+
     block = _C.scaling_block_size(int(scaling))
     if block and cols % block:
         raise ValueError(
@@ -376,6 +379,7 @@ def quantize(
             f"multiple of {block} (got {cols})"
         )
     offsets, uniform_rows, num_groups = _groups(adapter, x, group_offsets, uniform_group_rows)
+    config = with_tensor_scales(config, scaling, tensor_scales, num_groups)
 
     minimum = min_row_alignment(_RECIPE_OF[scaling], columnwise)
     if row_alignment is None:
@@ -449,13 +453,16 @@ def _allocate(adapter, x, scaling, dtype, layout, config, capacity, cols, num_gr
     )
 
 
-def given_tensor_scales(scaling, tensor_scales):
-    """tensor_scales as the binding takes it (float32, fp8_tensor only), or None."""
+def with_tensor_scales(config, scaling, tensor_scales, num_groups):
+    """`config` carrying tensor_scales (float32 [num_groups], fp8_tensor only), or unchanged."""
     if tensor_scales is None:
-        return None
+        return config
     if scaling != Scaling.TENSOR:
         raise ValueError("tensor_scales: only the fp8_tensor recipe takes given scales")
-    return _arrays.bound_input(tensor_scales, "tensor_scales", DType.FP32)
+    adapter, scales, _ = _arrays.checked_input(tensor_scales, "tensor_scales", (DType.FP32,), ndim=1)
+    if adapter.shape(scales)[0] != num_groups:
+        raise ValueError(f"tensor_scales: expected [{num_groups}] (one per group), got {adapter.shape(scales)}")
+    return dataclasses.replace(config, tensor_scales=scales, _scales_adapter=adapter)
 
 
 def quantized_rows(adapter, x, recipe, fmt, scale_layout, power_of_two_scales, capacity, cols, num_groups,
@@ -467,8 +474,8 @@ def quantized_rows(adapter, x, recipe, fmt, scale_layout, power_of_two_scales, c
     block = _C.scaling_block_size(int(scaling)) or (8 if scaling == Scaling.TENSOR else 0)
     if block and cols % block:
         raise ValueError(f"recipe {recipe} scales blocks of {block} columns, so cols must be a multiple of {block}")
-    config = QuantizeConfig(power_of_two_scales=bool(power_of_two_scales),
-                            tensor_scales=given_tensor_scales(scaling, tensor_scales))
+    config = with_tensor_scales(QuantizeConfig(power_of_two_scales=bool(power_of_two_scales)), scaling,
+                                tensor_scales, num_groups)
     return _allocate(adapter, x, scaling, _element_dtype(scaling, fmt), _scale_layout(scale_layout, scaling), config,
                      capacity, cols, num_groups, row_alignment, True, False, group_offsets)
 

@@ -100,6 +100,10 @@ sfmoe_status describe_quantized(const char* context, const char* name,
                   "%s: tensor_scales applies to fp8 per-tensor scaling only (scaling is '%s')",
                   context, sfmoe_scaling_name(q->scaling));
     }
+    if (reinterpret_cast<uintptr_t>(config.tensor_scales) % alignof(float) != 0) {
+      return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: config tensor_scales must be 4-byte aligned",
+                  context);
+    }
     SFMOE_RETURN_IF_ERROR(validate_pointer_memory(context, "config", "tensor_scales",
                                                   config.tensor_scales, q->memory, q->device));
   }
@@ -137,8 +141,10 @@ sfmoe_status check_rowwise_fusion(const char* context, const char* name,
     return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: %s is not in the inputs' memory space", context,
                 name);
   }
-  const bool given_tensor = q->scaling == SFMOE_SCALING_TENSOR && options != nullptr &&
-                            options->tensor_scales != nullptr;
+  const sfmoe_quantize_config defaults = sfmoe_quantize_config_init();
+  if (options == nullptr) options = &defaults;
+  SFMOE_RETURN_IF_ERROR(check_quantize_config(context, options));  // before reading its fields
+  const bool given_tensor = q->scaling == SFMOE_SCALING_TENSOR && options->tensor_scales != nullptr;
   if (q->scaling != SFMOE_SCALING_MX_1X32 && q->scaling != SFMOE_SCALING_BLOCK_1X128 &&
       !given_tensor) {
     return fail(SFMOE_ERROR_UNSUPPORTED,
@@ -164,9 +170,6 @@ sfmoe_status check_rowwise_fusion(const char* context, const char* name,
                 "%s: %s must have %lld columns, a multiple of the %lld-element block", context,
                 name, static_cast<long long>(cols), static_cast<long long>(block));
   }
-  const sfmoe_quantize_config defaults = sfmoe_quantize_config_init();
-  if (options == nullptr) options = &defaults;
-  SFMOE_RETURN_IF_ERROR(check_quantize_config(context, options));
   if (options->stochastic_rounding || options->hadamard_columnwise || options->trap_nan_amax) {
     return fail(SFMOE_ERROR_UNSUPPORTED,
                 "%s: the fused quantization takes power_of_two_scales only", context);

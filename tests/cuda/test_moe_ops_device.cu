@@ -321,6 +321,22 @@ TEST(CudaRouter, BadIdsInTheBackwardAreSkippedAndReported) {
   sfmoe_status_word_destroy(word);
 }
 
+// Per-group FP8 scales as a delayed-scaling recipe would give them: powers of two and arbitrary
+// values across a wide range (so some groups saturate and some underflow), one of them 1, and
+// the values a broken history can hold (Inf, NaN, 0, negative, subnormal: the padding rows'
+// codes are then fp8(0 * s), NaN for Inf or NaN).
+std::vector<float> given_tensor_scales(std::mt19937_64& rng, int64_t groups) {
+  std::uniform_real_distribution<float> exponent(-6.0f, 12.0f);
+  const float specials[] = {INFINITY, NAN, 0.0f, -2.0f, 1e-40f};
+  std::vector<float> v(static_cast<size_t>(groups));
+  for (int64_t g = 0; g < groups; ++g) {
+    const float e = exponent(rng);
+    v[g] = g == 0 ? 1.0f : (g % 3 == 1 ? std::exp2(std::floor(e)) : std::exp2(e));
+    if (g >= 2 && g < 7) v[g] = specials[g - 2];
+  }
+  return v;
+}
+
 // ---- permute / unpermute ------------------------------------------------------------------------
 
 // Ids as the router writes them: k distinct experts per token.
@@ -345,18 +361,6 @@ std::vector<int32_t> make_ids(std::mt19937_64& rng, int64_t tokens, int64_t expe
 }
 
 // Row values of any of the three dtypes with the special values in the mix, as raw codes.
-// Per-group FP8 scales as a delayed-scaling recipe would give them: powers of two and arbitrary
-// values across a wide range (so some groups saturate and some underflow), one of them 1.
-std::vector<float> given_tensor_scales(std::mt19937_64& rng, int64_t groups) {
-  std::uniform_real_distribution<float> exponent(-6.0f, 12.0f);
-  std::vector<float> v(static_cast<size_t>(groups));
-  for (int64_t g = 0; g < groups; ++g) {
-    const float e = exponent(rng);
-    v[g] = g == 0 ? 1.0f : (g % 3 == 1 ? std::exp2(std::floor(e)) : std::exp2(e));
-  }
-  return v;
-}
-
 std::vector<uint8_t> make_rows(std::mt19937_64& rng, int64_t count, sfmoe_dtype dtype) {
   const int bytes = sfmoe_dtype_bits(dtype) / 8;
   std::vector<uint8_t> out(static_cast<size_t>(count * bytes));

@@ -570,3 +570,22 @@ def test_cuda_fused_tensor_quantization_with_given_scales_matches_host(rng):
     assert torch.equal(a_dev.data[:end].cpu().view(torch.uint8), a_host.data[:end].view(torch.uint8))
     assert torch.equal(a_dev.scale_inv.cpu(), a_host.scale_inv)
     assert torch.equal(a_dev.amax.cpu().view(torch.int32), a_host.amax.view(torch.int32))
+
+
+@requires_cuda
+def test_cuda_quantize_with_given_tensor_scales_matches_host(rng):
+    """The standalone grouped quantization with given scales on CUDA: the host's bytes, and the
+    result dequantizes more than once (the config's scales are bound afresh for every call)."""
+    x = torch.from_numpy((rng.standard_normal((300, 64)) * 3).astype(np.float32)).to(torch.bfloat16)
+    offsets = torch.tensor([0, 100, 100, 300], dtype=torch.int64)
+    scales = torch.tensor([4.0, float("inf"), 0.001], dtype=torch.float32)
+    host = sfmoe.quantize(x, "fp8_tensor", group_offsets=offsets, tensor_scales=scales, columnwise=True)
+    dev = sfmoe.quantize(x.cuda(), "fp8_tensor", group_offsets=offsets.cuda(), tensor_scales=scales.cuda(),
+                         columnwise=True)
+    torch.cuda.synchronize()
+    assert torch.equal(dev.data.cpu().view(torch.uint8), host.data.view(torch.uint8))
+    assert torch.equal(dev.columnwise_data.cpu().view(torch.uint8), host.columnwise_data.view(torch.uint8))
+    assert torch.equal(dev.scale_inv.cpu(), host.scale_inv)
+    assert torch.equal(dev.amax.cpu(), host.amax)
+    first = sfmoe.dequantize(dev)
+    assert torch.equal(sfmoe.dequantize(dev).view(torch.int32), first.view(torch.int32))

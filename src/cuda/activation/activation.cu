@@ -323,20 +323,14 @@ struct LaunchForward {
     if constexpr (kVec == 8) {  // a quantized output has a multiple of 8 (TENSOR) or 32 columns
       const FusedQuantization q = fused_quantization_of(*a.quantized);
       if (a.quantized->scaling == SFMOE_SCALING_TENSOR) {
-        // The quantized output's group amax is the activations' amax: the kernel writes it
-        // there, and into the caller's amax output as well when one is asked for.
+        // The quantized output's group amax is the activations' amax (the API passes the
+        // output's amax as both).
         SFMOE_CUDA_RETURN_IF_ERROR("sfmoe_grouped_activation",
                                    prepare_tensor_quantization(q, stream));
         ActivationArgs with_amax = a;
         with_amax.amax = q.amax;
-        const sfmoe_status status = launch(activation_forward_kernel<8, kKind, kTensorQuantBlock>,
-                                           with_amax, row_capacity, word, q, stream);
-        if (status != SFMOE_SUCCESS || a.amax == nullptr || a.amax == q.amax) return status;
-        SFMOE_CUDA_RETURN_IF_ERROR(
-            "sfmoe_grouped_activation",
-            cudaMemcpyAsync(a.amax, q.amax, sizeof(float) * a.groups.num_groups,
-                            cudaMemcpyDeviceToDevice, stream));
-        return SFMOE_SUCCESS;
+        return launch(activation_forward_kernel<8, kKind, kTensorQuantBlock>, with_amax,
+                      row_capacity, word, q, stream);
       }
       if (a.quantized->scaling == SFMOE_SCALING_MX_1X32) {
         return launch(activation_forward_kernel<8, kKind, 32>, a, row_capacity, word, q, stream);
