@@ -21,6 +21,12 @@ typedef struct sfmoe_quantize_config {
   uint64_t offset;              /* Philox stream offset (advance it per step) */
   int32_t hadamard_columnwise;  /* NVFP4 1x16: random Hadamard transform on the columnwise copy */
   int32_t trap_nan_amax;        /* raise SFMOE_FAULT_NAN_AMAX when an amax is NaN */
+  /* FP8 per-tensor (TENSOR): each group's scale given by the caller (delayed scaling, e.g. from
+   * an amax history), [num_groups] FP32 in the output's memory, used as is (power_of_two_scales
+   * does not apply); the group amax is still computed and written. NULL: current scaling, each
+   * group's scale from its own amax. Lets permute and the activations quantize TENSOR outputs in
+   * their single pass. */
+  const float* tensor_scales;
 } sfmoe_quantize_config;
 
 SFMOE_API sfmoe_quantize_config sfmoe_quantize_config_init(void);

@@ -25,7 +25,7 @@ def _groups(group_offsets, group_rows):
 
 def grouped_activation(x, group_offsets, group_rows, activation="swiglu", *, limit=7.0, alpha=1.702,
                        out_dtype=None, return_amax=False, quantize=None, fmt="e4m3", scale_layout="compact",
-                       power_of_two_scales=False):
+                       power_of_two_scales=False, tensor_scales=None):
     """The activation of each group's real rows (docs/activations.md).
 
     x: [row_capacity, 2F] ([gate | up]) for "swiglu", "geglu" and "clamped_swiglu", [row_capacity,
@@ -35,10 +35,11 @@ def grouped_activation(x, group_offsets, group_rows, activation="swiglu", *, lim
     SwiGLU's. Returns [row_capacity, F] in out_dtype (default: x's dtype).
 
     return_amax: also return each group's amax of the FP32 activations ([G] float32): (out, amax).
-    quantize: None, or "mxfp8" / "fp8_block_1x128" to quantize the output on the fly (the same
-    bytes as :func:`sfmoe.quantize` of the FP32 activations with these offsets), with fmt,
-    scale_layout and power_of_two_scales as there; out is then a
-    :class:`sfmoe.GroupedQuantizedTensor` (rowwise copy only).
+    quantize: None, or "mxfp8" / "fp8_block_1x128" / "fp8_tensor" to quantize the output on the
+    fly (the same bytes as :func:`sfmoe.quantize` of the FP32 activations with these offsets),
+    with fmt, scale_layout, power_of_two_scales and tensor_scales (fp8_tensor, required: each
+    group's given scale) as there; out is then a :class:`sfmoe.GroupedQuantizedTensor` (rowwise
+    copy only; for fp8_tensor its amax is the activations' group amax).
     """
     kind = _kind(activation)
     adapter, x, dtype = _input(x, "x")
@@ -51,8 +52,12 @@ def grouped_activation(x, group_offsets, group_rows, activation="swiglu", *, lim
     amax = adapter.empty((num_groups,), DType.FP32, x) if return_amax else None
     if quantize is not None:
         out = _quantize.quantized_rows(adapter, x, quantize, fmt, scale_layout, power_of_two_scales, rows, out_cols,
-                                       num_groups, 1, adapter.empty((num_groups + 1,), DType.INT64, x))
-        out.amax = amax
+                                       num_groups, 1, adapter.empty((num_groups + 1,), DType.INT64, x),
+                                       tensor_scales)
+        if out.amax is not None:  # fp8_tensor: the tensor's own amax is the activations' amax
+            amax = out.amax if return_amax else None
+        else:
+            out.amax = amax
         with adapter.device_context(x):
             _C.grouped_activation_quantized(adapter.for_binding(x), int(dtype), offsets, counts, kind, float(limit),
                                             float(alpha), out._descriptor(adapter), out.config._fields(),

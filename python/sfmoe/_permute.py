@@ -28,16 +28,17 @@ def _rows_input(x, what):
 
 
 def permute(tokens, topk_ids, num_experts, *, alignment=1, expert_capacity=0, quantize=None, fmt="e4m3",
-            scale_layout="compact", power_of_two_scales=False):
+            scale_layout="compact", power_of_two_scales=False, tensor_scales=None):
     """Sorts token rows by expert (docs/permute.md).
 
     tokens: [T, H] float32 / bfloat16 / float16. topk_ids: [T, k] int32 (the router's), each token
     naming an expert at most once. alignment: 1, 8, 16, 32, 64 or 128 rows per block step.
     expert_capacity: > 0 keeps at most that many tokens per expert (the lowest token indices).
-    quantize: None, or "mxfp8" / "fp8_block_1x128" for the fused quantization of the rows (the
-    same bytes as :func:`sfmoe.quantize` of the permuted rows with these offsets), with fmt,
-    scale_layout ("swizzled": mxfp8) and power_of_two_scales (fp8_block_1x128) as there; rows is
-    then a :class:`sfmoe.GroupedQuantizedTensor` (rowwise copy only).
+    quantize: None, or "mxfp8" / "fp8_block_1x128" / "fp8_tensor" for the fused quantization of
+    the rows (the same bytes as :func:`sfmoe.quantize` of the permuted rows with these offsets),
+    with fmt, scale_layout ("swizzled": mxfp8), power_of_two_scales (fp8_block_1x128) and
+    tensor_scales (fp8_tensor, required: each expert's given scale, float32 [num_experts]) as
+    there; rows is then a :class:`sfmoe.GroupedQuantizedTensor` (rowwise copy only).
     Returns a :class:`PermuteOutput`; its row capacity is the worst case the sizes allow.
     """
     adapter, x, dtype = _rows_input(tokens, "tokens")
@@ -60,7 +61,7 @@ def permute(tokens, topk_ids, num_experts, *, alignment=1, expert_capacity=0, qu
     ids_bound = _arrays.bound_input(topk_ids, "topk_ids", DType.INT32)
     if quantize is not None:
         rows = _quantize.quantized_rows(adapter, x, quantize, fmt, scale_layout, power_of_two_scales, row_capacity,
-                                        hidden, experts, alignment, offsets)
+                                        hidden, experts, alignment, offsets, tensor_scales)
         with adapter.device_context(x):
             _C.permute_quantized(bind(x), int(dtype), ids_bound, capacity, rows._descriptor(adapter),
                                  rows.config._fields(), bind(row_map), bind(kept), bind(dropped), bind(workspace),

@@ -99,6 +99,9 @@ class QuantizeConfig:
         (seed, offset); results depend only on them and the element's position.
     hadamard: NVFP4 1x16: the 16-point random Hadamard transform on the columnwise copy.
     trap_nan_amax: a NaN group or block amax raises Fault.NAN_AMAX in the status word.
+    tensor_scales: fp8_tensor only: each group's scale given (delayed scaling), a float32
+        [num_groups] array on the data's device, used as is; None: current scaling from each
+        group's amax. Lets permute and the activations quantize fp8_tensor rows in one pass.
     """
 
     power_of_two_scales: bool = False
@@ -107,9 +110,14 @@ class QuantizeConfig:
     offset: int = 0
     hadamard: bool = False
     trap_nan_amax: bool = False
+    # The array, prepared for the library (bound afresh for every call: a DLPack capsule is used
+    # up by one import); not compared or hashed.
+    tensor_scales: object = dataclasses.field(default=None, compare=False)
+    _scales_adapter: object = dataclasses.field(default=None, compare=False, repr=False)
 
     def _fields(self):
         return {
+            "tensor_scales": None if self.tensor_scales is None else self._scales_adapter.for_binding(self.tensor_scales),
             "power_of_two_scales": int(self.power_of_two_scales),
             "stochastic_rounding": int(self.stochastic_rounding),
             "seed": self.seed,
@@ -324,6 +332,7 @@ def quantize(
     trap_nan_amax=False,
     out_row_capacity=None,
     status_word=None,
+    tensor_scales=None,
 ):
     """Grouped quantization of `x` (docs/python.md, rules in docs/quantization.md).
 
@@ -340,8 +349,8 @@ def quantize(
     out_row_capacity: rows of the output; by default the bound the library requires:
        rows + num_groups * (row_alignment - 1) (uniform groups: rows), rounded up to the block
        height when a columnwise copy or 2D blocks need it and to even for FP4.
-    power_of_two_scales, stochastic_rounding, seed, offset, hadamard, trap_nan_amax: see
-       :class:`QuantizeConfig`. status_word: an :class:`sfmoe.StatusWord` on x's device that
+    power_of_two_scales, stochastic_rounding, seed, offset, hadamard, trap_nan_amax,
+       tensor_scales: see :class:`QuantizeConfig`. status_word: an :class:`sfmoe.StatusWord` on x's device that
        records faults (bad offsets, NaN amax with trap_nan_amax), or None.
     Returns a :class:`GroupedQuantizedTensor` whose arrays live on x's device.
     """
@@ -362,6 +371,7 @@ def quantize(
     adapter, x, in_dtype = _high_precision_input(x, "x")
     word = _check_status_word(status_word, adapter, x)
     rows, cols = adapter.shape(x)
+
     block = _C.scaling_block_size(int(scaling))
     if block and cols % block:
         raise ValueError(
@@ -369,6 +379,7 @@ def quantize(
             f"multiple of {block} (got {cols})"
         )
     offsets, uniform_rows, num_groups = _groups(adapter, x, group_offsets, uniform_group_rows)
+    config = with_tensor_scales(config, scaling, tensor_scales, num_groups)
 
     minimum = min_row_alignment(_RECIPE_OF[scaling], columnwise)
     if row_alignment is None:
@@ -442,15 +453,29 @@ def _allocate(adapter, x, scaling, dtype, layout, config, capacity, cols, num_gr
     )
 
 
+def with_tensor_scales(config, scaling, tensor_scales, num_groups):
+    """`config` carrying tensor_scales (float32 [num_groups], fp8_tensor only), or unchanged."""
+    if tensor_scales is None:
+        return config
+    if scaling != Scaling.TENSOR:
+        raise ValueError("tensor_scales: only the fp8_tensor recipe takes given scales")
+    adapter, scales, _ = _arrays.checked_input(tensor_scales, "tensor_scales", (DType.FP32,), ndim=1)
+    if adapter.shape(scales)[0] != num_groups:
+        raise ValueError(f"tensor_scales: expected [{num_groups}] (one per group), got {adapter.shape(scales)}")
+    return dataclasses.replace(config, tensor_scales=scales, _scales_adapter=adapter)
+
+
 def quantized_rows(adapter, x, recipe, fmt, scale_layout, power_of_two_scales, capacity, cols, num_groups,
-                   row_alignment, group_offsets):
+                   row_alignment, group_offsets, tensor_scales=None):
     """An empty rowwise-only GroupedQuantizedTensor of [capacity, cols] whose offsets array is
-    `group_offsets` (for ops that write quantized rows, such as permute's fused quantization)."""
+    `group_offsets` (for ops that write quantized rows, such as permute's fused quantization;
+    fp8_tensor there needs tensor_scales, the given per-group scales)."""
     scaling = _recipe_scaling(recipe)
-    block = _C.scaling_block_size(int(scaling))
+    block = _C.scaling_block_size(int(scaling)) or (8 if scaling == Scaling.TENSOR else 0)
     if block and cols % block:
         raise ValueError(f"recipe {recipe} scales blocks of {block} columns, so cols must be a multiple of {block}")
-    config = QuantizeConfig(power_of_two_scales=bool(power_of_two_scales))
+    config = with_tensor_scales(QuantizeConfig(power_of_two_scales=bool(power_of_two_scales)), scaling,
+                                tensor_scales, num_groups)
     return _allocate(adapter, x, scaling, _element_dtype(scaling, fmt), _scale_layout(scale_layout, scaling), config,
                      capacity, cols, num_groups, row_alignment, True, False, group_offsets)
 

@@ -512,7 +512,9 @@ void place(sfmoe_grouped_tensor* t, const Placement& placement) {
   t->device = placement.device;
 }
 
-sfmoe_quantize_config describe_config(const char* function, nb::handle config) {
+// `keep` holds the arrays the config points at (tensor_scales) until the call returns.
+sfmoe_quantize_config describe_config(const char* function, nb::handle config,
+                                      std::vector<nb::ndarray<nb::ro>>* keep) {
   sfmoe_quantize_config c = sfmoe_quantize_config_init();
   if (config.is_none()) return c;
   nb::dict fields;
@@ -534,6 +536,13 @@ sfmoe_quantize_config describe_config(const char* function, nb::handle config) {
       c.hadamard_columnwise = integer_field<int32_t>(function, field, item.second);
     } else if (key == "trap_nan_amax") {
       c.trap_nan_amax = integer_field<int32_t>(function, field, item.second);
+    } else if (key == "tensor_scales") {
+      // float32 [num_groups] (checked in Python; the library checks memory space and alignment),
+      // imported once and kept for the call.
+      if (!item.second.is_none()) {
+        keep->push_back(nb::cast<nb::ndarray<nb::ro>>(item.second));
+        c.tensor_scales = static_cast<const float*>(keep->back().data());
+      }
     } else {
       throw nb::type_error((std::string(function) + ": unknown field '" + field + "'").c_str());
     }
@@ -613,7 +622,8 @@ void grouped_quantize(nb::dict input, nb::dict output, nb::object config, nb::ob
   sfmoe_grouped_tensor out = describe_grouped(function, "output", output, &keep_output, &placement);
   place(&in, placement);
   place(&out, placement);
-  const sfmoe_quantize_config c = describe_config(function, config);
+  std::vector<nb::ndarray<nb::ro>> keep_config;
+  const sfmoe_quantize_config c = describe_config(function, config, &keep_config);
   sfmoe_status_word* word = word_of(status_word);
   sfmoe_status status;
   {
@@ -633,7 +643,8 @@ void grouped_dequantize(nb::dict input, nb::dict output, int32_t source, nb::obj
   sfmoe_grouped_tensor out = describe_grouped(function, "output", output, &keep_output, &placement);
   place(&in, placement);
   place(&out, placement);
-  const sfmoe_quantize_config c = describe_config(function, config);
+  std::vector<nb::ndarray<nb::ro>> keep_config;
+  const sfmoe_quantize_config c = describe_config(function, config, &keep_config);
   const bool defaults = config.is_none();
   sfmoe_status status;
   {
@@ -1098,7 +1109,8 @@ void permute_quantized(nb::ndarray<nb::ro> tokens, int32_t dtype, nb::ndarray<nb
   Placement placement;
   sfmoe_grouped_tensor out = describe_grouped(function, "output", output, &keep, &placement);
   place(&out, placement);
-  const sfmoe_quantize_config q = describe_config(function, config);
+  std::vector<nb::ndarray<nb::ro>> keep_config;
+  const sfmoe_quantize_config q = describe_config(function, config, &keep_config);
   sfmoe_permute_config c = sfmoe_permute_config_init();
   c.expert_capacity = expert_capacity;
   c.quantize = &q;
@@ -1213,7 +1225,8 @@ void grouped_activation_quantized(nb::ndarray<nb::ro> input, int32_t input_dtype
   Placement placement;
   sfmoe_grouped_tensor g_out = describe_grouped(function, "output", output, &keep, &placement);
   place(&g_out, placement);
-  const sfmoe_quantize_config q = describe_config(function, config);
+  std::vector<nb::ndarray<nb::ro>> keep_config;
+  const sfmoe_quantize_config q = describe_config(function, config, &keep_config);
   sfmoe_activation_config c = activation_config(kind, limit, alpha);
   c.quantize = &q;
   sfmoe_status status;

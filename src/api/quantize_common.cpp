@@ -94,6 +94,19 @@ sfmoe_status describe_quantized(const char* context, const char* name,
                 "%s: power_of_two_scales applies to fp8 tensor and blockwise scaling only",
                 context);
   }
+  if (config.tensor_scales != nullptr) {
+    if (q->scaling != SFMOE_SCALING_TENSOR) {
+      return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                  "%s: tensor_scales applies to fp8 per-tensor scaling only (scaling is '%s')",
+                  context, sfmoe_scaling_name(q->scaling));
+    }
+    if (reinterpret_cast<uintptr_t>(config.tensor_scales) % alignof(float) != 0) {
+      return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: config tensor_scales must be 4-byte aligned",
+                  context);
+    }
+    SFMOE_RETURN_IF_ERROR(validate_pointer_memory(context, "config", "tensor_scales",
+                                                  config.tensor_scales, q->memory, q->device));
+  }
   if (q->scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && !scaling_is_swizzlable(q->scaling)) {
     return fail(SFMOE_ERROR_UNSUPPORTED,
                 "%s: %s: the swizzled scale layout exists for mx_1x32 and nv_1x16 only", context,
@@ -128,11 +141,16 @@ sfmoe_status check_rowwise_fusion(const char* context, const char* name,
     return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: %s is not in the inputs' memory space", context,
                 name);
   }
-  if (q->scaling != SFMOE_SCALING_MX_1X32 && q->scaling != SFMOE_SCALING_BLOCK_1X128) {
+  const sfmoe_quantize_config defaults = sfmoe_quantize_config_init();
+  if (options == nullptr) options = &defaults;
+  SFMOE_RETURN_IF_ERROR(check_quantize_config(context, options));  // before reading its fields
+  const bool given_tensor = q->scaling == SFMOE_SCALING_TENSOR && options->tensor_scales != nullptr;
+  if (q->scaling != SFMOE_SCALING_MX_1X32 && q->scaling != SFMOE_SCALING_BLOCK_1X128 &&
+      !given_tensor) {
     return fail(SFMOE_ERROR_UNSUPPORTED,
-                "%s: %s can be quantized on the fly into mx_1x32 or block_1x128 rows only (got "
-                "'%s'; a per-tensor or NVFP4 scale needs the group amax before the cast: quantize "
-                "the rows afterwards)",
+                "%s: %s can be quantized on the fly into mx_1x32 or block_1x128 rows, or per-tensor "
+                "fp8 with given scales (config tensor_scales) only (got '%s'; a current per-tensor "
+                "or NVFP4 scale needs the group amax before the cast: quantize the rows afterwards)",
                 context, name, sfmoe_scaling_name(q->scaling));
   }
   if (q->dtype != SFMOE_DTYPE_FP8_E4M3 && q->dtype != SFMOE_DTYPE_FP8_E5M2) {
@@ -146,15 +164,12 @@ sfmoe_status check_rowwise_fusion(const char* context, const char* name,
                 "rowwise_scale_inv, no columnwise_data)",
                 context, name);
   }
-  const int64_t block = scaling_block_size(q->scaling);
+  const int64_t block = given_tensor ? 8 : scaling_block_size(q->scaling);  // TENSOR: 8-wide vectors
   if (q->cols != cols || cols % block != 0) {
     return fail(SFMOE_ERROR_SHAPE_MISMATCH,
                 "%s: %s must have %lld columns, a multiple of the %lld-element block", context,
                 name, static_cast<long long>(cols), static_cast<long long>(block));
   }
-  const sfmoe_quantize_config defaults = sfmoe_quantize_config_init();
-  if (options == nullptr) options = &defaults;
-  SFMOE_RETURN_IF_ERROR(check_quantize_config(context, options));
   if (options->stochastic_rounding || options->hadamard_columnwise || options->trap_nan_amax) {
     return fail(SFMOE_ERROR_UNSUPPORTED,
                 "%s: the fused quantization takes power_of_two_scales only", context);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "sfmoe/numerics/scale_swizzle.h"
+#include "sfmoe/numerics/scaling.h"
 #include "sfmoe/quantize.h"
 #include "src/common/group_offsets.h"
 
@@ -47,6 +48,15 @@ struct GroupedDequantizeArgs {
 
 // ---- rules shared by the backends (host + device)
 // -------------------------------------------------
+
+// TENSOR: group g's scale (docs/quantization.md): the caller's (config.tensor_scales, delayed
+// scaling) or the current scaling from the group amax.
+SFMOE_HD float tensor_scale_of_group(const sfmoe_quantize_config& c, int64_t g, float group_amax,
+                                     float fp8_max) {
+  return c.tensor_scales != nullptr
+             ? c.tensor_scales[g]
+             : numerics::fp8_scale_from_amax(group_amax, fp8_max, c.power_of_two_scales != 0);
+}
 
 // Elements per block along the quantized direction (the block height for columnwise copies and
 // the side of 2D blocks); 0 for TENSOR (one scale per group).

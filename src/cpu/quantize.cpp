@@ -259,15 +259,15 @@ std::vector<float> transformed_columnwise_amax(const GroupedQuantizeArgs& args,
   return amax;
 }
 
-// TENSOR: one scale per group from the group amax; every element of the group is fp8(x * s).
+// TENSOR: one scale per group, from the group amax or given (tensor_scale_of_group); every element
+// of the group is fp8(x * s).
 void quantize_tensor(const GroupedQuantizeArgs& args, const PaddedMatrix& plan,
                      const std::vector<float>& amax) {
   const Encoder encoder{args, 8};
   std::vector<float> scale(static_cast<size_t>(args.num_groups));
   for (int64_t g = 0; g < args.num_groups; ++g) {
     trap_nan(args, amax[g], g, plan.out_off[g]);
-    scale[g] = numerics::fp8_scale_from_amax(amax[g], fp8_max(args.dtype),
-                                             args.config.power_of_two_scales != 0);
+    scale[g] = tensor_scale_of_group(args.config, g, amax[g], fp8_max(args.dtype));
   }
   for (const Copy& copy : copies_of(args)) {
     for (int64_t g = 0; g < args.num_groups; ++g) {

@@ -1073,6 +1073,40 @@ TEST(CpuQuantize, TensorScaleIsTheRuleOfTheGroupAmax) {
   }
 }
 
+// Delayed scaling: with config.tensor_scales each group is encoded with its given scale (as is:
+// power_of_two_scales does not apply), scale_inv is that scale's inverse, and the amax is still
+// the group's. Given scales with any other scaling are refused.
+TEST(CpuQuantize, GivenTensorScalesAreUsedAsIs) {
+  std::mt19937_64 rng(sfmoe::testing::session_test_seed() ^ 0x56u);
+  for (sfmoe_dtype dtype : {SFMOE_DTYPE_FP8_E4M3, SFMOE_DTYPE_FP8_E5M2}) {
+    Recipe recipe;
+    recipe.dtype = dtype;
+    recipe.pow2 = true;  // ignored with given scales
+    const Input in = make_input(rng, SFMOE_DTYPE_BF16, {5, 0, 40, 1}, 24, false);
+    const std::vector<float> given = {3.0f, 0.75f, 1e6f, 1e-3f};  // the third saturates
+    sfmoe_quantize_config config = make_config(recipe, 0, 0, false);
+    config.tensor_scales = given.data();
+    Quantized q = quantize(in, recipe, 1, 3, config);
+    for (int64_t g = 0; g < 4; ++g) {
+      const float amax =
+          in.sizes[g] ? amax_of(&in.values[in.offsets[g] * 24], in.sizes[g] * 24) : 0.0f;
+      EXPECT_EQ(f32_at(q.amax, g), amax) << g;
+      EXPECT_EQ(f32_at(q.scales[0], g), nm::scale_inverse(given[g])) << g;
+      EXPECT_EQ(f32_at(q.scales[1], g), nm::scale_inverse(given[g])) << g;
+      const int64_t out_row = q.offsets[g];
+      for (int64_t r = 0; r < in.sizes[g]; ++r) {
+        for (int64_t c = 0; c < 24; ++c) {
+          const float x = in.values[(in.offsets[g] + r) * 24 + c];
+          const float scaled = nm::mul_rn(x, given[g]);
+          const uint8_t want = dtype == SFMOE_DTYPE_FP8_E4M3 ? nm::f32_to_e4m3(scaled)
+                                                              : nm::f32_to_e5m2(scaled);
+          ASSERT_EQ(q.data[0][(out_row + r) * 24 + c], want) << g << " " << r << " " << c;
+        }
+      }
+    }
+  }
+}
+
 TEST(CpuQuantize, StochasticRoundingIsReproducibleAndFollowsTheStream) {
   std::mt19937_64 rng(sfmoe::testing::session_test_seed() ^ 0x56u);
   for (sfmoe_scaling scaling : {SFMOE_SCALING_NV_1X16, SFMOE_SCALING_NV_16X16}) {

@@ -10,7 +10,10 @@
 #include <vector>
 
 #include "sfmoe/cast.h"
+#include "sfmoe/numerics/float_formats.h"
 #include "sfmoe/numerics/scale_swizzle.h"
+#include "sfmoe/quantize.h"
+#include "tests/cpp/host_descriptors.h"
 #include "sfmoe/sfmoe.h"
 
 namespace {
@@ -338,3 +341,42 @@ TEST(Validation, ScaleDtypeAndShape) {
 }
 
 }  // namespace
+
+namespace sfmoe {
+namespace {
+
+// config.tensor_scales: given per-group scales for FP8 per-tensor only, 4-byte aligned; anything
+// else is refused before anything is written.
+TEST(Validation, GivenTensorScalesAreForPerTensorFp8Only) {
+  std::vector<uint16_t> x(4 * 32, 0x3F80);  // BF16 ones
+  std::vector<int64_t> in_offsets = {0, 4}, out_offsets = {0, -1};
+  std::vector<uint8_t> codes(4 * 32, 0xA5), scales(64, 0x5A);
+  std::vector<float> amax(1, -1.0f);
+  alignas(8) float given[3] = {2.0f, 2.0f, 2.0f};
+  const sfmoe_grouped_tensor in =
+      testing::host_rows(x.data(), SFMOE_DTYPE_BF16, 1, 4, 32, 1, in_offsets.data());
+  sfmoe_grouped_tensor out =
+      testing::host_rows(codes.data(), SFMOE_DTYPE_FP8_E4M3, 1, 4, 32, 1, out_offsets.data());
+  out.rowwise_scale_inv = scales.data();
+  out.amax = amax.data();
+  sfmoe_quantize_config config = sfmoe_quantize_config_init();
+  config.tensor_scales = given;
+  out.scaling = SFMOE_SCALING_MX_1X32;
+  EXPECT_EQ(sfmoe_grouped_quantize(&in, &out, &config, nullptr, nullptr),
+            SFMOE_ERROR_INVALID_ARGUMENT)
+      << sfmoe_last_error();
+  out.scaling = SFMOE_SCALING_TENSOR;
+  config.tensor_scales = reinterpret_cast<const float*>(reinterpret_cast<const char*>(given) + 2);
+  EXPECT_EQ(sfmoe_grouped_quantize(&in, &out, &config, nullptr, nullptr),
+            SFMOE_ERROR_INVALID_ARGUMENT)
+      << sfmoe_last_error();
+  EXPECT_EQ(codes, std::vector<uint8_t>(4 * 32, 0xA5)) << "refusals write nothing";
+  config.tensor_scales = given;
+  ASSERT_EQ(sfmoe_grouped_quantize(&in, &out, &config, nullptr, nullptr), SFMOE_SUCCESS)
+      << sfmoe_last_error();
+  EXPECT_EQ(codes[0], numerics::f32_to_e4m3(2.0f));  // 1 x the given scale 2
+  EXPECT_EQ(amax[0], 1.0f);
+}
+
+}  // namespace
+}  // namespace sfmoe

@@ -321,6 +321,22 @@ TEST(CudaRouter, BadIdsInTheBackwardAreSkippedAndReported) {
   sfmoe_status_word_destroy(word);
 }
 
+// Per-group FP8 scales as a delayed-scaling recipe would give them: powers of two and arbitrary
+// values across a wide range (so some groups saturate and some underflow), one of them 1, and
+// the values a broken history can hold (Inf, NaN, 0, negative, subnormal: the padding rows'
+// codes are then fp8(0 * s), NaN for Inf or NaN).
+std::vector<float> given_tensor_scales(std::mt19937_64& rng, int64_t groups) {
+  std::uniform_real_distribution<float> exponent(-6.0f, 12.0f);
+  const float specials[] = {INFINITY, NAN, 0.0f, -2.0f, 1e-40f};
+  std::vector<float> v(static_cast<size_t>(groups));
+  for (int64_t g = 0; g < groups; ++g) {
+    const float e = exponent(rng);
+    v[g] = g == 0 ? 1.0f : (g % 3 == 1 ? std::exp2(std::floor(e)) : std::exp2(e));
+    if (g >= 2 && g < 7) v[g] = specials[g - 2];
+  }
+  return v;
+}
+
 // ---- permute / unpermute ------------------------------------------------------------------------
 
 // Ids as the router writes them: k distinct experts per token.
@@ -500,6 +516,11 @@ TEST(CudaPermute, FusedQuantizationEqualsTheCpuBackend) {
        SFMOE_SCALE_LAYOUT_COMPACT, false, 384, 16, 0},
       {SFMOE_SCALING_BLOCK_1X128, SFMOE_DTYPE_FP8_E5M2, SFMOE_DTYPE_FP16,
        SFMOE_SCALE_LAYOUT_COMPACT, true, 128, 1, 50},
+      // Per-tensor FP8 with given scales (one per expert; some saturate, some are tiny).
+      {SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, SFMOE_DTYPE_BF16, SFMOE_SCALE_LAYOUT_COMPACT,
+       false, 264, 16, 0},
+      {SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E5M2, SFMOE_DTYPE_FP32, SFMOE_SCALE_LAYOUT_COMPACT,
+       false, 40, 1, 40},
   };
   int checked = 0;
   for (const Fused& fc : cases) {
@@ -513,6 +534,8 @@ TEST(CudaPermute, FusedQuantizationEqualsTheCpuBackend) {
     ASSERT_EQ(sfmoe_scale_shape(fc.scaling, fc.layout, E, R, H, &ndim, scale_shape), SFMOE_SUCCESS);
     const int64_t scale_bytes = scale_shape[0] * (ndim == 2 ? scale_shape[1] : 1) *
                                 (fc.scaling == SFMOE_SCALING_MX_1X32 ? 1 : 4);
+    const bool tensor = fc.scaling == SFMOE_SCALING_TENSOR;
+    Twin<float> given(given_tensor_scales(rng, E)), amax(E, -1.0f);
     Twin<uint8_t> x(make_rows(rng, tokens * H, fc.in_dtype));
     Twin<int32_t> ids(make_ids(rng, tokens, E, k));
     Twin<uint8_t> codes(static_cast<size_t>(R * H), 0xA5),
@@ -531,6 +554,10 @@ TEST(CudaPermute, FusedQuantizationEqualsTheCpuBackend) {
       g.scaling = fc.scaling;
       g.scale_layout = fc.layout;
       g.rowwise_scale_inv = scales.on(m);
+      if (tensor) {
+        g.amax = amax.on(m);
+        qc.tensor_scales = given.on(m);
+      }
       const sfmoe_tensor t_map = tensor_in(m, row_map.on(m), SFMOE_DTYPE_INT64, {tokens, k});
       const sfmoe_tensor t_kept = tensor_in(m, kept.on(m), SFMOE_DTYPE_INT64, {E});
       const sfmoe_tensor t_dropped = tensor_in(m, dropped.on(m), SFMOE_DTYPE_INT64, {E});
@@ -544,6 +571,7 @@ TEST(CudaPermute, FusedQuantizationEqualsTheCpuBackend) {
     CUDA_OK(cudaDeviceSynchronize());
     EXPECT_TRUE(codes.same("codes (whole buffer)"));
     EXPECT_TRUE(scales.same("scales (whole buffer)"));
+    if (tensor) EXPECT_TRUE(amax.same("group amax"));
     EXPECT_TRUE(offsets.same("group offsets"));
     EXPECT_TRUE(row_map.same("row_map"));
     EXPECT_TRUE(kept.same("tokens_per_expert"));
@@ -551,7 +579,7 @@ TEST(CudaPermute, FusedQuantizationEqualsTheCpuBackend) {
   }
   std::printf(
       "[ permute ] %d fused-quantization cases (mxfp8 compact/swizzled, fp8 1x128, pow2, "
-      "capacity): bit-exact vs CPU\n",
+      "fp8 per-tensor with given scales, capacity): bit-exact vs CPU\n",
       checked);
 }
 
@@ -695,6 +723,10 @@ TEST(CudaActivation, FusedQuantizationAndAmaxEqualTheCpuBackend) {
        SFMOE_SCALE_LAYOUT_COMPACT, true, 256},
       {SFMOE_ACTIVATION_CLAMPED_SWIGLU, SFMOE_SCALING_BLOCK_1X128, SFMOE_DTYPE_FP8_E4M3,
        SFMOE_SCALE_LAYOUT_COMPACT, false, 384},
+      {SFMOE_ACTIVATION_SWIGLU, SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3,
+       SFMOE_SCALE_LAYOUT_COMPACT, false, 72, 1},  // per-tensor FP8, given scales
+      {SFMOE_ACTIVATION_GELU, SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E5M2,
+       SFMOE_SCALE_LAYOUT_COMPACT, false, 256},
       {SFMOE_ACTIVATION_SQUARED_RELU, SFMOE_SCALING_NONE, SFMOE_DTYPE_BF16,
        SFMOE_SCALE_LAYOUT_COMPACT, false, 40},
       {SFMOE_ACTIVATION_SWIGLU, SFMOE_SCALING_NONE, SFMOE_DTYPE_BF16, SFMOE_SCALE_LAYOUT_COMPACT,
@@ -724,10 +756,11 @@ TEST(CudaActivation, FusedQuantizationAndAmaxEqualTheCpuBackend) {
     const int64_t out_bytes = quantized ? R * F : R * F * 2;
     Twin<uint8_t> output(static_cast<size_t>(out_bytes), 0xA5),
         scales(static_cast<size_t>(scale_bytes), 0x5A);
-    Twin<float> amax(G, -3.0f);
+    Twin<float> amax(G, -3.0f), given(given_tensor_scales(rng, G));
     Twin<int64_t> t_offsets(offsets), out_offsets(G + 1, -4), rows(real);
     sfmoe_quantize_config qc = sfmoe_quantize_config_init();
     qc.power_of_two_scales = fc.pow2;
+    const bool tensor = fc.scaling == SFMOE_SCALING_TENSOR;
     sfmoe_activation_config c = sfmoe_activation_config_init();
     c.kind = fc.kind;
     c.quantize = &qc;
@@ -739,6 +772,7 @@ TEST(CudaActivation, FusedQuantizationAndAmaxEqualTheCpuBackend) {
       out.scale_layout = fc.layout;
       if (quantized) out.rowwise_scale_inv = scales.on(m);
       out.amax = amax.on(m);
+      if (tensor) qc.tensor_scales = given.on(m);
       const sfmoe_tensor t_rows = tensor_in(m, rows.on(m), SFMOE_DTYPE_INT64, {G});
       ASSERT_EQ(sfmoe_grouped_activation(&in, &t_rows, &c, &out, nullptr, nullptr), SFMOE_SUCCESS)
           << sfmoe_last_error();

@@ -129,3 +129,22 @@ def test_fused_output_quantization_is_the_quantized_fp32_activations(recipe, lay
     np.testing.assert_array_equal(q.group_offsets, offsets)
     with pytest.raises(sfmoe.Error):
         sfmoe.grouped_activation(x, offsets, rows, "swiglu", quantize="fp8_tensor")
+
+
+def test_fused_tensor_quantization_with_given_scales(rng):
+    """fp8_tensor with given per-group scales: the quantized FP32 activations with those scales;
+    the tensor's amax is the activations' group amax (also what return_amax gives)."""
+    offsets, rows = _grouped_rows(rng)
+    capacity, cols = int(offsets[-1]) + 8, 48
+    x = (rng.normal(size=(capacity, 2 * cols)) * 3).astype(np.float32)
+    scales = np.exp2(rng.uniform(-2, 9, size=len(rows))).astype(np.float32)
+    q, amax = sfmoe.grouped_activation(x, offsets, rows, "swiglu", quantize="fp8_tensor", tensor_scales=scales,
+                                       return_amax=True)
+    y, y_amax = sfmoe.grouped_activation(x, offsets, rows, "swiglu", out_dtype="fp32", return_amax=True)
+    want = sfmoe.quantize(y, "fp8_tensor", group_offsets=offsets, row_alignment=1, out_row_capacity=capacity,
+                          tensor_scales=scales)
+    end = int(offsets[-1])
+    np.testing.assert_array_equal(q.data[:end].view(np.uint8), want.data[:end].view(np.uint8))
+    np.testing.assert_array_equal(q.scale_inv, want.scale_inv)
+    np.testing.assert_array_equal(q.amax, want.amax)
+    np.testing.assert_array_equal(amax, y_amax)

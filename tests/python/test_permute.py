@@ -145,3 +145,31 @@ def test_fused_quantization_is_permute_then_quantize(recipe, layout, alignment, 
     np.testing.assert_array_equal(fused.rows.compact_scale_inv()[:end].view(np.uint8), q.compact_scale_inv()[:end].view(np.uint8))
     with pytest.raises(sfmoe.Error):
         sfmoe.permute(x, ids, experts, alignment=alignment, quantize="fp8_tensor")
+
+
+@pytest.mark.parametrize("fmt,alignment", [("e4m3", 16), ("e5m2", 1)])
+def test_fused_tensor_quantization_with_given_scales(fmt, alignment, rng):
+    """fp8_tensor with given per-expert scales: each row encoded with its expert's scale, used as
+    is; scale_inv its inverse; the amax each expert's group amax."""
+    tokens, experts, k, hidden = 45, 8, 3, 40
+    x = rng.normal(size=(tokens, hidden)).astype(np.float32) * 4.0
+    x[9] = 0.0
+    ids = random_routing(rng, tokens, experts, k)
+    scales = np.exp2(rng.uniform(-3, 8, size=experts)).astype(np.float32)
+    scales[1] = 1e6  # saturates
+    fused = sfmoe.permute(x, ids, experts, alignment=alignment, quantize="fp8_tensor", fmt=fmt,
+                          tensor_scales=scales)
+    plain = sfmoe.permute(x, ids, experts, alignment=alignment)
+    end = int(plain.group_offsets[-1])
+    np.testing.assert_array_equal(fused.group_offsets, plain.group_offsets)
+    np.testing.assert_array_equal(fused.rows.scale_inv, (1.0 / scales.astype(np.float64)).astype(np.float32))
+    want = sfmoe.quantize(plain.rows, "fp8_tensor", group_offsets=plain.group_offsets, fmt=fmt,
+                          row_alignment=alignment, out_row_capacity=plain.rows.shape[0] + experts * alignment,
+                          tensor_scales=scales)
+    np.testing.assert_array_equal(fused.rows.data[:end].view(np.uint8), want.data[:end].view(np.uint8))
+    np.testing.assert_array_equal(fused.rows.amax, want.amax)
+    for e in range(experts):
+        rows = plain.rows[plain.group_offsets[e]:plain.group_offsets[e + 1]]
+        assert fused.rows.amax[e] == (np.abs(rows).max() if rows.size else 0.0)
+    with pytest.raises(ValueError):
+        sfmoe.permute(x, ids, experts, quantize="mxfp8", tensor_scales=scales)

@@ -674,3 +674,20 @@ def test_random_grouped_descriptors_never_crash(rng):
         except (ValueError, TypeError) as error:
             outcomes[type(error).__name__] = outcomes.get(type(error).__name__, 0) + 1
     assert len(outcomes) >= 5, outcomes
+
+
+def test_given_tensor_scales(rng):
+    """fp8_tensor with given per-group scales: codes fp8(x * s_g), scale_inv 1 / s_g, the group
+    amax; the config can be reused (dequantize, twice); a wrong number of scales is refused."""
+    x = (rng.normal(size=(30, 32)) * 3).astype(np.float32)
+    offsets = np.array([0, 10, 10, 30], np.int64)
+    scales = np.array([4.0, 0.5, 1e6], np.float32)
+    q = sfmoe.quantize(x, "fp8_tensor", group_offsets=offsets, tensor_scales=scales)
+    np.testing.assert_array_equal(q.scale_inv, (1.0 / scales.astype(np.float64)).astype(np.float32))
+    np.testing.assert_array_equal(q.amax, [np.abs(x[:10]).max(), 0.0, np.abs(x[10:]).max()])
+    first = sfmoe.dequantize(q)
+    np.testing.assert_array_equal(sfmoe.dequantize(q), first)
+    with pytest.raises(ValueError):
+        sfmoe.quantize(x, "fp8_tensor", group_offsets=offsets, tensor_scales=scales[:2])
+    with pytest.raises(ValueError):
+        sfmoe.quantize(x, "mxfp8", group_offsets=offsets, tensor_scales=scales)

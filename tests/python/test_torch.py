@@ -560,3 +560,48 @@ def test_cuda_grouped_gemm_bf16_matches_host_on_integers(out_dtype, rng):
         dev = sfmoe.grouped_gemm(form, a.cuda(), b.cuda(), offsets.cuda(), out_dtype=out_dtype)
         torch.cuda.synchronize()
         assert torch.equal(dev.cpu().float(), host.float()), form
+
+
+def test_cuda_fused_tensor_quantization_with_given_scales_matches_host(rng):
+    """fp8_tensor with given scales, fused into permute and into SwiGLU: CUDA bytes (codes,
+    scale_inv, amax) equal the host's."""
+    tokens, experts, k, hidden = 300, 16, 4, 264
+    x = torch.from_numpy(rng.standard_normal((tokens, hidden)).astype(np.float32)).to(torch.bfloat16)
+    ids = sfmoe.router(torch.from_numpy(_routing_logits(rng, tokens, experts)), k).topk_ids
+    scales = torch.from_numpy(np.exp2(rng.uniform(-3, 10, size=experts)).astype(np.float32))
+    host = sfmoe.permute(x, ids, experts, alignment=16, quantize="fp8_tensor", tensor_scales=scales)
+    dev = sfmoe.permute(x.cuda(), ids.cuda(), experts, alignment=16, quantize="fp8_tensor",
+                        tensor_scales=scales.cuda())
+    torch.cuda.synchronize()
+    end = int(host.group_offsets[-1])
+    assert torch.equal(dev.rows.data[:end].cpu().view(torch.uint8), host.rows.data[:end].view(torch.uint8))
+    assert torch.equal(dev.rows.scale_inv.cpu(), host.rows.scale_inv)
+    assert torch.equal(dev.rows.amax.cpu().view(torch.int32), host.rows.amax.view(torch.int32))
+    h = torch.from_numpy(rng.standard_normal((end + 8, 2 * 64)).astype(np.float32)).to(torch.bfloat16)
+    a_host = sfmoe.grouped_activation(h, host.group_offsets, host.tokens_per_expert, "swiglu",
+                                      quantize="fp8_tensor", tensor_scales=scales)
+    a_dev = sfmoe.grouped_activation(h.cuda(), dev.group_offsets, dev.tokens_per_expert, "swiglu",
+                                     quantize="fp8_tensor", tensor_scales=scales.cuda())
+    torch.cuda.synchronize()
+    assert torch.equal(a_dev.data[:end].cpu().view(torch.uint8), a_host.data[:end].view(torch.uint8))
+    assert torch.equal(a_dev.scale_inv.cpu(), a_host.scale_inv)
+    assert torch.equal(a_dev.amax.cpu().view(torch.int32), a_host.amax.view(torch.int32))
+
+
+@requires_cuda
+def test_cuda_quantize_with_given_tensor_scales_matches_host(rng):
+    """The standalone grouped quantization with given scales on CUDA: the host's bytes, and the
+    result dequantizes more than once (the config's scales are bound afresh for every call)."""
+    x = torch.from_numpy((rng.standard_normal((300, 64)) * 3).astype(np.float32)).to(torch.bfloat16)
+    offsets = torch.tensor([0, 100, 100, 300], dtype=torch.int64)
+    scales = torch.tensor([4.0, float("inf"), 0.001], dtype=torch.float32)
+    host = sfmoe.quantize(x, "fp8_tensor", group_offsets=offsets, tensor_scales=scales, columnwise=True)
+    dev = sfmoe.quantize(x.cuda(), "fp8_tensor", group_offsets=offsets.cuda(), tensor_scales=scales.cuda(),
+                         columnwise=True)
+    torch.cuda.synchronize()
+    assert torch.equal(dev.data.cpu().view(torch.uint8), host.data.view(torch.uint8))
+    assert torch.equal(dev.columnwise_data.cpu().view(torch.uint8), host.columnwise_data.view(torch.uint8))
+    assert torch.equal(dev.scale_inv.cpu(), host.scale_inv)
+    assert torch.equal(dev.amax.cpu(), host.amax)
+    first = sfmoe.dequantize(dev)
+    assert torch.equal(sfmoe.dequantize(dev).view(torch.int32), first.view(torch.int32))

@@ -120,7 +120,8 @@ __device__ __forceinline__ StepInput<kVec> load_step(const WarpStep& s, int64_t 
 }
 
 // Kernels are compiled per kind (the rules' switch folds away) and per output form: kQuantBlock
-// 0 writes values, 32 (MX_1X32) or 128 (BLOCK_1X128) quantizes them on the fly
+// 0 writes values, 1 (TENSOR with given scales: the row's group scale), 32 (MX_1X32) or 128
+// (BLOCK_1X128) quantizes them on the fly
 // (src/cuda/common/rowwise_quantize.h; a quantization block spans 4 or 16 lanes of the row's warp).
 // With a.amax, each group's amax of the FP32 activations is gathered per block in shared memory
 // (the bit patterns' max: order-free) and added to the output by one atomic max per group and
@@ -128,7 +129,7 @@ __device__ __forceinline__ StepInput<kVec> load_step(const WarpStep& s, int64_t 
 // Four blocks per multiprocessor (64 registers) where the output is written as values: the warps'
 // steps in flight must cover the memory latency (the quantizing forms would spill at 64).
 template <int kVec, ActivationKind kKind, int kQuantBlock>
-__global__ void __launch_bounds__(kThreads, kQuantBlock == 0 ? 4 : 1)
+__global__ void __launch_bounds__(kThreads, kQuantBlock <= kTensorQuantBlock ? 4 : 1)
     activation_forward_kernel(ActivationArgs a, int64_t row_capacity, sfmoe_fault_report* word,
                               FusedQuantization q) {
   a.config.kind = kKind;
@@ -184,6 +185,11 @@ __global__ void __launch_bounds__(kThreads, kQuantBlock == 0 ? 4 : 1)
     }
     if constexpr (kQuantBlock == 0) {
       if (active) store_vector<kVec>(a.output, a.output_dtype, row * a.cols + j, out);
+    } else if constexpr (kQuantBlock == kTensorQuantBlock) {  // the group's given scale
+      if (active) {
+        reinterpret_cast<uint2*>(q.codes + row * a.cols)[c] =
+            encode_eight(out, q.tensor_scales[step.group], q.e5m2);
+      }
     } else {
       BlockScales<kQuantBlock> s;
       const uint2 codes = quantize_eight<kQuantBlock>(out, q, &s);
@@ -194,7 +200,7 @@ __global__ void __launch_bounds__(kThreads, kQuantBlock == 0 ? 4 : 1)
     }
     if (step.first + 32 < chunks) continue;
     // The row's last step.
-    if constexpr (kQuantBlock != 0) {
+    if constexpr (kQuantBlock > kTensorQuantBlock) {
       if (q.swizzled && lane == 0) zero_swizzle_padding(q, row, a.cols / kQuantBlock);
     }
     if (want_amax && step.real) {
@@ -314,8 +320,18 @@ struct LaunchForward {
       return launch(activation_forward_kernel<kVec, kKind, 0>, a, row_capacity, word,
                     FusedQuantization{}, stream);
     }
-    if constexpr (kVec == 8) {  // a quantized output has a multiple of 32 columns
+    if constexpr (kVec == 8) {  // a quantized output has a multiple of 8 (TENSOR) or 32 columns
       const FusedQuantization q = fused_quantization_of(*a.quantized);
+      if (a.quantized->scaling == SFMOE_SCALING_TENSOR) {
+        // The quantized output's group amax is the activations' amax (the API passes the
+        // output's amax as both).
+        SFMOE_CUDA_RETURN_IF_ERROR("sfmoe_grouped_activation",
+                                   prepare_tensor_quantization(q, stream));
+        ActivationArgs with_amax = a;
+        with_amax.amax = q.amax;
+        return launch(activation_forward_kernel<8, kKind, kTensorQuantBlock>, with_amax,
+                      row_capacity, word, q, stream);
+      }
       if (a.quantized->scaling == SFMOE_SCALING_MX_1X32) {
         return launch(activation_forward_kernel<8, kKind, 32>, a, row_capacity, word, q, stream);
       }

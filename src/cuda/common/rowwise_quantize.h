@@ -1,6 +1,7 @@
 // Rowwise quantization of eight consecutive values per thread, for kernels that produce rows and
 // quantize them on the fly (permute, the grouped activations): the recipes whose blocks lie within
-// a row, MX_1X32 (E8M0 scales, compact or swizzled) and BLOCK_1X128 (FP32 scales, compact). A
+// a row, MX_1X32 (E8M0 scales, compact or swizzled) and BLOCK_1X128 (FP32 scales, compact), and
+// per-tensor FP8 with given scales (TENSOR: one caller scale per group, config.tensor_scales). A
 // block of B elements is B / 8 neighbouring lanes, whose amax is reduced by xor shuffles (the
 // propagating max of the numerics headers, which does not depend on the order); the scale and the
 // codes are the grouped quantization's (docs/quantization.md), so the bytes equal
@@ -19,9 +20,22 @@ namespace cuda {
 
 struct FusedQuantization {
   uint8_t* codes;  // [row_capacity, hidden]
-  void* scales;    // compact [row_capacity, hidden / B] or swizzled
+  void* scales;    // compact [row_capacity, hidden / B] or swizzled; TENSOR: [num_groups] scale_inv
   bool e5m2, swizzled, power_of_two;
+  const float* tensor_scales;  // TENSOR: [num_groups] given scales
+  float* amax;                 // TENSOR: [num_groups] group amax (bit-pattern max, order-free)
+  int64_t num_groups;
 };
+
+// TENSOR: the block value standing for "one scale per group" in the kernels' templates.
+constexpr int kTensorQuantBlock = 1;
+
+// TENSOR: scale_inv[g] = scale_inverse(given scale[g]) for every group (empty ones included).
+template <int kUnused = 0>
+__global__ void tensor_scale_inverse_kernel(FusedQuantization q) {
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (g < q.num_groups) static_cast<float*>(q.scales)[g] = numerics::scale_inverse(q.tensor_scales[g]);
+}
 
 template <int kBlock>
 struct BlockScales {
@@ -93,10 +107,25 @@ __device__ __forceinline__ uint2 quantize_eight(const float (&v)[8], const Fused
 
 // The fused form of a rowwise quantization from its backend arguments.
 inline FusedQuantization fused_quantization_of(const GroupedQuantizeArgs& q) {
-  return FusedQuantization{static_cast<uint8_t*>(q.rowwise), q.rowwise_scale_inv,
+  return FusedQuantization{static_cast<uint8_t*>(q.rowwise),
+                           q.rowwise_scale_inv,
                            q.dtype == SFMOE_DTYPE_FP8_E5M2,
                            q.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED,
-                           q.config.power_of_two_scales != 0};
+                           q.config.power_of_two_scales != 0,
+                           q.config.tensor_scales,
+                           q.amax,
+                           q.num_groups};
+}
+
+// TENSOR, before the fused kernel on the same stream: the group amax cleared (the kernel adds to
+// it by atomic max) and every group's scale_inv written.
+inline cudaError_t prepare_tensor_quantization(const FusedQuantization& q, cudaStream_t stream) {
+  const cudaError_t cleared =
+      cudaMemsetAsync(q.amax, 0, sizeof(float) * static_cast<size_t>(q.num_groups), stream);
+  if (cleared != cudaSuccess || q.num_groups == 0) return cleared;
+  tensor_scale_inverse_kernel<<<static_cast<unsigned>((q.num_groups + 255) / 256), 256, 0,
+                                stream>>>(q);
+  return cudaGetLastError();
 }
 
 }  // namespace cuda

@@ -295,6 +295,72 @@ __global__ void __launch_bounds__(kCopyThreads)
   }
 }
 
+// TENSOR with given scales: each expert has its own scale, so a token's row is encoded once per
+// destination; the row's amax (bit-pattern max of |x|: order-free) goes to each destination
+// expert's group amax. Padding rows are the codes of zeros (which do not change an amax).
+__global__ void __launch_bounds__(kCopyThreads)
+    permute_quantize_tensor_kernel(const void* tokens, sfmoe_dtype dtype, int64_t num_tokens,
+                                   int64_t top_k, int64_t hidden, int64_t row_capacity,
+                                   const int64_t* offsets, const int64_t* tokens_per_expert,
+                                   const int64_t* row_map, const int32_t* topk_ids,
+                                   FusedQuantization q) {
+  const int64_t chunks = hidden / 8;
+  const int64_t b = blockIdx.x;
+  if (b >= num_tokens) {
+    const int64_t pad = b - num_tokens;
+    const int64_t e = pad / kPaddingSplit, part = pad % kPaddingSplit;
+    const int64_t end = offsets[e + 1] < row_capacity ? offsets[e + 1] : row_capacity;
+    // Zeros times the expert's scale (not bare zero codes: a given Inf or NaN scale makes NaN
+    // codes, as the grouped quantization of the padding's zeros does).
+    const float zeros[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    const uint2 zero_codes = encode_eight(zeros, q.tensor_scales[e], q.e5m2);
+    for (int64_t row = offsets[e] + tokens_per_expert[e] + part; row < end; row += kPaddingSplit) {
+      for (int64_t c = threadIdx.x; c < chunks; c += kCopyThreads) {
+        reinterpret_cast<uint2*>(q.codes + row * hidden)[c] = zero_codes;
+      }
+    }
+    return;
+  }
+  __shared__ int64_t rows[kMaxDeviceSlots];
+  __shared__ int32_t experts[kMaxDeviceSlots];
+  __shared__ float scales[kMaxDeviceSlots];
+  __shared__ uint32_t block_amax;
+  if (threadIdx.x == 0) block_amax = 0u;
+  if (threadIdx.x < top_k) {
+    const int64_t slot = b * top_k + threadIdx.x;
+    const int64_t row = row_map[slot];
+    // A kept slot's id was checked by the place kernel (a bad id has row -1).
+    const bool kept = row >= 0 && row < row_capacity;
+    rows[threadIdx.x] = kept ? row : -1;
+    experts[threadIdx.x] = kept ? topk_ids[slot] : 0;
+    scales[threadIdx.x] = kept ? q.tensor_scales[topk_ids[slot]] : 0.0f;
+  }
+  __syncthreads();
+  uint32_t amax = 0u;
+  for (int64_t c = threadIdx.x; c < chunks; c += kCopyThreads) {
+    float v[8];
+    load_vector<8>(tokens, dtype, b * hidden + c * 8, v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t bits = numerics::amax_bits(v[i]);
+      amax = bits > amax ? bits : amax;
+    }
+    for (int i = 0; i < top_k; ++i) {
+      if (rows[i] < 0) continue;
+      reinterpret_cast<uint2*>(q.codes + rows[i] * hidden)[c] = encode_eight(v, scales[i], q.e5m2);
+    }
+  }
+  for (int width = 16; width >= 1; width /= 2) {
+    const uint32_t other = __shfl_xor_sync(0xFFFFFFFFu, amax, width);
+    amax = other > amax ? other : amax;
+  }
+  if (threadIdx.x % 32 == 0 && amax != 0u) atomicMax(&block_amax, amax);
+  __syncthreads();
+  if (threadIdx.x < top_k && rows[threadIdx.x] >= 0 && block_amax != 0u) {
+    atomicMax(reinterpret_cast<uint32_t*>(q.amax) + experts[threadIdx.x], block_amax);
+  }
+}
+
 // ---- unpermute -----------------------------------------------------------------------------
 
 // The token's slots: rows (checked: one outside [0, row_capacity) is skipped and reported) and
@@ -421,13 +487,20 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
   }
   const int64_t row_bytes = a.hidden * (sfmoe_dtype_bits(a.dtype) / 8);
   const int64_t blocks = a.num_tokens + (a.alignment > 1 ? a.num_experts * kPaddingSplit : 0);
+  if (a.quantized != nullptr && a.quantized->scaling == SFMOE_SCALING_TENSOR) {
+    // Every group's scale_inv and amax are outputs, also with no rows to move.
+    SFMOE_CUDA_RETURN_IF_ERROR(
+        context, prepare_tensor_quantization(fused_quantization_of(*a.quantized), stream));
+  }
   if (blocks == 0) return SFMOE_SUCCESS;
   if (a.quantized != nullptr) {
     const GroupedQuantizeArgs& q = *a.quantized;
-    const FusedQuantization fused{
-        static_cast<uint8_t*>(q.rowwise), q.rowwise_scale_inv, q.dtype == SFMOE_DTYPE_FP8_E5M2,
-        q.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED, q.config.power_of_two_scales != 0};
-    if (q.scaling == SFMOE_SCALING_MX_1X32) {
+    const FusedQuantization fused = fused_quantization_of(q);
+    if (q.scaling == SFMOE_SCALING_TENSOR) {
+      permute_quantize_tensor_kernel<<<static_cast<unsigned>(blocks), kCopyThreads, 0, stream>>>(
+          a.tokens, a.dtype, a.num_tokens, a.top_k, a.hidden, a.row_capacity, a.expert_offsets,
+          a.tokens_per_expert, a.row_map, a.topk_ids, fused);
+    } else if (q.scaling == SFMOE_SCALING_MX_1X32) {
       permute_quantize_kernel<32><<<static_cast<unsigned>(blocks), kCopyThreads, 0, stream>>>(
           a.tokens, a.dtype, a.num_tokens, a.top_k, a.hidden, a.row_capacity, a.expert_offsets,
           a.tokens_per_expert, a.row_map, fused);

@@ -634,7 +634,7 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
       for (int64_t g = tid; g < groups; g += kThreads) {
         const int64_t first_row = out_off != nullptr ? out_off[g] : g * a.uniform_rows;
         if constexpr (R::kTensor) {
-          const float inv = scale_inverse(fp8_scale_from_amax(a.amax[g], fp8_max, pow2));
+          const float inv = scale_inverse(tensor_scale_of_group(a.config, g, a.amax[g], fp8_max));
           if (a.rowwise_scale_inv) static_cast<float*>(a.rowwise_scale_inv)[g] = inv;
           if (a.columnwise_scale_inv) static_cast<float*>(a.columnwise_scale_inv)[g] = inv;
         }
@@ -673,7 +673,7 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
                                 : nullptr;
       row_group[tid] = static_cast<int32_t>(g);
       if constexpr (!kAmaxPass && R::kTensor)
-        row_scale[tid] = fp8_scale_from_amax(a.amax[g], fp8_max, pow2);
+        row_scale[tid] = tensor_scale_of_group(a.config, g, a.amax[g], fp8_max);
       if constexpr (!kAmaxPass && R::kNv) {
         const float s = nvfp4_global_encode_scale(a.amax[g]);
         const float sc = hadamard ? nvfp4_global_encode_scale(a.columnwise_amax[g]) : s;
