@@ -84,9 +84,7 @@ SFMOE_HD float sigmoid_f32(float x) {
   const float z = minus_x > kRange ? kRange : (minus_x < -kRange ? -kRange : minus_x);
   uint32_t n_bits;
   const float p = exp_reduced_f32(z, &n_bits);
-  // 2^n: (n + 127) << 23, which is n_bits << 23 plus a constant, modulo 2^32.
-  constexpr uint32_t kBias = (127u - 0x4B400000u) << 23;  // 0x4B400000: kRoundingShift
-  const float e = mul_rn(p, bits_to_f32((n_bits << 23) + kBias));
+  const float e = mul_rn(p, exp2_integer_f32(exp_reduced_exponent(n_bits)));  // n in [-126, 126]
   // A NaN x passes the clamp and every operation: s is the canonical NaN.
   const float s = rcp_rn_from_one(add_rn(1.0f, e));
   return x < -kRange ? 0.0f : s;

@@ -119,6 +119,19 @@ __device__ __forceinline__ StepInput<kVec> load_step(const WarpStep& s, int64_t 
   return in;
 }
 
+// The step's gate and up values as FP32 (up is 0 for the non-gated kinds).
+template <int kVec, bool kGated>
+__device__ __forceinline__ void decode_gate_up(const StepInput<kVec>& in, sfmoe_dtype dtype,
+                                               float (&gate)[kVec], float (&up)[kVec]) {
+  decode_raw_vector<kVec>(in.gate, dtype, gate);
+  if constexpr (kGated) {
+    decode_raw_vector<kVec>(in.up, dtype, up);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) up[i] = 0.0f;
+  }
+}
+
 // Kernels are compiled per kind (the rules' switch folds away) and per output form: kQuantBlock
 // 0 writes values, 1 (TENSOR with given scales: the row's group scale), 32 (MX_1X32) or 128
 // (BLOCK_1X128) quantizes them on the fly
@@ -163,13 +176,7 @@ __global__ void __launch_bounds__(kThreads, kQuantBlock <= kTensorQuantBlock ? 4
     float out[kVec];
     if (step.real && active) {
       float gate[kVec], up[kVec];
-      decode_raw_vector<kVec>(in.gate, a.input_dtype, gate);
-      if constexpr (gated) {
-        decode_raw_vector<kVec>(in.up, a.input_dtype, up);
-      } else {
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) up[i] = 0.0f;
-      }
+      decode_gate_up<kVec, gated>(in, a.input_dtype, gate, up);
 #pragma unroll
       for (int i = 0; i < kVec; ++i) out[i] = Rules::forward(a.config, gate[i], up[i]);
       if (want_amax) {
@@ -251,13 +258,7 @@ __global__ void __launch_bounds__(kThreads)  // (at 64 registers, SwiGLU's would
     float dg[kVec], du[kVec];
     if (step.real) {
       float gate[kVec], up[kVec], d[kVec];
-      decode_raw_vector<kVec>(in.gate, a.input_dtype, gate);
-      if constexpr (gated) {
-        decode_raw_vector<kVec>(in.up, a.input_dtype, up);
-      } else {
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) up[i] = 0.0f;
-      }
+      decode_gate_up<kVec, gated>(in, a.input_dtype, gate, up);
       decode_raw_vector<kVec>(in.d, a.d_output_dtype, d);
 #pragma unroll
       for (int i = 0; i < kVec; ++i) Rules::backward(a.config, gate[i], up[i], d[i], &dg[i], &du[i]);
