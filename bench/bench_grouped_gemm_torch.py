@@ -1,13 +1,16 @@
 """sfmoe's grouped GEMM against the peers of ../shared/GPU.md, timed in the same process on the GPU:
 the 12 forward cases (DeepSeek-V3 EP8, Qwen3-30B-A3B, Mixtral-8x7B; balanced and Zipf group sizes,
-each padded to 16 rows; fc1 and fc2) and the balanced wgrad cases, in TFLOP/s for sfmoe (BF16),
-`torch._grouped_mm` (BF16), `torch._scaled_grouped_mm` (FP8 rowwise) and a dense cuBLAS GEMM of
-the same FLOPs, with the ratios; plus the capacity case (the same rows in buffers with 2x spare
-capacity, where the work must follow the rows, not the buffer).
+each padded to 16 rows; fc1 and fc2) and the balanced wgrad cases, in TFLOP/s for sfmoe (BF16 and
+FP8 per-tensor E4M3 operands, quantized beforehand), `torch._grouped_mm` (BF16),
+`torch._scaled_grouped_mm` (FP8 rowwise) and a dense cuBLAS GEMM of the same FLOPs, with the
+ratios; wgrad with a BF16 result (as the peers write) and with an FP32 one, fresh or accumulated
+into a main-grad buffer; plus the capacity case (the same rows in buffers with 2x spare capacity,
+where the work must follow the rows, not the buffer).
 
 sfmoe is timed as REPEAT calls captured in one CUDA graph (device time, as in
 bench_moe_ops_torch.py); the peers eagerly, as ../shared/peers/peer_baseline.py measured them.
-Each forward case is also timed with every tile configuration forced (SFMOE_GEMM_TILE), to check
+Each forward case is also timed with every tile configuration forced (SFMOE_GEMM_TILE), BF16 and
+FP8, to check
 the heuristic's choice (src/cuda/gemm/gemm_heuristics.h). Writes JSON to
 $OUT/bench_grouped_gemm_torch.json when OUT is set.
 """
@@ -73,9 +76,10 @@ def main():
     dev = torch.device("cuda")
     torch.manual_seed(0)
     results = []
-    print(f"{'case':44s} {'sfmoe':>8s} {'grouped_mm':>11s} {'ratio':>6s} {'dense':>7s} {'ratio':>6s} "
-          f"{'fp8 rowwise':>11s}   (TFLOP/s)")
+    print(f"{'case':30s} {'sfmoe':>6s} {'grouped_mm':>10s} {'ratio':>6s} {'dense':>6s} {'ratio':>6s} "
+          f"{'sfmoe fp8':>9s} {'fp8 rowwise':>11s} {'ratio':>6s}   (TFLOP/s; tiles bf16 / fp8)")
     ratios_grouped = []
+    ratios_fp8 = []
     for name, (experts, rows, hidden, ffn) in SHAPES.items():
         for skew in ("balanced", "zipf"):
             sizes = group_sizes(experts, rows, skew)
@@ -90,11 +94,15 @@ def main():
                 y = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
                 flops = 2.0 * m * n * k
                 ours = graphed_ms(lambda: sfmoe.grouped_gemm("fprop", x, w, offsets, out=y))
-                per_tile = {}
+                qx = sfmoe.quantize(x, "fp8_tensor", group_offsets=offsets)
+                qw = sfmoe.quantize(w.reshape(experts * n, k), "fp8_tensor", uniform_group_rows=n)
+                ours8 = graphed_ms(lambda: sfmoe.grouped_gemm("fprop", qx, qw, out=y))
+                per_tile, per_tile8 = {}, {}
                 for tile in TILES:
                     os.environ["SFMOE_GEMM_TILE"] = tile
-                    per_tile[tile] = tflops(2.0 * m * n * k, graphed_ms(
+                    per_tile[tile] = tflops(flops, graphed_ms(
                         lambda: sfmoe.grouped_gemm("fprop", x, w, offsets, out=y)))
+                    per_tile8[tile] = tflops(flops, graphed_ms(lambda: sfmoe.grouped_gemm("fprop", qx, qw, out=y)))
                 del os.environ["SFMOE_GEMM_TILE"]
                 grouped = peer(lambda: torch._grouped_mm(x, w.transpose(1, 2), offs=ends32))
                 xd = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
@@ -107,24 +115,33 @@ def main():
                                                             out_dtype=torch.bfloat16))
                 row = dict(case=f"{name} {skew} {stage}", M=m, N=n, K=k, sfmoe=tflops(flops, ours),
                            grouped_mm=grouped and tflops(flops, grouped), dense=dense and tflops(flops, dense),
-                           scaled_grouped_mm=fp8 and tflops(flops, fp8), tiles=per_tile)
+                           sfmoe_fp8=tflops(flops, ours8), scaled_grouped_mm=fp8 and tflops(flops, fp8),
+                           tiles=per_tile, tiles_fp8=per_tile8)
                 results.append(row)
                 if grouped:
                     ratios_grouped.append(row["sfmoe"] / row["grouped_mm"])
-                fmt = lambda v: f"{v:8.0f}" if v else "       -"  # noqa: E731
-                print(f"{row['case']:44s} {row['sfmoe']:8.0f} {fmt(row['grouped_mm']):>11s} "
-                      f"{row['sfmoe'] / row['grouped_mm'] if row['grouped_mm'] else float('nan'):6.2f} "
-                      f"{fmt(row['dense']):>7s} {row['sfmoe'] / row['dense'] if row['dense'] else float('nan'):6.2f} "
-                      f"{fmt(row['scaled_grouped_mm']):>11s}   tiles "
-                      + " ".join(f"{t} {v:.0f}" for t, v in per_tile.items()))
-                del x, w, y, xd, wd, x8, w8
+                if fp8:
+                    ratios_fp8.append(row["sfmoe_fp8"] / row["scaled_grouped_mm"])
+                fmt = lambda v: f"{v:.0f}" if v else "-"  # noqa: E731
+                ratio = lambda a, b: f"{a / b:.2f}" if b else "-"  # noqa: E731
+                short = {"coop128": "c128", "coop256": "c256", "pingpong64": "p64"}
+                print(f"{row['case']:30s} {row['sfmoe']:6.0f} {fmt(row['grouped_mm']):>10s} "
+                      f"{ratio(row['sfmoe'], row['grouped_mm']):>6s} {fmt(row['dense']):>6s} "
+                      f"{ratio(row['sfmoe'], row['dense']):>6s} {row['sfmoe_fp8']:9.0f} "
+                      f"{fmt(row['scaled_grouped_mm']):>11s} {ratio(row['sfmoe_fp8'], row['scaled_grouped_mm']):>6s}   "
+                      + " ".join(f"{short[t]} {per_tile[t]:.0f}/{per_tile8[t]:.0f}" for t in TILES))
+                del x, w, y, xd, wd, x8, w8, qx, qw
                 torch.cuda.empty_cache()
     if ratios_grouped:
         geo = math.exp(sum(math.log(r) for r in ratios_grouped) / len(ratios_grouped))
         print(f"geometric mean sfmoe / torch._grouped_mm over {len(ratios_grouped)} cases: {geo:.2f}x")
+    if ratios_fp8:
+        geo = math.exp(sum(math.log(r) for r in ratios_fp8) / len(ratios_fp8))
+        print(f"geometric mean sfmoe fp8 tensor / torch._scaled_grouped_mm over {len(ratios_fp8)} cases: {geo:.2f}x")
 
     # wgrad, balanced: dW_e [N, K] = dY_e^T X_e.
-    print(f"\n{'wgrad case':44s} {'sfmoe':>8s} {'grouped_mm':>11s} {'dense':>7s}")
+    print(f"\n{'wgrad case (TFLOP/s)':30s} {'bf16 out':>8s} {'fp32 out':>8s} {'fp32 acc':>8s} "
+          f"{'grouped_mm':>10s} {'dense':>6s} {'bf16/dense':>10s}")
     for name, (experts, rows, hidden, ffn) in SHAPES.items():
         sizes = group_sizes(experts, rows, "balanced")
         m = int(sizes.sum())
@@ -135,16 +152,22 @@ def main():
         k, n = hidden, 2 * ffn
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
-        dw = torch.empty(experts, n, k, device=dev, dtype=torch.float32)
+        dw = torch.zeros(experts, n, k, device=dev, dtype=torch.float32)
+        dw16 = torch.empty(experts, n, k, device=dev, dtype=torch.bfloat16)
         flops = 2.0 * m * n * k
-        ours = graphed_ms(lambda: sfmoe.grouped_gemm("wgrad", dy, x, offsets, out=dw))
+        ours16 = graphed_ms(lambda: sfmoe.grouped_gemm("wgrad", dy, x, offsets, out=dw16))
+        ours32 = graphed_ms(lambda: sfmoe.grouped_gemm("wgrad", dy, x, offsets, out=dw))
+        ours_acc = graphed_ms(lambda: sfmoe.grouped_gemm("wgrad", dy, x, offsets, out=dw, accumulate=True))
         grouped = peer(lambda: torch._grouped_mm(dy.t(), x, offs=ends32))
         dense = peer(lambda: dy.t() @ x)
-        row = dict(case=f"wgrad {name} fc1", M=m, N=n, K=k, sfmoe=tflops(flops, ours),
+        row = dict(case=f"wgrad {name} fc1", M=m, N=n, K=k, sfmoe=tflops(flops, ours16),
+                   sfmoe_fp32=tflops(flops, ours32), sfmoe_fp32_accumulate=tflops(flops, ours_acc),
                    grouped_mm=grouped and tflops(flops, grouped), dense=dense and tflops(flops, dense))
         results.append(row)
-        print(f"{row['case']:44s} {row['sfmoe']:8.0f} {row['grouped_mm'] or 0:11.0f} {row['dense'] or 0:7.0f}")
-        del x, dy, dw
+        print(f"{row['case']:30s} {row['sfmoe']:8.0f} {row['sfmoe_fp32']:8.0f} {row['sfmoe_fp32_accumulate']:8.0f} "
+              f"{row['grouped_mm'] or 0:10.0f} {row['dense'] or 0:6.0f} "
+              f"{row['sfmoe'] / row['dense'] if row['dense'] else float('nan'):10.2f}")
+        del x, dy, dw, dw16
         torch.cuda.empty_cache()
 
     # Capacity: Qwen3 fc1 balanced rows in buffers of twice the rows.

@@ -10,7 +10,8 @@ _OPERAND_DTYPES = (DType.FP32, DType.BF16, DType.FP16)
 
 
 def _plain(adapter, array, dtype, *, rows, cols, groups, uniform_rows=0, offsets=None):
-    """The descriptor dict of unquantized rows: grouped by `offsets`, or uniform groups."""
+    """The descriptor dict of unquantized rows: grouped by `offsets` (a callable returning a fresh
+    binding of the offsets: a DLPack capsule can be consumed once only), or uniform groups."""
     return {
         "dtype": int(dtype),
         "scaling": 0,
@@ -19,7 +20,7 @@ def _plain(adapter, array, dtype, *, rows, cols, groups, uniform_rows=0, offsets
         "cols": cols,
         "row_alignment": 1,
         "uniform_group_rows": uniform_rows,
-        "group_offsets": offsets,
+        "group_offsets": None if offsets is None else offsets(),
         "rowwise_data": adapter.for_binding(array),
     }
 
@@ -65,7 +66,7 @@ def grouped_gemm(form, a, b, group_offsets=None, *, out=None, out_dtype=None, ac
     groups = 0
     if group_offsets is not None:
         off_adapter, off, _ = _arrays.checked_input(group_offsets, "group_offsets", (DType.INT64,), ndim=1)
-        offsets = off_adapter.for_binding(off)
+        offsets = lambda: off_adapter.for_binding(off)  # noqa: E731 (one binding per descriptor)
         groups = off_adapter.shape(off)[0] - 1
     a_desc, adapter, like, rows, a_cols, a_hadamard = _operand(a, "a", weights=False, groups=groups,
                                                                offsets=offsets)

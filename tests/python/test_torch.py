@@ -562,6 +562,55 @@ def test_cuda_grouped_gemm_bf16_matches_host_on_integers(out_dtype, rng):
         assert torch.equal(dev.cpu().float(), host.float()), form
 
 
+@requires_cuda
+def test_cuda_grouped_gemm_fp8_tensor_meets_the_bound(rng):
+    """FP8 per-tensor operands (per-group scales, E4M3 x E4M3 and E5M2 gradients) on the Hopper
+    kernels: each form against float64 products of the dequantized copies it reads, groups of 0,
+    1 and odd sizes (wgrad: groups starting on multiples of 16, as its TMA loads need)."""
+    def measure(got, want):
+        got, want = got.double(), want.double()
+        return float(1 - 2 * (got * want).sum() / (got * got + want * want).sum())
+
+    groups, n, k = 6, 48, 80
+    for offsets in (torch.tensor([0, 0, 1, 18, 51, 64, 200]), torch.tensor([0, 0, 16, 48, 48, 96, 208])):
+        rows = int(offsets[-1])
+        off = offsets.cuda()
+        x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16) * 3
+        w = torch.randn(groups * n, k, device="cuda", dtype=torch.bfloat16)
+        dy = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16) * 1e-3
+        x[0, 0] = 0.0
+        qx = sfmoe.quantize(x, "fp8_tensor", group_offsets=off, columnwise=True)
+        qw = sfmoe.quantize(w, "fp8_tensor", uniform_group_rows=n, columnwise=True)
+        qdy = sfmoe.quantize(dy, "fp8_tensor", group_offsets=off, columnwise=True, fmt="e5m2")
+        xr, xc = qx.dequantize(source="rowwise"), qx.dequantize(source="columnwise")
+        wr, wc = qw.dequantize(source="rowwise"), qw.dequantize(source="columnwise")
+        dyr, dyc = qdy.dequantize(source="rowwise"), qdy.dequantize(source="columnwise")
+        forms = [("fprop", qx, qw), ("dgrad", qdy, qw)]
+        if all(int(o) % 16 == 0 for o in offsets):
+            forms.append(("wgrad", qdy, qx))
+        for form, a, b in forms:
+            for out_dtype in ("float32", "bf16"):
+                got = sfmoe.grouped_gemm(form, a, b, out_dtype=out_dtype).float()
+                for g in range(groups):
+                    r = slice(int(offsets[g]), int(offsets[g + 1]))
+                    wg = slice(g * n, (g + 1) * n)
+                    if form == "fprop":
+                        want = xr[r].double() @ wr[wg].double().T
+                        have = got[r]
+                    elif form == "dgrad":
+                        want = dyr[r].double() @ wc[wg].double()
+                        have = got[r]
+                    else:
+                        want = dyc[r].double().T @ xc[r].double()
+                        have = got[g]
+                    if want.numel() and bool(want.abs().sum() > 0):
+                        bound = 1e-5 if out_dtype == "float32" else 1e-3
+                        assert measure(have, want) <= bound, (form, out_dtype, g)
+                    else:
+                        assert bool((have == 0).all()), (form, out_dtype, g)
+
+
+@requires_cuda
 def test_cuda_fused_tensor_quantization_with_given_scales_matches_host(rng):
     """fp8_tensor with given scales, fused into permute and into SwiGLU: CUDA bytes (codes,
     scale_inv, amax) equal the host's."""
