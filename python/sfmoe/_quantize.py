@@ -348,7 +348,8 @@ def quantize(
        :func:`min_row_alignment`, which is the default); groups are padded with zero rows.
     out_row_capacity: rows of the output; by default the bound the library requires:
        rows + num_groups * (row_alignment - 1) (uniform groups: rows), rounded up to the block
-       height when a columnwise copy or 2D blocks need it and to even for FP4.
+       height when a columnwise copy or 2D blocks need it, to row_alignment with a columnwise
+       copy (whose column starts the FP8 grouped GEMM reads aligned) and to even for FP4.
     power_of_two_scales, stochastic_rounding, seed, offset, hadamard, trap_nan_amax,
        tensor_scales: see :class:`QuantizeConfig`. status_word: an :class:`sfmoe.StatusWord` on x's device that
        records faults (bad offsets, NaN amax with trap_nan_amax), or None.
@@ -392,6 +393,8 @@ def quantize(
         capacity = rows if uniform_rows else rows + num_groups * (a - 1)
         if minimum > 1:  # row-running blocks need whole blocks of capacity
             capacity = _round_up(capacity, minimum)
+        if columnwise:  # the columnwise copy's leading dimension aligned like its groups (FP8 GEMM)
+            capacity = _round_up(capacity, a)
         if dtype == DType.FP4_E2M1:
             capacity = _round_up(capacity, 2)
     else:

@@ -83,34 +83,58 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
                            const sfmoe_grouped_tensor* out, GroupedGemmArgs args,
                            const sfmoe_tensor* workspace, sfmoe_status_word* word, void* stream) {
 #if defined(SFMOE_WITH_CUDA) && defined(SFMOE_WITH_CUTE)
-  // Operands: both BF16 rows, or both FP8 per-tensor (B E4M3; A E4M3, or E5M2 for gradients).
+  // Operands: both BF16 rows; both FP8 per-tensor (B E4M3; A E4M3, or E5M2 for gradients); or
+  // FP8 blockwise, the DeepSeek-V3 recipe (A 1x128, B = W 128x128, both E4M3; fprop and dgrad).
   const bool fp8 = a->scaling == SFMOE_SCALING_TENSOR && b->scaling == SFMOE_SCALING_TENSOR &&
                    (a->dtype == SFMOE_DTYPE_FP8_E4M3 || a->dtype == SFMOE_DTYPE_FP8_E5M2) &&
                    b->dtype == SFMOE_DTYPE_FP8_E4M3;
+  // (wgrad's b is X, rows like a: 1x128 as well.)
+  const bool blockwise =
+      a->scaling == SFMOE_SCALING_BLOCK_1X128 &&
+      b->scaling == (config->form == SFMOE_GEMM_WGRAD ? SFMOE_SCALING_BLOCK_1X128
+                                                      : SFMOE_SCALING_BLOCK_128X128) &&
+      a->dtype == SFMOE_DTYPE_FP8_E4M3 && b->dtype == SFMOE_DTYPE_FP8_E4M3;
   const bool bf16 = a->scaling == SFMOE_SCALING_NONE && b->scaling == SFMOE_SCALING_NONE &&
                     a->dtype == SFMOE_DTYPE_BF16 && b->dtype == SFMOE_DTYPE_BF16;
-  if (!fp8 && !bf16) {
+  if (!fp8 && !blockwise && !bf16) {
     return fail(SFMOE_ERROR_UNSUPPORTED,
-                "%s: the CUDA grouped GEMM takes BF16 x BF16 or FP8 per-tensor (E4M3 or E5M2 x "
-                "E4M3) operands for now; other recipes run on the host",
+                "%s: the CUDA grouped GEMM takes BF16 x BF16, FP8 per-tensor (E4M3 or E5M2 x "
+                "E4M3) or FP8 blockwise (E4M3 1x128 rows x E4M3 128x128 weights) operands for now; "
+                "other recipes run on the host",
+                context);
+  }
+  if (blockwise && config->form == SFMOE_GEMM_WGRAD) {
+    return fail(SFMOE_ERROR_UNSUPPORTED,
+                "%s: FP8 blockwise wgrad is not available on the device yet (it needs the "
+                "columnwise 1x128 scales laid out per group); fprop and dgrad are",
                 context);
   }
   if (out->dtype != SFMOE_DTYPE_BF16 && out->dtype != SFMOE_DTYPE_FP32) {
     return fail(SFMOE_ERROR_UNSUPPORTED, "%s: the CUDA grouped GEMM writes BF16 or FP32", context);
   }
-  // TMA: 16-byte rows and bases.
-  const int64_t multiple = fp8 ? 16 : 8;
+  // TMA: 16-byte rows and bases; blockwise: whole 128 x 128 weight blocks per group.
+  const int64_t multiple = blockwise ? 128 : (fp8 ? 16 : 8);
   if (args.n % multiple != 0 || args.k % multiple != 0 || args.n > INT32_MAX ||
       args.k > INT32_MAX || a->row_capacity > INT32_MAX) {
     return fail(SFMOE_ERROR_UNSUPPORTED,
-                "%s: the CUDA grouped GEMM needs n and k multiples of %lld (16-byte rows for TMA) "
-                "and sizes below 2^31 (n = %lld, k = %lld)",
-                context, static_cast<long long>(multiple), static_cast<long long>(args.n),
-                static_cast<long long>(args.k));
+                "%s: the CUDA grouped GEMM needs n and k multiples of %lld (%s) and sizes below "
+                "2^31 (n = %lld, k = %lld)",
+                context, static_cast<long long>(multiple),
+                blockwise ? "whole 128x128 weight blocks" : "16-byte rows for TMA",
+                static_cast<long long>(args.n), static_cast<long long>(args.k));
   }
   // The copy each form reads (FP8: K-major, docs/grouped_gemm.md).
-  const bool a_columnwise = fp8 && config->form == SFMOE_GEMM_WGRAD;
-  const bool b_columnwise = fp8 && config->form != SFMOE_GEMM_FPROP;
+  const bool quantized = fp8 || blockwise;
+  const bool a_columnwise = quantized && config->form == SFMOE_GEMM_WGRAD;
+  const bool b_columnwise = quantized && config->form != SFMOE_GEMM_FPROP;
+  if (blockwise) {
+    // Both read rowwise scales: a's, and W's (the same values as its columnwise ones).
+    if (a->rowwise_scale_inv == nullptr || b->rowwise_scale_inv == nullptr) {
+      return fail(SFMOE_ERROR_NULL_POINTER,
+                  "%s: FP8 blockwise operands need their rowwise scale_inv (W's in dgrad too)",
+                  context);
+    }
+  }
   if (fp8) {
     for (const sfmoe_grouped_tensor* t : {a, b}) {
       const bool columnwise = t == a ? a_columnwise : b_columnwise;
@@ -169,12 +193,15 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
     GemmDeviceOperand o{};
     o.data = columnwise ? t->columnwise_data : t->rowwise_data;
     o.dtype = t->dtype;
+    o.scaling = t->scaling;
     o.columnwise = columnwise;
     o.rows = t->row_capacity;
-    o.scale_inv = t->scaling == SFMOE_SCALING_TENSOR
-                      ? static_cast<const float*>(columnwise ? t->columnwise_scale_inv
-                                                             : t->rowwise_scale_inv)
-                      : nullptr;
+    if (t->scaling == SFMOE_SCALING_TENSOR) {
+      o.scale_inv = static_cast<const float*>(columnwise ? t->columnwise_scale_inv
+                                                         : t->rowwise_scale_inv);
+    } else if (t->scaling != SFMOE_SCALING_NONE) {  // blockwise: the rowwise scales
+      o.scale_inv = static_cast<const float*>(t->rowwise_scale_inv);
+    }
     return o;
   };
   d.a = operand(a, a_columnwise);

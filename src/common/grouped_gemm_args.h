@@ -32,9 +32,13 @@ struct GroupedGemmArgs {
 struct GemmDeviceOperand {
   const void* data;        // the copy read: rowwise [rows, cols], or columnwise [cols, rows]
   sfmoe_dtype dtype;       // BF16, FP8_E4M3 or FP8_E5M2
+  sfmoe_scaling scaling;   // NONE (BF16), TENSOR, BLOCK_1X128 or BLOCK_128X128
   bool columnwise;         // data is the columnwise copy
   int64_t rows;            // the tensor's row_capacity (the columnwise copy's leading dimension)
-  const float* scale_inv;  // FP8 per-tensor: [num_groups] (of the copy read); NULL for BF16
+  const float* scale_inv;  // TENSOR: [num_groups] of the copy read; BLOCK_1X128: the rowwise
+                           // scales [rows, cols / 128]; BLOCK_128X128: the rowwise scales
+                           // [rows / 128, cols / 128] (also when the columnwise data is read:
+                           // the two hold the same values); NULL for BF16
 };
 
 struct GroupedGemmDeviceArgs {

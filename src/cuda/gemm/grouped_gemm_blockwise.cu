@@ -1,0 +1,65 @@
+// Grouped GEMM with FP8 blockwise operands on Hopper (docs/grouped_gemm.md), the DeepSeek-V3
+// recipe: activations and gradients scaled per 1x128 block along K, weights per 128x128 block.
+// CUTLASS's ptr-array blockwise mainloop multiplies each 128-deep K block's partial sums by
+// scale_a[m, kb] * scale_b[n / 128, kb] and adds them into FP32 accumulators, so no scale is
+// folded into the operands and the epilogue only converts.
+//
+// Each form reads its scales where the quantizer wrote them (no copies, no relayout):
+//   fprop  A = X rowwise, scales [rows, k / 128] (K-major);
+//          B = W rowwise, scales [G n / 128, k / 128]: K-major, group g from block row g n / 128.
+//   dgrad  A = dY rowwise, scales [rows, n / 128] (K-major);
+//          B = W^T (the columnwise data), with W's rowwise scales: W_g^T's block (kb_n, kb_k)
+//          is W's (g n / 128 + kb_k, kb_n), i.e. the same matrix read N-major.
+// wgrad needs 1x128 scales down the rows of each group with one leading dimension per group,
+// which the compact columnwise layout ([cols, rows / 128] over all groups) does not give; it is
+// refused by the API until the quantizer writes that layout.
+#include "src/cuda/gemm/grouped_gemm_kernels.cuh"
+
+namespace sfmoe {
+namespace cuda {
+namespace {
+
+using namespace grouped_gemm_detail;
+
+// 1x128 scales for A (per row, per K block), 128x128 for B; A's read K-major, B's K-major
+// (fprop) or N-major (dgrad).
+using FpropScales = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128, cute::GMMA::Major::K,
+                                                              cute::GMMA::Major::K>;
+using DgradScales = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128, cute::GMMA::Major::K,
+                                                              cute::GMMA::Major::MN>;
+
+// E4M3 operands (the recipe's format for activations, gradients and weights alike), the
+// cooperative 128 x 128 x 128 tile (K 128: one scale block per mainloop step).
+template <class Out, class Scales>
+using BlockwiseKernel = GroupedKernel<E4M3, E4M3, RowMajor, ColumnMajor, Out,
+                                      GemmTile::kCooperative128x128, Scales>;
+
+template <class Out>
+sfmoe_status run_out(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
+  if (a.form == GroupedGemmForm::kFprop) {
+    return run_kernel<BlockwiseKernel<Out, FpropScales>>(a, stream);
+  }
+  if (a.form == GroupedGemmForm::kDgrad) {
+    return run_kernel<BlockwiseKernel<Out, DgradScales>>(a, stream);
+  }
+  return fail(SFMOE_ERROR_UNSUPPORTED,
+              "sfmoe_grouped_gemm: FP8 blockwise wgrad is not available on the device yet");
+}
+
+}  // namespace
+
+int64_t grouped_gemm_blockwise_workspace_bytes(int64_t num_groups) {
+  int64_t most = 0;
+  most_workspace<BlockwiseKernel<Bf16, FpropScales>>(num_groups, &most);
+  most_workspace<BlockwiseKernel<float, FpropScales>>(num_groups, &most);
+  most_workspace<BlockwiseKernel<Bf16, DgradScales>>(num_groups, &most);
+  most_workspace<BlockwiseKernel<float, DgradScales>>(num_groups, &most);
+  return most;
+}
+
+sfmoe_status grouped_gemm_blockwise(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
+  return a.out_dtype == SFMOE_DTYPE_FP32 ? run_out<float>(a, stream) : run_out<Bf16>(a, stream);
+}
+
+}  // namespace cuda
+}  // namespace sfmoe
