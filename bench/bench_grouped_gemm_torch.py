@@ -25,7 +25,6 @@ import sfmoe
 from torch_timing import median_ms
 
 REPEAT = 10
-TILES = ("coop128", "coop256", "pingpong64")
 
 SHAPES = {  # name: (local experts E, routed rows M, hidden, ffn)
     "DeepSeek-V3 EP8": (32, 4096 * 8, 7168, 2048),
@@ -73,14 +72,35 @@ def peer(fn):
         return None
 
 
+# The tiles each recipe compiles (src/cuda/gemm/gemm_heuristics.h), swept per case.
+RECIPE_TILES = {
+    "bf16": ("coop128", "coop256", "pingpong64"),
+    "fp8": ("coop128", "coop256", "pingpong64"),
+    "fp8 fast": ("coop128", "coop128c2", "coop256"),
+    "fp8 block": ("coop128", "coop128c2"),
+}
+SHORT = {"coop128": "c128", "coop128c2": "c128x2", "coop256": "c256", "pingpong64": "p64"}
+# Stock CUTLASS 4.2 grouped FP8 (fast accumulation), balanced cases: ../shared/GPU.md, another run.
+CUTLASS_FP8 = {("Qwen3-30B-A3B", "fc1"): 1179, ("Qwen3-30B-A3B", "fc2"): 886, ("DeepSeek-V3 EP8", "fc1"): 1428,
+               ("DeepSeek-V3 EP8", "fc2"): 1345, ("Mixtral-8x7B", "fc1"): 1441, ("Mixtral-8x7B", "fc2"): 1507}
+
+
+def forced(tile, fn):
+    os.environ["SFMOE_GEMM_TILE"] = tile
+    try:
+        return graphed_ms(fn)
+    finally:
+        del os.environ["SFMOE_GEMM_TILE"]
+
+
 def main():
     dev = torch.device("cuda")
     torch.manual_seed(0)
     results = []
-    print(f"{'case':30s} {'sfmoe':>6s} {'grouped_mm':>10s} {'ratio':>6s} {'dense':>6s} {'ratio':>6s} "
-          f"{'sfmoe fp8':>9s} {'fp8 rowwise':>11s} {'ratio':>6s} {'fp8 block':>9s}   (TFLOP/s; tiles bf16 / fp8)")
-    ratios_grouped = []
-    ratios_fp8 = []
+    print(f"{'case':30s} {'bf16':>5s} {'grouped_mm':>10s} {'ratio':>5s} {'dense':>5s} {'ratio':>5s} | "
+          f"{'fp8':>5s} {'fp8 fast':>8s} {'rowwise':>7s} {'ratio':>5s} {'cutlass*':>8s} | {'fp8 block':>9s}   (TFLOP/s)")
+    ratios = {"bf16 / grouped_mm": [], "fp8 / scaled_grouped_mm": [], "fp8 fast / scaled_grouped_mm": []}
+    sweeps = []
     for name, (experts, rows, hidden, ffn) in SHAPES.items():
         for skew in ("balanced", "zipf"):
             sizes = group_sizes(experts, rows, skew)
@@ -94,20 +114,19 @@ def main():
                 w = torch.randn(experts, n, k, device=dev, dtype=torch.bfloat16)
                 y = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
                 flops = 2.0 * m * n * k
-                ours = graphed_ms(lambda: sfmoe.grouped_gemm("fprop", x, w, offsets, out=y))
                 qx = sfmoe.quantize(x, "fp8_tensor", group_offsets=offsets)
                 qw = sfmoe.quantize(w.reshape(experts * n, k), "fp8_tensor", uniform_group_rows=n)
-                ours8 = graphed_ms(lambda: sfmoe.grouped_gemm("fprop", qx, qw, out=y))
                 qxb = sfmoe.quantize(x, "fp8_block_1x128", group_offsets=offsets)
                 qwb = sfmoe.quantize(w.reshape(experts * n, k), "fp8_block_128x128", uniform_group_rows=n)
-                ours_block = graphed_ms(lambda: sfmoe.grouped_gemm("fprop", qxb, qwb, out=y))
-                per_tile, per_tile8 = {}, {}
-                for tile in TILES:
-                    os.environ["SFMOE_GEMM_TILE"] = tile
-                    per_tile[tile] = tflops(flops, graphed_ms(
-                        lambda: sfmoe.grouped_gemm("fprop", x, w, offsets, out=y)))
-                    per_tile8[tile] = tflops(flops, graphed_ms(lambda: sfmoe.grouped_gemm("fprop", qx, qw, out=y)))
-                del os.environ["SFMOE_GEMM_TILE"]
+                calls = {
+                    "bf16": lambda: sfmoe.grouped_gemm("fprop", x, w, offsets, out=y),
+                    "fp8": lambda: sfmoe.grouped_gemm("fprop", qx, qw, out=y),
+                    "fp8 fast": lambda: sfmoe.grouped_gemm("fprop", qx, qw, out=y, fast_accumulation=True),
+                    "fp8 block": lambda: sfmoe.grouped_gemm("fprop", qxb, qwb, out=y),
+                }
+                ours = {recipe: tflops(flops, graphed_ms(fn)) for recipe, fn in calls.items()}
+                sweep = {recipe: {tile: tflops(flops, forced(tile, calls[recipe])) for tile in tiles}
+                         for recipe, tiles in RECIPE_TILES.items()}
                 grouped = peer(lambda: torch._grouped_mm(x, w.transpose(1, 2), offs=ends32))
                 xd = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
                 wd = torch.randn(k, n, device=dev, dtype=torch.bfloat16)
@@ -117,35 +136,38 @@ def main():
                 sb = torch.ones(experts, n, device=dev, dtype=torch.float32)
                 fp8 = peer(lambda: torch._scaled_grouped_mm(x8, w8.transpose(1, 2), sa, sb, offs=ends32,
                                                             out_dtype=torch.bfloat16))
-                row = dict(case=f"{name} {skew} {stage}", M=m, N=n, K=k, sfmoe=tflops(flops, ours),
+                row = dict(case=f"{name} {skew} {stage}", M=m, N=n, K=k, sfmoe=ours["bf16"],
                            grouped_mm=grouped and tflops(flops, grouped), dense=dense and tflops(flops, dense),
-                           sfmoe_fp8=tflops(flops, ours8), scaled_grouped_mm=fp8 and tflops(flops, fp8),
-                           sfmoe_fp8_blockwise=tflops(flops, ours_block),
-                           tiles=per_tile, tiles_fp8=per_tile8)
+                           sfmoe_fp8=ours["fp8"], sfmoe_fp8_fast=ours["fp8 fast"],
+                           scaled_grouped_mm=fp8 and tflops(flops, fp8), sfmoe_fp8_blockwise=ours["fp8 block"],
+                           tiles=sweep)
                 results.append(row)
                 if grouped:
-                    ratios_grouped.append(row["sfmoe"] / row["grouped_mm"])
+                    ratios["bf16 / grouped_mm"].append(row["sfmoe"] / row["grouped_mm"])
                 if fp8:
-                    ratios_fp8.append(row["sfmoe_fp8"] / row["scaled_grouped_mm"])
+                    ratios["fp8 / scaled_grouped_mm"].append(row["sfmoe_fp8"] / row["scaled_grouped_mm"])
+                    ratios["fp8 fast / scaled_grouped_mm"].append(row["sfmoe_fp8_fast"] / row["scaled_grouped_mm"])
                 fmt = lambda v: f"{v:.0f}" if v else "-"  # noqa: E731
                 ratio = lambda a, b: f"{a / b:.2f}" if b else "-"  # noqa: E731
-                short = {"coop128": "c128", "coop256": "c256", "pingpong64": "p64"}
-                print(f"{row['case']:30s} {row['sfmoe']:6.0f} {fmt(row['grouped_mm']):>10s} "
-                      f"{ratio(row['sfmoe'], row['grouped_mm']):>6s} {fmt(row['dense']):>6s} "
-                      f"{ratio(row['sfmoe'], row['dense']):>6s} {row['sfmoe_fp8']:9.0f} "
-                      f"{fmt(row['scaled_grouped_mm']):>11s} {ratio(row['sfmoe_fp8'], row['scaled_grouped_mm']):>6s} "
-                      f"{row['sfmoe_fp8_blockwise']:9.0f}   "
-                      + " ".join(f"{short[t]} {per_tile[t]:.0f}/{per_tile8[t]:.0f}" for t in TILES))
+                cutlass = CUTLASS_FP8.get((name, stage)) if skew == "balanced" else None
+                print(f"{row['case']:30s} {row['sfmoe']:5.0f} {fmt(row['grouped_mm']):>10s} "
+                      f"{ratio(row['sfmoe'], row['grouped_mm']):>5s} {fmt(row['dense']):>5s} "
+                      f"{ratio(row['sfmoe'], row['dense']):>5s} | {row['sfmoe_fp8']:5.0f} {row['sfmoe_fp8_fast']:8.0f} "
+                      f"{fmt(row['scaled_grouped_mm']):>7s} {ratio(row['sfmoe_fp8_fast'], row['scaled_grouped_mm']):>5s} "
+                      f"{fmt(cutlass):>8s} | {row['sfmoe_fp8_blockwise']:9.0f}")
+                sweeps.append((row["case"], sweep))
                 del x, w, y, xd, wd, x8, w8, qx, qw, qxb, qwb
                 torch.cuda.empty_cache()
-    if ratios_grouped:
-        geo = math.exp(sum(math.log(r) for r in ratios_grouped) / len(ratios_grouped))
-        print(f"geometric mean sfmoe / torch._grouped_mm over {len(ratios_grouped)} cases: {geo:.2f}x")
-    if ratios_fp8:
-        geo = math.exp(sum(math.log(r) for r in ratios_fp8) / len(ratios_fp8))
-        print(f"geometric mean sfmoe fp8 tensor / torch._scaled_grouped_mm over {len(ratios_fp8)} cases: {geo:.2f}x")
-    print("fp8 block targets (not run here): DeepGEMM publishes 1214-1346 TFLOP/s at the DeepSeek-V3 shapes "
-          "(H800); the issue asks >= 900 on Qwen3")
+    for what, values in ratios.items():
+        if values:
+            geo = math.exp(sum(math.log(r) for r in values) / len(values))
+            print(f"geometric mean {what} over {len(values)} cases: {geo:.2f}x")
+    print("* stock CUTLASS 4.2 FP8 grouped GEMM, fast accumulation, balanced (GPU notes, another run). "
+          "fp8 block targets: DeepGEMM publishes 1214-1346 at the DeepSeek-V3 shapes (H800); >= 900 on Qwen3")
+    print("\ntile sweep (TFLOP/s; the heuristic's choice is the recipe's column above)")
+    for case, sweep in sweeps:
+        print(f"{case:30s} " + " | ".join(
+            f"{recipe} " + " ".join(f"{SHORT[t]} {v:.0f}" for t, v in tiles.items()) for recipe, tiles in sweep.items()))
 
     # wgrad, balanced: dW_e [N, K] = dY_e^T X_e.
     print(f"\n{'wgrad case (TFLOP/s)':30s} {'bf16 out':>8s} {'fp32 out':>8s} {'fp32 acc':>8s} "
@@ -168,13 +190,16 @@ def main():
         ours_acc = graphed_ms(lambda: sfmoe.grouped_gemm("wgrad", dy, x, offsets, out=dw, accumulate=True))
         grouped = peer(lambda: torch._grouped_mm(dy.t(), x, offs=ends32))
         dense = peer(lambda: dy.t() @ x)
-        row = dict(case=f"wgrad {name} fc1", M=m, N=n, K=k, sfmoe=tflops(flops, ours16),
+        wgrad_sweep = {tile: tflops(flops, forced(tile, lambda: sfmoe.grouped_gemm("wgrad", dy, x, offsets, out=dw16)))
+                       for tile in RECIPE_TILES["bf16"]}
+        row = dict(case=f"wgrad {name} fc1", M=m, N=n, K=k, sfmoe=tflops(flops, ours16), tiles=wgrad_sweep,
                    sfmoe_fp32=tflops(flops, ours32), sfmoe_fp32_accumulate=tflops(flops, ours_acc),
                    grouped_mm=grouped and tflops(flops, grouped), dense=dense and tflops(flops, dense))
         results.append(row)
         print(f"{row['case']:30s} {row['sfmoe']:8.0f} {row['sfmoe_fp32']:8.0f} {row['sfmoe_fp32_accumulate']:8.0f} "
               f"{row['grouped_mm'] or 0:10.0f} {row['dense'] or 0:6.0f} "
-              f"{row['sfmoe'] / row['dense'] if row['dense'] else float('nan'):10.2f}")
+              f"{row['sfmoe'] / row['dense'] if row['dense'] else float('nan'):10.2f}   tiles (bf16 out) "
+              + " ".join(f"{SHORT[t]} {v:.0f}" for t, v in wgrad_sweep.items()))
         del x, dy, dw, dw16
         torch.cuda.empty_cache()
 

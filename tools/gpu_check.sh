@@ -107,4 +107,4 @@ tail -8 "$OUT/bench_memory.log"
 [ -f "$OUT/bench_quantize_torch.log" ] && { echo; tail -15 "$OUT/bench_quantize_torch.log"; }
 [ -f "$OUT/bench_quantize.log" ] && { echo; tail -14 "$OUT/bench_quantize.log"; }
 [ -f "$OUT/bench_moe_ops_torch.log" ] && { echo; tail -14 "$OUT/bench_moe_ops_torch.log"; }
-[ -f "$OUT/bench_grouped_gemm_torch.log" ] && { echo; tail -22 "$OUT/bench_grouped_gemm_torch.log"; }
+[ -f "$OUT/bench_grouped_gemm_torch.log" ] && { echo; cat "$OUT/bench_grouped_gemm_torch.log"; }

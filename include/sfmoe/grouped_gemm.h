@@ -12,13 +12,15 @@
  *
  * Backends: the CPU reference runs on host memory (quantized operands are dequantized from those
  * copies, then multiplied in FP32). On CUDA memory (builds with CUTLASS, Hopper): BF16 x BF16
- * operands (scaling NONE; n and k multiples of 8) or FP8 per-tensor ones (E4M3 or E5M2 x E4M3;
- * n and k multiples of 16; FP8 wgrad needs row_alignment >= 16), out BF16 or FP32, 16-byte
- * aligned data; the group sizes stay on the device (a's offsets; in wgrad they are taken for b's
- * as well) and the kernels' work follows them. Offsets outside [0, row_capacity] or decreasing
- * (or, in FP8 wgrad, not multiples of 16) are clamped or skipped and raise
- * SFMOE_FAULT_BAD_GROUP_OFFSETS / SFMOE_FAULT_GROUP_OVER_CAPACITY in `word`. Other recipes and
- * FP16 are SFMOE_ERROR_UNSUPPORTED on the device for now.
+ * operands (scaling NONE; n and k multiples of 8); FP8 per-tensor ones (E4M3 or E5M2 x E4M3; n
+ * and k multiples of 16; FP8 wgrad needs row_alignment >= 16); or FP8 blockwise ones, fprop and
+ * dgrad only (a E4M3 BLOCK_1X128, b = W E4M3 BLOCK_128X128 with its rowwise scales; n and k
+ * multiples of 128). Out BF16 or FP32, 16-byte aligned data; the group sizes stay on the device
+ * (a's offsets; in wgrad they are taken for b's as well) and the kernels' work follows them.
+ * Offsets outside [0, row_capacity] or decreasing (or, in FP8 wgrad, not multiples of 16) are
+ * clamped or skipped and raise SFMOE_FAULT_BAD_GROUP_OFFSETS / SFMOE_FAULT_GROUP_OVER_CAPACITY in
+ * `word`. Other recipes, blockwise wgrad and FP16 are SFMOE_ERROR_UNSUPPORTED on the device for
+ * now.
  */
 #ifndef SFMOE_GROUPED_GEMM_H_
 #define SFMOE_GROUPED_GEMM_H_
@@ -41,6 +43,10 @@ typedef struct sfmoe_grouped_gemm_config {
   int32_t accumulate; /* wgrad only: dW += (dW must be FP32); an empty group leaves it alone */
   int32_t hadamard_columnwise; /* the NV_1X16 operands' columnwise copies carry the Hadamard
                                   transform (sfmoe_quantize_config.hadamard_columnwise) */
+  int32_t fp8_fast_accumulation; /* FP8 per-tensor on the device: the tensor cores accumulate
+                                    over all of K on their own (faster; sums less precise than
+                                    with the default periodic promotion into FP32). Ignored
+                                    elsewhere: the host reference always sums in FP32 */
 } sfmoe_grouped_gemm_config;
 
 SFMOE_API sfmoe_grouped_gemm_config sfmoe_grouped_gemm_config_init(void);

@@ -44,7 +44,8 @@ def _operand(x, what, *, weights, groups, offsets):
     return d, adapter, array, shape[0], shape[1], False
 
 
-def grouped_gemm(form, a, b, group_offsets=None, *, out=None, out_dtype=None, accumulate=False):
+def grouped_gemm(form, a, b, group_offsets=None, *, out=None, out_dtype=None, accumulate=False,
+                 fast_accumulation=False):
     """One grouped GEMM (docs/grouped_gemm.md); group g owns rows [offsets[g], offsets[g + 1]).
 
     form "fprop": a = X [R, K], b = W [G, N, K] -> Y [R, N];
@@ -56,6 +57,9 @@ def grouped_gemm(form, a, b, group_offsets=None, *, out=None, out_dtype=None, ac
     columnwise; wgrad both columnwise), which must be present. group_offsets: int64 [G + 1] for
     unquantized rows; by default the quantized row operand's own offsets.
     Rows beyond offsets[G] of a row-shaped result are not written. out_dtype defaults to float32.
+    fast_accumulation: FP8 per-tensor operands on CUDA are summed by the tensor cores over all of K
+    (faster, less precise; the default promotes partial sums into FP32 periodically). The host
+    reference ignores it.
     """
     if form not in _FORMS:
         raise ValueError(f"form: expected 'fprop', 'dgrad' or 'wgrad', got {form!r}")
@@ -94,5 +98,6 @@ def grouped_gemm(form, a, b, group_offsets=None, *, out=None, out_dtype=None, ac
     elements = _C.grouped_gemm_workspace_elements(groups)
     workspace = adapter.empty((elements,), DType.INT64, like) if elements > 0 else None
     _C.grouped_gemm(_FORMS[form], a_desc, b_desc, out_desc, bool(accumulate), a_hadamard or b_hadamard,
-                    None if workspace is None else adapter.for_binding(workspace), adapter.stream(like))
+                    None if workspace is None else adapter.for_binding(workspace), adapter.stream(like),
+                    bool(fast_accumulation))
     return out

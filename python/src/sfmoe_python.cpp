@@ -1266,7 +1266,7 @@ void grouped_activation_backward(nb::ndarray<nb::ro> input, int32_t input_dtype,
 // The operands and the output as dicts of sfmoe_grouped_tensor fields (see grouped_quantize): the
 // Python layer describes plain arrays and quantized tensors alike.
 void grouped_gemm(int32_t form, nb::dict a, nb::dict b, nb::dict out, bool accumulate,
-                  bool hadamard, nb::object workspace, uint64_t stream) {
+                  bool hadamard, nb::object workspace, uint64_t stream, bool fast_accumulation) {
   const char* function = "grouped_gemm";
   std::vector<nb::ndarray<nb::ro>> keep_inputs;
   std::vector<nb::ndarray<>> keep_output;
@@ -1287,6 +1287,7 @@ void grouped_gemm(int32_t form, nb::dict a, nb::dict b, nb::dict out, bool accum
   config.form = to_enum<sfmoe_gemm_form>(form);
   config.accumulate = accumulate ? 1 : 0;
   config.hadamard_columnwise = hadamard ? 1 : 0;
+  config.fp8_fast_accumulation = fast_accumulation ? 1 : 0;
   sfmoe_status status;
   {
     nb::gil_scoped_release release;
@@ -1428,6 +1429,7 @@ NB_MODULE(_C, m) {
         "sfmoe_grouped_activation_backward.");
   m.def("grouped_gemm", &grouped_gemm, "form"_a, "a"_a, "b"_a, "out"_a, "accumulate"_a = false,
         "hadamard"_a = false, "workspace"_a = nb::none(), "stream"_a = 0,
+        "fast_accumulation"_a = false,
         "sfmoe_grouped_gemm; a, b and out are dicts of sfmoe_grouped_tensor fields as for\n"
         "grouped_quantize; workspace: INT64 [grouped_gemm_workspace_elements(G)] (device only).");
   m.def("grouped_amax", &grouped_amax, "input"_a, "amax"_a.noconvert(),

@@ -209,6 +209,7 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
   d.out = out->rowwise_data;
   d.out_dtype = out->dtype;
   d.accumulate = args.accumulate;
+  d.fast_accumulation = fp8 && config->fp8_fast_accumulation != 0;
   d.workspace = workspace->data;
   d.workspace_bytes = elements * 8;
   d.word = word != nullptr ? word->word : nullptr;

@@ -504,7 +504,7 @@ TEST(CudaGroupedGemm, Fp8PerTensorOperandsEqualTheCpuReferenceOnIntegers) {
 void run_fp8_both(sfmoe_gemm_form form, const Fp8Operand& qa, const Fp8Operand& qb,
                   sfmoe_dtype out_dtype, int64_t out_rows, int64_t out_cols, int64_t n,
                   const std::vector<int64_t>& offsets, std::vector<unsigned char>* host,
-                  std::vector<unsigned char>* device) {
+                  std::vector<unsigned char>* device, bool fast_accumulation = false) {
   const bool wgrad = form == SFMOE_GEMM_WGRAD;
   const size_t bytes =
       static_cast<size_t>(out_rows * out_cols) * (out_dtype == SFMOE_DTYPE_FP32 ? 4 : 2);
@@ -515,6 +515,7 @@ void run_fp8_both(sfmoe_gemm_form form, const Fp8Operand& qa, const Fp8Operand& 
   if (wgrad) out.uniform_group_rows = n;
   sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
   config.form = form;
+  config.fp8_fast_accumulation = fast_accumulation ? 1 : 0;  // (the host ignores it)
   ASSERT_EQ(sfmoe_grouped_gemm(&qa.host, &qb.host, &config, &out, nullptr, nullptr, nullptr),
             SFMOE_SUCCESS)
       << sfmoe_last_error();
@@ -638,6 +639,63 @@ TEST(CudaGroupedGemm, Fp8BlockwiseOperandsMatchTheCpuReference) {
   config.form = SFMOE_GEMM_WGRAD;
   EXPECT_EQ(sfmoe_grouped_gemm(&dx.t, &dx.t, &config, &out, &workspace, nullptr, nullptr),
             SFMOE_ERROR_UNSUPPORTED);
+}
+
+TEST(CudaGroupedGemm, Fp8FastAccumulationMeetsTheBound) {
+  SFMOE_SKIP_WITHOUT_GPU();
+  // FP8 per-tensor with the tensor cores' own accumulation over all of K, on each tile it
+  // compiles: random operands, K long enough (1024) for the accumulation to matter, against the
+  // host's FP32 sums of the dequantized operands within the FP8 bound 1e-3; fprop, dgrad (E5M2
+  // gradients) and wgrad, groups of 0, 16 and 16-multiples.
+  std::mt19937_64 rng(session_test_seed() + 77);
+  const std::vector<int64_t> sizes = {0, 16, 48, 112, 32, 16};
+  std::vector<int64_t> offsets(1, 0);
+  for (int64_t s : sizes) offsets.push_back(offsets.back() + s);
+  const int64_t rows = offsets.back();
+  constexpr int64_t n = 272, k = 1024;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto fill = [&](int64_t count) {
+    std::vector<uint16_t> v(static_cast<size_t>(count));
+    for (auto& e : v) e = numerics::f32_to_bf16(normal(rng));
+    return v;
+  };
+  const std::vector<uint16_t> x = fill(rows * k), w = fill(kGroups * n * k), dy = fill(rows * n);
+  Fp8Operand qx, qw, qdy;
+  quantize_fp8(x, SFMOE_DTYPE_FP8_E4M3, rows, k, &offsets, 0, &qx, SFMOE_SCALING_TENSOR, false);
+  quantize_fp8(w, SFMOE_DTYPE_FP8_E4M3, kGroups * n, k, nullptr, n, &qw, SFMOE_SCALING_TENSOR,
+               false);
+  quantize_fp8(dy, SFMOE_DTYPE_FP8_E5M2, rows, n, &offsets, 0, &qdy, SFMOE_SCALING_TENSOR, false);
+  if (HasFatalFailure()) return;
+  for (const char* tile : {"coop128", "coop128c2", "coop256"}) {
+    const ForcedTile forced(tile);
+    for (sfmoe_gemm_form form : {SFMOE_GEMM_FPROP, SFMOE_GEMM_DGRAD, SFMOE_GEMM_WGRAD}) {
+      const bool wgrad = form == SFMOE_GEMM_WGRAD;
+      const Fp8Operand& qa = form == SFMOE_GEMM_FPROP ? qx : qdy;
+      const Fp8Operand& qb = wgrad ? qx : qw;
+      const int64_t out_rows = wgrad ? kGroups * n : rows;
+      const int64_t out_cols = form == SFMOE_GEMM_FPROP ? n : k;
+      std::vector<unsigned char> host, device;
+      run_fp8_both(form, qa, qb, SFMOE_DTYPE_FP32, out_rows, out_cols, n, offsets, &host, &device,
+                   /*fast_accumulation=*/true);
+      if (HasFatalFailure()) return;
+      double xy = 0, xx = 0;
+      int64_t non_finite = 0;
+      for (int64_t i = 0; i < out_rows * out_cols; ++i) {
+        const double h = out_value(host, SFMOE_DTYPE_FP32, i);
+        const double d = out_value(device, SFMOE_DTYPE_FP32, i);
+        non_finite += !std::isfinite(d);
+        xy += h * d;
+        xx += h * h + d * d;
+      }
+      const double measure = 1.0 - 2.0 * xy / xx;
+      EXPECT_EQ(non_finite, 0) << tile << " " << form_name(form);
+      EXPECT_LE(measure, 1e-3) << tile << " " << form_name(form);
+      std::printf("[ gemm ] fp8 fast accumulation %s %s, k %lld: 1 - 2 sum(xy) / sum(x^2 + y^2) "
+                  "= %.3g\n",
+                  tile, form_name(form), static_cast<long long>(form == SFMOE_GEMM_DGRAD ? n : k),
+                  measure);
+    }
+  }
 }
 
 }  // namespace

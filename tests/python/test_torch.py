@@ -2,6 +2,8 @@
 inputs (cast, FP8 per-tensor and grouped quantization), work enqueued on torch's current stream,
 CUDA graph capture, torch.float8 tensors in and out."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -565,7 +567,7 @@ def test_cuda_grouped_gemm_bf16_matches_host_on_integers(out_dtype, rng):
 @requires_cuda
 def test_cuda_grouped_gemm_fp8_tensor_meets_the_bound(rng):
     """FP8 per-tensor operands (per-group scales, E4M3 x E4M3 and E5M2 gradients) on the Hopper
-    kernels: each form against float64 products of the dequantized copies it reads, groups of 0,
+    kernels, with the accurate and the fast accumulation: each form against float64 products of the dequantized copies it reads, groups of 0,
     1 and odd sizes (wgrad: groups starting on multiples of 16, as its TMA loads need)."""
     def measure(got, want):
         got, want = got.double(), want.double()
@@ -587,26 +589,25 @@ def test_cuda_grouped_gemm_fp8_tensor_meets_the_bound(rng):
         wr, wc = qw.dequantize(source="rowwise"), qw.dequantize(source="columnwise")
         dyr, dyc = qdy.dequantize(source="rowwise"), qdy.dequantize(source="columnwise")
         forms = [("fprop", qx, qw), ("dgrad", qdy, qw)] + ([("wgrad", qdy, qx)] if aligned else [])
-        for form, a, b in forms:
-            for out_dtype in ("float32", "bf16"):
-                got = sfmoe.grouped_gemm(form, a, b, out_dtype=out_dtype).float()
-                for g in range(groups):
-                    r = slice(int(offsets[g]), int(offsets[g + 1]))
-                    wg = slice(g * n, (g + 1) * n)
-                    if form == "fprop":
-                        want = xr[r].double() @ wr[wg].double().T
-                        have = got[r]
-                    elif form == "dgrad":
-                        want = dyr[r].double() @ wc[wg].double()
-                        have = got[r]
-                    else:
-                        want = dyc[r].double().T @ xc[r].double()
-                        have = got[g]
-                    if want.numel() and bool(want.abs().sum() > 0):
-                        bound = 1e-5 if out_dtype == "float32" else 1e-3
-                        assert measure(have, want) <= bound, (form, out_dtype, g)
-                    else:
-                        assert bool((have == 0).all()), (form, out_dtype, g)
+        for (form, a, b), fast, out_dtype in itertools.product(forms, (False, True), ("float32", "bf16")):
+            got = sfmoe.grouped_gemm(form, a, b, out_dtype=out_dtype, fast_accumulation=fast).float()
+            for g in range(groups):
+                r = slice(int(offsets[g]), int(offsets[g + 1]))
+                wg = slice(g * n, (g + 1) * n)
+                if form == "fprop":
+                    want = xr[r].double() @ wr[wg].double().T
+                    have = got[r]
+                elif form == "dgrad":
+                    want = dyr[r].double() @ wc[wg].double()
+                    have = got[r]
+                else:
+                    want = dyc[r].double().T @ xc[r].double()
+                    have = got[g]
+                if want.numel() and bool(want.abs().sum() > 0):
+                    bound = 1e-5 if out_dtype == "float32" and not fast else 1e-3
+                    assert measure(have, want) <= bound, (form, out_dtype, fast, g)
+                else:
+                    assert bool((have == 0).all()), (form, out_dtype, fast, g)
 
 
 @requires_cuda

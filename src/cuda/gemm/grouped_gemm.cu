@@ -1,6 +1,7 @@
-// Grouped GEMM on Hopper (docs/grouped_gemm.md): the BF16 and FP8 per-tensor kernels, the
-// dispatch by recipe, output dtype and tile, and the workspace size. The machinery they share
-// with the blockwise kernels (grouped_gemm_blockwise.cu) is in grouped_gemm_kernels.cuh.
+// Grouped GEMM on Hopper (docs/grouped_gemm.md): the BF16 kernels, the dispatch by recipe, output
+// dtype and tile (gemm_heuristics.h), and the workspace size. The FP8 recipes compile in their own
+// translation units (grouped_gemm_fp8_tensor.cu, grouped_gemm_blockwise.cu); the machinery all
+// share is in grouped_gemm_kernels.cuh.
 #include "src/cuda/gemm/grouped_gemm_kernels.cuh"
 
 namespace sfmoe {
@@ -9,20 +10,16 @@ namespace {
 
 using namespace grouped_gemm_detail;
 
+// BF16 operands are read as the rows lie (16-bit GMMA takes M/N-major operands too).
 template <class Out, GemmTile T>
 using Bf16Fprop = GroupedKernel<Bf16, Bf16, RowMajor, ColumnMajor, Out, T>;
 template <class Out, GemmTile T>
 using Bf16Dgrad = GroupedKernel<Bf16, Bf16, RowMajor, RowMajor, Out, T>;
 template <class Out, GemmTile T>
 using Bf16Wgrad = GroupedKernel<Bf16, Bf16, ColumnMajor, RowMajor, Out, T>;
-// FP8: every form reads K-major copies; A is E4M3 (activations) or E5M2 (gradients), B E4M3.
-template <class ElementA, class Out, GemmTile T>
-using Fp8Kernel = GroupedKernel<ElementA, E4M3, RowMajor, ColumnMajor, Out, T>;
 
 template <class Out, GemmTile T>
-sfmoe_status run_tile(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
-  if (a.a.dtype == SFMOE_DTYPE_FP8_E4M3) return run_kernel<Fp8Kernel<E4M3, Out, T>>(a, stream);
-  if (a.a.dtype == SFMOE_DTYPE_FP8_E5M2) return run_kernel<Fp8Kernel<E5M2, Out, T>>(a, stream);
+sfmoe_status run_bf16_tile(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
   switch (a.form) {
     case GroupedGemmForm::kFprop:
       return run_kernel<Bf16Fprop<Out, T>>(a, stream);
@@ -34,59 +31,75 @@ sfmoe_status run_tile(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
   return SFMOE_ERROR_INTERNAL;
 }
 
-// The tile from the bounds the host knows: the GEMM's M per group (rows over groups in fprop and
-// dgrad; n in wgrad) and N.
+// The compiled BF16 tiles: 128x256 (default), 128x128, 64x128.
 template <class Out>
-sfmoe_status run_out(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
-  const bool wgrad = a.form == GroupedGemmForm::kWgrad;
-  const int64_t rows_per_group = a.row_capacity / (a.num_groups > 0 ? a.num_groups : 1);
-  const int64_t m_per_group = wgrad ? a.n : rows_per_group;
-  const int64_t gemm_n = a.form == GroupedGemmForm::kFprop ? a.n : a.k;
-  const int64_t gemm_k = a.form == GroupedGemmForm::kDgrad ? a.n : (wgrad ? rows_per_group : a.k);
-  const bool fp8 = a.a.dtype == SFMOE_DTYPE_FP8_E4M3 || a.a.dtype == SFMOE_DTYPE_FP8_E5M2;
-  switch (choose_gemm_tile(fp8, m_per_group, gemm_n, gemm_k)) {
+sfmoe_status run_bf16(const GroupedGemmDeviceArgs& a, GemmTile tile, cudaStream_t stream) {
+  switch (tile) {
     case GemmTile::kCooperative128x128:
-      return run_tile<Out, GemmTile::kCooperative128x128>(a, stream);
-    case GemmTile::kCooperative128x256:
-      return run_tile<Out, GemmTile::kCooperative128x256>(a, stream);
+      return run_bf16_tile<Out, GemmTile::kCooperative128x128>(a, stream);
     case GemmTile::kPingpong64x128:
-      return run_tile<Out, GemmTile::kPingpong64x128>(a, stream);
+      return run_bf16_tile<Out, GemmTile::kPingpong64x128>(a, stream);
+    default:
+      return run_bf16_tile<Out, GemmTile::kCooperative128x256>(a, stream);
   }
-  return SFMOE_ERROR_INTERNAL;
 }
 
-}  // namespace
-
-bool grouped_gemm_available() { return true; }
-
 template <GemmTile T>
-void most_workspace_of_tile(int64_t groups, int64_t* most) {
+void most_bf16_workspace(int64_t groups, int64_t* most) {
   most_workspace<Bf16Fprop<Bf16, T>>(groups, most);
   most_workspace<Bf16Dgrad<Bf16, T>>(groups, most);
   most_workspace<Bf16Wgrad<Bf16, T>>(groups, most);
   most_workspace<Bf16Fprop<float, T>>(groups, most);
   most_workspace<Bf16Dgrad<float, T>>(groups, most);
   most_workspace<Bf16Wgrad<float, T>>(groups, most);
-  most_workspace<Fp8Kernel<E4M3, Bf16, T>>(groups, most);
-  most_workspace<Fp8Kernel<E5M2, Bf16, T>>(groups, most);
-  most_workspace<Fp8Kernel<E4M3, float, T>>(groups, most);
-  most_workspace<Fp8Kernel<E5M2, float, T>>(groups, most);
 }
+
+GemmRecipe recipe_of(const GroupedGemmDeviceArgs& a) {
+  if (a.a.scaling == SFMOE_SCALING_BLOCK_1X128) return GemmRecipe::kFp8Blockwise;
+  if (a.a.scaling == SFMOE_SCALING_TENSOR) {
+    return a.fast_accumulation ? GemmRecipe::kFp8TensorFast : GemmRecipe::kFp8Tensor;
+  }
+  return GemmRecipe::kBf16;
+}
+
+}  // namespace
+
+bool grouped_gemm_available() { return true; }
 
 int64_t grouped_gemm_workspace_bytes(int64_t num_groups) {
   int64_t most = 0;
-  most_workspace_of_tile<GemmTile::kCooperative128x128>(num_groups, &most);
-  most_workspace_of_tile<GemmTile::kCooperative128x256>(num_groups, &most);
-  most_workspace_of_tile<GemmTile::kPingpong64x128>(num_groups, &most);
+  most_bf16_workspace<GemmTile::kCooperative128x128>(num_groups, &most);
+  most_bf16_workspace<GemmTile::kCooperative128x256>(num_groups, &most);
+  most_bf16_workspace<GemmTile::kPingpong64x128>(num_groups, &most);
+  const int64_t fp8 = grouped_gemm_fp8_tensor_workspace_bytes(num_groups);
   const int64_t blockwise = grouped_gemm_blockwise_workspace_bytes(num_groups);
+  most = fp8 > most ? fp8 : most;
   return blockwise > most ? blockwise : most;
 }
 
 sfmoe_status grouped_gemm(const GroupedGemmDeviceArgs& a, void* stream_pointer) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_pointer);
   if (a.num_groups == 0) return SFMOE_SUCCESS;
-  if (a.a.scaling == SFMOE_SCALING_BLOCK_1X128) return grouped_gemm_blockwise(a, stream);
-  return a.out_dtype == SFMOE_DTYPE_FP32 ? run_out<float>(a, stream) : run_out<Bf16>(a, stream);
+  // The tile from the bounds the host knows: the GEMM's M per group (rows over groups in fprop
+  // and dgrad; n in wgrad), N and K.
+  const bool wgrad = a.form == GroupedGemmForm::kWgrad;
+  const int64_t rows_per_group = a.row_capacity / a.num_groups;
+  const int64_t m_per_group = wgrad ? a.n : rows_per_group;
+  const int64_t gemm_n = a.form == GroupedGemmForm::kFprop ? a.n : a.k;
+  const int64_t gemm_k = a.form == GroupedGemmForm::kDgrad ? a.n : (wgrad ? rows_per_group : a.k);
+  const GemmRecipe recipe = recipe_of(a);
+  const GemmTile tile = choose_gemm_tile(recipe, m_per_group, gemm_n, gemm_k);
+  switch (recipe) {
+    case GemmRecipe::kFp8Blockwise:
+      return grouped_gemm_blockwise(a, tile, stream);
+    case GemmRecipe::kFp8Tensor:
+    case GemmRecipe::kFp8TensorFast:
+      return grouped_gemm_fp8_tensor(a, tile, stream);
+    case GemmRecipe::kBf16:
+      break;
+  }
+  return a.out_dtype == SFMOE_DTYPE_FP32 ? run_bf16<float>(a, tile, stream)
+                                         : run_bf16<Bf16>(a, tile, stream);
 }
 
 }  // namespace cuda

@@ -68,6 +68,13 @@ struct TileConfig<GemmTile::kCooperative128x128, kFp8> {
   using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 };
 template <bool kFp8>
+struct TileConfig<GemmTile::kCooperative128x128Cluster2, kFp8> {
+  using Tile = Shape<_128, _128, std::conditional_t<kFp8, _128, _64>>;
+  using Cluster = Shape<_2, _1, _1>;
+  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
+template <bool kFp8>
 struct TileConfig<GemmTile::kCooperative128x256, kFp8> {
   using Tile = Shape<_128, _256, std::conditional_t<kFp8, _128, _64>>;
   using Cluster = Shape<_2, _1, _1>;
@@ -95,11 +102,31 @@ struct ScaleLayouts<Scales, std::enable_if_t<!std::is_void_v<Scales>>> {
   using B = decltype(Scales::deduce_layoutSFB());
 };
 
+// The mainloop schedule of a recipe on a tile's schedule: FP8 blockwise scaling, or FP8 "fast
+// accumulation" (the tensor cores' own accumulation over all of K, no periodic promotion into a
+// second FP32 accumulator), or the tile's own.
+template <class TileSchedule, bool kBlockwise, bool kFastAccumulation>
+struct MainloopScheduleOf {
+  using type = TileSchedule;
+};
+template <bool kFast>
+struct MainloopScheduleOf<cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative, true, kFast> {
+  using type = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise;
+};
+template <>
+struct MainloopScheduleOf<cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative, false, true> {
+  using type = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8FastAccum;
+};
+template <>
+struct MainloopScheduleOf<cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong, false, true> {
+  using type = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8FastAccum;
+};
+
 // One CUTLASS grouped GEMM: A and B elements in the given layouts, ElementOut results, a tile
-// configuration, and for FP8 blockwise operands the scale configuration (void: BF16, or FP8 with
-// one scale per group applied in the epilogue).
+// configuration, for FP8 blockwise operands the scale configuration (void: BF16, or FP8 with
+// one scale per group applied in the epilogue), and for per-tensor FP8 the accumulation.
 template <class ElementA, class ElementB, class LayoutA, class LayoutB, class ElementOut,
-          GemmTile kTile, class Scales = void>
+          GemmTile kTile, class Scales = void, bool kFastAccumulation = false>
 struct GroupedKernel {
   using A = ElementA;
   using B = ElementB;
@@ -126,9 +153,7 @@ struct GroupedKernel {
   using StridePairA = std::conditional_t<kBlockwise, cute::tuple<LayoutA*, LayoutSFA*>, LayoutA*>;
   using StridePairB = std::conditional_t<kBlockwise, cute::tuple<LayoutB*, LayoutSFB*>, LayoutB*>;
   using MainloopSchedule =
-      std::conditional_t<kBlockwise,
-                         cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise,
-                         typename Config::Schedule>;
+      typename MainloopScheduleOf<typename Config::Schedule, kBlockwise, kFastAccumulation>::type;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA, StridePairA, kAlignmentA,
       ElementB, StridePairB, kAlignmentB, float, TileShape, ClusterShape,
@@ -421,9 +446,13 @@ using ColumnMajor = cutlass::layout::ColumnMajor;
 
 }  // namespace grouped_gemm_detail
 
-// FP8 blockwise operands (grouped_gemm_blockwise.cu): the launch, and the workspace its kernels
-// need.
-sfmoe_status grouped_gemm_blockwise(const GroupedGemmDeviceArgs& a, cudaStream_t stream);
+// The recipes' translation units: the launch on the tile chosen by gemm_heuristics.h (a tile the
+// recipe does not compile runs its default), and the workspace their kernels need.
+sfmoe_status grouped_gemm_fp8_tensor(const GroupedGemmDeviceArgs& a, GemmTile tile,
+                                     cudaStream_t stream);
+int64_t grouped_gemm_fp8_tensor_workspace_bytes(int64_t num_groups);
+sfmoe_status grouped_gemm_blockwise(const GroupedGemmDeviceArgs& a, GemmTile tile,
+                                    cudaStream_t stream);
 int64_t grouped_gemm_blockwise_workspace_bytes(int64_t num_groups);
 }  // namespace cuda
 }  // namespace sfmoe
