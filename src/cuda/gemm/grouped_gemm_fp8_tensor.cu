@@ -23,18 +23,18 @@ sfmoe_status run_tile(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
   return run_kernel<Fp8Kernel<E4M3, Out, T, kFast>>(a, stream);
 }
 
-// The compiled tiles: accurate 128x128 (default), 128x256, 64x128; fast 128x128 (default),
-// 128x128 in 2-CTA clusters, 128x256.
+// The compiled tiles: accurate 128x128 (default), 128x256, 64x128; fast 128x256 (default),
+// 128x128 alone or in 2-CTA clusters.
 template <class Out>
 sfmoe_status run_out(const GroupedGemmDeviceArgs& a, GemmTile tile, cudaStream_t stream) {
   if (a.fast_accumulation) {
     switch (tile) {
       case GemmTile::kCooperative128x128Cluster2:
         return run_tile<Out, GemmTile::kCooperative128x128Cluster2, true>(a, stream);
-      case GemmTile::kCooperative128x256:
-        return run_tile<Out, GemmTile::kCooperative128x256, true>(a, stream);
-      default:
+      case GemmTile::kCooperative128x128:
         return run_tile<Out, GemmTile::kCooperative128x128, true>(a, stream);
+      default:
+        return run_tile<Out, GemmTile::kCooperative128x256, true>(a, stream);
     }
   }
   switch (tile) {
