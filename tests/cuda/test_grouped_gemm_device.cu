@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "sfmoe/grouped_gemm.h"
@@ -141,7 +142,24 @@ void run_both(sfmoe_gemm_form form, const Problem& p, sfmoe_dtype out_dtype, boo
 }
 
 // Every compiled tile configuration, forced in turn (the heuristic alone would pick one per shape).
-constexpr const char* kTiles[] = {"coop128", "coop256", "pingpong64"};
+// The tiles a test runs: `compiled`, or the ones of them SFMOE_TEST_GEMM_TILES names (a comma-
+// separated list, to look at one tile alone, e.g. under a sanitizer).
+std::vector<const char*> tiles_to_test(std::initializer_list<const char*> compiled) {
+  const char* only = getenv("SFMOE_TEST_GEMM_TILES");
+  std::vector<const char*> tiles;
+  for (const char* tile : compiled) {
+    if (only == nullptr) {
+      tiles.push_back(tile);
+      continue;
+    }
+    const std::string list = std::string(",") + only + ",";
+    if (list.find(std::string(",") + tile + ",") != std::string::npos) tiles.push_back(tile);
+  }
+  return tiles;
+}
+const std::vector<const char*> kTiles =
+    tiles_to_test({"coop128", "coop256", "coop256x128", "pingpong64"});  // BF16's
+const std::vector<const char*> kFp8Tiles = tiles_to_test({"coop128", "coop256", "pingpong64"});
 struct ForcedTile {
   explicit ForcedTile(const char* tile) { setenv("SFMOE_GEMM_TILE", tile, 1); }
   ~ForcedTile() { unsetenv("SFMOE_GEMM_TILE"); }
@@ -451,7 +469,7 @@ TEST(CudaGroupedGemm, Fp8PerTensorOperandsEqualTheCpuReferenceOnIntegers) {
       quantize_fp8(w, SFMOE_DTYPE_FP8_E4M3, kGroups * n, k, nullptr, n, &qb);
     }
     if (HasFatalFailure()) return;
-    for (const char* tile : kTiles) {
+    for (const char* tile : kFp8Tiles) {
     const ForcedTile forced(tile);
     for (sfmoe_dtype out_dtype : {SFMOE_DTYPE_FP32, SFMOE_DTYPE_BF16}) {
       const bool wgrad = c.form == SFMOE_GEMM_WGRAD;
@@ -666,7 +684,7 @@ TEST(CudaGroupedGemm, Fp8FastAccumulationMeetsTheBound) {
                false);
   quantize_fp8(dy, SFMOE_DTYPE_FP8_E5M2, rows, n, &offsets, 0, &qdy, SFMOE_SCALING_TENSOR, false);
   if (HasFatalFailure()) return;
-  for (const char* tile : {"coop128", "coop128c2", "coop256"}) {
+  for (const char* tile : tiles_to_test({"coop128", "coop128c2", "coop256"})) {
     const ForcedTile forced(tile);
     for (sfmoe_gemm_form form : {SFMOE_GEMM_FPROP, SFMOE_GEMM_DGRAD, SFMOE_GEMM_WGRAD}) {
       const bool wgrad = form == SFMOE_GEMM_WGRAD;

@@ -13,7 +13,7 @@
 // - BF16 wgrad (M = n, K = the group's rows): 128 x 256, on the three wgrad shapes.
 // The 64 x 128 ping-pong tile is kept for groups so small that a 128-row tile would be mostly
 // empty (fewer than 128 rows per group on average; decode-sized batches).
-// SFMOE_GEMM_TILE=coop128|coop128c2|coop256|pingpong64 overrides the choice (benchmark sweeps);
+// SFMOE_GEMM_TILE=coop128|coop128c2|coop256|coop256x128|pingpong64 overrides the choice (benchmark sweeps);
 // a tile the recipe is not compiled for falls back to the recipe's default.
 #pragma once
 
@@ -28,6 +28,7 @@ enum class GemmTile {
   kCooperative128x128,          // 128 x 128 (K 64 BF16 / 128 FP8), cluster 1
   kCooperative128x128Cluster2,  // 128 x 128, cluster 2 x 1 along M (B's loads multicast)
   kCooperative128x256,          // 128 x 256, cluster 2 x 1 along M
+  kCooperative256x128,          // 256 x 128, cluster 1 x 2 along N (A's loads multicast)
   kPingpong64x128,              // 64 x 128, two consumer warp groups alternating: small groups
 };
 
@@ -45,6 +46,7 @@ inline GemmTile forced_gemm_tile(GemmTile fallback) {
   if (strcmp(forced, "coop128") == 0) return GemmTile::kCooperative128x128;
   if (strcmp(forced, "coop128c2") == 0) return GemmTile::kCooperative128x128Cluster2;
   if (strcmp(forced, "coop256") == 0) return GemmTile::kCooperative128x256;
+  if (strcmp(forced, "coop256x128") == 0) return GemmTile::kCooperative256x128;
   if (strcmp(forced, "pingpong64") == 0) return GemmTile::kPingpong64x128;
   return fallback;
 }

@@ -82,6 +82,13 @@ struct TileConfig<GemmTile::kCooperative128x256, kFp8> {
   using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 };
 template <bool kFp8>
+struct TileConfig<GemmTile::kCooperative256x128, kFp8> {
+  using Tile = Shape<_256, _128, std::conditional_t<kFp8, _128, _64>>;
+  using Cluster = Shape<_1, _2, _1>;
+  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
+template <bool kFp8>
 struct TileConfig<GemmTile::kPingpong64x128, kFp8> {
   using Tile = Shape<_64, _128, std::conditional_t<kFp8, _128, _64>>;
   using Cluster = Shape<_1, _1, _1>;
