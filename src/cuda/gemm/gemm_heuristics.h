@@ -8,12 +8,14 @@
 //   128 x 256 tile, whose two accumulators of 128 registers each leave it starved.
 // - FP8 with fast accumulation (one accumulator): 128 x 256 in 2-CTA clusters, 4-12% ahead of
 //   128 x 128 (alone or clustered) on all 12 cases.
-// - FP8 blockwise: 128 x 128; the 2-CTA cluster gained up to 5% on balanced groups and lost up to
-//   6% on Zipf ones.
+// - FP8 blockwise: 128 x 128 (the only one compiled).
 // - BF16 wgrad (M = n, K = the group's rows): 128 x 256, on the three wgrad shapes.
 // The 64 x 128 ping-pong tile is kept for groups so small that a 128-row tile would be mostly
 // empty (fewer than 128 rows per group on average; decode-sized batches).
-// SFMOE_GEMM_TILE=coop128|coop128c2|coop256|coop256x128|pingpong64 overrides the choice (benchmark sweeps);
+// Measured and dropped: 128 x 128 in 2-CTA clusters for FP8 fast accumulation (behind 128 x 256)
+// and blockwise (+1-5% on balanced groups, -1 to -6% on Zipf ones), 256 x 128 in 2-CTA clusters
+// along N for BF16 (within 1% of 128 x 256).
+// SFMOE_GEMM_TILE=coop128|coop256|pingpong64 overrides the choice (benchmark sweeps);
 // a tile the recipe is not compiled for falls back to the recipe's default.
 #pragma once
 
@@ -26,9 +28,7 @@ namespace cuda {
 
 enum class GemmTile {
   kCooperative128x128,          // 128 x 128 (K 64 BF16 / 128 FP8), cluster 1
-  kCooperative128x128Cluster2,  // 128 x 128, cluster 2 x 1 along M (B's loads multicast)
   kCooperative128x256,          // 128 x 256, cluster 2 x 1 along M
-  kCooperative256x128,          // 256 x 128, cluster 1 x 2 along N (A's loads multicast)
   kPingpong64x128,              // 64 x 128, two consumer warp groups alternating: small groups
 };
 
@@ -44,9 +44,7 @@ inline GemmTile forced_gemm_tile(GemmTile fallback) {
   const char* forced = getenv("SFMOE_GEMM_TILE");
   if (forced == nullptr) return fallback;
   if (strcmp(forced, "coop128") == 0) return GemmTile::kCooperative128x128;
-  if (strcmp(forced, "coop128c2") == 0) return GemmTile::kCooperative128x128Cluster2;
   if (strcmp(forced, "coop256") == 0) return GemmTile::kCooperative128x256;
-  if (strcmp(forced, "coop256x128") == 0) return GemmTile::kCooperative256x128;
   if (strcmp(forced, "pingpong64") == 0) return GemmTile::kPingpong64x128;
   return fallback;
 }

@@ -29,24 +29,20 @@ using DgradScales = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128, cute:
                                                               cute::GMMA::Major::MN>;
 
 // E4M3 operands (the recipe's format for activations, gradients and weights alike), 128 x 128
-// x 128 cooperative tiles (K 128: one scale block per mainloop step), alone or in 2-CTA clusters
-// along M that share the weight tile's loads.
+// x 128 cooperative tiles (K 128: one scale block per mainloop step). (2-CTA clusters along M
+// were measured and dropped: docs/KERNEL_NOTES.md.)
 template <class Out, class Scales, GemmTile T>
 using BlockwiseKernel = GroupedKernel<E4M3, E4M3, RowMajor, ColumnMajor, Out, T, Scales>;
 
 template <class Out, class Scales>
-sfmoe_status run_tile(const GroupedGemmDeviceArgs& a, GemmTile tile, cudaStream_t stream) {
-  if (tile == GemmTile::kCooperative128x128Cluster2) {
-    return run_kernel<BlockwiseKernel<Out, Scales, GemmTile::kCooperative128x128Cluster2>>(a,
-                                                                                         stream);
-  }
+sfmoe_status run_tile(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
   return run_kernel<BlockwiseKernel<Out, Scales, GemmTile::kCooperative128x128>>(a, stream);
 }
 
 template <class Out>
-sfmoe_status run_out(const GroupedGemmDeviceArgs& a, GemmTile tile, cudaStream_t stream) {
-  if (a.form == GroupedGemmForm::kFprop) return run_tile<Out, FpropScales>(a, tile, stream);
-  if (a.form == GroupedGemmForm::kDgrad) return run_tile<Out, DgradScales>(a, tile, stream);
+sfmoe_status run_out(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
+  if (a.form == GroupedGemmForm::kFprop) return run_tile<Out, FpropScales>(a, stream);
+  if (a.form == GroupedGemmForm::kDgrad) return run_tile<Out, DgradScales>(a, stream);
   return fail(SFMOE_ERROR_UNSUPPORTED,
               "sfmoe_grouped_gemm: FP8 blockwise wgrad is not available on the device yet");
 }
@@ -63,15 +59,12 @@ int64_t grouped_gemm_blockwise_workspace_bytes(int64_t num_groups) {
   int64_t most = 0;
   most_workspace_of<Bf16, GemmTile::kCooperative128x128>(num_groups, &most);
   most_workspace_of<float, GemmTile::kCooperative128x128>(num_groups, &most);
-  most_workspace_of<Bf16, GemmTile::kCooperative128x128Cluster2>(num_groups, &most);
-  most_workspace_of<float, GemmTile::kCooperative128x128Cluster2>(num_groups, &most);
   return most;
 }
 
-sfmoe_status grouped_gemm_blockwise(const GroupedGemmDeviceArgs& a, GemmTile tile,
+sfmoe_status grouped_gemm_blockwise(const GroupedGemmDeviceArgs& a, GemmTile /*tile*/,
                                     cudaStream_t stream) {
-  return a.out_dtype == SFMOE_DTYPE_FP32 ? run_out<float>(a, tile, stream)
-                                         : run_out<Bf16>(a, tile, stream);
+  return a.out_dtype == SFMOE_DTYPE_FP32 ? run_out<float>(a, stream) : run_out<Bf16>(a, stream);
 }
 
 }  // namespace cuda

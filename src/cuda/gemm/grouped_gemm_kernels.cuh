@@ -68,23 +68,9 @@ struct TileConfig<GemmTile::kCooperative128x128, kFp8> {
   using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 };
 template <bool kFp8>
-struct TileConfig<GemmTile::kCooperative128x128Cluster2, kFp8> {
-  using Tile = Shape<_128, _128, std::conditional_t<kFp8, _128, _64>>;
-  using Cluster = Shape<_2, _1, _1>;
-  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
-};
-template <bool kFp8>
 struct TileConfig<GemmTile::kCooperative128x256, kFp8> {
   using Tile = Shape<_128, _256, std::conditional_t<kFp8, _128, _64>>;
   using Cluster = Shape<_2, _1, _1>;
-  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
-};
-template <bool kFp8>
-struct TileConfig<GemmTile::kCooperative256x128, kFp8> {
-  using Tile = Shape<_256, _128, std::conditional_t<kFp8, _128, _64>>;
-  using Cluster = Shape<_1, _2, _1>;
   using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
   using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 };
