@@ -1,5 +1,6 @@
 """Grouped GEMM, the three training forms (docs/grouped_gemm.md): on host memory (NumPy arrays, CPU
-torch tensors) with plain or quantized operands, and on CUDA tensors (Hopper) with BF16 operands."""
+torch tensors) with plain or quantized operands, and on CUDA tensors (Hopper) with BF16, FP8
+per-tensor or FP8 blockwise operands."""
 
 from . import _C, _arrays
 from ._dtypes import DType, as_dtype
@@ -64,7 +65,10 @@ def grouped_gemm(form, a, b, group_offsets=None, *, out=None, out_dtype=None, ac
     if form not in _FORMS:
         raise ValueError(f"form: expected 'fprop', 'dgrad' or 'wgrad', got {form!r}")
     rows_operand = a
-    if group_offsets is None and isinstance(rows_operand, GroupedQuantizedTensor):
+    if isinstance(rows_operand, GroupedQuantizedTensor):
+        # A quantized a carries its own (padded) offsets, which the library uses.
+        if group_offsets is not None and group_offsets is not rows_operand.group_offsets:
+            raise ValueError("group_offsets: a quantized a is grouped by its own group_offsets; pass None")
         group_offsets = rows_operand.group_offsets
     offsets = None
     groups = 0

@@ -115,18 +115,39 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
   // TMA: 16-byte rows and bases; blockwise: whole 128 x 128 weight blocks per group.
   const int64_t multiple = blockwise ? 128 : (fp8 ? 16 : 8);
   if (args.n % multiple != 0 || args.k % multiple != 0 || args.n > INT32_MAX ||
-      args.k > INT32_MAX || a->row_capacity > INT32_MAX) {
+      args.k > INT32_MAX || a->row_capacity > INT32_MAX || a->num_groups > INT32_MAX) {
     return fail(SFMOE_ERROR_UNSUPPORTED,
-                "%s: the CUDA grouped GEMM needs n and k multiples of %lld (%s) and sizes below "
-                "2^31 (n = %lld, k = %lld)",
+                "%s: the CUDA grouped GEMM needs n and k multiples of %lld (%s) and n, k, a's "
+                "row_capacity and the group count below 2^31 (n = %lld, k = %lld, row_capacity "
+                "= %lld, num_groups = %lld)",
                 context, static_cast<long long>(multiple),
                 blockwise ? "whole 128x128 weight blocks" : "16-byte rows for TMA",
-                static_cast<long long>(args.n), static_cast<long long>(args.k));
+                static_cast<long long>(args.n), static_cast<long long>(args.k),
+                static_cast<long long>(a->row_capacity), static_cast<long long>(a->num_groups));
   }
   // The copy each form reads (FP8: K-major, docs/grouped_gemm.md).
   const bool quantized = fp8 || blockwise;
   const bool a_columnwise = quantized && config->form == SFMOE_GEMM_WGRAD;
   const bool b_columnwise = quantized && config->form != SFMOE_GEMM_FPROP;
+  if (quantized) {
+    // The kernels read the compact scale matrices.
+    for (const sfmoe_grouped_tensor* t : {a, b}) {
+      if (t->scale_layout != SFMOE_SCALE_LAYOUT_COMPACT) {
+        return fail(SFMOE_ERROR_UNSUPPORTED,
+                    "%s: the CUDA grouped GEMM reads FP8 scales in the compact layout", context);
+      }
+    }
+    // A columnwise copy's row_capacity is its leading dimension: TMA needs 16-byte strides.
+    for (const sfmoe_grouped_tensor* t : {a, b}) {
+      const bool columnwise = t == a ? a_columnwise : b_columnwise;
+      if (columnwise && t->row_capacity % 16 != 0) {
+        return fail(SFMOE_ERROR_UNSUPPORTED,
+                    "%s: a columnwise FP8 operand needs row_capacity a multiple of 16 (its "
+                    "leading dimension)",
+                    context);
+      }
+    }
+  }
   if (blockwise) {
     // Both read rowwise scales: a's, and W's (the same values as its columnwise ones).
     if (a->rowwise_scale_inv == nullptr || b->rowwise_scale_inv == nullptr) {
@@ -140,10 +161,6 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
       const bool columnwise = t == a ? a_columnwise : b_columnwise;
       if ((columnwise ? t->columnwise_scale_inv : t->rowwise_scale_inv) == nullptr) {
         return fail(SFMOE_ERROR_NULL_POINTER, "%s: an FP8 operand needs its scale_inv", context);
-      }
-      if (columnwise && t->row_capacity % 16 != 0) {
-        return fail(SFMOE_ERROR_UNSUPPORTED,
-                    "%s: a columnwise FP8 operand needs row_capacity a multiple of 16", context);
       }
     }
     if (config->form == SFMOE_GEMM_WGRAD && (a->row_alignment < 16 || b->row_alignment < 16)) {
@@ -176,12 +193,6 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
     return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: the workspace must be on a's device", context);
   }
   SFMOE_RETURN_IF_ERROR(check_word(context, word, a->memory, a->device));
-  // out shares a's offsets in fprop and dgrad (as on the host).
-  if (config->form != SFMOE_GEMM_WGRAD && out->group_offsets != nullptr &&
-      out->group_offsets != a->group_offsets && out->uniform_group_rows == 0) {
-    SFMOE_RETURN_IF_ERROR(cuda::copy_device_async(context, out->group_offsets, a->group_offsets,
-                                                  sizeof(int64_t) * (a->num_groups + 1), stream));
-  }
   GroupedGemmDeviceArgs d{};
   d.form = args.form;
   d.num_groups = a->num_groups;
@@ -213,7 +224,15 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
   d.workspace = workspace->data;
   d.workspace_bytes = elements * 8;
   d.word = word != nullptr ? word->word : nullptr;
-  return cuda::grouped_gemm(d, stream);
+  SFMOE_RETURN_IF_ERROR(cuda::grouped_gemm(d, stream));
+  // out shares a's offsets in fprop and dgrad (as on the host); copied once the GEMM is enqueued
+  // (it reads a's), so a refused call leaves out's offsets as they were.
+  if (config->form != SFMOE_GEMM_WGRAD && out->group_offsets != nullptr &&
+      out->group_offsets != a->group_offsets && out->uniform_group_rows == 0) {
+    SFMOE_RETURN_IF_ERROR(cuda::copy_device_async(context, out->group_offsets, a->group_offsets,
+                                                  sizeof(int64_t) * (a->num_groups + 1), stream));
+  }
+  return SFMOE_SUCCESS;
 #else
   (void)a, (void)b, (void)config, (void)out, (void)args, (void)workspace, (void)word, (void)stream;
   return fail(SFMOE_ERROR_UNSUPPORTED,

@@ -1,6 +1,7 @@
-// The grouped GEMM's CPU reference as the backends will see it (docs/grouped_gemm.md): FP32
-// operands (quantized ones are dequantized from the copy each form reads), group offsets over the
-// rows M, and uniform [N, K] weights per group.
+// The grouped GEMM's arguments (docs/grouped_gemm.md): the CPU reference's (FP32 operands,
+// quantized ones dequantized from the copy each form reads, group offsets over the rows M, uniform
+// [N, K] weights per group) and the device path's (the copies read as they lie, offsets and a
+// workspace in device memory).
 #pragma once
 
 #include <stdint.h>

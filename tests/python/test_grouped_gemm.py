@@ -77,3 +77,17 @@ def test_quantized_operands_read_their_forms_copy(rng):
     rowwise_only = sfmoe.quantize(w, "fp8_block_1x128", uniform_group_rows=n)
     with pytest.raises(sfmoe.Error, match="columnwise copy"):
         sfmoe.grouped_gemm("dgrad", dy, rowwise_only, offsets)
+
+
+def test_quantized_rows_keep_their_own_offsets(rng):
+    """A quantized a is grouped by its own (padded) offsets: other group_offsets are refused, not
+    silently ignored."""
+    offsets = np.array([0, 128, 128, 256], np.int64)
+    x = rng.normal(size=(256, 128)).astype(np.float32)
+    w = rng.normal(size=(3 * 128, 128)).astype(np.float32)
+    qx = sfmoe.quantize(x, "fp8_block_1x128", group_offsets=offsets)
+    qw = sfmoe.quantize(w, "fp8_block_128x128", uniform_group_rows=128)
+    same = sfmoe.grouped_gemm("fprop", qx, qw, qx.group_offsets)
+    np.testing.assert_array_equal(same, sfmoe.grouped_gemm("fprop", qx, qw))
+    with pytest.raises(ValueError, match="its own group_offsets"):
+        sfmoe.grouped_gemm("fprop", qx, qw, np.array([0, 64, 128, 256], np.int64))
