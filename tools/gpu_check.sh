@@ -16,6 +16,10 @@ status_line() { RESULT[$1]="$2"; echo "== $1: $2"; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader || true
 
 # ---- binaries: prebuilt when present and runnable, otherwise built here ---------------------------
+# (tools/pack_gpu.sh's archive is unpacked into build-carry/ when that folder is absent.)
+if [ -f build-carry.tar.xz ] && [ ! -d build-carry ]; then
+  mkdir -p build-carry && tar -C build-carry -xJf build-carry.tar.xz
+fi
 BUILD=${SFMOE_BUILD:-build}
 # (The CPU suite is optional here: it runs on the CPU machines, and carrying it as well can exceed
 # what travels to this machine.)
