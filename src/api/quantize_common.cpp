@@ -112,6 +112,11 @@ sfmoe_status describe_quantized(const char* context, const char* name,
                 "%s: %s: the swizzled scale layout exists for mx_1x32 and nv_1x16 only", context,
                 name);
   }
+  if (!scaling_has_layout(q->scaling, q->scale_layout)) {
+    return fail(SFMOE_ERROR_UNSUPPORTED,
+                "%s: %s: the columnwise-transposed scale layout exists for block_1x128 only",
+                context, name);
+  }
   memset(args, 0, sizeof(*args));
   args->num_groups = q->num_groups;
   args->cols = q->cols;

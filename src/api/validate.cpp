@@ -188,7 +188,8 @@ sfmoe_status validate_grouped_tensor(const char* context, const char* name,
                 context, name, static_cast<int>(t->scaling));
   }
   if (t->scale_layout != SFMOE_SCALE_LAYOUT_COMPACT &&
-      t->scale_layout != SFMOE_SCALE_LAYOUT_SWIZZLED) {
+      t->scale_layout != SFMOE_SCALE_LAYOUT_SWIZZLED &&
+      t->scale_layout != SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT,
                 "%s: %s: scale_layout %d is not a valid sfmoe_scale_layout", context, name,
                 static_cast<int>(t->scale_layout));
