@@ -611,6 +611,36 @@ def test_cuda_grouped_gemm_fp8_tensor_meets_the_bound(rng):
 
 
 @requires_cuda
+def test_cuda_grouped_gemm_fp8_blockwise_matches_host(rng):
+    """FP8 blockwise (1x128 rows x 128x128 weights) on the Hopper kernels, all three forms (wgrad
+    reading the columnwise-transposed scales), against the host's GEMM of the same quantized
+    tensors: integer inputs with power-of-two scales bit for bit."""
+    groups, n, k = 4, 256, 384
+    offsets = torch.tensor([0, 128, 128, 384, 512])
+    rows = int(offsets[-1])
+
+    def integers(shape):
+        return torch.from_numpy(rng.integers(-8, 9, size=shape).astype(np.float32)).to(torch.bfloat16)
+
+    x, w, dy = integers((rows, k)), integers((groups * n, k)), integers((rows, n))
+    kw = dict(power_of_two_scales=True)
+    for device in ("cpu", "cuda"):
+        off = offsets.to(device)
+        qx = sfmoe.quantize(x.to(device), "fp8_block_1x128", group_offsets=off, columnwise=True,
+                            scale_layout="columnwise_transposed", **kw)
+        qdy = sfmoe.quantize(dy.to(device), "fp8_block_1x128", group_offsets=off, columnwise=True,
+                             scale_layout="columnwise_transposed", **kw)
+        qw = sfmoe.quantize(w.to(device), "fp8_block_128x128", uniform_group_rows=n, columnwise=True, **kw)
+        got = [sfmoe.grouped_gemm(form, a, b).cpu() for form, a, b in
+               (("fprop", qx, qw), ("dgrad", qdy, qw), ("wgrad", qdy, qx))]
+        if device == "cpu":
+            want = got
+    torch.cuda.synchronize()
+    for form, g, h in zip(("fprop", "dgrad", "wgrad"), got, want):
+        assert torch.equal(g, h), form
+
+
+@requires_cuda
 def test_cuda_fused_tensor_quantization_with_given_scales_matches_host(rng):
     """fp8_tensor with given scales, fused into permute and into SwiGLU: CUDA bytes (codes,
     scale_inv, amax) equal the host's."""

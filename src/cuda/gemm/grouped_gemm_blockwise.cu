@@ -27,6 +27,9 @@ using FpropScales = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128, cute:
                                                               cute::GMMA::Major::K>;
 using DgradScales = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128, cute::GMMA::Major::K,
                                                               cute::GMMA::Major::MN>;
+// wgrad: dY^T and X^T scaled per row (feature) and 128-row block, both read M/N-major.
+using WgradScales = cutlass::detail::Sm90BlockwiseScaleConfig<1, 1, 128, cute::GMMA::Major::MN,
+                                                              cute::GMMA::Major::MN>;
 
 // E4M3 operands (the recipe's format for activations, gradients and weights alike), 128 x 128
 // x 128 cooperative tiles (K 128: one scale block per mainloop step). (2-CTA clusters along M
@@ -43,14 +46,14 @@ template <class Out>
 sfmoe_status run_out(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
   if (a.form == GroupedGemmForm::kFprop) return run_tile<Out, FpropScales>(a, stream);
   if (a.form == GroupedGemmForm::kDgrad) return run_tile<Out, DgradScales>(a, stream);
-  return fail(SFMOE_ERROR_UNSUPPORTED,
-              "sfmoe_grouped_gemm: FP8 blockwise wgrad is not available on the device yet");
+  return run_tile<Out, WgradScales>(a, stream);
 }
 
 template <class Out, GemmTile T>
 void most_workspace_of(int64_t groups, int64_t* most) {
   most_workspace<BlockwiseKernel<Out, FpropScales, T>>(groups, most);
   most_workspace<BlockwiseKernel<Out, DgradScales, T>>(groups, most);
+  most_workspace<BlockwiseKernel<Out, WgradScales, T>>(groups, most);
 }
 
 }  // namespace
