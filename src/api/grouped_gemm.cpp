@@ -84,7 +84,8 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
                            const sfmoe_tensor* workspace, sfmoe_status_word* word, void* stream) {
 #if defined(SFMOE_WITH_CUDA) && defined(SFMOE_WITH_CUTE)
   // Operands: both BF16 rows; both FP8 per-tensor (B E4M3; A E4M3, or E5M2 for gradients); or
-  // FP8 blockwise, the DeepSeek-V3 recipe (A 1x128, B = W 128x128, both E4M3; fprop and dgrad).
+  // FP8 blockwise, the DeepSeek-V3 recipe (A 1x128, B = W 128x128, both E4M3; in wgrad B = X
+  // 1x128).
   const bool fp8 = a->scaling == SFMOE_SCALING_TENSOR && b->scaling == SFMOE_SCALING_TENSOR &&
                    (a->dtype == SFMOE_DTYPE_FP8_E4M3 || a->dtype == SFMOE_DTYPE_FP8_E5M2) &&
                    b->dtype == SFMOE_DTYPE_FP8_E4M3;
@@ -99,7 +100,8 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
   if (!fp8 && !blockwise && !bf16) {
     return fail(SFMOE_ERROR_UNSUPPORTED,
                 "%s: the CUDA grouped GEMM takes BF16 x BF16, FP8 per-tensor (E4M3 or E5M2 x "
-                "E4M3) or FP8 blockwise (E4M3 1x128 rows x E4M3 128x128 weights) operands for now; "
+                "E4M3) or FP8 blockwise (E4M3 1x128 rows x E4M3 128x128 weights; 1x128 x 1x128 in "
+                "wgrad) operands for now; "
                 "other recipes run on the host",
                 context);
   }
@@ -128,9 +130,11 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
     // scales transposed (each group's blocks with one leading dimension, docs/grouped_gemm.md).
     const bool blockwise_wgrad = blockwise && config->form == SFMOE_GEMM_WGRAD;
     for (const sfmoe_grouped_tensor* t : {a, b}) {
-      const bool compact_ok = !blockwise_wgrad && (t->scale_layout == SFMOE_SCALE_LAYOUT_COMPACT ||
-                                                   (blockwise && t->scale_layout ==
-                                                    SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED));
+      // (fprop and dgrad read rowwise 1x128 scales, compact in either layout)
+      const bool compact_ok =
+          !blockwise_wgrad && (t->scale_layout == SFMOE_SCALE_LAYOUT_COMPACT ||
+                               (t->scaling == SFMOE_SCALING_BLOCK_1X128 &&
+                                t->scale_layout == SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED));
       if (blockwise_wgrad ? t->scale_layout != SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED
                           : !compact_ok) {
         return fail(SFMOE_ERROR_UNSUPPORTED,

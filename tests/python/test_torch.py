@@ -620,7 +620,12 @@ def test_cuda_grouped_gemm_fp8_blockwise_matches_host(rng):
     rows = int(offsets[-1])
 
     def integers(shape):
-        return torch.from_numpy(rng.integers(-8, 9, size=shape).astype(np.float32)).to(torch.bfloat16)
+        # The magnitude changes per 128-row block and per 64 columns, so every block gets its own
+        # power-of-two scale and a block reading its neighbour's scale shows.
+        r, c = np.indices(shape)
+        m = 2 ** ((r // 128 * 3 + c // 64) % 4)
+        values = np.round(rng.uniform(-1, 1, size=shape) * m).astype(np.float32)
+        return torch.from_numpy(values).to(torch.bfloat16)
 
     x, w, dy = integers((rows, k)), integers((groups * n, k)), integers((rows, n))
     kw = dict(power_of_two_scales=True)

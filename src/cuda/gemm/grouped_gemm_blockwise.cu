@@ -10,9 +10,10 @@
 //   dgrad  A = dY rowwise, scales [rows, n / 128] (K-major);
 //          B = W^T (the columnwise data), with W's rowwise scales: W_g^T's block (kb_n, kb_k)
 //          is W's (g n / 128 + kb_k, kb_n), i.e. the same matrix read N-major.
-// wgrad needs 1x128 scales down the rows of each group with one leading dimension per group,
-// which the compact columnwise layout ([cols, rows / 128] over all groups) does not give; it is
-// refused by the API until the quantizer writes that layout.
+//   wgrad  A = dY^T, B = X^T (the columnwise data), scaled per column and 128-row block: the
+//          columnwise scales in the columnwise-transposed layout [rows / 128, n or k], read
+//          M/N-major from block row offsets[g] / 128 (the compact [n or k, rows / 128] layout
+//          has no per-group leading dimension the mainloop could use).
 #include "src/cuda/gemm/grouped_gemm_kernels.cuh"
 
 namespace sfmoe {
