@@ -3,6 +3,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "src/api/validate.h"
 #include "src/common/error.h"
 #include "src/common/quantize_args.h"
 
@@ -154,9 +155,10 @@ sfmoe_status sfmoe_scale_shape(sfmoe_scaling scaling, sfmoe_scale_layout layout,
     return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: scaling '%s' has no scales", kContext,
                        sfmoe_scaling_name(scaling));
   }
-  if (layout != SFMOE_SCALE_LAYOUT_COMPACT && layout != SFMOE_SCALE_LAYOUT_SWIZZLED) {
+  if (sfmoe::enum_value(layout) != SFMOE_SCALE_LAYOUT_COMPACT &&
+      sfmoe::enum_value(layout) != SFMOE_SCALE_LAYOUT_SWIZZLED) {
     return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: unknown scale layout %d", kContext,
-                       static_cast<int>(layout));
+                       static_cast<int>(sfmoe::enum_value(layout)));
   }
   if (layout == SFMOE_SCALE_LAYOUT_SWIZZLED && !sfmoe::scaling_is_swizzlable(scaling)) {
     return sfmoe::fail(
