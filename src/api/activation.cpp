@@ -32,9 +32,10 @@ sfmoe_status check_config(const char* context, const sfmoe_activation_config* c,
                 "sfmoe_activation_config_init())",
                 context, c->struct_size, sizeof(sfmoe_activation_config));
   }
-  if (c->kind < SFMOE_ACTIVATION_SWIGLU || c->kind > SFMOE_ACTIVATION_CLAMPED_SWIGLU) {
+  const int32_t kind = enum_value(c->kind);
+  if (kind < SFMOE_ACTIVATION_SWIGLU || kind > SFMOE_ACTIVATION_CLAMPED_SWIGLU) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: unknown activation %d", context,
-                static_cast<int>(c->kind));
+                static_cast<int>(kind));
   }
   if (!(isfinite(c->limit) && c->limit > 0.0f && isfinite(c->alpha))) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: limit must be positive and finite, alpha finite",

@@ -294,10 +294,10 @@ sfmoe_status sfmoe_grouped_gemm(const sfmoe_grouped_tensor* a, const sfmoe_group
                          "sfmoe_grouped_gemm_config_init())",
                          context, config->struct_size, sizeof(sfmoe_grouped_gemm_config));
     }
-    if (config->form != SFMOE_GEMM_FPROP && config->form != SFMOE_GEMM_DGRAD &&
-        config->form != SFMOE_GEMM_WGRAD) {
+    const int32_t form = sfmoe::enum_value(config->form);
+    if (form != SFMOE_GEMM_FPROP && form != SFMOE_GEMM_DGRAD && form != SFMOE_GEMM_WGRAD) {
       return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: unknown form %d", context,
-                         static_cast<int>(config->form));
+                         static_cast<int>(form));
     }
     if (a == nullptr || b == nullptr || out == nullptr) {
       return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: a, b and out must not be NULL", context);

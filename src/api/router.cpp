@@ -29,9 +29,10 @@ sfmoe_status check_config(const char* context, const sfmoe_router_config* c, int
         "(use sfmoe_router_config_init())",
         context, c->struct_size, sizeof(sfmoe_router_config));
   }
-  if (c->score != SFMOE_ROUTER_SCORE_SOFTMAX && c->score != SFMOE_ROUTER_SCORE_SIGMOID) {
+  const int32_t score = enum_value(c->score);
+  if (score != SFMOE_ROUTER_SCORE_SOFTMAX && score != SFMOE_ROUTER_SCORE_SIGMOID) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: unknown score function %d", context,
-                static_cast<int>(c->score));
+                static_cast<int>(score));
   }
   if (c->top_k < 1 || c->top_k > experts) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: top_k = %lld must be in [1, num_experts = %lld]",

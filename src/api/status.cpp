@@ -3,6 +3,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "src/api/validate.h"
 #include "src/common/error.h"
 #include "src/common/quantize_args.h"
 
@@ -154,10 +155,11 @@ sfmoe_status sfmoe_scale_shape(sfmoe_scaling scaling, sfmoe_scale_layout layout,
     return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: scaling '%s' has no scales", kContext,
                        sfmoe_scaling_name(scaling));
   }
-  if (layout != SFMOE_SCALE_LAYOUT_COMPACT && layout != SFMOE_SCALE_LAYOUT_SWIZZLED &&
-      layout != SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED) {
+  const int32_t layout_value = sfmoe::enum_value(layout);
+  if (layout_value != SFMOE_SCALE_LAYOUT_COMPACT && layout_value != SFMOE_SCALE_LAYOUT_SWIZZLED &&
+      layout_value != SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED) {
     return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: unknown scale layout %d", kContext,
-                       static_cast<int>(layout));
+                       static_cast<int>(layout_value));
   }
   if (layout == SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED &&
       !sfmoe::scaling_has_layout(scaling, layout)) {

@@ -59,12 +59,13 @@ int64_t tensor_element_count(const sfmoe_tensor* t) {
   return count;
 }
 
-sfmoe_status validate_memory(const char* context, const char* name, sfmoe_memory memory,
+sfmoe_status validate_memory(const char* context, const char* name, const sfmoe_memory& memory,
                              int32_t device) {
-  if (memory != SFMOE_MEMORY_HOST && memory != SFMOE_MEMORY_CUDA) {
+  const int32_t value = enum_value(memory);
+  if (value != SFMOE_MEMORY_HOST && value != SFMOE_MEMORY_CUDA) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT,
                 "%s: %s: memory %d is not a valid sfmoe_memory (HOST=0, CUDA=1)", context, name,
-                static_cast<int>(memory));
+                static_cast<int>(value));
   }
   if (memory == SFMOE_MEMORY_HOST) return SFMOE_SUCCESS;
 #if defined(SFMOE_WITH_CUDA)
@@ -130,9 +131,9 @@ sfmoe_status validate_tensor(const char* context, const char* name, const sfmoe_
                 "(set struct_size = sizeof(sfmoe_tensor); header and library must match)",
                 context, name, t->struct_size, sizeof(sfmoe_tensor));
   }
-  if (!dtype_is_valid(t->dtype)) {
+  if (!dtype_is_valid(enum_value(t->dtype))) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s: dtype %d is not a valid sfmoe_dtype",
-                context, name, static_cast<int>(t->dtype));
+                context, name, static_cast<int>(enum_value(t->dtype)));
   }
   if (t->ndim < 0 || t->ndim > SFMOE_MAX_DIMS) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s: ndim %d is outside [0, %d]", context, name,
@@ -179,20 +180,20 @@ sfmoe_status validate_grouped_tensor(const char* context, const char* name,
                 "bytes (use sfmoe_grouped_tensor_init(); header and library must match)",
                 context, name, t->struct_size, sizeof(sfmoe_grouped_tensor));
   }
-  if (!dtype_is_valid(t->dtype)) {
+  if (!dtype_is_valid(enum_value(t->dtype))) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s: dtype %d is not a valid sfmoe_dtype",
-                context, name, static_cast<int>(t->dtype));
+                context, name, static_cast<int>(enum_value(t->dtype)));
   }
-  if (!scaling_is_valid(t->scaling)) {
+  if (!scaling_is_valid(enum_value(t->scaling))) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s: scaling %d is not a valid sfmoe_scaling",
-                context, name, static_cast<int>(t->scaling));
+                context, name, static_cast<int>(enum_value(t->scaling)));
   }
-  if (t->scale_layout != SFMOE_SCALE_LAYOUT_COMPACT &&
-      t->scale_layout != SFMOE_SCALE_LAYOUT_SWIZZLED &&
-      t->scale_layout != SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED) {
+  const int32_t layout = enum_value(t->scale_layout);
+  if (layout != SFMOE_SCALE_LAYOUT_COMPACT && layout != SFMOE_SCALE_LAYOUT_SWIZZLED &&
+      layout != SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT,
                 "%s: %s: scale_layout %d is not a valid sfmoe_scale_layout", context, name,
-                static_cast<int>(t->scale_layout));
+                static_cast<int>(layout));
   }
   if (!scaling_accepts(t->scaling, t->dtype)) {
     return fail(SFMOE_ERROR_DTYPE_MISMATCH, "%s: %s: scaling '%s' cannot hold dtype '%s'", context,

@@ -19,6 +19,17 @@ Config sized_zero_config() {
   return c;
 }
 
+// The integer a caller stored in an enum field or argument. The C API's enums come from C code,
+// where any int is allowed; loading one outside the enumeration's range as the C++ enum type is
+// undefined behaviour, so validation reads the integer and compares it before trusting the enum.
+template <class Enum>
+int32_t enum_value(const Enum& field) {
+  static_assert(sizeof(Enum) == sizeof(int32_t), "the API's enums are int-sized");
+  int32_t value;
+  memcpy(&value, &field, sizeof(value));
+  return value;
+}
+
 // Data alignment every tensor must have: 16-byte vector accesses and TMA.
 constexpr uintptr_t kDataAlignment = 16;
 
@@ -26,7 +37,7 @@ sfmoe_status validate_tensor(const char* context, const char* name, const sfmoe_
 sfmoe_status validate_grouped_tensor(const char* context, const char* name,
                                      const sfmoe_grouped_tensor* t);
 // Checks that `memory`/`device` can be served by a backend of this build on this machine.
-sfmoe_status validate_memory(const char* context, const char* name, sfmoe_memory memory,
+sfmoe_status validate_memory(const char* context, const char* name, const sfmoe_memory& memory,
                              int32_t device);
 // Checks that a pointer really lives where the descriptor says (when the runtime can tell).
 sfmoe_status validate_pointer_memory(const char* context, const char* name, const char* field,
