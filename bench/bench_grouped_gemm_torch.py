@@ -22,7 +22,7 @@ import os
 import torch
 
 import sfmoe
-from torch_timing import median_ms
+from torch_timing import graphed_ms, median_ms
 
 REPEAT = 10
 
@@ -46,18 +46,9 @@ def group_sizes(experts, rows, skew, align=16, seed=0):
     return ((c + align - 1) // align) * align
 
 
-def graphed_ms(fn):
-    fn()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(REPEAT):
-            fn()
-    return median_ms(graph.replay, runs=10, warmup=2, batch=2) / REPEAT
+def ours_ms(fn):
+    """sfmoe's device time per call: REPEAT calls in one captured graph (torch_timing)."""
+    return graphed_ms(fn, REPEAT, runs=10, warmup=2, batch=2)
 
 
 def tflops(flops, ms):
@@ -89,7 +80,7 @@ CUTLASS_FP8 = {("Qwen3-30B-A3B", "fc1"): 1179, ("Qwen3-30B-A3B", "fc2"): 886, ("
 def forced(tile, fn):
     os.environ["SFMOE_GEMM_TILE"] = tile
     try:
-        return graphed_ms(fn)
+        return ours_ms(fn)
     finally:
         del os.environ["SFMOE_GEMM_TILE"]
 
@@ -125,7 +116,7 @@ def main():
                     "fp8 fast": lambda: sfmoe.grouped_gemm("fprop", qx, qw, out=y, fast_accumulation=True),
                     "fp8 block": lambda: sfmoe.grouped_gemm("fprop", qxb, qwb, out=y),
                 }
-                ours = {recipe: tflops(flops, graphed_ms(fn)) for recipe, fn in calls.items()}
+                ours = {recipe: tflops(flops, ours_ms(fn)) for recipe, fn in calls.items()}
                 sweep = {recipe: {tile: tflops(flops, forced(tile, calls[recipe])) for tile in tiles}
                          for recipe, tiles in RECIPE_TILES.items() if recipe in SWEPT}
                 grouped = peer(lambda: torch._grouped_mm(x, w.transpose(1, 2), offs=ends32))
@@ -186,9 +177,9 @@ def main():
         dw = torch.zeros(experts, n, k, device=dev, dtype=torch.float32)
         dw16 = torch.empty(experts, n, k, device=dev, dtype=torch.bfloat16)
         flops = 2.0 * m * n * k
-        ours16 = graphed_ms(lambda: sfmoe.grouped_gemm("wgrad", dy, x, offsets, out=dw16))
-        ours32 = graphed_ms(lambda: sfmoe.grouped_gemm("wgrad", dy, x, offsets, out=dw))
-        ours_acc = graphed_ms(lambda: sfmoe.grouped_gemm("wgrad", dy, x, offsets, out=dw, accumulate=True))
+        ours16 = ours_ms(lambda: sfmoe.grouped_gemm("wgrad", dy, x, offsets, out=dw16))
+        ours32 = ours_ms(lambda: sfmoe.grouped_gemm("wgrad", dy, x, offsets, out=dw))
+        ours_acc = ours_ms(lambda: sfmoe.grouped_gemm("wgrad", dy, x, offsets, out=dw, accumulate=True))
         grouped = peer(lambda: torch._grouped_mm(dy.t(), x, offs=ends32))
         dense = peer(lambda: dy.t() @ x)
         # FP8 blockwise: dY and X 1x128 down their rows (columnwise copies, scales transposed).
@@ -225,7 +216,7 @@ def main():
     for capacity in (m, 2 * m):
         x = torch.randn(capacity, k, device=dev, dtype=torch.bfloat16)
         y = torch.empty(capacity, n, device=dev, dtype=torch.bfloat16)
-        times[capacity] = graphed_ms(lambda: sfmoe.grouped_gemm("fprop", x, w, offsets, out=y))
+        times[capacity] = ours_ms(lambda: sfmoe.grouped_gemm("fprop", x, w, offsets, out=y))
     print(f"\ncapacity (Qwen3 fc1, balanced): exact {times[m] * 1e3:.1f} us, 2x spare {times[2 * m] * 1e3:.1f} us, "
           f"ratio {times[2 * m] / times[m]:.3f} (target <= 1.1)")
     results.append(dict(case="capacity", exact_ms=times[m], spare_ms=times[2 * m]))

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import sfmoe
-from torch_timing import copy_ceiling_tbps, median_ms
+from torch_timing import copy_ceiling_tbps, graphed_ms, median_ms
 
 T, E, K, H, FFN = 8192, 256, 8, 7168, 2048
 
@@ -26,25 +26,9 @@ T, E, K, H, FFN = 8192, 256, 8, 7168, 2048
 REPEAT = 20  # calls per captured graph: a replay's launch cost is spread over them
 
 
-def graphed(fn):
-    """REPEAT calls of fn captured in one CUDA graph (after a warm-up on a side stream, as torch
-    asks); returns the replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(REPEAT):
-            fn()
-    return graph.replay
-
-
 def time_graphed(fn):
     """Device time of one call: a graph of REPEAT calls, replayed, divided by REPEAT."""
-    return median_ms(graphed(fn), runs=15, warmup=3, batch=3) / REPEAT
+    return graphed_ms(fn, REPEAT)
 
 
 def time_ours(fn):

@@ -22,6 +22,23 @@ def median_ms(fn, runs=25, warmup=5, batch=10):
     return times[len(times) // 2]
 
 
+def graphed_ms(fn, repeat, runs=15, warmup=3, batch=3):
+    """Device time of one call of fn: `repeat` calls captured in one CUDA graph (after a warm-up
+    on a side stream, as torch asks), the replay timed by median_ms, divided by `repeat` so that
+    a replay's launch cost is spread over the calls."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(repeat):
+            fn()
+    return median_ms(graph.replay, runs=runs, warmup=warmup, batch=batch) / repeat
+
+
 def copy_ceiling_tbps(device="cuda"):
     """Device-to-device copy rate of torch copy_ over 2 GiB (bytes read + written), in TB/s: the
     ceiling every memory-bound figure is compared with, measured in the caller's process."""

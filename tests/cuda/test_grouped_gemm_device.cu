@@ -414,6 +414,50 @@ struct Fp8Device {
   }
 };
 
+// Runs one FP8 grouped GEMM on the host and on the device (quantized operands qa, qb; out of
+// out_rows x out_cols, fprop/dgrad rows grouped by `offsets`); returns both outputs' bytes.
+void run_fp8_both(sfmoe_gemm_form form, const Fp8Operand& qa, const Fp8Operand& qb,
+                  sfmoe_dtype out_dtype, int64_t out_rows, int64_t out_cols, int64_t n,
+                  const std::vector<int64_t>& offsets, std::vector<unsigned char>* host,
+                  std::vector<unsigned char>* device, bool fast_accumulation = false) {
+  const bool wgrad = form == SFMOE_GEMM_WGRAD;
+  const size_t bytes =
+      static_cast<size_t>(out_rows * out_cols) * (out_dtype == SFMOE_DTYPE_FP32 ? 4 : 2);
+  host->assign(bytes, 0);
+  std::vector<int64_t> out_offsets = offsets;
+  sfmoe_grouped_tensor out = rows_in(SFMOE_MEMORY_HOST, host->data(), out_dtype, kGroups,
+                                     out_rows, out_cols, 1, wgrad ? nullptr : out_offsets.data());
+  if (wgrad) out.uniform_group_rows = n;
+  sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
+  config.form = form;
+  config.fp8_fast_accumulation = fast_accumulation ? 1 : 0;  // (the host ignores it)
+  ASSERT_EQ(sfmoe_grouped_gemm(&qa.host, &qb.host, &config, &out, nullptr, nullptr, nullptr),
+            SFMOE_SUCCESS)
+      << sfmoe_last_error();
+  Fp8Device da(qa), db(qb);
+  if (wgrad) db.t.group_offsets = da.t.group_offsets;
+  DeviceBuffer<unsigned char> dout(bytes);
+  CUDA_OK(cudaMemset(dout.ptr, 0xFF, bytes));  // NaN bytes: every value must be written
+  sfmoe_grouped_tensor dev_out = out;
+  dev_out.memory = SFMOE_MEMORY_CUDA;
+  dev_out.rowwise_data = dout.ptr;
+  dev_out.group_offsets = wgrad ? nullptr : da.t.group_offsets;
+  const int64_t ws_elements = sfmoe_grouped_gemm_workspace_elements(kGroups);
+  DeviceBuffer<int64_t> ws(static_cast<size_t>(ws_elements));
+  const sfmoe_tensor workspace =
+      tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});
+  ASSERT_EQ(sfmoe_grouped_gemm(&da.t, &db.t, &config, &dev_out, &workspace, nullptr, nullptr),
+            SFMOE_SUCCESS)
+      << sfmoe_last_error();
+  CUDA_OK(cudaDeviceSynchronize());
+  *device = dout.download();
+}
+
+float out_value(const std::vector<unsigned char>& bytes, sfmoe_dtype dtype, int64_t i) {
+  if (dtype == SFMOE_DTYPE_FP32) return reinterpret_cast<const float*>(bytes.data())[i];
+  return numerics::bf16_to_f32(reinterpret_cast<const uint16_t*>(bytes.data())[i]);
+}
+
 TEST(CudaGroupedGemm, Fp8PerTensorOperandsEqualTheCpuReferenceOnIntegers) {
   SFMOE_SKIP_WITHOUT_GPU();
   // Integer inputs with power-of-two scales: every code is the exact value times 2^e, every
@@ -477,34 +521,9 @@ TEST(CudaGroupedGemm, Fp8PerTensorOperandsEqualTheCpuReferenceOnIntegers) {
       const bool wgrad = c.form == SFMOE_GEMM_WGRAD;
       const int64_t out_rows = wgrad ? kGroups * n : rows;
       const int64_t out_cols = c.form == SFMOE_GEMM_FPROP ? n : k;
-      const size_t bytes = static_cast<size_t>(out_rows * out_cols) * (out_dtype == SFMOE_DTYPE_FP32 ? 4 : 2);
-      std::vector<unsigned char> host(bytes, 0);
-      std::vector<int64_t> out_offsets = offsets;
-      sfmoe_grouped_tensor out = rows_in(SFMOE_MEMORY_HOST, host.data(), out_dtype, kGroups, out_rows,
-                                         out_cols, 1, wgrad ? nullptr : out_offsets.data());
-      if (wgrad) out.uniform_group_rows = n;
-      sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
-      config.form = c.form;
-      ASSERT_EQ(sfmoe_grouped_gemm(&qa.host, &qb.host, &config, &out, nullptr, nullptr, nullptr),
-                SFMOE_SUCCESS)
-          << sfmoe_last_error();
-      Fp8Device da(qa), db(qb);
-      if (wgrad) db.t.group_offsets = da.t.group_offsets;
-      DeviceBuffer<unsigned char> dout(bytes);
-      CUDA_OK(cudaMemset(dout.ptr, 0xFF, bytes));  // NaN bytes: every value must be written
-      sfmoe_grouped_tensor dev_out = out;
-      dev_out.memory = SFMOE_MEMORY_CUDA;
-      dev_out.rowwise_data = dout.ptr;
-      dev_out.group_offsets = wgrad ? nullptr : da.t.group_offsets;
-      const int64_t ws_elements = sfmoe_grouped_gemm_workspace_elements(kGroups);
-      DeviceBuffer<int64_t> ws(static_cast<size_t>(ws_elements));
-      const sfmoe_tensor workspace =
-          tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});
-      ASSERT_EQ(sfmoe_grouped_gemm(&da.t, &db.t, &config, &dev_out, &workspace, nullptr, nullptr),
-                SFMOE_SUCCESS)
-          << sfmoe_last_error();
-      CUDA_OK(cudaDeviceSynchronize());
-      const std::vector<unsigned char> device = dout.download();
+      std::vector<unsigned char> host, device;
+      run_fp8_both(c.form, qa, qb, out_dtype, out_rows, out_cols, n, offsets, &host, &device);
+      if (HasFatalFailure()) return;
       int64_t differ = 0;
       const int64_t valid = (wgrad ? out_rows : offsets.back()) * out_cols *
                             (out_dtype == SFMOE_DTYPE_FP32 ? 4 : 2);
@@ -517,50 +536,6 @@ TEST(CudaGroupedGemm, Fp8PerTensorOperandsEqualTheCpuReferenceOnIntegers) {
     }
     }
   }
-}
-
-// Runs one FP8 grouped GEMM on the host and on the device (quantized operands qa, qb; out of
-// out_rows x out_cols, fprop/dgrad rows grouped by `offsets`); returns both outputs' bytes.
-void run_fp8_both(sfmoe_gemm_form form, const Fp8Operand& qa, const Fp8Operand& qb,
-                  sfmoe_dtype out_dtype, int64_t out_rows, int64_t out_cols, int64_t n,
-                  const std::vector<int64_t>& offsets, std::vector<unsigned char>* host,
-                  std::vector<unsigned char>* device, bool fast_accumulation = false) {
-  const bool wgrad = form == SFMOE_GEMM_WGRAD;
-  const size_t bytes =
-      static_cast<size_t>(out_rows * out_cols) * (out_dtype == SFMOE_DTYPE_FP32 ? 4 : 2);
-  host->assign(bytes, 0);
-  std::vector<int64_t> out_offsets = offsets;
-  sfmoe_grouped_tensor out = rows_in(SFMOE_MEMORY_HOST, host->data(), out_dtype, kGroups,
-                                     out_rows, out_cols, 1, wgrad ? nullptr : out_offsets.data());
-  if (wgrad) out.uniform_group_rows = n;
-  sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
-  config.form = form;
-  config.fp8_fast_accumulation = fast_accumulation ? 1 : 0;  // (the host ignores it)
-  ASSERT_EQ(sfmoe_grouped_gemm(&qa.host, &qb.host, &config, &out, nullptr, nullptr, nullptr),
-            SFMOE_SUCCESS)
-      << sfmoe_last_error();
-  Fp8Device da(qa), db(qb);
-  if (wgrad) db.t.group_offsets = da.t.group_offsets;
-  DeviceBuffer<unsigned char> dout(bytes);
-  CUDA_OK(cudaMemset(dout.ptr, 0xFF, bytes));  // NaN bytes: every value must be written
-  sfmoe_grouped_tensor dev_out = out;
-  dev_out.memory = SFMOE_MEMORY_CUDA;
-  dev_out.rowwise_data = dout.ptr;
-  dev_out.group_offsets = wgrad ? nullptr : da.t.group_offsets;
-  const int64_t ws_elements = sfmoe_grouped_gemm_workspace_elements(kGroups);
-  DeviceBuffer<int64_t> ws(static_cast<size_t>(ws_elements));
-  const sfmoe_tensor workspace =
-      tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});
-  ASSERT_EQ(sfmoe_grouped_gemm(&da.t, &db.t, &config, &dev_out, &workspace, nullptr, nullptr),
-            SFMOE_SUCCESS)
-      << sfmoe_last_error();
-  CUDA_OK(cudaDeviceSynchronize());
-  *device = dout.download();
-}
-
-float out_value(const std::vector<unsigned char>& bytes, sfmoe_dtype dtype, int64_t i) {
-  if (dtype == SFMOE_DTYPE_FP32) return reinterpret_cast<const float*>(bytes.data())[i];
-  return numerics::bf16_to_f32(reinterpret_cast<const uint16_t*>(bytes.data())[i]);
 }
 
 TEST(CudaGroupedGemm, Fp8BlockwiseOperandsMatchTheCpuReference) {

@@ -49,8 +49,9 @@ inline GemmTile forced_gemm_tile(GemmTile fallback) {
   return fallback;
 }
 
-inline GemmTile choose_gemm_tile(GemmRecipe recipe, int64_t gemm_m_bound_per_group,
-                                 int64_t /*gemm_n*/, int64_t /*gemm_k*/) {
+// The measured families differ by recipe and by the GEMM's M per group (the rows' bound over the
+// groups in fprop and dgrad; n in wgrad); N and K did not change the best tile.
+inline GemmTile choose_gemm_tile(GemmRecipe recipe, int64_t gemm_m_bound_per_group) {
   GemmTile chosen = GemmTile::kCooperative128x128;
   if (recipe == GemmRecipe::kBf16) {
     chosen = gemm_m_bound_per_group < 128 ? GemmTile::kPingpong64x128
