@@ -134,6 +134,12 @@ def main():
         rows_written = int(out.group_offsets[-1])  # kept rows and zero padding: all written
         nbytes = T * H * 2 + rows_written * H * 2
         report(f"permute, alignment {alignment}", time_ours(fn), torch_permute_times, nbytes)
+        # The previous copy (16-byte vectors through registers), captured in the same process.
+        os.environ["SFMOE_PERMUTE_COPY"] = "vector"
+        try:
+            report(f"permute, alignment {alignment} (vector copy)", time_ours(fn), torch_permute_times, nbytes)
+        finally:
+            del os.environ["SFMOE_PERMUTE_COPY"]
 
     # ---- permute with the fused MXFP8 quantization, against permute then quantize ------------
     def torch_permute_mxfp8():
@@ -229,6 +235,24 @@ def time_swiglu(dev, ids, report):
            time_torch(lambda: F.silu(h[:, :FFN]) * h[:, FFN:]), fwd_bytes)
     report("SwiGLU forward + backward", time_ours(ours_fwd_bwd), time_torch(torch_swiglu_fwd_bwd),
            fwd_bytes + bwd_bytes)
+
+    # The forward with its output quantized on the fly, against the forward then sfmoe.quantize
+    # (bytes: the input read once, codes and scales written once; NVFP4 reads the input twice).
+    no_peer = (float("nan"), None)
+    for recipe, code_bytes, layout in (("mxfp8", 1 + 1 / 32, "swizzled"), ("nvfp4", 0.5 + 1 / 16, "swizzled")):
+        fused = lambda: sfmoe.grouped_activation(h, offsets, sizes, "swiglu", quantize=recipe,  # noqa: E731
+                                                 scale_layout=layout)
+
+        def separate():
+            y = sfmoe.grouped_activation(h, offsets, sizes, "swiglu")
+            return sfmoe.quantize(y, recipe, group_offsets=offsets, row_alignment=1, scale_layout=layout)
+
+        fused()
+        separate()
+        fused_time, separate_time = time_ours(fused), time_ours(separate)
+        report(f"SwiGLU forward + {recipe} fused", fused_time, no_peer, rows * (2 * FFN * 2 + FFN * code_bytes))
+        report(f"SwiGLU forward, then quantize {recipe} (sfmoe)", separate_time, no_peer)
+        print(f"  fused / separate: {fused_time[0] / separate_time[0]:.2f}")
 
 
 if __name__ == "__main__":

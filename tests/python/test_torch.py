@@ -528,7 +528,8 @@ def test_cuda_fused_permute_quantization_matches_host(recipe, layout, rng):
 
 
 @requires_cuda
-@pytest.mark.parametrize("recipe,layout", [("mxfp8", "swizzled"), ("fp8_block_1x128", "compact")])
+@pytest.mark.parametrize("recipe,layout", [("mxfp8", "swizzled"), ("fp8_block_1x128", "compact"),
+                                           ("nvfp4", "swizzled"), ("nvfp4", "compact")])
 def test_cuda_fused_activation_quantization_and_amax_match_host(recipe, layout, rng):
     rows = torch.tensor([3, 0, 40, 17, 1], dtype=torch.int64)
     offsets = torch.zeros(6, dtype=torch.int64)

@@ -6,10 +6,15 @@
 //            lowest token indices are kept), and the padded block starts;
 //   place:   per chunk, each slot's row (row_map);
 //   copy:    one block per token reads its row once and writes it to each of its k destination
-//            rows; further blocks write the padding rows' zeros.
+//            rows; further blocks write the padding rows' zeros. Rows of a multiple of 16 bytes
+//            move by bulk copies (one warp per token: the row is loaded into shared memory by
+//            one instruction and stored to each destination by one more per slot), others by
+//            16-, 4- or 2-byte vectors.
 // Unpermute: one block per token gathers its k rows, FP32 sums in slot order. Its backward: one
 // block per token scatters probs * d_out and reduces d_probs; padding blocks write zeros.
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "sfmoe/numerics/float_formats.h"
 #include "sfmoe/numerics/scale_swizzle.h"
@@ -17,6 +22,7 @@
 #include "src/common/fault.h"
 #include "src/common/group_offsets.h"
 #include "src/cuda/backend.h"
+#include "src/cuda/common/bulk_copy.h"
 #include "src/cuda/common/cuda_check.h"
 #include "src/cuda/common/rowwise_quantize.h"
 #include "src/cuda/common/vector_io.h"
@@ -227,6 +233,77 @@ __global__ void __launch_bounds__(kRowCopyThreads)
   for (int64_t row = offsets[e] + tokens_per_expert[e] + part; row < end; row += kPaddingSplit) {
     zero_row(permuted + row * row_vectors, row_vectors);
   }
+}
+
+// The bulk form: a one-warp block per token. Lane 0 loads the row (in segments of at most
+// kBulkSegmentBytes) into shared memory; lane i < k stores it to slot i's row. The warps issue a
+// few instructions per row instead of one load or store per 16 bytes and thread, and many rows
+// are in flight per multiprocessor (one per block, as many blocks as the shared memory holds).
+// Padding blocks fill their segment with zeros once and store it to each padding row.
+constexpr int kBulkThreads = 32;
+constexpr int64_t kBulkSegmentBytes = 32768;
+static_assert(kBulkThreads >= kMaxDeviceSlots, "a lane per slot stores the row");
+
+__global__ void __launch_bounds__(kBulkThreads)
+    permute_bulk_copy_kernel(const uint8_t* tokens, int64_t num_tokens, int64_t top_k,
+                             int64_t row_bytes, int64_t segment_bytes, int64_t row_capacity,
+                             const int64_t* offsets, const int64_t* tokens_per_expert,
+                             const int64_t* row_map, uint8_t* permuted) {
+  extern __shared__ __align__(128) uint8_t staged[];
+  __shared__ uint64_t loaded;
+  const int lane = threadIdx.x;
+  const int64_t b = blockIdx.x;
+  if (b < num_tokens) {
+    int64_t row = -1;
+    if (lane < top_k) {
+      row = row_map[b * top_k + lane];
+      // The API checked the capacity against the worst case; the bound is kept regardless.
+      if (row >= row_capacity) row = -1;
+    }
+    if (lane == 0) mbarrier_init_single(&loaded);
+    __syncwarp();
+    uint32_t phase = 0;
+    for (int64_t at = 0; at < row_bytes; at += segment_bytes, phase ^= 1u) {
+      const int64_t left = row_bytes - at;
+      const uint32_t bytes = static_cast<uint32_t>(left < segment_bytes ? left : segment_bytes);
+      if (lane == 0) bulk_load_to_shared(staged, tokens + b * row_bytes + at, bytes, &loaded);
+      mbarrier_wait(&loaded, phase);
+      if (row >= 0) {
+        bulk_store_from_shared(permuted + row * row_bytes + at, staged, bytes);
+        bulk_commit();
+        bulk_wait_source_read();  // before the next segment overwrites the staged bytes
+      }
+      __syncwarp();
+    }
+    return;
+  }
+  const int64_t pad = b - num_tokens;
+  const int64_t e = pad / kPaddingSplit, part = pad % kPaddingSplit;
+  const int64_t end = offsets[e + 1] < row_capacity ? offsets[e + 1] : row_capacity;
+  const int64_t first = offsets[e] + tokens_per_expert[e] + part;
+  if (first >= end) return;
+  for (int64_t v = lane; v < segment_bytes / 16; v += kBulkThreads) {
+    reinterpret_cast<uint4*>(staged)[v] = make_uint4(0u, 0u, 0u, 0u);
+  }
+  fence_shared_for_bulk_copies();
+  __syncwarp();
+  for (int64_t row = first + lane * kPaddingSplit; row < end; row += kBulkThreads * kPaddingSplit) {
+    for (int64_t at = 0; at < row_bytes; at += segment_bytes) {
+      const int64_t left = row_bytes - at;
+      const uint32_t bytes = static_cast<uint32_t>(left < segment_bytes ? left : segment_bytes);
+      bulk_store_from_shared(permuted + row * row_bytes + at, staged, bytes);
+    }
+    bulk_commit();
+  }
+  bulk_wait_source_read();
+}
+
+// The bulk form unless SFMOE_PERMUTE_COPY=vector asks for the vector form (for comparisons).
+bool permute_copy_by_bulk(const void* tokens, const void* permuted, int64_t row_bytes) {
+  const char* forced = getenv("SFMOE_PERMUTE_COPY");
+  if (forced != nullptr && strcmp(forced, "vector") == 0) return false;
+  return row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(tokens) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(permuted) % 16 == 0;
 }
 
 // ---- fused quantization ----------------------------------------------------------------------
@@ -510,6 +587,15 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
           a.tokens_per_expert, a.row_map, fused);
     }
     return check_launch(context, "permute_quantize_kernel");
+  }
+  if (permute_copy_by_bulk(a.tokens, a.permuted, row_bytes)) {
+    const int64_t segment = row_bytes < kBulkSegmentBytes ? row_bytes : kBulkSegmentBytes;
+    permute_bulk_copy_kernel<<<static_cast<unsigned>(blocks), kBulkThreads,
+                               static_cast<size_t>(segment), stream>>>(
+        static_cast<const uint8_t*>(a.tokens), a.num_tokens, a.top_k, row_bytes, segment,
+        a.row_capacity, a.expert_offsets, a.tokens_per_expert, a.row_map,
+        static_cast<uint8_t*>(a.permuted));
+    return check_launch(context, "permute_bulk_copy_kernel");
   }
   auto launch = [&](auto vec) {
     using Vec = decltype(vec);

@@ -570,6 +570,9 @@ __global__ void __launch_bounds__(kThreads, kV <= 8 ? 4 : 2)
   }
 
   __syncthreads();
+  // Launched as the dependent of router_clear_counts_kernel (router_forward): the counts are
+  // zero once that kernel has completed, which this waits for (a no-op in an ordinary launch).
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   for (int e = threadIdx.x; e < experts; e += kThreads) {
     if (shared.counts[e] != 0) {
       atomicAdd(reinterpret_cast<unsigned long long*>(a.tokens_per_expert + e),
@@ -841,6 +844,33 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Zeroes the expert counts the forward adds to. It lets its dependent (the forward kernel,
+// launched with programmatic stream serialization) start at once: the forward's blocks compute
+// while this runs and wait for it only before their first count is added, so the clearing costs
+// no gap between two kernels.
+__global__ void router_clear_counts_kernel(int64_t* counts, int64_t experts) {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  for (int64_t e = threadIdx.x; e < experts; e += blockDim.x) counts[e] = 0;
+}
+
+// kernel<<<grid, kThreads, 0, stream>>>(a, shape) as the programmatic dependent of the kernel
+// before it on the stream.
+template <class Kernel>
+cudaError_t launch_as_dependent(Kernel kernel, unsigned grid, cudaStream_t stream,
+                                const RouterDeviceForward& a, const RouterShape& shape) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, a, shape);
+}
+
 static_assert(kMaxDeviceExperts <= 16 * kLanes, "chunks of at most 16 experts");
 template <class Launch>
 sfmoe_status by_chunk(int chunk, Launch launch) {
@@ -857,8 +887,8 @@ sfmoe_status router_forward(const RouterDeviceForward& a, void* stream_pointer) 
   const char* context = "sfmoe_router_forward";
   cudaStream_t stream = static_cast<cudaStream_t>(stream_pointer);
   const RouterConfig& c = a.config;
-  SFMOE_CUDA_RETURN_IF_ERROR(
-      context, cudaMemsetAsync(a.tokens_per_expert, 0, sizeof(int64_t) * c.num_experts, stream));
+  router_clear_counts_kernel<<<1, 256, 0, stream>>>(a.tokens_per_expert, c.num_experts);
+  SFMOE_RETURN_IF_ERROR(check_launch(context, "router_clear_counts_kernel"));
   const int64_t blocks = router_blocks(a.tokens);
   const RouterShape shape = router_shape(c, a.tokens, blocks);
   if (a.tokens > 0) {
@@ -866,17 +896,19 @@ sfmoe_status router_forward(const RouterDeviceForward& a, void* stream_pointer) 
       constexpr int kV = decltype(v)::value;
       const bool losses = a.aux_loss != nullptr || a.z_loss != nullptr;
       const unsigned grid = static_cast<unsigned>(blocks);
+      cudaError_t launched;
       if (a.logits_bf16) {
-        if (losses) {
-          router_forward_kernel<kV, __nv_bfloat16, true><<<grid, kThreads, 0, stream>>>(a, shape);
-        } else {
-          router_forward_kernel<kV, __nv_bfloat16, false><<<grid, kThreads, 0, stream>>>(a, shape);
-        }
-      } else if (losses) {
-        router_forward_kernel<kV, float, true><<<grid, kThreads, 0, stream>>>(a, shape);
+        launched = losses ? launch_as_dependent(router_forward_kernel<kV, __nv_bfloat16, true>,
+                                                grid, stream, a, shape)
+                          : launch_as_dependent(router_forward_kernel<kV, __nv_bfloat16, false>,
+                                                grid, stream, a, shape);
       } else {
-        router_forward_kernel<kV, float, false><<<grid, kThreads, 0, stream>>>(a, shape);
+        launched = losses ? launch_as_dependent(router_forward_kernel<kV, float, true>, grid,
+                                                stream, a, shape)
+                          : launch_as_dependent(router_forward_kernel<kV, float, false>, grid,
+                                                stream, a, shape);
       }
+      SFMOE_CUDA_RETURN_IF_ERROR(context, launched);
       return check_launch(context, "router_forward_kernel");
     }));
   }
