@@ -236,13 +236,14 @@ __global__ void __launch_bounds__(kRowCopyThreads)
 }
 
 // The bulk form: a one-warp block per token. Lane 0 loads the row (in segments of at most
-// kBulkSegmentBytes) into shared memory; lane i < k stores it to slot i's row. The warps issue a
-// few instructions per row instead of one load or store per 16 bytes and thread, and many rows
-// are in flight per multiprocessor (one per block, as many blocks as the shared memory holds).
-// Padding blocks fill their segment with zeros once and store it to each padding row.
+// kBulkSegmentBytes) into shared memory; lane i stores it to the rows of slots i and i + 32. The
+// warps issue a few instructions per row instead of one load or store per 16 bytes and thread,
+// and many rows are in flight per multiprocessor (one per block, as many blocks as the shared
+// memory holds). Padding blocks fill their segment with zeros once and store it to each padding
+// row.
 constexpr int kBulkThreads = 32;
+constexpr int kBulkSlotsPerLane = (kMaxDeviceSlots + kBulkThreads - 1) / kBulkThreads;
 constexpr int64_t kBulkSegmentBytes = 32768;
-static_assert(kBulkThreads >= kMaxDeviceSlots, "a lane per slot stores the row");
 
 __global__ void __launch_bounds__(kBulkThreads)
     permute_bulk_copy_kernel(const uint8_t* tokens, int64_t num_tokens, int64_t top_k,
@@ -254,11 +255,15 @@ __global__ void __launch_bounds__(kBulkThreads)
   const int lane = threadIdx.x;
   const int64_t b = blockIdx.x;
   if (b < num_tokens) {
-    int64_t row = -1;
-    if (lane < top_k) {
-      row = row_map[b * top_k + lane];
+    int64_t rows[kBulkSlotsPerLane];
+    bool stores = false;
+#pragma unroll
+    for (int i = 0; i < kBulkSlotsPerLane; ++i) {
+      const int64_t slot = lane + i * kBulkThreads;
+      rows[i] = slot < top_k ? row_map[b * top_k + slot] : -1;
       // The API checked the capacity against the worst case; the bound is kept regardless.
-      if (row >= row_capacity) row = -1;
+      if (rows[i] >= row_capacity) rows[i] = -1;
+      stores |= rows[i] >= 0;
     }
     if (lane == 0) mbarrier_init_single(&loaded);
     __syncwarp();
@@ -268,8 +273,11 @@ __global__ void __launch_bounds__(kBulkThreads)
       const uint32_t bytes = static_cast<uint32_t>(left < segment_bytes ? left : segment_bytes);
       if (lane == 0) bulk_load_to_shared(staged, tokens + b * row_bytes + at, bytes, &loaded);
       mbarrier_wait(&loaded, phase);
-      if (row >= 0) {
-        bulk_store_from_shared(permuted + row * row_bytes + at, staged, bytes);
+      if (stores) {
+#pragma unroll
+        for (int i = 0; i < kBulkSlotsPerLane; ++i) {
+          if (rows[i] >= 0) bulk_store_from_shared(permuted + rows[i] * row_bytes + at, staged, bytes);
+        }
         bulk_commit();
         bulk_wait_source_read();  // before the next segment overwrites the staged bytes
       }
