@@ -187,7 +187,7 @@ def main():
                              row_alignment=128, scale_layout="columnwise_transposed")
         qxc = sfmoe.quantize(x, "fp8_block_1x128", group_offsets=offsets, columnwise=True, rowwise=False,
                              row_alignment=128, scale_layout="columnwise_transposed")
-        ours_block = graphed_ms(lambda: sfmoe.grouped_gemm("wgrad", qdy, qxc, out=dw16))
+        ours_block = ours_ms(lambda: sfmoe.grouped_gemm("wgrad", qdy, qxc, out=dw16))
         wgrad_sweep = {tile: tflops(flops, forced(tile, lambda: sfmoe.grouped_gemm("wgrad", dy, x, offsets, out=dw16)))
                        for tile in RECIPE_TILES["bf16"]}
         row = dict(case=f"wgrad {name} fc1", M=m, N=n, K=k, sfmoe=tflops(flops, ours16), tiles=wgrad_sweep,

@@ -11,6 +11,7 @@ Bandwidth is effective: the bytes an op must read and write once (rows, not indi
 time, and as a share of the copy ceiling measured here (torch copy_). Writes JSON to
 $OUT/bench_moe_ops_torch.json when OUT is set.
 """
+import contextlib
 import json
 import os
 
@@ -48,6 +49,16 @@ def time_torch(fn):
     except Exception:  # noqa: BLE001 -- some torch ops cannot be captured
         graph = None
     return eager, graph
+
+
+@contextlib.contextmanager
+def environment(variable, value):
+    """The library reads these switches at each call, so a capture under them keeps their form."""
+    os.environ[variable] = value
+    try:
+        yield
+    finally:
+        del os.environ[variable]
 
 
 def wanted(section):
@@ -115,7 +126,10 @@ def main():
     for name, kwargs, b, peer in router_cases if wanted("router") else []:
         fn = lambda: sfmoe.router(logits, K, expert_bias=b, **kwargs)  # noqa: E731
         fn()
-        report(name, time_ours(fn), time_torch(peer))
+        peer_times = time_torch(peer)
+        report(name, time_ours(fn), peer_times)
+        with environment("SFMOE_DEPENDENT_LAUNCH", "0"):  # the count clearing not overlapped
+            report(name + " (no dependent launch)", time_ours(fn), peer_times)
 
     routed = sfmoe.router(logits, K, score="sigmoid", normalize=True)
     ids, probs = routed.topk_ids, routed.probs
@@ -128,18 +142,24 @@ def main():
         return tokens.index_select(0, order // K), order
 
     torch_permute_times = time_torch(torch_permute) if wanted("permute") else None
+    if wanted("permute"):
+        # What a write-heavy op can reach: filling the permuted rows' bytes (torch zero_), no reads.
+        sink = torch.empty(T * K, H, device=dev, dtype=torch.bfloat16)
+        fill_ms = time_graphed(sink.zero_)
+        print(f"write-only bandwidth (zero_ of [T k, H] bf16): {T * K * H * 2 / (fill_ms * 1e-3) / 1e12:.2f} TB/s"
+              f" ({fill_ms * 1e3:.1f} us)")
+        del sink
     for alignment in (1, 16, 128) if wanted("permute") else ():
         fn = lambda: sfmoe.permute(tokens, ids, E, alignment=alignment)  # noqa: E731
         out = fn()
         rows_written = int(out.group_offsets[-1])  # kept rows and zero padding: all written
         nbytes = T * H * 2 + rows_written * H * 2
         report(f"permute, alignment {alignment}", time_ours(fn), torch_permute_times, nbytes)
-        # The previous copy (16-byte vectors through registers), captured in the same process.
-        os.environ["SFMOE_PERMUTE_COPY"] = "vector"
-        try:
-            report(f"permute, alignment {alignment} (vector copy)", time_ours(fn), torch_permute_times, nbytes)
-        finally:
-            del os.environ["SFMOE_PERMUTE_COPY"]
+        if alignment == 1:  # the earlier forms, captured in the same process
+            for variable, value, what in (("SFMOE_PERMUTE_COPY", "vector", "vector copy"),
+                                          ("SFMOE_DEPENDENT_LAUNCH", "0", "no dependent launch")):
+                with environment(variable, value):
+                    report(f"permute, alignment {alignment} ({what})", time_ours(fn), torch_permute_times, nbytes)
 
     # ---- permute with the fused MXFP8 quantization, against permute then quantize ------------
     def torch_permute_mxfp8():

@@ -10,6 +10,10 @@
 //            move by bulk copies (one warp per token: the row is loaded into shared memory by
 //            one instruction and stored to each destination by one more per slot), others by
 //            16-, 4- or 2-byte vectors.
+// The scan, place and copy kernels are programmatic dependents of the kernel before them
+// (src/cuda/common/dependent_launch.h): each starts while its predecessor runs, does what needs
+// only the inputs (place builds its chunk's bitmap from the ids, the bulk copy loads its token
+// row), and waits for the predecessor before it reads what that one writes.
 // Unpermute: one block per token gathers its k rows, FP32 sums in slot order. Its backward: one
 // block per token scatters probs * d_out and reduces d_probs; padding blocks write zeros.
 #include <stdint.h>
@@ -24,6 +28,7 @@
 #include "src/cuda/backend.h"
 #include "src/cuda/common/bulk_copy.h"
 #include "src/cuda/common/cuda_check.h"
+#include "src/cuda/common/dependent_launch.h"
 #include "src/cuda/common/rowwise_quantize.h"
 #include "src/cuda/common/vector_io.h"
 
@@ -78,6 +83,7 @@ __device__ __forceinline__ void build_chunk_bitmap(uint32_t* bitmap, const int32
 __global__ void __launch_bounds__(kChunkTokens)
     permute_count_kernel(const int32_t* ids, int64_t num_tokens, int64_t top_k, int64_t experts,
                          int32_t* chunk_counts) {
+  let_dependents_start();
   extern __shared__ uint32_t bitmap[];
   const int64_t chunk = blockIdx.x;
   build_chunk_bitmap(bitmap, ids, num_tokens, top_k, experts, chunk);
@@ -98,6 +104,8 @@ __global__ void __launch_bounds__(kScanThreads)
                         int64_t* dropped_per_expert, int64_t* offsets) {
   __shared__ int64_t partial[kScanThreads];
   __shared__ int64_t carry;
+  let_dependents_start();
+  wait_for_previous_kernel();  // the counts
   if (threadIdx.x == 0) carry = 0;
   for (int64_t first = 0; first < experts; first += kScanThreads) {
     const int64_t e = first + threadIdx.x;
@@ -149,9 +157,11 @@ __global__ void __launch_bounds__(kChunkTokens)
     permute_place_kernel(const int32_t* ids, int64_t num_tokens, int64_t top_k, int64_t experts,
                          int64_t expert_capacity, const int32_t* chunk_bases,
                          const int64_t* offsets, int64_t* row_map, sfmoe_fault_report* word) {
+  let_dependents_start();
   extern __shared__ uint32_t bitmap[];
   const int64_t chunk = blockIdx.x;
   build_chunk_bitmap(bitmap, ids, num_tokens, top_k, experts, chunk);
+  wait_for_previous_kernel();  // the chunk bases and offsets
   const int64_t t = chunk * kChunkTokens + threadIdx.x;
   if (t >= num_tokens) return;
   const int word_index = threadIdx.x / 32;
@@ -213,6 +223,7 @@ __global__ void __launch_bounds__(kRowCopyThreads)
     permute_copy_kernel(const Vec* tokens, int64_t num_tokens, int64_t top_k, int64_t row_vectors,
                         int64_t row_capacity, const int64_t* offsets,
                         const int64_t* tokens_per_expert, const int64_t* row_map, Vec* permuted) {
+  wait_for_previous_kernel();  // the row map and offsets
   const int64_t b = blockIdx.x;
   if (b < num_tokens) {
     // Each of the first k threads places one slot.
@@ -255,6 +266,13 @@ __global__ void __launch_bounds__(kBulkThreads)
   const int lane = threadIdx.x;
   const int64_t b = blockIdx.x;
   if (b < num_tokens) {
+    // The first segment of the token's row is loaded before the row map exists.
+    if (lane == 0) {
+      mbarrier_init_single(&loaded);
+      const uint32_t bytes = static_cast<uint32_t>(row_bytes < segment_bytes ? row_bytes : segment_bytes);
+      bulk_load_to_shared(staged, tokens + b * row_bytes, bytes, &loaded);
+    }
+    wait_for_previous_kernel();  // the row map
     int64_t rows[kBulkSlotsPerLane];
     bool stores = false;
 #pragma unroll
@@ -265,13 +283,12 @@ __global__ void __launch_bounds__(kBulkThreads)
       if (rows[i] >= row_capacity) rows[i] = -1;
       stores |= rows[i] >= 0;
     }
-    if (lane == 0) mbarrier_init_single(&loaded);
     __syncwarp();
     uint32_t phase = 0;
     for (int64_t at = 0; at < row_bytes; at += segment_bytes, phase ^= 1u) {
       const int64_t left = row_bytes - at;
       const uint32_t bytes = static_cast<uint32_t>(left < segment_bytes ? left : segment_bytes);
-      if (lane == 0) bulk_load_to_shared(staged, tokens + b * row_bytes + at, bytes, &loaded);
+      if (lane == 0 && at > 0) bulk_load_to_shared(staged, tokens + b * row_bytes + at, bytes, &loaded);
       mbarrier_wait(&loaded, phase);
       if (stores) {
 #pragma unroll
@@ -285,6 +302,7 @@ __global__ void __launch_bounds__(kBulkThreads)
     }
     return;
   }
+  wait_for_previous_kernel();  // the offsets and counts
   const int64_t pad = b - num_tokens;
   const int64_t e = pad / kPaddingSplit, part = pad % kPaddingSplit;
   const int64_t end = offsets[e + 1] < row_capacity ? offsets[e + 1] : row_capacity;
@@ -560,14 +578,18 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
         a.topk_ids, a.num_tokens, a.top_k, a.num_experts, a.workspace);
     SFMOE_RETURN_IF_ERROR(check_launch(context, "permute_count_kernel"));
   }
-  permute_scan_kernel<<<1, kScanThreads, 0, stream>>>(
-      a.workspace, chunks, a.num_experts, a.expert_capacity, a.alignment, a.tokens_per_expert,
-      a.dropped_per_expert, a.expert_offsets);
+  SFMOE_CUDA_RETURN_IF_ERROR(
+      context, launch_dependent(permute_scan_kernel, dim3(1), dim3(kScanThreads), 0, stream,
+                                a.workspace, chunks, a.num_experts, a.expert_capacity,
+                                a.alignment, a.tokens_per_expert, a.dropped_per_expert,
+                                a.expert_offsets));
   SFMOE_RETURN_IF_ERROR(check_launch(context, "permute_scan_kernel"));
   if (chunks > 0) {
-    permute_place_kernel<<<static_cast<unsigned>(chunks), kChunkTokens, bitmap_bytes, stream>>>(
-        a.topk_ids, a.num_tokens, a.top_k, a.num_experts, a.expert_capacity, a.workspace,
-        a.expert_offsets, a.row_map, a.word);
+    SFMOE_CUDA_RETURN_IF_ERROR(
+        context, launch_dependent(permute_place_kernel, dim3(static_cast<unsigned>(chunks)),
+                                  dim3(kChunkTokens), bitmap_bytes, stream, a.topk_ids,
+                                  a.num_tokens, a.top_k, a.num_experts, a.expert_capacity,
+                                  a.workspace, a.expert_offsets, a.row_map, a.word));
     SFMOE_RETURN_IF_ERROR(check_launch(context, "permute_place_kernel"));
   }
   const int64_t row_bytes = a.hidden * (sfmoe_dtype_bits(a.dtype) / 8);
@@ -598,27 +620,27 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
   }
   if (permute_copy_by_bulk(a.tokens, a.permuted, row_bytes)) {
     const int64_t segment = row_bytes < kBulkSegmentBytes ? row_bytes : kBulkSegmentBytes;
-    permute_bulk_copy_kernel<<<static_cast<unsigned>(blocks), kBulkThreads,
-                               static_cast<size_t>(segment), stream>>>(
-        static_cast<const uint8_t*>(a.tokens), a.num_tokens, a.top_k, row_bytes, segment,
-        a.row_capacity, a.expert_offsets, a.tokens_per_expert, a.row_map,
-        static_cast<uint8_t*>(a.permuted));
+    SFMOE_CUDA_RETURN_IF_ERROR(
+        context,
+        launch_dependent(permute_bulk_copy_kernel, dim3(static_cast<unsigned>(blocks)),
+                         dim3(kBulkThreads), static_cast<size_t>(segment), stream,
+                         static_cast<const uint8_t*>(a.tokens), a.num_tokens, a.top_k, row_bytes,
+                         segment, a.row_capacity, a.expert_offsets, a.tokens_per_expert,
+                         a.row_map, static_cast<uint8_t*>(a.permuted)));
     return check_launch(context, "permute_bulk_copy_kernel");
   }
   auto launch = [&](auto vec) {
     using Vec = decltype(vec);
     const int64_t vectors = row_bytes / static_cast<int64_t>(sizeof(Vec));
-    permute_copy_kernel<Vec><<<static_cast<unsigned>(blocks), kRowCopyThreads, 0, stream>>>(
-        static_cast<const Vec*>(a.tokens), a.num_tokens, a.top_k, vectors, a.row_capacity,
-        a.expert_offsets, a.tokens_per_expert, a.row_map, static_cast<Vec*>(a.permuted));
+    return launch_dependent(permute_copy_kernel<Vec>, dim3(static_cast<unsigned>(blocks)),
+                            dim3(kRowCopyThreads), 0, stream, static_cast<const Vec*>(a.tokens),
+                            a.num_tokens, a.top_k, vectors, a.row_capacity, a.expert_offsets,
+                            a.tokens_per_expert, a.row_map, static_cast<Vec*>(a.permuted));
   };
-  if (row_bytes % 16 == 0) {
-    launch(uint4{});
-  } else if (row_bytes % 4 == 0) {
-    launch(uint32_t{});
-  } else {
-    launch(uint16_t{});
-  }
+  const cudaError_t launched = row_bytes % 16 == 0  ? launch(uint4{})
+                               : row_bytes % 4 == 0 ? launch(uint32_t{})
+                                                    : launch(uint16_t{});
+  SFMOE_CUDA_RETURN_IF_ERROR(context, launched);
   return check_launch(context, "permute_copy_kernel");
 }
 

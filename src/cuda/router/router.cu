@@ -17,6 +17,7 @@
 #include "src/common/fault.h"
 #include "src/cuda/backend.h"
 #include "src/cuda/common/cuda_check.h"
+#include "src/cuda/common/dependent_launch.h"
 
 namespace sfmoe {
 namespace cuda {
@@ -570,9 +571,9 @@ __global__ void __launch_bounds__(kThreads, kV <= 8 ? 4 : 2)
   }
 
   __syncthreads();
-  // Launched as the dependent of router_clear_counts_kernel (router_forward): the counts are
-  // zero once that kernel has completed, which this waits for (a no-op in an ordinary launch).
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  // The dependent of router_clear_counts_kernel (router_forward): the counts are zero once it
+  // has completed.
+  wait_for_previous_kernel();
   for (int e = threadIdx.x; e < experts; e += kThreads) {
     if (shared.counts[e] != 0) {
       atomicAdd(reinterpret_cast<unsigned long long*>(a.tokens_per_expert + e),
@@ -844,31 +845,12 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Zeroes the expert counts the forward adds to. It lets its dependent (the forward kernel,
-// launched with programmatic stream serialization) start at once: the forward's blocks compute
-// while this runs and wait for it only before their first count is added, so the clearing costs
-// no gap between two kernels.
+// Zeroes the expert counts the forward adds to. Its dependent, the forward kernel
+// (launch_dependent), starts at once and computes while this runs; it waits for it only before
+// its first count is added, so the clearing costs no gap between two kernels.
 __global__ void router_clear_counts_kernel(int64_t* counts, int64_t experts) {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  let_dependents_start();
   for (int64_t e = threadIdx.x; e < experts; e += blockDim.x) counts[e] = 0;
-}
-
-// kernel<<<grid, kThreads, 0, stream>>>(a, shape) as the programmatic dependent of the kernel
-// before it on the stream.
-template <class Kernel>
-cudaError_t launch_as_dependent(Kernel kernel, unsigned grid, cudaStream_t stream,
-                                const RouterDeviceForward& a, const RouterShape& shape) {
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(grid);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, a, shape);
 }
 
 static_assert(kMaxDeviceExperts <= 16 * kLanes, "chunks of at most 16 experts");
@@ -896,18 +878,12 @@ sfmoe_status router_forward(const RouterDeviceForward& a, void* stream_pointer) 
       constexpr int kV = decltype(v)::value;
       const bool losses = a.aux_loss != nullptr || a.z_loss != nullptr;
       const unsigned grid = static_cast<unsigned>(blocks);
-      cudaError_t launched;
-      if (a.logits_bf16) {
-        launched = losses ? launch_as_dependent(router_forward_kernel<kV, __nv_bfloat16, true>,
-                                                grid, stream, a, shape)
-                          : launch_as_dependent(router_forward_kernel<kV, __nv_bfloat16, false>,
-                                                grid, stream, a, shape);
-      } else {
-        launched = losses ? launch_as_dependent(router_forward_kernel<kV, float, true>, grid,
-                                                stream, a, shape)
-                          : launch_as_dependent(router_forward_kernel<kV, float, false>, grid,
-                                                stream, a, shape);
-      }
+      const auto kernel = a.logits_bf16 ? (losses ? router_forward_kernel<kV, __nv_bfloat16, true>
+                                                  : router_forward_kernel<kV, __nv_bfloat16, false>)
+                                        : (losses ? router_forward_kernel<kV, float, true>
+                                                  : router_forward_kernel<kV, float, false>);
+      const cudaError_t launched =
+          launch_dependent(kernel, dim3(grid), dim3(kThreads), 0, stream, a, shape);
       SFMOE_CUDA_RETURN_IF_ERROR(context, launched);
       return check_launch(context, "router_forward_kernel");
     }));
