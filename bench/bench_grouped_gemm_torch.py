@@ -163,7 +163,7 @@ def main():
 
     # wgrad, balanced: dW_e [N, K] = dY_e^T X_e.
     print(f"\n{'wgrad case (TFLOP/s)':30s} {'bf16 out':>8s} {'fp32 out':>8s} {'fp32 acc':>8s} "
-          f"{'grouped_mm':>10s} {'dense':>6s} {'bf16/dense':>10s}")
+          f"{'grouped_mm':>10s} {'dense':>6s} {'bf16/dense':>10s} {'fp8 block':>9s}")
     for name, (experts, rows, hidden, ffn) in SHAPES.items():
         sizes = group_sizes(experts, rows, "balanced")
         m = int(sizes.sum())
@@ -182,17 +182,25 @@ def main():
         ours_acc = ours_ms(lambda: sfmoe.grouped_gemm("wgrad", dy, x, offsets, out=dw, accumulate=True))
         grouped = peer(lambda: torch._grouped_mm(dy.t(), x, offs=ends32))
         dense = peer(lambda: dy.t() @ x)
+        # FP8 blockwise: dY and X 1x128 down their rows (columnwise copies, scales transposed).
+        qdy = sfmoe.quantize(dy, "fp8_block_1x128", group_offsets=offsets, columnwise=True, rowwise=False,
+                             row_alignment=128, scale_layout="columnwise_transposed")
+        qxc = sfmoe.quantize(x, "fp8_block_1x128", group_offsets=offsets, columnwise=True, rowwise=False,
+                             row_alignment=128, scale_layout="columnwise_transposed")
+        ours_block = ours_ms(lambda: sfmoe.grouped_gemm("wgrad", qdy, qxc, out=dw16))
         wgrad_sweep = {tile: tflops(flops, forced(tile, lambda: sfmoe.grouped_gemm("wgrad", dy, x, offsets, out=dw16)))
                        for tile in RECIPE_TILES["bf16"]}
         row = dict(case=f"wgrad {name} fc1", M=m, N=n, K=k, sfmoe=tflops(flops, ours16), tiles=wgrad_sweep,
                    sfmoe_fp32=tflops(flops, ours32), sfmoe_fp32_accumulate=tflops(flops, ours_acc),
+                   sfmoe_fp8_blockwise=tflops(flops, ours_block),
                    grouped_mm=grouped and tflops(flops, grouped), dense=dense and tflops(flops, dense))
         results.append(row)
         print(f"{row['case']:30s} {row['sfmoe']:8.0f} {row['sfmoe_fp32']:8.0f} {row['sfmoe_fp32_accumulate']:8.0f} "
               f"{row['grouped_mm'] or 0:10.0f} {row['dense'] or 0:6.0f} "
-              f"{row['sfmoe'] / row['dense'] if row['dense'] else float('nan'):10.2f}   tiles (bf16 out) "
+              f"{row['sfmoe'] / row['dense'] if row['dense'] else float('nan'):10.2f} "
+              f"{row['sfmoe_fp8_blockwise']:9.0f}   tiles (bf16 out) "
               + " ".join(f"{SHORT[t]} {v:.0f}" for t, v in wgrad_sweep.items()))
-        del x, dy, dw, dw16
+        del x, dy, dw, dw16, qdy, qxc
         torch.cuda.empty_cache()
 
     # Capacity: Qwen3 fc1 balanced rows in buffers of twice the rows.

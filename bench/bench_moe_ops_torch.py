@@ -11,6 +11,7 @@ Bandwidth is effective: the bytes an op must read and write once (rows, not indi
 time, and as a share of the copy ceiling measured here (torch copy_). Writes JSON to
 $OUT/bench_moe_ops_torch.json when OUT is set.
 """
+import contextlib
 import json
 import os
 
@@ -48,6 +49,16 @@ def time_torch(fn):
     except Exception:  # noqa: BLE001 -- some torch ops cannot be captured
         graph = None
     return eager, graph
+
+
+@contextlib.contextmanager
+def environment(variable, value):
+    """The library reads these switches at each call, so a capture under them keeps their form."""
+    os.environ[variable] = value
+    try:
+        yield
+    finally:
+        del os.environ[variable]
 
 
 def wanted(section):
@@ -115,7 +126,10 @@ def main():
     for name, kwargs, b, peer in router_cases if wanted("router") else []:
         fn = lambda: sfmoe.router(logits, K, expert_bias=b, **kwargs)  # noqa: E731
         fn()
-        report(name, time_ours(fn), time_torch(peer))
+        peer_times = time_torch(peer)
+        report(name, time_ours(fn), peer_times)
+        with environment("SFMOE_DEPENDENT_LAUNCH", "0"):  # the count clearing not overlapped
+            report(name + " (no dependent launch)", time_ours(fn), peer_times)
 
     routed = sfmoe.router(logits, K, score="sigmoid", normalize=True)
     ids, probs = routed.topk_ids, routed.probs
@@ -128,12 +142,24 @@ def main():
         return tokens.index_select(0, order // K), order
 
     torch_permute_times = time_torch(torch_permute) if wanted("permute") else None
+    if wanted("permute"):
+        # What a write-heavy op can reach: filling the permuted rows' bytes (torch zero_), no reads.
+        sink = torch.empty(T * K, H, device=dev, dtype=torch.bfloat16)
+        fill_ms = time_graphed(sink.zero_)
+        print(f"write-only bandwidth (zero_ of [T k, H] bf16): {T * K * H * 2 / (fill_ms * 1e-3) / 1e12:.2f} TB/s"
+              f" ({fill_ms * 1e3:.1f} us)")
+        del sink
     for alignment in (1, 16, 128) if wanted("permute") else ():
         fn = lambda: sfmoe.permute(tokens, ids, E, alignment=alignment)  # noqa: E731
         out = fn()
         rows_written = int(out.group_offsets[-1])  # kept rows and zero padding: all written
         nbytes = T * H * 2 + rows_written * H * 2
         report(f"permute, alignment {alignment}", time_ours(fn), torch_permute_times, nbytes)
+        if alignment == 1:  # the earlier forms, captured in the same process
+            for variable, value, what in (("SFMOE_PERMUTE_COPY", "vector", "vector copy"),
+                                          ("SFMOE_DEPENDENT_LAUNCH", "0", "no dependent launch")):
+                with environment(variable, value):
+                    report(f"permute, alignment {alignment} ({what})", time_ours(fn), torch_permute_times, nbytes)
 
     # ---- permute with the fused MXFP8 quantization, against permute then quantize ------------
     def torch_permute_mxfp8():
@@ -229,6 +255,24 @@ def time_swiglu(dev, ids, report):
            time_torch(lambda: F.silu(h[:, :FFN]) * h[:, FFN:]), fwd_bytes)
     report("SwiGLU forward + backward", time_ours(ours_fwd_bwd), time_torch(torch_swiglu_fwd_bwd),
            fwd_bytes + bwd_bytes)
+
+    # The forward with its output quantized on the fly, against the forward then sfmoe.quantize
+    # (bytes: the input read once, codes and scales written once; NVFP4 reads the input twice).
+    no_peer = (float("nan"), None)
+    for recipe, code_bytes, layout in (("mxfp8", 1 + 1 / 32, "swizzled"), ("nvfp4", 0.5 + 1 / 16, "swizzled")):
+        fused = lambda: sfmoe.grouped_activation(h, offsets, sizes, "swiglu", quantize=recipe,  # noqa: E731
+                                                 scale_layout=layout)
+
+        def separate():
+            y = sfmoe.grouped_activation(h, offsets, sizes, "swiglu")
+            return sfmoe.quantize(y, recipe, group_offsets=offsets, row_alignment=1, scale_layout=layout)
+
+        fused()
+        separate()
+        fused_time, separate_time = time_ours(fused), time_ours(separate)
+        report(f"SwiGLU forward + {recipe} fused", fused_time, no_peer, rows * (2 * FFN * 2 + FFN * code_bytes))
+        report(f"SwiGLU forward, then quantize {recipe} (sfmoe)", separate_time, no_peer)
+        print(f"  fused / separate: {fused_time[0] / separate_time[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -44,10 +44,12 @@ SFMOE_API sfmoe_activation_config sfmoe_activation_config_init(void);
  * or FP16); group_rows [num_groups] INT64: each group's real rows (e.g. tokens_per_expert), at
  * most its block. output: grouped [row_capacity, F], same groups and capacity; its group_offsets
  * receive the input's (or are the same pointer). The output is FP32, BF16 or FP16 values, or
- * quantized on the fly (FP8 with rowwise MX_1X32 or BLOCK_1X128 scales, rowwise copy only, F a
- * multiple of the block): the same bytes as sfmoe_grouped_quantize of the FP32 activations with
- * these offsets. output->amax, when not NULL, receives each group's amax of the FP32 activations
- * (propagating NaN; 0 for an empty group), e.g. for a per-tensor scale. */
+ * quantized on the fly (FP8 with rowwise MX_1X32 or BLOCK_1X128 scales, FP8 TENSOR with given
+ * scales in config->quantize->tensor_scales, or NVFP4 NV_1X16 with its amax; rowwise copy only,
+ * F a multiple of the block): the same bytes as sfmoe_grouped_quantize of the FP32 activations
+ * with these offsets. NVFP4 takes two passes over the input (the group amax its global scales
+ * come from, then the codes). output->amax, when not NULL, receives each group's amax of the FP32
+ * activations (propagating NaN; 0 for an empty group), e.g. for a per-tensor scale. */
 SFMOE_API sfmoe_status sfmoe_grouped_activation(const sfmoe_grouped_tensor* input,
                                                 const sfmoe_tensor* group_rows,
                                                 const sfmoe_activation_config* config,

@@ -13,14 +13,14 @@
  * Backends: the CPU reference runs on host memory (quantized operands are dequantized from those
  * copies, then multiplied in FP32). On CUDA memory (builds with CUTLASS, Hopper): BF16 x BF16
  * operands (scaling NONE; n and k multiples of 8); FP8 per-tensor ones (E4M3 or E5M2 x E4M3; n
- * and k multiples of 16; FP8 wgrad needs row_alignment >= 16); or FP8 blockwise ones, fprop and
- * dgrad only (a E4M3 BLOCK_1X128, b = W E4M3 BLOCK_128X128 with its rowwise scales; n and k
+ * and k multiples of 16; FP8 wgrad needs row_alignment >= 16); or FP8 blockwise ones (a E4M3
+ * BLOCK_1X128; b = W E4M3 BLOCK_128X128 with its rowwise scales, or in wgrad X E4M3 BLOCK_1X128;
+ * wgrad's dY and X in SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED with row_alignment >= 128; n and k
  * multiples of 128). Out BF16 or FP32, 16-byte aligned data; the group sizes stay on the device
  * (a's offsets; in wgrad they are taken for b's as well) and the kernels' work follows them.
  * Offsets outside [0, row_capacity] or decreasing (or, in FP8 wgrad, not multiples of 16) are
  * clamped or skipped and raise SFMOE_FAULT_BAD_GROUP_OFFSETS / SFMOE_FAULT_GROUP_OVER_CAPACITY in
- * `word`. Other recipes, blockwise wgrad and FP16 are SFMOE_ERROR_UNSUPPORTED on the device for
- * now.
+ * `word`. Other recipes and FP16 are SFMOE_ERROR_UNSUPPORTED on the device for now.
  */
 #ifndef SFMOE_GROUPED_GEMM_H_
 #define SFMOE_GROUPED_GEMM_H_

@@ -79,8 +79,12 @@ typedef enum sfmoe_scaling {
 #define SFMOE_SCALING_COUNT 7
 
 typedef enum sfmoe_scale_layout {
-  SFMOE_SCALE_LAYOUT_COMPACT = 0, /* row-major [rows, cols / block] */
-  SFMOE_SCALE_LAYOUT_SWIZZLED = 1 /* 128x4 tensor-core tiles (docs/numerics.md) */
+  SFMOE_SCALE_LAYOUT_COMPACT = 0,  /* row-major [rows, cols / block] */
+  SFMOE_SCALE_LAYOUT_SWIZZLED = 1, /* 128x4 tensor-core tiles (docs/numerics.md) */
+  /* BLOCK_1X128 only: the rowwise copy's scales compact, the columnwise copy's [C, R / 128]
+   * matrix stored transposed, [R / 128, C] (each group's blocks with leading dimension C: the
+   * layout the grouped GEMM's blockwise wgrad reads) */
+  SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED = 2
 } sfmoe_scale_layout;
 
 typedef enum sfmoe_memory {
@@ -106,9 +110,10 @@ SFMOE_API sfmoe_status sfmoe_scale_dtype(sfmoe_scaling scaling, sfmoe_dtype* dty
  * allocate what the ops write: the copy is [copy_rows, copy_cols] elements, [R, C] for the
  * rowwise copy and [C, R] for the columnwise one. Writes *ndim (1 or 2) and shape[0..ndim):
  * [num_groups] for TENSOR; [rows, cols / B] for 1D blocks; [rows / B, cols / B] for 2D blocks;
- * one dimension of swizzled_scale_padded_size bytes for the swizzled layout (MX_1X32, NV_1X16).
- * Divisions round up. Fails on NONE or unknown scalings, negative sizes, the swizzled layout for
- * other scalings, or a size beyond int64. */
+ * one dimension of swizzled_scale_padded_size bytes for the swizzled layout (MX_1X32, NV_1X16);
+ * one dimension of copy_rows * (copy_cols / 128) entries for the columnwise-transposed layout
+ * (BLOCK_1X128; the same count for both copies). Divisions round up. Fails on NONE or unknown
+ * scalings, negative sizes, a layout the scaling does not have, or a size beyond int64. */
 SFMOE_API sfmoe_status sfmoe_scale_shape(sfmoe_scaling scaling, sfmoe_scale_layout layout,
                                          int64_t num_groups, int64_t copy_rows, int64_t copy_cols,
                                          int32_t* ndim, int64_t shape[2]);

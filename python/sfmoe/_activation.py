@@ -35,11 +35,12 @@ def grouped_activation(x, group_offsets, group_rows, activation="swiglu", *, lim
     SwiGLU's. Returns [row_capacity, F] in out_dtype (default: x's dtype).
 
     return_amax: also return each group's amax of the FP32 activations ([G] float32): (out, amax).
-    quantize: None, or "mxfp8" / "fp8_block_1x128" / "fp8_tensor" to quantize the output on the
-    fly (the same bytes as :func:`sfmoe.quantize` of the FP32 activations with these offsets),
-    with fmt, scale_layout, power_of_two_scales and tensor_scales (fp8_tensor, required: each
-    group's given scale) as there; out is then a :class:`sfmoe.GroupedQuantizedTensor` (rowwise
-    copy only; for fp8_tensor its amax is the activations' group amax).
+    quantize: None, or "mxfp8" / "fp8_block_1x128" / "fp8_tensor" / "nvfp4" to quantize the
+    output on the fly (the same bytes as :func:`sfmoe.quantize` of the FP32 activations with these
+    offsets), with fmt, scale_layout, power_of_two_scales and tensor_scales (fp8_tensor, required:
+    each group's given scale) as there; out is then a :class:`sfmoe.GroupedQuantizedTensor`
+    (rowwise copy only; for fp8_tensor and nvfp4 its amax is the activations' group amax; nvfp4
+    reads x twice, once for that amax and once for the codes).
     """
     kind = _kind(activation)
     adapter, x, dtype = _input(x, "x")

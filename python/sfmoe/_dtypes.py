@@ -59,6 +59,9 @@ class Scaling(enum.IntEnum):
 class ScaleLayout(enum.IntEnum):
     COMPACT = _C.SCALE_LAYOUT_COMPACT
     SWIZZLED = _C.SCALE_LAYOUT_SWIZZLED
+    # fp8_block_1x128: the columnwise copy's scales stored transposed, [R / 128, C] (as the
+    # grouped GEMM's blockwise wgrad reads them); the rowwise copy's compact.
+    COLUMNWISE_TRANSPOSED = _C.SCALE_LAYOUT_COLUMNWISE_TRANSPOSED
 
 
 class Memory(enum.IntEnum):

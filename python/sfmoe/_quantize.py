@@ -67,10 +67,17 @@ def _scale_layout(scale_layout, scaling):
     elif isinstance(scale_layout, str) and scale_layout.upper() in ScaleLayout.__members__:
         layout = ScaleLayout[scale_layout.upper()]
     else:
-        raise ValueError(f"scale_layout: expected 'compact' or 'swizzled', got {scale_layout!r}")
+        raise ValueError(
+            f"scale_layout: expected 'compact', 'swizzled' or 'columnwise_transposed', got {scale_layout!r}"
+        )
     if layout == ScaleLayout.SWIZZLED and scaling not in _SWIZZLABLE:
         raise ValueError(
             f"scale_layout: the swizzled layout exists for mxfp8 and nvfp4 only, not "
+            f"{_RECIPE_OF[scaling]}"
+        )
+    if layout == ScaleLayout.COLUMNWISE_TRANSPOSED and scaling != Scaling.BLOCK_1X128:
+        raise ValueError(
+            f"scale_layout: the columnwise_transposed layout exists for fp8_block_1x128 only, not "
             f"{_RECIPE_OF[scaling]}"
         )
     return layout
@@ -186,6 +193,11 @@ class GroupedQuantizedTensor:
             return scales
         block = _C.scaling_block_size(int(self.scaling))
         rows, cols = (self.cols, self.rows) if columnwise else (self.rows, self.cols)
+        if self.scale_layout == ScaleLayout.COLUMNWISE_TRANSPOSED:  # one dimension, either copy
+            if not columnwise:
+                return scales.reshape(rows, cols // block)
+            transposed = scales.reshape(cols // block, rows).T
+            return transposed.contiguous() if hasattr(transposed, "contiguous") else transposed.copy()
         return unswizzle_scales(scales, rows, cols // block, dtype=_C.scale_dtype(self.scaling))
 
     def _descriptor(self, adapter):
@@ -343,7 +355,9 @@ def quantize(
        uniform_group_rows: groups of that many rows covering x; neither: one group of all rows.
     rowwise, columnwise: which copies to produce.
     fmt: "e4m3" or "e5m2" for the FP8 recipes (the NVFP4 recipes always hold E2M1).
-    scale_layout: "compact" or "swizzled" (mxfp8 and nvfp4).
+    scale_layout: "compact", "swizzled" (mxfp8 and nvfp4) or "columnwise_transposed" (fp8_block_1x128:
+       the columnwise copy's scales as [R / 128, C], the layout the grouped GEMM's blockwise wgrad
+       reads).
     row_alignment: each output group starts at a multiple of it (a power of two, a multiple of
        :func:`min_row_alignment`, which is the default); groups are padded with zero rows.
     out_row_capacity: rows of the output; by default the bound the library requires:

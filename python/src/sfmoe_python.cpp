@@ -1322,6 +1322,8 @@ NB_MODULE(_C, m) {
   m.attr("SCALING_COUNT") = SFMOE_SCALING_COUNT;
   m.attr("SCALE_LAYOUT_COMPACT") = static_cast<int>(SFMOE_SCALE_LAYOUT_COMPACT);
   m.attr("SCALE_LAYOUT_SWIZZLED") = static_cast<int>(SFMOE_SCALE_LAYOUT_SWIZZLED);
+  m.attr("SCALE_LAYOUT_COLUMNWISE_TRANSPOSED") =
+      static_cast<int>(SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED);
   m.attr("MEMORY_HOST") = static_cast<int>(SFMOE_MEMORY_HOST);
   m.attr("MEMORY_CUDA") = static_cast<int>(SFMOE_MEMORY_CUDA);
   m.attr("MAX_DIMS") = SFMOE_MAX_DIMS;

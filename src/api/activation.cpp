@@ -146,7 +146,7 @@ sfmoe_status sfmoe_grouped_activation(const sfmoe_grouped_tensor* input,
     if (fused) {
       SFMOE_RETURN_IF_ERROR(sfmoe::check_rowwise_fusion(context, "output", output, cols,
                                                         input->memory, input->device,
-                                                        config->quantize, &quantized));
+                                                        config->quantize, true, &quantized));
       if (output->num_groups != input->num_groups || output->row_capacity != input->row_capacity ||
           output->group_offsets == nullptr) {
         return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH,

@@ -84,7 +84,8 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
                            const sfmoe_tensor* workspace, sfmoe_status_word* word, void* stream) {
 #if defined(SFMOE_WITH_CUDA) && defined(SFMOE_WITH_CUTE)
   // Operands: both BF16 rows; both FP8 per-tensor (B E4M3; A E4M3, or E5M2 for gradients); or
-  // FP8 blockwise, the DeepSeek-V3 recipe (A 1x128, B = W 128x128, both E4M3; fprop and dgrad).
+  // FP8 blockwise, the DeepSeek-V3 recipe (A 1x128, B = W 128x128, both E4M3; in wgrad B = X
+  // 1x128).
   const bool fp8 = a->scaling == SFMOE_SCALING_TENSOR && b->scaling == SFMOE_SCALING_TENSOR &&
                    (a->dtype == SFMOE_DTYPE_FP8_E4M3 || a->dtype == SFMOE_DTYPE_FP8_E5M2) &&
                    b->dtype == SFMOE_DTYPE_FP8_E4M3;
@@ -99,14 +100,9 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
   if (!fp8 && !blockwise && !bf16) {
     return fail(SFMOE_ERROR_UNSUPPORTED,
                 "%s: the CUDA grouped GEMM takes BF16 x BF16, FP8 per-tensor (E4M3 or E5M2 x "
-                "E4M3) or FP8 blockwise (E4M3 1x128 rows x E4M3 128x128 weights) operands for now; "
+                "E4M3) or FP8 blockwise (E4M3 1x128 rows x E4M3 128x128 weights; 1x128 x 1x128 in "
+                "wgrad) operands for now; "
                 "other recipes run on the host",
-                context);
-  }
-  if (blockwise && config->form == SFMOE_GEMM_WGRAD) {
-    return fail(SFMOE_ERROR_UNSUPPORTED,
-                "%s: FP8 blockwise wgrad is not available on the device yet (it needs the "
-                "columnwise 1x128 scales laid out per group); fprop and dgrad are",
                 context);
   }
   if (out->dtype != SFMOE_DTYPE_BF16 && out->dtype != SFMOE_DTYPE_FP32) {
@@ -130,11 +126,27 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
   const bool a_columnwise = quantized && config->form == SFMOE_GEMM_WGRAD;
   const bool b_columnwise = quantized && config->form != SFMOE_GEMM_FPROP;
   if (quantized) {
-    // The kernels read the compact scale matrices.
+    // The kernels read the compact scale matrices; blockwise wgrad reads the columnwise 1x128
+    // scales transposed (each group's blocks with one leading dimension, docs/grouped_gemm.md).
+    const bool blockwise_wgrad = blockwise && config->form == SFMOE_GEMM_WGRAD;
     for (const sfmoe_grouped_tensor* t : {a, b}) {
-      if (t->scale_layout != SFMOE_SCALE_LAYOUT_COMPACT) {
+      // (fprop and dgrad read rowwise 1x128 scales, compact in either layout)
+      const bool compact_ok =
+          !blockwise_wgrad && (t->scale_layout == SFMOE_SCALE_LAYOUT_COMPACT ||
+                               (t->scaling == SFMOE_SCALING_BLOCK_1X128 &&
+                                t->scale_layout == SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED));
+      if (blockwise_wgrad ? t->scale_layout != SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED
+                          : !compact_ok) {
         return fail(SFMOE_ERROR_UNSUPPORTED,
-                    "%s: the CUDA grouped GEMM reads FP8 scales in the compact layout", context);
+                    blockwise_wgrad
+                        ? "%s: FP8 blockwise wgrad reads dY's and X's columnwise scales "
+                          "transposed: quantize them with the columnwise-transposed scale layout"
+                        : "%s: the CUDA grouped GEMM reads FP8 scales in the compact layout",
+                    context);
+      }
+      if (blockwise_wgrad && t->row_alignment < 128) {
+        return fail(SFMOE_ERROR_UNSUPPORTED,
+                    "%s: FP8 blockwise wgrad needs groups aligned to 128 rows", context);
       }
     }
     // A columnwise copy's row_capacity is its leading dimension: TMA needs 16-byte strides.
@@ -149,11 +161,16 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
     }
   }
   if (blockwise) {
-    // Both read rowwise scales: a's, and W's (the same values as its columnwise ones).
-    if (a->rowwise_scale_inv == nullptr || b->rowwise_scale_inv == nullptr) {
-      return fail(SFMOE_ERROR_NULL_POINTER,
-                  "%s: FP8 blockwise operands need their rowwise scale_inv (W's in dgrad too)",
-                  context);
+    // fprop and dgrad read rowwise scales: a's, and W's (the same values as its columnwise
+    // ones); wgrad the columnwise ones of dY and X.
+    const bool wgrad = config->form == SFMOE_GEMM_WGRAD;
+    for (const sfmoe_grouped_tensor* t : {a, b}) {
+      if ((wgrad ? t->columnwise_scale_inv : t->rowwise_scale_inv) == nullptr) {
+        return fail(SFMOE_ERROR_NULL_POINTER,
+                    "%s: FP8 blockwise operands need the scale_inv of the copy the form reads "
+                    "(rowwise in fprop and dgrad, W's too; columnwise in wgrad)",
+                    context);
+      }
     }
   }
   if (fp8) {
@@ -210,7 +227,10 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
     if (t->scaling == SFMOE_SCALING_TENSOR) {
       o.scale_inv = static_cast<const float*>(columnwise ? t->columnwise_scale_inv
                                                          : t->rowwise_scale_inv);
-    } else if (t->scaling != SFMOE_SCALING_NONE) {  // blockwise: the rowwise scales
+    } else if (t->scaling == SFMOE_SCALING_BLOCK_1X128) {  // the copy read's scales
+      o.scale_inv = static_cast<const float*>(columnwise ? t->columnwise_scale_inv
+                                                         : t->rowwise_scale_inv);
+    } else if (t->scaling == SFMOE_SCALING_BLOCK_128X128) {  // W: the rowwise scales
       o.scale_inv = static_cast<const float*>(t->rowwise_scale_inv);
     }
     return o;

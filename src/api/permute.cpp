@@ -114,7 +114,7 @@ sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_
     if (fused) {
       SFMOE_RETURN_IF_ERROR(sfmoe::check_rowwise_fusion(context, "permuted", permuted, hidden,
                                                         tokens->memory, tokens->device,
-                                                        config->quantize, &quantized));
+                                                        config->quantize, false, &quantized));
     } else {
       SFMOE_RETURN_IF_ERROR(sfmoe::expect_rows(context, "permuted", permuted, hidden, tokens));
       if (permuted->dtype != tokens->dtype) {

@@ -112,6 +112,11 @@ sfmoe_status describe_quantized(const char* context, const char* name,
                 "%s: %s: the swizzled scale layout exists for mx_1x32 and nv_1x16 only", context,
                 name);
   }
+  if (!scaling_has_layout(q->scaling, q->scale_layout)) {
+    return fail(SFMOE_ERROR_UNSUPPORTED,
+                "%s: %s: the columnwise-transposed scale layout exists for block_1x128 only",
+                context, name);
+  }
   memset(args, 0, sizeof(*args));
   args->num_groups = q->num_groups;
   args->cols = q->cols;
@@ -135,7 +140,7 @@ sfmoe_status describe_quantized(const char* context, const char* name,
 sfmoe_status check_rowwise_fusion(const char* context, const char* name,
                                   const sfmoe_grouped_tensor* q, int64_t cols, sfmoe_memory memory,
                                   int32_t device, const sfmoe_quantize_config* options,
-                                  GroupedQuantizeArgs* args) {
+                                  bool allow_nvfp4, GroupedQuantizeArgs* args) {
   SFMOE_RETURN_IF_ERROR(validate_grouped_tensor(context, name, q));
   if (q->memory != memory || q->device != device) {
     return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: %s is not in the inputs' memory space", context,
@@ -145,15 +150,22 @@ sfmoe_status check_rowwise_fusion(const char* context, const char* name,
   if (options == nullptr) options = &defaults;
   SFMOE_RETURN_IF_ERROR(check_quantize_config(context, options));  // before reading its fields
   const bool given_tensor = q->scaling == SFMOE_SCALING_TENSOR && options->tensor_scales != nullptr;
+  const bool nvfp4 = allow_nvfp4 && q->scaling == SFMOE_SCALING_NV_1X16;
   if (q->scaling != SFMOE_SCALING_MX_1X32 && q->scaling != SFMOE_SCALING_BLOCK_1X128 &&
-      !given_tensor) {
+      !given_tensor && !nvfp4) {
     return fail(SFMOE_ERROR_UNSUPPORTED,
-                "%s: %s can be quantized on the fly into mx_1x32 or block_1x128 rows, or per-tensor "
-                "fp8 with given scales (config tensor_scales) only (got '%s'; a current per-tensor "
-                "or NVFP4 scale needs the group amax before the cast: quantize the rows afterwards)",
-                context, name, sfmoe_scaling_name(q->scaling));
+                "%s: %s can be quantized on the fly into mx_1x32 or block_1x128 rows%s, or "
+                "per-tensor fp8 with given scales (config tensor_scales) only (got '%s'; a current "
+                "per-tensor%s scale needs the group amax before the cast: quantize the rows "
+                "afterwards)",
+                context, name, allow_nvfp4 ? ", nv_1x16 (NVFP4)" : "",
+                sfmoe_scaling_name(q->scaling), allow_nvfp4 ? "" : " or NVFP4");
   }
-  if (q->dtype != SFMOE_DTYPE_FP8_E4M3 && q->dtype != SFMOE_DTYPE_FP8_E5M2) {
+  if (nvfp4 && q->dtype != SFMOE_DTYPE_FP4_E2M1) {
+    return fail(SFMOE_ERROR_DTYPE_MISMATCH, "%s: %s: NVFP4 rows must be fp4_e2m1, not '%s'",
+                context, name, sfmoe_dtype_name(q->dtype));
+  }
+  if (!nvfp4 && q->dtype != SFMOE_DTYPE_FP8_E4M3 && q->dtype != SFMOE_DTYPE_FP8_E5M2) {
     return fail(SFMOE_ERROR_DTYPE_MISMATCH, "%s: %s: quantized rows must be fp8, not '%s'", context,
                 name, sfmoe_dtype_name(q->dtype));
   }

@@ -21,12 +21,13 @@ sfmoe_status describe_quantized(const char* context, const char* name,
 
 // A grouped tensor an op quantizes as it writes its rows (the fused quantization of permute and
 // of the activations): FP8 codes with rowwise MX_1X32 or BLOCK_1X128 scales (compact, or swizzled
-// for MX), no columnwise copy (it would run down the groups' rows, which a row-parallel pass does
-// not see), `cols` columns, a multiple of the block, in the given memory space; options may be
-// NULL (the defaults); only power_of_two_scales applies.
+// for MX), or per-tensor FP8 with given scales; with `allow_nvfp4` (an op that computes the group
+// amax first) also NVFP4 1x16 codes. No columnwise copy (it would run down the groups' rows, which
+// a row-parallel pass does not see), `cols` columns, a multiple of the block, in the given memory
+// space; options may be NULL (the defaults); only power_of_two_scales applies.
 sfmoe_status check_rowwise_fusion(const char* context, const char* name,
                                   const sfmoe_grouped_tensor* q, int64_t cols, sfmoe_memory memory,
                                   int32_t device, const sfmoe_quantize_config* options,
-                                  GroupedQuantizeArgs* args);
+                                  bool allow_nvfp4, GroupedQuantizeArgs* args);
 
 }  // namespace sfmoe

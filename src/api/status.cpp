@@ -155,10 +155,18 @@ sfmoe_status sfmoe_scale_shape(sfmoe_scaling scaling, sfmoe_scale_layout layout,
     return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: scaling '%s' has no scales", kContext,
                        sfmoe_scaling_name(scaling));
   }
-  if (sfmoe::enum_value(layout) != SFMOE_SCALE_LAYOUT_COMPACT &&
-      sfmoe::enum_value(layout) != SFMOE_SCALE_LAYOUT_SWIZZLED) {
+  const int32_t layout_value = sfmoe::enum_value(layout);
+  if (layout_value != SFMOE_SCALE_LAYOUT_COMPACT && layout_value != SFMOE_SCALE_LAYOUT_SWIZZLED &&
+      layout_value != SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED) {
     return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: unknown scale layout %d", kContext,
-                       static_cast<int>(sfmoe::enum_value(layout)));
+                       static_cast<int>(layout_value));
+  }
+  if (layout == SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED &&
+      !sfmoe::scaling_has_layout(scaling, layout)) {
+    return sfmoe::fail(
+        SFMOE_ERROR_UNSUPPORTED,
+        "%s: the columnwise-transposed layout exists for block_1x128 only (scaling is '%s')",
+        kContext, sfmoe_scaling_name(scaling));
   }
   if (layout == SFMOE_SCALE_LAYOUT_SWIZZLED && !sfmoe::scaling_is_swizzlable(scaling)) {
     return sfmoe::fail(
@@ -186,6 +194,16 @@ sfmoe_status sfmoe_scale_shape(sfmoe_scaling scaling, sfmoe_scale_layout layout,
     return SFMOE_SUCCESS;
   }
   const int64_t scale_cols = ceil_div(copy_cols, block);
+  if (layout == SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED) {  // one dimension for either copy
+    if (scale_cols != 0 && copy_rows > INT64_MAX / scale_cols) {
+      return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: the size of [%lld, %lld] overflows int64",
+                         kContext, static_cast<long long>(copy_rows),
+                         static_cast<long long>(scale_cols));
+    }
+    *ndim = 1;
+    shape[0] = copy_rows * scale_cols;
+    return SFMOE_SUCCESS;
+  }
   if (layout == SFMOE_SCALE_LAYOUT_SWIZZLED) {
     // roundup(rows, 128) * roundup(scale_cols, 4), refused where it would not fit in int64.
     const int64_t row_tiles = ceil_div(copy_rows, sfmoe::numerics::kSwizzleTileRows);

@@ -189,7 +189,8 @@ sfmoe_status validate_grouped_tensor(const char* context, const char* name,
                 context, name, static_cast<int>(enum_value(t->scaling)));
   }
   const int32_t layout = enum_value(t->scale_layout);
-  if (layout != SFMOE_SCALE_LAYOUT_COMPACT && layout != SFMOE_SCALE_LAYOUT_SWIZZLED) {
+  if (layout != SFMOE_SCALE_LAYOUT_COMPACT && layout != SFMOE_SCALE_LAYOUT_SWIZZLED &&
+      layout != SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT,
                 "%s: %s: scale_layout %d is not a valid sfmoe_scale_layout", context, name,
                 static_cast<int>(layout));

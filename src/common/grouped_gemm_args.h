@@ -36,8 +36,9 @@ struct GemmDeviceOperand {
   sfmoe_scaling scaling;   // NONE (BF16), TENSOR, BLOCK_1X128 or BLOCK_128X128
   bool columnwise;         // data is the columnwise copy
   int64_t rows;            // the tensor's row_capacity (the columnwise copy's leading dimension)
-  const float* scale_inv;  // TENSOR: [num_groups] of the copy read; BLOCK_1X128: the rowwise
-                           // scales [rows, cols / 128]; BLOCK_128X128: the rowwise scales
+  const float* scale_inv;  // TENSOR: [num_groups] of the copy read; BLOCK_1X128: the copy
+                           // read's scales (rowwise [rows, cols / 128]; columnwise transposed,
+                           // [rows / 128, cols]); BLOCK_128X128: the rowwise scales
                            // [rows / 128, cols / 128] (also when the columnwise data is read:
                            // the two hold the same values); NULL for BF16
 };

@@ -114,6 +114,27 @@ SFMOE_HD int64_t min_row_alignment(sfmoe_scaling scaling, bool has_columnwise) {
   return 1;
 }
 
+// Whether `scaling` can store its scales in `layout`.
+SFMOE_HD bool scaling_has_layout(sfmoe_scaling scaling, sfmoe_scale_layout layout) {
+  switch (layout) {
+    case SFMOE_SCALE_LAYOUT_COMPACT: return true;
+    case SFMOE_SCALE_LAYOUT_SWIZZLED: return scaling_is_swizzlable(scaling);
+    case SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED: return scaling == SFMOE_SCALING_BLOCK_1X128;
+  }
+  return false;
+}
+
+// Where a BLOCK_1X128 copy stores the scale of its row `major`, block `block` (of `blocks` per
+// row), the copy having `copy_rows` rows: compact [copy_rows, blocks], or, for the columnwise
+// copy in the columnwise-transposed layout, [blocks, copy_rows].
+SFMOE_HD int64_t block_1x128_scale_offset(sfmoe_scale_layout layout, bool columnwise,
+                                          int64_t major, int64_t block, int64_t blocks,
+                                          int64_t copy_rows) {
+  return columnwise && layout == SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED
+             ? block * copy_rows + major
+             : major * blocks + block;
+}
+
 // Where the scale of block (block_row, block_col) of a [rows, scale_cols] scale matrix is stored.
 SFMOE_HD int64_t scale_offset(sfmoe_scale_layout layout, int64_t block_row, int64_t block_col,
                               int64_t scale_cols) {

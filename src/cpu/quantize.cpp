@@ -311,7 +311,12 @@ void quantize_1d(const GroupedQuantizeArgs& args, const PaddedMatrix& plan, cons
       for (int64_t j = 0; j < block; ++j) block_amax = amax_accumulate(block_amax, values[j]);
       trap_nan(args, block_amax, g, first_row);
       const BlockScale s = block_scale(args, block_amax, global_scale[g]);
-      store_scale(args, copy.scale_inv, scale_offset(layout, m, k, scale_cols), s);
+      const int64_t at =
+          args.scaling == SFMOE_SCALING_BLOCK_1X128
+              ? block_1x128_scale_offset(args.scale_layout, copy.columnwise, m, k, scale_cols,
+                                         copy.rows)
+              : scale_offset(layout, m, k, scale_cols);
+      store_scale(args, copy.scale_inv, at, s);
       for (int64_t j = 0; j < block; ++j) {
         encoder.store(copy, m, k * block + j, mul_rn(values[j], s.multiplier));
       }
@@ -391,7 +396,9 @@ float decode_factor(const GroupedQuantizeArgs& q, bool from_columnwise, int64_t 
     case SFMOE_SCALING_TENSOR:
       return static_cast<const float*>(scales)[g];
     case SFMOE_SCALING_BLOCK_1X128:
-      return static_cast<const float*>(scales)[m * (cols / block) + n / block];
+      return static_cast<const float*>(scales)[block_1x128_scale_offset(
+          q.scale_layout, from_columnwise, m, n / block, cols / block,
+          from_columnwise ? q.cols : q.row_capacity)];
     case SFMOE_SCALING_BLOCK_128X128:
       return static_cast<const float*>(scales)[(m / block) * (cols / block) + n / block];
     case SFMOE_SCALING_MX_1X32: {

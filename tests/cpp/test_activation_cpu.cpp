@@ -280,6 +280,33 @@ TEST(ActivationApi, GroupAmaxAndFusedQuantizationRefusals) {
   q.dtype = SFMOE_DTYPE_FP8_E4M3;
   ASSERT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &q, nullptr, nullptr), SFMOE_SUCCESS)
       << sfmoe_last_error();
+
+  // NVFP4 1x16: the group amax is computed first, so it is taken, with E2M1 codes and an amax;
+  // FP8 codes or no amax are refused, and so is stochastic rounding (the rows are written once).
+  q.scaling = SFMOE_SCALING_NV_1X16;
+  EXPECT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &q, nullptr, nullptr),
+            SFMOE_ERROR_DTYPE_MISMATCH);
+  q.dtype = SFMOE_DTYPE_FP4_E2M1;
+  q.amax = nullptr;
+  EXPECT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &q, nullptr, nullptr),
+            SFMOE_ERROR_NULL_POINTER);
+  std::vector<float> nv_amax(groups, -1.0f);
+  q.amax = nv_amax.data();
+  sfmoe_quantize_config stochastic = sfmoe_quantize_config_init();
+  stochastic.stochastic_rounding = 1;
+  config.quantize = &stochastic;
+  EXPECT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &q, nullptr, nullptr),
+            SFMOE_ERROR_UNSUPPORTED);
+  config.quantize = nullptr;
+  ASSERT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &q, nullptr, nullptr), SFMOE_SUCCESS)
+      << sfmoe_last_error();
+  for (int64_t g = 0; g < groups; ++g) {  // the NVFP4 tensor's amax: the activations' group amax
+    float want = 0.0f;
+    for (int64_t r = offsets[g]; r < offsets[g] + rows[g]; ++r) {
+      for (int64_t j = 0; j < cols; ++j) want = std::max(want, std::fabs(output[r * cols + j]));
+    }
+    EXPECT_EQ(nv_amax[g], want) << "group " << g;
+  }
 }
 
 }  // namespace

@@ -339,7 +339,8 @@ struct Fp8Operand {
 void quantize_fp8(const std::vector<uint16_t>& source, sfmoe_dtype dtype, int64_t rows,
                   int64_t cols, const std::vector<int64_t>* offsets, int64_t uniform_rows,
                   Fp8Operand* q, sfmoe_scaling scaling = SFMOE_SCALING_TENSOR,
-                  bool power_of_two = true, bool columnwise = true) {
+                  bool power_of_two = true, bool columnwise = true,
+                  sfmoe_scale_layout layout = SFMOE_SCALE_LAYOUT_COMPACT) {
   std::vector<uint16_t> values = source;
   std::vector<int64_t> in_offsets = offsets ? *offsets : std::vector<int64_t>();
   const int64_t alignment = scaling == SFMOE_SCALING_TENSOR                               ? 16
@@ -367,6 +368,7 @@ void quantize_fp8(const std::vector<uint16_t>& source, sfmoe_dtype dtype, int64_
   q->host.memory = SFMOE_MEMORY_HOST;
   q->host.dtype = dtype;
   q->host.scaling = scaling;
+  q->host.scale_layout = layout;
   q->host.num_groups = kGroups;
   q->host.row_capacity = rows;
   q->host.cols = cols;
@@ -544,7 +546,8 @@ TEST(CudaGroupedGemm, Fp8BlockwiseOperandsMatchTheCpuReference) {
   // per 128-deep K block times scale_a scale_b) equals the host (dequantize, then multiply) bit
   // for bit -- a block reading its neighbour's scale shows. Then random inputs with free scales
   // against the 1e-3 bound (the host's FP32 sums of the dequantized operands as reference).
-  // Groups of 0, 1 and odd sizes; n != k, three K blocks in fprop; an all-zero block.
+  // Groups of 0, 1 and odd sizes; n != k, three K blocks in fprop; an all-zero block. Then wgrad
+  // (below).
   std::mt19937_64 rng(session_test_seed() + 76);
   const std::vector<int64_t> sizes = {0, 1, 37, 128, 203, 3};
   std::vector<int64_t> offsets(1, 0);
@@ -613,13 +616,73 @@ TEST(CudaGroupedGemm, Fp8BlockwiseOperandsMatchTheCpuReference) {
       }
     }
   }
-  // wgrad is refused (not silently wrong) until the per-group columnwise scale layout exists.
-  Fp8Operand qx;
-  std::vector<uint16_t> xs(static_cast<size_t>(256 * k), 0);
-  const std::vector<int64_t> aligned = {0, 0, 128, 128, 128, 256, 256};
-  quantize_fp8(xs, SFMOE_DTYPE_FP8_E4M3, 256, k, &aligned, 0, &qx, SFMOE_SCALING_BLOCK_1X128);
+  // wgrad: dY and X quantized 1x128 down their rows (columnwise copies, groups aligned to 128,
+  // scales in the columnwise-transposed layout the kernel reads), integers bit for bit and random
+  // inputs within the bound; one group without rows (its dW zeroed), the others 1-3 blocks deep.
+  const std::vector<int64_t> wgrad_sizes = {0, 128, 256, 0, 384, 128};
+  std::vector<int64_t> wgrad_offsets(1, 0);
+  for (int64_t s : wgrad_sizes) wgrad_offsets.push_back(wgrad_offsets.back() + s);
+  const int64_t wgrad_rows = wgrad_offsets.back();
+  for (const bool integers : {true, false}) {
+    auto fill = [&](int64_t cols) {
+      std::vector<uint16_t> v(static_cast<size_t>(wgrad_rows * cols));
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      for (int64_t r = 0; r < wgrad_rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c) {
+          const int m = 1 << ((r / 128 * 3 + c / 64) % 4);  // changes per 128-row block
+          std::uniform_int_distribution<int> values(-m, m);
+          v[r * cols + c] = numerics::f32_to_bf16(integers ? static_cast<float>(values(rng))
+                                                           : normal(rng) * m);
+        }
+      }
+      return v;
+    };
+    Fp8Operand qdy, qx;
+    quantize_fp8(fill(n), SFMOE_DTYPE_FP8_E4M3, wgrad_rows, n, &wgrad_offsets, 0, &qdy,
+                 SFMOE_SCALING_BLOCK_1X128, integers, true,
+                 SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED);
+    quantize_fp8(fill(k), SFMOE_DTYPE_FP8_E4M3, wgrad_rows, k, &wgrad_offsets, 0, &qx,
+                 SFMOE_SCALING_BLOCK_1X128, integers, true,
+                 SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED);
+    if (HasFatalFailure()) return;
+    for (sfmoe_dtype out_dtype : {SFMOE_DTYPE_FP32, SFMOE_DTYPE_BF16}) {
+      std::vector<unsigned char> host, device;
+      run_fp8_both(SFMOE_GEMM_WGRAD, qdy, qx, out_dtype, kGroups * n, k, n, qdy.offsets, &host,
+                   &device);
+      if (HasFatalFailure()) return;
+      const int64_t count = kGroups * n * k;
+      if (integers) {
+        const int64_t size = out_dtype == SFMOE_DTYPE_FP32 ? 4 : 2;
+        int64_t differ = 0;
+        for (int64_t i = 0; i < count * size; ++i) differ += host[i] != device[i];
+        EXPECT_EQ(differ, 0) << "wgrad out " << sfmoe_dtype_name(out_dtype);
+        std::printf("[ gemm ] fp8 blockwise wgrad, %s out, integer inputs: %lld bytes differ\n",
+                    sfmoe_dtype_name(out_dtype), static_cast<long long>(differ));
+      } else {
+        double xy = 0, xx = 0;
+        int64_t non_finite = 0;
+        for (int64_t i = 0; i < count; ++i) {
+          const double h = out_value(host, out_dtype, i), d = out_value(device, out_dtype, i);
+          non_finite += !std::isfinite(d);
+          xy += h * d;
+          xx += h * h + d * d;
+        }
+        const double measure = 1.0 - 2.0 * xy / xx;
+        EXPECT_EQ(non_finite, 0) << "wgrad out " << sfmoe_dtype_name(out_dtype);
+        EXPECT_LE(measure, 1e-3) << "wgrad out " << sfmoe_dtype_name(out_dtype);
+        std::printf("[ gemm ] fp8 blockwise wgrad, %s out, random: 1 - 2 sum(xy) / "
+                    "sum(x^2 + y^2) = %.3g\n",
+                    sfmoe_dtype_name(out_dtype), measure);
+      }
+    }
+  }
+  // The compact columnwise scales are refused for wgrad (not read wrongly).
+  Fp8Operand compact;
+  std::vector<uint16_t> zeros(static_cast<size_t>(wgrad_rows * k), 0);
+  quantize_fp8(zeros, SFMOE_DTYPE_FP8_E4M3, wgrad_rows, k, &wgrad_offsets, 0, &compact,
+               SFMOE_SCALING_BLOCK_1X128);
   if (HasFatalFailure()) return;
-  Fp8Device dx(qx);
+  Fp8Device dc(compact);
   DeviceBuffer<float> dw(static_cast<size_t>(kGroups * k * k));
   sfmoe_grouped_tensor out = rows_in(SFMOE_MEMORY_CUDA, dw.ptr, SFMOE_DTYPE_FP32, kGroups,
                                      kGroups * k, k, 1, nullptr);
@@ -630,7 +693,7 @@ TEST(CudaGroupedGemm, Fp8BlockwiseOperandsMatchTheCpuReference) {
       tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});
   sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
   config.form = SFMOE_GEMM_WGRAD;
-  EXPECT_EQ(sfmoe_grouped_gemm(&dx.t, &dx.t, &config, &out, &workspace, nullptr, nullptr),
+  EXPECT_EQ(sfmoe_grouped_gemm(&dc.t, &dc.t, &config, &out, &workspace, nullptr, nullptr),
             SFMOE_ERROR_UNSUPPORTED);
 }
 

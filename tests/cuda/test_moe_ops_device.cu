@@ -5,6 +5,7 @@
 // captured in one graph (global mode) and replayed on new logits, checked each replay.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -473,15 +474,30 @@ TEST(CudaPermute, PermuteUnpermuteAndBackwardEqualTheCpuBackend) {
     CUDA_OK(cudaDeviceSynchronize());
     EXPECT_TRUE(d_rows.same("d_rows (whole buffer)"));
     // Dots of H products with specials in the mix: NaN/Inf where the reference has them, else
-    // within 1e-5 of the magnitude sum.
+    // within the two FP32 sums' reassociation bound, 2 H u of the slot's magnitude sum
+    // sum |d_out x row| (cancellation can make the dot itself much smaller than that).
     const std::vector<float> got = d_probs.device.download();
+    auto value = [&](const std::vector<uint8_t>& bytes_of, int64_t index) {
+      uint32_t code = 0;
+      std::memcpy(&code, &bytes_of[static_cast<size_t>(index * bytes)], static_cast<size_t>(bytes));
+      return pc.dtype == SFMOE_DTYPE_FP32   ? numerics::bits_to_f32(code)
+             : pc.dtype == SFMOE_DTYPE_BF16 ? numerics::bf16_to_f32(static_cast<uint16_t>(code))
+                                            : numerics::fp16_to_f32(static_cast<uint16_t>(code));
+    };
     for (size_t i = 0; i < got.size(); ++i) {
       const float want = d_probs.host[i];
       if (!std::isfinite(want)) {
         EXPECT_TRUE(std::isnan(want) ? std::isnan(got[i]) : got[i] == want) << i;
         continue;
       }
-      ASSERT_NEAR(got[i], want, 1e-4 * (1.0 + std::fabs(want))) << "d_probs[" << i << "]";
+      const int64_t t = static_cast<int64_t>(i) / k, row = row_map.host[i];
+      double magnitude = 0.0;
+      for (int64_t h = 0; row >= 0 && h < H; ++h) {
+        magnitude += std::fabs(static_cast<double>(value(d_out.host, t * H + h)) *
+                               static_cast<double>(value(rows.host, row * H + h)));
+      }
+      ASSERT_NEAR(got[i], want, 2.0 * H * 6e-8 * magnitude + 1e-30)
+          << "d_probs[" << i << "], magnitude sum " << magnitude;
     }
     ++checked;
   }
@@ -489,6 +505,49 @@ TEST(CudaPermute, PermuteUnpermuteAndBackwardEqualTheCpuBackend) {
       "[ permute ] %d cases (T=4097, E=256, k=8, skewed, an idle expert): permute, "
       "unpermute x4, backward bit-exact vs CPU\n",
       checked);
+}
+
+// Rows longer than one bulk-copy segment (32 KiB) move in several segments, padding rows
+// included; the vector copy (SFMOE_PERMUTE_COPY=vector) gives the same bytes. Both against the
+// CPU backend, over poisoned buffers.
+TEST(CudaPermute, LongRowsMoveInSegmentsByEitherCopy) {
+  SFMOE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(session_test_seed() + 21);
+  const int64_t tokens = 37, E = 8, k = 2, H = 8204, a = 8;  // FP32: 32,816-byte rows
+  const int64_t capacity_rows = tokens * k + E * (a - 1) + 3;
+  Twin<uint8_t> x(make_rows(rng, tokens * H, SFMOE_DTYPE_FP32));
+  Twin<int32_t> ids(make_ids(rng, tokens, E, k));
+  int checked = 0;
+  for (const char* copy : {"bulk", "vector"}) {
+    SCOPED_TRACE(copy);
+    setenv("SFMOE_PERMUTE_COPY", copy, 1);
+    Twin<uint8_t> rows(static_cast<size_t>(capacity_rows * H * 4), 0xA5);
+    Twin<int64_t> offsets(E + 1, -9), row_map(tokens * k, -7), kept(E, -1);
+    Twin<int32_t> workspace(static_cast<size_t>(sfmoe_permute_workspace_elements(tokens, E)), 0);
+    sfmoe_permute_config config = sfmoe_permute_config_init();
+    for (sfmoe_memory m : kBoth) {
+      const sfmoe_tensor t_ws = tensor_in(m, workspace.on(m), SFMOE_DTYPE_INT32,
+                                          {static_cast<int64_t>(workspace.host.size())});
+      const sfmoe_tensor t_x = tensor_in(m, x.on(m), SFMOE_DTYPE_FP32, {tokens, H});
+      const sfmoe_tensor t_ids = tensor_in(m, ids.on(m), SFMOE_DTYPE_INT32, {tokens, k});
+      const sfmoe_grouped_tensor g =
+          rows_in(m, rows.on(m), SFMOE_DTYPE_FP32, E, capacity_rows, H, a, offsets.on(m));
+      const sfmoe_tensor t_map = tensor_in(m, row_map.on(m), SFMOE_DTYPE_INT64, {tokens, k});
+      const sfmoe_tensor t_kept = tensor_in(m, kept.on(m), SFMOE_DTYPE_INT64, {E});
+      ASSERT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g, &t_map, &t_kept, nullptr, &t_ws,
+                              nullptr, nullptr),
+                SFMOE_SUCCESS)
+          << sfmoe_last_error();
+    }
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_TRUE(rows.same("permuted rows (whole buffer)"));
+    EXPECT_TRUE(row_map.same("row_map"));
+    ++checked;
+  }
+  unsetenv("SFMOE_PERMUTE_COPY");
+  std::printf("[ permute ] 32,816-byte rows (2 bulk segments) and the vector copy: %d cases "
+              "bit-exact vs CPU\n",
+              checked);
 }
 
 // Permute into quantized rows (the fused quantization) against the CPU backend's definition
@@ -697,9 +756,9 @@ TEST(CudaActivation, EveryKindForwardAndBackwardEqualsTheCpuBackend) {
               checked);
 }
 
-// The activation quantized on the fly (MXFP8 with both scale layouts, FP8 1x128) and the group
-// amax output, against the CPU backend's definition (the FP32 activations, then the grouped
-// quantization), byte for byte over poisoned buffers.
+// The activation quantized on the fly (MXFP8 and NVFP4 with both scale layouts, FP8 1x128, FP8
+// per-tensor with given scales) and the group amax output, against the CPU backend's definition
+// (the FP32 activations, then the grouped quantization), byte for byte over poisoned buffers.
 TEST(CudaActivation, FusedQuantizationAndAmaxEqualTheCpuBackend) {
   SFMOE_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(session_test_seed() + 16);
@@ -727,6 +786,12 @@ TEST(CudaActivation, FusedQuantizationAndAmaxEqualTheCpuBackend) {
        SFMOE_SCALE_LAYOUT_COMPACT, false, 72, 1},  // per-tensor FP8, given scales
       {SFMOE_ACTIVATION_GELU, SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E5M2,
        SFMOE_SCALE_LAYOUT_COMPACT, false, 256},
+      {SFMOE_ACTIVATION_SWIGLU, SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1,
+       SFMOE_SCALE_LAYOUT_COMPACT, false, 64, 1},  // NVFP4: group amax pass, then the codes
+      {SFMOE_ACTIVATION_SWIGLU, SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1,
+       SFMOE_SCALE_LAYOUT_SWIZZLED, false, 48},  // 3 scale columns: the swizzle's padding
+      {SFMOE_ACTIVATION_GELU, SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1,
+       SFMOE_SCALE_LAYOUT_COMPACT, false, 256},
       {SFMOE_ACTIVATION_SQUARED_RELU, SFMOE_SCALING_NONE, SFMOE_DTYPE_BF16,
        SFMOE_SCALE_LAYOUT_COMPACT, false, 40},
       {SFMOE_ACTIVATION_SWIGLU, SFMOE_SCALING_NONE, SFMOE_DTYPE_BF16, SFMOE_SCALE_LAYOUT_COMPACT,
@@ -742,7 +807,7 @@ TEST(CudaActivation, FusedQuantizationAndAmaxEqualTheCpuBackend) {
       real[g] = g < 3 ? g * 17 : static_cast<int64_t>(rng() % 120);
       offsets[g + 1] = offsets[g] + (real[g] + a - 1) / a * a + (a == 1 ? rng() % 3 : 0);
     }
-    const int64_t R = offsets[G] + 32;
+    const int64_t R = offsets[G] + 32 + offsets[G] % 2;  // even: FP4 rows pack two per byte
     Twin<uint8_t> input(make_rows(rng, R * in_cols, SFMOE_DTYPE_BF16));
     const bool quantized = fc.scaling != SFMOE_SCALING_NONE;
     int64_t scale_bytes = 1;
@@ -750,10 +815,13 @@ TEST(CudaActivation, FusedQuantizationAndAmaxEqualTheCpuBackend) {
       int32_t ndim = 0;
       int64_t shape[2] = {1, 1};
       ASSERT_EQ(sfmoe_scale_shape(fc.scaling, fc.layout, G, R, F, &ndim, shape), SFMOE_SUCCESS);
-      scale_bytes =
-          shape[0] * (ndim == 2 ? shape[1] : 1) * (fc.scaling == SFMOE_SCALING_MX_1X32 ? 1 : 4);
+      const bool byte_scales =
+          fc.scaling == SFMOE_SCALING_MX_1X32 || fc.scaling == SFMOE_SCALING_NV_1X16;
+      scale_bytes = shape[0] * (ndim == 2 ? shape[1] : 1) * (byte_scales ? 1 : 4);
     }
-    const int64_t out_bytes = quantized ? R * F : R * F * 2;
+    const int64_t out_bytes = !quantized ? R * F * 2
+                              : fc.dtype == SFMOE_DTYPE_FP4_E2M1 ? R * F / 2
+                                                                 : R * F;
     Twin<uint8_t> output(static_cast<size_t>(out_bytes), 0xA5),
         scales(static_cast<size_t>(scale_bytes), 0x5A);
     Twin<float> amax(G, -3.0f), given(given_tensor_scales(rng, G));

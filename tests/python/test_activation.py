@@ -113,7 +113,8 @@ def test_group_amax_is_the_largest_magnitude_of_the_real_rows(rng):
 
 
 @pytest.mark.parametrize("recipe,layout,cols", [("mxfp8", "swizzled", 96), ("mxfp8", "compact", 64),
-                                                ("fp8_block_1x128", "compact", 128)])
+                                                ("fp8_block_1x128", "compact", 128), ("nvfp4", "compact", 64),
+                                                ("nvfp4", "swizzled", 48)])
 def test_fused_output_quantization_is_the_quantized_fp32_activations(recipe, layout, cols, rng):
     offsets, rows = _grouped_rows(rng)
     capacity = int(offsets[-1]) + 8
@@ -127,6 +128,8 @@ def test_fused_output_quantization_is_the_quantized_fp32_activations(recipe, lay
     np.testing.assert_array_equal(q.compact_scale_inv()[:end].view(np.uint8),
                                   want.compact_scale_inv()[:end].view(np.uint8))
     np.testing.assert_array_equal(q.group_offsets, offsets)
+    if recipe == "nvfp4":  # the global scales come from the activations' group amax
+        np.testing.assert_array_equal(q.amax.view(np.uint32), want.amax.view(np.uint32))
     with pytest.raises(sfmoe.Error):
         sfmoe.grouped_activation(x, offsets, rows, "swiglu", quantize="fp8_tensor")
 

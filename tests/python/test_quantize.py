@@ -691,3 +691,31 @@ def test_given_tensor_scales(rng):
         sfmoe.quantize(x, "fp8_tensor", group_offsets=offsets, tensor_scales=scales[:2])
     with pytest.raises(ValueError):
         sfmoe.quantize(x, "mxfp8", group_offsets=offsets, tensor_scales=scales)
+
+
+def test_columnwise_transposed_scale_layout(rng):
+    """fp8_block_1x128 with scale_layout="columnwise_transposed": the same codes and scale values
+    as the compact layout, the columnwise scales stored [R / 128, C]; the rowwise ones unchanged.
+    Special values and an empty group in the mix."""
+    offsets = np.array([0, 300, 300, 557], np.int64)
+    x = (rng.standard_normal((557, 384)) * np.exp2(rng.integers(-20, 20, size=(557, 1)))).astype(np.float32)
+    x[5, :7] = [0.0, -0.0, np.inf, -np.inf, 1e-40, 3e38, -3e38]
+    compact = sfmoe.quantize(x, "fp8_block_1x128", group_offsets=offsets, columnwise=True)
+    moved = sfmoe.quantize(x, "fp8_block_1x128", group_offsets=offsets, columnwise=True,
+                           scale_layout="columnwise_transposed")
+    end = int(compact.group_offsets[-1])
+    assert moved.rows == compact.rows and moved.scale_inv.shape == (compact.rows * 3,)
+    # (rows at and beyond the last offset are not written)
+    np.testing.assert_array_equal(moved.data[:end].view(np.uint8), compact.data[:end].view(np.uint8))
+    np.testing.assert_array_equal(moved.columnwise_data[:, :end].view(np.uint8),
+                                  compact.columnwise_data[:, :end].view(np.uint8))
+    np.testing.assert_array_equal(moved.scale_inv.reshape(compact.rows, 3)[:end], compact.scale_inv[:end])
+    blocks = end // 128
+    transposed = moved.columnwise_scale_inv.reshape(compact.rows // 128, 384)
+    np.testing.assert_array_equal(transposed[:blocks].T, compact.columnwise_scale_inv[:, :blocks])
+    np.testing.assert_array_equal(moved.compact_scale_inv(columnwise=True)[:, :blocks],
+                                  compact.columnwise_scale_inv[:, :blocks])
+    np.testing.assert_array_equal(moved.dequantize(source="columnwise"), compact.dequantize(source="columnwise"))
+    np.testing.assert_array_equal(moved.dequantize(source="rowwise"), compact.dequantize(source="rowwise"))
+    with pytest.raises(ValueError, match="fp8_block_1x128 only"):
+        sfmoe.quantize(x, "mxfp8", group_offsets=offsets, scale_layout="columnwise_transposed")

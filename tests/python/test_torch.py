@@ -528,7 +528,8 @@ def test_cuda_fused_permute_quantization_matches_host(recipe, layout, rng):
 
 
 @requires_cuda
-@pytest.mark.parametrize("recipe,layout", [("mxfp8", "swizzled"), ("fp8_block_1x128", "compact")])
+@pytest.mark.parametrize("recipe,layout", [("mxfp8", "swizzled"), ("fp8_block_1x128", "compact"),
+                                           ("nvfp4", "swizzled"), ("nvfp4", "compact")])
 def test_cuda_fused_activation_quantization_and_amax_match_host(recipe, layout, rng):
     rows = torch.tensor([3, 0, 40, 17, 1], dtype=torch.int64)
     offsets = torch.zeros(6, dtype=torch.int64)
@@ -608,6 +609,41 @@ def test_cuda_grouped_gemm_fp8_tensor_meets_the_bound(rng):
                     assert measure(have, want) <= bound, (form, out_dtype, fast, g)
                 else:
                     assert bool((have == 0).all()), (form, out_dtype, fast, g)
+
+
+@requires_cuda
+def test_cuda_grouped_gemm_fp8_blockwise_matches_host(rng):
+    """FP8 blockwise (1x128 rows x 128x128 weights) on the Hopper kernels, all three forms (wgrad
+    reading the columnwise-transposed scales), against the host's GEMM of the same quantized
+    tensors: integer inputs with power-of-two scales bit for bit."""
+    groups, n, k = 4, 256, 384
+    offsets = torch.tensor([0, 128, 128, 384, 512])
+    rows = int(offsets[-1])
+
+    def integers(shape):
+        # The magnitude changes per 128-row block and per 64 columns, so every block gets its own
+        # power-of-two scale and a block reading its neighbour's scale shows.
+        r, c = np.indices(shape)
+        m = 2 ** ((r // 128 * 3 + c // 64) % 4)
+        values = np.round(rng.uniform(-1, 1, size=shape) * m).astype(np.float32)
+        return torch.from_numpy(values).to(torch.bfloat16)
+
+    x, w, dy = integers((rows, k)), integers((groups * n, k)), integers((rows, n))
+    kw = dict(power_of_two_scales=True)
+    for device in ("cpu", "cuda"):
+        off = offsets.to(device)
+        qx = sfmoe.quantize(x.to(device), "fp8_block_1x128", group_offsets=off, columnwise=True,
+                            scale_layout="columnwise_transposed", **kw)
+        qdy = sfmoe.quantize(dy.to(device), "fp8_block_1x128", group_offsets=off, columnwise=True,
+                             scale_layout="columnwise_transposed", **kw)
+        qw = sfmoe.quantize(w.to(device), "fp8_block_128x128", uniform_group_rows=n, columnwise=True, **kw)
+        got = [sfmoe.grouped_gemm(form, a, b).cpu() for form, a, b in
+               (("fprop", qx, qw), ("dgrad", qdy, qw), ("wgrad", qdy, qx))]
+        if device == "cpu":
+            want = got
+    torch.cuda.synchronize()
+    for form, g, h in zip(("fprop", "dgrad", "wgrad"), got, want):
+        assert torch.equal(g, h), form
 
 
 @requires_cuda

@@ -133,14 +133,17 @@ __device__ __forceinline__ void decode_gate_up(const StepInput<kVec>& in, sfmoe_
 }
 
 // Kernels are compiled per kind (the rules' switch folds away) and per output form: kQuantBlock
-// 0 writes values, 1 (TENSOR with given scales: the row's group scale), 32 (MX_1X32) or 128
-// (BLOCK_1X128) quantizes them on the fly
-// (src/cuda/common/rowwise_quantize.h; a quantization block spans 4 or 16 lanes of the row's warp).
+// 0 writes values, kAmaxOnly writes nothing (the group amax before an NVFP4 output), 1 (TENSOR
+// with given scales: the row's group scale), 16 (NVFP4 1x16, from the group amax in q.amax), 32
+// (MX_1X32) or 128 (BLOCK_1X128) quantizes them on the fly
+// (src/cuda/common/rowwise_quantize.h; a quantization block spans 2, 4 or 16 lanes of the row's
+// warp).
 // With a.amax, each group's amax of the FP32 activations is gathered per block in shared memory
 // (the bit patterns' max: order-free) and added to the output by one atomic max per group and
 // block.
 // Four blocks per multiprocessor (64 registers) where the output is written as values: the warps'
 // steps in flight must cover the memory latency (the quantizing forms would spill at 64).
+constexpr int kAmaxOnly = -1;
 template <int kVec, ActivationKind kKind, int kQuantBlock>
 __global__ void __launch_bounds__(kThreads, kQuantBlock <= kTensorQuantBlock ? 4 : 1)
     activation_forward_kernel(ActivationArgs a, int64_t row_capacity, sfmoe_fault_report* word,
@@ -164,6 +167,8 @@ __global__ void __launch_bounds__(kThreads, kQuantBlock <= kTensorQuantBlock ? 4
                                                           a.input_dtype, nullptr, a.input_dtype,
                                                           a.cols);
   uint32_t row_amax = 0u;
+  int64_t scaled_group = -1;  // NVFP4: the group whose global scale `group_scale` holds
+  Nvfp4GroupScale group_scale{1.0f, 1.0f};
   while (next.row < end) {
     const WarpStep step = next;
     const StepInput<kVec> in = next_in;
@@ -192,6 +197,25 @@ __global__ void __launch_bounds__(kThreads, kQuantBlock <= kTensorQuantBlock ? 4
     }
     if constexpr (kQuantBlock == 0) {
       if (active) store_vector<kVec>(a.output, a.output_dtype, row * a.cols + j, out);
+    } else if constexpr (kQuantBlock == kAmaxOnly) {
+      // the amax below is the only output
+    } else if constexpr (kQuantBlock == kNvfp4QuantBlock) {
+      if (step.group != scaled_group) {  // the same for the warp's lanes
+        group_scale = Nvfp4GroupScale::of(q.amax[step.group]);
+        scaled_group = step.group;
+      }
+      uint8_t scale_code;
+      const uint32_t codes = quantize_eight_nvfp4(out, group_scale, &scale_code);
+      if (active) {
+        reinterpret_cast<uint32_t*>(q.codes + row * (a.cols / 2))[c] = codes;
+        if (c % 2 == 0) {
+          const int64_t scale_cols = a.cols / kNvfp4QuantBlock, block_col = c / 2;
+          const int64_t at = q.swizzled
+                                 ? numerics::swizzled_scale_offset(row, block_col, scale_cols)
+                                 : row * scale_cols + block_col;
+          static_cast<uint8_t*>(q.scales)[at] = scale_code;
+        }
+      }
     } else if constexpr (kQuantBlock == kTensorQuantBlock) {  // the group's given scale
       if (active) {
         reinterpret_cast<uint2*>(q.codes + row * a.cols)[c] =
@@ -331,6 +355,22 @@ struct LaunchForward {
         ActivationArgs with_amax = a;
         with_amax.amax = q.amax;
         return launch(activation_forward_kernel<8, kKind, kTensorQuantBlock>, with_amax,
+                      row_capacity, word, q, stream);
+      }
+      if (a.quantized->scaling == SFMOE_SCALING_NV_1X16) {
+        // Two passes: the group amax of the activations (into the output's amax), then the
+        // activations again, encoded under each group's global scale. The input is read twice;
+        // the FP32 activations are never written.
+        SFMOE_CUDA_RETURN_IF_ERROR(
+            "sfmoe_grouped_activation",
+            cudaMemsetAsync(q.amax, 0, sizeof(float) * a.groups.num_groups, stream));
+        ActivationArgs amax_pass = a;
+        amax_pass.amax = q.amax;
+        SFMOE_RETURN_IF_ERROR(launch(activation_forward_kernel<8, kKind, kAmaxOnly>, amax_pass,
+                                     row_capacity, word, q, stream));
+        ActivationArgs encode_pass = a;
+        encode_pass.amax = nullptr;
+        return launch(activation_forward_kernel<8, kKind, kNvfp4QuantBlock>, encode_pass,
                       row_capacity, word, q, stream);
       }
       if (a.quantized->scaling == SFMOE_SCALING_MX_1X32) {

@@ -1,7 +1,8 @@
 // Rowwise quantization of eight consecutive values per thread, for kernels that produce rows and
 // quantize them on the fly (permute, the grouped activations): the recipes whose blocks lie within
-// a row, MX_1X32 (E8M0 scales, compact or swizzled) and BLOCK_1X128 (FP32 scales, compact), and
-// per-tensor FP8 with given scales (TENSOR: one caller scale per group, config.tensor_scales). A
+// a row, MX_1X32 (E8M0 scales, compact or swizzled) and BLOCK_1X128 (FP32 scales, compact),
+// per-tensor FP8 with given scales (TENSOR: one caller scale per group, config.tensor_scales), and
+// NVFP4 1x16 once the group amax is known (the grouped activations compute it first). A
 // block of B elements is B / 8 neighbouring lanes, whose amax is reduced by xor shuffles (the
 // propagating max of the numerics headers, which does not depend on the order); the scale and the
 // codes are the grouped quantization's (docs/quantization.md), so the bytes equal
@@ -29,6 +30,8 @@ struct FusedQuantization {
 
 // TENSOR: the block value standing for "one scale per group" in the kernels' templates.
 constexpr int kTensorQuantBlock = 1;
+// NVFP4 1x16 (E2M1 codes, E4M3 block scales under the group's global scale from q.amax).
+constexpr int kNvfp4QuantBlock = 16;
 
 // TENSOR: scale_inv[g] = scale_inverse(given scale[g]) for every group (empty ones included).
 template <int kUnused = 0>
@@ -103,6 +106,35 @@ __device__ __forceinline__ uint2 quantize_eight(const float (&v)[8], const Fused
   }
   *scales = BlockScales<kBlock>::of(amax, q.e5m2, q.power_of_two);
   return encode_eight(v, scales->multiplier, q.e5m2);
+}
+
+// NVFP4 1x16: the group's global encode scale S_enc and its inverse, from the group amax.
+struct Nvfp4GroupScale {
+  float encode, decode;
+  static __device__ __forceinline__ Nvfp4GroupScale of(float group_amax) {
+    const float encode = numerics::nvfp4_global_encode_scale(group_amax);
+    return Nvfp4GroupScale{encode, numerics::nvfp4_global_decode_scale(encode)};
+  }
+};
+
+// NVFP4 1x16: this thread's eight values (half of a 16-element block: the neighbouring lane
+// holds the other half) as eight E2M1 codes in one word, element 0 in the low nibble, and the
+// block's E4M3 scale code. Every lane of the warp calls it (the block amax is a shuffle).
+__device__ __forceinline__ uint32_t quantize_eight_nvfp4(const float (&v)[8], Nvfp4GroupScale g,
+                                                         uint8_t* scale_code) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) amax = numerics::amax_accumulate(amax, v[i]);
+  amax = numerics::amax_accumulate(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+  *scale_code = numerics::nvfp4_block_scale(amax, g.encode);
+  const float multiplier = numerics::nvfp4_block_multiplier_from_decode(*scale_code, g.decode);
+  uint32_t word = 0u;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    word |= static_cast<uint32_t>(numerics::f32_to_e2m1(numerics::mul_rn(v[i], multiplier)))
+            << (4 * i);
+  }
+  return word;
 }
 
 // The fused form of a rowwise quantization from its backend arguments.

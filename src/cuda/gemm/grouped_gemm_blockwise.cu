@@ -10,9 +10,10 @@
 //   dgrad  A = dY rowwise, scales [rows, n / 128] (K-major);
 //          B = W^T (the columnwise data), with W's rowwise scales: W_g^T's block (kb_n, kb_k)
 //          is W's (g n / 128 + kb_k, kb_n), i.e. the same matrix read N-major.
-// wgrad needs 1x128 scales down the rows of each group with one leading dimension per group,
-// which the compact columnwise layout ([cols, rows / 128] over all groups) does not give; it is
-// refused by the API until the quantizer writes that layout.
+//   wgrad  A = dY^T, B = X^T (the columnwise data), scaled per column and 128-row block: the
+//          columnwise scales in the columnwise-transposed layout [rows / 128, n or k], read
+//          M/N-major from block row offsets[g] / 128 (the compact [n or k, rows / 128] layout
+//          has no per-group leading dimension the mainloop could use).
 #include "src/cuda/gemm/grouped_gemm_kernels.cuh"
 
 namespace sfmoe {
@@ -26,6 +27,9 @@ using namespace grouped_gemm_detail;
 using FpropScales = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128, cute::GMMA::Major::K,
                                                               cute::GMMA::Major::K>;
 using DgradScales = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128, cute::GMMA::Major::K,
+                                                              cute::GMMA::Major::MN>;
+// wgrad: dY^T and X^T scaled per row (feature) and 128-row block, both read M/N-major.
+using WgradScales = cutlass::detail::Sm90BlockwiseScaleConfig<1, 1, 128, cute::GMMA::Major::MN,
                                                               cute::GMMA::Major::MN>;
 
 // E4M3 operands (the recipe's format for activations, gradients and weights alike), 128 x 128
@@ -43,14 +47,14 @@ template <class Out>
 sfmoe_status run_out(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
   if (a.form == GroupedGemmForm::kFprop) return run_tile<Out, FpropScales>(a, stream);
   if (a.form == GroupedGemmForm::kDgrad) return run_tile<Out, DgradScales>(a, stream);
-  return fail(SFMOE_ERROR_UNSUPPORTED,
-              "sfmoe_grouped_gemm: FP8 blockwise wgrad is not available on the device yet");
+  return run_tile<Out, WgradScales>(a, stream);
 }
 
 template <class Out, GemmTile T>
 void most_workspace_of(int64_t groups, int64_t* most) {
   most_workspace<BlockwiseKernel<Out, FpropScales, T>>(groups, most);
   most_workspace<BlockwiseKernel<Out, DgradScales, T>>(groups, most);
+  most_workspace<BlockwiseKernel<Out, WgradScales, T>>(groups, most);
 }
 
 }  // namespace

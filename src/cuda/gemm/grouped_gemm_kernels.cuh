@@ -237,13 +237,18 @@ __device__ __forceinline__ void group_rows(const GroupedGemmDeviceArgs& a, int64
   *hi = end;
 }
 
-// Whether wgrad runs group g: it has rows, and where a columnwise FP8 copy is read at column lo
-// (TMA: 16-byte aligned addresses), lo is a multiple of 16 (bad offsets break that: the group is
-// then skipped, its dW zeroed, and the fault reported by the setup kernel).
+// The multiple of rows a wgrad group must start at: where a columnwise FP8 copy is read at
+// column lo, TMA needs 16-byte aligned addresses; blockwise scales come in 128-row blocks.
+__device__ __forceinline__ int64_t wgrad_start_multiple(const GroupedGemmDeviceArgs& a) {
+  if (a.a.scaling == SFMOE_SCALING_BLOCK_1X128) return 128;
+  return a.a.columnwise || a.b.columnwise ? 16 : 1;
+}
+
+// Whether wgrad runs group g: it has rows and starts at that multiple (bad offsets break that:
+// the group is then skipped, its dW zeroed, and the fault reported by the setup kernel).
 __device__ __forceinline__ bool wgrad_group_runs(const GroupedGemmDeviceArgs& a, int64_t lo,
                                                  int64_t hi) {
-  const bool columnwise = a.a.columnwise || a.b.columnwise;
-  return hi > lo && (!columnwise || lo % 16 == 0);
+  return hi > lo && lo % wgrad_start_multiple(a) == 0;
 }
 
 // A CuTe stride of one of the kernel's types with its dynamic leading dimension set (row-major
@@ -293,7 +298,7 @@ __global__ void grouped_gemm_setup_kernel(GroupedGemmDeviceArgs a, typename K::A
     case GroupedGemmForm::kWgrad:
       // No rows (or a misaligned columnwise start): no tiles (M = 0); the zeroing kernel writes
       // dW_g when needed.
-      if ((a.a.columnwise || a.b.columnwise) && lo % 16 != 0 && a.word != nullptr) {
+      if (lo % wgrad_start_multiple(a) != 0 && a.word != nullptr) {
         raise_fault(a.word, SFMOE_FAULT_BAD_GROUP_OFFSETS, g, lo);
       }
       r.shapes[g] = Shape3(wgrad_group_runs(a, lo, hi) ? n : 0, k, rows);
@@ -319,13 +324,20 @@ __global__ void grouped_gemm_setup_kernel(GroupedGemmDeviceArgs a, typename K::A
   r.stride_d[g] = stride_with_leading<typename K::StrideD>(ldd);
   r.stride_c[g] = r.stride_d[g];
   if constexpr (K::kBlockwise) {
-    // The scale matrices (docs/grouped_gemm.md): A's 1x128 rowwise scales [rows, K / 128]
-    // (K-major: group g from row lo); B's 128x128 scales of W rowwise [G n / 128, k / 128],
-    // read K-major in fprop (group g from block row g n / 128) and M/N-major in dgrad (W_g^T's
-    // block (k_block, n_block) is W's (g n / 128 + n_block, k_block)).
-    const int64_t k_blocks_a = (a.form == GroupedGemmForm::kFprop ? a.k : a.n) / 128;
-    r.scales_a[g] = a.a.scale_inv + lo * k_blocks_a;
-    r.scales_b[g] = a.b.scale_inv + (g * a.n / 128) * (a.k / 128);
+    // The scale matrices (docs/grouped_gemm.md): fprop and dgrad read A's 1x128 rowwise scales
+    // [rows, K / 128] (K-major: group g from row lo) and B's 128x128 scales of W rowwise
+    // [G n / 128, k / 128], K-major in fprop (group g from block row g n / 128) and M/N-major in
+    // dgrad (W_g^T's block (k_block, n_block) is W's (g n / 128 + n_block, k_block)). wgrad reads
+    // dY's and X's columnwise 1x128 scales transposed, [rows / 128, n] and [rows / 128, k]:
+    // M/N-major, group g from block row lo / 128.
+    if (a.form == GroupedGemmForm::kWgrad) {
+      r.scales_a[g] = a.a.scale_inv + (lo / 128) * a.n;
+      r.scales_b[g] = a.b.scale_inv + (lo / 128) * a.k;
+    } else {
+      const int64_t k_blocks_a = (a.form == GroupedGemmForm::kFprop ? a.k : a.n) / 128;
+      r.scales_a[g] = a.a.scale_inv + lo * k_blocks_a;
+      r.scales_b[g] = a.b.scale_inv + (g * a.n / 128) * (a.k / 128);
+    }
     const auto shape = cute::make_shape(static_cast<int>(cute::get<0>(r.shapes[g])),
                                         static_cast<int>(cute::get<1>(r.shapes[g])),
                                         static_cast<int>(cute::get<2>(r.shapes[g])), 1);

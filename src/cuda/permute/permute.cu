@@ -6,10 +6,19 @@
 //            lowest token indices are kept), and the padded block starts;
 //   place:   per chunk, each slot's row (row_map);
 //   copy:    one block per token reads its row once and writes it to each of its k destination
-//            rows; further blocks write the padding rows' zeros.
+//            rows; further blocks write the padding rows' zeros. Rows of a multiple of 16 bytes
+//            move by bulk copies (one warp per token: the row is loaded into shared memory by
+//            one instruction and stored to each destination by one more per slot), others by
+//            16-, 4- or 2-byte vectors.
+// The scan, place and copy kernels are programmatic dependents of the kernel before them
+// (src/cuda/common/dependent_launch.h): each starts while its predecessor runs, does what needs
+// only the inputs (place builds its chunk's bitmap from the ids, the bulk copy loads its token
+// row), and waits for the predecessor before it reads what that one writes.
 // Unpermute: one block per token gathers its k rows, FP32 sums in slot order. Its backward: one
 // block per token scatters probs * d_out and reduces d_probs; padding blocks write zeros.
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "sfmoe/numerics/float_formats.h"
 #include "sfmoe/numerics/scale_swizzle.h"
@@ -17,7 +26,9 @@
 #include "src/common/fault.h"
 #include "src/common/group_offsets.h"
 #include "src/cuda/backend.h"
+#include "src/cuda/common/bulk_copy.h"
 #include "src/cuda/common/cuda_check.h"
+#include "src/cuda/common/dependent_launch.h"
 #include "src/cuda/common/rowwise_quantize.h"
 #include "src/cuda/common/vector_io.h"
 
@@ -72,6 +83,7 @@ __device__ __forceinline__ void build_chunk_bitmap(uint32_t* bitmap, const int32
 __global__ void __launch_bounds__(kChunkTokens)
     permute_count_kernel(const int32_t* ids, int64_t num_tokens, int64_t top_k, int64_t experts,
                          int32_t* chunk_counts) {
+  let_dependents_start();
   extern __shared__ uint32_t bitmap[];
   const int64_t chunk = blockIdx.x;
   build_chunk_bitmap(bitmap, ids, num_tokens, top_k, experts, chunk);
@@ -92,6 +104,8 @@ __global__ void __launch_bounds__(kScanThreads)
                         int64_t* dropped_per_expert, int64_t* offsets) {
   __shared__ int64_t partial[kScanThreads];
   __shared__ int64_t carry;
+  let_dependents_start();
+  wait_for_previous_kernel();  // the counts
   if (threadIdx.x == 0) carry = 0;
   for (int64_t first = 0; first < experts; first += kScanThreads) {
     const int64_t e = first + threadIdx.x;
@@ -143,9 +157,11 @@ __global__ void __launch_bounds__(kChunkTokens)
     permute_place_kernel(const int32_t* ids, int64_t num_tokens, int64_t top_k, int64_t experts,
                          int64_t expert_capacity, const int32_t* chunk_bases,
                          const int64_t* offsets, int64_t* row_map, sfmoe_fault_report* word) {
+  let_dependents_start();
   extern __shared__ uint32_t bitmap[];
   const int64_t chunk = blockIdx.x;
   build_chunk_bitmap(bitmap, ids, num_tokens, top_k, experts, chunk);
+  wait_for_previous_kernel();  // the chunk bases and offsets
   const int64_t t = chunk * kChunkTokens + threadIdx.x;
   if (t >= num_tokens) return;
   const int word_index = threadIdx.x / 32;
@@ -207,6 +223,7 @@ __global__ void __launch_bounds__(kRowCopyThreads)
     permute_copy_kernel(const Vec* tokens, int64_t num_tokens, int64_t top_k, int64_t row_vectors,
                         int64_t row_capacity, const int64_t* offsets,
                         const int64_t* tokens_per_expert, const int64_t* row_map, Vec* permuted) {
+  wait_for_previous_kernel();  // the row map and offsets
   const int64_t b = blockIdx.x;
   if (b < num_tokens) {
     // Each of the first k threads places one slot.
@@ -227,6 +244,92 @@ __global__ void __launch_bounds__(kRowCopyThreads)
   for (int64_t row = offsets[e] + tokens_per_expert[e] + part; row < end; row += kPaddingSplit) {
     zero_row(permuted + row * row_vectors, row_vectors);
   }
+}
+
+// The bulk form: a one-warp block per token. Lane 0 loads the row (in segments of at most
+// kBulkSegmentBytes) into shared memory; lane i stores it to the rows of slots i and i + 32. The
+// warps issue a few instructions per row instead of one load or store per 16 bytes and thread,
+// and many rows are in flight per multiprocessor (one per block, as many blocks as the shared
+// memory holds). Padding blocks fill their segment with zeros once and store it to each padding
+// row.
+constexpr int kBulkThreads = 32;
+constexpr int kBulkSlotsPerLane = (kMaxDeviceSlots + kBulkThreads - 1) / kBulkThreads;
+constexpr int64_t kBulkSegmentBytes = 32768;
+
+__global__ void __launch_bounds__(kBulkThreads)
+    permute_bulk_copy_kernel(const uint8_t* tokens, int64_t num_tokens, int64_t top_k,
+                             int64_t row_bytes, int64_t segment_bytes, int64_t row_capacity,
+                             const int64_t* offsets, const int64_t* tokens_per_expert,
+                             const int64_t* row_map, uint8_t* permuted) {
+  extern __shared__ __align__(128) uint8_t staged[];
+  __shared__ uint64_t loaded;
+  const int lane = threadIdx.x;
+  const int64_t b = blockIdx.x;
+  if (b < num_tokens) {
+    // The first segment of the token's row is loaded before the row map exists.
+    if (lane == 0) {
+      mbarrier_init_single(&loaded);
+      const uint32_t bytes = static_cast<uint32_t>(row_bytes < segment_bytes ? row_bytes : segment_bytes);
+      bulk_load_to_shared(staged, tokens + b * row_bytes, bytes, &loaded);
+    }
+    wait_for_previous_kernel();  // the row map
+    int64_t rows[kBulkSlotsPerLane];
+    bool stores = false;
+#pragma unroll
+    for (int i = 0; i < kBulkSlotsPerLane; ++i) {
+      const int64_t slot = lane + i * kBulkThreads;
+      rows[i] = slot < top_k ? row_map[b * top_k + slot] : -1;
+      // The API checked the capacity against the worst case; the bound is kept regardless.
+      if (rows[i] >= row_capacity) rows[i] = -1;
+      stores |= rows[i] >= 0;
+    }
+    __syncwarp();
+    uint32_t phase = 0;
+    for (int64_t at = 0; at < row_bytes; at += segment_bytes, phase ^= 1u) {
+      const int64_t left = row_bytes - at;
+      const uint32_t bytes = static_cast<uint32_t>(left < segment_bytes ? left : segment_bytes);
+      if (lane == 0 && at > 0) bulk_load_to_shared(staged, tokens + b * row_bytes + at, bytes, &loaded);
+      mbarrier_wait(&loaded, phase);
+      if (stores) {
+#pragma unroll
+        for (int i = 0; i < kBulkSlotsPerLane; ++i) {
+          if (rows[i] >= 0) bulk_store_from_shared(permuted + rows[i] * row_bytes + at, staged, bytes);
+        }
+        bulk_commit();
+        bulk_wait_source_read();  // before the next segment overwrites the staged bytes
+      }
+      __syncwarp();
+    }
+    return;
+  }
+  wait_for_previous_kernel();  // the offsets and counts
+  const int64_t pad = b - num_tokens;
+  const int64_t e = pad / kPaddingSplit, part = pad % kPaddingSplit;
+  const int64_t end = offsets[e + 1] < row_capacity ? offsets[e + 1] : row_capacity;
+  const int64_t first = offsets[e] + tokens_per_expert[e] + part;
+  if (first >= end) return;
+  for (int64_t v = lane; v < segment_bytes / 16; v += kBulkThreads) {
+    reinterpret_cast<uint4*>(staged)[v] = make_uint4(0u, 0u, 0u, 0u);
+  }
+  fence_shared_for_bulk_copies();
+  __syncwarp();
+  for (int64_t row = first + lane * kPaddingSplit; row < end; row += kBulkThreads * kPaddingSplit) {
+    for (int64_t at = 0; at < row_bytes; at += segment_bytes) {
+      const int64_t left = row_bytes - at;
+      const uint32_t bytes = static_cast<uint32_t>(left < segment_bytes ? left : segment_bytes);
+      bulk_store_from_shared(permuted + row * row_bytes + at, staged, bytes);
+    }
+    bulk_commit();
+  }
+  bulk_wait_source_read();
+}
+
+// The bulk form unless SFMOE_PERMUTE_COPY=vector asks for the vector form (for comparisons).
+bool permute_copy_by_bulk(const void* tokens, const void* permuted, int64_t row_bytes) {
+  const char* forced = getenv("SFMOE_PERMUTE_COPY");
+  if (forced != nullptr && strcmp(forced, "vector") == 0) return false;
+  return row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(tokens) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(permuted) % 16 == 0;
 }
 
 // ---- fused quantization ----------------------------------------------------------------------
@@ -475,14 +578,18 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
         a.topk_ids, a.num_tokens, a.top_k, a.num_experts, a.workspace);
     SFMOE_RETURN_IF_ERROR(check_launch(context, "permute_count_kernel"));
   }
-  permute_scan_kernel<<<1, kScanThreads, 0, stream>>>(
-      a.workspace, chunks, a.num_experts, a.expert_capacity, a.alignment, a.tokens_per_expert,
-      a.dropped_per_expert, a.expert_offsets);
+  SFMOE_CUDA_RETURN_IF_ERROR(
+      context, launch_dependent(permute_scan_kernel, dim3(1), dim3(kScanThreads), 0, stream,
+                                a.workspace, chunks, a.num_experts, a.expert_capacity,
+                                a.alignment, a.tokens_per_expert, a.dropped_per_expert,
+                                a.expert_offsets));
   SFMOE_RETURN_IF_ERROR(check_launch(context, "permute_scan_kernel"));
   if (chunks > 0) {
-    permute_place_kernel<<<static_cast<unsigned>(chunks), kChunkTokens, bitmap_bytes, stream>>>(
-        a.topk_ids, a.num_tokens, a.top_k, a.num_experts, a.expert_capacity, a.workspace,
-        a.expert_offsets, a.row_map, a.word);
+    SFMOE_CUDA_RETURN_IF_ERROR(
+        context, launch_dependent(permute_place_kernel, dim3(static_cast<unsigned>(chunks)),
+                                  dim3(kChunkTokens), bitmap_bytes, stream, a.topk_ids,
+                                  a.num_tokens, a.top_k, a.num_experts, a.expert_capacity,
+                                  a.workspace, a.expert_offsets, a.row_map, a.word));
     SFMOE_RETURN_IF_ERROR(check_launch(context, "permute_place_kernel"));
   }
   const int64_t row_bytes = a.hidden * (sfmoe_dtype_bits(a.dtype) / 8);
@@ -511,20 +618,29 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
     }
     return check_launch(context, "permute_quantize_kernel");
   }
+  if (permute_copy_by_bulk(a.tokens, a.permuted, row_bytes)) {
+    const int64_t segment = row_bytes < kBulkSegmentBytes ? row_bytes : kBulkSegmentBytes;
+    SFMOE_CUDA_RETURN_IF_ERROR(
+        context,
+        launch_dependent(permute_bulk_copy_kernel, dim3(static_cast<unsigned>(blocks)),
+                         dim3(kBulkThreads), static_cast<size_t>(segment), stream,
+                         static_cast<const uint8_t*>(a.tokens), a.num_tokens, a.top_k, row_bytes,
+                         segment, a.row_capacity, a.expert_offsets, a.tokens_per_expert,
+                         a.row_map, static_cast<uint8_t*>(a.permuted)));
+    return check_launch(context, "permute_bulk_copy_kernel");
+  }
   auto launch = [&](auto vec) {
     using Vec = decltype(vec);
     const int64_t vectors = row_bytes / static_cast<int64_t>(sizeof(Vec));
-    permute_copy_kernel<Vec><<<static_cast<unsigned>(blocks), kRowCopyThreads, 0, stream>>>(
-        static_cast<const Vec*>(a.tokens), a.num_tokens, a.top_k, vectors, a.row_capacity,
-        a.expert_offsets, a.tokens_per_expert, a.row_map, static_cast<Vec*>(a.permuted));
+    return launch_dependent(permute_copy_kernel<Vec>, dim3(static_cast<unsigned>(blocks)),
+                            dim3(kRowCopyThreads), 0, stream, static_cast<const Vec*>(a.tokens),
+                            a.num_tokens, a.top_k, vectors, a.row_capacity, a.expert_offsets,
+                            a.tokens_per_expert, a.row_map, static_cast<Vec*>(a.permuted));
   };
-  if (row_bytes % 16 == 0) {
-    launch(uint4{});
-  } else if (row_bytes % 4 == 0) {
-    launch(uint32_t{});
-  } else {
-    launch(uint16_t{});
-  }
+  const cudaError_t launched = row_bytes % 16 == 0  ? launch(uint4{})
+                               : row_bytes % 4 == 0 ? launch(uint32_t{})
+                                                    : launch(uint16_t{});
+  SFMOE_CUDA_RETURN_IF_ERROR(context, launched);
   return check_launch(context, "permute_copy_kernel");
 }
 

@@ -22,7 +22,8 @@ __device__ float decode_factor(const GroupedQuantizeArgs& a, bool columnwise, in
   switch (a.scaling) {
     case SFMOE_SCALING_TENSOR: return static_cast<const float*>(scales)[g];
     case SFMOE_SCALING_BLOCK_1X128:
-      return static_cast<const float*>(scales)[major * (minor_size / 128) + minor / 128];
+      return static_cast<const float*>(scales)[block_1x128_scale_offset(
+          a.scale_layout, columnwise, major, minor / 128, minor_size / 128, columnwise ? C : R)];
     case SFMOE_SCALING_BLOCK_128X128:
       return static_cast<const float*>(scales)[(major / 128) * (minor_size / 128) + minor / 128];
     case SFMOE_SCALING_MX_1X32:

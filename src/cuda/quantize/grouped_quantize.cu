@@ -930,8 +930,12 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
             if (!packed_mx_scales && seg == first_seg && segment_active && cc + e < cols) {
               const int64_t r = r0 + block_row, scale_cols = capacity / B;
               maybe_trap(a, __uint_as_float(m), row_group[block_row], r);
-              store_scale<S>(a.columnwise_scale_inv,
-                             scale_offset(a.scale_layout, cc + e, r / B, scale_cols), s);
+              const int64_t at =
+                  S == SFMOE_SCALING_BLOCK_1X128
+                      ? block_1x128_scale_offset(a.scale_layout, true, cc + e, r / B, scale_cols,
+                                                 cols)
+                      : scale_offset(a.scale_layout, cc + e, r / B, scale_cols);
+              store_scale<S>(a.columnwise_scale_inv, at, s);
               if constexpr (S == SFMOE_SCALING_MX_1X32) {
                 if (a.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && cc + e == cols - 1) {
                   zero_swizzle_padding_rows(static_cast<uint8_t*>(a.columnwise_scale_inv), cols,

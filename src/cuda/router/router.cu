@@ -17,6 +17,7 @@
 #include "src/common/fault.h"
 #include "src/cuda/backend.h"
 #include "src/cuda/common/cuda_check.h"
+#include "src/cuda/common/dependent_launch.h"
 
 namespace sfmoe {
 namespace cuda {
@@ -570,6 +571,9 @@ __global__ void __launch_bounds__(kThreads, kV <= 8 ? 4 : 2)
   }
 
   __syncthreads();
+  // The dependent of router_clear_counts_kernel (router_forward): the counts are zero once it
+  // has completed.
+  wait_for_previous_kernel();
   for (int e = threadIdx.x; e < experts; e += kThreads) {
     if (shared.counts[e] != 0) {
       atomicAdd(reinterpret_cast<unsigned long long*>(a.tokens_per_expert + e),
@@ -841,6 +845,14 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Zeroes the expert counts the forward adds to. Its dependent, the forward kernel
+// (launch_dependent), starts at once and computes while this runs; it waits for it only before
+// its first count is added, so the clearing costs no gap between two kernels.
+__global__ void router_clear_counts_kernel(int64_t* counts, int64_t experts) {
+  let_dependents_start();
+  for (int64_t e = threadIdx.x; e < experts; e += blockDim.x) counts[e] = 0;
+}
+
 static_assert(kMaxDeviceExperts <= 16 * kLanes, "chunks of at most 16 experts");
 template <class Launch>
 sfmoe_status by_chunk(int chunk, Launch launch) {
@@ -857,8 +869,8 @@ sfmoe_status router_forward(const RouterDeviceForward& a, void* stream_pointer) 
   const char* context = "sfmoe_router_forward";
   cudaStream_t stream = static_cast<cudaStream_t>(stream_pointer);
   const RouterConfig& c = a.config;
-  SFMOE_CUDA_RETURN_IF_ERROR(
-      context, cudaMemsetAsync(a.tokens_per_expert, 0, sizeof(int64_t) * c.num_experts, stream));
+  router_clear_counts_kernel<<<1, 256, 0, stream>>>(a.tokens_per_expert, c.num_experts);
+  SFMOE_RETURN_IF_ERROR(check_launch(context, "router_clear_counts_kernel"));
   const int64_t blocks = router_blocks(a.tokens);
   const RouterShape shape = router_shape(c, a.tokens, blocks);
   if (a.tokens > 0) {
@@ -866,17 +878,13 @@ sfmoe_status router_forward(const RouterDeviceForward& a, void* stream_pointer) 
       constexpr int kV = decltype(v)::value;
       const bool losses = a.aux_loss != nullptr || a.z_loss != nullptr;
       const unsigned grid = static_cast<unsigned>(blocks);
-      if (a.logits_bf16) {
-        if (losses) {
-          router_forward_kernel<kV, __nv_bfloat16, true><<<grid, kThreads, 0, stream>>>(a, shape);
-        } else {
-          router_forward_kernel<kV, __nv_bfloat16, false><<<grid, kThreads, 0, stream>>>(a, shape);
-        }
-      } else if (losses) {
-        router_forward_kernel<kV, float, true><<<grid, kThreads, 0, stream>>>(a, shape);
-      } else {
-        router_forward_kernel<kV, float, false><<<grid, kThreads, 0, stream>>>(a, shape);
-      }
+      const auto kernel = a.logits_bf16 ? (losses ? router_forward_kernel<kV, __nv_bfloat16, true>
+                                                  : router_forward_kernel<kV, __nv_bfloat16, false>)
+                                        : (losses ? router_forward_kernel<kV, float, true>
+                                                  : router_forward_kernel<kV, float, false>);
+      const cudaError_t launched =
+          launch_dependent(kernel, dim3(grid), dim3(kThreads), 0, stream, a, shape);
+      SFMOE_CUDA_RETURN_IF_ERROR(context, launched);
       return check_launch(context, "router_forward_kernel");
     }));
   }
