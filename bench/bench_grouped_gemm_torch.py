@@ -93,6 +93,7 @@ def main():
           f"{'fp8':>5s} {'fp8 fast':>8s} {'rowwise':>7s} {'ratio':>5s} {'cutlass*':>8s} | {'fp8 block':>9s}   (TFLOP/s)")
     ratios = {"bf16 / grouped_mm": [], "fp8 / scaled_grouped_mm": [], "fp8 fast / scaled_grouped_mm": []}
     sweeps = []
+    emulation_rows = []
     for name, (experts, rows, hidden, ffn) in SHAPES.items():
         for skew in ("balanced", "zipf"):
             sizes = group_sizes(experts, rows, skew)
@@ -117,6 +118,15 @@ def main():
                     "fp8 block": lambda: sfmoe.grouped_gemm("fprop", qxb, qwb, out=y),
                 }
                 ours = {recipe: tflops(flops, ours_ms(fn)) for recipe, fn in calls.items()}
+                # MXFP8 and NVFP4, emulated: both operands decoded into BF16 per call, then BF16.
+                emulated = {}
+                for recipe, weights in (("mxfp8", "mxfp8"), ("nvfp4", "nvfp4_2d")):
+                    qxe = sfmoe.quantize(x, recipe, group_offsets=offsets, row_alignment=16)
+                    qwe = sfmoe.quantize(w.reshape(experts * n, k), weights, uniform_group_rows=n)
+                    ye = torch.empty(qxe.rows, n, device=dev, dtype=torch.bfloat16)
+                    emulated[recipe] = tflops(flops, ours_ms(lambda: sfmoe.grouped_gemm("fprop", qxe, qwe, out=ye)))
+                    del qxe, qwe, ye
+                emulation_rows.append((f"{name} {skew} {stage}", ours["bf16"], emulated))
                 sweep = {recipe: {tile: tflops(flops, forced(tile, calls[recipe])) for tile in tiles}
                          for recipe, tiles in RECIPE_TILES.items() if recipe in SWEPT}
                 grouped = peer(lambda: torch._grouped_mm(x, w.transpose(1, 2), offs=ends32))
@@ -156,6 +166,16 @@ def main():
             print(f"geometric mean {what} over {len(values)} cases: {geo:.2f}x")
     print("* stock CUTLASS 4.2 FP8 grouped GEMM, fast accumulation, balanced (GPU notes, another run). "
           "fp8 block targets: DeepGEMM publishes 1214-1346 at the DeepSeek-V3 shapes (H800); >= 900 on Qwen3")
+    print("\nMXFP8 / NVFP4 emulated (operands decoded into BF16 in the workspace per call, then the BF16 kernels;"
+          " NVFP4 weights 16x16), fprop TFLOP/s and ratio to sfmoe BF16")
+    for case, bf16, emulated in emulation_rows:
+        print(f"{case:30s} bf16 {bf16:5.0f} | " + " | ".join(
+            f"{recipe} {v:5.0f} ({v / bf16:.2f}x)" for recipe, v in emulated.items()))
+    for recipe in ("mxfp8", "nvfp4"):
+        values = [e[recipe] / b for _, b, e in emulation_rows]
+        if values:
+            geo = math.exp(sum(math.log(r) for r in values) / len(values))
+            print(f"geometric mean {recipe} emulated / bf16 over {len(values)} cases: {geo:.2f}x")
     print("\ntile sweep (TFLOP/s; the heuristic's choice is the recipe's column above)")
     for case, sweep in sweeps:
         print(f"{case:30s} " + " | ".join(

@@ -20,7 +20,12 @@
  * (a's offsets; in wgrad they are taken for b's as well) and the kernels' work follows them.
  * Offsets outside [0, row_capacity] or decreasing (or, in FP8 wgrad, not multiples of 16) are
  * clamped or skipped and raise SFMOE_FAULT_BAD_GROUP_OFFSETS / SFMOE_FAULT_GROUP_OVER_CAPACITY in
- * `word`. Other recipes and FP16 are SFMOE_ERROR_UNSUPPORTED on the device for now.
+ * `word`. MXFP8 (MX_1X32) and NVFP4 (NV_1X16, NV_16X16) operands, in any pairing of the two,
+ * are emulated on Hopper, which has no tensor-core instruction for their scales: the copy each
+ * form reads is dequantized into BF16 in the workspace (MXFP8 values exactly; NVFP4 values with
+ * their global scale, rounded once), then the BF16 kernels run (docs/grouped_gemm.md); their
+ * workspace is larger (sfmoe_grouped_gemm_workspace_elements_for). FP16 and other pairings are
+ * SFMOE_ERROR_UNSUPPORTED on the device.
  */
 #ifndef SFMOE_GROUPED_GEMM_H_
 #define SFMOE_GROUPED_GEMM_H_
@@ -55,8 +60,19 @@ SFMOE_API sfmoe_grouped_gemm_config sfmoe_grouped_gemm_config_init(void);
  * and output dtype): allocate it once, outside the step. 0 in builds without the CUDA kernels. */
 SFMOE_API int64_t sfmoe_grouped_gemm_workspace_elements(int64_t num_groups);
 
-/* workspace: [sfmoe_grouped_gemm_workspace_elements(num_groups)] INT64 in a's device memory,
- * required on the device, ignored on the host. `word` may be NULL. */
+/* INT64 elements of the device workspace for a call with these operands (a and b's scaling,
+ * row_capacity and cols): sfmoe_grouped_gemm_workspace_elements(num_groups), plus, when both
+ * operands are emulated (MXFP8 / NVFP4), room for their BF16 values. 0 in builds without the CUDA
+ * kernels, -1 for negative sizes. */
+SFMOE_API int64_t sfmoe_grouped_gemm_workspace_elements_for(int64_t num_groups,
+                                                            sfmoe_scaling a_scaling,
+                                                            int64_t a_rows, int64_t a_cols,
+                                                            sfmoe_scaling b_scaling,
+                                                            int64_t b_rows, int64_t b_cols);
+
+/* workspace: [sfmoe_grouped_gemm_workspace_elements_for(...)] INT64 in a's device memory
+ * (sfmoe_grouped_gemm_workspace_elements(num_groups) unless the operands are emulated), required
+ * on the device, ignored on the host. `word` may be NULL. */
 SFMOE_API sfmoe_status sfmoe_grouped_gemm(const sfmoe_grouped_tensor* a,
                                           const sfmoe_grouped_tensor* b,
                                           const sfmoe_grouped_gemm_config* config,

@@ -58,6 +58,8 @@ def grouped_gemm(form, a, b, group_offsets=None, *, out=None, out_dtype=None, ac
     columnwise; wgrad both columnwise), which must be present. group_offsets: int64 [G + 1] for
     unquantized rows; by default the quantized row operand's own offsets.
     Rows beyond offsets[G] of a row-shaped result are not written. out_dtype defaults to float32.
+    MXFP8 and NVFP4 operands are emulated on CUDA (Hopper has no instruction for their scales):
+    the copies each form reads are decoded into BF16 in the workspace, then the BF16 kernels run.
     fast_accumulation: FP8 per-tensor operands on CUDA are summed by the tensor cores over all of K
     (faster, less precise; the default promotes partial sums into FP32 periodically). The host
     reference ignores it.
@@ -98,8 +100,11 @@ def grouped_gemm(form, a, b, group_offsets=None, *, out=None, out_dtype=None, ac
         out_desc = _plain(adapter, out, out_type, rows=groups * n, cols=out_cols, groups=groups, uniform_rows=n)
     else:
         out_desc = _plain(adapter, out, out_type, rows=rows, cols=out_cols, groups=groups, offsets=offsets)
-    # The device reads each group's arguments from a workspace (the host ignores it).
-    elements = _C.grouped_gemm_workspace_elements(groups)
+    # The device reads each group's arguments from a workspace (the host ignores it); MXFP8 and
+    # NVFP4 operands are decoded into BF16 there first (emulated on Hopper).
+    elements = _C.grouped_gemm_workspace_elements_for(groups, a_desc["scaling"], a_desc["row_capacity"],
+                                                      a_desc["cols"], b_desc["scaling"], b_desc["row_capacity"],
+                                                      b_desc["cols"])
     workspace = adapter.empty((elements,), DType.INT64, like) if elements > 0 else None
     _C.grouped_gemm(_FORMS[form], a_desc, b_desc, out_desc, bool(accumulate), a_hadamard or b_hadamard,
                     None if workspace is None else adapter.for_binding(workspace), adapter.stream(like),

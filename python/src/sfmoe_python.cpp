@@ -1408,6 +1408,16 @@ NB_MODULE(_C, m) {
         "sfmoe_grouped_tensor fields.");
   m.def("grouped_gemm_workspace_elements", &sfmoe_grouped_gemm_workspace_elements, "num_groups"_a,
         "sfmoe_grouped_gemm_workspace_elements.");
+  m.def(
+      "grouped_gemm_workspace_elements_for",
+      [](int64_t groups, int32_t a_scaling, int64_t a_rows, int64_t a_cols, int32_t b_scaling,
+         int64_t b_rows, int64_t b_cols) {
+        return sfmoe_grouped_gemm_workspace_elements_for(
+            groups, static_cast<sfmoe_scaling>(a_scaling), a_rows, a_cols,
+            static_cast<sfmoe_scaling>(b_scaling), b_rows, b_cols);
+      },
+      "num_groups"_a, "a_scaling"_a, "a_rows"_a, "a_cols"_a, "b_scaling"_a, "b_rows"_a, "b_cols"_a,
+      "sfmoe_grouped_gemm_workspace_elements_for (MXFP8 / NVFP4 operands need more).");
   m.def("permute_workspace_elements", &sfmoe_permute_workspace_elements, "num_tokens"_a,
         "num_experts"_a, "sfmoe_permute_workspace_elements.");
   m.def("unpermute", &unpermute, "rows"_a, "rows_dtype"_a, "group_offsets"_a, "row_map"_a,
@@ -1433,7 +1443,8 @@ NB_MODULE(_C, m) {
         "hadamard"_a = false, "workspace"_a = nb::none(), "stream"_a = 0,
         "fast_accumulation"_a = false,
         "sfmoe_grouped_gemm; a, b and out are dicts of sfmoe_grouped_tensor fields as for\n"
-        "grouped_quantize; workspace: INT64 [grouped_gemm_workspace_elements(G)] (device only).");
+        "grouped_quantize; workspace: INT64 [grouped_gemm_workspace_elements_for(...)] (device\n"
+        "only).");
   m.def("grouped_amax", &grouped_amax, "input"_a, "amax"_a.noconvert(),
         "status_word"_a = nb::none(), "stream"_a = 0,
         "sfmoe_grouped_amax: amax[g] = max |x| over group g of the grouped tensor `input` (a\n"

@@ -77,12 +77,103 @@ sfmoe_status operand_as_f32(const sfmoe_grouped_tensor* t, bool columnwise, bool
       nullptr);
 }
 
+// Recipes the device emulates by dequantizing to BF16 (Hopper has no MX / NV block-scaled MMA).
+bool emulated_on_device(int32_t scaling) {
+  return scaling == SFMOE_SCALING_MX_1X32 || scaling == SFMOE_SCALING_NV_1X16 ||
+         scaling == SFMOE_SCALING_NV_16X16;
+}
+
+// The emulation's workspace: the kernels' part, then a's and b's BF16 values (256-byte aligned).
+struct EmulationWorkspace {
+  int64_t kernel_bytes, a_bytes, b_bytes;
+  int64_t total_bytes() const { return kernel_bytes + a_bytes + b_bytes; }
+};
+#if defined(SFMOE_WITH_CUDA) && defined(SFMOE_WITH_CUTE)
+EmulationWorkspace emulation_workspace(int64_t groups, int64_t a_rows, int64_t a_cols,
+                                       int64_t b_rows, int64_t b_cols) {
+  auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+  return EmulationWorkspace{aligned(cuda::grouped_gemm_workspace_bytes(groups)),
+                            aligned(a_rows * a_cols * 2), aligned(b_rows * b_cols * 2)};
+}
+#endif
+
+sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
+                           const sfmoe_grouped_tensor* b, const sfmoe_grouped_gemm_config* config,
+                           const sfmoe_grouped_tensor* out, GroupedGemmArgs args,
+                           const sfmoe_tensor* workspace, sfmoe_status_word* word, void* stream);
+
+// MXFP8 / NVFP4 on the device (docs/grouped_gemm.md): the copy each form reads (the one the host
+// reference dequantizes) decoded into BF16 in the workspace, then the BF16 kernels. MXFP8 values
+// (E4M3 or E5M2 times a power of two) are exact in BF16 (down to its subnormals); NVFP4 values
+// times their global decode scale are rounded to BF16 once.
+sfmoe_status run_emulated(const char* context, const sfmoe_grouped_tensor* a,
+                          const sfmoe_grouped_tensor* b, const sfmoe_grouped_gemm_config* config,
+                          const sfmoe_grouped_tensor* out, const GroupedGemmArgs& args,
+                          const sfmoe_tensor* workspace, sfmoe_status_word* word, void* stream) {
+#if defined(SFMOE_WITH_CUDA) && defined(SFMOE_WITH_CUTE)
+  for (const sfmoe_grouped_tensor* t : {a, b, out}) {
+    if (t->memory != SFMOE_MEMORY_CUDA || t->device != a->device) {
+      return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: a, b and out must be on the same CUDA device",
+                  context);
+    }
+  }
+  if (out->dtype != SFMOE_DTYPE_BF16 && out->dtype != SFMOE_DTYPE_FP32) {
+    return fail(SFMOE_ERROR_UNSUPPORTED, "%s: the CUDA grouped GEMM writes BF16 or FP32", context);
+  }
+  if (a->group_offsets == nullptr) {
+    return fail(SFMOE_ERROR_NULL_POINTER, "%s: a needs its group offsets", context);
+  }
+  const EmulationWorkspace layout =
+      emulation_workspace(a->num_groups, a->row_capacity, a->cols, b->row_capacity, b->cols);
+  const int64_t elements = layout.total_bytes() / 8;
+  SFMOE_RETURN_IF_ERROR(expect_workspace(context, workspace, SFMOE_DTYPE_INT64, elements,
+                                         "sfmoe_grouped_gemm_workspace_elements_for", nullptr,
+                                         nullptr));
+  if (workspace->memory != SFMOE_MEMORY_CUDA || workspace->device != a->device) {
+    return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: the workspace must be on a's device", context);
+  }
+  uint8_t* base = static_cast<uint8_t*>(workspace->data);
+  sfmoe_quantize_config decode = sfmoe_quantize_config_init();
+  decode.hadamard_columnwise = config->hadamard_columnwise != 0 ? 1 : 0;
+  // The BF16 operand of t from the copy the form reads.
+  auto dequantized = [&](const sfmoe_grouped_tensor* t, bool columnwise, void* values,
+                         sfmoe_grouped_tensor* as_bf16) -> sfmoe_status {
+    *as_bf16 = *t;
+    as_bf16->dtype = SFMOE_DTYPE_BF16;
+    as_bf16->scaling = SFMOE_SCALING_NONE;
+    as_bf16->scale_layout = SFMOE_SCALE_LAYOUT_COMPACT;
+    as_bf16->rowwise_data = values;
+    as_bf16->rowwise_scale_inv = as_bf16->columnwise_data = as_bf16->columnwise_scale_inv = nullptr;
+    as_bf16->amax = as_bf16->columnwise_amax = nullptr;
+    return sfmoe_grouped_dequantize(
+        t, as_bf16, columnwise ? SFMOE_DEQUANTIZE_COLUMNWISE : SFMOE_DEQUANTIZE_ROWWISE,
+        &decode, stream);
+  };
+  sfmoe_grouped_tensor a16, b16;
+  SFMOE_RETURN_IF_ERROR(
+      dequantized(a, config->form == SFMOE_GEMM_WGRAD, base + layout.kernel_bytes, &a16));
+  SFMOE_RETURN_IF_ERROR(dequantized(b, config->form != SFMOE_GEMM_FPROP,
+                                    base + layout.kernel_bytes + layout.a_bytes, &b16));
+  sfmoe_tensor kernel_part = *workspace;  // the kernels' part, as the BF16 path expects it
+  kernel_part.shape[0] = sfmoe_grouped_gemm_workspace_elements(a->num_groups);
+  return run_on_device(context, &a16, &b16, config, out, args, &kernel_part, word, stream);
+#else
+  (void)a, (void)b, (void)config, (void)out, (void)args, (void)workspace, (void)word, (void)stream;
+  return fail(SFMOE_ERROR_UNSUPPORTED,
+              "%s: this build has no CUDA grouped GEMM (it needs the CUDA backend and CUTLASS)",
+              context);
+#endif
+}
+
 // The device path's extra requirements (docs/grouped_gemm.md), then the launch.
 sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
                            const sfmoe_grouped_tensor* b, const sfmoe_grouped_gemm_config* config,
                            const sfmoe_grouped_tensor* out, GroupedGemmArgs args,
                            const sfmoe_tensor* workspace, sfmoe_status_word* word, void* stream) {
 #if defined(SFMOE_WITH_CUDA) && defined(SFMOE_WITH_CUTE)
+  if (emulated_on_device(a->scaling) && emulated_on_device(b->scaling)) {
+    return run_emulated(context, a, b, config, out, args, workspace, word, stream);
+  }
   // Operands: both BF16 rows; both FP8 per-tensor (B E4M3; A E4M3, or E5M2 for gradients); or
   // FP8 blockwise, the DeepSeek-V3 recipe (A 1x128, B = W 128x128, both E4M3; in wgrad B = X
   // 1x128).
@@ -100,9 +191,8 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
   if (!fp8 && !blockwise && !bf16) {
     return fail(SFMOE_ERROR_UNSUPPORTED,
                 "%s: the CUDA grouped GEMM takes BF16 x BF16, FP8 per-tensor (E4M3 or E5M2 x "
-                "E4M3) or FP8 blockwise (E4M3 1x128 rows x E4M3 128x128 weights; 1x128 x 1x128 in "
-                "wgrad) operands for now; "
-                "other recipes run on the host",
+                "E4M3), FP8 blockwise (E4M3 1x128 rows x E4M3 128x128 weights; 1x128 x 1x128 in "
+                "wgrad) or MXFP8 / NVFP4 (emulated) operands; other pairings run on the host",
                 context);
   }
   if (out->dtype != SFMOE_DTYPE_BF16 && out->dtype != SFMOE_DTYPE_FP32) {
@@ -272,6 +362,24 @@ int64_t sfmoe_grouped_gemm_workspace_elements(int64_t num_groups) {
   return (sfmoe::cuda::grouped_gemm_workspace_bytes(num_groups) + 7) / 8;
 #else
   (void)num_groups;
+  return 0;
+#endif
+}
+
+int64_t sfmoe_grouped_gemm_workspace_elements_for(int64_t num_groups, sfmoe_scaling a_scaling,
+                                                  int64_t a_rows, int64_t a_cols,
+                                                  sfmoe_scaling b_scaling, int64_t b_rows,
+                                                  int64_t b_cols) {
+  if (num_groups < 0 || a_rows < 0 || a_cols < 0 || b_rows < 0 || b_cols < 0) return -1;
+#if defined(SFMOE_WITH_CUDA) && defined(SFMOE_WITH_CUTE)
+  if (sfmoe::cuda::device_count() == 0) return 0;
+  if (!sfmoe::emulated_on_device(sfmoe::enum_value(a_scaling)) ||
+      !sfmoe::emulated_on_device(sfmoe::enum_value(b_scaling))) {
+    return sfmoe_grouped_gemm_workspace_elements(num_groups);
+  }
+  return sfmoe::emulation_workspace(num_groups, a_rows, a_cols, b_rows, b_cols).total_bytes() / 8;
+#else
+  (void)a_scaling, (void)b_scaling;
   return 0;
 #endif
 }
