@@ -693,11 +693,12 @@ def test_cuda_graph_of_quantize_and_emulated_gemm_replays_on_new_group_sizes(rng
     """NVFP4 quantize of the rows, then the emulated grouped GEMM (fprop, BF16 out), captured in one
     CUDA graph and replayed on new rows and new group sizes (written into the captured offsets);
     each replay against the host's run of the same two steps."""
-    groups, n, k, capacity = 4, 64, 128, 160
+    groups, n, k, rows = 4, 64, 128, 160
+    capacity = rows + groups * 15  # the bound quantize asks for: every group padded to 16
     w = torch.from_numpy(rng.standard_normal((groups * n, k)).astype(np.float32)).to(torch.bfloat16)
     qw = sfmoe.quantize(w.cuda(), "nvfp4_2d", uniform_group_rows=n)
     qw_host = sfmoe.quantize(w, "nvfp4_2d", uniform_group_rows=n)
-    static_x = torch.zeros(capacity, k, device="cuda", dtype=torch.bfloat16)
+    static_x = torch.zeros(rows, k, device="cuda", dtype=torch.bfloat16)
     static_offsets = torch.tensor([0, 16, 32, 48, 64], device="cuda", dtype=torch.int64)
 
     def step():
@@ -711,10 +712,10 @@ def test_cuda_graph_of_quantize_and_emulated_gemm_replays_on_new_group_sizes(rng
     with torch.cuda.graph(graph):
         static_y = step()
     for replay in range(3):
-        sizes = rng.integers(0, 40, size=groups) // 16 * 16
-        sizes[replay % groups] = 0 if replay == 0 else 32  # an empty group, then a full one
+        sizes = rng.integers(1, 40, size=groups)  # odd sizes: padded to 16 by the quantize
+        sizes[replay % groups] = 0  # an empty group
         offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        x = rng.standard_normal((capacity, k)).astype(np.float32)
+        x = rng.standard_normal((rows, k)).astype(np.float32)
         static_x.copy_(torch.from_numpy(x).to(torch.bfloat16))
         static_offsets.copy_(torch.from_numpy(offsets))
         graph.replay()
@@ -722,7 +723,8 @@ def test_cuda_graph_of_quantize_and_emulated_gemm_replays_on_new_group_sizes(rng
         q = sfmoe.quantize(static_x.cpu(), "nvfp4", group_offsets=torch.from_numpy(offsets), row_alignment=16,
                            out_row_capacity=capacity)
         want = sfmoe.grouped_gemm("fprop", q, qw_host, out_dtype="bf16")
-        end = int(offsets[-1])
+        end = int(q.group_offsets[-1])  # the quantized rows' padded groups
+        assert end > 0
         assert _relative_error(static_y[:end].cpu(), want[:end]) <= 1e-4, replay
 
 

@@ -1,5 +1,16 @@
-// Dequantization of grouped tensors and the scale swizzle (any arch). These serve checks,
-// debugging and checkpoints; they are simple grid-stride kernels, not tuned.
+// Dequantization of grouped tensors and the scale swizzle (any arch). Dequantize serves checks,
+// debugging and checkpoints, and the grouped GEMM's MXFP8 / NVFP4 emulation (which decodes both
+// operands on every call), so its common shapes take tiled kernels:
+//   rowwise:    a warp per row (its group and NVFP4 global scale found once), eight elements per
+//               lane and step: one 8- or 4-byte code load, one scale per chunk, 16-byte stores;
+//   columnwise: 64 x 64 tiles; four lanes read a column's 64 contiguous codes (16 rows each, one
+//               scale block, the inverse Hadamard transform applied there), the tile is turned
+//               in shared memory and written as rows of 16-byte stores.
+// Other shapes (columns not a multiple of 8, unaligned buffers) take element-wise grid-stride
+// kernels. All compute each value as mul_rn(code, factor) with the factor of decode_factor(),
+// so every form gives the same bits.
+#include <stdint.h>
+
 #include "sfmoe/numerics.h"
 #include "src/common/element_codec.h"
 #include "src/cuda/backend.h"
@@ -11,10 +22,17 @@ namespace {
 
 using namespace numerics;
 
+// NVFP4: group g's global decode scale 1 / S_enc for the chosen copy (1 for other recipes).
+__device__ float nv_global_decode(const GroupedQuantizeArgs& a, bool columnwise, int64_t g) {
+  if (a.scaling != SFMOE_SCALING_NV_1X16 && a.scaling != SFMOE_SCALING_NV_16X16) return 1.0f;
+  const bool hadamard = columnwise && a.config.hadamard_columnwise;
+  return div_rn(1.0f, nvfp4_global_encode_scale(hadamard ? a.columnwise_amax[g] : a.amax[g]));
+}
+
 // The FP32 decode factor of element (r, c) of the rowwise matrix, read from the chosen copy's
-// scales (docs/quantization.md, Dequantize).
+// scales (docs/quantization.md, Dequantize); `global_decode` is nv_global_decode(a, columnwise, g).
 __device__ float decode_factor(const GroupedQuantizeArgs& a, bool columnwise, int64_t r, int64_t c,
-                               int64_t g) {
+                               int64_t g, float global_decode) {
   const int64_t R = a.row_capacity, C = a.cols;
   const void* scales = columnwise ? a.columnwise_scale_inv : a.rowwise_scale_inv;
   const int64_t major = columnwise ? c : r, minor = columnwise ? r : c;
@@ -29,12 +47,10 @@ __device__ float decode_factor(const GroupedQuantizeArgs& a, bool columnwise, in
     case SFMOE_SCALING_MX_1X32:
       return e8m0_to_f32(static_cast<const uint8_t*>(scales)[scale_offset(a.scale_layout, major, minor / 32, minor_size / 32)]);
     default: {
-      const bool hadamard = columnwise && a.config.hadamard_columnwise;
-      const float global = nvfp4_global_encode_scale(hadamard ? a.columnwise_amax[g] : a.amax[g]);
       const int64_t offset = a.scaling == SFMOE_SCALING_NV_16X16
                                  ? (major / 16) * (minor_size / 16) + minor / 16
                                  : scale_offset(a.scale_layout, major, minor / 16, minor_size / 16);
-      return mul_rn(e4m3_to_f32(static_cast<const uint8_t*>(scales)[offset]), div_rn(1.0f, global));
+      return mul_rn(e4m3_to_f32(static_cast<const uint8_t*>(scales)[offset]), global_decode);
     }
   }
 }
@@ -55,8 +71,9 @@ __global__ void dequantize_rowwise_kernel(GroupedDequantizeArgs d) {
   const GroupedQuantizeArgs& a = d.quantized;
   const int64_t total = quantized_group_offset(a, a.num_groups) * a.cols;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = e / a.cols, c = e % a.cols;
-    const float v = mul_rn(decode_code(a, a.rowwise, e), decode_factor(a, false, r, c, quantized_group_of_row(a, r)));
+    const int64_t r = e / a.cols, c = e % a.cols, g = quantized_group_of_row(a, r);
+    const float v = mul_rn(decode_code(a, a.rowwise, e),
+                           decode_factor(a, false, r, c, g, nv_global_decode(a, false, g)));
     store_value(d.output, d.output_dtype, e, v);
   }
 }
@@ -72,11 +89,144 @@ __global__ void dequantize_columnwise_kernel(GroupedDequantizeArgs d) {
     float v[16];
     for (int m = 0; m < 16; ++m) {
       const int64_t r = r0 + m;
-      v[m] = r < rows ? mul_rn(decode_code(a, a.columnwise, c * R + r), decode_factor(a, true, r, c, quantized_group_of_row(a, r)))
+      const int64_t g = r < rows ? quantized_group_of_row(a, r) : 0;
+      v[m] = r < rows ? mul_rn(decode_code(a, a.columnwise, c * R + r),
+                               decode_factor(a, true, r, c, g, nv_global_decode(a, true, g)))
                       : 0.0f;
     }
     if (hadamard) hadamard16_inverse(v);
     for (int m = 0; m < 16 && r0 + m < rows; ++m) store_value(d.output, d.output_dtype, (r0 + m) * C + c, v[m]);
+  }
+}
+
+// Eight decoded values to out[index, index + 8) as the output dtype, by 16-byte stores.
+__device__ __forceinline__ void store_eight(void* out, sfmoe_dtype dtype, int64_t index,
+                                           const float (&v)[8]) {
+  if (dtype == SFMOE_DTYPE_FP32) {
+    float4* p = reinterpret_cast<float4*>(static_cast<float*>(out) + index);
+    p[0] = make_float4(v[0], v[1], v[2], v[3]);
+    p[1] = make_float4(v[4], v[5], v[6], v[7]);
+    return;
+  }
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    w[i] = encode_element(dtype, v[2 * i]) | (encode_element(dtype, v[2 * i + 1]) << 16);
+  }
+  *reinterpret_cast<uint4*>(static_cast<uint16_t*>(out) + index) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// The value of one FP8 byte or E2M1 nibble.
+__device__ __forceinline__ float code_value(const GroupedQuantizeArgs& a, uint32_t code) {
+  if (a.dtype == SFMOE_DTYPE_FP4_E2M1) return e2m1_to_f32(static_cast<uint8_t>(code));
+  return a.dtype == SFMOE_DTYPE_FP8_E5M2 ? e5m2_to_f32(static_cast<uint8_t>(code))
+                                         : e4m3_to_f32(static_cast<uint8_t>(code));
+}
+
+constexpr int kRowsThreads = 256;
+__global__ void __launch_bounds__(kRowsThreads) dequantize_rows_kernel(GroupedDequantizeArgs d) {
+  const GroupedQuantizeArgs& a = d.quantized;
+  const int64_t rows = quantized_group_offset(a, a.num_groups), C = a.cols, chunks = C / 8;
+  const bool fp4 = a.dtype == SFMOE_DTYPE_FP4_E2M1;
+  constexpr int kWarps = kRowsThreads / 32;
+  const int lane = threadIdx.x % 32;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; r < rows;
+       r += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const int64_t g = quantized_group_of_row(a, r);
+    const float global_decode = nv_global_decode(a, false, g);
+    for (int64_t c = lane; c < chunks; c += 32) {
+      // Eight codes: 8 bytes (FP8) or 4 (E2M1, element 2i in the low nibble).
+      uint32_t lo, hi;
+      if (fp4) {
+        lo = static_cast<const uint32_t*>(a.rowwise)[(r * C) / 8 + c];
+        hi = 0u;
+      } else {
+        const uint2 raw = static_cast<const uint2*>(a.rowwise)[(r * C) / 8 + c];
+        lo = raw.x;
+        hi = raw.y;
+      }
+      // One factor per chunk: every recipe's blocks hold whole chunks of eight.
+      const float factor = decode_factor(a, false, r, c * 8, g, global_decode);
+      float v[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const uint32_t code = fp4 ? (lo >> (4 * i)) & 0xFu
+                                  : ((i < 4 ? lo : hi) >> (8 * (i % 4))) & 0xFFu;
+        v[i] = mul_rn(code_value(a, code), factor);
+      }
+      store_eight(d.output, d.output_dtype, r * C + c * 8, v);
+    }
+  }
+}
+
+constexpr int kTile = 64;  // rows and columns of a columnwise tile
+constexpr int kTileThreads = 256;
+static_assert(kTileThreads == kTile * 4, "four lanes (16 rows each) per column of the tile");
+
+__global__ void __launch_bounds__(kTileThreads)
+    dequantize_columns_kernel(GroupedDequantizeArgs d, bool vector_loads) {
+  const GroupedQuantizeArgs& a = d.quantized;
+  __shared__ float tile[kTile][kTile + 1];
+  const int64_t rows = quantized_group_offset(a, a.num_groups), R = a.row_capacity, C = a.cols;
+  const bool fp4 = a.dtype == SFMOE_DTYPE_FP4_E2M1;
+  const bool hadamard = fp4 && a.config.hadamard_columnwise;
+  const bool per_row_group = a.scaling == SFMOE_SCALING_TENSOR;  // blocks follow no 16-row rule
+  const int segment = threadIdx.x % 4, j = threadIdx.x / 4;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile, c = c0 + j;
+  for (int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile; r0 < rows;
+       r0 += static_cast<int64_t>(gridDim.y) * kTile) {
+    const int64_t first = r0 + segment * 16;
+    float v[16];
+    if (c < C && first < rows) {
+      uint32_t words[4] = {0u, 0u, 0u, 0u};  // 16 codes of column c, rows first..first + 15
+      const int64_t index = c * R + first;   // (element index in the columnwise copy)
+      if (vector_loads) {
+        if (fp4) {
+          const uint2 raw = static_cast<const uint2*>(a.columnwise)[index / 16];
+          words[0] = raw.x, words[1] = raw.y;
+        } else {
+          const uint4 raw = static_cast<const uint4*>(a.columnwise)[index / 16];
+          words[0] = raw.x, words[1] = raw.y, words[2] = raw.z, words[3] = raw.w;
+        }
+      }
+      const int64_t g0 = quantized_group_of_row(a, first);
+      const float factor0 = decode_factor(a, true, first, c, g0, nv_global_decode(a, true, g0));
+#pragma unroll
+      for (int m = 0; m < 16; ++m) {
+        const int64_t r = first + m;
+        uint32_t code;
+        if (vector_loads) {
+          code = fp4 ? (words[m / 8] >> (4 * (m % 8))) & 0xFu
+                     : (words[m / 4] >> (8 * (m % 4))) & 0xFFu;
+        } else {
+          code = r < rows ? load_code(a.columnwise, fp4 ? 4 : 8, index + m) : 0u;
+        }
+        float factor = factor0;
+        if (per_row_group && r < rows) {
+          const int64_t g = quantized_group_of_row(a, r);
+          factor = decode_factor(a, true, r, c, g, 1.0f);
+        }
+        v[m] = r < rows ? mul_rn(code_value(a, code), factor) : 0.0f;
+      }
+      if (hadamard) hadamard16_inverse(v);
+    } else {
+#pragma unroll
+      for (int m = 0; m < 16; ++m) v[m] = 0.0f;
+    }
+#pragma unroll
+    for (int m = 0; m < 16; ++m) tile[segment * 16 + m][j] = v[m];
+    __syncthreads();
+    // The tile's rows: eight lanes per row, eight values each.
+    for (int row = threadIdx.x / 8; row < kTile; row += kTileThreads / 8) {
+      const int64_t r = r0 + row, col = c0 + (threadIdx.x % 8) * 8;
+      if (r < rows && col < C) {
+        float out[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) out[i] = tile[row][(threadIdx.x % 8) * 8 + i];
+        store_eight(d.output, d.output_dtype, r * C + col, out);
+      }
+    }
+    __syncthreads();
   }
 }
 
@@ -99,11 +249,35 @@ __global__ void swizzle_kernel(const uint8_t* from, int64_t rows, int64_t scale_
 sfmoe_status grouped_dequantize(const GroupedDequantizeArgs& d, void* stream_handle) {
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   constexpr int kThreads = 256;
-  const int64_t bound = d.quantized.row_capacity * d.quantized.cols;
+  const GroupedQuantizeArgs& a = d.quantized;
+  const int64_t bound = a.row_capacity * a.cols;
+  if (bound == 0) return SFMOE_SUCCESS;
+  // The tiled kernels: columns a multiple of 8 (whole chunks and 16-byte stores) and an aligned
+  // output.
+  const int out_bytes = d.output_dtype == SFMOE_DTYPE_FP32 ? 4 : 2;
+  const bool tiled = a.cols % 8 == 0 && reinterpret_cast<uintptr_t>(d.output) % 16 == 0 &&
+                     (a.cols * out_bytes) % 16 == 0;
   if (d.from_columnwise) {
-    dequantize_columnwise_kernel<<<grid_for(bound / 16 + 1, kThreads), kThreads, 0, stream>>>(d);
+    if (tiled && a.row_capacity % 16 == 0) {
+      // 16 codes of a column as one load: the segment's start 8- (E2M1) or 16-byte aligned.
+      const bool fp4 = a.dtype == SFMOE_DTYPE_FP4_E2M1;
+      const bool vector_loads = reinterpret_cast<uintptr_t>(a.columnwise) % (fp4 ? 8 : 16) == 0;
+      const int64_t row_tiles = (a.row_capacity + kTile - 1) / kTile;
+      const dim3 grid(static_cast<unsigned>((a.cols + kTile - 1) / kTile),
+                      static_cast<unsigned>(row_tiles < 65535 ? row_tiles : 65535));
+      dequantize_columns_kernel<<<grid, kTileThreads, 0, stream>>>(d, vector_loads);
+    } else {
+      dequantize_columnwise_kernel<<<grid_for(bound / 16 + 1, kThreads), kThreads, 0, stream>>>(d);
+    }
   } else {
-    dequantize_rowwise_kernel<<<grid_for(bound, kThreads), kThreads, 0, stream>>>(d);
+    const bool fp4 = a.dtype == SFMOE_DTYPE_FP4_E2M1;
+    if (tiled && reinterpret_cast<uintptr_t>(a.rowwise) % (fp4 ? 4 : 8) == 0) {
+      const int64_t blocks = (a.row_capacity + 7) / 8;
+      dequantize_rows_kernel<<<grid_for(blocks * kRowsThreads, kRowsThreads), kRowsThreads, 0,
+                               stream>>>(d);
+    } else {
+      dequantize_rowwise_kernel<<<grid_for(bound, kThreads), kThreads, 0, stream>>>(d);
+    }
   }
   return check_launch("sfmoe_grouped_dequantize", "dequantize_kernel");
 }
