@@ -119,6 +119,16 @@ std::vector<RouterCase> router_cases() {
   c.softmax_after_topk = 1;
   c.scaling_factor = 1.5f;
   cases.push_back({"384 experts, top-16, softmax after", 384, 16, c, true, false});
+  // Sigmoid scores with no bias, groups or losses: the device takes the top k from the logits'
+  // order (falling back where scores tie or nearly tie); bf16 logits tie often.
+  c = base(8);
+  c.score = SFMOE_ROUTER_SCORE_SIGMOID;
+  c.normalize = 1;
+  cases.push_back({"sigmoid top-8, normalize, 256 experts (logit order)", 256, 8, c, false, false});
+  c = base(4);
+  c.score = SFMOE_ROUTER_SCORE_SIGMOID;
+  c.scaling_factor = 2.0f;
+  cases.push_back({"sigmoid top-4, 64 experts, bf16 (logit order)", 64, 4, c, false, true});
   return cases;
 }
 
@@ -244,6 +254,62 @@ TEST(CudaRouter, IdsProbabilitiesAndCountsEqualTheCpuBackend) {
 // Softmax after top-k with non-finite selected logits: the backward follows the forward's limits
 // (the +Inf logits share the probability, all -Inf gives uniform shares), so its gradients are
 // finite where the CPU reference's are, and close to them.
+// The logit-order top-k at the sigmoid's one-ulp dips (tests/cpp/test_numerics.cpp): x and the
+// float below it score in the opposite order, so where the pair sits at the k-th place, or inside
+// the top k, the logit order alone would pick wrongly; the device must fall back there and give
+// the CPU backend's ids and probabilities. Also pairs of equal and of neighbouring logits.
+TEST(CudaRouter, LogitOrderTopKAtSigmoidDipsAndTies) {
+  SFMOE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(session_test_seed() + 22);
+  // A dip: the first float above 0.0615 whose sigmoid is below its predecessor's.
+  uint32_t dip = numerics::f32_to_bits(0.0615f);
+  while (numerics::sigmoid_f32(numerics::bits_to_f32(dip)) >=
+         numerics::sigmoid_f32(numerics::bits_to_f32(dip - 1))) {
+    ++dip;
+  }
+  const float high = numerics::bits_to_f32(dip), low = numerics::bits_to_f32(dip - 1);
+  const int64_t tokens = 512, E = 64, k = 6;
+  std::vector<float> logits(tokens * E);
+  std::normal_distribution<float> normal(-3.0f, 0.5f);
+  for (float& v : logits) v = normal(rng);
+  for (int64_t t = 0; t < tokens; ++t) {
+    float* row = &logits[t * E];
+    // `place` experts far above, then the pair: the pair takes places place and place + 1.
+    const int64_t place = t % (k + 1);
+    for (int64_t i = 0; i < place; ++i) row[(t + 7 * i) % E] = 4.0f + static_cast<float>(i);
+    const int64_t a = (t * 13 + 5) % E, b = (a + 1 + static_cast<int64_t>(rng() % (E - 1))) % E;
+    switch ((t / (k + 1)) % 4) {
+      case 0: row[a] = high, row[b] = low; break;     // the dip
+      case 1: row[a] = low, row[b] = high; break;     // the dip, indices swapped
+      case 2: row[a] = high, row[b] = high; break;    // equal logits
+      default: row[a] = 0.5f, row[b] = std::nextafter(0.5f, 1.0f); break;  // neighbours
+    }
+  }
+  sfmoe_router_config c = sfmoe_router_config_init();
+  c.top_k = k;
+  c.score = SFMOE_ROUTER_SCORE_SIGMOID;
+  c.normalize = 1;
+  Twin<float> t_logits(logits);
+  RouterRun run(tokens, E, k);
+  for (sfmoe_memory m : kBoth) {
+    const sfmoe_tensor l = tensor_in(m, t_logits.on(m), SFMOE_DTYPE_FP32, {tokens, E});
+    const sfmoe_tensor ids = tensor_in(m, run.ids.on(m), SFMOE_DTYPE_INT32, {tokens, k});
+    const sfmoe_tensor probs = tensor_in(m, run.probs.on(m), SFMOE_DTYPE_FP32, {tokens, k});
+    const sfmoe_tensor counts = tensor_in(m, run.counts.on(m), SFMOE_DTYPE_INT64, {E});
+    ASSERT_EQ(sfmoe_router_forward(&l, nullptr, &c, &ids, &probs, &counts, nullptr, nullptr,
+                                   nullptr, nullptr),
+              SFMOE_SUCCESS)
+        << sfmoe_last_error();
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_TRUE(run.ids.same("topk_ids"));
+  EXPECT_TRUE(run.probs.same("probs"));
+  EXPECT_TRUE(run.counts.same("tokens_per_expert"));
+  std::printf("[ router ] logit-order top-k at a sigmoid dip (x = %a), equal and neighbouring "
+              "logits at every place up to k: bit-exact vs CPU\n",
+              static_cast<double>(high));
+}
+
 TEST(CudaRouter, SoftmaxAfterTopKBackwardWithInfiniteLogits) {
   SFMOE_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(session_test_seed() + 17);

@@ -10,6 +10,9 @@
 // Backward: one kernel, d logits per token.
 #include <cuda_bf16.h>
 
+#include <stdlib.h>
+#include <string.h>
+
 #include <type_traits>
 
 #include "sfmoe/numerics/elementary.h"
@@ -316,6 +319,7 @@ struct RouterShape {
   bool aligned_groups;  // groups of a power of two of whole lanes, group score of the best 1-2
   int k_chunk;          // router_chunk_size(k): the softmax after top-k's chunks
   int64_t rounds;       // tokens per warp: ceil(tokens / (grid x tokens per block))
+  bool logit_order;     // sigmoid scores alone: the top k by top_k_by_logit_order
 };
 
 RouterShape router_shape(const RouterConfig& c, int64_t tokens, int64_t grid) {
@@ -334,6 +338,46 @@ RouterShape router_shape(const RouterConfig& c, int64_t tokens, int64_t grid) {
   const int64_t stride = grid * kTokensPerBlock;
   r.rounds = (tokens + stride - 1) / stride;
   return r;
+}
+
+// Sigmoid scores with no bias, groups or losses: the top k from the logits' order. sigmoid_f32 is
+// not exactly monotone (rounding makes it dip by one ulp at some 900 floats), but it is within one
+// ulp of it: for every x' <= x, sigmoid(x') <= next_up(sigmoid(x)), and +0 and -0 score the same
+// (both checked over every float by tests/cpp/test_numerics.cpp). So take the first k + 1 experts
+// by logit (selection_key of the logit: NaN last, as NaN scores rank) and their sigmoids (one per
+// lane). If the first k scores strictly decrease and the k-th is above next_up of pick k's, no
+// other expert can reach the k-th (every later logit scores at most next_up of pick k's), and the
+// first k are the top k in selection order: lane i < k gets pick i (its score's key and index).
+// Otherwise (equal or near-equal scores, NaNs) it returns false and the caller takes the general
+// path. One sigmoid per lane instead of one per expert.
+template <int kV>
+__device__ __forceinline__ bool top_k_by_logit_order(const float (&x)[kV], int count, int base,
+                                                     int k, int sub, uint32_t* my_key,
+                                                     int* my_index) {
+  uint32_t key[kV];
+#pragma unroll
+  for (int j = 0; j < kV; ++j) key[j] = j < count ? numerics::selection_key(x[j]) : 0u;
+  LaneCandidates<kV> list(key, base);
+  uint32_t picked = 0u;
+  int picked_index = 0;
+  for (int i = 0; i <= k; ++i) {
+    const Pick best = token_argmax(Pick{list.key[0], list.index[0]});
+    list.pop_if(list.index[0] == best.index);
+    if (i == sub) picked = best.key, picked_index = best.index;
+  }
+  // -1: no pick (fewer than k + 1 candidates), unequal to every score.
+  const float score =
+      picked != 0u ? numerics::sigmoid_f32(numerics::selection_key_score(picked)) : -1.0f;
+  const float next = __shfl_down_sync(0xFFFFFFFFu, score, 1);
+  // (next >= 0 here is a score: sigmoids are never -0; next_up of it is one more in the bits.)
+  const float above_next = next > 0.0f || next == 0.0f
+                               ? numerics::bits_to_f32(numerics::f32_to_bits(next) + 1u)
+                               : next;
+  const bool unsafe = (sub + 1 < k && !(score > next)) || (sub + 1 == k && !(score > above_next));
+  if (__any_sync(0xFFFFFFFFu, unsafe)) return false;
+  *my_key = sub < k ? numerics::selection_key(score) : 0u;
+  *my_index = picked_index;
+  return true;
 }
 
 // Four blocks per multiprocessor (64 registers) up to 256 experts: the occupancy hides the
@@ -364,6 +408,7 @@ __global__ void __launch_bounds__(kThreads, kV <= 8 ? 4 : 2)
   const bool logits_vectors = chunks_vectorizable<In>(a.logits, experts, chunk_size) && count == kV;
   const bool bias_vectors = chunks_vectorizable<float>(a.bias, 0, chunk_size) && count == kV;
 
+  const bool logit_order = !kLosses && shape.logit_order;
   // Every lane runs the same trip count (full-mask shuffles); lanes past the last token are idle.
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kTokensPerBlock;
   for (int64_t round = 0; round < shape.rounds; ++round) {
@@ -372,135 +417,139 @@ __global__ void __launch_bounds__(kThreads, kV <= 8 ? 4 : 2)
     float x[kV], s[kV];
     load_values<kV, In>(logits + (active ? t : 0) * experts + base, logits_vectors && active,
                         active ? count : 0, x);
-    token_scores(c, x, count, s);
-    uint32_t key[kV];
-    if (a.bias != nullptr) {
-      float bias[kV];  // (read per token: L1 hits, and no registers held across tokens)
-      load_values<kV, float>(a.bias + base, bias_vectors, count, bias);
-#pragma unroll
-      for (int j = 0; j < kV; ++j)
-        key[j] = j < count ? numerics::selection_key(add_rn(s[j], bias[j])) : 0u;
-    } else {
-#pragma unroll
-      for (int j = 0; j < kV; ++j) key[j] = j < count ? numerics::selection_key(s[j]) : 0u;
-    }
-
-    if (c.num_groups > 1 && aligned_groups) {
-      // Each lane's chunk lies in one group of lanes_per_group lanes: the group's best two come
-      // from each lane's best two, merged over the group's lanes by xor shuffles.
-      Pick first{0u, 0x7FFFFFFF}, second{0u, 0x7FFFFFFF};
-#pragma unroll
-      for (int j = 0; j < kV; ++j) {
-        const Pick p{key[j], base + j};
-        if (better(p, first)) {
-          second = first;
-          first = p;
-        } else if (better(p, second)) {
-          second = p;
-        }
-      }
-      for (int width = 1; width < lanes_per_group; width *= 2) {
-        const Pick o1{shfl_xor(first.key, width), shfl_xor(first.index, width)};
-        const Pick o2{shfl_xor(second.key, width), shfl_xor(second.index, width)};
-        if (better(first, o1)) {
-          second = better(second, o1) ? second : o1;
-        } else {
-          second = better(first, o2) ? first : o2;
-          first = o1;
-        }
-      }
-      float sum = add_rn(0.0f, numerics::selection_key_score(first.key));
-      if (c.group_score_topk == 2) sum = add_rn(sum, numerics::selection_key_score(second.key));
-      const int group = sub >> shape.lanes_per_group_log2;  // (a power of two of lanes)
-      const uint32_t group_key =
-          (sub & (lanes_per_group - 1)) == 0 ? numerics::selection_key(sum) : 0u;
-      uint64_t kept = 0;
-      for (int pick = 0; pick < c.group_topk; ++pick) {
-        const Pick best = token_argmax(Pick{(kept >> group) & 1u ? 0u : group_key, group});
-        kept |= uint64_t{1} << best.index;
-      }
-      if (!((kept >> group) & 1u)) {
-#pragma unroll
-        for (int j = 0; j < kV; ++j) key[j] = 0u;
-      }
-    } else if (c.num_groups > 1) {
-      // Group scores: the sum of each group's best group_score_topk selection scores, best first.
-      const int groups = static_cast<int>(c.num_groups);
-      float group_score_held[kMaxDeviceGroups / kLanes];  // group g on lane g % 32, slot g / 32
-#pragma unroll
-      for (int i = 0; i < kMaxDeviceGroups / kLanes; ++i) group_score_held[i] = 0.0f;
-      for (int g = 0; g < groups; ++g) {
-        // This lane's part of group g: j in [g * per_group - base, (g + 1) * per_group - base).
-        const int lo = g * per_group - base, hi = lo + per_group;
-        uint32_t group_key[kV];
-#pragma unroll
-        for (int j = 0; j < kV; ++j) group_key[j] = j >= lo && j < hi ? key[j] : 0u;
-        float sum = 0.0f;
-        for (int pick = 0; pick < c.group_score_topk; ++pick) {
-          const Pick best = token_argmax(lane_best(group_key, base));
-          sum = add_rn(sum, numerics::selection_key_score(best.key));
-#pragma unroll
-          for (int j = 0; j < kV; ++j) {
-            if (j < count && base + j == best.index) group_key[j] = 0u;
-          }
-        }
-#pragma unroll
-        for (int i = 0; i < kMaxDeviceGroups / kLanes; ++i) {
-          if (g == sub + kLanes * i) group_score_held[i] = sum;
-        }
-      }
-      uint64_t kept = 0;
-      uint32_t held_key[kMaxDeviceGroups / kLanes];
-#pragma unroll
-      for (int i = 0; i < kMaxDeviceGroups / kLanes; ++i) {
-        held_key[i] = sub + kLanes * i < groups ? numerics::selection_key(group_score_held[i]) : 0u;
-      }
-      for (int pick = 0; pick < c.group_topk; ++pick) {
-        Pick p{0u, 0x7FFFFFFF};
-#pragma unroll
-        for (int i = 0; i < kMaxDeviceGroups / kLanes; ++i) {
-          if (held_key[i] > p.key) {
-            p.key = held_key[i];
-            p.index = sub + kLanes * i;
-          }
-        }
-        const Pick best = token_argmax(p);
-        kept |= uint64_t{1} << best.index;
-#pragma unroll
-        for (int i = 0; i < kMaxDeviceGroups / kLanes; ++i) {
-          if (sub + kLanes * i == best.index) held_key[i] = 0u;
-        }
-      }
-      // The experts of dropped groups are out (this lane spans groups first..last).
-      const int first = base / per_group, last = (base + max(count, 1) - 1) / per_group;
-      for (int g = first; g <= last; ++g) {
-        if ((kept >> g) & 1u) continue;
-        const int lo = g * per_group - base, hi = lo + per_group;
-#pragma unroll
-        for (int j = 0; j < kV; ++j) {
-          if (j >= lo && j < hi) key[j] = 0u;
-        }
-      }
-    }
-
-    // Top-k, best first: each pick is the best of the lanes' heads. Pick i is kept by lane
-    // i % 32 (slot i / 32), which then writes its id, counts it and records its value.
     constexpr int kHeld = kMaxDeviceTopK / kLanes;
     uint32_t held_key[kHeld];
     int held_index[kHeld];
 #pragma unroll
     for (int h = 0; h < kHeld; ++h) held_key[h] = 0u, held_index[h] = 0;
-    {
-      LaneCandidates<kV> list(key, base);
-      for (int i = 0; i < k; ++i) {
-        const Pick best = token_argmax(Pick{list.key[0], list.index[0]});
-        list.pop_if(list.index[0] == best.index);
+    const bool by_logits =
+        logit_order && top_k_by_logit_order(x, count, base, k, sub, &held_key[0], &held_index[0]);
+    if (!by_logits) {
+      token_scores(c, x, count, s);
+      uint32_t key[kV];
+      if (a.bias != nullptr) {
+        float bias[kV];  // (read per token: L1 hits, and no registers held across tokens)
+        load_values<kV, float>(a.bias + base, bias_vectors, count, bias);
 #pragma unroll
-        for (int h = 0; h < kHeld; ++h) {
-          if (i == sub + kLanes * h) held_key[h] = best.key, held_index[h] = best.index;
+        for (int j = 0; j < kV; ++j)
+          key[j] = j < count ? numerics::selection_key(add_rn(s[j], bias[j])) : 0u;
+      } else {
+#pragma unroll
+        for (int j = 0; j < kV; ++j) key[j] = j < count ? numerics::selection_key(s[j]) : 0u;
+      }
+
+      if (c.num_groups > 1 && aligned_groups) {
+        // Each lane's chunk lies in one group of lanes_per_group lanes: the group's best two come
+        // from each lane's best two, merged over the group's lanes by xor shuffles.
+        Pick first{0u, 0x7FFFFFFF}, second{0u, 0x7FFFFFFF};
+#pragma unroll
+        for (int j = 0; j < kV; ++j) {
+          const Pick p{key[j], base + j};
+          if (better(p, first)) {
+            second = first;
+            first = p;
+          } else if (better(p, second)) {
+            second = p;
+          }
+        }
+        for (int width = 1; width < lanes_per_group; width *= 2) {
+          const Pick o1{shfl_xor(first.key, width), shfl_xor(first.index, width)};
+          const Pick o2{shfl_xor(second.key, width), shfl_xor(second.index, width)};
+          if (better(first, o1)) {
+            second = better(second, o1) ? second : o1;
+          } else {
+            second = better(first, o2) ? first : o2;
+            first = o1;
+          }
+        }
+        float sum = add_rn(0.0f, numerics::selection_key_score(first.key));
+        if (c.group_score_topk == 2) sum = add_rn(sum, numerics::selection_key_score(second.key));
+        const int group = sub >> shape.lanes_per_group_log2;  // (a power of two of lanes)
+        const uint32_t group_key =
+            (sub & (lanes_per_group - 1)) == 0 ? numerics::selection_key(sum) : 0u;
+        uint64_t kept = 0;
+        for (int pick = 0; pick < c.group_topk; ++pick) {
+          const Pick best = token_argmax(Pick{(kept >> group) & 1u ? 0u : group_key, group});
+          kept |= uint64_t{1} << best.index;
+        }
+        if (!((kept >> group) & 1u)) {
+#pragma unroll
+          for (int j = 0; j < kV; ++j) key[j] = 0u;
+        }
+      } else if (c.num_groups > 1) {
+        // Group scores: the sum of each group's best group_score_topk selection scores, best first.
+        const int groups = static_cast<int>(c.num_groups);
+        float group_score_held[kMaxDeviceGroups / kLanes];  // group g on lane g % 32, slot g / 32
+#pragma unroll
+        for (int i = 0; i < kMaxDeviceGroups / kLanes; ++i) group_score_held[i] = 0.0f;
+        for (int g = 0; g < groups; ++g) {
+          // This lane's part of group g: j in [g * per_group - base, (g + 1) * per_group - base).
+          const int lo = g * per_group - base, hi = lo + per_group;
+          uint32_t group_key[kV];
+#pragma unroll
+          for (int j = 0; j < kV; ++j) group_key[j] = j >= lo && j < hi ? key[j] : 0u;
+          float sum = 0.0f;
+          for (int pick = 0; pick < c.group_score_topk; ++pick) {
+            const Pick best = token_argmax(lane_best(group_key, base));
+            sum = add_rn(sum, numerics::selection_key_score(best.key));
+#pragma unroll
+            for (int j = 0; j < kV; ++j) {
+              if (j < count && base + j == best.index) group_key[j] = 0u;
+            }
+          }
+#pragma unroll
+          for (int i = 0; i < kMaxDeviceGroups / kLanes; ++i) {
+            if (g == sub + kLanes * i) group_score_held[i] = sum;
+          }
+        }
+        uint64_t kept = 0;
+        uint32_t held_key[kMaxDeviceGroups / kLanes];
+#pragma unroll
+        for (int i = 0; i < kMaxDeviceGroups / kLanes; ++i) {
+          held_key[i] = sub + kLanes * i < groups ? numerics::selection_key(group_score_held[i]) : 0u;
+        }
+        for (int pick = 0; pick < c.group_topk; ++pick) {
+          Pick p{0u, 0x7FFFFFFF};
+#pragma unroll
+          for (int i = 0; i < kMaxDeviceGroups / kLanes; ++i) {
+            if (held_key[i] > p.key) {
+              p.key = held_key[i];
+              p.index = sub + kLanes * i;
+            }
+          }
+          const Pick best = token_argmax(p);
+          kept |= uint64_t{1} << best.index;
+#pragma unroll
+          for (int i = 0; i < kMaxDeviceGroups / kLanes; ++i) {
+            if (sub + kLanes * i == best.index) held_key[i] = 0u;
+          }
+        }
+        // The experts of dropped groups are out (this lane spans groups first..last).
+        const int first = base / per_group, last = (base + max(count, 1) - 1) / per_group;
+        for (int g = first; g <= last; ++g) {
+          if ((kept >> g) & 1u) continue;
+          const int lo = g * per_group - base, hi = lo + per_group;
+#pragma unroll
+          for (int j = 0; j < kV; ++j) {
+            if (j >= lo && j < hi) key[j] = 0u;
+          }
         }
       }
-    }
+
+      // Top-k, best first: each pick is the best of the lanes' heads. Pick i is kept by lane
+      // i % 32 (slot i / 32), which then writes its id, counts it and records its value.
+      {
+        LaneCandidates<kV> list(key, base);
+        for (int i = 0; i < k; ++i) {
+          const Pick best = token_argmax(Pick{list.key[0], list.index[0]});
+          list.pop_if(list.index[0] == best.index);
+#pragma unroll
+          for (int h = 0; h < kHeld; ++h) {
+            if (i == sub + kLanes * h) held_key[h] = best.key, held_index[h] = best.index;
+          }
+        }
+      }
+    }  // !by_logits
     // The probabilities' values: the selection score itself (the key's inverse) unless a bias was
     // added for the selection or the values are the logits (softmax after top-k).
     const bool key_is_value = a.bias == nullptr && !c.softmax_after_topk;
@@ -872,7 +921,13 @@ sfmoe_status router_forward(const RouterDeviceForward& a, void* stream_pointer) 
   router_clear_counts_kernel<<<1, 256, 0, stream>>>(a.tokens_per_expert, c.num_experts);
   SFMOE_RETURN_IF_ERROR(check_launch(context, "router_clear_counts_kernel"));
   const int64_t blocks = router_blocks(a.tokens);
-  const RouterShape shape = router_shape(c, a.tokens, blocks);
+  RouterShape shape = router_shape(c, a.tokens, blocks);
+  // Sigmoid scores with no bias, groups or losses, k < 32 (SFMOE_ROUTER_LOGIT_ORDER=0 turns it off,
+  // for comparisons): the top k from the logits' order, one sigmoid per lane.
+  const char* logit_order = getenv("SFMOE_ROUTER_LOGIT_ORDER");
+  shape.logit_order = c.sigmoid && !c.softmax_after_topk && a.bias == nullptr &&
+                      c.num_groups <= 1 && a.aux_loss == nullptr && a.z_loss == nullptr &&
+                      c.top_k < kLanes && (logit_order == nullptr || strcmp(logit_order, "0") != 0);
   if (a.tokens > 0) {
     SFMOE_RETURN_IF_ERROR(by_chunk(shape.chunk_size, [&](auto v) -> sfmoe_status {
       constexpr int kV = decltype(v)::value;
