@@ -96,85 +96,55 @@ __global__ void __launch_bounds__(kChunkTokens)
 }
 
 // One block: per expert, the chunks' counts become base ranks (in place) and the total gives the
-// kept and dropped rows; then the padded block starts. The experts go kScanExperts at a time, each
-// with kScanParts threads that own consecutive quarters of the chunks (a warp: 32 neighbouring
-// experts of one quarter, so loads coalesce): a quarter is summed, the quarters' sums give each
-// its base, and the quarter is rewritten as base ranks; 16 loads in flight per thread, so the
-// chunks take a few dependent memory round trips instead of one per 8 chunks.
+// kept and dropped rows; then the padded block starts.
 constexpr int kScanThreads = 1024;
-constexpr int kScanParts = 4;
-constexpr int kScanExperts = kScanThreads / kScanParts;
-constexpr int kScanBatch = 16;
 __global__ void __launch_bounds__(kScanThreads)
     permute_scan_kernel(int32_t* chunk_counts, int64_t chunks, int64_t experts,
                         int64_t expert_capacity, int64_t alignment, int64_t* tokens_per_expert,
                         int64_t* dropped_per_expert, int64_t* offsets) {
   __shared__ int64_t partial[kScanThreads];
-  __shared__ int32_t part_sum[kScanParts][kScanExperts];
   __shared__ int64_t carry;
   let_dependents_start();
   wait_for_previous_kernel();  // the counts
   if (threadIdx.x == 0) carry = 0;
-  const int part = threadIdx.x / kScanExperts, slot = threadIdx.x % kScanExperts;
-  const int64_t per_part = (chunks + kScanParts - 1) / kScanParts;
-  const int64_t c_begin = part * per_part;
-  const int64_t c_end = c_begin + per_part < chunks ? c_begin + per_part : chunks;
-  for (int64_t first = 0; first < experts; first += kScanExperts) {
-    const int64_t e = first + slot;
-    // This thread's quarter of expert e's chunk counts: its sum (the counts fit in int32: at most
-    // the token count per expert).
-    int32_t sum = 0;
-    if (e < experts) {
-      for (int64_t c = c_begin; c < c_end; c += kScanBatch) {
-        int32_t v[kScanBatch];
-#pragma unroll
-        for (int u = 0; u < kScanBatch; ++u) {
-          v[u] = c + u < c_end ? chunk_counts[(c + u) * experts + e] : 0;
-        }
-#pragma unroll
-        for (int u = 0; u < kScanBatch; ++u) sum += v[u];
-      }
-    }
-    part_sum[part][slot] = sum;
-    __syncthreads();
-    int32_t running = 0;  // the earlier quarters' sum: this quarter's first base rank
-    for (int p = 0; p < part; ++p) running += part_sum[p][slot];
-    if (e < experts) {
-      for (int64_t c = c_begin; c < c_end; c += kScanBatch) {
-        int32_t v[kScanBatch];
-#pragma unroll
-        for (int u = 0; u < kScanBatch; ++u) {
-          v[u] = c + u < c_end ? chunk_counts[(c + u) * experts + e] : 0;
-        }
-#pragma unroll
-        for (int u = 0; u < kScanBatch; ++u) {
-          if (c + u < c_end) chunk_counts[(c + u) * experts + e] = running;
-          running += v[u];
-        }
-      }
-    }
-    // The expert's totals and padded size, then the block starts by one scan over the pass's
-    // experts (the first kScanExperts threads; the others add zeros).
+  for (int64_t first = 0; first < experts; first += kScanThreads) {
+    const int64_t e = first + threadIdx.x;
     int64_t kept = 0;
-    if (part == 0 && e < experts) {
+    if (e < experts) {
       int64_t received = 0;
-      for (int p = 0; p < kScanParts; ++p) received += part_sum[p][slot];
+      constexpr int kUnroll = 8;  // loads of several chunks in flight
+      int64_t c = 0;
+      for (; c + kUnroll <= chunks; c += kUnroll) {
+        int32_t v[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) v[u] = chunk_counts[(c + u) * experts + e];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          chunk_counts[(c + u) * experts + e] = static_cast<int32_t>(received);
+          received += v[u];
+        }
+      }
+      for (; c < chunks; ++c) {
+        const int32_t v = chunk_counts[c * experts + e];
+        chunk_counts[c * experts + e] = static_cast<int32_t>(received);
+        received += v;
+      }
       kept = expert_capacity > 0 && received > expert_capacity ? expert_capacity : received;
       tokens_per_expert[e] = kept;
       if (dropped_per_expert != nullptr) dropped_per_expert[e] = received - kept;
     }
     partial[threadIdx.x] = (kept + alignment - 1) / alignment * alignment;
     __syncthreads();
-    for (int width = 1; width < kScanExperts; width *= 2) {  // inclusive scan (Hillis-Steele)
+    for (int width = 1; width < kScanThreads; width *= 2) {  // inclusive scan (Hillis-Steele)
       const int64_t add = threadIdx.x >= width ? partial[threadIdx.x - width] : 0;
       __syncthreads();
       partial[threadIdx.x] += add;
       __syncthreads();
     }
     const int64_t inclusive = carry + partial[threadIdx.x];
-    if (part == 0 && e < experts) offsets[e + 1] = inclusive;
+    if (e < experts) offsets[e + 1] = inclusive;
     __syncthreads();
-    if (threadIdx.x == kScanExperts - 1) carry = inclusive;
+    if (threadIdx.x == kScanThreads - 1) carry = inclusive;
     __syncthreads();
   }
   if (threadIdx.x == 0) offsets[0] = 0;
