@@ -22,8 +22,9 @@
  * clamped or skipped and raise SFMOE_FAULT_BAD_GROUP_OFFSETS / SFMOE_FAULT_GROUP_OVER_CAPACITY in
  * `word`. MXFP8 (MX_1X32) and NVFP4 (NV_1X16, NV_16X16) operands, in any pairing of the two,
  * are emulated on Hopper, which has no tensor-core instruction for their scales: the copy each
- * form reads is dequantized into BF16 in the workspace (MXFP8 values exactly; NVFP4 values with
- * their global scale, rounded once), then the BF16 kernels run (docs/grouped_gemm.md); their
+ * form reads is dequantized into BF16 in the workspace (MXFP8 values exactly, but for BF16
+ * subnormals; NVFP4 values with their global scale, rounded once), then the BF16 kernels run
+ * (docs/grouped_gemm.md); their
  * workspace is larger (sfmoe_grouped_gemm_workspace_elements_for). FP16 and other pairings are
  * SFMOE_ERROR_UNSUPPORTED on the device.
  */
@@ -63,7 +64,7 @@ SFMOE_API int64_t sfmoe_grouped_gemm_workspace_elements(int64_t num_groups);
 /* INT64 elements of the device workspace for a call with these operands (a and b's scaling,
  * row_capacity and cols): sfmoe_grouped_gemm_workspace_elements(num_groups), plus, when both
  * operands are emulated (MXFP8 / NVFP4), room for their BF16 values. 0 in builds without the CUDA
- * kernels, -1 for negative sizes. */
+ * kernels, -1 for negative sizes or sizes whose bytes overflow. */
 SFMOE_API int64_t sfmoe_grouped_gemm_workspace_elements_for(int64_t num_groups,
                                                             sfmoe_scaling a_scaling,
                                                             int64_t a_rows, int64_t a_cols,

@@ -2,6 +2,8 @@
 // (docs/grouped_gemm.md).
 #include "sfmoe/grouped_gemm.h"
 
+#include <stdint.h>
+
 #include <vector>
 
 #include "sfmoe/quantize.h"
@@ -77,6 +79,7 @@ sfmoe_status operand_as_f32(const sfmoe_grouped_tensor* t, bool columnwise, bool
       nullptr);
 }
 
+#if defined(SFMOE_WITH_CUDA) && defined(SFMOE_WITH_CUTE)
 // Recipes the device emulates by dequantizing to BF16 (Hopper has no MX / NV block-scaled MMA).
 bool emulated_on_device(int32_t scaling) {
   return scaling == SFMOE_SCALING_MX_1X32 || scaling == SFMOE_SCALING_NV_1X16 ||
@@ -88,14 +91,12 @@ struct EmulationWorkspace {
   int64_t kernel_bytes, a_bytes, b_bytes;
   int64_t total_bytes() const { return kernel_bytes + a_bytes + b_bytes; }
 };
-#if defined(SFMOE_WITH_CUDA) && defined(SFMOE_WITH_CUTE)
 EmulationWorkspace emulation_workspace(int64_t groups, int64_t a_rows, int64_t a_cols,
                                        int64_t b_rows, int64_t b_cols) {
   auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
   return EmulationWorkspace{aligned(cuda::grouped_gemm_workspace_bytes(groups)),
                             aligned(a_rows * a_cols * 2), aligned(b_rows * b_cols * 2)};
 }
-#endif
 
 sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
                            const sfmoe_grouped_tensor* b, const sfmoe_grouped_gemm_config* config,
@@ -104,13 +105,13 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
 
 // MXFP8 / NVFP4 on the device (docs/grouped_gemm.md): the copy each form reads (the one the host
 // reference dequantizes) decoded into BF16 in the workspace, then the BF16 kernels. MXFP8 values
-// (E4M3 or E5M2 times a power of two) are exact in BF16 (down to its subnormals); NVFP4 values
-// times their global decode scale are rounded to BF16 once.
+// (E4M3 or E5M2 times a power of two) are exact in BF16 unless they fall among BF16's subnormals
+// (below 2^-126), where they may round; NVFP4 values times their global decode scale are rounded
+// to BF16 once. In wgrad b is decoded with a's offsets, which the GEMM takes for both.
 sfmoe_status run_emulated(const char* context, const sfmoe_grouped_tensor* a,
                           const sfmoe_grouped_tensor* b, const sfmoe_grouped_gemm_config* config,
                           const sfmoe_grouped_tensor* out, const GroupedGemmArgs& args,
                           const sfmoe_tensor* workspace, sfmoe_status_word* word, void* stream) {
-#if defined(SFMOE_WITH_CUDA) && defined(SFMOE_WITH_CUTE)
   for (const sfmoe_grouped_tensor* t : {a, b, out}) {
     if (t->memory != SFMOE_MEMORY_CUDA || t->device != a->device) {
       return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: a, b and out must be on the same CUDA device",
@@ -152,18 +153,15 @@ sfmoe_status run_emulated(const char* context, const sfmoe_grouped_tensor* a,
   sfmoe_grouped_tensor a16, b16;
   SFMOE_RETURN_IF_ERROR(
       dequantized(a, config->form == SFMOE_GEMM_WGRAD, base + layout.kernel_bytes, &a16));
-  SFMOE_RETURN_IF_ERROR(dequantized(b, config->form != SFMOE_GEMM_FPROP,
+  sfmoe_grouped_tensor b_rows = *b;
+  if (config->form == SFMOE_GEMM_WGRAD) b_rows.group_offsets = a->group_offsets;
+  SFMOE_RETURN_IF_ERROR(dequantized(&b_rows, config->form != SFMOE_GEMM_FPROP,
                                     base + layout.kernel_bytes + layout.a_bytes, &b16));
   sfmoe_tensor kernel_part = *workspace;  // the kernels' part, as the BF16 path expects it
   kernel_part.shape[0] = sfmoe_grouped_gemm_workspace_elements(a->num_groups);
   return run_on_device(context, &a16, &b16, config, out, args, &kernel_part, word, stream);
-#else
-  (void)a, (void)b, (void)config, (void)out, (void)args, (void)workspace, (void)word, (void)stream;
-  return fail(SFMOE_ERROR_UNSUPPORTED,
-              "%s: this build has no CUDA grouped GEMM (it needs the CUDA backend and CUTLASS)",
-              context);
-#endif
 }
+#endif  // SFMOE_WITH_CUDA && SFMOE_WITH_CUTE
 
 // The device path's extra requirements (docs/grouped_gemm.md), then the launch.
 sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
@@ -371,6 +369,9 @@ int64_t sfmoe_grouped_gemm_workspace_elements_for(int64_t num_groups, sfmoe_scal
                                                   sfmoe_scaling b_scaling, int64_t b_rows,
                                                   int64_t b_cols) {
   if (num_groups < 0 || a_rows < 0 || a_cols < 0 || b_rows < 0 || b_cols < 0) return -1;
+  // (the BF16 copies' bytes, 2 per element, must fit in int64 with room for alignment)
+  const int64_t most = INT64_MAX / 8;
+  if ((a_cols > 0 && a_rows > most / a_cols) || (b_cols > 0 && b_rows > most / b_cols)) return -1;
 #if defined(SFMOE_WITH_CUDA) && defined(SFMOE_WITH_CUTE)
   if (sfmoe::cuda::device_count() == 0) return 0;
   if (!sfmoe::emulated_on_device(sfmoe::enum_value(a_scaling)) ||

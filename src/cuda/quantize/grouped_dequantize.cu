@@ -22,6 +22,13 @@ namespace {
 
 using namespace numerics;
 
+// The rows decoded: [0, offsets[G]) clamped into the capacity, as on the host (offsets come from
+// the device unchecked; nothing outside the buffers is read or written for bad ones).
+__device__ int64_t decoded_rows(const GroupedQuantizeArgs& a) {
+  const int64_t end = quantized_group_offset(a, a.num_groups);
+  return end < 0 ? 0 : (end > a.row_capacity ? a.row_capacity : end);
+}
+
 // NVFP4: group g's global decode scale 1 / S_enc for the chosen copy (1 for other recipes).
 __device__ float nv_global_decode(const GroupedQuantizeArgs& a, bool columnwise, int64_t g) {
   if (a.scaling != SFMOE_SCALING_NV_1X16 && a.scaling != SFMOE_SCALING_NV_16X16) return 1.0f;
@@ -69,7 +76,7 @@ __device__ void store_value(void* out, sfmoe_dtype dtype, int64_t index, float v
 
 __global__ void dequantize_rowwise_kernel(GroupedDequantizeArgs d) {
   const GroupedQuantizeArgs& a = d.quantized;
-  const int64_t total = quantized_group_offset(a, a.num_groups) * a.cols;
+  const int64_t total = decoded_rows(a) * a.cols;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = e / a.cols, c = e % a.cols, g = quantized_group_of_row(a, r);
     const float v = mul_rn(decode_code(a, a.rowwise, e),
@@ -81,7 +88,7 @@ __global__ void dequantize_rowwise_kernel(GroupedDequantizeArgs d) {
 // One thread per (column, 16-row block) so the inverse Hadamard transform sees its block.
 __global__ void dequantize_columnwise_kernel(GroupedDequantizeArgs d) {
   const GroupedQuantizeArgs& a = d.quantized;
-  const int64_t rows = quantized_group_offset(a, a.num_groups), R = a.row_capacity, C = a.cols;
+  const int64_t rows = decoded_rows(a), R = a.row_capacity, C = a.cols;
   const int64_t blocks = (rows + 15) / 16 * C;
   const bool hadamard = a.dtype == SFMOE_DTYPE_FP4_E2M1 && a.config.hadamard_columnwise;
   for (int64_t q = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; q < blocks; q += int64_t(gridDim.x) * blockDim.x) {
@@ -126,7 +133,7 @@ __device__ __forceinline__ float code_value(const GroupedQuantizeArgs& a, uint32
 constexpr int kRowsThreads = 256;
 __global__ void __launch_bounds__(kRowsThreads) dequantize_rows_kernel(GroupedDequantizeArgs d) {
   const GroupedQuantizeArgs& a = d.quantized;
-  const int64_t rows = quantized_group_offset(a, a.num_groups), C = a.cols, chunks = C / 8;
+  const int64_t rows = decoded_rows(a), C = a.cols, chunks = C / 8;
   const bool fp4 = a.dtype == SFMOE_DTYPE_FP4_E2M1;
   constexpr int kWarps = kRowsThreads / 32;
   const int lane = threadIdx.x % 32;
@@ -167,7 +174,7 @@ __global__ void __launch_bounds__(kTileThreads)
     dequantize_columns_kernel(GroupedDequantizeArgs d, bool vector_loads) {
   const GroupedQuantizeArgs& a = d.quantized;
   __shared__ float tile[kTile][kTile + 1];
-  const int64_t rows = quantized_group_offset(a, a.num_groups), R = a.row_capacity, C = a.cols;
+  const int64_t rows = decoded_rows(a), R = a.row_capacity, C = a.cols;
   const bool fp4 = a.dtype == SFMOE_DTYPE_FP4_E2M1;
   const bool hadamard = fp4 && a.config.hadamard_columnwise;
   const bool per_row_group = a.scaling == SFMOE_SCALING_TENSOR;  // blocks follow no 16-row rule

@@ -343,7 +343,8 @@ RouterShape router_shape(const RouterConfig& c, int64_t tokens, int64_t grid) {
 // Sigmoid scores with no bias, groups or losses: the top k from the logits' order. sigmoid_f32 is
 // not exactly monotone (rounding makes it dip by one ulp at some 900 floats), but it is within one
 // ulp of it: for every x' <= x, sigmoid(x') <= next_up(sigmoid(x)), and +0 and -0 score the same
-// (both checked over every float by tests/cpp/test_numerics.cpp). So take the first k + 1 experts
+// (both checked over every float on the host by tests/cpp/test_numerics.cpp; the device's sigmoid
+// gives the host's bits, device numerics suite). So take the first k + 1 experts
 // by logit (selection_key of the logit: NaN last, as NaN scores rank) and their sigmoids (one per
 // lane). If the first k scores strictly decrease and the k-th is above next_up of pick k's, no
 // other expert can reach the k-th (every later logit scores at most next_up of pick k's), and the
