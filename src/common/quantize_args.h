@@ -117,9 +117,12 @@ SFMOE_HD int64_t min_row_alignment(sfmoe_scaling scaling, bool has_columnwise) {
 // Whether `scaling` can store its scales in `layout`.
 SFMOE_HD bool scaling_has_layout(sfmoe_scaling scaling, sfmoe_scale_layout layout) {
   switch (layout) {
-    case SFMOE_SCALE_LAYOUT_COMPACT: return true;
-    case SFMOE_SCALE_LAYOUT_SWIZZLED: return scaling_is_swizzlable(scaling);
-    case SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED: return scaling == SFMOE_SCALING_BLOCK_1X128;
+    case SFMOE_SCALE_LAYOUT_COMPACT:
+      return true;
+    case SFMOE_SCALE_LAYOUT_SWIZZLED:
+      return scaling_is_swizzlable(scaling);
+    case SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED:
+      return scaling == SFMOE_SCALING_BLOCK_1X128;
   }
   return false;
 }
@@ -127,9 +130,8 @@ SFMOE_HD bool scaling_has_layout(sfmoe_scaling scaling, sfmoe_scale_layout layou
 // Where a BLOCK_1X128 copy stores the scale of its row `major`, block `block` (of `blocks` per
 // row), the copy having `copy_rows` rows: compact [copy_rows, blocks], or, for the columnwise
 // copy in the columnwise-transposed layout, [blocks, copy_rows].
-SFMOE_HD int64_t block_1x128_scale_offset(sfmoe_scale_layout layout, bool columnwise,
-                                          int64_t major, int64_t block, int64_t blocks,
-                                          int64_t copy_rows) {
+SFMOE_HD int64_t block_1x128_scale_offset(sfmoe_scale_layout layout, bool columnwise, int64_t major,
+                                          int64_t block, int64_t blocks, int64_t copy_rows) {
   return columnwise && layout == SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED
              ? block * copy_rows + major
              : major * blocks + block;
@@ -151,6 +153,61 @@ SFMOE_HD int64_t quantized_group_offset(const GroupedQuantizeArgs& a, int64_t g)
 SFMOE_HD int64_t quantized_group_of_row(const GroupedQuantizeArgs& a, int64_t r) {
   if (a.offsets == nullptr) return r / a.uniform_rows;
   return group_of_offset_row(a.offsets, a.num_groups, r);
+}
+
+// ---- dequantize (docs/quantization.md, Dequantize) ---------------------------------------------
+
+// The rows decoded: [0, end of the last group) clamped into the capacity (device offsets come
+// unchecked; nothing outside the buffers is read or written for bad ones).
+SFMOE_HD int64_t dequantized_rows(const GroupedQuantizeArgs& q) {
+  const int64_t end = quantized_group_offset(q, q.num_groups);
+  return end < 0 ? 0 : (end > q.row_capacity ? q.row_capacity : end);
+}
+
+// NVFP4: group g's global decode scale 1 / S_enc for the copy read (the columnwise copy's own
+// amax when it carries the Hadamard transform); 1 for the other recipes. Kernels compute it once
+// per group or row, not per element.
+SFMOE_HD float dequantize_global_decode(const GroupedQuantizeArgs& q, bool from_columnwise,
+                                        int64_t g) {
+  if (!scaling_is_nvfp4(q.scaling)) return 1.0f;
+  const bool transformed =
+      from_columnwise && q.scaling == SFMOE_SCALING_NV_1X16 && q.config.hadamard_columnwise != 0;
+  return numerics::nvfp4_global_decode_scale(
+      numerics::nvfp4_global_encode_scale(transformed ? q.columnwise_amax[g] : q.amax[g]));
+}
+
+// The FP32 factor that decodes element (r, c) of the rowwise matrix from one copy: r's group g,
+// and global_decode = dequantize_global_decode(q, from_columnwise, g). A value is
+// mul_rn(decoded code, factor) on every backend.
+SFMOE_HD float dequantize_factor(const GroupedQuantizeArgs& q, bool from_columnwise, int64_t r,
+                                 int64_t c, int64_t g, float global_decode) {
+  const void* scales = from_columnwise ? q.columnwise_scale_inv : q.rowwise_scale_inv;
+  const int64_t block = scaling_block_size(q.scaling);
+  const int64_t cols = from_columnwise ? q.row_capacity : q.cols;  // of the copy
+  const int64_t m = from_columnwise ? c : r, n = from_columnwise ? r : c;
+  switch (q.scaling) {
+    case SFMOE_SCALING_TENSOR:
+      return static_cast<const float*>(scales)[g];
+    case SFMOE_SCALING_BLOCK_1X128:
+      return static_cast<const float*>(scales)[block_1x128_scale_offset(
+          q.scale_layout, from_columnwise, m, n / block, cols / block,
+          from_columnwise ? q.cols : q.row_capacity)];
+    case SFMOE_SCALING_BLOCK_128X128:
+      return static_cast<const float*>(scales)[(m / block) * (cols / block) + n / block];
+    case SFMOE_SCALING_MX_1X32:
+      return numerics::e8m0_to_f32(static_cast<const uint8_t*>(
+          scales)[scale_offset(q.scale_layout, m, n / block, cols / block)]);
+    case SFMOE_SCALING_NV_1X16:
+    case SFMOE_SCALING_NV_16X16: {
+      const int64_t offset = q.scaling == SFMOE_SCALING_NV_1X16
+                                 ? scale_offset(q.scale_layout, m, n / block, cols / block)
+                                 : (m / block) * (cols / block) + n / block;
+      return numerics::mul_rn(numerics::e4m3_to_f32(static_cast<const uint8_t*>(scales)[offset]),
+                              global_decode);
+    }
+    default:
+      return 0.0f;
+  }
 }
 
 }  // namespace sfmoe

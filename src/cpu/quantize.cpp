@@ -385,43 +385,6 @@ void quantize_2d(const GroupedQuantizeArgs& args, const PaddedMatrix& plan,
   }
 }
 
-// The scale that decodes element (r, c) of the padded matrix from one copy, as an FP32 factor.
-float decode_factor(const GroupedQuantizeArgs& q, bool from_columnwise, int64_t r, int64_t c,
-                    int64_t g) {
-  const void* scales = from_columnwise ? q.columnwise_scale_inv : q.rowwise_scale_inv;
-  const int64_t block = scaling_block_size(q.scaling);
-  const int64_t cols = from_columnwise ? q.row_capacity : q.cols;  // of the copy
-  const int64_t m = from_columnwise ? c : r, n = from_columnwise ? r : c;
-  switch (q.scaling) {
-    case SFMOE_SCALING_TENSOR:
-      return static_cast<const float*>(scales)[g];
-    case SFMOE_SCALING_BLOCK_1X128:
-      return static_cast<const float*>(scales)[block_1x128_scale_offset(
-          q.scale_layout, from_columnwise, m, n / block, cols / block,
-          from_columnwise ? q.cols : q.row_capacity)];
-    case SFMOE_SCALING_BLOCK_128X128:
-      return static_cast<const float*>(scales)[(m / block) * (cols / block) + n / block];
-    case SFMOE_SCALING_MX_1X32: {
-      const uint8_t e = static_cast<const uint8_t*>(
-          scales)[scale_offset(q.scale_layout, m, n / block, cols / block)];
-      return numerics::e8m0_to_f32(e);
-    }
-    case SFMOE_SCALING_NV_1X16:
-    case SFMOE_SCALING_NV_16X16: {
-      const bool transformed = from_columnwise && q.scaling == SFMOE_SCALING_NV_1X16 &&
-                               q.config.hadamard_columnwise != 0;
-      const float global_amax = transformed ? q.columnwise_amax[g] : q.amax[g];
-      const float global_scale = numerics::nvfp4_global_encode_scale(global_amax);
-      const int64_t offset = q.scaling == SFMOE_SCALING_NV_1X16
-                                 ? scale_offset(q.scale_layout, m, n / block, cols / block)
-                                 : (m / block) * (cols / block) + n / block;
-      const uint8_t s_b = static_cast<const uint8_t*>(scales)[offset];
-      return mul_rn(numerics::e4m3_to_f32(s_b), numerics::div_rn(1.0f, global_scale));
-    }
-    default:
-      return 0.0f;
-  }
-}
 
 }  // namespace
 
@@ -485,14 +448,13 @@ void grouped_dequantize(const GroupedDequantizeArgs& args) {
   const int out_bits = sfmoe_dtype_bits(args.output_dtype);
   const bool inverse_transform = args.from_columnwise && q.scaling == SFMOE_SCALING_NV_1X16 &&
                                  q.config.hadamard_columnwise != 0;
-  // Uniform groups take precedence over offsets, as in a grouped tensor (its offsets may be NULL).
   const bool uniform = q.uniform_rows > 0;
-  const int64_t end = uniform ? std::min(q.num_groups * q.uniform_rows, R)
-                              : std::min(std::max<int64_t>(q.offsets[q.num_groups], 0), R);
+  const int64_t end = dequantized_rows(q);
   auto decode = [&](int64_t r, int64_t c, int64_t g) {
     const int64_t index = args.from_columnwise ? c * R + r : r * C + c;
     const float value = decode_element(q.dtype, load_code(codes, code_bits, index));
-    return mul_rn(value, decode_factor(q, args.from_columnwise, r, c, g));
+    return mul_rn(value, dequantize_factor(q, args.from_columnwise, r, c, g,
+                                           dequantize_global_decode(q, args.from_columnwise, g)));
   };
   auto store = [&](int64_t r, int64_t c, float value) {
     store_code(args.output, out_bits, r * C + c, encode_element(args.output_dtype, value));

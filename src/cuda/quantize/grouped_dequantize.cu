@@ -7,7 +7,7 @@
 //               scale block, the inverse Hadamard transform applied there), the tile is turned
 //               in shared memory and written as rows of 16-byte stores.
 // Other shapes (columns not a multiple of 8, unaligned buffers) take element-wise grid-stride
-// kernels. All compute each value as mul_rn(code, factor) with the factor of decode_factor(),
+// kernels. All compute each value as mul_rn(code, factor) with the factor of dequantize_factor(),
 // so every form gives the same bits.
 #include <stdint.h>
 
@@ -22,65 +22,28 @@ namespace {
 
 using namespace numerics;
 
-// The rows decoded: [0, offsets[G]) clamped into the capacity, as on the host (offsets come from
-// the device unchecked; nothing outside the buffers is read or written for bad ones).
-__device__ int64_t decoded_rows(const GroupedQuantizeArgs& a) {
-  const int64_t end = quantized_group_offset(a, a.num_groups);
-  return end < 0 ? 0 : (end > a.row_capacity ? a.row_capacity : end);
-}
-
-// NVFP4: group g's global decode scale 1 / S_enc for the chosen copy (1 for other recipes).
-__device__ float nv_global_decode(const GroupedQuantizeArgs& a, bool columnwise, int64_t g) {
-  if (a.scaling != SFMOE_SCALING_NV_1X16 && a.scaling != SFMOE_SCALING_NV_16X16) return 1.0f;
-  const bool hadamard = columnwise && a.config.hadamard_columnwise;
-  return div_rn(1.0f, nvfp4_global_encode_scale(hadamard ? a.columnwise_amax[g] : a.amax[g]));
-}
-
-// The FP32 decode factor of element (r, c) of the rowwise matrix, read from the chosen copy's
-// scales (docs/quantization.md, Dequantize); `global_decode` is nv_global_decode(a, columnwise, g).
-__device__ float decode_factor(const GroupedQuantizeArgs& a, bool columnwise, int64_t r, int64_t c,
-                               int64_t g, float global_decode) {
-  const int64_t R = a.row_capacity, C = a.cols;
-  const void* scales = columnwise ? a.columnwise_scale_inv : a.rowwise_scale_inv;
-  const int64_t major = columnwise ? c : r, minor = columnwise ? r : c;
-  const int64_t minor_size = columnwise ? R : C;
-  switch (a.scaling) {
-    case SFMOE_SCALING_TENSOR: return static_cast<const float*>(scales)[g];
-    case SFMOE_SCALING_BLOCK_1X128:
-      return static_cast<const float*>(scales)[block_1x128_scale_offset(
-          a.scale_layout, columnwise, major, minor / 128, minor_size / 128, columnwise ? C : R)];
-    case SFMOE_SCALING_BLOCK_128X128:
-      return static_cast<const float*>(scales)[(major / 128) * (minor_size / 128) + minor / 128];
-    case SFMOE_SCALING_MX_1X32:
-      return e8m0_to_f32(static_cast<const uint8_t*>(scales)[scale_offset(a.scale_layout, major, minor / 32, minor_size / 32)]);
-    default: {
-      const int64_t offset = a.scaling == SFMOE_SCALING_NV_16X16
-                                 ? (major / 16) * (minor_size / 16) + minor / 16
-                                 : scale_offset(a.scale_layout, major, minor / 16, minor_size / 16);
-      return mul_rn(e4m3_to_f32(static_cast<const uint8_t*>(scales)[offset]), global_decode);
-    }
-  }
-}
-
+// An element's value from its copy's codes.
 __device__ float decode_code(const GroupedQuantizeArgs& a, const void* copy, int64_t index) {
-  if (a.dtype == SFMOE_DTYPE_FP4_E2M1) return e2m1_to_f32(load_code(copy, 4, index));
-  const uint8_t code = static_cast<const uint8_t*>(copy)[index];
-  return a.dtype == SFMOE_DTYPE_FP8_E5M2 ? e5m2_to_f32(code) : e4m3_to_f32(code);
+  return decode_element(a.dtype, load_code(copy, a.dtype == SFMOE_DTYPE_FP4_E2M1 ? 4 : 8, index));
 }
 
 __device__ void store_value(void* out, sfmoe_dtype dtype, int64_t index, float v) {
   const uint32_t code = encode_element(dtype, v);
-  if (dtype == SFMOE_DTYPE_FP32) static_cast<uint32_t*>(out)[index] = code;
-  else static_cast<uint16_t*>(out)[index] = static_cast<uint16_t>(code);
+  if (dtype == SFMOE_DTYPE_FP32)
+    static_cast<uint32_t*>(out)[index] = code;
+  else
+    static_cast<uint16_t*>(out)[index] = static_cast<uint16_t>(code);
 }
 
 __global__ void dequantize_rowwise_kernel(GroupedDequantizeArgs d) {
   const GroupedQuantizeArgs& a = d.quantized;
-  const int64_t total = decoded_rows(a) * a.cols;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+  const int64_t total = dequantized_rows(a) * a.cols;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
+       e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = e / a.cols, c = e % a.cols, g = quantized_group_of_row(a, r);
-    const float v = mul_rn(decode_code(a, a.rowwise, e),
-                           decode_factor(a, false, r, c, g, nv_global_decode(a, false, g)));
+    const float v =
+        mul_rn(decode_code(a, a.rowwise, e),
+               dequantize_factor(a, false, r, c, g, dequantize_global_decode(a, false, g)));
     store_value(d.output, d.output_dtype, e, v);
   }
 }
@@ -88,27 +51,30 @@ __global__ void dequantize_rowwise_kernel(GroupedDequantizeArgs d) {
 // One thread per (column, 16-row block) so the inverse Hadamard transform sees its block.
 __global__ void dequantize_columnwise_kernel(GroupedDequantizeArgs d) {
   const GroupedQuantizeArgs& a = d.quantized;
-  const int64_t rows = decoded_rows(a), R = a.row_capacity, C = a.cols;
+  const int64_t rows = dequantized_rows(a), R = a.row_capacity, C = a.cols;
   const int64_t blocks = (rows + 15) / 16 * C;
   const bool hadamard = a.dtype == SFMOE_DTYPE_FP4_E2M1 && a.config.hadamard_columnwise;
-  for (int64_t q = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; q < blocks; q += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t q = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; q < blocks;
+       q += int64_t(gridDim.x) * blockDim.x) {
     const int64_t c = q % C, r0 = (q / C) * 16;
     float v[16];
     for (int m = 0; m < 16; ++m) {
       const int64_t r = r0 + m;
       const int64_t g = r < rows ? quantized_group_of_row(a, r) : 0;
-      v[m] = r < rows ? mul_rn(decode_code(a, a.columnwise, c * R + r),
-                               decode_factor(a, true, r, c, g, nv_global_decode(a, true, g)))
-                      : 0.0f;
+      v[m] = r < rows
+                 ? mul_rn(decode_code(a, a.columnwise, c * R + r),
+                          dequantize_factor(a, true, r, c, g, dequantize_global_decode(a, true, g)))
+                 : 0.0f;
     }
     if (hadamard) hadamard16_inverse(v);
-    for (int m = 0; m < 16 && r0 + m < rows; ++m) store_value(d.output, d.output_dtype, (r0 + m) * C + c, v[m]);
+    for (int m = 0; m < 16 && r0 + m < rows; ++m)
+      store_value(d.output, d.output_dtype, (r0 + m) * C + c, v[m]);
   }
 }
 
 // Eight decoded values to out[index, index + 8) as the output dtype, by 16-byte stores.
 __device__ __forceinline__ void store_eight(void* out, sfmoe_dtype dtype, int64_t index,
-                                           const float (&v)[8]) {
+                                            const float (&v)[8]) {
   if (dtype == SFMOE_DTYPE_FP32) {
     float4* p = reinterpret_cast<float4*>(static_cast<float*>(out) + index);
     p[0] = make_float4(v[0], v[1], v[2], v[3]);
@@ -120,27 +86,21 @@ __device__ __forceinline__ void store_eight(void* out, sfmoe_dtype dtype, int64_
   for (int i = 0; i < 4; ++i) {
     w[i] = encode_element(dtype, v[2 * i]) | (encode_element(dtype, v[2 * i + 1]) << 16);
   }
-  *reinterpret_cast<uint4*>(static_cast<uint16_t*>(out) + index) = make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-// The value of one FP8 byte or E2M1 nibble.
-__device__ __forceinline__ float code_value(const GroupedQuantizeArgs& a, uint32_t code) {
-  if (a.dtype == SFMOE_DTYPE_FP4_E2M1) return e2m1_to_f32(static_cast<uint8_t>(code));
-  return a.dtype == SFMOE_DTYPE_FP8_E5M2 ? e5m2_to_f32(static_cast<uint8_t>(code))
-                                         : e4m3_to_f32(static_cast<uint8_t>(code));
+  *reinterpret_cast<uint4*>(static_cast<uint16_t*>(out) + index) =
+      make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 constexpr int kRowsThreads = 256;
 __global__ void __launch_bounds__(kRowsThreads) dequantize_rows_kernel(GroupedDequantizeArgs d) {
   const GroupedQuantizeArgs& a = d.quantized;
-  const int64_t rows = decoded_rows(a), C = a.cols, chunks = C / 8;
+  const int64_t rows = dequantized_rows(a), C = a.cols, chunks = C / 8;
   const bool fp4 = a.dtype == SFMOE_DTYPE_FP4_E2M1;
   constexpr int kWarps = kRowsThreads / 32;
   const int lane = threadIdx.x % 32;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; r < rows;
        r += static_cast<int64_t>(gridDim.x) * kWarps) {
     const int64_t g = quantized_group_of_row(a, r);
-    const float global_decode = nv_global_decode(a, false, g);
+    const float global_decode = dequantize_global_decode(a, false, g);
     for (int64_t c = lane; c < chunks; c += 32) {
       // Eight codes: 8 bytes (FP8) or 4 (E2M1, element 2i in the low nibble).
       uint32_t lo, hi;
@@ -153,13 +113,13 @@ __global__ void __launch_bounds__(kRowsThreads) dequantize_rows_kernel(GroupedDe
         hi = raw.y;
       }
       // One factor per chunk: every recipe's blocks hold whole chunks of eight.
-      const float factor = decode_factor(a, false, r, c * 8, g, global_decode);
+      const float factor = dequantize_factor(a, false, r, c * 8, g, global_decode);
       float v[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        const uint32_t code = fp4 ? (lo >> (4 * i)) & 0xFu
-                                  : ((i < 4 ? lo : hi) >> (8 * (i % 4))) & 0xFFu;
-        v[i] = mul_rn(code_value(a, code), factor);
+        const uint32_t code =
+            fp4 ? (lo >> (4 * i)) & 0xFu : ((i < 4 ? lo : hi) >> (8 * (i % 4))) & 0xFFu;
+        v[i] = mul_rn(decode_element(a.dtype, code), factor);
       }
       store_eight(d.output, d.output_dtype, r * C + c * 8, v);
     }
@@ -174,7 +134,7 @@ __global__ void __launch_bounds__(kTileThreads)
     dequantize_columns_kernel(GroupedDequantizeArgs d, bool vector_loads) {
   const GroupedQuantizeArgs& a = d.quantized;
   __shared__ float tile[kTile][kTile + 1];
-  const int64_t rows = decoded_rows(a), R = a.row_capacity, C = a.cols;
+  const int64_t rows = dequantized_rows(a), R = a.row_capacity, C = a.cols;
   const bool fp4 = a.dtype == SFMOE_DTYPE_FP4_E2M1;
   const bool hadamard = fp4 && a.config.hadamard_columnwise;
   const bool per_row_group = a.scaling == SFMOE_SCALING_TENSOR;  // blocks follow no 16-row rule
@@ -197,7 +157,8 @@ __global__ void __launch_bounds__(kTileThreads)
         }
       }
       const int64_t g0 = quantized_group_of_row(a, first);
-      const float factor0 = decode_factor(a, true, first, c, g0, nv_global_decode(a, true, g0));
+      const float factor0 =
+          dequantize_factor(a, true, first, c, g0, dequantize_global_decode(a, true, g0));
 #pragma unroll
       for (int m = 0; m < 16; ++m) {
         const int64_t r = first + m;
@@ -211,9 +172,9 @@ __global__ void __launch_bounds__(kTileThreads)
         float factor = factor0;
         if (per_row_group && r < rows) {
           const int64_t g = quantized_group_of_row(a, r);
-          factor = decode_factor(a, true, r, c, g, 1.0f);
+          factor = dequantize_factor(a, true, r, c, g, 1.0f);
         }
-        v[m] = r < rows ? mul_rn(code_value(a, code), factor) : 0.0f;
+        v[m] = r < rows ? mul_rn(decode_element(a.dtype, code), factor) : 0.0f;
       }
       if (hadamard) hadamard16_inverse(v);
     } else {
@@ -240,7 +201,8 @@ __global__ void __launch_bounds__(kTileThreads)
 __global__ void swizzle_kernel(const uint8_t* from, int64_t rows, int64_t scale_cols, uint8_t* to,
                                bool unswizzle) {
   const int64_t n = unswizzle ? rows * scale_cols : swizzled_scale_padded_size(rows, scale_cols);
-  for (int64_t o = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; o < n; o += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t o = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; o < n;
+       o += int64_t(gridDim.x) * blockDim.x) {
     if (unswizzle) {
       to[o] = from[swizzled_scale_offset(o / scale_cols, o % scale_cols, scale_cols)];
     } else {
@@ -293,8 +255,10 @@ sfmoe_status swizzle_scales(const uint8_t* from, int64_t rows, int64_t scale_col
                             bool unswizzle, void* stream_handle) {
   constexpr int kThreads = 256;
   swizzle_kernel<<<grid_for(swizzled_scale_padded_size(rows, scale_cols), kThreads), kThreads, 0,
-                   static_cast<cudaStream_t>(stream_handle)>>>(from, rows, scale_cols, to, unswizzle);
-  return check_launch(unswizzle ? "sfmoe_unswizzle_scales" : "sfmoe_swizzle_scales", "swizzle_kernel");
+                   static_cast<cudaStream_t>(stream_handle)>>>(from, rows, scale_cols, to,
+                                                               unswizzle);
+  return check_launch(unswizzle ? "sfmoe_unswizzle_scales" : "sfmoe_swizzle_scales",
+                      "swizzle_kernel");
 }
 
 }  // namespace cuda
