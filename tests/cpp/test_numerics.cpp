@@ -133,13 +133,12 @@ TEST(Numerics, SigmoidIsMonotoneWithinOneUlp) {
   using numerics::bits_to_f32;
   using numerics::f32_to_bits;
   using numerics::sigmoid_f32;
-  auto next_up = [](float v) { return bits_to_f32(f32_to_bits(v) + 1u); };  // v >= +0
   float running = 0.0f;
   uint64_t dips = 0, broken = 0, checked = 0;
   auto visit = [&](uint32_t bits) {
     const float s = sigmoid_f32(bits_to_f32(bits));
     dips += s < running;
-    if (running > next_up(s)) {
+    if (running > numerics::f32_next_up_nonnegative(s)) {
       if (broken++ < 5) ADD_FAILURE() << "at x = " << bits_to_f32(bits) << ": " << s;
     }
     running = s > running ? s : running;
@@ -148,7 +147,7 @@ TEST(Numerics, SigmoidIsMonotoneWithinOneUlp) {
   const uint32_t minus_87 = f32_to_bits(-87.0f), plus_87 = f32_to_bits(87.0f);
   for (uint32_t b = minus_87; b > 0x80000000u; --b) visit(b);  // -87 .. the least negative
   visit(0x80000000u);                                          // -0
-  for (uint32_t b = 0u; b <= plus_87; ++b) visit(b);          // +0 .. 87
+  for (uint32_t b = 0u; b <= plus_87; ++b) visit(b);           // +0 .. 87
   EXPECT_EQ(broken, 0u);
   EXPECT_GT(dips, 0u);  // (the property is "within one ulp", not exact monotonicity)
   EXPECT_EQ(f32_to_bits(sigmoid_f32(-0.0f)), f32_to_bits(sigmoid_f32(0.0f)));
@@ -157,8 +156,9 @@ TEST(Numerics, SigmoidIsMonotoneWithinOneUlp) {
   for (float x : {87.00001f, 100.0f, 1e30f, INFINITY}) {
     EXPECT_EQ(f32_to_bits(sigmoid_f32(x)), f32_to_bits(sigmoid_f32(87.0f))) << x;
   }
-  std::printf("[ numerics ] sigmoid over %llu floats in [-87, 87]: %llu one-ulp dips, none deeper\n",
-              static_cast<unsigned long long>(checked), static_cast<unsigned long long>(dips));
+  std::printf(
+      "[ numerics ] sigmoid over %llu floats in [-87, 87]: %llu one-ulp dips, none deeper\n",
+      static_cast<unsigned long long>(checked), static_cast<unsigned long long>(dips));
 }
 
 TEST(Numerics, PhiloxMatchesPublishedAnswerVectors) {

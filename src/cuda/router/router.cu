@@ -9,7 +9,6 @@
 // kernel that sums the partials in block order (deterministic: no float atomics anywhere).
 // Backward: one kernel, d logits per token.
 #include <cuda_bf16.h>
-
 #include <stdlib.h>
 #include <string.h>
 
@@ -333,7 +332,8 @@ RouterShape router_shape(const RouterConfig& c, int64_t tokens, int64_t grid) {
   r.aligned_groups = experts % kLanes == 0 && r.per_group % r.chunk_size == 0 &&
                      r.lanes_per_group > 0 && (r.lanes_per_group & (r.lanes_per_group - 1)) == 0 &&
                      c.group_score_topk <= 2;
-  while (r.aligned_groups && (1 << r.lanes_per_group_log2) < r.lanes_per_group) ++r.lanes_per_group_log2;
+  while (r.aligned_groups && (1 << r.lanes_per_group_log2) < r.lanes_per_group)
+    ++r.lanes_per_group_log2;
   r.k_chunk = static_cast<int>(numerics::router_chunk_size(c.top_k));
   const int64_t stride = grid * kTokensPerBlock;
   r.rounds = (tokens + stride - 1) / stride;
@@ -370,10 +370,9 @@ __device__ __forceinline__ bool top_k_by_logit_order(const float (&x)[kV], int c
   const float score =
       picked != 0u ? numerics::sigmoid_f32(numerics::selection_key_score(picked)) : -1.0f;
   const float next = __shfl_down_sync(0xFFFFFFFFu, score, 1);
-  // (next >= 0 here is a score: sigmoids are never -0; next_up of it is one more in the bits.)
-  const float above_next = next > 0.0f || next == 0.0f
-                               ? numerics::bits_to_f32(numerics::f32_to_bits(next) + 1u)
-                               : next;
+  // (next >= 0 here is a score: sigmoids are never -0 and at most 1.)
+  const float above_next =
+      next > 0.0f || next == 0.0f ? numerics::f32_next_up_nonnegative(next) : next;
   const bool unsafe = (sub + 1 < k && !(score > next)) || (sub + 1 == k && !(score > above_next));
   if (__any_sync(0xFFFFFFFFu, unsafe)) return false;
   *my_key = sub < k ? numerics::selection_key(score) : 0u;
@@ -507,7 +506,8 @@ __global__ void __launch_bounds__(kThreads, kV <= 8 ? 4 : 2)
         uint32_t held_key[kMaxDeviceGroups / kLanes];
 #pragma unroll
         for (int i = 0; i < kMaxDeviceGroups / kLanes; ++i) {
-          held_key[i] = sub + kLanes * i < groups ? numerics::selection_key(group_score_held[i]) : 0u;
+          held_key[i] =
+              sub + kLanes * i < groups ? numerics::selection_key(group_score_held[i]) : 0u;
         }
         for (int pick = 0; pick < c.group_topk; ++pick) {
           Pick p{0u, 0x7FFFFFFF};
