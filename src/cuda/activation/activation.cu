@@ -45,8 +45,7 @@ __device__ __forceinline__ int64_t rows_end(const GroupRowsView& g, int64_t row_
 // (empty groups share their start with the next one). A row count beyond its block is clamped
 // and reported (when `word` is given).
 __device__ __forceinline__ bool is_real_row(const GroupRowsView& g, const int64_t* offsets,
-                                            int64_t row, sfmoe_fault_report* word,
-                                            int64_t* group) {
+                                            int64_t row, sfmoe_fault_report* word, int64_t* group) {
   const int64_t lo = group_of_offset_row(offsets, g.num_groups, row);
   *group = lo;
   const int64_t begin = offsets[lo], block = offsets[lo + 1] - begin;
@@ -163,9 +162,8 @@ __global__ void __launch_bounds__(kThreads, kQuantBlock <= kTensorQuantBlock ? 4
   const bool want_amax = a.amax != nullptr;
   const int lane = threadIdx.x % 32;
   WarpStep next = first_step(a.groups, offsets, end, word);
-  StepInput<kVec> next_in = load_step<kVec, gated, false>(next, chunks, end, a.input,
-                                                          a.input_dtype, nullptr, a.input_dtype,
-                                                          a.cols);
+  StepInput<kVec> next_in = load_step<kVec, gated, false>(next, chunks, end, a.input, a.input_dtype,
+                                                          nullptr, a.input_dtype, a.cols);
   uint32_t row_amax = 0u;
   int64_t scaled_group = -1;  // NVFP4: the group whose global scale `group_scale` holds
   Nvfp4GroupScale group_scale{1.0f, 1.0f};
@@ -209,11 +207,8 @@ __global__ void __launch_bounds__(kThreads, kQuantBlock <= kTensorQuantBlock ? 4
       if (active) {
         reinterpret_cast<uint32_t*>(q.codes + row * (a.cols / 2))[c] = codes;
         if (c % 2 == 0) {
-          const int64_t scale_cols = a.cols / kNvfp4QuantBlock, block_col = c / 2;
-          const int64_t at = q.swizzled
-                                 ? numerics::swizzled_scale_offset(row, block_col, scale_cols)
-                                 : row * scale_cols + block_col;
-          static_cast<uint8_t*>(q.scales)[at] = scale_code;
+          static_cast<uint8_t*>(
+              q.scales)[byte_scale_offset(q, row, c / 2, a.cols / kNvfp4QuantBlock)] = scale_code;
         }
       }
     } else if constexpr (kQuantBlock == kTensorQuantBlock) {  // the group's given scale
@@ -226,7 +221,8 @@ __global__ void __launch_bounds__(kThreads, kQuantBlock <= kTensorQuantBlock ? 4
       const uint2 codes = quantize_eight<kQuantBlock>(out, q, &s);
       if (active) {
         reinterpret_cast<uint2*>(q.codes + row * a.cols)[c] = codes;
-        if (c % (kQuantBlock / 8) == 0) s.store(q, row, c / (kQuantBlock / 8), a.cols / kQuantBlock);
+        if (c % (kQuantBlock / 8) == 0)
+          s.store(q, row, c / (kQuantBlock / 8), a.cols / kQuantBlock);
       }
     }
     if (step.first + 32 < chunks) continue;
@@ -285,7 +281,8 @@ __global__ void __launch_bounds__(kThreads)  // (at 64 registers, SwiGLU's would
       decode_gate_up<kVec, gated>(in, a.input_dtype, gate, up);
       decode_raw_vector<kVec>(in.d, a.d_output_dtype, d);
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) Rules::backward(a.config, gate[i], up[i], d[i], &dg[i], &du[i]);
+      for (int i = 0; i < kVec; ++i)
+        Rules::backward(a.config, gate[i], up[i], d[i], &dg[i], &du[i]);
     } else {
 #pragma unroll
       for (int i = 0; i < kVec; ++i) dg[i] = du[i] = 0.0f;
@@ -358,12 +355,10 @@ struct LaunchForward {
                       row_capacity, word, q, stream);
       }
       if (a.quantized->scaling == SFMOE_SCALING_NV_1X16) {
-        // Two passes: the group amax of the activations (into the output's amax), then the
-        // activations again, encoded under each group's global scale. The input is read twice;
-        // the FP32 activations are never written.
-        SFMOE_CUDA_RETURN_IF_ERROR(
-            "sfmoe_grouped_activation",
-            cudaMemsetAsync(q.amax, 0, sizeof(float) * a.groups.num_groups, stream));
+        // Two passes: the group amax of the activations (into the output's amax, which the API
+        // passes as both a.amax, cleared above, and q.amax), then the activations again, encoded
+        // under each group's global scale. The input is read twice; the FP32 activations are
+        // never written.
         ActivationArgs amax_pass = a;
         amax_pass.amax = q.amax;
         SFMOE_RETURN_IF_ERROR(launch(activation_forward_kernel<8, kKind, kAmaxOnly>, amax_pass,

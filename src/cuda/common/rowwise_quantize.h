@@ -37,7 +37,15 @@ constexpr int kNvfp4QuantBlock = 16;
 template <int kUnused = 0>
 __global__ void tensor_scale_inverse_kernel(FusedQuantization q) {
   const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (g < q.num_groups) static_cast<float*>(q.scales)[g] = numerics::scale_inverse(q.tensor_scales[g]);
+  if (g < q.num_groups)
+    static_cast<float*>(q.scales)[g] = numerics::scale_inverse(q.tensor_scales[g]);
+}
+
+// Where the byte scale (E8M0 or E4M3) of block (row, block_col) goes, compact or swizzled.
+__device__ __forceinline__ int64_t byte_scale_offset(const FusedQuantization& q, int64_t row,
+                                                     int64_t block_col, int64_t scale_cols) {
+  return scale_offset(q.swizzled ? SFMOE_SCALE_LAYOUT_SWIZZLED : SFMOE_SCALE_LAYOUT_COMPACT, row,
+                      block_col, scale_cols);
 }
 
 template <int kBlock>
@@ -61,9 +69,7 @@ struct BlockScales {
   __device__ __forceinline__ void store(const FusedQuantization& q, int64_t row, int64_t block_col,
                                         int64_t scale_cols) const {
     if constexpr (kBlock == 32) {
-      const int64_t at = q.swizzled ? numerics::swizzled_scale_offset(row, block_col, scale_cols)
-                                    : row * scale_cols + block_col;
-      static_cast<uint8_t*>(q.scales)[at] = code;
+      static_cast<uint8_t*>(q.scales)[byte_scale_offset(q, row, block_col, scale_cols)] = code;
     } else {
       static_cast<float*>(q.scales)[row * scale_cols + block_col] = scale_inv;
     }
