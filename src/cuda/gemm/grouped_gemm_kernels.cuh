@@ -57,30 +57,26 @@ using E4M3 = cutlass::float_e4m3_t;
 using E5M2 = cutlass::float_e5m2_t;
 
 // The tile configurations (gemm_heuristics.h): tile M x N (K: 128 bytes of the operands), the
-// cluster, and the kernel / epilogue schedules.
+// cluster along M, and the cooperative or ping-pong kernel / epilogue schedules.
+template <int kM, int kN, int kClusterM, bool kPingpong, bool kFp8>
+struct TileConfigOf {
+  using Tile = Shape<Int<kM>, Int<kN>, std::conditional_t<kFp8, _128, _64>>;
+  using Cluster = Shape<Int<kClusterM>, _1, _1>;
+  using Schedule =
+      std::conditional_t<kPingpong, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
+                         cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>;
+  using EpilogueSchedule =
+      std::conditional_t<kPingpong, cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong,
+                         cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
+};
 template <GemmTile kTile, bool kFp8>
 struct TileConfig;
 template <bool kFp8>
-struct TileConfig<GemmTile::kCooperative128x128, kFp8> {
-  using Tile = Shape<_128, _128, std::conditional_t<kFp8, _128, _64>>;
-  using Cluster = Shape<_1, _1, _1>;
-  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
-};
+struct TileConfig<GemmTile::kCooperative128x128, kFp8> : TileConfigOf<128, 128, 1, false, kFp8> {};
 template <bool kFp8>
-struct TileConfig<GemmTile::kCooperative128x256, kFp8> {
-  using Tile = Shape<_128, _256, std::conditional_t<kFp8, _128, _64>>;
-  using Cluster = Shape<_2, _1, _1>;
-  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
-};
+struct TileConfig<GemmTile::kCooperative128x256, kFp8> : TileConfigOf<128, 256, 2, false, kFp8> {};
 template <bool kFp8>
-struct TileConfig<GemmTile::kPingpong64x128, kFp8> {
-  using Tile = Shape<_64, _128, std::conditional_t<kFp8, _128, _64>>;
-  using Cluster = Shape<_1, _1, _1>;
-  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
-  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
-};
+struct TileConfig<GemmTile::kPingpong64x128, kFp8> : TileConfigOf<64, 128, 1, true, kFp8> {};
 
 // The per-group scale layouts of a blockwise-scaled kernel (CUTLASS's Sm90BlockwiseScaleConfig);
 // placeholders for the others.
@@ -175,7 +171,7 @@ struct GroupedKernel {
     const float** alpha_pointers;
     const float** scales_a;  // blockwise: each group's first scale of A and of B
     const float** scales_b;
-    LayoutSFA* layout_sfa;   // blockwise: each group's scale layouts
+    LayoutSFA* layout_sfa;  // blockwise: each group's scale layouts
     LayoutSFB* layout_sfb;
     void* cutlass_workspace;
   };
@@ -215,8 +211,10 @@ typename K::Arrays carve(void* workspace, int64_t groups) {
   r.alpha_pointers = reinterpret_cast<const float**>(take(groups * sizeof(void*)));
   r.scales_a = reinterpret_cast<const float**>(take(groups * sizeof(void*)));
   r.scales_b = reinterpret_cast<const float**>(take(groups * sizeof(void*)));
-  r.layout_sfa = reinterpret_cast<typename K::LayoutSFA*>(take(groups * sizeof(typename K::LayoutSFA)));
-  r.layout_sfb = reinterpret_cast<typename K::LayoutSFB*>(take(groups * sizeof(typename K::LayoutSFB)));
+  r.layout_sfa =
+      reinterpret_cast<typename K::LayoutSFA*>(take(groups * sizeof(typename K::LayoutSFA)));
+  r.layout_sfb =
+      reinterpret_cast<typename K::LayoutSFB*>(take(groups * sizeof(typename K::LayoutSFB)));
   r.cutlass_workspace = p;
   return r;
 }
