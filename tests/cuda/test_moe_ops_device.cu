@@ -144,6 +144,12 @@ struct RouterRun {
         z(1, -1.0f),
         d_logits(tokens * experts, -9.0f),
         counts(experts, -1) {}
+  // The forward's outputs on the device equal the host's.
+  void expect_forward_same() const {
+    EXPECT_TRUE(ids.same("topk_ids"));
+    EXPECT_TRUE(probs.same("probs"));
+    EXPECT_TRUE(counts.same("tokens_per_expert"));
+  }
 };
 
 // Relative agreement of two float arrays: |a - b| <= atol + rtol |b| everywhere (NaN with NaN).
@@ -197,9 +203,7 @@ TEST(CudaRouter, IdsProbabilitiesAndCountsEqualTheCpuBackend) {
           << sfmoe_last_error();
     }
     CUDA_OK(cudaDeviceSynchronize());
-    EXPECT_TRUE(run.ids.same("topk_ids"));
-    EXPECT_TRUE(run.probs.same("probs"));
-    EXPECT_TRUE(run.counts.same("tokens_per_expert"));
+    run.expect_forward_same();
     int64_t idle = 0;
     for (int64_t v : run.counts.host) idle += v == 0;
     if (rc.bias && E >= 17 * 2) EXPECT_GT(idle, 0) << "starved experts receive no tokens";
@@ -302,9 +306,7 @@ TEST(CudaRouter, LogitOrderTopKAtSigmoidDipsAndTies) {
         << sfmoe_last_error();
   }
   CUDA_OK(cudaDeviceSynchronize());
-  EXPECT_TRUE(run.ids.same("topk_ids"));
-  EXPECT_TRUE(run.probs.same("probs"));
-  EXPECT_TRUE(run.counts.same("tokens_per_expert"));
+  run.expect_forward_same();
   std::printf("[ router ] logit-order top-k at a sigmoid dip (x = %a), equal and neighbouring "
               "logits at every place up to k: bit-exact vs CPU\n",
               static_cast<double>(high));
