@@ -147,8 +147,8 @@ sfmoe_status run_emulated(const char* context, const sfmoe_grouped_tensor* a,
     as_bf16->rowwise_scale_inv = as_bf16->columnwise_data = as_bf16->columnwise_scale_inv = nullptr;
     as_bf16->amax = as_bf16->columnwise_amax = nullptr;
     return sfmoe_grouped_dequantize(
-        t, as_bf16, columnwise ? SFMOE_DEQUANTIZE_COLUMNWISE : SFMOE_DEQUANTIZE_ROWWISE,
-        &decode, stream);
+        t, as_bf16, columnwise ? SFMOE_DEQUANTIZE_COLUMNWISE : SFMOE_DEQUANTIZE_ROWWISE, &decode,
+        stream);
   };
   sfmoe_grouped_tensor a16, b16;
   SFMOE_RETURN_IF_ERROR(
@@ -280,7 +280,7 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
       return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: a, b and out must be on the same CUDA device",
                   context);
     }
-    const void* data = t == a && a_columnwise ? a->columnwise_data
+    const void* data = t == a && a_columnwise   ? a->columnwise_data
                        : t == b && b_columnwise ? b->columnwise_data
                                                 : t->rowwise_data;
     if (reinterpret_cast<uintptr_t>(data) % kDataAlignment != 0) {
@@ -293,7 +293,8 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
   }
   const int64_t elements = sfmoe_grouped_gemm_workspace_elements(a->num_groups);
   SFMOE_RETURN_IF_ERROR(expect_workspace(context, workspace, SFMOE_DTYPE_INT64, elements,
-                                         "sfmoe_grouped_gemm_workspace_elements", nullptr, nullptr));
+                                         "sfmoe_grouped_gemm_workspace_elements", nullptr,
+                                         nullptr));
   if (workspace->memory != SFMOE_MEMORY_CUDA || workspace->device != a->device) {
     return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: the workspace must be on a's device", context);
   }
@@ -313,11 +314,11 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
     o.columnwise = columnwise;
     o.rows = t->row_capacity;
     if (t->scaling == SFMOE_SCALING_TENSOR) {
-      o.scale_inv = static_cast<const float*>(columnwise ? t->columnwise_scale_inv
-                                                         : t->rowwise_scale_inv);
+      o.scale_inv =
+          static_cast<const float*>(columnwise ? t->columnwise_scale_inv : t->rowwise_scale_inv);
     } else if (t->scaling == SFMOE_SCALING_BLOCK_1X128) {  // the copy read's scales
-      o.scale_inv = static_cast<const float*>(columnwise ? t->columnwise_scale_inv
-                                                         : t->rowwise_scale_inv);
+      o.scale_inv =
+          static_cast<const float*>(columnwise ? t->columnwise_scale_inv : t->rowwise_scale_inv);
     } else if (t->scaling == SFMOE_SCALING_BLOCK_128X128) {  // W: the rowwise scales
       o.scale_inv = static_cast<const float*>(t->rowwise_scale_inv);
     }

@@ -269,7 +269,8 @@ __global__ void __launch_bounds__(kBulkThreads)
     // The first segment of the token's row is loaded before the row map exists.
     if (lane == 0) {
       mbarrier_init_single(&loaded);
-      const uint32_t bytes = static_cast<uint32_t>(row_bytes < segment_bytes ? row_bytes : segment_bytes);
+      const uint32_t bytes =
+          static_cast<uint32_t>(row_bytes < segment_bytes ? row_bytes : segment_bytes);
       bulk_load_to_shared(staged, tokens + b * row_bytes, bytes, &loaded);
     }
     wait_for_previous_kernel();  // the row map
@@ -288,12 +289,14 @@ __global__ void __launch_bounds__(kBulkThreads)
     for (int64_t at = 0; at < row_bytes; at += segment_bytes, phase ^= 1u) {
       const int64_t left = row_bytes - at;
       const uint32_t bytes = static_cast<uint32_t>(left < segment_bytes ? left : segment_bytes);
-      if (lane == 0 && at > 0) bulk_load_to_shared(staged, tokens + b * row_bytes + at, bytes, &loaded);
+      if (lane == 0 && at > 0)
+        bulk_load_to_shared(staged, tokens + b * row_bytes + at, bytes, &loaded);
       mbarrier_wait(&loaded, phase);
       if (stores) {
 #pragma unroll
         for (int i = 0; i < kBulkSlotsPerLane; ++i) {
-          if (rows[i] >= 0) bulk_store_from_shared(permuted + rows[i] * row_bytes + at, staged, bytes);
+          if (rows[i] >= 0)
+            bulk_store_from_shared(permuted + rows[i] * row_bytes + at, staged, bytes);
         }
         bulk_commit();
         bulk_wait_source_read();  // before the next segment overwrites the staged bytes
@@ -580,9 +583,8 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
   }
   SFMOE_CUDA_RETURN_IF_ERROR(
       context, launch_dependent(permute_scan_kernel, dim3(1), dim3(kScanThreads), 0, stream,
-                                a.workspace, chunks, a.num_experts, a.expert_capacity,
-                                a.alignment, a.tokens_per_expert, a.dropped_per_expert,
-                                a.expert_offsets));
+                                a.workspace, chunks, a.num_experts, a.expert_capacity, a.alignment,
+                                a.tokens_per_expert, a.dropped_per_expert, a.expert_offsets));
   SFMOE_RETURN_IF_ERROR(check_launch(context, "permute_scan_kernel"));
   if (chunks > 0) {
     SFMOE_CUDA_RETURN_IF_ERROR(
@@ -625,8 +627,8 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
         launch_dependent(permute_bulk_copy_kernel, dim3(static_cast<unsigned>(blocks)),
                          dim3(kBulkThreads), static_cast<size_t>(segment), stream,
                          static_cast<const uint8_t*>(a.tokens), a.num_tokens, a.top_k, row_bytes,
-                         segment, a.row_capacity, a.expert_offsets, a.tokens_per_expert,
-                         a.row_map, static_cast<uint8_t*>(a.permuted)));
+                         segment, a.row_capacity, a.expert_offsets, a.tokens_per_expert, a.row_map,
+                         static_cast<uint8_t*>(a.permuted)));
     return check_launch(context, "permute_bulk_copy_kernel");
   }
   auto launch = [&](auto vec) {
