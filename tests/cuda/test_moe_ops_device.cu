@@ -472,28 +472,37 @@ TEST(CudaPermute, PermuteUnpermuteAndBackwardEqualTheCpuBackend) {
     sfmoe_permute_config config = sfmoe_permute_config_init();
     config.expert_capacity = pc.capacity;
     Twin<int32_t> workspace(static_cast<size_t>(sfmoe_permute_workspace_elements(tokens, E)), 0);
-    for (sfmoe_memory m : kBoth) {
-      const sfmoe_tensor t_ws = tensor_in(m, workspace.on(m), SFMOE_DTYPE_INT32,
-                                          {static_cast<int64_t>(workspace.host.size())});
-      const sfmoe_tensor t_x = tensor_in(m, x.on(m), pc.dtype, {tokens, H});
-      const sfmoe_tensor t_ids = tensor_in(m, ids.on(m), SFMOE_DTYPE_INT32, {tokens, k});
-      const sfmoe_grouped_tensor g =
-          rows_in(m, rows.on(m), pc.dtype, E, capacity_rows, H, a, offsets.on(m));
-      const sfmoe_tensor t_map = tensor_in(m, row_map.on(m), SFMOE_DTYPE_INT64, {tokens, k});
-      const sfmoe_tensor t_kept = tensor_in(m, kept.on(m), SFMOE_DTYPE_INT64, {E});
-      const sfmoe_tensor t_dropped = tensor_in(m, dropped.on(m), SFMOE_DTYPE_INT64, {E});
-      ASSERT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g, &t_map, &t_kept, &t_dropped, &t_ws,
-                              nullptr, nullptr),
-                SFMOE_SUCCESS)
-          << sfmoe_last_error();
+    // The place kernel, then (rows of a multiple of 16 bytes) the bulk copy placing its own
+    // token's slots; device outputs poisoned again before each.
+    for (const char* place : {"0", "1"}) {
+      setenv("SFMOE_PERMUTE_FUSED_PLACE", place, 1);
+      SCOPED_TRACE(std::string("SFMOE_PERMUTE_FUSED_PLACE=") + place);
+      CUDA_OK(rows.device.upload(std::vector<uint8_t>(rows.host.size(), 0xA5)));
+      CUDA_OK(row_map.device.upload(std::vector<int64_t>(row_map.host.size(), -7)));
+      for (sfmoe_memory m : kBoth) {
+        const sfmoe_tensor t_ws = tensor_in(m, workspace.on(m), SFMOE_DTYPE_INT32,
+                                            {static_cast<int64_t>(workspace.host.size())});
+        const sfmoe_tensor t_x = tensor_in(m, x.on(m), pc.dtype, {tokens, H});
+        const sfmoe_tensor t_ids = tensor_in(m, ids.on(m), SFMOE_DTYPE_INT32, {tokens, k});
+        const sfmoe_grouped_tensor g =
+            rows_in(m, rows.on(m), pc.dtype, E, capacity_rows, H, a, offsets.on(m));
+        const sfmoe_tensor t_map = tensor_in(m, row_map.on(m), SFMOE_DTYPE_INT64, {tokens, k});
+        const sfmoe_tensor t_kept = tensor_in(m, kept.on(m), SFMOE_DTYPE_INT64, {E});
+        const sfmoe_tensor t_dropped = tensor_in(m, dropped.on(m), SFMOE_DTYPE_INT64, {E});
+        ASSERT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g, &t_map, &t_kept, &t_dropped, &t_ws,
+                                nullptr, nullptr),
+                  SFMOE_SUCCESS)
+            << sfmoe_last_error();
+      }
+      CUDA_OK(cudaDeviceSynchronize());
+      EXPECT_TRUE(rows.same("permuted rows (whole buffer)"));
+      EXPECT_TRUE(offsets.same("group offsets"));
+      EXPECT_TRUE(row_map.same("row_map"));
+      EXPECT_TRUE(kept.same("tokens_per_expert"));
+      EXPECT_TRUE(dropped.same("dropped_per_expert"));
+      EXPECT_EQ(kept.host[E - 1], 0);
     }
-    CUDA_OK(cudaDeviceSynchronize());
-    EXPECT_TRUE(rows.same("permuted rows (whole buffer)"));
-    EXPECT_TRUE(offsets.same("group offsets"));
-    EXPECT_TRUE(row_map.same("row_map"));
-    EXPECT_TRUE(kept.same("tokens_per_expert"));
-    EXPECT_TRUE(dropped.same("dropped_per_expert"));
-    EXPECT_EQ(kept.host[E - 1], 0);
+    unsetenv("SFMOE_PERMUTE_FUSED_PLACE");
 
     // Unpermute into each output dtype, with and without probabilities.
     std::vector<float> p(tokens * k);

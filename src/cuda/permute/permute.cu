@@ -253,16 +253,32 @@ __global__ void __launch_bounds__(kRowCopyThreads)
 // memory holds). Padding blocks fill their segment with zeros once and store it to each padding
 // row.
 constexpr int kBulkThreads = 32;
+static_assert(kChunkTokens == 2 * kBulkThreads, "a lane reads two tokens of a rank chunk");
 constexpr int kBulkSlotsPerLane = (kMaxDeviceSlots + kBulkThreads - 1) / kBulkThreads;
 constexpr int64_t kBulkSegmentBytes = 32768;
 
+// With kPlaces, the block also does permute_place_kernel's work for its token (the place kernel
+// is then not launched): before waiting for the scan it finds each slot's expert and its rank among
+// the chunk's earlier tokens (lane l reads tokens l and l + 32 of the chunk and marks which slots'
+// experts they name; a ballot per slot counts them), and after it adds the chunk's base rank and
+// the expert's offset, writes the row map and reports bad ids, as the place kernel does.
+struct PlaceArgs {
+  const int32_t* ids;
+  int64_t experts, expert_capacity;
+  const int32_t* chunk_bases;
+  int64_t* row_map;
+  sfmoe_fault_report* word;
+};
+
+template <bool kPlaces>
 __global__ void __launch_bounds__(kBulkThreads)
     permute_bulk_copy_kernel(const uint8_t* tokens, int64_t num_tokens, int64_t top_k,
                              int64_t row_bytes, int64_t segment_bytes, int64_t row_capacity,
                              const int64_t* offsets, const int64_t* tokens_per_expert,
-                             const int64_t* row_map, uint8_t* permuted) {
+                             const int64_t* row_map, uint8_t* permuted, PlaceArgs place) {
   extern __shared__ __align__(128) uint8_t staged[];
   __shared__ uint64_t loaded;
+  __shared__ int32_t slot_expert[kMaxDeviceSlots];
   const int lane = threadIdx.x;
   const int64_t b = blockIdx.x;
   if (b < num_tokens) {
@@ -273,13 +289,73 @@ __global__ void __launch_bounds__(kBulkThreads)
           static_cast<uint32_t>(row_bytes < segment_bytes ? row_bytes : segment_bytes);
       bulk_load_to_shared(staged, tokens + b * row_bytes, bytes, &loaded);
     }
-    wait_for_previous_kernel();  // the row map
     int64_t rows[kBulkSlotsPerLane];
     bool stores = false;
+    if constexpr (kPlaces) {
+      // Each slot's expert, whether it counts (in [0, E) and not named by an earlier slot), and
+      // its rank among the chunk's earlier tokens that name it.
+      int32_t expert[kBulkSlotsPerLane];
+#pragma unroll
+      for (int i = 0; i < kBulkSlotsPerLane; ++i) {
+        const int64_t slot = lane + i * kBulkThreads;
+        expert[i] = slot < top_k ? place.ids[b * top_k + slot] : -1;
+        if (slot < top_k) slot_expert[slot] = expert[i];
+      }
+      __syncwarp();
+      bool valid[kBulkSlotsPerLane];
+#pragma unroll
+      for (int i = 0; i < kBulkSlotsPerLane; ++i) {
+        const int64_t slot = lane + i * kBulkThreads;
+        valid[i] = slot < top_k && expert[i] >= 0 && expert[i] < place.experts;
+        for (int64_t j = 0; valid[i] && j < slot; ++j) valid[i] = slot_expert[j] != expert[i];
+      }
+      const int64_t chunk = b / kChunkTokens, chunk_first = chunk * kChunkTokens;
+      uint64_t names[2] = {0u, 0u};  // bit s: the lane's token names slot s's expert (s < 64)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t other = chunk_first + lane + h * kBulkThreads;
+        if (other >= b) continue;
+        for (int64_t j = 0; j < top_k; ++j) {
+          const int32_t id = place.ids[other * top_k + j];
+          for (int64_t s = 0; s < top_k; ++s) {
+            if (slot_expert[s] == id) names[h] |= uint64_t{1} << s;
+          }
+        }
+      }
+      int32_t rank[kBulkSlotsPerLane] = {};
+      for (int64_t s = 0; s < top_k; ++s) {
+        const int count = __popc(__ballot_sync(0xFFFFFFFFu, (names[0] >> s) & 1u)) +
+                          __popc(__ballot_sync(0xFFFFFFFFu, (names[1] >> s) & 1u));
+#pragma unroll
+        for (int i = 0; i < kBulkSlotsPerLane; ++i) {
+          if (s == lane + i * kBulkThreads) rank[i] = count;
+        }
+      }
+      wait_for_previous_kernel();  // the chunk bases and offsets
+#pragma unroll
+      for (int i = 0; i < kBulkSlotsPerLane; ++i) {
+        const int64_t slot = lane + i * kBulkThreads;
+        rows[i] = -1;
+        if (slot >= top_k) continue;
+        if (valid[i]) {
+          const int64_t r = place.chunk_bases[chunk * place.experts + expert[i]] + rank[i];
+          rows[i] =
+              place.expert_capacity > 0 && r >= place.expert_capacity ? -1 : offsets[expert[i]] + r;
+        } else if (place.word != nullptr) {
+          raise_fault(place.word, SFMOE_FAULT_BAD_INDEX, b, expert[i]);
+        }
+        place.row_map[b * top_k + slot] = rows[i];
+      }
+    } else {
+      wait_for_previous_kernel();  // the row map
+#pragma unroll
+      for (int i = 0; i < kBulkSlotsPerLane; ++i) {
+        const int64_t slot = lane + i * kBulkThreads;
+        rows[i] = slot < top_k ? row_map[b * top_k + slot] : -1;
+      }
+    }
 #pragma unroll
     for (int i = 0; i < kBulkSlotsPerLane; ++i) {
-      const int64_t slot = lane + i * kBulkThreads;
-      rows[i] = slot < top_k ? row_map[b * top_k + slot] : -1;
       // The API checked the capacity against the worst case; the bound is kept regardless.
       if (rows[i] >= row_capacity) rows[i] = -1;
       stores |= rows[i] >= 0;
@@ -586,7 +662,14 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
                                 a.workspace, chunks, a.num_experts, a.expert_capacity, a.alignment,
                                 a.tokens_per_expert, a.dropped_per_expert, a.expert_offsets));
   SFMOE_RETURN_IF_ERROR(check_launch(context, "permute_scan_kernel"));
-  if (chunks > 0) {
+  const int64_t row_bytes = a.hidden * (sfmoe_dtype_bits(a.dtype) / 8);
+  const bool bulk = a.quantized == nullptr && permute_copy_by_bulk(a.tokens, a.permuted, row_bytes);
+  // The bulk copy places its own token's slots (no place kernel) unless
+  // SFMOE_PERMUTE_FUSED_PLACE=0 (for comparisons).
+  const char* fused_place_setting = getenv("SFMOE_PERMUTE_FUSED_PLACE");
+  const bool copy_places =
+      bulk && (fused_place_setting == nullptr || strcmp(fused_place_setting, "0") != 0);
+  if (chunks > 0 && !copy_places) {
     SFMOE_CUDA_RETURN_IF_ERROR(
         context, launch_dependent(permute_place_kernel, dim3(static_cast<unsigned>(chunks)),
                                   dim3(kChunkTokens), bitmap_bytes, stream, a.topk_ids,
@@ -594,7 +677,6 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
                                   a.workspace, a.expert_offsets, a.row_map, a.word));
     SFMOE_RETURN_IF_ERROR(check_launch(context, "permute_place_kernel"));
   }
-  const int64_t row_bytes = a.hidden * (sfmoe_dtype_bits(a.dtype) / 8);
   const int64_t blocks = a.num_tokens + (a.alignment > 1 ? a.num_experts * kPaddingSplit : 0);
   if (a.quantized != nullptr && a.quantized->scaling == SFMOE_SCALING_TENSOR) {
     // Every group's scale_inv and amax are outputs, also with no rows to move.
@@ -620,15 +702,17 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
     }
     return check_launch(context, "permute_quantize_kernel");
   }
-  if (permute_copy_by_bulk(a.tokens, a.permuted, row_bytes)) {
+  if (bulk) {
     const int64_t segment = row_bytes < kBulkSegmentBytes ? row_bytes : kBulkSegmentBytes;
+    const PlaceArgs place{a.topk_ids,  a.num_experts, a.expert_capacity,
+                          a.workspace, a.row_map,     a.word};
     SFMOE_CUDA_RETURN_IF_ERROR(
-        context,
-        launch_dependent(permute_bulk_copy_kernel, dim3(static_cast<unsigned>(blocks)),
-                         dim3(kBulkThreads), static_cast<size_t>(segment), stream,
-                         static_cast<const uint8_t*>(a.tokens), a.num_tokens, a.top_k, row_bytes,
-                         segment, a.row_capacity, a.expert_offsets, a.tokens_per_expert, a.row_map,
-                         static_cast<uint8_t*>(a.permuted)));
+        context, launch_dependent(
+                     copy_places ? permute_bulk_copy_kernel<true> : permute_bulk_copy_kernel<false>,
+                     dim3(static_cast<unsigned>(blocks)), dim3(kBulkThreads),
+                     static_cast<size_t>(segment), stream, static_cast<const uint8_t*>(a.tokens),
+                     a.num_tokens, a.top_k, row_bytes, segment, a.row_capacity, a.expert_offsets,
+                     a.tokens_per_expert, a.row_map, static_cast<uint8_t*>(a.permuted), place));
     return check_launch(context, "permute_bulk_copy_kernel");
   }
   auto launch = [&](auto vec) {
