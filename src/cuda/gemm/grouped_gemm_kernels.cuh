@@ -78,6 +78,21 @@ struct TileConfig<GemmTile::kCooperative128x256, kFp8> : TileConfigOf<128, 256, 
 template <bool kFp8>
 struct TileConfig<GemmTile::kPingpong64x128, kFp8> : TileConfigOf<64, 128, 1, true, kFp8> {};
 
+template <bool kFp8>
+struct TileConfig<GemmTile::kCooperative256x128, kFp8> {
+  using Tile = Shape<_256, _128, std::conditional_t<kFp8, _128, _64>>;
+  using Cluster = Shape<_2, _2, _1>;
+  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
+template <bool kFp8>
+struct TileConfig<GemmTile::kPingpong128x128, kFp8> {
+  using Tile = Shape<_128, _128, std::conditional_t<kFp8, _128, _64>>;
+  using Cluster = Shape<_2, _1, _1>;
+  using Schedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+  using EpilogueSchedule = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+};
+
 // The per-group scale layouts of a blockwise-scaled kernel (CUTLASS's Sm90BlockwiseScaleConfig);
 // placeholders for the others.
 template <class Scales, class = void>
