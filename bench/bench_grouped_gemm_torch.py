@@ -65,7 +65,7 @@ def peer(fn):
 
 # The tiles each recipe compiles (src/cuda/gemm/gemm_heuristics.h), swept per case.
 RECIPE_TILES = {
-    "bf16": ("coop128", "coop256", "pingpong64"),
+    "bf16": ("coop128", "coop256", "pingpong64", "coop256x128", "pingpong128"),
     "fp8": ("coop128", "coop256", "pingpong64"),
     "fp8 fast": ("coop128", "coop256", "coop256x128", "pingpong128"),
 }

@@ -157,8 +157,8 @@ std::vector<const char*> tiles_to_test(std::initializer_list<const char*> compil
   }
   return tiles;
 }
-const std::vector<const char*> kTiles =
-    tiles_to_test({"coop128", "coop256", "pingpong64"});  // BF16's
+const std::vector<const char*> kTiles = tiles_to_test(
+    {"coop128", "coop256", "pingpong64", "coop256x128", "pingpong128"});  // BF16's
 const std::vector<const char*> kFp8Tiles = tiles_to_test({"coop128", "coop256", "pingpong64"});
 struct ForcedTile {
   explicit ForcedTile(const char* tile) { setenv("SFMOE_GEMM_TILE", tile, 1); }
