@@ -65,13 +65,14 @@ def peer(fn):
 
 # The tiles each recipe compiles (src/cuda/gemm/gemm_heuristics.h), swept per case.
 RECIPE_TILES = {
-    "bf16": ("coop128", "coop256", "pingpong64"),
+    "bf16": ("coop128", "coop256", "pingpong64", "coop256x128", "pingpong128"),
     "fp8": ("coop128", "coop256", "pingpong64"),
-    "fp8 fast": ("coop128", "coop256"),
+    "fp8 fast": ("coop128", "coop256", "coop256x128", "pingpong128"),
 }
 # SFMOE_BENCH_SWEEP=bf16,fp8 limits the tile sweep to those recipes (default: all).
 SWEPT = [r.strip() for r in os.environ.get("SFMOE_BENCH_SWEEP", ",".join(RECIPE_TILES)).split(",")]
-SHORT = {"coop128": "c128", "coop256": "c256", "pingpong64": "p64"}
+SHORT = {"coop128": "c128", "coop256": "c256", "pingpong64": "p64", "coop256x128": "c256x128",
+         "pingpong128": "p128"}
 # Stock CUTLASS 4.2 grouped FP8 (fast accumulation), balanced cases: ../shared/GPU.md, another run.
 CUTLASS_FP8 = {("Qwen3-30B-A3B", "fc1"): 1179, ("Qwen3-30B-A3B", "fc2"): 886, ("DeepSeek-V3 EP8", "fc1"): 1428,
                ("DeepSeek-V3 EP8", "fc2"): 1345, ("Mixtral-8x7B", "fc1"): 1441, ("Mixtral-8x7B", "fc2"): 1507}

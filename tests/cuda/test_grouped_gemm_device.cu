@@ -157,8 +157,8 @@ std::vector<const char*> tiles_to_test(std::initializer_list<const char*> compil
   }
   return tiles;
 }
-const std::vector<const char*> kTiles =
-    tiles_to_test({"coop128", "coop256", "pingpong64"});  // BF16's
+const std::vector<const char*> kTiles = tiles_to_test(
+    {"coop128", "coop256", "pingpong64", "coop256x128", "pingpong128"});  // BF16's
 const std::vector<const char*> kFp8Tiles = tiles_to_test({"coop128", "coop256", "pingpong64"});
 struct ForcedTile {
   explicit ForcedTile(const char* tile) { setenv("SFMOE_GEMM_TILE", tile, 1); }
@@ -722,7 +722,7 @@ TEST(CudaGroupedGemm, Fp8FastAccumulationMeetsTheBound) {
                false);
   quantize_fp8(dy, SFMOE_DTYPE_FP8_E5M2, rows, n, &offsets, 0, &qdy, SFMOE_SCALING_TENSOR, false);
   if (HasFatalFailure()) return;
-  for (const char* tile : tiles_to_test({"coop128", "coop256"})) {
+  for (const char* tile : tiles_to_test({"coop128", "coop256", "coop256x128", "pingpong128"})) {
     const ForcedTile forced(tile);
     for (sfmoe_gemm_form form : {SFMOE_GEMM_FPROP, SFMOE_GEMM_DGRAD, SFMOE_GEMM_WGRAD}) {
       const bool wgrad = form == SFMOE_GEMM_WGRAD;

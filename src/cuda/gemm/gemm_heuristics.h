@@ -15,7 +15,10 @@
 // Measured and dropped: 128 x 128 in 2-CTA clusters for FP8 fast accumulation (behind 128 x 256)
 // and blockwise (+1-5% on balanced groups, -1 to -6% on Zipf ones), 256 x 128 in 2-CTA clusters
 // along N for BF16 (within 1% of 128 x 256).
-// SFMOE_GEMM_TILE=coop128|coop256|pingpong64 overrides the choice (benchmark sweeps);
+// Compiled for BF16 and FP8 fast accumulation, to be measured: the two configurations of CUTLASS's
+// grouped-GEMM example (256 x 128 cooperative in 2 x 2 clusters, 128 x 128 ping-pong in 2 x 1).
+// SFMOE_GEMM_TILE=coop128|coop256|pingpong64|coop256x128|pingpong128 overrides the choice
+// (benchmark sweeps);
 // a tile the recipe is not compiled for falls back to the recipe's default.
 #pragma once
 
@@ -30,6 +33,8 @@ enum class GemmTile {
   kCooperative128x128,          // 128 x 128 (K 64 BF16 / 128 FP8), cluster 1
   kCooperative128x256,          // 128 x 256, cluster 2 x 1 along M
   kPingpong64x128,              // 64 x 128, two consumer warp groups alternating: small groups
+  kCooperative256x128,          // 256 x 128, cluster 2 x 2 (BF16, FP8 fast accumulation)
+  kPingpong128x128,             // 128 x 128, ping-pong, cluster 2 x 1 (BF16, FP8 fast accumulation)
 };
 
 enum class GemmRecipe {
@@ -46,6 +51,8 @@ inline GemmTile forced_gemm_tile(GemmTile fallback) {
   if (strcmp(forced, "coop128") == 0) return GemmTile::kCooperative128x128;
   if (strcmp(forced, "coop256") == 0) return GemmTile::kCooperative128x256;
   if (strcmp(forced, "pingpong64") == 0) return GemmTile::kPingpong64x128;
+  if (strcmp(forced, "coop256x128") == 0) return GemmTile::kCooperative256x128;
+  if (strcmp(forced, "pingpong128") == 0) return GemmTile::kPingpong128x128;
   return fallback;
 }
 

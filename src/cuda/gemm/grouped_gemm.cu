@@ -31,7 +31,8 @@ sfmoe_status run_bf16_tile(const GroupedGemmDeviceArgs& a, cudaStream_t stream) 
   return SFMOE_ERROR_INTERNAL;
 }
 
-// The compiled BF16 tiles: 128x256 (default), 128x128, 64x128.
+// The compiled BF16 tiles: 128x256 (default), 128x128, 64x128, 256x128 (2 x 2 clusters), 128x128
+// ping-pong (2 x 1 clusters).
 template <class Out>
 sfmoe_status run_bf16(const GroupedGemmDeviceArgs& a, GemmTile tile, cudaStream_t stream) {
   switch (tile) {
@@ -39,6 +40,10 @@ sfmoe_status run_bf16(const GroupedGemmDeviceArgs& a, GemmTile tile, cudaStream_
       return run_bf16_tile<Out, GemmTile::kCooperative128x128>(a, stream);
     case GemmTile::kPingpong64x128:
       return run_bf16_tile<Out, GemmTile::kPingpong64x128>(a, stream);
+    case GemmTile::kCooperative256x128:
+      return run_bf16_tile<Out, GemmTile::kCooperative256x128>(a, stream);
+    case GemmTile::kPingpong128x128:
+      return run_bf16_tile<Out, GemmTile::kPingpong128x128>(a, stream);
     default:
       return run_bf16_tile<Out, GemmTile::kCooperative128x256>(a, stream);
   }
@@ -71,6 +76,8 @@ int64_t grouped_gemm_workspace_bytes(int64_t num_groups) {
   most_bf16_workspace<GemmTile::kCooperative128x128>(num_groups, &most);
   most_bf16_workspace<GemmTile::kCooperative128x256>(num_groups, &most);
   most_bf16_workspace<GemmTile::kPingpong64x128>(num_groups, &most);
+  most_bf16_workspace<GemmTile::kCooperative256x128>(num_groups, &most);
+  most_bf16_workspace<GemmTile::kPingpong128x128>(num_groups, &most);
   const int64_t fp8 = grouped_gemm_fp8_tensor_workspace_bytes(num_groups);
   const int64_t blockwise = grouped_gemm_blockwise_workspace_bytes(num_groups);
   most = fp8 > most ? fp8 : most;

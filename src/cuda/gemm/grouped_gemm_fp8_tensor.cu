@@ -24,13 +24,17 @@ sfmoe_status run_tile(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
 }
 
 // The compiled tiles: accurate 128x128 (default), 128x256, 64x128; fast 128x256 (default),
-// 128x128.
+// 128x128, 256x128 (2 x 2 clusters), 128x128 ping-pong (2 x 1 clusters).
 template <class Out>
 sfmoe_status run_out(const GroupedGemmDeviceArgs& a, GemmTile tile, cudaStream_t stream) {
   if (a.fast_accumulation) {
     switch (tile) {
       case GemmTile::kCooperative128x128:
         return run_tile<Out, GemmTile::kCooperative128x128, true>(a, stream);
+      case GemmTile::kCooperative256x128:
+        return run_tile<Out, GemmTile::kCooperative256x128, true>(a, stream);
+      case GemmTile::kPingpong128x128:
+        return run_tile<Out, GemmTile::kPingpong128x128, true>(a, stream);
       default:
         return run_tile<Out, GemmTile::kCooperative128x256, true>(a, stream);
     }
@@ -58,6 +62,8 @@ void most_workspace_of_out(int64_t groups, int64_t* most) {
   most_workspace_of<Out, GemmTile::kPingpong64x128, false>(groups, most);
   most_workspace_of<Out, GemmTile::kCooperative128x128, true>(groups, most);
   most_workspace_of<Out, GemmTile::kCooperative128x256, true>(groups, most);
+  most_workspace_of<Out, GemmTile::kCooperative256x128, true>(groups, most);
+  most_workspace_of<Out, GemmTile::kPingpong128x128, true>(groups, most);
 }
 
 }  // namespace

@@ -57,11 +57,11 @@ using E4M3 = cutlass::float_e4m3_t;
 using E5M2 = cutlass::float_e5m2_t;
 
 // The tile configurations (gemm_heuristics.h): tile M x N (K: 128 bytes of the operands), the
-// cluster along M, and the cooperative or ping-pong kernel / epilogue schedules.
-template <int kM, int kN, int kClusterM, bool kPingpong, bool kFp8>
+// cluster (M x N), and the cooperative or ping-pong kernel / epilogue schedules.
+template <int kM, int kN, int kClusterM, bool kPingpong, bool kFp8, int kClusterN = 1>
 struct TileConfigOf {
   using Tile = Shape<Int<kM>, Int<kN>, std::conditional_t<kFp8, _128, _64>>;
-  using Cluster = Shape<Int<kClusterM>, _1, _1>;
+  using Cluster = Shape<Int<kClusterM>, Int<kClusterN>, _1>;
   using Schedule =
       std::conditional_t<kPingpong, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
                          cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>;
@@ -77,6 +77,11 @@ template <bool kFp8>
 struct TileConfig<GemmTile::kCooperative128x256, kFp8> : TileConfigOf<128, 256, 2, false, kFp8> {};
 template <bool kFp8>
 struct TileConfig<GemmTile::kPingpong64x128, kFp8> : TileConfigOf<64, 128, 1, true, kFp8> {};
+template <bool kFp8>
+struct TileConfig<GemmTile::kCooperative256x128, kFp8>
+    : TileConfigOf<256, 128, 2, false, kFp8, 2> {};
+template <bool kFp8>
+struct TileConfig<GemmTile::kPingpong128x128, kFp8> : TileConfigOf<128, 128, 2, true, kFp8> {};
 
 // The per-group scale layouts of a blockwise-scaled kernel (CUTLASS's Sm90BlockwiseScaleConfig);
 // placeholders for the others.
