@@ -6,7 +6,8 @@ recipe -- quantized beforehand), `torch._grouped_mm` (BF16),
 `torch._scaled_grouped_mm` (FP8 rowwise) and a dense cuBLAS GEMM of the same FLOPs, with the
 ratios; wgrad with a BF16 result (as the peers write) and with an FP32 one, fresh or accumulated
 into a main-grad buffer; plus the capacity case (the same rows in buffers with 2x spare capacity,
-where the work must follow the rows, not the buffer).
+where the work must follow the rows, not the buffer); and the balanced cases again with integer
+inputs, the fill of the stock CUTLASS figures (SFMOE_BENCH_GEMM=inputs runs only that part).
 
 sfmoe is timed as REPEAT calls captured in one CUDA graph (device time, as in
 bench_moe_ops_torch.py); the peers eagerly, as ../shared/peers/peer_baseline.py measured them.
@@ -86,9 +87,48 @@ def forced(tile, fn):
         del os.environ["SFMOE_GEMM_TILE"]
 
 
+def input_sensitivity(dev):
+    """The balanced forward cases with two fills of the same shapes: normal values, and integers in
+    [-2, 2] (the fill of CUTLASS's examples, where the stock figures of the GPU notes come from).
+    The tensor cores' power, hence the clock they hold, depends on how many operand bits toggle."""
+    print("\ninput fill (balanced cases, TFLOP/s): normal values | integers in [-2, 2]")
+    for name, (experts, rows, hidden, ffn) in SHAPES.items():
+        sizes = group_sizes(experts, rows, "balanced")
+        m = int(sizes.sum())
+        offsets = torch.zeros(experts + 1, dtype=torch.int64)
+        offsets[1:] = torch.cumsum(sizes, 0)
+        offsets = offsets.to(dev)
+        for stage, (k, n) in {"fc1": (hidden, 2 * ffn), "fc2": (ffn, hidden)}.items():
+            flops = 2.0 * m * n * k
+            figures = {}
+            for fill in ("normal", "integers"):
+                if fill == "normal":
+                    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+                    w = torch.randn(experts, n, k, device=dev, dtype=torch.bfloat16)
+                else:
+                    x = torch.randint(-2, 3, (m, k), device=dev).to(torch.bfloat16)
+                    w = torch.randint(-2, 3, (experts, n, k), device=dev).to(torch.bfloat16)
+                y = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+                qx = sfmoe.quantize(x, "fp8_tensor", group_offsets=offsets)
+                qw = sfmoe.quantize(w.reshape(experts * n, k), "fp8_tensor", uniform_group_rows=n)
+                figures[fill] = (
+                    tflops(flops, ours_ms(lambda: sfmoe.grouped_gemm("fprop", x, w, offsets, out=y))),
+                    *(tflops(flops, forced(tile, lambda: sfmoe.grouped_gemm(
+                        "fprop", qx, qw, out=y, fast_accumulation=True))) for tile in ("coop256", "pingpong128")))
+                del x, w, y, qx, qw
+            cutlass = CUTLASS_FP8.get((name, stage))
+            print(f"{name + ' ' + stage:30s} " + " | ".join(
+                f"{fill}: bf16 {b:.0f}, fp8 fast c256 {c:.0f} p128 {p:.0f}" for fill, (b, c, p) in figures.items())
+                + f" | stock cutlass fp8 {cutlass}")
+            torch.cuda.empty_cache()
+
+
 def main():
     dev = torch.device("cuda")
     torch.manual_seed(0)
+    if os.environ.get("SFMOE_BENCH_GEMM") == "inputs":
+        input_sensitivity(dev)
+        return
     results = []
     print(f"{'case':30s} {'bf16':>5s} {'grouped_mm':>10s} {'ratio':>5s} {'dense':>5s} {'ratio':>5s} | "
           f"{'fp8':>5s} {'fp8 fast':>8s} {'rowwise':>7s} {'ratio':>5s} {'cutlass*':>8s} | {'fp8 block':>9s}   (TFLOP/s)")
@@ -241,6 +281,7 @@ def main():
     print(f"\ncapacity (Qwen3 fc1, balanced): exact {times[m] * 1e3:.1f} us, 2x spare {times[2 * m] * 1e3:.1f} us, "
           f"ratio {times[2 * m] / times[m]:.3f} (target <= 1.1)")
     results.append(dict(case="capacity", exact_ms=times[m], spare_ms=times[2 * m]))
+    input_sensitivity(dev)
 
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "bench_grouped_gemm_torch.json"), "w") as f:

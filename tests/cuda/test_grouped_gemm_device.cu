@@ -8,15 +8,16 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "sfmoe/grouped_gemm.h"
-#include "sfmoe/quantize.h"
 #include "sfmoe/numerics/float_formats.h"
+#include "sfmoe/quantize.h"
 #include "tests/cpp/host_descriptors.h"
 #include "tests/cpp/numerics_cases.h"
 #include "tests/cuda/gpu_test_util.h"
@@ -101,10 +102,9 @@ void run_both(sfmoe_gemm_form form, const Problem& p, sfmoe_dtype out_dtype, boo
   config.form = form;
   config.accumulate = accumulate ? 1 : 0;
   {
-    auto [a, b, out] = operands(SFMOE_MEMORY_HOST, x.data(), w.data(), dy.data(), offsets.data(),
-                                host.data());
-    ASSERT_EQ(sfmoe_grouped_gemm(&a, &b, &config, &out, nullptr, nullptr, nullptr),
-              SFMOE_SUCCESS)
+    auto [a, b, out] =
+        operands(SFMOE_MEMORY_HOST, x.data(), w.data(), dy.data(), offsets.data(), host.data());
+    ASSERT_EQ(sfmoe_grouped_gemm(&a, &b, &config, &out, nullptr, nullptr, nullptr), SFMOE_SUCCESS)
         << sfmoe_last_error();
   }
   // Device.
@@ -121,7 +121,8 @@ void run_both(sfmoe_gemm_form form, const Problem& p, sfmoe_dtype out_dtype, boo
   CUDA_OK(dout.upload(device_initial));
   {
     auto [a, b, out] = operands(SFMOE_MEMORY_CUDA, dx.ptr, dw.ptr, ddy.ptr, doff.ptr, dout.ptr);
-    const sfmoe_tensor workspace = tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});
+    const sfmoe_tensor workspace =
+        tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});
     ASSERT_EQ(sfmoe_grouped_gemm(&a, &b, &config, &out, &workspace, nullptr, nullptr),
               SFMOE_SUCCESS)
         << sfmoe_last_error();
@@ -157,8 +158,8 @@ std::vector<const char*> tiles_to_test(std::initializer_list<const char*> compil
   }
   return tiles;
 }
-const std::vector<const char*> kTiles = tiles_to_test(
-    {"coop128", "coop256", "pingpong64", "coop256x128", "pingpong128"});  // BF16's
+const std::vector<const char*> kTiles =
+    tiles_to_test({"coop128", "coop256", "pingpong64", "coop256x128", "pingpong128"});  // BF16's
 const std::vector<const char*> kFp8Tiles = tiles_to_test({"coop128", "coop256", "pingpong64"});
 struct ForcedTile {
   explicit ForcedTile(const char* tile) { setenv("SFMOE_GEMM_TILE", tile, 1); }
@@ -191,7 +192,8 @@ TEST(CudaGroupedGemm, IntegerInputsEqualTheCpuReferenceBitForBit) {
   }
   // wgrad accumulating into FP32 dW (the empty groups keep their start values).
   std::vector<float> start(static_cast<size_t>(kGroups * kN * kK));
-  for (size_t i = 0; i < start.size(); ++i) start[i] = static_cast<float>(static_cast<int>(i % 7) - 3);
+  for (size_t i = 0; i < start.size(); ++i)
+    start[i] = static_cast<float>(static_cast<int>(i % 7) - 3);
   std::vector<float> host, device;
   run_both(SFMOE_GEMM_WGRAD, p, SFMOE_DTYPE_FP32, true, start, &host, &device);
   EXPECT_EQ(host, device) << "wgrad accumulate";
@@ -202,24 +204,25 @@ TEST(CudaGroupedGemm, RandomInputsMeetTheBf16Bound) {
   std::mt19937_64 rng(session_test_seed() + 72);
   const Problem p = make_problem({5, 0, 1, 257, 64, 33}, false, &rng);
   for (const char* tile : kTiles) {
-  const ForcedTile forced(tile);
-  for (sfmoe_gemm_form form : {SFMOE_GEMM_FPROP, SFMOE_GEMM_DGRAD, SFMOE_GEMM_WGRAD}) {
-    std::vector<float> host, device;
-    run_both(form, p, SFMOE_DTYPE_FP32, false, {}, &host, &device);
-    if (HasFatalFailure()) return;
-    // The host reference sums in FP32 in its own order; both are compared with each other by the
-    // issue's measure (the float64 bound holds for each against exact products within FP32
-    // rounding).
-    double xy = 0.0, xx_yy = 0.0;
-    for (size_t i = 0; i < host.size(); ++i) {
-      xy += static_cast<double>(host[i]) * device[i];
-      xx_yy += static_cast<double>(host[i]) * host[i] + static_cast<double>(device[i]) * device[i];
+    const ForcedTile forced(tile);
+    for (sfmoe_gemm_form form : {SFMOE_GEMM_FPROP, SFMOE_GEMM_DGRAD, SFMOE_GEMM_WGRAD}) {
+      std::vector<float> host, device;
+      run_both(form, p, SFMOE_DTYPE_FP32, false, {}, &host, &device);
+      if (HasFatalFailure()) return;
+      // The host reference sums in FP32 in its own order; both are compared with each other by the
+      // issue's measure (the float64 bound holds for each against exact products within FP32
+      // rounding).
+      double xy = 0.0, xx_yy = 0.0;
+      for (size_t i = 0; i < host.size(); ++i) {
+        xy += static_cast<double>(host[i]) * device[i];
+        xx_yy +=
+            static_cast<double>(host[i]) * host[i] + static_cast<double>(device[i]) * device[i];
+      }
+      const double distance = xx_yy > 0.0 ? 1.0 - 2.0 * xy / xx_yy : 0.0;
+      EXPECT_LE(distance, 1e-5) << tile << " " << form_name(form);
+      std::printf("[ gemm ] %s %s random: 1 - 2 sum(xy) / sum(x^2 + y^2) = %.3g\n", tile,
+                  form_name(form), distance);
     }
-    const double distance = xx_yy > 0.0 ? 1.0 - 2.0 * xy / xx_yy : 0.0;
-    EXPECT_LE(distance, 1e-5) << tile << " " << form_name(form);
-    std::printf("[ gemm ] %s %s random: 1 - 2 sum(xy) / sum(x^2 + y^2) = %.3g\n", tile,
-                form_name(form), distance);
-  }
   }
 }
 
@@ -245,7 +248,8 @@ TEST(CudaGroupedGemm, BadOffsetsAreClampedAndReported) {
   const sfmoe_grouped_tensor b = weights_in(SFMOE_MEMORY_CUDA, dw.ptr, SFMOE_DTYPE_BF16);
   const sfmoe_grouped_tensor out =
       rows_in(SFMOE_MEMORY_CUDA, dy.ptr, SFMOE_DTYPE_FP32, kGroups, p.rows, kN, 1, doff.ptr);
-  const sfmoe_tensor workspace = tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});
+  const sfmoe_tensor workspace =
+      tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});
   ASSERT_EQ(sfmoe_grouped_gemm(&a, &b, &config, &out, &workspace, word, nullptr), SFMOE_SUCCESS)
       << sfmoe_last_error();
   ASSERT_EQ(sfmoe_status_word_snapshot(word, nullptr), SFMOE_SUCCESS);
@@ -255,9 +259,107 @@ TEST(CudaGroupedGemm, BadOffsetsAreClampedAndReported) {
   EXPECT_TRUE(report.flags & SFMOE_FAULT_GROUP_OVER_CAPACITY);
   sfmoe_status_word_destroy(word);
   // A workspace of the wrong size is refused before anything runs.
-  const sfmoe_tensor small = tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements - 1});
+  const sfmoe_tensor small =
+      tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements - 1});
   EXPECT_EQ(sfmoe_grouped_gemm(&a, &b, &config, &out, &small, nullptr, nullptr),
             SFMOE_ERROR_SHAPE_MISMATCH);
+}
+
+// MXFP8 operands (emulated: decoded into BF16 in the workspace first) whose group offsets run
+// past the capacity: the decode and the GEMM clamp the rows, the word records the fault, and
+// nothing is written outside the output (guard rows after it keep their bytes; the suite also
+// runs under compute-sanitizer memcheck, which sees any access outside the workspace).
+TEST(CudaGroupedGemm, EmulatedOperandsWithBadOffsetsAreClampedAndReported) {
+  SFMOE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(session_test_seed() + 78);
+  constexpr int64_t k = 160;  // MXFP8 rows: whole 32-element blocks
+  struct {
+    int64_t rows;
+    std::vector<int64_t> offsets;
+    std::vector<uint16_t> x, w;
+  } p;
+  p.offsets = {0, 32, 32, 96, 128, 224, 256};
+  p.rows = p.offsets.back();
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t i = 0; i < p.rows * k; ++i) p.x.push_back(numerics::f32_to_bf16(normal(rng)));
+  for (int64_t i = 0; i < kGroups * kN * k; ++i) p.w.push_back(numerics::f32_to_bf16(normal(rng)));
+  struct Mx {
+    std::vector<uint8_t> codes, scales;
+    std::vector<int64_t> offsets;
+    sfmoe_grouped_tensor host;
+  };
+  auto quantize_mx = [&](std::vector<uint16_t> values, int64_t rows, bool weights, Mx* q) {
+    std::vector<int64_t> in_offsets = p.offsets;
+    sfmoe_grouped_tensor in =
+        rows_in(SFMOE_MEMORY_HOST, values.data(), SFMOE_DTYPE_BF16, kGroups, rows, k,
+                weights ? 1 : 32, weights ? nullptr : in_offsets.data());
+    if (weights) in.uniform_group_rows = kN;
+    q->codes.assign(static_cast<size_t>(rows * k), 0);
+    q->scales.assign(static_cast<size_t>(rows * (k / 32)), 0);
+    q->offsets.assign(kGroups + 1, 0);
+    q->host = in;
+    q->host.dtype = SFMOE_DTYPE_FP8_E4M3;
+    q->host.scaling = SFMOE_SCALING_MX_1X32;
+    q->host.group_offsets = weights ? nullptr : q->offsets.data();
+    q->host.rowwise_data = q->codes.data();
+    q->host.rowwise_scale_inv = q->scales.data();
+    sfmoe_quantize_config config = sfmoe_quantize_config_init();
+    ASSERT_EQ(sfmoe_grouped_quantize(&in, &q->host, &config, nullptr, nullptr), SFMOE_SUCCESS)
+        << sfmoe_last_error();
+  };
+  Mx qx, qw;
+  quantize_mx(p.x, p.rows, false, &qx);
+  quantize_mx(p.w, kGroups * kN, true, &qw);
+  if (HasFatalFailure()) return;
+  std::vector<int64_t> bad = qx.offsets;
+  bad[kGroups] = p.rows + 1000;  // beyond the capacity
+  DeviceBuffer<uint8_t> dxc(qx.codes.size()), dxs(qx.scales.size()), dwc(qw.codes.size()),
+      dws(qw.scales.size());
+  DeviceBuffer<int64_t> doff(bad.size());
+  CUDA_OK(dxc.upload(qx.codes));
+  CUDA_OK(dxs.upload(qx.scales));
+  CUDA_OK(dwc.upload(qw.codes));
+  CUDA_OK(dws.upload(qw.scales));
+  CUDA_OK(doff.upload(bad));
+  sfmoe_grouped_tensor a = qx.host, b = qw.host;
+  for (sfmoe_grouped_tensor* t : {&a, &b}) t->memory = SFMOE_MEMORY_CUDA;
+  a.rowwise_data = dxc.ptr;
+  a.rowwise_scale_inv = dxs.ptr;
+  a.group_offsets = doff.ptr;
+  b.rowwise_data = dwc.ptr;
+  b.rowwise_scale_inv = dws.ptr;
+  constexpr int64_t kGuardRows = 64;
+  const size_t out_values = static_cast<size_t>((p.rows + kGuardRows) * kN);
+  DeviceBuffer<float> dy(out_values);
+  CUDA_OK(cudaMemset(dy.ptr, 0x7F, out_values * sizeof(float)));
+  const sfmoe_grouped_tensor out =
+      rows_in(SFMOE_MEMORY_CUDA, dy.ptr, SFMOE_DTYPE_FP32, kGroups, p.rows, kN, 1, doff.ptr);
+  const int64_t ws_elements = sfmoe_grouped_gemm_workspace_elements_for(
+      kGroups, SFMOE_SCALING_MX_1X32, p.rows, k, SFMOE_SCALING_MX_1X32, kGroups * kN, k);
+  ASSERT_GT(ws_elements, sfmoe_grouped_gemm_workspace_elements(kGroups));
+  DeviceBuffer<int64_t> ws(static_cast<size_t>(ws_elements));
+  const sfmoe_tensor workspace =
+      tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});
+  sfmoe_status_word* word = nullptr;
+  ASSERT_EQ(sfmoe_status_word_create(SFMOE_MEMORY_CUDA, 0, &word), SFMOE_SUCCESS);
+  sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
+  ASSERT_EQ(sfmoe_grouped_gemm(&a, &b, &config, &out, &workspace, word, nullptr), SFMOE_SUCCESS)
+      << sfmoe_last_error();
+  ASSERT_EQ(sfmoe_status_word_snapshot(word, nullptr), SFMOE_SUCCESS);
+  CUDA_OK(cudaDeviceSynchronize());
+  sfmoe_fault_report report;
+  ASSERT_EQ(sfmoe_status_word_read(word, &report), SFMOE_SUCCESS);
+  EXPECT_TRUE(report.flags & SFMOE_FAULT_GROUP_OVER_CAPACITY);
+  sfmoe_status_word_destroy(word);
+  const std::vector<float> got = dy.download();
+  uint32_t guard_bits = 0x7F7F7F7Fu;
+  float guard;
+  std::memcpy(&guard, &guard_bits, sizeof(guard));
+  int64_t guard_changed = 0;
+  for (size_t i = static_cast<size_t>(p.rows * kN); i < out_values; ++i) {
+    guard_changed += std::memcmp(&got[i], &guard, sizeof(float)) != 0;
+  }
+  EXPECT_EQ(guard_changed, 0);
 }
 
 TEST(CudaGroupedGemm, CapturedGraphFollowsNewGroupSizes) {
@@ -282,7 +384,8 @@ TEST(CudaGroupedGemm, CapturedGraphFollowsNewGroupSizes) {
   const sfmoe_grouped_tensor b = weights_in(SFMOE_MEMORY_CUDA, dw.ptr, SFMOE_DTYPE_BF16);
   const sfmoe_grouped_tensor out =
       rows_in(SFMOE_MEMORY_CUDA, dy.ptr, SFMOE_DTYPE_FP32, kGroups, capacity, kN, 1, doff.ptr);
-  const sfmoe_tensor workspace = tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});
+  const sfmoe_tensor workspace =
+      tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});
   cudaGraph_t graph;
   CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   ASSERT_EQ(sfmoe_grouped_gemm(&a, &b, &config, &out, &workspace, nullptr, stream), SFMOE_SUCCESS)
@@ -293,8 +396,10 @@ TEST(CudaGroupedGemm, CapturedGraphFollowsNewGroupSizes) {
   std::uniform_int_distribution<int64_t> size(0, 100);
   for (int replay = 0; replay < 4; ++replay) {
     std::vector<int64_t> offsets(1, 0);
-    for (int64_t g = 0; g < kGroups; ++g) offsets.push_back(offsets.back() + (replay == 0 && g == 2 ? 0 : size(rng)));
-    CUDA_OK(cudaMemcpyAsync(doff.ptr, offsets.data(), offsets.size() * 8, cudaMemcpyHostToDevice, stream));
+    for (int64_t g = 0; g < kGroups; ++g)
+      offsets.push_back(offsets.back() + (replay == 0 && g == 2 ? 0 : size(rng)));
+    CUDA_OK(cudaMemcpyAsync(doff.ptr, offsets.data(), offsets.size() * 8, cudaMemcpyHostToDevice,
+                            stream));
     CUDA_OK(cudaMemsetAsync(dy.ptr, 0xFF, dy.count * sizeof(float), stream));
     CUDA_OK(cudaGraphLaunch(exec, stream));
     CUDA_OK(cudaStreamSynchronize(stream));
@@ -305,13 +410,13 @@ TEST(CudaGroupedGemm, CapturedGraphFollowsNewGroupSizes) {
     std::vector<uint16_t> x = p.x;
     x.resize(static_cast<size_t>(capacity * kK), 0);
     std::vector<uint16_t> w = p.w;
-    const sfmoe_grouped_tensor ha =
-        rows_in(SFMOE_MEMORY_HOST, x.data(), SFMOE_DTYPE_BF16, kGroups, capacity, kK, 1, host_offsets.data());
+    const sfmoe_grouped_tensor ha = rows_in(SFMOE_MEMORY_HOST, x.data(), SFMOE_DTYPE_BF16, kGroups,
+                                            capacity, kK, 1, host_offsets.data());
     const sfmoe_grouped_tensor hb = weights_in(SFMOE_MEMORY_HOST, w.data(), SFMOE_DTYPE_BF16);
-    const sfmoe_grouped_tensor hout =
-        rows_in(SFMOE_MEMORY_HOST, want.data(), SFMOE_DTYPE_FP32, kGroups, capacity, kN, 1,
-                host_offsets.data());
-    ASSERT_EQ(sfmoe_grouped_gemm(&ha, &hb, &config, &hout, nullptr, nullptr, nullptr), SFMOE_SUCCESS)
+    const sfmoe_grouped_tensor hout = rows_in(SFMOE_MEMORY_HOST, want.data(), SFMOE_DTYPE_FP32,
+                                              kGroups, capacity, kN, 1, host_offsets.data());
+    ASSERT_EQ(sfmoe_grouped_gemm(&ha, &hb, &config, &hout, nullptr, nullptr, nullptr),
+              SFMOE_SUCCESS)
         << sfmoe_last_error();
     int64_t differ = 0;
     for (int64_t i = 0; i < offsets.back() * kN; ++i) differ += got[i] != want[i];
@@ -343,7 +448,7 @@ void quantize_fp8(const std::vector<uint16_t>& source, sfmoe_dtype dtype, int64_
                   sfmoe_scale_layout layout = SFMOE_SCALE_LAYOUT_COMPACT) {
   std::vector<uint16_t> values = source;
   std::vector<int64_t> in_offsets = offsets ? *offsets : std::vector<int64_t>();
-  const int64_t alignment = scaling == SFMOE_SCALING_TENSOR                               ? 16
+  const int64_t alignment = scaling == SFMOE_SCALING_TENSOR                       ? 16
                             : scaling == SFMOE_SCALING_BLOCK_1X128 && !columnwise ? 1
                                                                                   : 128;
   sfmoe_grouped_tensor in = rows_in(SFMOE_MEMORY_HOST, values.data(), SFMOE_DTYPE_BF16, kGroups,
@@ -393,9 +498,12 @@ struct Fp8Device {
   DeviceBuffer<int64_t> offsets;
   sfmoe_grouped_tensor t;
   explicit Fp8Device(const Fp8Operand& q)
-      : rowwise(q.rowwise.size()), columnwise(q.columnwise.size()),
-        rowwise_scales(q.rowwise_scales.size()), columnwise_scales(q.columnwise_scales.size()),
-        amax(q.amax.size()), offsets(q.offsets.size()) {
+      : rowwise(q.rowwise.size()),
+        columnwise(q.columnwise.size()),
+        rowwise_scales(q.rowwise_scales.size()),
+        columnwise_scales(q.columnwise_scales.size()),
+        amax(q.amax.size()),
+        offsets(q.offsets.size()) {
     rowwise.upload(q.rowwise);
     if (!q.columnwise.empty()) columnwise.upload(q.columnwise);
     rowwise_scales.upload(q.rowwise_scales);
@@ -425,8 +533,8 @@ void run_fp8_both(sfmoe_gemm_form form, const Fp8Operand& qa, const Fp8Operand& 
       static_cast<size_t>(out_rows * out_cols) * (out_dtype == SFMOE_DTYPE_FP32 ? 4 : 2);
   host->assign(bytes, 0);
   std::vector<int64_t> out_offsets = offsets;
-  sfmoe_grouped_tensor out = rows_in(SFMOE_MEMORY_HOST, host->data(), out_dtype, kGroups,
-                                     out_rows, out_cols, 1, wgrad ? nullptr : out_offsets.data());
+  sfmoe_grouped_tensor out = rows_in(SFMOE_MEMORY_HOST, host->data(), out_dtype, kGroups, out_rows,
+                                     out_cols, 1, wgrad ? nullptr : out_offsets.data());
   if (wgrad) out.uniform_group_rows = n;
   sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
   config.form = form;
@@ -499,10 +607,10 @@ TEST(CudaGroupedGemm, Fp8PerTensorOperandsEqualTheCpuReferenceOnIntegers) {
     sfmoe_gemm_form form;
     sfmoe_dtype a_dtype;
   };
-  for (const Case c : {Case{SFMOE_GEMM_FPROP, SFMOE_DTYPE_FP8_E4M3},
-                       Case{SFMOE_GEMM_DGRAD, SFMOE_DTYPE_FP8_E5M2},
-                       Case{SFMOE_GEMM_DGRAD, SFMOE_DTYPE_FP8_E4M3},
-                       Case{SFMOE_GEMM_WGRAD, SFMOE_DTYPE_FP8_E5M2}}) {
+  for (const Case c :
+       {Case{SFMOE_GEMM_FPROP, SFMOE_DTYPE_FP8_E4M3}, Case{SFMOE_GEMM_DGRAD, SFMOE_DTYPE_FP8_E5M2},
+        Case{SFMOE_GEMM_DGRAD, SFMOE_DTYPE_FP8_E4M3},
+        Case{SFMOE_GEMM_WGRAD, SFMOE_DTYPE_FP8_E5M2}}) {
     Fp8Operand qa, qb;
     if (c.form == SFMOE_GEMM_FPROP) {
       quantize_fp8(x, c.a_dtype, rows, k, &offsets, 0, &qa);
@@ -516,24 +624,25 @@ TEST(CudaGroupedGemm, Fp8PerTensorOperandsEqualTheCpuReferenceOnIntegers) {
     }
     if (HasFatalFailure()) return;
     for (const char* tile : kFp8Tiles) {
-    const ForcedTile forced(tile);
-    for (sfmoe_dtype out_dtype : {SFMOE_DTYPE_FP32, SFMOE_DTYPE_BF16}) {
-      const bool wgrad = c.form == SFMOE_GEMM_WGRAD;
-      const int64_t out_rows = wgrad ? kGroups * n : rows;
-      const int64_t out_cols = c.form == SFMOE_GEMM_FPROP ? n : k;
-      std::vector<unsigned char> host, device;
-      run_fp8_both(c.form, qa, qb, out_dtype, out_rows, out_cols, n, offsets, &host, &device);
-      if (HasFatalFailure()) return;
-      int64_t differ = 0;
-      const int64_t valid = (wgrad ? out_rows : offsets.back()) * out_cols *
-                            (out_dtype == SFMOE_DTYPE_FP32 ? 4 : 2);
-      for (int64_t i = 0; i < valid; ++i) differ += host[i] != device[i];
-      EXPECT_EQ(differ, 0) << tile << " " << form_name(c.form) << " "
-                           << sfmoe_dtype_name(c.a_dtype) << " out " << sfmoe_dtype_name(out_dtype);
-      std::printf("[ gemm ] fp8 %s %s, a %s, %s out: %lld bytes differ\n", tile,
-                  form_name(c.form), sfmoe_dtype_name(c.a_dtype), sfmoe_dtype_name(out_dtype),
-                  static_cast<long long>(differ));
-    }
+      const ForcedTile forced(tile);
+      for (sfmoe_dtype out_dtype : {SFMOE_DTYPE_FP32, SFMOE_DTYPE_BF16}) {
+        const bool wgrad = c.form == SFMOE_GEMM_WGRAD;
+        const int64_t out_rows = wgrad ? kGroups * n : rows;
+        const int64_t out_cols = c.form == SFMOE_GEMM_FPROP ? n : k;
+        std::vector<unsigned char> host, device;
+        run_fp8_both(c.form, qa, qb, out_dtype, out_rows, out_cols, n, offsets, &host, &device);
+        if (HasFatalFailure()) return;
+        int64_t differ = 0;
+        const int64_t valid = (wgrad ? out_rows : offsets.back()) * out_cols *
+                              (out_dtype == SFMOE_DTYPE_FP32 ? 4 : 2);
+        for (int64_t i = 0; i < valid; ++i) differ += host[i] != device[i];
+        EXPECT_EQ(differ, 0) << tile << " " << form_name(c.form) << " "
+                             << sfmoe_dtype_name(c.a_dtype) << " out "
+                             << sfmoe_dtype_name(out_dtype);
+        std::printf("[ gemm ] fp8 %s %s, a %s, %s out: %lld bytes differ\n", tile,
+                    form_name(c.form), sfmoe_dtype_name(c.a_dtype), sfmoe_dtype_name(out_dtype),
+                    static_cast<long long>(differ));
+      }
     }
   }
 }
@@ -595,8 +704,7 @@ TEST(CudaGroupedGemm, Fp8BlockwiseOperandsMatchTheCpuReference) {
           for (int64_t i = 0; i < valid * size; ++i) differ += host[i] != device[i];
           EXPECT_EQ(differ, 0) << form_name(form) << " out " << sfmoe_dtype_name(out_dtype);
           std::printf("[ gemm ] fp8 blockwise %s, %s out, integer inputs: %lld bytes differ\n",
-                      form_name(form), sfmoe_dtype_name(out_dtype),
-                      static_cast<long long>(differ));
+                      form_name(form), sfmoe_dtype_name(out_dtype), static_cast<long long>(differ));
         } else {
           double xy = 0, xx = 0;
           int64_t non_finite = 0;
@@ -609,9 +717,10 @@ TEST(CudaGroupedGemm, Fp8BlockwiseOperandsMatchTheCpuReference) {
           const double measure = 1.0 - 2.0 * xy / xx;
           EXPECT_EQ(non_finite, 0);
           EXPECT_LE(measure, 1e-3) << form_name(form) << " out " << sfmoe_dtype_name(out_dtype);
-          std::printf("[ gemm ] fp8 blockwise %s, %s out, random: 1 - 2 sum(xy) / sum(x^2 + y^2) "
-                      "= %.3g\n",
-                      form_name(form), sfmoe_dtype_name(out_dtype), measure);
+          std::printf(
+              "[ gemm ] fp8 blockwise %s, %s out, random: 1 - 2 sum(xy) / sum(x^2 + y^2) "
+              "= %.3g\n",
+              form_name(form), sfmoe_dtype_name(out_dtype), measure);
         }
       }
     }
@@ -631,8 +740,8 @@ TEST(CudaGroupedGemm, Fp8BlockwiseOperandsMatchTheCpuReference) {
         for (int64_t c = 0; c < cols; ++c) {
           const int m = 1 << ((r / 128 * 3 + c / 64) % 4);  // changes per 128-row block
           std::uniform_int_distribution<int> values(-m, m);
-          v[r * cols + c] = numerics::f32_to_bf16(integers ? static_cast<float>(values(rng))
-                                                           : normal(rng) * m);
+          v[r * cols + c] =
+              numerics::f32_to_bf16(integers ? static_cast<float>(values(rng)) : normal(rng) * m);
         }
       }
       return v;
@@ -670,9 +779,10 @@ TEST(CudaGroupedGemm, Fp8BlockwiseOperandsMatchTheCpuReference) {
         const double measure = 1.0 - 2.0 * xy / xx;
         EXPECT_EQ(non_finite, 0) << "wgrad out " << sfmoe_dtype_name(out_dtype);
         EXPECT_LE(measure, 1e-3) << "wgrad out " << sfmoe_dtype_name(out_dtype);
-        std::printf("[ gemm ] fp8 blockwise wgrad, %s out, random: 1 - 2 sum(xy) / "
-                    "sum(x^2 + y^2) = %.3g\n",
-                    sfmoe_dtype_name(out_dtype), measure);
+        std::printf(
+            "[ gemm ] fp8 blockwise wgrad, %s out, random: 1 - 2 sum(xy) / "
+            "sum(x^2 + y^2) = %.3g\n",
+            sfmoe_dtype_name(out_dtype), measure);
       }
     }
   }
@@ -684,8 +794,8 @@ TEST(CudaGroupedGemm, Fp8BlockwiseOperandsMatchTheCpuReference) {
   if (HasFatalFailure()) return;
   Fp8Device dc(compact);
   DeviceBuffer<float> dw(static_cast<size_t>(kGroups * k * k));
-  sfmoe_grouped_tensor out = rows_in(SFMOE_MEMORY_CUDA, dw.ptr, SFMOE_DTYPE_FP32, kGroups,
-                                     kGroups * k, k, 1, nullptr);
+  sfmoe_grouped_tensor out =
+      rows_in(SFMOE_MEMORY_CUDA, dw.ptr, SFMOE_DTYPE_FP32, kGroups, kGroups * k, k, 1, nullptr);
   out.uniform_group_rows = k;
   const int64_t ws_elements = sfmoe_grouped_gemm_workspace_elements(kGroups);
   DeviceBuffer<int64_t> ws(static_cast<size_t>(ws_elements));
@@ -746,10 +856,10 @@ TEST(CudaGroupedGemm, Fp8FastAccumulationMeetsTheBound) {
       const double measure = 1.0 - 2.0 * xy / xx;
       EXPECT_EQ(non_finite, 0) << tile << " " << form_name(form);
       EXPECT_LE(measure, 1e-3) << tile << " " << form_name(form);
-      std::printf("[ gemm ] fp8 fast accumulation %s %s, k %lld: 1 - 2 sum(xy) / sum(x^2 + y^2) "
-                  "= %.3g\n",
-                  tile, form_name(form), static_cast<long long>(form == SFMOE_GEMM_DGRAD ? n : k),
-                  measure);
+      std::printf(
+          "[ gemm ] fp8 fast accumulation %s %s, k %lld: 1 - 2 sum(xy) / sum(x^2 + y^2) "
+          "= %.3g\n",
+          tile, form_name(form), static_cast<long long>(form == SFMOE_GEMM_DGRAD ? n : k), measure);
     }
   }
 }

@@ -6,8 +6,11 @@
 //   and Zipf), by 3-10% over 128 x 128 and 20-60% over 64 x 128.
 // - FP8 with the periodic FP32 promotion (the accurate accumulation): 128 x 128, 1.1-2.2x the
 //   128 x 256 tile, whose two accumulators of 128 registers each leave it starved.
-// - FP8 with fast accumulation (one accumulator): 128 x 256 in 2-CTA clusters, 4-12% ahead of
-//   128 x 128 (alone or clustered) on all 12 cases.
+// - FP8 with fast accumulation (one accumulator): by the reduction length K. 128 x 128 ping-pong
+//   in 2-CTA clusters (the epilogue of one consumer overlaps the other's mainloop) when K <= 4096:
+//   DeepSeek-V3 fc2 (K 2048) +4%, Qwen3 fc2 (K 768) +2-10%, Mixtral fc1 (K 4096) +1-3% over 128 x
+//   256, Qwen3 fc1 (K 2048) within -4..+2%. 128 x 256 in 2-CTA clusters for longer K (Mixtral
+//   fc2, K 14336: +5-8%; DeepSeek-V3 fc1 on Zipf groups, K 7168: +14%). Two runs, 2026-11-30.
 // - FP8 blockwise: 128 x 128 (the only one compiled).
 // - BF16 wgrad (M = n, K = the group's rows): 128 x 256, on the three wgrad shapes.
 // The 64 x 128 ping-pong tile is kept for groups so small that a 128-row tile would be mostly
@@ -15,8 +18,10 @@
 // Measured and dropped: 128 x 128 in 2-CTA clusters for FP8 fast accumulation (behind 128 x 256)
 // and blockwise (+1-5% on balanced groups, -1 to -6% on Zipf ones), 256 x 128 in 2-CTA clusters
 // along N for BF16 (within 1% of 128 x 256).
-// Compiled for BF16 and FP8 fast accumulation, to be measured: the two configurations of CUTLASS's
-// grouped-GEMM example (256 x 128 cooperative in 2 x 2 clusters, 128 x 128 ping-pong in 2 x 1).
+// Also compiled for BF16 and FP8 fast accumulation, from CUTLASS's grouped-GEMM example: 256 x 128
+// cooperative in 2 x 2 clusters (behind 128 x 256 on every case of both recipes) and 128 x 128
+// ping-pong in 2 x 1 (chosen above for FP8 fast accumulation; for BF16 within 2% of 128 x 256 on
+// 6 of the 12 cases and up to 24% behind on the others).
 // SFMOE_GEMM_TILE=coop128|coop256|pingpong64|coop256x128|pingpong128 overrides the choice
 // (benchmark sweeps);
 // a tile the recipe is not compiled for falls back to the recipe's default.
@@ -30,11 +35,11 @@ namespace sfmoe {
 namespace cuda {
 
 enum class GemmTile {
-  kCooperative128x128,          // 128 x 128 (K 64 BF16 / 128 FP8), cluster 1
-  kCooperative128x256,          // 128 x 256, cluster 2 x 1 along M
-  kPingpong64x128,              // 64 x 128, two consumer warp groups alternating: small groups
-  kCooperative256x128,          // 256 x 128, cluster 2 x 2 (BF16, FP8 fast accumulation)
-  kPingpong128x128,             // 128 x 128, ping-pong, cluster 2 x 1 (BF16, FP8 fast accumulation)
+  kCooperative128x128,  // 128 x 128 (K 64 BF16 / 128 FP8), cluster 1
+  kCooperative128x256,  // 128 x 256, cluster 2 x 1 along M
+  kPingpong64x128,      // 64 x 128, two consumer warp groups alternating: small groups
+  kCooperative256x128,  // 256 x 128, cluster 2 x 2 (BF16, FP8 fast accumulation)
+  kPingpong128x128,     // 128 x 128, ping-pong, cluster 2 x 1 (BF16, FP8 fast accumulation)
 };
 
 enum class GemmRecipe {
@@ -56,18 +61,22 @@ inline GemmTile forced_gemm_tile(GemmTile fallback) {
   return fallback;
 }
 
-// The measured families differ by recipe and by the GEMM's M per group (the rows' bound over the
-// groups in fprop and dgrad; n in wgrad); N and K did not change the best tile.
-inline GemmTile choose_gemm_tile(GemmRecipe recipe, int64_t gemm_m_bound_per_group) {
+// The measured families differ by recipe, by the GEMM's M per group (the rows' bound over the
+// groups in fprop and dgrad; n in wgrad) and, for FP8 fast accumulation, by the GEMM's K (the
+// reduction length: k in fprop, n in dgrad, the rows in wgrad).
+constexpr int64_t kFastAccumulationPingpongMaxK = 4096;
+inline GemmTile choose_gemm_tile(GemmRecipe recipe, int64_t gemm_m_bound_per_group,
+                                 int64_t gemm_k) {
   GemmTile chosen = GemmTile::kCooperative128x128;
   if (recipe == GemmRecipe::kBf16) {
-    chosen = gemm_m_bound_per_group < 128 ? GemmTile::kPingpong64x128
-                                          : GemmTile::kCooperative128x256;
+    chosen =
+        gemm_m_bound_per_group < 128 ? GemmTile::kPingpong64x128 : GemmTile::kCooperative128x256;
   } else if (recipe == GemmRecipe::kFp8Tensor) {
-    chosen = gemm_m_bound_per_group < 128 ? GemmTile::kPingpong64x128
-                                          : GemmTile::kCooperative128x128;
+    chosen =
+        gemm_m_bound_per_group < 128 ? GemmTile::kPingpong64x128 : GemmTile::kCooperative128x128;
   } else if (recipe == GemmRecipe::kFp8TensorFast) {
-    chosen = GemmTile::kCooperative128x256;
+    chosen = gemm_k <= kFastAccumulationPingpongMaxK ? GemmTile::kPingpong128x128
+                                                     : GemmTile::kCooperative128x256;
   }
   return forced_gemm_tile(chosen);
 }

@@ -23,8 +23,8 @@ sfmoe_status run_tile(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
   return run_kernel<Fp8Kernel<E4M3, Out, T, kFast>>(a, stream);
 }
 
-// The compiled tiles: accurate 128x128 (default), 128x256, 64x128; fast 128x256 (default),
-// 128x128, 256x128 (2 x 2 clusters), 128x128 ping-pong (2 x 1 clusters).
+// The compiled tiles: accurate 128x128 (default), 128x256, 64x128; fast 128x256 (the fallback),
+// 128x128, 256x128 (2 x 2 clusters), 128x128 ping-pong (2 x 1 clusters; the default up to K 4096).
 template <class Out>
 sfmoe_status run_out(const GroupedGemmDeviceArgs& a, GemmTile tile, cudaStream_t stream) {
   if (a.fast_accumulation) {

@@ -11,6 +11,8 @@
 // so every form gives the same bits.
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "sfmoe/numerics.h"
 #include "src/common/element_codec.h"
 #include "src/cuda/backend.h"
@@ -90,11 +92,28 @@ __device__ __forceinline__ void store_eight(void* out, sfmoe_dtype dtype, int64_
       make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// The tiled kernels are compiled per code format (kCode: a.dtype, E4M3, E5M2 or E2M1) so that each
+// code's decode is straight-line code rather than a switch per element.
+template <class Launch>
+void launch_for_code_format(sfmoe_dtype dtype, Launch&& launch) {
+  switch (dtype) {
+    case SFMOE_DTYPE_FP8_E5M2:
+      launch(std::integral_constant<sfmoe_dtype, SFMOE_DTYPE_FP8_E5M2>{});
+      return;
+    case SFMOE_DTYPE_FP4_E2M1:
+      launch(std::integral_constant<sfmoe_dtype, SFMOE_DTYPE_FP4_E2M1>{});
+      return;
+    default:
+      launch(std::integral_constant<sfmoe_dtype, SFMOE_DTYPE_FP8_E4M3>{});
+  }
+}
+
 constexpr int kRowsThreads = 256;
+template <sfmoe_dtype kCode>
 __global__ void __launch_bounds__(kRowsThreads) dequantize_rows_kernel(GroupedDequantizeArgs d) {
   const GroupedQuantizeArgs& a = d.quantized;
   const int64_t rows = dequantized_rows(a), C = a.cols, chunks = C / 8;
-  const bool fp4 = a.dtype == SFMOE_DTYPE_FP4_E2M1;
+  constexpr bool fp4 = kCode == SFMOE_DTYPE_FP4_E2M1;
   constexpr int kWarps = kRowsThreads / 32;
   const int lane = threadIdx.x % 32;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; r < rows;
@@ -119,7 +138,7 @@ __global__ void __launch_bounds__(kRowsThreads) dequantize_rows_kernel(GroupedDe
       for (int i = 0; i < 8; ++i) {
         const uint32_t code =
             fp4 ? (lo >> (4 * i)) & 0xFu : ((i < 4 ? lo : hi) >> (8 * (i % 4))) & 0xFFu;
-        v[i] = mul_rn(decode_element(a.dtype, code), factor);
+        v[i] = mul_rn(decode_element(kCode, code), factor);
       }
       store_eight(d.output, d.output_dtype, r * C + c * 8, v);
     }
@@ -130,12 +149,13 @@ constexpr int kTile = 64;  // rows and columns of a columnwise tile
 constexpr int kTileThreads = 256;
 static_assert(kTileThreads == kTile * 4, "four lanes (16 rows each) per column of the tile");
 
+template <sfmoe_dtype kCode>
 __global__ void __launch_bounds__(kTileThreads)
     dequantize_columns_kernel(GroupedDequantizeArgs d, bool vector_loads) {
   const GroupedQuantizeArgs& a = d.quantized;
   __shared__ float tile[kTile][kTile + 1];
   const int64_t rows = dequantized_rows(a), R = a.row_capacity, C = a.cols;
-  const bool fp4 = a.dtype == SFMOE_DTYPE_FP4_E2M1;
+  constexpr bool fp4 = kCode == SFMOE_DTYPE_FP4_E2M1;
   const bool hadamard = fp4 && a.config.hadamard_columnwise;
   const bool per_row_group = a.scaling == SFMOE_SCALING_TENSOR;  // blocks follow no 16-row rule
   const int segment = threadIdx.x % 4, j = threadIdx.x / 4;
@@ -174,7 +194,7 @@ __global__ void __launch_bounds__(kTileThreads)
           const int64_t g = quantized_group_of_row(a, r);
           factor = dequantize_factor(a, true, r, c, g, 1.0f);
         }
-        v[m] = r < rows ? mul_rn(decode_element(a.dtype, code), factor) : 0.0f;
+        v[m] = r < rows ? mul_rn(decode_element(kCode, code), factor) : 0.0f;
       }
       if (hadamard) hadamard16_inverse(v);
     } else {
@@ -234,7 +254,10 @@ sfmoe_status grouped_dequantize(const GroupedDequantizeArgs& d, void* stream_han
       const int64_t row_tiles = (a.row_capacity + kTile - 1) / kTile;
       const dim3 grid(static_cast<unsigned>((a.cols + kTile - 1) / kTile),
                       static_cast<unsigned>(row_tiles < 65535 ? row_tiles : 65535));
-      dequantize_columns_kernel<<<grid, kTileThreads, 0, stream>>>(d, vector_loads);
+      launch_for_code_format(a.dtype, [&](auto code) {
+        dequantize_columns_kernel<decltype(code)::value>
+            <<<grid, kTileThreads, 0, stream>>>(d, vector_loads);
+      });
     } else {
       dequantize_columnwise_kernel<<<grid_for(bound / 16 + 1, kThreads), kThreads, 0, stream>>>(d);
     }
@@ -242,8 +265,10 @@ sfmoe_status grouped_dequantize(const GroupedDequantizeArgs& d, void* stream_han
     const bool fp4 = a.dtype == SFMOE_DTYPE_FP4_E2M1;
     if (tiled && reinterpret_cast<uintptr_t>(a.rowwise) % (fp4 ? 4 : 8) == 0) {
       const int64_t blocks = (a.row_capacity + 7) / 8;
-      dequantize_rows_kernel<<<grid_for(blocks * kRowsThreads, kRowsThreads), kRowsThreads, 0,
-                               stream>>>(d);
+      launch_for_code_format(a.dtype, [&](auto code) {
+        dequantize_rows_kernel<decltype(code)::value>
+            <<<grid_for(blocks * kRowsThreads, kRowsThreads), kRowsThreads, 0, stream>>>(d);
+      });
     } else {
       dequantize_rowwise_kernel<<<grid_for(bound, kThreads), kThreads, 0, stream>>>(d);
     }
