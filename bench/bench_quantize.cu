@@ -35,6 +35,7 @@ struct Case {
   bool columnwise;
   bool hadamard;
   sfmoe_scale_layout layout;
+  bool tile_amax_pass = false;  // SFMOE_QUANTIZE_AMAX=tiles: the earlier amax pass, to compare
 };
 
 }  // namespace
@@ -97,6 +98,8 @@ int main() {
       {"nvfp4 1x16", SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, false, false, SFMOE_SCALE_LAYOUT_COMPACT},
       {"nvfp4 1x16, +columnwise", SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, true, false, SFMOE_SCALE_LAYOUT_COMPACT},
       {"nvfp4 1x16, +columnwise with RHT", SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, true, true, SFMOE_SCALE_LAYOUT_COMPACT},
+      {"fp8 tensor (amax + cast), tile amax pass", SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, false, false, SFMOE_SCALE_LAYOUT_COMPACT, true},
+      {"nvfp4 1x16, tile amax pass", SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, false, false, SFMOE_SCALE_LAYOUT_COMPACT, true},
   };
   std::printf("\n%-42s %9s %8s %9s %10s\n", "grouped quantize [65536 x 7168] bf16, 128 groups", "ms", "TB/s", "%% ceil", "%% of 4.17");
   const char* filter = std::getenv("SFMOE_BENCH_FILTER");  // run only cases whose name contains it
@@ -130,6 +133,11 @@ int main() {
     q.columnwise_amax = c.hadamard ? camax : nullptr;
     sfmoe_quantize_config config = sfmoe_quantize_config_init();
     config.hadamard_columnwise = c.hadamard;
+    if (c.tile_amax_pass) {
+      setenv("SFMOE_QUANTIZE_AMAX", "tiles", 1);
+    } else {
+      unsetenv("SFMOE_QUANTIZE_AMAX");
+    }
     if (sfmoe_grouped_quantize(&in, &q, &config, nullptr, stream) != SFMOE_SUCCESS) {
       std::printf("%-42s failed: %s\n", c.name.c_str(), sfmoe_last_error());
       continue;

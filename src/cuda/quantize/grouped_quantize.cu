@@ -14,6 +14,9 @@
 // of three shared buffers, two tiles ahead; the rowwise copy is read back along the rows and the
 // columnwise copy down the columns, two columns x 16 rows per thread. docs/KERNEL_NOTES.md has
 // the measured versions and why each changed.
+#include <stdlib.h>
+#include <string.h>
+
 #include <algorithm>
 #include <cub/block/block_scan.cuh>
 
@@ -930,11 +933,10 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
             if (!packed_mx_scales && seg == first_seg && segment_active && cc + e < cols) {
               const int64_t r = r0 + block_row, scale_cols = capacity / B;
               maybe_trap(a, __uint_as_float(m), row_group[block_row], r);
-              const int64_t at =
-                  S == SFMOE_SCALING_BLOCK_1X128
-                      ? block_1x128_scale_offset(a.scale_layout, true, cc + e, r / B, scale_cols,
-                                                 cols)
-                      : scale_offset(a.scale_layout, cc + e, r / B, scale_cols);
+              const int64_t at = S == SFMOE_SCALING_BLOCK_1X128
+                                     ? block_1x128_scale_offset(a.scale_layout, true, cc + e, r / B,
+                                                                scale_cols, cols)
+                                     : scale_offset(a.scale_layout, cc + e, r / B, scale_cols);
               store_scale<S>(a.columnwise_scale_inv, at, s);
               if constexpr (S == SFMOE_SCALING_MX_1X32) {
                 if (a.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && cc + e == cols - 1) {
@@ -1110,6 +1112,94 @@ sfmoe_status launch_tiles(const GroupedQuantizeArgs& a, cudaStream_t stream) {
   return check_launch("sfmoe_grouped_quantize", "quantize_tiles_kernel");
 }
 
+// ---- the amax pass of TENSOR and NVFP4 without the Hadamard transform ---------------------------
+// A stream over the output rows [0, out_off[G]) with the tile kernel's row map (output row ->
+// group -> input row, padding skipped), so that it reads exactly the rows that kernel will encode.
+// Each warp takes a contiguous run of rows and walks the groups along it, keeping the running
+// amax in registers and folding it into amax[g] (atomicMax on the FP32 bits) when the group
+// changes and at the end: no shared memory, no block barriers (the tile kernel's amax pass spent
+// over half its cycles at barriers: docs/KERNEL_NOTES.md), kBatch 16-byte loads in flight per lane.
+constexpr int kAmaxThreads = 256;
+constexpr int kAmaxBatch = 4;
+template <sfmoe_dtype In>
+__global__ void __launch_bounds__(kAmaxThreads)
+    quantize_amax_rows_kernel(GroupedQuantizeArgs a, int64_t rows_per_warp) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * kAmaxThreads + threadIdx.x) / 32;
+  const int64_t groups = a.num_groups, cols = a.cols;
+  const int64_t* out_off = a.offsets;
+  const int64_t total = out_off != nullptr ? out_off[groups] : groups * a.uniform_rows;
+  const int64_t r_begin = warp * rows_per_warp;
+  const int64_t r_end = r_begin + rows_per_warp < total ? r_begin + rows_per_warp : total;
+  if (r_begin >= r_end) return;
+  auto group_start = [&](int64_t g) {
+    return out_off != nullptr ? out_off[g] : g * a.uniform_rows;
+  };
+  int64_t g =
+      out_off != nullptr ? group_of_offset_row(out_off, groups, r_begin) : r_begin / a.uniform_rows;
+  int64_t start = group_start(g);
+  InputSpan span = input_span(a.input, g);
+  uint32_t m = 0;
+  auto flush = [&]() {
+    const uint32_t warp_max = __reduce_max_sync(0xFFFFFFFFu, m);
+    if (lane == 0 && warp_max != 0) atomicMax(reinterpret_cast<unsigned*>(a.amax + g), warp_max);
+    m = 0;
+  };
+  const int64_t chunks = (cols + kChunk - 1) / kChunk;
+  for (int64_t r = r_begin; r < r_end; ++r) {
+    if (g + 1 < groups && group_start(g + 1) <= r) {  // the last group starting at or before r
+      flush();
+      do {
+        ++g;
+      } while (g + 1 < groups && group_start(g + 1) <= r);
+      start = group_start(g);
+      span = input_span(a.input, g);
+    }
+    const int64_t inside = r - start;
+    if (inside >= span.rows) continue;  // alignment padding
+    const int64_t src = span.begin + inside;
+    for (int64_t q0 = lane; q0 < chunks; q0 += 32 * kAmaxBatch) {
+      RawChunk<In> raw[kAmaxBatch];
+#pragma unroll
+      for (int b = 0; b < kAmaxBatch; ++b) {
+        const int64_t q = q0 + 32 * b;
+        if (q < chunks) {
+          load_raw<In>(a.input.data, src, q * kChunk, cols, raw[b]);
+        } else {
+          zero_raw<In>(raw[b]);
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < kAmaxBatch; ++b) m = max(m, raw_amax_bits<In>(raw[b]));
+    }
+  }
+  flush();
+}
+
+template <sfmoe_dtype In>
+sfmoe_status launch_amax_rows(const GroupedQuantizeArgs& a, cudaStream_t stream) {
+  auto kernel = quantize_amax_rows_kernel<In>;
+  const int64_t wave = resident_wave(reinterpret_cast<const void*>(kernel), kAmaxThreads, 0);
+  // About two runs per resident warp over the row bound (the real rows may be fewer).
+  const int64_t warps = 2 * wave * (kAmaxThreads / 32);
+  const int64_t rows_per_warp = a.row_capacity > warps ? (a.row_capacity + warps - 1) / warps : 1;
+  const int64_t runs = (a.row_capacity + rows_per_warp - 1) / rows_per_warp;
+  const int64_t blocks = (runs + kAmaxThreads / 32 - 1) / (kAmaxThreads / 32);
+  kernel<<<static_cast<unsigned>(blocks > 0 ? blocks : 1), kAmaxThreads, 0, stream>>>(
+      a, rows_per_warp);
+  return check_launch("sfmoe_grouped_quantize", "quantize_amax_rows_kernel");
+}
+
+// The group amax before the codes (no Hadamard transform): the row stream, or the tile kernel's
+// amax pass when SFMOE_QUANTIZE_AMAX=tiles (kept for comparisons).
+template <sfmoe_dtype In, sfmoe_scaling S>
+sfmoe_status amax_pass(const GroupedQuantizeArgs& a, cudaStream_t stream) {
+  const char* form = getenv("SFMOE_QUANTIZE_AMAX");
+  if (form != nullptr && strcmp(form, "tiles") == 0)
+    return launch_tiles<In, S, true, false>(a, stream);
+  return launch_amax_rows<In>(a, stream);
+}
+
 template <sfmoe_dtype In, sfmoe_scaling S>
 sfmoe_status run_recipe(const GroupedQuantizeArgs& a, cudaStream_t stream) {
   if constexpr (Recipe<S>::kGroupAmax) {
@@ -1117,10 +1207,10 @@ sfmoe_status run_recipe(const GroupedQuantizeArgs& a, cudaStream_t stream) {
       if (a.config.hadamard_columnwise && a.columnwise != nullptr) {
         SFMOE_RETURN_IF_ERROR((launch_tiles<In, S, true, true>(a, stream)));
       } else {
-        SFMOE_RETURN_IF_ERROR((launch_tiles<In, S, true, false>(a, stream)));
+        SFMOE_RETURN_IF_ERROR((amax_pass<In, S>(a, stream)));
       }
     } else {
-      SFMOE_RETURN_IF_ERROR((launch_tiles<In, S, true, false>(a, stream)));
+      SFMOE_RETURN_IF_ERROR((amax_pass<In, S>(a, stream)));
     }
   }
   if (a.columnwise != nullptr) return launch_tiles<In, S, false, true>(a, stream);
