@@ -272,6 +272,56 @@ TEST(CudaQuantize, EveryRecipeEqualsTheCpuBackendByteForByte) {
   EXPECT_EQ(failures, 0);
 }
 
+// FP8 per-tensor current scaling, rowwise, with either amax pass (the row stream, and the tile
+// kernel's pass that SFMOE_QUANTIZE_AMAX=tiles selects): the CPU backend's bytes on small and on
+// many-band problems (empty groups, groups of 1, 31 and 33 rows, groups spanning many bands). The
+// values are finite except for a NaN in group 7 and an Inf in group 8, so that most groups'
+// scales come from real amaxes (the random problems of the other tests put a NaN in most groups).
+TEST(CudaQuantize, TensorScalesFromRealAmaxesEqualTheCpuBackend) {
+  SFMOE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(session_test_seed() + 5);
+  struct Shape {
+    int64_t groups, cols, max_rows;
+  };
+  const sfmoe_quantize_config plain = sfmoe_quantize_config_init();
+  sfmoe_quantize_config pow2 = plain;
+  pow2.power_of_two_scales = 1;
+  const Recipe recipes[] = {
+      {SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, true, false, SFMOE_SCALE_LAYOUT_COMPACT, plain,
+       "fp8 tensor e4m3 rowwise"},
+      {SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E5M2, true, false, SFMOE_SCALE_LAYOUT_COMPACT, pow2,
+       "fp8 tensor e5m2 pow2 rowwise"}};
+  int compared = 0;
+  for (const Shape shape : {Shape{13, 264, 300}, Shape{97, 512, 600}}) {
+    Problem p = make_problem(rng, shape.groups, shape.cols, 16, SFMOE_DTYPE_BF16, shape.max_rows);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int64_t g = 0; g < p.groups; ++g) {
+      const float magnitude = std::ldexp(1.0f, static_cast<int>(rng() % 24) - 12);
+      for (int64_t r = p.in_offsets[g]; r < p.in_offsets[g + 1]; ++r) {
+        for (int64_t c = 0; c < p.cols; ++c) {
+          float v = normal(rng) * magnitude;
+          if (g == 7 && r == p.in_offsets[g] && c == 3) v = std::nanf("");
+          if (g == 8 && r == p.in_offsets[g + 1] - 1 && c == p.cols - 1) v = INFINITY;
+          const uint16_t code = numerics::f32_to_bf16(v);
+          std::memcpy(&p.input[static_cast<size_t>(r * p.cols + c) * 2], &code, 2);
+        }
+      }
+    }
+    for (const char* amax_pass : {"rows", "tiles"}) {
+      setenv("SFMOE_QUANTIZE_AMAX", amax_pass, 1);
+      for (Recipe rc : recipes) {
+        rc.name += std::string(" [") + std::to_string(p.in_offsets.back()) + " x " +
+                   std::to_string(p.cols) + "] amax pass " + amax_pass;
+        EXPECT_TRUE(compare_backends(p, rc)) << rc.name;
+        ++compared;
+      }
+    }
+    unsetenv("SFMOE_QUANTIZE_AMAX");
+  }
+  std::printf("[ quantize ] fp8 tensor with real amaxes, both amax passes: %d cases compared\n",
+              compared);
+}
+
 TEST(CudaQuantize, LargeTensorAcrossSixtyFourGroups) {
   SFMOE_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(session_test_seed() + 1);
@@ -388,9 +438,11 @@ TEST(CudaQuantize, CapturedQuantizeReplaysOnNewGroupSizes) {
   SFMOE_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(session_test_seed() + 2);
   for (const Recipe& rc : all_recipes()) {
-    const bool wanted = rc.rowwise && rc.columnwise &&
-                        (rc.scaling == SFMOE_SCALING_MX_1X32 || rc.name.find("sr+rht") != std::string::npos ||
-                         rc.scaling == SFMOE_SCALING_TENSOR);
+    // (TENSOR rowwise alone too: the row-stream amax pass in the graph.)
+    const bool wanted = (rc.rowwise && rc.columnwise &&
+                         (rc.scaling == SFMOE_SCALING_MX_1X32 || rc.name.find("sr+rht") != std::string::npos ||
+                          rc.scaling == SFMOE_SCALING_TENSOR)) ||
+                        (rc.scaling == SFMOE_SCALING_TENSOR && rc.rowwise && !rc.columnwise);
     if (!wanted) continue;
     const int64_t groups = 24, cols = 512, alignment = rc.layout == SFMOE_SCALE_LAYOUT_SWIZZLED ? 128 : 32;
     Problem shape = make_problem(rng, groups, cols, alignment, SFMOE_DTYPE_BF16, 200);
