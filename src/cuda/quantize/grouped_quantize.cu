@@ -3,8 +3,9 @@
 // Launches, all sized from host bounds and reading real sizes from device memory:
 //   1. padded_offsets_kernel (one block): clamps the input groups, writes the padded output
 //      offsets with a block scan, checks the input offsets, clears the amax buffers;
-//   2. (TENSOR, NVFP4) quantize_tiles_kernel<..., kAmaxPass = true>: per-group amax (and, with the
-//      Hadamard transform, the transformed columnwise amax) by atomicMax on the FP32 bits;
+//   2. (TENSOR, NVFP4) the per-group amax by atomicMax on the FP32 bits: quantize_amax_rows_kernel
+//      (warps streaming runs of rows), or with NVFP4's Hadamard transform (which also needs the
+//      transformed columnwise amax) quantize_tiles_kernel<..., kAmaxPass = true>;
 //   3. quantize_tiles_kernel<..., kAmaxPass = false>: codes and scales of both copies.
 // The tile kernel walks persistent work units (a band of 128 output rows x a run of 128-column
 // tiles) over the real rows [0, out_off[G]); group offsets are staged in shared memory for the
