@@ -47,6 +47,13 @@ def group_sizes(experts, rows, skew, align=16, seed=0):
     return ((c + align - 1) // align) * align
 
 
+def device_offsets(sizes, dev):
+    """Group offsets [E + 1] (int64, on `dev`) of the group sizes."""
+    offsets = torch.zeros(len(sizes) + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(sizes, 0)
+    return offsets.to(dev)
+
+
 def ours_ms(fn):
     """sfmoe's device time per call: REPEAT calls in one captured graph (torch_timing)."""
     return graphed_ms(fn, REPEAT, runs=10, warmup=2, batch=2)
@@ -95,9 +102,7 @@ def input_sensitivity(dev):
     for name, (experts, rows, hidden, ffn) in SHAPES.items():
         sizes = group_sizes(experts, rows, "balanced")
         m = int(sizes.sum())
-        offsets = torch.zeros(experts + 1, dtype=torch.int64)
-        offsets[1:] = torch.cumsum(sizes, 0)
-        offsets = offsets.to(dev)
+        offsets = device_offsets(sizes, dev)
         for stage, (k, n) in {"fc1": (hidden, 2 * ffn), "fc2": (ffn, hidden)}.items():
             flops = 2.0 * m * n * k
             figures = {}
@@ -139,9 +144,7 @@ def main():
         for skew in ("balanced", "zipf"):
             sizes = group_sizes(experts, rows, skew)
             m = int(sizes.sum())
-            offsets = torch.zeros(experts + 1, dtype=torch.int64)
-            offsets[1:] = torch.cumsum(sizes, 0)
-            offsets = offsets.to(dev)
+            offsets = device_offsets(sizes, dev)
             ends32 = offsets[1:].to(torch.int32)
             for stage, (k, n) in {"fc1": (hidden, 2 * ffn), "fc2": (ffn, hidden)}.items():
                 x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
@@ -228,9 +231,7 @@ def main():
     for name, (experts, rows, hidden, ffn) in SHAPES.items():
         sizes = group_sizes(experts, rows, "balanced")
         m = int(sizes.sum())
-        offsets = torch.zeros(experts + 1, dtype=torch.int64)
-        offsets[1:] = torch.cumsum(sizes, 0)
-        offsets = offsets.to(dev)
+        offsets = device_offsets(sizes, dev)
         ends32 = offsets[1:].to(torch.int32)
         k, n = hidden, 2 * ffn
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
@@ -268,9 +269,7 @@ def main():
     experts, rows, hidden, ffn = SHAPES["Qwen3-30B-A3B"]
     sizes = group_sizes(experts, rows, "balanced")
     m = int(sizes.sum())
-    offsets = torch.zeros(experts + 1, dtype=torch.int64)
-    offsets[1:] = torch.cumsum(sizes, 0)
-    offsets = offsets.to(dev)
+    offsets = device_offsets(sizes, dev)
     k, n = hidden, 2 * ffn
     w = torch.randn(experts, n, k, device=dev, dtype=torch.bfloat16)
     times = {}

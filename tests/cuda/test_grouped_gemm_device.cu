@@ -226,6 +226,23 @@ TEST(CudaGroupedGemm, RandomInputsMeetTheBf16Bound) {
   }
 }
 
+// Runs a device grouped GEMM whose offsets run past the capacity and expects the word to record
+// GROUP_OVER_CAPACITY.
+void expect_over_capacity_reported(const sfmoe_grouped_tensor& a, const sfmoe_grouped_tensor& b,
+                                   const sfmoe_grouped_tensor& out, const sfmoe_tensor& workspace) {
+  sfmoe_status_word* word = nullptr;
+  ASSERT_EQ(sfmoe_status_word_create(SFMOE_MEMORY_CUDA, 0, &word), SFMOE_SUCCESS);
+  sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
+  ASSERT_EQ(sfmoe_grouped_gemm(&a, &b, &config, &out, &workspace, word, nullptr), SFMOE_SUCCESS)
+      << sfmoe_last_error();
+  ASSERT_EQ(sfmoe_status_word_snapshot(word, nullptr), SFMOE_SUCCESS);
+  CUDA_OK(cudaDeviceSynchronize());
+  sfmoe_fault_report report;
+  ASSERT_EQ(sfmoe_status_word_read(word, &report), SFMOE_SUCCESS);
+  EXPECT_TRUE(report.flags & SFMOE_FAULT_GROUP_OVER_CAPACITY);
+  sfmoe_status_word_destroy(word);
+}
+
 TEST(CudaGroupedGemm, BadOffsetsAreClampedAndReported) {
   SFMOE_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(session_test_seed() + 73);
@@ -240,9 +257,6 @@ TEST(CudaGroupedGemm, BadOffsetsAreClampedAndReported) {
   CUDA_OK(dx.upload(p.x));
   CUDA_OK(dw.upload(p.w));
   CUDA_OK(doff.upload(bad));
-  sfmoe_status_word* word = nullptr;
-  ASSERT_EQ(sfmoe_status_word_create(SFMOE_MEMORY_CUDA, 0, &word), SFMOE_SUCCESS);
-  sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
   const sfmoe_grouped_tensor a =
       rows_in(SFMOE_MEMORY_CUDA, dx.ptr, SFMOE_DTYPE_BF16, kGroups, p.rows, kK, 1, doff.ptr);
   const sfmoe_grouped_tensor b = weights_in(SFMOE_MEMORY_CUDA, dw.ptr, SFMOE_DTYPE_BF16);
@@ -250,14 +264,9 @@ TEST(CudaGroupedGemm, BadOffsetsAreClampedAndReported) {
       rows_in(SFMOE_MEMORY_CUDA, dy.ptr, SFMOE_DTYPE_FP32, kGroups, p.rows, kN, 1, doff.ptr);
   const sfmoe_tensor workspace =
       tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});
-  ASSERT_EQ(sfmoe_grouped_gemm(&a, &b, &config, &out, &workspace, word, nullptr), SFMOE_SUCCESS)
-      << sfmoe_last_error();
-  ASSERT_EQ(sfmoe_status_word_snapshot(word, nullptr), SFMOE_SUCCESS);
-  CUDA_OK(cudaDeviceSynchronize());
-  sfmoe_fault_report report;
-  ASSERT_EQ(sfmoe_status_word_read(word, &report), SFMOE_SUCCESS);
-  EXPECT_TRUE(report.flags & SFMOE_FAULT_GROUP_OVER_CAPACITY);
-  sfmoe_status_word_destroy(word);
+  expect_over_capacity_reported(a, b, out, workspace);
+  if (HasFatalFailure()) return;
+  sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
   // A workspace of the wrong size is refused before anything runs.
   const sfmoe_tensor small =
       tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements - 1});
@@ -340,17 +349,8 @@ TEST(CudaGroupedGemm, EmulatedOperandsWithBadOffsetsAreClampedAndReported) {
   DeviceBuffer<int64_t> ws(static_cast<size_t>(ws_elements));
   const sfmoe_tensor workspace =
       tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});
-  sfmoe_status_word* word = nullptr;
-  ASSERT_EQ(sfmoe_status_word_create(SFMOE_MEMORY_CUDA, 0, &word), SFMOE_SUCCESS);
-  sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
-  ASSERT_EQ(sfmoe_grouped_gemm(&a, &b, &config, &out, &workspace, word, nullptr), SFMOE_SUCCESS)
-      << sfmoe_last_error();
-  ASSERT_EQ(sfmoe_status_word_snapshot(word, nullptr), SFMOE_SUCCESS);
-  CUDA_OK(cudaDeviceSynchronize());
-  sfmoe_fault_report report;
-  ASSERT_EQ(sfmoe_status_word_read(word, &report), SFMOE_SUCCESS);
-  EXPECT_TRUE(report.flags & SFMOE_FAULT_GROUP_OVER_CAPACITY);
-  sfmoe_status_word_destroy(word);
+  expect_over_capacity_reported(a, b, out, workspace);
+  if (HasFatalFailure()) return;
   const std::vector<float> got = dy.download();
   uint32_t guard_bits = 0x7F7F7F7Fu;
   float guard;
