@@ -6,11 +6,12 @@
 //   and Zipf), by 3-10% over 128 x 128 and 20-60% over 64 x 128.
 // - FP8 with the periodic FP32 promotion (the accurate accumulation): 128 x 128, 1.1-2.2x the
 //   128 x 256 tile, whose two accumulators of 128 registers each leave it starved.
-// - FP8 with fast accumulation (one accumulator): by the reduction length K. 128 x 128 ping-pong
-//   in 2-CTA clusters (the epilogue of one consumer overlaps the other's mainloop) when K <= 4096:
-//   DeepSeek-V3 fc2 (K 2048) +4%, Qwen3 fc2 (K 768) +2-10%, Mixtral fc1 (K 4096) +1-3% over 128 x
-//   256, Qwen3 fc1 (K 2048) within -4..+2%. 128 x 256 in 2-CTA clusters for longer K (Mixtral
-//   fc2, K 14336: +5-8%; DeepSeek-V3 fc1 on Zipf groups, K 7168: +14%). Two runs, 2026-11-30.
+// - FP8 with fast accumulation (one accumulator): by the GEMM's K and N. 128 x 128 ping-pong in
+//   2-CTA clusters (the epilogue of one consumer overlaps the other's mainloop) when K <= 4096 and
+//   N >= 2048: DeepSeek-V3 fc2 (K 2048) +2-4%, Qwen3 fc2 (K 768) +2-10%, Mixtral fc1 (K 4096)
+//   -1..+3% over 128 x 256. 128 x 256 in 2-CTA clusters otherwise: longer K (Mixtral fc2, K
+//   14336: +4-8%; DeepSeek-V3 fc1 on Zipf groups, K 7168: +14%) and Qwen3 fc1 (N 1536: +1-4% in
+//   each of four same-process comparisons). 2026-11-30.
 // - FP8 blockwise: 128 x 128 (the only one compiled).
 // - BF16 wgrad (M = n, K = the group's rows): 128 x 256, on the three wgrad shapes.
 // The 64 x 128 ping-pong tile is kept for groups so small that a 128-row tile would be mostly
@@ -63,9 +64,11 @@ inline GemmTile forced_gemm_tile(GemmTile fallback) {
 
 // The measured families differ by recipe, by the GEMM's M per group (the rows' bound over the
 // groups in fprop and dgrad; n in wgrad) and, for FP8 fast accumulation, by the GEMM's K (the
-// reduction length: k in fprop, n in dgrad, the rows in wgrad).
+// reduction length: k in fprop, n in dgrad, the rows per group in wgrad) and N (n in fprop, k in
+// dgrad and wgrad).
 constexpr int64_t kFastAccumulationPingpongMaxK = 4096;
-inline GemmTile choose_gemm_tile(GemmRecipe recipe, int64_t gemm_m_bound_per_group,
+constexpr int64_t kFastAccumulationPingpongMinN = 2048;
+inline GemmTile choose_gemm_tile(GemmRecipe recipe, int64_t gemm_m_bound_per_group, int64_t gemm_n,
                                  int64_t gemm_k) {
   GemmTile chosen = GemmTile::kCooperative128x128;
   if (recipe == GemmRecipe::kBf16) {
@@ -75,8 +78,9 @@ inline GemmTile choose_gemm_tile(GemmRecipe recipe, int64_t gemm_m_bound_per_gro
     chosen =
         gemm_m_bound_per_group < 128 ? GemmTile::kPingpong64x128 : GemmTile::kCooperative128x128;
   } else if (recipe == GemmRecipe::kFp8TensorFast) {
-    chosen = gemm_k <= kFastAccumulationPingpongMaxK ? GemmTile::kPingpong128x128
-                                                     : GemmTile::kCooperative128x256;
+    const bool pingpong =
+        gemm_k <= kFastAccumulationPingpongMaxK && gemm_n >= kFastAccumulationPingpongMinN;
+    chosen = pingpong ? GemmTile::kPingpong128x128 : GemmTile::kCooperative128x256;
   }
   return forced_gemm_tile(chosen);
 }

@@ -94,8 +94,9 @@ sfmoe_status grouped_gemm(const GroupedGemmDeviceArgs& a, void* stream_pointer) 
   const int64_t gemm_k = a.form == GroupedGemmForm::kFprop   ? a.k
                          : a.form == GroupedGemmForm::kDgrad ? a.n
                                                              : a.row_capacity / a.num_groups;
+  const int64_t gemm_n = a.form == GroupedGemmForm::kFprop ? a.n : a.k;
   const GemmRecipe recipe = recipe_of(a);
-  const GemmTile tile = choose_gemm_tile(recipe, m_per_group, gemm_k);
+  const GemmTile tile = choose_gemm_tile(recipe, m_per_group, gemm_n, gemm_k);
   switch (recipe) {
     case GemmRecipe::kFp8Blockwise:
       return grouped_gemm_blockwise(a, tile, stream);

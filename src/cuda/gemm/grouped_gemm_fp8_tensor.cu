@@ -24,7 +24,8 @@ sfmoe_status run_tile(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
 }
 
 // The compiled tiles: accurate 128x128 (default), 128x256, 64x128; fast 128x256 (the fallback),
-// 128x128, 256x128 (2 x 2 clusters), 128x128 ping-pong (2 x 1 clusters; the default up to K 4096).
+// 128x128, 256x128 (2 x 2 clusters), 128x128 ping-pong (2 x 1 clusters; the default for K <= 4096
+// and N >= 2048).
 template <class Out>
 sfmoe_status run_out(const GroupedGemmDeviceArgs& a, GemmTile tile, cudaStream_t stream) {
   if (a.fast_accumulation) {
