@@ -13,6 +13,7 @@
 #include "sfmoe/numerics.h"
 #include "sfmoe/quantize.h"
 #include "src/cpu/backend.h"
+#include "src/cuda/gemm/gemm_heuristics.h"
 #include "tests/cpp/host_descriptors.h"
 #include "tests/cpp/numerics_cases.h"
 
@@ -380,6 +381,50 @@ TEST(GroupedGemmApi, WorkspaceSizePerCall) {
   EXPECT_EQ(sfmoe_grouped_gemm_workspace_elements_for(1, SFMOE_SCALING_MX_1X32, INT64_MAX / 4, 32,
                                                       SFMOE_SCALING_MX_1X32, 1, 32),
             -1);
+}
+
+}  // namespace
+}  // namespace sfmoe
+
+// The tile heuristic (src/cuda/gemm/gemm_heuristics.h, host code): the choices its comment states
+// for the measured shape families, and the SFMOE_GEMM_TILE override.
+
+namespace sfmoe {
+namespace {
+
+TEST(GroupedGemmHeuristics, ShapeFamiliesGetTheMeasuredTiles) {
+  using cuda::choose_gemm_tile;
+  using cuda::GemmRecipe;
+  using cuda::GemmTile;
+  unsetenv("SFMOE_GEMM_TILE");
+  // BF16 and accurate FP8: by rows per group (decode-sized groups take the 64-row ping-pong).
+  EXPECT_EQ(choose_gemm_tile(GemmRecipe::kBf16, 64, 4096, 7168), GemmTile::kPingpong64x128);
+  EXPECT_EQ(choose_gemm_tile(GemmRecipe::kBf16, 512, 1536, 2048), GemmTile::kCooperative128x256);
+  EXPECT_EQ(choose_gemm_tile(GemmRecipe::kFp8Tensor, 64, 4096, 7168), GemmTile::kPingpong64x128);
+  EXPECT_EQ(choose_gemm_tile(GemmRecipe::kFp8Tensor, 1024, 4096, 7168),
+            GemmTile::kCooperative128x128);
+  EXPECT_EQ(choose_gemm_tile(GemmRecipe::kFp8Blockwise, 1024, 4096, 7168),
+            GemmTile::kCooperative128x128);
+  // FP8 fast accumulation: ping-pong 128x128 for K <= 4096 with N >= 2048, else 128x256.
+  struct Case {
+    const char* name;
+    int64_t n, k;
+    GemmTile tile;
+  };
+  for (const Case& c : {Case{"DeepSeek-V3 fc1", 4096, 7168, GemmTile::kCooperative128x256},
+                        Case{"DeepSeek-V3 fc2", 7168, 2048, GemmTile::kPingpong128x128},
+                        Case{"Qwen3 fc1", 1536, 2048, GemmTile::kCooperative128x256},
+                        Case{"Qwen3 fc2", 2048, 768, GemmTile::kPingpong128x128},
+                        Case{"Mixtral fc1", 28672, 4096, GemmTile::kPingpong128x128},
+                        Case{"Mixtral fc2", 4096, 14336, GemmTile::kCooperative128x256}}) {
+    EXPECT_EQ(choose_gemm_tile(GemmRecipe::kFp8TensorFast, 1024, c.n, c.k), c.tile) << c.name;
+  }
+  // The override, and an unknown name falling back to the heuristic's choice.
+  setenv("SFMOE_GEMM_TILE", "coop128", 1);
+  EXPECT_EQ(choose_gemm_tile(GemmRecipe::kBf16, 512, 1536, 2048), GemmTile::kCooperative128x128);
+  setenv("SFMOE_GEMM_TILE", "no-such-tile", 1);
+  EXPECT_EQ(choose_gemm_tile(GemmRecipe::kBf16, 512, 1536, 2048), GemmTile::kCooperative128x256);
+  unsetenv("SFMOE_GEMM_TILE");
 }
 
 }  // namespace
