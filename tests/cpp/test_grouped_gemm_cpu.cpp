@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "sfmoe/grouped_gemm.h"
@@ -194,10 +195,12 @@ TEST(GroupedGemmApi, ThreeFormsThroughTheCApiAndRefusals) {
       << sfmoe_last_error();
   EXPECT_EQ(out_offsets, offsets) << "fprop's output receives the rows' offsets";
   config.form = SFMOE_GEMM_DGRAD;
-  ASSERT_EQ(sfmoe_grouped_gemm(&g_dy, &g_w, &config, &g_dx, nullptr, nullptr, nullptr), SFMOE_SUCCESS)
+  ASSERT_EQ(sfmoe_grouped_gemm(&g_dy, &g_w, &config, &g_dx, nullptr, nullptr, nullptr),
+            SFMOE_SUCCESS)
       << sfmoe_last_error();
   config.form = SFMOE_GEMM_WGRAD;
-  ASSERT_EQ(sfmoe_grouped_gemm(&g_dy, &g_x, &config, &g_dw, nullptr, nullptr, nullptr), SFMOE_SUCCESS)
+  ASSERT_EQ(sfmoe_grouped_gemm(&g_dy, &g_x, &config, &g_dw, nullptr, nullptr, nullptr),
+            SFMOE_SUCCESS)
       << sfmoe_last_error();
   EXPECT_EQ(y, run(GroupedGemmForm::kFprop, xf, wf, std::vector<float>(kRows * kN, NAN)));
   EXPECT_EQ(dx, run(GroupedGemmForm::kDgrad, dyf, wf, std::vector<float>(kRows * kK, NAN)));
@@ -216,12 +219,15 @@ TEST(GroupedGemmApi, ThreeFormsThroughTheCApiAndRefusals) {
       << sfmoe_last_error();
   sfmoe_grouped_tensor narrow = g_w;
   narrow.cols = kK - 8;
-  EXPECT_EQ(sfmoe_grouped_gemm(&g_x, &narrow, &config, &g_y, nullptr, nullptr, nullptr), SFMOE_ERROR_SHAPE_MISMATCH);
+  EXPECT_EQ(sfmoe_grouped_gemm(&g_x, &narrow, &config, &g_y, nullptr, nullptr, nullptr),
+            SFMOE_ERROR_SHAPE_MISMATCH);
   config.accumulate = 1;
-  EXPECT_EQ(sfmoe_grouped_gemm(&g_x, &g_w, &config, &g_y, nullptr, nullptr, nullptr), SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sfmoe_grouped_gemm(&g_x, &g_w, &config, &g_y, nullptr, nullptr, nullptr),
+            SFMOE_ERROR_INVALID_ARGUMENT);
   config.accumulate = 0;
   offsets[3] = 0;  // below offsets[2] = 1: decreasing
-  EXPECT_EQ(sfmoe_grouped_gemm(&g_x, &g_w, &config, &g_y, nullptr, nullptr, nullptr), SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sfmoe_grouped_gemm(&g_x, &g_w, &config, &g_y, nullptr, nullptr, nullptr),
+            SFMOE_ERROR_INVALID_ARGUMENT);
   offsets[3] = kOffsets[3];
   EXPECT_EQ(y, y_before);
 }
@@ -331,7 +337,8 @@ TEST(GroupedGemmApi, QuantizedOperandsReadTheCopyOfTheirForm) {
     }
     sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
     config.form = c.form;
-    ASSERT_EQ(sfmoe_grouped_gemm(&c.a->q, &c.b->q, &config, &out, nullptr, nullptr, nullptr), SFMOE_SUCCESS)
+    ASSERT_EQ(sfmoe_grouped_gemm(&c.a->q, &c.b->q, &config, &out, nullptr, nullptr, nullptr),
+              SFMOE_SUCCESS)
         << sfmoe_last_error();
     const std::vector<float> av = dequantized(*c.a, c.a_copy), bv = dequantized(*c.b, c.b_copy);
     cpu::grouped_gemm(GroupedGemmArgs{c.ref_form, groups, offsets.data(), n, k, av.data(),
@@ -394,8 +401,11 @@ namespace {
 
 TEST(GroupedGemmHeuristics, ShapeFamiliesGetTheMeasuredTiles) {
   using cuda::choose_gemm_tile;
+  using cuda::choose_gemm_tile_for;
   using cuda::GemmRecipe;
   using cuda::GemmTile;
+  const char* user_setting = getenv("SFMOE_GEMM_TILE");  // restored at the end
+  const std::string saved = user_setting != nullptr ? user_setting : "";
   unsetenv("SFMOE_GEMM_TILE");
   // BF16 and accurate FP8: by rows per group (decode-sized groups take the 64-row ping-pong).
   EXPECT_EQ(choose_gemm_tile(GemmRecipe::kBf16, 64, 4096, 7168), GemmTile::kPingpong64x128);
@@ -419,12 +429,37 @@ TEST(GroupedGemmHeuristics, ShapeFamiliesGetTheMeasuredTiles) {
                         Case{"Mixtral fc2", 4096, 14336, GemmTile::kCooperative128x256}}) {
     EXPECT_EQ(choose_gemm_tile(GemmRecipe::kFp8TensorFast, 1024, c.n, c.k), c.tile) << c.name;
   }
+  // Each form's GEMM shape (DeepSeek-V3 EP8 fc2's weights: n 7168, k 2048; 32 groups of 1024
+  // rows): fprop N 7168, K 2048; dgrad N 2048, K 7168; wgrad M 7168, N 2048, K 1024.
+  EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kFprop, GemmRecipe::kFp8TensorFast, 32768, 32,
+                                 7168, 2048),
+            GemmTile::kPingpong128x128);
+  EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kDgrad, GemmRecipe::kFp8TensorFast, 32768, 32,
+                                 7168, 2048),
+            GemmTile::kCooperative128x256);
+  EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kFp8TensorFast, 32768, 32,
+                                 7168, 2048),
+            GemmTile::kPingpong128x128);
+  EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kFp8TensorFast, 32768, 32,
+                                 1536, 7168),  // N 7168, K 1024: ping-pong
+            GemmTile::kPingpong128x128);
+  // BF16: M is the rows per group in fprop and dgrad, n in wgrad.
+  EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kDgrad, GemmRecipe::kBf16, 4096, 64, 7168, 2048),
+            GemmTile::kPingpong64x128);
+  EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kBf16, 4096, 64, 7168, 2048),
+            GemmTile::kCooperative128x256);
+  EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kBf16, 65536, 8, 64, 2048),
+            GemmTile::kPingpong64x128);
   // The override, and an unknown name falling back to the heuristic's choice.
   setenv("SFMOE_GEMM_TILE", "coop128", 1);
   EXPECT_EQ(choose_gemm_tile(GemmRecipe::kBf16, 512, 1536, 2048), GemmTile::kCooperative128x128);
   setenv("SFMOE_GEMM_TILE", "no-such-tile", 1);
   EXPECT_EQ(choose_gemm_tile(GemmRecipe::kBf16, 512, 1536, 2048), GemmTile::kCooperative128x256);
-  unsetenv("SFMOE_GEMM_TILE");
+  if (user_setting != nullptr) {
+    setenv("SFMOE_GEMM_TILE", saved.c_str(), 1);
+  } else {
+    unsetenv("SFMOE_GEMM_TILE");
+  }
 }
 
 }  // namespace

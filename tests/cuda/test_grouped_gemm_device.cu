@@ -275,9 +275,10 @@ TEST(CudaGroupedGemm, BadOffsetsAreClampedAndReported) {
 }
 
 // MXFP8 operands (emulated: decoded into BF16 in the workspace first) whose group offsets run
-// past the capacity: the decode and the GEMM clamp the rows, the word records the fault, and
-// nothing is written outside the output (guard rows after it keep their bytes; the suite also
-// runs under compute-sanitizer memcheck, which sees any access outside the workspace).
+// past the capacity: the decode and the GEMM clamp the rows, the word records the fault, the
+// rows of the groups inside the capacity are computed, and nothing is written outside the output
+// (guard rows after it keep their bytes; under compute-sanitizer memcheck, which the suite also
+// runs, reads past the codes or the scales show too).
 TEST(CudaGroupedGemm, EmulatedOperandsWithBadOffsetsAreClampedAndReported) {
   SFMOE_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(session_test_seed() + 78);
@@ -360,6 +361,12 @@ TEST(CudaGroupedGemm, EmulatedOperandsWithBadOffsetsAreClampedAndReported) {
     guard_changed += std::memcmp(&got[i], &guard, sizeof(float)) != 0;
   }
   EXPECT_EQ(guard_changed, 0);
+  // Group 0 (rows [0, 32), inside the capacity): every value written, finite.
+  int64_t unwritten = 0;
+  for (size_t i = 0; i < static_cast<size_t>(32 * kN); ++i) {
+    unwritten += std::memcmp(&got[i], &guard, sizeof(float)) == 0 || !std::isfinite(got[i]);
+  }
+  EXPECT_EQ(unwritten, 0);
 }
 
 TEST(CudaGroupedGemm, CapturedGraphFollowsNewGroupSizes) {

@@ -272,8 +272,9 @@ TEST(CudaQuantize, EveryRecipeEqualsTheCpuBackendByteForByte) {
   EXPECT_EQ(failures, 0);
 }
 
-// FP8 per-tensor current scaling, rowwise, with either amax pass (the row stream, and the tile
-// kernel's pass that SFMOE_QUANTIZE_AMAX=tiles selects): the CPU backend's bytes on small and on
+// FP8 per-tensor current scaling, rowwise, with either amax pass (the row stream, also with runs
+// that cross groups, and the tile kernel's pass that SFMOE_QUANTIZE_AMAX=tiles selects): the CPU
+// backend's bytes on small and on
 // many-band problems (empty groups, groups of 1, 31 and 33 rows, groups spanning many bands). The
 // values are finite except for a NaN in group 7 and an Inf in group 8, so that most groups'
 // scales come from real amaxes (the random problems of the other tests put a NaN in most groups).
@@ -307,16 +308,30 @@ TEST(CudaQuantize, TensorScalesFromRealAmaxesEqualTheCpuBackend) {
         }
       }
     }
-    for (const char* amax_pass : {"rows", "tiles"}) {
-      setenv("SFMOE_QUANTIZE_AMAX", amax_pass, 1);
+    // The row stream with its own run length, with runs of 37 rows (which cross the 16-row
+    // aligned group starts, so that warps fold several groups and walk past empty ones), and the
+    // tile kernel's pass.
+    struct Form {
+      const char* amax_pass;
+      const char* rows_per_warp;
+    };
+    for (const Form form : {Form{"rows", nullptr}, Form{"rows", "37"}, Form{"tiles", nullptr}}) {
+      setenv("SFMOE_QUANTIZE_AMAX", form.amax_pass, 1);
+      if (form.rows_per_warp != nullptr) {
+        setenv("SFMOE_QUANTIZE_AMAX_ROWS_PER_WARP", form.rows_per_warp, 1);
+      } else {
+        unsetenv("SFMOE_QUANTIZE_AMAX_ROWS_PER_WARP");
+      }
       for (Recipe rc : recipes) {
         rc.name += std::string(" [") + std::to_string(p.in_offsets.back()) + " x " +
-                   std::to_string(p.cols) + "] amax pass " + amax_pass;
+                   std::to_string(p.cols) + "] amax pass " + form.amax_pass + " rows per warp " +
+                   (form.rows_per_warp ? form.rows_per_warp : "default");
         EXPECT_TRUE(compare_backends(p, rc)) << rc.name;
         ++compared;
       }
     }
     unsetenv("SFMOE_QUANTIZE_AMAX");
+    unsetenv("SFMOE_QUANTIZE_AMAX_ROWS_PER_WARP");
   }
   std::printf("[ quantize ] fp8 tensor with real amaxes, both amax passes: %d cases compared\n",
               compared);

@@ -16,13 +16,13 @@
 // - BF16 wgrad (M = n, K = the group's rows): 128 x 256, on the three wgrad shapes.
 // The 64 x 128 ping-pong tile is kept for groups so small that a 128-row tile would be mostly
 // empty (fewer than 128 rows per group on average; decode-sized batches).
-// Measured and dropped: 128 x 128 in 2-CTA clusters for FP8 fast accumulation (behind 128 x 256)
-// and blockwise (+1-5% on balanced groups, -1 to -6% on Zipf ones), 256 x 128 in 2-CTA clusters
-// along N for BF16 (within 1% of 128 x 256).
-// Also compiled for BF16 and FP8 fast accumulation, from CUTLASS's grouped-GEMM example: 256 x 128
-// cooperative in 2 x 2 clusters (behind 128 x 256 on every case of both recipes) and 128 x 128
-// ping-pong in 2 x 1 (chosen above for FP8 fast accumulation; for BF16 within 2% of 128 x 256 on
-// 6 of the 12 cases and up to 24% behind on the others).
+// Measured and dropped: 128 x 128 cooperative in 2-CTA clusters for FP8 fast accumulation (behind
+// 128 x 256; the ping-pong 128 x 128 below is another kernel) and blockwise (+1-5% on balanced
+// groups, -1 to -6% on Zipf ones), 256 x 128 in 2-CTA clusters along N for BF16 (within 1% of 128 x
+// 256). Also compiled for BF16 and FP8 fast accumulation, from CUTLASS's grouped-GEMM example: 256
+// x 128 cooperative in 2 x 2 clusters (behind 128 x 256 on every case of both recipes) and 128 x
+// 128 ping-pong in 2 x 1 (chosen above for FP8 fast accumulation; for BF16 within 2% of 128 x 256
+// on 6 of the 12 cases and up to 24% behind on the others).
 // SFMOE_GEMM_TILE=coop128|coop256|pingpong64|coop256x128|pingpong128 overrides the choice
 // (benchmark sweeps);
 // a tile the recipe is not compiled for falls back to the recipe's default.
@@ -31,6 +31,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "src/common/grouped_gemm_args.h"
 
 namespace sfmoe {
 namespace cuda {
@@ -83,6 +85,23 @@ inline GemmTile choose_gemm_tile(GemmRecipe recipe, int64_t gemm_m_bound_per_gro
     chosen = pingpong ? GemmTile::kPingpong128x128 : GemmTile::kCooperative128x256;
   }
   return forced_gemm_tile(chosen);
+}
+
+// The choice for a call: the GEMM's M bound per group, N and K of the form (fprop Y [M, n] = X
+// [M, k] W^T; dgrad dX [M, k] = dY [M, n] W; wgrad dW [n, k] = dY^T X, reduced over a group's rows,
+// whose bound per group is row_capacity / num_groups).
+inline GemmTile choose_gemm_tile_for(GroupedGemmForm form, GemmRecipe recipe, int64_t row_capacity,
+                                     int64_t num_groups, int64_t n, int64_t k) {
+  const int64_t rows_per_group = num_groups > 0 ? row_capacity / num_groups : row_capacity;
+  switch (form) {
+    case GroupedGemmForm::kFprop:
+      return choose_gemm_tile(recipe, rows_per_group, n, k);
+    case GroupedGemmForm::kDgrad:
+      return choose_gemm_tile(recipe, rows_per_group, k, n);
+    case GroupedGemmForm::kWgrad:
+      break;
+  }
+  return choose_gemm_tile(recipe, n, k, rows_per_group);
 }
 
 }  // namespace cuda

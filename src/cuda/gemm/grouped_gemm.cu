@@ -87,16 +87,10 @@ int64_t grouped_gemm_workspace_bytes(int64_t num_groups) {
 sfmoe_status grouped_gemm(const GroupedGemmDeviceArgs& a, void* stream_pointer) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_pointer);
   if (a.num_groups == 0) return SFMOE_SUCCESS;
-  // The tile from the bounds the host knows: the GEMM's M per group (rows over groups in fprop
-  // and dgrad; n in wgrad).
-  const int64_t m_per_group =
-      a.form == GroupedGemmForm::kWgrad ? a.n : a.row_capacity / a.num_groups;
-  const int64_t gemm_k = a.form == GroupedGemmForm::kFprop   ? a.k
-                         : a.form == GroupedGemmForm::kDgrad ? a.n
-                                                             : a.row_capacity / a.num_groups;
-  const int64_t gemm_n = a.form == GroupedGemmForm::kFprop ? a.n : a.k;
+  // The tile from the bounds the host knows (gemm_heuristics.h).
   const GemmRecipe recipe = recipe_of(a);
-  const GemmTile tile = choose_gemm_tile(recipe, m_per_group, gemm_n, gemm_k);
+  const GemmTile tile =
+      choose_gemm_tile_for(a.form, recipe, a.row_capacity, a.num_groups, a.n, a.k);
   switch (recipe) {
     case GemmRecipe::kFp8Blockwise:
       return grouped_gemm_blockwise(a, tile, stream);

@@ -1119,7 +1119,8 @@ sfmoe_status launch_tiles(const GroupedQuantizeArgs& a, cudaStream_t stream) {
 // Each warp takes a contiguous run of rows and walks the groups along it, keeping the running
 // amax in registers and folding it into amax[g] (atomicMax on the FP32 bits) when the group
 // changes and at the end: no shared memory, no block barriers (the tile kernel's amax pass spent
-// over half its cycles at barriers: docs/KERNEL_NOTES.md), kBatch 16-byte loads in flight per lane.
+// over half its cycles at barriers: docs/KERNEL_NOTES.md), kAmaxBatch chunks
+// in flight per lane (one 16-byte load each; two for FP32 input).
 constexpr int kAmaxThreads = 256;
 constexpr int kAmaxBatch = 4;
 template <sfmoe_dtype In>
@@ -1183,7 +1184,10 @@ sfmoe_status launch_amax_rows(const GroupedQuantizeArgs& a, cudaStream_t stream)
   const int64_t wave = resident_wave(reinterpret_cast<const void*>(kernel), kAmaxThreads, 0);
   // About two runs per resident warp over the row bound (the real rows may be fewer).
   const int64_t warps = 2 * wave * (kAmaxThreads / 32);
-  const int64_t rows_per_warp = a.row_capacity > warps ? (a.row_capacity + warps - 1) / warps : 1;
+  int64_t rows_per_warp = a.row_capacity > warps ? (a.row_capacity + warps - 1) / warps : 1;
+  // (Tests force other run lengths, so that runs cross group boundaries.)
+  const char* forced = getenv("SFMOE_QUANTIZE_AMAX_ROWS_PER_WARP");
+  if (forced != nullptr && atoll(forced) > 0) rows_per_warp = atoll(forced);
   const int64_t runs = (a.row_capacity + rows_per_warp - 1) / rows_per_warp;
   const int64_t blocks = (runs + kAmaxThreads / 32 - 1) / (kAmaxThreads / 32);
   kernel<<<static_cast<unsigned>(blocks > 0 ? blocks : 1), kAmaxThreads, 0, stream>>>(
