@@ -313,10 +313,8 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
     o.scaling = t->scaling;
     o.columnwise = columnwise;
     o.rows = t->row_capacity;
-    if (t->scaling == SFMOE_SCALING_TENSOR) {
-      o.scale_inv =
-          static_cast<const float*>(columnwise ? t->columnwise_scale_inv : t->rowwise_scale_inv);
-    } else if (t->scaling == SFMOE_SCALING_BLOCK_1X128) {  // the copy read's scales
+    if (t->scaling == SFMOE_SCALING_TENSOR || t->scaling == SFMOE_SCALING_BLOCK_1X128) {
+      // the copy read's scales
       o.scale_inv =
           static_cast<const float*>(columnwise ? t->columnwise_scale_inv : t->rowwise_scale_inv);
     } else if (t->scaling == SFMOE_SCALING_BLOCK_128X128) {  // W: the rowwise scales

@@ -385,7 +385,6 @@ void quantize_2d(const GroupedQuantizeArgs& args, const PaddedMatrix& plan,
   }
 }
 
-
 }  // namespace
 
 void grouped_amax(const GroupedInput& input, int64_t num_groups, int64_t cols, float* amax,
