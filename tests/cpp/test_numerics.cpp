@@ -82,6 +82,27 @@ TEST(Numerics, ComparisonE2M1EncoderEqualsTheGenericRounding) {
   EXPECT_GT(checked, 1000000);
 }
 
+// The E2M1 encoder against its earlier definition (seven comparisons with the midpoints, itself
+// checked against the generic rounding above), on every float.
+TEST(Numerics, E2M1EncoderEqualsTheMidpointComparisonsOnEveryFloat) {
+  auto by_midpoints = [](float x) -> uint8_t {
+    const uint32_t bits = f32_to_bits(x);
+    const uint32_t abs_bits = bits & kF32AbsMask;
+    if (abs_bits > kF32InfBits) return FormatE2M1::kNanCode;
+    const float m = bits_to_f32(abs_bits);
+    const uint32_t code = (m > 0.25f) + (m >= 0.75f) + (m > 1.25f) + (m >= 1.75f) + (m > 2.5f) +
+                          (m >= 3.5f) + (m > 5.0f);
+    return static_cast<uint8_t>(((bits >> 28) & 0x8u) | code);
+  };
+  uint64_t differing = 0;
+  uint32_t first = 0;
+  for (uint64_t a = 0; a <= 0xFFFFFFFFull; ++a) {
+    const float x = bits_to_f32(static_cast<uint32_t>(a));
+    if (f32_to_e2m1(x) != by_midpoints(x) && differing++ == 0) first = static_cast<uint32_t>(a);
+  }
+  EXPECT_EQ(differing, 0u) << "first at bits 0x" << std::hex << first;
+}
+
 TEST(Numerics, KnownAnswersFromTheDesign) {
   EXPECT_EQ(f32_to_e4m3(448.0f), 0x7E);
   EXPECT_EQ(f32_to_e4m3(464.0f), 0x7E);  // would round to 480: saturates

@@ -177,18 +177,24 @@ SFMOE_HD float e4m3_to_f32(uint8_t code) { return decode_narrow<FormatE4M3>(code
 SFMOE_HD float e5m2_to_f32(uint8_t code) { return decode_narrow<FormatE5M2>(code); }
 
 // --- FP4 E2M1 (a 4-bit code in the low nibble; two per byte, element 2i in the low nibble) -----
-// E2M1 has eight magnitudes (0, .5, 1, 1.5, 2, 3, 4, 6), so round-to-nearest-even is seven
-// comparisons with the midpoints: strict where the lower neighbour has the even code, inclusive
-// where the upper one has; beyond 5 everything (Inf included) saturates to 6. The same function as
-// encode_narrow<FormatE2M1>, in a fraction of the instructions (the tests check both forms).
+// E2M1 has eight magnitudes (0, .5, 1, 1.5, 2, 3, 4, 6): the codes 0-7 are 2m on [0, 2), m + 2 on
+// [2, 4) and m / 2 + 4 on [4, 6], so round-to-nearest-even is one integer rounding of t = 2m, m or
+// m / 2 (exact products), done by adding 1.5 * 2^23: the sum's low bits are rint(t), ties to even,
+// which are the even codes' ties too. Magnitudes above 5 (Inf included) saturate to 6: m is
+// clamped to 8 first and the code to 7. NaN gives the canonical NaN code. No branches: the
+// NVFP4 encoders run this per value. The same function as encode_narrow<FormatE2M1> (the tests
+// check every float).
 SFMOE_HD uint8_t f32_to_e2m1(float x) {
   const uint32_t bits = f32_to_bits(x);
   const uint32_t abs_bits = bits & kF32AbsMask;
-  if (abs_bits > kF32InfBits) return FormatE2M1::kNanCode;
-  const float m = bits_to_f32(abs_bits);
-  const uint32_t code = (m > 0.25f) + (m >= 0.75f) + (m > 1.25f) + (m >= 1.75f) + (m > 2.5f) +
-                        (m >= 3.5f) + (m > 5.0f);
-  return static_cast<uint8_t>(((bits >> 28) & 0x8u) | code);
+  const float magnitude = bits_to_f32(abs_bits);
+  const float m = magnitude < 8.0f ? magnitude : 8.0f;  // (NaN too; replaced below)
+  const float t = m < 2.0f ? 2.0f * m : (m < 4.0f ? m : 0.5f * m);
+  const uint32_t offset = m < 2.0f ? 0u : (m < 4.0f ? 2u : 4u);
+  const uint32_t rounded = f32_to_bits(t + 12582912.0f) & 0xFu;  // rint(t), t in [0, 4]
+  const uint32_t sum = rounded + offset;
+  const uint32_t code = ((bits >> 28) & 0x8u) | (sum < 7u ? sum : 7u);
+  return static_cast<uint8_t>(abs_bits > kF32InfBits ? FormatE2M1::kNanCode : code);
 }
 SFMOE_HD float e2m1_to_f32(uint8_t code) { return decode_narrow<FormatE2M1>(code & 0xFu); }
 
