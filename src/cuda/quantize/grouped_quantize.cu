@@ -1125,12 +1125,16 @@ constexpr int kAmaxThreads = 256;
 constexpr int kAmaxBatch = 4;
 template <sfmoe_dtype In>
 __global__ void __launch_bounds__(kAmaxThreads)
-    quantize_amax_rows_kernel(GroupedQuantizeArgs a, int64_t rows_per_warp) {
+    quantize_amax_rows_kernel(GroupedQuantizeArgs a, int64_t forced_rows_per_warp) {
   const int lane = threadIdx.x % 32;
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * kAmaxThreads + threadIdx.x) / 32;
   const int64_t groups = a.num_groups, cols = a.cols;
   const int64_t* out_off = a.offsets;
   const int64_t total = out_off != nullptr ? out_off[groups] : groups * a.uniform_rows;
+  // The real rows split evenly over the launched warps (the capacity may be far above them).
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (kAmaxThreads / 32);
+  const int64_t rows_per_warp =
+      forced_rows_per_warp > 0 ? forced_rows_per_warp : (total + warps - 1) / warps;
   const int64_t r_begin = warp * rows_per_warp;
   const int64_t r_end = r_begin + rows_per_warp < total ? r_begin + rows_per_warp : total;
   if (r_begin >= r_end) return;
@@ -1182,16 +1186,18 @@ template <sfmoe_dtype In>
 sfmoe_status launch_amax_rows(const GroupedQuantizeArgs& a, cudaStream_t stream) {
   auto kernel = quantize_amax_rows_kernel<In>;
   const int64_t wave = resident_wave(reinterpret_cast<const void*>(kernel), kAmaxThreads, 0);
-  // About two runs per resident warp over the row bound (the real rows may be fewer).
-  const int64_t warps = 2 * wave * (kAmaxThreads / 32);
-  int64_t rows_per_warp = a.row_capacity > warps ? (a.row_capacity + warps - 1) / warps : 1;
+  // Two runs per resident warp; each warp's run length comes from the real rows on the device.
+  const int64_t blocks_for_rows = (a.row_capacity + kAmaxThreads / 32 - 1) / (kAmaxThreads / 32);
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(2 * wave, blocks_for_rows));
   // (Tests force other run lengths, so that runs cross group boundaries.)
   const char* forced = getenv("SFMOE_QUANTIZE_AMAX_ROWS_PER_WARP");
-  if (forced != nullptr && atoll(forced) > 0) rows_per_warp = atoll(forced);
-  const int64_t runs = (a.row_capacity + rows_per_warp - 1) / rows_per_warp;
-  const int64_t blocks = (runs + kAmaxThreads / 32 - 1) / (kAmaxThreads / 32);
-  kernel<<<static_cast<unsigned>(blocks > 0 ? blocks : 1), kAmaxThreads, 0, stream>>>(
-      a, rows_per_warp);
+  const int64_t forced_rows = forced != nullptr ? std::max<int64_t>(0, atoll(forced)) : 0;
+  const int64_t forced_blocks = forced_rows > 0
+                                    ? (a.row_capacity + forced_rows * (kAmaxThreads / 32) - 1) /
+                                          (forced_rows * (kAmaxThreads / 32))
+                                    : 0;
+  kernel<<<static_cast<unsigned>(forced_rows > 0 ? std::max<int64_t>(1, forced_blocks) : blocks),
+           kAmaxThreads, 0, stream>>>(a, forced_rows);
   return check_launch("sfmoe_grouped_quantize", "quantize_amax_rows_kernel");
 }
 
