@@ -49,17 +49,28 @@ constexpr int kChunksPerRow = kTile / kChunk;  // 16 lanes cover a tile row
 
 // Thread geometry. The rowwise-only path runs 256 threads, each with 8 chunks of a tile in flight
 // from global memory. The columnwise path runs 512 threads (4 chunks and one 16-row column
-// segment each): half the registers per thread, so that two blocks give 32 warps per SM.
+// segment each; 128 registers, one block per SM). Columnwise, a warp owns the whole height of
+// four column pairs: lane l takes segment l % 8 of pair 4 warp + l / 8. A column's block amax
+// (MXFP8: 2 segments, 1x128: 8) is then reduced by shuffles, every warp has the same share of
+// the scale work, and the eight lanes of a column store its 128 rows as one line.
 template <bool kColumnwise>
 struct Geometry {
   static constexpr int kThreads = kColumnwise ? 512 : 256;
   static constexpr int kRowsPerStep = kThreads / kChunksPerRow;  // 16 or 32
   static constexpr int kSteps = kTile / kRowsPerStep;            // chunks per thread per tile
   static constexpr int kSegment = 16;                            // rows per columnwise thread
-  static constexpr int kSegments = kTile / kSegment;             // 8
+  static constexpr int kSegments = kTile / kSegment;             // 8, the low 3 bits of a lane
   static_assert(!kColumnwise || (kTile / 2) * kSegments == kThreads,
                 "columnwise: one thread per column pair x segment");
+  static_assert(kSegments == 8, "columnwise: a lane's segment is lane % 8");
+  __device__ static int segment(int tid) { return tid & (kSegments - 1); }
+  __device__ static int pair(int tid) { return (tid / 32) * 4 + (tid & 31) / kSegments; }
 };
+
+// Columnwise tiles in shared memory: the 16-byte chunk j of tile row i is stored at chunk
+// position j ^ (i / 16), so that the eight segments of a column pair, read by eight lanes of one
+// warp, fall in eight different banks; the 16 chunks of a row stay within the row.
+__device__ __forceinline__ int swizzled_chunk(int row, int chunk) { return chunk ^ ((row / 16) & 7); }
 // Group offsets are staged in shared memory when there are at most this many groups.
 constexpr int64_t kMaxStagedGroups = 1024;
 
@@ -446,7 +457,7 @@ __device__ __forceinline__ void issue_tile(uint32_t* buffer, const GroupedInput&
   for (int l = 0; l < G::kSteps; ++l) {
     const int i = i0 + G::kRowsPerStep * l;
     const uint8_t* row = row_input[i];  // NULL: padding or beyond
-    uint32_t* dst = buffer + i * W + j * Raw::kWords;
+    uint32_t* dst = buffer + i * W + swizzled_chunk(i, j) * Raw::kWords;
     if (row == nullptr || !inside || whole) {
       const bool fill = row != nullptr && inside;
       const uint8_t* from = fill ? row + c * kBytes : static_cast<const uint8_t*>(in.data);
@@ -517,19 +528,25 @@ __device__ __forceinline__ float column_value(const uint32_t* words, int m, int 
 }
 
 // The raw words of a columnwise segment: columns 2 pair and 2 pair + 1 of `count` tile rows from
-// `first_row` (16-bit inputs: one word per row holds both; FP32: two words per row).
+// `first_row` (16-bit inputs: one word per row holds both; FP32: two words per row). The rows lie
+// in one 16-row segment, so they share the chunk swizzle.
 template <sfmoe_dtype In, int kCount>
 __device__ __forceinline__ void load_segment_words(const uint32_t* tile, int words_per_row,
                                                    int first_row, int pair, uint32_t* words) {
+  static_assert(kCount <= 16, "one swizzle per 16-row segment");
+  constexpr int kWordsPerPair = In == SFMOE_DTYPE_FP32 ? 2 : 1;
+  constexpr int kChunkWords = RawChunk<In>::kWords;  // 4 pairs per chunk
+  const uint32_t* column =
+      tile + first_row * words_per_row + swizzled_chunk(first_row, pair / 4) * kChunkWords +
+      (pair % 4) * kWordsPerPair;
 #pragma unroll
   for (int m = 0; m < kCount; ++m) {
     if constexpr (In == SFMOE_DTYPE_FP32) {
-      const uint2 x =
-          *reinterpret_cast<const uint2*>(tile + (first_row + m) * words_per_row + 2 * pair);
+      const uint2 x = *reinterpret_cast<const uint2*>(column + m * words_per_row);
       words[2 * m] = x.x;
       words[2 * m + 1] = x.y;
     } else {
-      words[m] = tile[(first_row + m) * words_per_row + pair];
+      words[m] = column[m * words_per_row];
     }
   }
 }
@@ -603,7 +620,6 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
   __shared__ float row_col_scale[kTile];   // NVFP4: the columnwise S_enc
   __shared__ float row_col_decode[kTile];  // NVFP4: its inverse
   __shared__ uint32_t row_bits[kTile];     // amax pass: each row's amax over the unit
-  __shared__ uint32_t segment_bits[kSegments][kTile];  // columnwise partial amax (blocks > segment)
   __shared__ uint32_t block_bits[3][64];               // 2D block amax, three rotating sets
   __shared__ uint32_t hadamard_bits[kTile / 16];       // amax pass: transformed 16-row blocks
 
@@ -652,8 +668,8 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
   const int64_t units = bands * sched.col_units;
   const int j = tid % kChunksPerRow;   // rowwise: chunk j of each tile row it covers
   const int i0 = tid / kChunksPerRow;  // rowwise: tile rows i0 + kRowsPerStep l
-  const int pair = tid % (kTile / 2);  // columnwise: tile columns 2 pair, 2 pair + 1
-  const int seg = tid / (kTile / 2);   // columnwise: tile rows [32 seg, 32 seg + 32)
+  const int pair = G::pair(tid);    // columnwise: tile columns 2 pair, 2 pair + 1
+  const int seg = G::segment(tid);  // columnwise: tile rows [16 seg, 16 seg + 16)
   int parity = 0;                      // tiles done by this block: selects the rotating buffers
   for (int64_t unit = blockIdx.x; unit < units; unit += gridDim.x) {
     const int64_t r0 = unit / sched.col_units * kTile;
@@ -744,8 +760,9 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
       auto chunk_at = [&](int l) -> Raw {
         if constexpr (kColumnwise) {
           Raw r;
+          const int i = i0 + kRowsPerStep * l;
           const uint4* p =
-              reinterpret_cast<const uint4*>(tile + (i0 + kRowsPerStep * l) * W + j * Raw::kWords);
+              reinterpret_cast<const uint4*>(tile + i * W + swizzled_chunk(i, j) * Raw::kWords);
 #pragma unroll
           for (int v = 0; v < Raw::kWords / 4; ++v) {
             const uint4 x = p[v];
@@ -910,35 +927,41 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
 #pragma unroll
         for (int h = 0; h < kPieces; ++h) col_mult[0][h] = col_mult[1][h] = 1.0f;
         if constexpr (B > kSegment && !R::k2D) {
-          // Blocks taller than a segment (BLOCK_1X128: 8 segments, MXFP8: 2): partial amax of
-          // each segment through shared memory; the block's first segment stores the scale.
+          // Blocks taller than a segment (BLOCK_1X128: 8 segments, MXFP8: 2): the segments of a
+          // block are neighbouring lanes of one warp, so the block amax is a few shuffles; the
+          // block's first segment stores the scale.
           constexpr int kSegmentsPerBlock = B / kSegment;
           const bool packed_mx_scales =
               S == SFMOE_SCALING_MX_1X32 && a.scale_layout == SFMOE_SCALE_LAYOUT_COMPACT;
-          uint32_t partial[2] = {0, 0};
-          if (segment_active) column_pair_amax_bits<In, kSegment>(words, partial);
-          segment_bits[seg][cl] = partial[0];
-          segment_bits[seg][cl + 1] = partial[1];
-          __syncthreads();
-          const int first_seg = seg / kSegmentsPerBlock * kSegmentsPerBlock;
+          uint32_t block_amax[2] = {0, 0};
+          if (segment_active) column_pair_amax_bits<In, kSegment>(words, block_amax);
+#pragma unroll
+          for (int mask = 1; mask < kSegmentsPerBlock; mask <<= 1) {
+            block_amax[0] = shfl_max(block_amax[0], mask);
+            block_amax[1] = shfl_max(block_amax[1], mask);
+          }
+          const int first_seg = seg & ~(kSegmentsPerBlock - 1);
           const int block_row = kSegment * first_seg;  // tile row of the block's first row
+          const bool block_first = seg == first_seg && segment_active;
+          uint8_t codes[2];
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            uint32_t m = 0;
-#pragma unroll
-            for (int s2 = 0; s2 < kSegmentsPerBlock; ++s2)
-              m = max(m, segment_bits[first_seg + s2][cl + e]);
-            const BlockScale s = block_scale<S>(__uint_as_float(m), fp8, pow2, 0.0f, 0.0f);
+            const float m = __uint_as_float(block_amax[e]);
+            const BlockScale s = block_scale<S>(m, fp8, pow2, 0.0f, 0.0f);
+            codes[e] = s.stored_u8;
 #pragma unroll
             for (int h = 0; h < kPieces; ++h) col_mult[e][h] = s.multiplier;
-            if (!packed_mx_scales && seg == first_seg && segment_active && cc + e < cols) {
+            if (block_first && cc + e < cols) {
               const int64_t r = r0 + block_row, scale_cols = capacity / B;
-              maybe_trap(a, __uint_as_float(m), row_group[block_row], r);
-              const int64_t at = S == SFMOE_SCALING_BLOCK_1X128
-                                     ? block_1x128_scale_offset(a.scale_layout, true, cc + e, r / B,
-                                                                scale_cols, cols)
-                                     : scale_offset(a.scale_layout, cc + e, r / B, scale_cols);
-              store_scale<S>(a.columnwise_scale_inv, at, s);
+              maybe_trap(a, m, row_group[block_row], r);
+              if (!packed_mx_scales) {
+                const int64_t at =
+                    S == SFMOE_SCALING_BLOCK_1X128
+                        ? block_1x128_scale_offset(a.scale_layout, true, cc + e, r / B, scale_cols,
+                                                   cols)
+                        : scale_offset(a.scale_layout, cc + e, r / B, scale_cols);
+                store_scale<S>(a.columnwise_scale_inv, at, s);
+              }
               if constexpr (S == SFMOE_SCALING_MX_1X32) {
                 if (a.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && cc + e == cols - 1) {
                   zero_swizzle_padding_rows(static_cast<uint8_t*>(a.columnwise_scale_inv), cols,
@@ -949,37 +972,39 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
           }
           if constexpr (S == SFMOE_SCALING_MX_1X32) {
             // Compact layout: the tile's four E8M0 scales of a column sit side by side, 2 KB from
-            // the next column's; the first segment's thread stores them as one word. Measured
-            // (docs/KERNEL_NOTES.md, q7): 1.15 -> 1.05 ms for compact scales, but 0.77 -> 1.03 ms
-            // for swizzled ones, whose byte stores already land close together, so the swizzled
-            // layout keeps one store per block.
-            if (packed_mx_scales && seg == 0) {
-              const int64_t scale_cols = capacity / B;
-              uint8_t* scales = static_cast<uint8_t*>(a.columnwise_scale_inv);
+            // the next column's; the lane of the first segment gathers them by shuffles and
+            // stores them as one word (docs/KERNEL_NOTES.md, q7 and q9). The swizzled layout's
+            // byte stores already land close together: one store per block.
+            if (packed_mx_scales) {
+              constexpr int kBlocksPerTile = kTile / B;
+              uint32_t packed[2] = {0, 0};
 #pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                if (cc + e >= cols) continue;
-                const int64_t offset = (cc + e) * scale_cols + r0 / B;  // compact
-                uint32_t packed = 0;
-                int written = 0;
+              for (int b = 0; b < kBlocksPerTile; ++b) {
+                const int from = (lane & ~(kSegments - 1)) | (kSegmentsPerBlock * b);
 #pragma unroll
-                for (int b = 0; b < kTile / B; ++b) {
-                  if (r0 + B * b >= total) continue;  // rows at and beyond out_off[G]: not written
-                  uint32_t m = 0;
-#pragma unroll
-                  for (int s2 = 0; s2 < kSegmentsPerBlock; ++s2)
-                    m = max(m, segment_bits[kSegmentsPerBlock * b + s2][cl + e]);
-                  const uint8_t code =
-                      block_scale<S>(__uint_as_float(m), fp8, pow2, 0.0f, 0.0f).stored_u8;
-                  maybe_trap(a, __uint_as_float(m), row_group[B * b], r0 + B * b);
-                  packed |= static_cast<uint32_t>(code) << (8 * b);
-                  ++written;
+                for (int e = 0; e < 2; ++e) {
+                  packed[e] |= (__shfl_sync(0xFFFFFFFFu, static_cast<uint32_t>(codes[e]), from) &
+                                0xFFu)
+                               << (8 * b);
                 }
-                if (written == kTile / B && (offset & 3) == 0) {
-                  *reinterpret_cast<uint32_t*>(scales + offset) = packed;
-                } else {
-                  for (int b = 0; b < written; ++b)
-                    scales[offset + b] = static_cast<uint8_t>(packed >> (8 * b));
+              }
+              if (seg == 0 && segment_active) {
+                // Blocks at and beyond out_off[G] are not written.
+                const int64_t rows_in = total - r0;
+                const int written =
+                    rows_in >= kTile ? kBlocksPerTile : static_cast<int>((rows_in + B - 1) / B);
+                const int64_t scale_cols = capacity / B;
+                uint8_t* scales = static_cast<uint8_t*>(a.columnwise_scale_inv);
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                  if (cc + e >= cols) continue;
+                  const int64_t offset = (cc + e) * scale_cols + r0 / B;  // compact
+                  if (written == kBlocksPerTile && (offset & 3) == 0) {
+                    *reinterpret_cast<uint32_t*>(scales + offset) = packed[e];
+                  } else {
+                    for (int b = 0; b < written; ++b)
+                      scales[offset + b] = static_cast<uint8_t>(packed[e] >> (8 * b));
+                  }
                 }
               }
             }
@@ -1050,10 +1075,13 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
         if (j == 0) row_bits[i0 + kRowsPerStep * l] = m;
       }
       if constexpr (kColumnwise) {
+        // The lanes of one segment (lane % 8 equal) reduce; the first of them folds.
 #pragma unroll
         for (int h = 0; h < kPieces; ++h) {
-          const uint32_t m = __reduce_max_sync(0xFFFFFFFFu, unit_hadamard[h]);
-          if (lane == 0 && m != 0) atomicMax(&hadamard_bits[(kSegment * seg) / 16 + h], m);
+          const uint32_t m = shfl_max(shfl_max(unit_hadamard[h], 8), 16);
+          if (lane < kSegments && m != 0) {
+            atomicMax(&hadamard_bits[(kSegment * seg) / 16 + h], m);
+          }
         }
       }
       __syncthreads();
