@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <cub/block/block_scan.cuh>
 
 #include "sfmoe/numerics.h"
@@ -814,254 +815,290 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
         continue;
       }
 
-      // 2D blocks: the amax of each B x B block of the tile, by shared atomics on a set that was
-      // cleared two tiles ago (the tile before the previous one was its last reader).
-      uint32_t* const block_set = block_bits[parity % 3];
-      if constexpr (R::k2D) {
-        if (tid < 64) block_bits[(parity + 1) % 3][tid] = 0;
-        if constexpr (B == 128) {
-          uint32_t m = 0;
-#pragma unroll
-          for (int l = 0; l < kSteps; ++l) m = max(m, bits[l]);
-          m = __reduce_max_sync(0xFFFFFFFFu, m);
-          if (lane == 0 && m != 0) atomicMax(&block_set[0], m);
-        } else {
-#pragma unroll
-          for (int l = 0; l < kSteps; ++l) {
-            const uint32_t m =
-                shfl_max(shfl_max(bits[l], 1), 16);  // 16 columns x the warp's 2 rows
-            const int row_block = (i0 + kRowsPerStep * l) / 16;
-            if (lane < 16 && (lane & 1) == 0 && m != 0)
-              atomicMax(&block_set[row_block * 8 + j / 2], m);
-          }
-        }
-        __syncthreads();
-        // Scales of the tile's 2D blocks, for both copies; NaN traps once per block.
-        constexpr int kBlocksPerSide = kTile / B;
-        if (tid < kBlocksPerSide * kBlocksPerSide) {
-          const int bl = tid / kBlocksPerSide, bc = tid % kBlocksPerSide;
-          const int64_t br = r0 + B * bl, bcol = c0 + B * bc;
-          if (br < total && bcol < cols) {
-            const int i = B * bl;
-            const float block_amax = __uint_as_float(block_set[bl * 8 + bc]);
-            const BlockScale s = block_scale<S>(block_amax, fp8, pow2, row_scale[i], row_decode[i]);
-            maybe_trap(a, block_amax, row_group[i], br);
-            if (a.rowwise_scale_inv)
-              store_scale<S>(a.rowwise_scale_inv, (br / B) * (cols / B) + bcol / B, s);
-            if (a.columnwise_scale_inv)
-              store_scale<S>(a.columnwise_scale_inv, (bcol / B) * (capacity / B) + br / B, s);
-          }
-        }
-      }
-
-      // ---- rowwise copy, from the registers ----
-      if (a.rowwise != nullptr) {
-        // 1D recipes: block amax spread over the lanes, one scale computation per block.
-        constexpr int L = (B > 0 && !R::k2D) ? B / kChunk : 1;  // lanes per block: 16, 4 or 2
-        using Sp = Spread<L, kSteps>;
-        float own_multiplier[Sp::kPerLane];
-        if constexpr (L > 1) {
-          uint32_t reduced[kSteps];
-#pragma unroll
-          for (int l = 0; l < kSteps; ++l) reduced[l] = bits[l];
-          reduce_spread<L, kSteps>(reduced, lane);
-          const int first = Sp::first_step(lane);
-#pragma unroll
-          for (int k = 0; k < Sp::kPerLane; ++k) {
-            const int i = i0 + kRowsPerStep * (first + k);
-            const float amax = __uint_as_float(reduced[k]);
-            const BlockScale s = block_scale<S>(amax, fp8, pow2, row_scale[i], row_decode[i]);
-            own_multiplier[k] = s.multiplier;
-            if (Sp::stores(lane) && chunk_in && row_src[i] != kRowBeyond) {
-              const int64_t r = r0 + i, scale_cols = cols / B;
-              maybe_trap(a, amax, row_group[i], r);
-              const int64_t offset = scale_offset(a.scale_layout, r, c / B, scale_cols);
-              store_scale<S>(a.rowwise_scale_inv, offset, s);
-              if constexpr (R::kNv || S == SFMOE_SCALING_MX_1X32) {
-                if (a.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && c / B == scale_cols - 1) {
-                  zero_swizzle_padding_columns(static_cast<uint8_t*>(a.rowwise_scale_inv), r,
-                                               scale_cols);
-                }
-              }
-            }
-          }
-        }
-        const bool vector_ok = cols % kChunk == 0;
-        // One step at a time (multiplier, then codes), which keeps few values live.
-#pragma unroll
-        for (int l = 0; l < kSteps; ++l) {
-          const int i = i0 + kRowsPerStep * l;
-          const int64_t r = r0 + i;
-          const bool written = chunk_in && row_src[i] != kRowBeyond;
-          float mult = 1.0f;
-          if constexpr (R::kTensor) {
-            mult = row_scale[i];
-          } else if constexpr (R::k2D) {
-            const uint32_t m = B == 128 ? block_set[0] : block_set[(i / 16) * 8 + j / 2];
-            mult = block_scale<S>(__uint_as_float(m), fp8, pow2, row_scale[i], row_decode[i])
-                       .multiplier;
+      // Columnwise path: full tiles (every row below out_off[G], every column inside, rows of
+      // whole vectors) run a copy of the encoding compiled without the bounds checks; edge tiles
+      // keep them. The condition is the same for the whole block (the encoding may hold
+      // barriers). The rowwise-only kernels and NVFP4 keep one copy: a second one made them
+      // spill at their register bounds (NVFP4 +columnwise: 1.97 -> 2.10 ms).
+      constexpr bool kFullTileCopy = kColumnwise && !kFp4;
+      const bool full_tile = kFullTileCopy && r0 + kTile <= total && c0 + kTile <= cols &&
+                             cols % kChunk == 0 && capacity % 16 == 0;
+      auto encode_tile = [&](auto full_tag) {
+        constexpr bool kFull = decltype(full_tag)::value;
+        // 2D blocks: the amax of each B x B block of the tile, by shared atomics on a set that was
+        // cleared two tiles ago (the tile before the previous one was its last reader).
+        uint32_t* const block_set = block_bits[parity % 3];
+        if constexpr (R::k2D) {
+          if (tid < 64) block_bits[(parity + 1) % 3][tid] = 0;
+          if constexpr (B == 128) {
+            uint32_t m = 0;
+  #pragma unroll
+            for (int l = 0; l < kSteps; ++l) m = max(m, bits[l]);
+            m = __reduce_max_sync(0xFFFFFFFFu, m);
+            if (lane == 0 && m != 0) atomicMax(&block_set[0], m);
           } else {
-            mult = __shfl_sync(0xFFFFFFFFu, own_multiplier[Sp::owner_register(l)],
-                               (lane & ~(L - 1)) | Sp::owner_lane(l));
-          }
-          if (written) {
-            float v[kChunk], m[kChunk];
-            decode_raw<In>(chunk_at(l), v);
-#pragma unroll
-            for (int k = 0; k < kChunk; ++k) m[k] = mult;
-            uint32_t words[kFp4 ? 1 : 2];
-            encode_packed<kFp4, kChunk>(v, m, e5m2, stochastic, seed, stream_rowwise, r * cols + c,
-                                        words);
-            const int valid = cols - c < kChunk ? static_cast<int>(cols - c) : kChunk;
-            store_packed<kFp4, kChunk>(a.rowwise, r * cols + c, words, valid, vector_ok);
-          }
-        }
-      }
-
-      // ---- columnwise copy, from the shared tile: two columns x kSegment rows per thread ----
-      if constexpr (kColumnwise) {
-        uint32_t words[kSegmentWords];
-        if (segment_active) load_segment_words<In, kSegment>(tile, W, rs, pair, words);
-        // Block multipliers of the segment: [column e][16-row piece h].
-        float col_mult[2][kPieces];
-#pragma unroll
-        for (int h = 0; h < kPieces; ++h) col_mult[0][h] = col_mult[1][h] = 1.0f;
-        if constexpr (B > kSegment && !R::k2D) {
-          // Blocks taller than a segment (BLOCK_1X128: 8 segments, MXFP8: 2): the segments of a
-          // block are neighbouring lanes of one warp, so the block amax is a few shuffles; the
-          // block's first segment stores the scale.
-          constexpr int kSegmentsPerBlock = B / kSegment;
-          const bool packed_mx_scales =
-              S == SFMOE_SCALING_MX_1X32 && a.scale_layout == SFMOE_SCALE_LAYOUT_COMPACT;
-          uint32_t block_amax[2] = {0, 0};
-          if (segment_active) column_pair_amax_bits<In, kSegment>(words, block_amax);
-#pragma unroll
-          for (int mask = 1; mask < kSegmentsPerBlock; mask <<= 1) {
-            block_amax[0] = shfl_max(block_amax[0], mask);
-            block_amax[1] = shfl_max(block_amax[1], mask);
-          }
-          const int first_seg = seg & ~(kSegmentsPerBlock - 1);
-          const int block_row = kSegment * first_seg;  // tile row of the block's first row
-          const bool block_first = seg == first_seg && segment_active;
-          uint8_t codes[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float m = __uint_as_float(block_amax[e]);
-            const BlockScale s = block_scale<S>(m, fp8, pow2, 0.0f, 0.0f);
-            codes[e] = s.stored_u8;
-#pragma unroll
-            for (int h = 0; h < kPieces; ++h) col_mult[e][h] = s.multiplier;
-            if (block_first && cc + e < cols) {
-              const int64_t r = r0 + block_row, scale_cols = capacity / B;
-              maybe_trap(a, m, row_group[block_row], r);
-              if (!packed_mx_scales) {
-                const int64_t at =
-                    S == SFMOE_SCALING_BLOCK_1X128
-                        ? block_1x128_scale_offset(a.scale_layout, true, cc + e, r / B, scale_cols,
-                                                   cols)
-                        : scale_offset(a.scale_layout, cc + e, r / B, scale_cols);
-                store_scale<S>(a.columnwise_scale_inv, at, s);
-              }
-              if constexpr (S == SFMOE_SCALING_MX_1X32) {
-                if (a.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && cc + e == cols - 1) {
-                  zero_swizzle_padding_rows(static_cast<uint8_t*>(a.columnwise_scale_inv), cols,
-                                            r / B, scale_cols);
-                }
-              }
+  #pragma unroll
+            for (int l = 0; l < kSteps; ++l) {
+              const uint32_t m =
+                  shfl_max(shfl_max(bits[l], 1), 16);  // 16 columns x the warp's 2 rows
+              const int row_block = (i0 + kRowsPerStep * l) / 16;
+              if (lane < 16 && (lane & 1) == 0 && m != 0)
+                atomicMax(&block_set[row_block * 8 + j / 2], m);
             }
           }
-          if constexpr (S == SFMOE_SCALING_MX_1X32) {
-            // Compact layout: the tile's four E8M0 scales of a column sit side by side, 2 KB from
-            // the next column's; the lane of the first segment gathers them by shuffles and
-            // stores them as one word (docs/KERNEL_NOTES.md, q7 and q9). The swizzled layout's
-            // byte stores already land close together: one store per block.
-            if (packed_mx_scales) {
-              constexpr int kBlocksPerTile = kTile / B;
-              uint32_t packed[2] = {0, 0};
-#pragma unroll
-              for (int b = 0; b < kBlocksPerTile; ++b) {
-                const int from = (lane & ~(kSegments - 1)) | (kSegmentsPerBlock * b);
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                  packed[e] |= (__shfl_sync(0xFFFFFFFFu, static_cast<uint32_t>(codes[e]), from) &
-                                0xFFu)
-                               << (8 * b);
-                }
-              }
-              if (seg == 0 && segment_active) {
-                // Blocks at and beyond out_off[G] are not written.
-                const int64_t rows_in = total - r0;
-                const int written =
-                    rows_in >= kTile ? kBlocksPerTile : static_cast<int>((rows_in + B - 1) / B);
-                const int64_t scale_cols = capacity / B;
-                uint8_t* scales = static_cast<uint8_t*>(a.columnwise_scale_inv);
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                  if (cc + e >= cols) continue;
-                  const int64_t offset = (cc + e) * scale_cols + r0 / B;  // compact
-                  if (written == kBlocksPerTile && (offset & 3) == 0) {
-                    *reinterpret_cast<uint32_t*>(scales + offset) = packed[e];
-                  } else {
-                    for (int b = 0; b < written; ++b)
-                      scales[offset + b] = static_cast<uint8_t>(packed[e] >> (8 * b));
+          __syncthreads();
+          // Scales of the tile's 2D blocks, for both copies; NaN traps once per block.
+          constexpr int kBlocksPerSide = kTile / B;
+          if (tid < kBlocksPerSide * kBlocksPerSide) {
+            const int bl = tid / kBlocksPerSide, bc = tid % kBlocksPerSide;
+            const int64_t br = r0 + B * bl, bcol = c0 + B * bc;
+            if (br < total && bcol < cols) {
+              const int i = B * bl;
+              const float block_amax = __uint_as_float(block_set[bl * 8 + bc]);
+              const BlockScale s = block_scale<S>(block_amax, fp8, pow2, row_scale[i], row_decode[i]);
+              maybe_trap(a, block_amax, row_group[i], br);
+              if (a.rowwise_scale_inv)
+                store_scale<S>(a.rowwise_scale_inv, (br / B) * (cols / B) + bcol / B, s);
+              if (a.columnwise_scale_inv)
+                store_scale<S>(a.columnwise_scale_inv, (bcol / B) * (capacity / B) + br / B, s);
+            }
+          }
+        }
+
+        // ---- rowwise copy, from the registers ----
+        if (a.rowwise != nullptr) {
+          // 1D recipes: block amax spread over the lanes, one scale computation per block.
+          constexpr int L = (B > 0 && !R::k2D) ? B / kChunk : 1;  // lanes per block: 16, 4 or 2
+          using Sp = Spread<L, kSteps>;
+          float own_multiplier[Sp::kPerLane];
+          if constexpr (L > 1) {
+            uint32_t reduced[kSteps];
+  #pragma unroll
+            for (int l = 0; l < kSteps; ++l) reduced[l] = bits[l];
+            reduce_spread<L, kSteps>(reduced, lane);
+            const int first = Sp::first_step(lane);
+  #pragma unroll
+            for (int k = 0; k < Sp::kPerLane; ++k) {
+              const int i = i0 + kRowsPerStep * (first + k);
+              const float amax = __uint_as_float(reduced[k]);
+              const BlockScale s = block_scale<S>(amax, fp8, pow2, row_scale[i], row_decode[i]);
+              own_multiplier[k] = s.multiplier;
+              if (Sp::stores(lane) && (kFull || (chunk_in && row_src[i] != kRowBeyond))) {
+                const int64_t r = r0 + i, scale_cols = cols / B;
+                maybe_trap(a, amax, row_group[i], r);
+                const int64_t offset = scale_offset(a.scale_layout, r, c / B, scale_cols);
+                store_scale<S>(a.rowwise_scale_inv, offset, s);
+                if constexpr (R::kNv || S == SFMOE_SCALING_MX_1X32) {
+                  if (a.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && c / B == scale_cols - 1) {
+                    zero_swizzle_padding_columns(static_cast<uint8_t*>(a.rowwise_scale_inv), r,
+                                                 scale_cols);
                   }
                 }
               }
             }
           }
-        } else if constexpr (R::k2D) {
-#pragma unroll
-          for (int h = 0; h < kPieces; ++h) {
-            const int i = rs + 16 * h;
-            const uint32_t m = B == 128 ? block_set[0] : block_set[(i / 16) * 8 + cl / 16];
-            col_mult[0][h] = col_mult[1][h] =
-                block_scale<S>(__uint_as_float(m), fp8, pow2, row_scale[i], row_decode[i])
-                    .multiplier;
-          }
-        }
-        if (segment_active) {
-          const bool vector_ok = capacity % 16 == 0;
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int64_t ce = cc + e;
-            if (ce >= cols) continue;
-#pragma unroll
-            for (int h = 0; h < kPieces; ++h) {
-              const int first = 16 * h;
-              if (first >= valid_rows) continue;
-              float v[16], m[16];
-#pragma unroll
-              for (int k = 0; k < 16; ++k) v[k] = column_value<In>(words, first + k, e);
-              float mult = col_mult[e][h];
-              if constexpr (R::kNv && !R::k2D) {
-                // NVFP4 1x16: each 16-row half is a block (optionally Hadamard-transformed).
-                if (hadamard) hadamard16_transform(v);
-                uint32_t mb = 0;
-#pragma unroll
-                for (int k = 0; k < 16; ++k) mb = max(mb, amax_bits(v[k]));
-                const int i = rs + first;
-                const BlockScale s = block_scale<S>(__uint_as_float(mb), fp8, pow2,
-                                                    row_col_scale[i], row_col_decode[i]);
-                mult = s.multiplier;
-                const int64_t scale_cols = capacity / B;
-                maybe_trap(a, __uint_as_float(mb), row_group[i], rseg + first);
-                uint8_t* scales = static_cast<uint8_t*>(a.columnwise_scale_inv);
-                scales[scale_offset(a.scale_layout, ce, (rseg + first) / B, scale_cols)] =
-                    s.stored_u8;
-                if (a.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && ce == cols - 1) {
-                  zero_swizzle_padding_rows(scales, cols, (rseg + first) / B, scale_cols);
-                }
-              }
-#pragma unroll
-              for (int k = 0; k < 16; ++k) m[k] = R::kTensor ? row_scale[rs + first + k] : mult;
-              uint32_t out[kFp4 ? 2 : 4];
-              const int64_t index = ce * capacity + rseg + first;
-              encode_packed<kFp4, 16>(v, m, e5m2, stochastic, seed, stream_rowwise + 1, index, out);
-              const int valid = valid_rows - first < 16 ? valid_rows - first : 16;
-              store_packed<kFp4, 16>(a.columnwise, index, out, valid, vector_ok);
+          const bool vector_ok = kFull || cols % kChunk == 0;
+          // One step at a time (multiplier, then codes), which keeps few values live.
+  #pragma unroll
+          for (int l = 0; l < kSteps; ++l) {
+            const int i = i0 + kRowsPerStep * l;
+            const int64_t r = r0 + i;
+            const bool written = kFull || (chunk_in && row_src[i] != kRowBeyond);
+            float mult = 1.0f;
+            if constexpr (R::kTensor) {
+              mult = row_scale[i];
+            } else if constexpr (R::k2D) {
+              const uint32_t m = B == 128 ? block_set[0] : block_set[(i / 16) * 8 + j / 2];
+              mult = block_scale<S>(__uint_as_float(m), fp8, pow2, row_scale[i], row_decode[i])
+                         .multiplier;
+            } else {
+              mult = __shfl_sync(0xFFFFFFFFu, own_multiplier[Sp::owner_register(l)],
+                                 (lane & ~(L - 1)) | Sp::owner_lane(l));
+            }
+            if (written) {
+              float v[kChunk], m[kChunk];
+              decode_raw<In>(chunk_at(l), v);
+  #pragma unroll
+              for (int k = 0; k < kChunk; ++k) m[k] = mult;
+              uint32_t words[kFp4 ? 1 : 2];
+              encode_packed<kFp4, kChunk>(v, m, e5m2, stochastic, seed, stream_rowwise, r * cols + c,
+                                          words);
+              const int valid =
+                  kFull || cols - c >= kChunk ? kChunk : static_cast<int>(cols - c);
+              store_packed<kFp4, kChunk>(a.rowwise, r * cols + c, words, valid, vector_ok);
             }
           }
         }
+
+        // ---- columnwise copy, from the shared tile: two columns x kSegment rows per thread ----
+        if constexpr (kColumnwise) {
+          uint32_t words[kSegmentWords];
+          const bool active = kFull || segment_active;
+          if (active) load_segment_words<In, kSegment>(tile, W, rs, pair, words);
+          // Block multipliers of the segment: [column e][16-row piece h].
+          float col_mult[2][kPieces];
+  #pragma unroll
+          for (int h = 0; h < kPieces; ++h) col_mult[0][h] = col_mult[1][h] = 1.0f;
+          if constexpr (B > kSegment && !R::k2D) {
+            // Blocks taller than a segment (BLOCK_1X128: 8 segments, MXFP8: 2): the segments of a
+            // block are neighbouring lanes of one warp, so the block amax is a few shuffles; the
+            // block's first segment stores the scale.
+            constexpr int kSegmentsPerBlock = B / kSegment;
+            const bool packed_mx_scales =
+                S == SFMOE_SCALING_MX_1X32 && a.scale_layout == SFMOE_SCALE_LAYOUT_COMPACT;
+            uint32_t block_amax[2] = {0, 0};
+            if (active) column_pair_amax_bits<In, kSegment>(words, block_amax);
+  #pragma unroll
+            for (int mask = 1; mask < kSegmentsPerBlock; mask <<= 1) {
+              block_amax[0] = shfl_max(block_amax[0], mask);
+              block_amax[1] = shfl_max(block_amax[1], mask);
+            }
+            const int first_seg = seg & ~(kSegmentsPerBlock - 1);
+            const int block_row = kSegment * first_seg;  // tile row of the block's first row
+            const bool block_first = seg == first_seg && active;
+            uint8_t codes[2];
+  #pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float m = __uint_as_float(block_amax[e]);
+              const BlockScale s = block_scale<S>(m, fp8, pow2, 0.0f, 0.0f);
+              codes[e] = s.stored_u8;
+  #pragma unroll
+              for (int h = 0; h < kPieces; ++h) col_mult[e][h] = s.multiplier;
+              if (block_first && (kFull || cc + e < cols)) {
+                const int64_t r = r0 + block_row, scale_cols = capacity / B;
+                maybe_trap(a, m, row_group[block_row], r);
+                if (!packed_mx_scales) {
+                  const int64_t at =
+                      S == SFMOE_SCALING_BLOCK_1X128
+                          ? block_1x128_scale_offset(a.scale_layout, true, cc + e, r / B, scale_cols,
+                                                     cols)
+                          : scale_offset(a.scale_layout, cc + e, r / B, scale_cols);
+                  store_scale<S>(a.columnwise_scale_inv, at, s);
+                }
+                if constexpr (S == SFMOE_SCALING_MX_1X32) {
+                  if (a.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && cc + e == cols - 1) {
+                    zero_swizzle_padding_rows(static_cast<uint8_t*>(a.columnwise_scale_inv), cols,
+                                              r / B, scale_cols);
+                  }
+                }
+              }
+            }
+            if constexpr (S == SFMOE_SCALING_MX_1X32) {
+              // Compact layout: the tile's four E8M0 scales of a column sit side by side, 2 KB from
+              // the next column's; the lane of the first segment gathers them by shuffles and
+              // stores them as one word (docs/KERNEL_NOTES.md, q7 and q9). The swizzled layout's
+              // byte stores already land close together: one store per block.
+              if (packed_mx_scales) {
+                constexpr int kBlocksPerTile = kTile / B;
+                uint32_t packed[2] = {0, 0};
+  #pragma unroll
+                for (int b = 0; b < kBlocksPerTile; ++b) {
+                  const int from = (lane & ~(kSegments - 1)) | (kSegmentsPerBlock * b);
+  #pragma unroll
+                  for (int e = 0; e < 2; ++e) {
+                    packed[e] |= (__shfl_sync(0xFFFFFFFFu, static_cast<uint32_t>(codes[e]), from) &
+                                  0xFFu)
+                                 << (8 * b);
+                  }
+                }
+                if (seg == 0 && active) {
+                  // Blocks at and beyond out_off[G] are not written.
+                  const int64_t rows_in = total - r0;
+                  const int written =
+                      rows_in >= kTile ? kBlocksPerTile : static_cast<int>((rows_in + B - 1) / B);
+                  const int64_t scale_cols = capacity / B;
+                  uint8_t* scales = static_cast<uint8_t*>(a.columnwise_scale_inv);
+  #pragma unroll
+                  for (int e = 0; e < 2; ++e) {
+                    if (!kFull && cc + e >= cols) continue;
+                    const int64_t offset = (cc + e) * scale_cols + r0 / B;  // compact
+                    if (written == kBlocksPerTile && (offset & 3) == 0) {
+                      *reinterpret_cast<uint32_t*>(scales + offset) = packed[e];
+                    } else {
+                      for (int b = 0; b < written; ++b)
+                        scales[offset + b] = static_cast<uint8_t>(packed[e] >> (8 * b));
+                    }
+                  }
+                }
+              }
+            }
+          } else if constexpr (R::k2D) {
+  #pragma unroll
+            for (int h = 0; h < kPieces; ++h) {
+              const int i = rs + 16 * h;
+              const uint32_t m = B == 128 ? block_set[0] : block_set[(i / 16) * 8 + cl / 16];
+              col_mult[0][h] = col_mult[1][h] =
+                  block_scale<S>(__uint_as_float(m), fp8, pow2, row_scale[i], row_decode[i])
+                      .multiplier;
+            }
+          }
+          if (active) {
+            const bool vector_ok = kFull || capacity % 16 == 0;
+  #pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int64_t ce = cc + e;
+              if (!kFull && ce >= cols) continue;
+  #pragma unroll
+              for (int h = 0; h < kPieces; ++h) {
+                const int first = 16 * h;
+                if (!kFull && first >= valid_rows) continue;
+                float v[16], m[16];
+  #pragma unroll
+                for (int k = 0; k < 16; ++k) v[k] = column_value<In>(words, first + k, e);
+                float mult = col_mult[e][h];
+                if constexpr (R::kNv && !R::k2D) {
+                  // NVFP4 1x16: each 16-row half is a block (optionally Hadamard-transformed).
+                  if (hadamard) hadamard16_transform(v);
+                  uint32_t mb = 0;
+  #pragma unroll
+                  for (int k = 0; k < 16; ++k) mb = max(mb, amax_bits(v[k]));
+                  const int i = rs + first;
+                  const BlockScale s = block_scale<S>(__uint_as_float(mb), fp8, pow2,
+                                                      row_col_scale[i], row_col_decode[i]);
+                  mult = s.multiplier;
+                  const int64_t scale_cols = capacity / B;
+                  maybe_trap(a, __uint_as_float(mb), row_group[i], rseg + first);
+                  uint8_t* scales = static_cast<uint8_t*>(a.columnwise_scale_inv);
+                  scales[scale_offset(a.scale_layout, ce, (rseg + first) / B, scale_cols)] =
+                      s.stored_u8;
+                  if (a.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && ce == cols - 1) {
+                    zero_swizzle_padding_rows(scales, cols, (rseg + first) / B, scale_cols);
+                  }
+                }
+                  if constexpr (R::kTensor) {
+                  // Per-row group scales; one load when the piece lies in one group (groups are
+                  // contiguous, so its first and last rows decide).
+                  const int i = rs + first;
+                  if (row_group[i] == row_group[i + 15]) {
+                    const float one = row_scale[i];
+#pragma unroll
+                    for (int k = 0; k < 16; ++k) m[k] = one;
+                  } else {
+#pragma unroll
+                    for (int k = 0; k < 16; ++k) m[k] = row_scale[i + k];
+                  }
+                } else {
+#pragma unroll
+                  for (int k = 0; k < 16; ++k) m[k] = mult;
+                }
+                uint32_t out[kFp4 ? 2 : 4];
+                const int64_t index = ce * capacity + rseg + first;
+                encode_packed<kFp4, 16>(v, m, e5m2, stochastic, seed, stream_rowwise + 1, index, out);
+                const int valid = kFull || valid_rows - first >= 16 ? 16 : valid_rows - first;
+                store_packed<kFp4, 16>(a.columnwise, index, out, valid, vector_ok);
+              }
+            }
+          }
+        }
+      };
+      if constexpr (kFullTileCopy) {
+        if (full_tile) {
+          encode_tile(std::true_type{});
+        } else {
+          encode_tile(std::false_type{});
+        }
+      } else {
+        encode_tile(std::false_type{});
       }
     }
 
