@@ -150,6 +150,13 @@ __global__ void __launch_bounds__(kScanThreads)
   if (threadIdx.x == 0) offsets[0] = 0;
 }
 
+// The row of the `rank`-th token routed to expert e: offsets[e] + rank, or -1 past the expert's
+// capacity (0: none). The place kernel and the bulk copy that places its own slots share it.
+__device__ __forceinline__ int64_t slot_row(const int64_t* offsets, int32_t e, int64_t rank,
+                                            int64_t expert_capacity) {
+  return expert_capacity > 0 && rank >= expert_capacity ? -1 : offsets[e] + rank;
+}
+
 // Each token's rows: offsets[e] + the chunk's base rank + the token's rank in the chunk, or -1
 // past the capacity. A token's second naming of an expert, and ids outside [0, E), are skipped
 // (-1) and reported.
@@ -179,7 +186,7 @@ __global__ void __launch_bounds__(kChunkTokens)
     const uint32_t* mine = bitmap + e * kChunkWords;
     int64_t rank = chunk_bases[chunk * experts + e] + __popc(mine[word_index] & below);
     for (int w = 0; w < word_index; ++w) rank += __popc(mine[w]);
-    row_map[slot] = expert_capacity > 0 && rank >= expert_capacity ? -1 : offsets[e] + rank;
+    row_map[slot] = slot_row(offsets, e, rank, expert_capacity);
   }
 }
 
@@ -339,8 +346,7 @@ __global__ void __launch_bounds__(kBulkThreads)
         if (slot >= top_k) continue;
         if (valid[i]) {
           const int64_t r = place.chunk_bases[chunk * place.experts + expert[i]] + rank[i];
-          rows[i] =
-              place.expert_capacity > 0 && r >= place.expert_capacity ? -1 : offsets[expert[i]] + r;
+          rows[i] = slot_row(offsets, expert[i], r, place.expert_capacity);
         } else if (place.word != nullptr) {
           raise_fault(place.word, SFMOE_FAULT_BAD_INDEX, b, expert[i]);
         }

@@ -832,12 +832,12 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
           if (tid < 64) block_bits[(parity + 1) % 3][tid] = 0;
           if constexpr (B == 128) {
             uint32_t m = 0;
-  #pragma unroll
+#pragma unroll
             for (int l = 0; l < kSteps; ++l) m = max(m, bits[l]);
             m = __reduce_max_sync(0xFFFFFFFFu, m);
             if (lane == 0 && m != 0) atomicMax(&block_set[0], m);
           } else {
-  #pragma unroll
+#pragma unroll
             for (int l = 0; l < kSteps; ++l) {
               const uint32_t m =
                   shfl_max(shfl_max(bits[l], 1), 16);  // 16 columns x the warp's 2 rows
@@ -873,11 +873,11 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
           float own_multiplier[Sp::kPerLane];
           if constexpr (L > 1) {
             uint32_t reduced[kSteps];
-  #pragma unroll
+#pragma unroll
             for (int l = 0; l < kSteps; ++l) reduced[l] = bits[l];
             reduce_spread<L, kSteps>(reduced, lane);
             const int first = Sp::first_step(lane);
-  #pragma unroll
+#pragma unroll
             for (int k = 0; k < Sp::kPerLane; ++k) {
               const int i = i0 + kRowsPerStep * (first + k);
               const float amax = __uint_as_float(reduced[k]);
@@ -899,7 +899,7 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
           }
           const bool vector_ok = kFull || cols % kChunk == 0;
           // One step at a time (multiplier, then codes), which keeps few values live.
-  #pragma unroll
+#pragma unroll
           for (int l = 0; l < kSteps; ++l) {
             const int i = i0 + kRowsPerStep * l;
             const int64_t r = r0 + i;
@@ -918,7 +918,7 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
             if (written) {
               float v[kChunk], m[kChunk];
               decode_raw<In>(chunk_at(l), v);
-  #pragma unroll
+#pragma unroll
               for (int k = 0; k < kChunk; ++k) m[k] = mult;
               uint32_t words[kFp4 ? 1 : 2];
               encode_packed<kFp4, kChunk>(v, m, e5m2, stochastic, seed, stream_rowwise, r * cols + c,
@@ -937,18 +937,17 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
           if (active) load_segment_words<In, kSegment>(tile, W, rs, pair, words);
           // Block multipliers of the segment: [column e][16-row piece h].
           float col_mult[2][kPieces];
-  #pragma unroll
+#pragma unroll
           for (int h = 0; h < kPieces; ++h) col_mult[0][h] = col_mult[1][h] = 1.0f;
           if constexpr (B > kSegment && !R::k2D) {
             // Blocks taller than a segment (BLOCK_1X128: 8 segments, MXFP8: 2): the segments of a
             // block are neighbouring lanes of one warp, so the block amax is a few shuffles; the
-            // block's first segment stores the scale.
+            // block's first segment stores the scale (MXFP8: the four block-first lanes of a
+            // column store its four neighbouring compact scales in one instruction).
             constexpr int kSegmentsPerBlock = B / kSegment;
-            const bool packed_mx_scales =
-                S == SFMOE_SCALING_MX_1X32 && a.scale_layout == SFMOE_SCALE_LAYOUT_COMPACT;
             uint32_t block_amax[2] = {0, 0};
             if (active) column_pair_amax_bits<In, kSegment>(words, block_amax);
-  #pragma unroll
+#pragma unroll
             for (int mask = 1; mask < kSegmentsPerBlock; mask <<= 1) {
               block_amax[0] = shfl_max(block_amax[0], mask);
               block_amax[1] = shfl_max(block_amax[1], mask);
@@ -956,25 +955,21 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
             const int first_seg = seg & ~(kSegmentsPerBlock - 1);
             const int block_row = kSegment * first_seg;  // tile row of the block's first row
             const bool block_first = seg == first_seg && active;
-            uint8_t codes[2];
-  #pragma unroll
+#pragma unroll
             for (int e = 0; e < 2; ++e) {
               const float m = __uint_as_float(block_amax[e]);
               const BlockScale s = block_scale<S>(m, fp8, pow2, 0.0f, 0.0f);
-              codes[e] = s.stored_u8;
-  #pragma unroll
+#pragma unroll
               for (int h = 0; h < kPieces; ++h) col_mult[e][h] = s.multiplier;
               if (block_first && (kFull || cc + e < cols)) {
                 const int64_t r = r0 + block_row, scale_cols = capacity / B;
                 maybe_trap(a, m, row_group[block_row], r);
-                if (!packed_mx_scales) {
-                  const int64_t at =
-                      S == SFMOE_SCALING_BLOCK_1X128
-                          ? block_1x128_scale_offset(a.scale_layout, true, cc + e, r / B, scale_cols,
-                                                     cols)
-                          : scale_offset(a.scale_layout, cc + e, r / B, scale_cols);
-                  store_scale<S>(a.columnwise_scale_inv, at, s);
-                }
+                const int64_t at =
+                    S == SFMOE_SCALING_BLOCK_1X128
+                        ? block_1x128_scale_offset(a.scale_layout, true, cc + e, r / B, scale_cols,
+                                                   cols)
+                        : scale_offset(a.scale_layout, cc + e, r / B, scale_cols);
+                store_scale<S>(a.columnwise_scale_inv, at, s);
                 if constexpr (S == SFMOE_SCALING_MX_1X32) {
                   if (a.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && cc + e == cols - 1) {
                     zero_swizzle_padding_rows(static_cast<uint8_t*>(a.columnwise_scale_inv), cols,
@@ -983,47 +978,8 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
                 }
               }
             }
-            if constexpr (S == SFMOE_SCALING_MX_1X32) {
-              // Compact layout: the tile's four E8M0 scales of a column sit side by side, 2 KB from
-              // the next column's; the lane of the first segment gathers them by shuffles and
-              // stores them as one word (docs/KERNEL_NOTES.md, q7 and q9). The swizzled layout's
-              // byte stores already land close together: one store per block.
-              if (packed_mx_scales) {
-                constexpr int kBlocksPerTile = kTile / B;
-                uint32_t packed[2] = {0, 0};
-  #pragma unroll
-                for (int b = 0; b < kBlocksPerTile; ++b) {
-                  const int from = (lane & ~(kSegments - 1)) | (kSegmentsPerBlock * b);
-  #pragma unroll
-                  for (int e = 0; e < 2; ++e) {
-                    packed[e] |= (__shfl_sync(0xFFFFFFFFu, static_cast<uint32_t>(codes[e]), from) &
-                                  0xFFu)
-                                 << (8 * b);
-                  }
-                }
-                if (seg == 0 && active) {
-                  // Blocks at and beyond out_off[G] are not written.
-                  const int64_t rows_in = total - r0;
-                  const int written =
-                      rows_in >= kTile ? kBlocksPerTile : static_cast<int>((rows_in + B - 1) / B);
-                  const int64_t scale_cols = capacity / B;
-                  uint8_t* scales = static_cast<uint8_t*>(a.columnwise_scale_inv);
-  #pragma unroll
-                  for (int e = 0; e < 2; ++e) {
-                    if (!kFull && cc + e >= cols) continue;
-                    const int64_t offset = (cc + e) * scale_cols + r0 / B;  // compact
-                    if (written == kBlocksPerTile && (offset & 3) == 0) {
-                      *reinterpret_cast<uint32_t*>(scales + offset) = packed[e];
-                    } else {
-                      for (int b = 0; b < written; ++b)
-                        scales[offset + b] = static_cast<uint8_t>(packed[e] >> (8 * b));
-                    }
-                  }
-                }
-              }
-            }
           } else if constexpr (R::k2D) {
-  #pragma unroll
+#pragma unroll
             for (int h = 0; h < kPieces; ++h) {
               const int i = rs + 16 * h;
               const uint32_t m = B == 128 ? block_set[0] : block_set[(i / 16) * 8 + cl / 16];
@@ -1034,23 +990,23 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
           }
           if (active) {
             const bool vector_ok = kFull || capacity % 16 == 0;
-  #pragma unroll
+#pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int64_t ce = cc + e;
               if (!kFull && ce >= cols) continue;
-  #pragma unroll
+#pragma unroll
               for (int h = 0; h < kPieces; ++h) {
                 const int first = 16 * h;
                 if (!kFull && first >= valid_rows) continue;
                 float v[16], m[16];
-  #pragma unroll
+#pragma unroll
                 for (int k = 0; k < 16; ++k) v[k] = column_value<In>(words, first + k, e);
                 float mult = col_mult[e][h];
                 if constexpr (R::kNv && !R::k2D) {
                   // NVFP4 1x16: each 16-row half is a block (optionally Hadamard-transformed).
                   if (hadamard) hadamard16_transform(v);
                   uint32_t mb = 0;
-  #pragma unroll
+#pragma unroll
                   for (int k = 0; k < 16; ++k) mb = max(mb, amax_bits(v[k]));
                   const int i = rs + first;
                   const BlockScale s = block_scale<S>(__uint_as_float(mb), fp8, pow2,
