@@ -12,9 +12,11 @@
 // row maps. Rowwise-only requests (256 threads) load eight 16-byte chunks per thread straight
 // into registers and encode them there, the block amax reduced by shuffles so that each block's
 // scale is computed once. Columnwise requests (512 threads) copy tiles with cp.async into a ring
-// of three shared buffers, two tiles ahead; the rowwise copy is read back along the rows and the
-// columnwise copy down the columns, two columns x 16 rows per thread. docs/KERNEL_NOTES.md has
-// the measured versions and why each changed.
+// of three shared buffers (chunks XOR-swizzled by 16-row segment), two tiles ahead; the rowwise
+// copy is read back along the rows and the columnwise copy down the columns, two columns x 16 rows
+// per thread, a warp covering four column pairs over the whole tile height so that column blocks
+// reduce by shuffles. Full tiles run a copy of the encoding without bounds checks.
+// docs/KERNEL_NOTES.md has the measured versions and why each changed.
 #include <stdlib.h>
 #include <string.h>
 
