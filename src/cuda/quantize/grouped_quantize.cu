@@ -379,13 +379,13 @@ __device__ __forceinline__ void encode_packed(const float v[N], const float mult
   }
 }
 
-// Stores N packed codes at element `index` of a copy: one vector store when `vector_ok` and all
-// N are valid, else element by element (FP4: whole bytes; valid counts are even there).
+// Stores N packed codes at `base` (the byte of their first element): one vector store when
+// `vector_ok` and all N are valid, else element by element (FP4: whole bytes; valid counts are
+// even there).
 template <bool kFp4, int N>
-__device__ __forceinline__ void store_packed(void* copy, int64_t index, const uint32_t* words,
-                                             int valid, bool vector_ok) {
+__device__ __forceinline__ void store_packed_at(uint8_t* base, const uint32_t* words, int valid,
+                                                bool vector_ok) {
   constexpr int kWords = kFp4 ? N / 8 : N / 4;
-  uint8_t* base = static_cast<uint8_t*>(copy) + (kFp4 ? index / 2 : index);
   if (vector_ok && valid == N) {
     if constexpr (kWords == 4) {
       *reinterpret_cast<uint4*>(base) = make_uint4(words[0], words[1], words[2], words[3]);
@@ -402,6 +402,14 @@ __device__ __forceinline__ void store_packed(void* copy, int64_t index, const ui
   for (int b = 0; b < kBytes; ++b) {
     if (b < valid_bytes) base[b] = static_cast<uint8_t>(words[b / 4] >> (8 * (b % 4)));
   }
+}
+
+// The same at element `index` of a copy.
+template <bool kFp4, int N>
+__device__ __forceinline__ void store_packed(void* copy, int64_t index, const uint32_t* words,
+                                             int valid, bool vector_ok) {
+  store_packed_at<kFp4, N>(static_cast<uint8_t*>(copy) + (kFp4 ? index / 2 : index), words, valid,
+                           vector_ok);
 }
 
 // Swizzled MX/NV scales: the padding entries beside a written block hold 0. Rowwise, the last
@@ -900,6 +908,12 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
             }
           }
           const bool vector_ok = kFull || cols % kChunk == 0;
+          // This thread's chunk of step 0 in the rowwise copy, and the bytes between two steps'
+          // rows (FP4: cols is even), so that a step's address is one add.
+          const int64_t first_element = (r0 + i0) * cols + c;
+          uint8_t* const step0_out =
+              static_cast<uint8_t*>(a.rowwise) + (kFp4 ? first_element / 2 : first_element);
+          const int64_t step_bytes = kFp4 ? kRowsPerStep * cols / 2 : kRowsPerStep * cols;
           // One step at a time (multiplier, then codes), which keeps few values live.
 #pragma unroll
           for (int l = 0; l < kSteps; ++l) {
@@ -927,7 +941,7 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
                                           words);
               const int valid =
                   kFull || cols - c >= kChunk ? kChunk : static_cast<int>(cols - c);
-              store_packed<kFp4, kChunk>(a.rowwise, r * cols + c, words, valid, vector_ok);
+              store_packed_at<kFp4, kChunk>(step0_out + l * step_bytes, words, valid, vector_ok);
             }
           }
         }
