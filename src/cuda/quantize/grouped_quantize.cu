@@ -162,22 +162,27 @@ struct RawChunk {
   uint32_t w[kWords];
 };
 
+// A whole chunk from 16-byte aligned memory.
+template <sfmoe_dtype In>
+__device__ __forceinline__ void load_raw_vectors(const uint8_t* from, RawChunk<In>& r) {
+  const uint4* p = reinterpret_cast<const uint4*>(from);
+#pragma unroll
+  for (int v = 0; v < RawChunk<In>::kWords / 4; ++v) {
+    const uint4 x = __ldg(p + v);
+    r.w[4 * v] = x.x;
+    r.w[4 * v + 1] = x.y;
+    r.w[4 * v + 2] = x.z;
+    r.w[4 * v + 3] = x.w;
+  }
+}
+
 template <sfmoe_dtype In>
 __device__ __forceinline__ void load_raw(const void* data, int64_t row, int64_t col, int64_t cols,
                                          RawChunk<In>& r) {
   constexpr int kBits = In == SFMOE_DTYPE_FP32 ? 32 : 16;
   const int64_t index = row * cols + col;
   if (col + 8 <= cols && cols % 8 == 0) {
-    const uint4* p =
-        reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(data) + index * (kBits / 8));
-#pragma unroll
-    for (int v = 0; v < RawChunk<In>::kWords / 4; ++v) {
-      const uint4 x = __ldg(p + v);
-      r.w[4 * v] = x.x;
-      r.w[4 * v + 1] = x.y;
-      r.w[4 * v + 2] = x.z;
-      r.w[4 * v + 3] = x.w;
-    }
+    load_raw_vectors<In>(static_cast<const uint8_t*>(data) + index * (kBits / 8), r);
     return;
   }
 #pragma unroll
@@ -745,11 +750,18 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
       // Rowwise-only path: the chunks go straight to registers.
       Raw raw[kColumnwise ? 1 : kSteps];
       if constexpr (!kColumnwise) {
+        // Whole 16-byte chunks (the usual case) load from the row's start pointer in the row map;
+        // a chunk cut by the end of a row, element by element.
+        constexpr int kInBytes = In == SFMOE_DTYPE_FP32 ? 4 : 2;
+        const bool whole = c + kChunk <= cols && cols % kChunk == 0;
 #pragma unroll
         for (int l = 0; l < kSteps; ++l) {
-          const int64_t src = row_src[i0 + kRowsPerStep * l];
-          if (src >= 0 && chunk_in) {
-            load_raw<In>(in.data, src, c, cols, raw[l]);
+          const int i = i0 + kRowsPerStep * l;
+          const uint8_t* row = row_input[i];  // NULL: padding or beyond
+          if (row != nullptr && whole) {
+            load_raw_vectors<In>(row + c * kInBytes, raw[l]);
+          } else if (row != nullptr && chunk_in) {
+            load_raw<In>(in.data, row_src[i], c, cols, raw[l]);
           } else {
             zero_raw<In>(raw[l]);
           }
