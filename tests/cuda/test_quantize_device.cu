@@ -58,7 +58,9 @@ Problem make_problem(std::mt19937_64& rng, int64_t groups, int64_t cols, int64_t
                      sfmoe_dtype in_dtype, int64_t max_group_rows) {
   Problem p{groups, cols, 0, 0, alignment, in_dtype, {}, {}};
   p.in_offsets.assign(groups + 1, 0);
-  const int64_t specials[] = {0, 1, 31, 33, 17, 0};
+  // The first groups: 1 row, empty, 31, 33, 17 rows, empty (group 0 holds a row so that rows of
+  // group 0 meet later groups in a tile).
+  const int64_t specials[] = {1, 0, 31, 33, 17, 0};
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t n = g < 6 ? specials[g] : static_cast<int64_t>(rng() % (max_group_rows + 1));
     p.in_offsets[g + 1] = p.in_offsets[g] + n;
@@ -334,6 +336,63 @@ TEST(CudaQuantize, TensorScalesFromRealAmaxesEqualTheCpuBackend) {
     unsetenv("SFMOE_QUANTIZE_AMAX_ROWS_PER_WARP");
   }
   std::printf("[ quantize ] fp8 tensor with real amaxes, both amax passes: %d cases compared\n",
+              compared);
+}
+
+// A problem with the given group sizes and finite values whose magnitude differs per group (so
+// that per-tensor scales differ between neighbouring groups).
+Problem problem_with_sizes(std::mt19937_64& rng, const std::vector<int64_t>& sizes, int64_t cols,
+                           int64_t alignment, sfmoe_dtype in_dtype) {
+  const int64_t groups = static_cast<int64_t>(sizes.size());
+  Problem p{groups, cols, 0, 0, alignment, in_dtype, {}, {}};
+  p.in_offsets.assign(groups + 1, 0);
+  for (int64_t g = 0; g < groups; ++g) p.in_offsets[g + 1] = p.in_offsets[g] + sizes[g];
+  p.in_capacity = p.in_offsets[groups] + 5;
+  p.out_capacity = (p.in_capacity + groups * (alignment - 1) + 127) / 128 * 128;
+  const int bits = sfmoe_dtype_bits(in_dtype);
+  p.input.assign(static_cast<size_t>(p.in_capacity * cols * bits / 8), 0);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t g = 0; g < groups; ++g) {
+    const float magnitude = std::ldexp(1.0f, static_cast<int>(3 * g) - 6);
+    for (int64_t i = p.in_offsets[g] * cols; i < p.in_offsets[g + 1] * cols; ++i) {
+      const float v = normal(rng) * magnitude;
+      const uint32_t code = bits == 32 ? numerics::f32_to_bits(v) : numerics::f32_to_bf16(v);
+      std::memcpy(&p.input[static_cast<size_t>(i) * bits / 8], &code, bits / 8);
+    }
+  }
+  return p;
+}
+
+// FP8 per-tensor scaling with the columnwise copy, where 16-row columnwise pieces hold rows of two
+// groups and also the end of the rows (out_off[G]): every row takes its own group's scale. The
+// sizes are fixed so that these pieces occur, including the first group ending inside the last
+// piece (its rows beyond out_off[G] once made such a piece look like one group).
+TEST(CudaQuantize, TensorColumnwisePiecesAcrossGroupsAndTheEnd) {
+  SFMOE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(session_test_seed() + 9);
+  const sfmoe_quantize_config plain = sfmoe_quantize_config_init();
+  sfmoe_quantize_config pow2 = plain;
+  pow2.power_of_two_scales = 1;
+  const Recipe recipes[] = {
+      {SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, true, true, SFMOE_SCALE_LAYOUT_COMPACT, plain,
+       "fp8 tensor e4m3 both"},
+      {SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E5M2, false, true, SFMOE_SCALE_LAYOUT_COMPACT, pow2,
+       "fp8 tensor e5m2 pow2 columnwise"}};
+  const std::vector<std::vector<int64_t>> size_sets = {
+      {100, 6}, {5, 3}, {16, 1, 14}, {7, 0, 9, 2}, {130, 3}, {1, 2, 3, 4, 5}};
+  int compared = 0;
+  for (const std::vector<int64_t>& sizes : size_sets) {
+    for (sfmoe_dtype in : {SFMOE_DTYPE_BF16, SFMOE_DTYPE_FP32}) {
+      const Problem p = problem_with_sizes(rng, sizes, 136, 1, in);
+      for (Recipe rc : recipes) {
+        rc.name += std::string(" from ") + sfmoe_dtype_name(in) + ", groups";
+        for (int64_t n : sizes) rc.name += " " + std::to_string(n);
+        EXPECT_TRUE(compare_backends(p, rc)) << rc.name;
+        ++compared;
+      }
+    }
+  }
+  std::printf("[ quantize ] fp8 tensor columnwise pieces across groups and the end: %d cases\n",
               compared);
 }
 

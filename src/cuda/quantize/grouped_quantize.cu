@@ -70,10 +70,14 @@ struct Geometry {
   __device__ static int pair(int tid) { return (tid / 32) * 4 + (tid & 31) / kSegments; }
 };
 
-// Columnwise tiles in shared memory: the 16-byte chunk j of tile row i is stored at chunk
-// position j ^ (i / 16), so that the eight segments of a column pair, read by eight lanes of one
-// warp, fall in eight different banks; the 16 chunks of a row stay within the row.
-__device__ __forceinline__ int swizzled_chunk(int row, int chunk) { return chunk ^ ((row / 16) & 7); }
+// Columnwise tiles in shared memory: chunk j of tile row i (8 elements: 16 bytes of 16-bit input,
+// 32 of FP32) is stored at chunk position j ^ (i / 16), so that the eight segments of a column
+// pair, read by eight lanes of one warp, fall in different banks (16-bit input: all 32 banks;
+// FP32: segments s and s ^ 4 share banks, a 2-way conflict); the 16 chunks of a row stay within
+// the row.
+__device__ __forceinline__ int swizzled_chunk(int row, int chunk) {
+  return chunk ^ ((row / 16) & 7);
+}
 // Group offsets are staged in shared memory when there are at most this many groups.
 constexpr int64_t kMaxStagedGroups = 1024;
 
@@ -877,7 +881,8 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
             if (br < total && bcol < cols) {
               const int i = B * bl;
               const float block_amax = __uint_as_float(block_set[bl * 8 + bc]);
-              const BlockScale s = block_scale<S>(block_amax, fp8, pow2, row_scale[i], row_decode[i]);
+              const BlockScale s =
+                  block_scale<S>(block_amax, fp8, pow2, row_scale[i], row_decode[i]);
               maybe_trap(a, block_amax, row_group[i], br);
               if (a.rowwise_scale_inv)
                 store_scale<S>(a.rowwise_scale_inv, (br / B) * (cols / B) + bcol / B, s);
@@ -949,10 +954,9 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
 #pragma unroll
               for (int k = 0; k < kChunk; ++k) m[k] = mult;
               uint32_t words[kFp4 ? 1 : 2];
-              encode_packed<kFp4, kChunk>(v, m, e5m2, stochastic, seed, stream_rowwise, r * cols + c,
-                                          words);
-              const int valid =
-                  kFull || cols - c >= kChunk ? kChunk : static_cast<int>(cols - c);
+              encode_packed<kFp4, kChunk>(v, m, e5m2, stochastic, seed, stream_rowwise,
+                                          r * cols + c, words);
+              const int valid = (kFull || cols - c >= kChunk) ? kChunk : static_cast<int>(cols - c);
               store_packed_at<kFp4, kChunk>(step0_out + l * step_bytes, words, valid, vector_ok);
             }
           }
@@ -970,8 +974,8 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
           if constexpr (B > kSegment && !R::k2D) {
             // Blocks taller than a segment (BLOCK_1X128: 8 segments, MXFP8: 2): the segments of a
             // block are neighbouring lanes of one warp, so the block amax is a few shuffles; the
-            // block's first segment stores the scale (MXFP8: the four block-first lanes of a
-            // column store its four neighbouring compact scales in one instruction).
+            // block's first segment stores the scale (MXFP8, compact layout: the four block-first
+            // lanes of a column store its four neighbouring scales in one instruction).
             constexpr int kSegmentsPerBlock = B / kSegment;
             uint32_t block_amax[2] = {0, 0};
             if (active) column_pair_amax_bits<In, kSegment>(words, block_amax);
@@ -992,11 +996,10 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
               if (block_first && (kFull || cc + e < cols)) {
                 const int64_t r = r0 + block_row, scale_cols = capacity / B;
                 maybe_trap(a, m, row_group[block_row], r);
-                const int64_t at =
-                    S == SFMOE_SCALING_BLOCK_1X128
-                        ? block_1x128_scale_offset(a.scale_layout, true, cc + e, r / B, scale_cols,
-                                                   cols)
-                        : scale_offset(a.scale_layout, cc + e, r / B, scale_cols);
+                const int64_t at = S == SFMOE_SCALING_BLOCK_1X128
+                                       ? block_1x128_scale_offset(a.scale_layout, true, cc + e,
+                                                                  r / B, scale_cols, cols)
+                                       : scale_offset(a.scale_layout, cc + e, r / B, scale_cols);
                 store_scale<S>(a.columnwise_scale_inv, at, s);
                 if constexpr (S == SFMOE_SCALING_MX_1X32) {
                   if (a.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && cc + e == cols - 1) {
@@ -1049,11 +1052,14 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
                     zero_swizzle_padding_rows(scales, cols, (rseg + first) / B, scale_cols);
                   }
                 }
-                  if constexpr (R::kTensor) {
-                  // Per-row group scales; one load when the piece lies in one group (groups are
-                  // contiguous, so its first and last rows decide).
+                if constexpr (R::kTensor) {
+                  // Per-row group scales; one load when the piece's written rows lie in one group
+                  // (groups are contiguous, so its first and last written rows decide; rows at and
+                  // beyond out_off[G] carry no group).
                   const int i = rs + first;
-                  if (row_group[i] == row_group[i + 15]) {
+                  const int last =
+                      (kFull || valid_rows - first >= 16) ? 15 : valid_rows - first - 1;
+                  if (row_group[i] == row_group[i + last]) {
                     const float one = row_scale[i];
 #pragma unroll
                     for (int k = 0; k < 16; ++k) m[k] = one;
@@ -1067,8 +1073,9 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
                 }
                 uint32_t out[kFp4 ? 2 : 4];
                 const int64_t index = ce * capacity + rseg + first;
-                encode_packed<kFp4, 16>(v, m, e5m2, stochastic, seed, stream_rowwise + 1, index, out);
-                const int valid = kFull || valid_rows - first >= 16 ? 16 : valid_rows - first;
+                encode_packed<kFp4, 16>(v, m, e5m2, stochastic, seed, stream_rowwise + 1, index,
+                                        out);
+                const int valid = (kFull || valid_rows - first >= 16) ? 16 : valid_rows - first;
                 store_packed<kFp4, 16>(a.columnwise, index, out, valid, vector_ok);
               }
             }
