@@ -19,12 +19,14 @@ namespace {
 using namespace sfmoe::bench;
 
 __global__ void fill_bf16(uint16_t* p, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
     uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
     h ^= h >> 13;
     h *= 0x5bd1e995u;
     h ^= h >> 15;
-    p[i] = static_cast<uint16_t>(0x3A00u + (h & 0x07FFu)) | static_cast<uint16_t>((h >> 16) & 0x8000u);
+    p[i] =
+        static_cast<uint16_t>(0x3A00u + (h & 0x07FFu)) | static_cast<uint16_t>((h >> 16) & 0x8000u);
   }
 }
 
@@ -55,7 +57,9 @@ int main() {
   BENCH_CUDA(cudaMalloc(&a, copy_bytes));
   BENCH_CUDA(cudaMalloc(&b, copy_bytes));
   BENCH_CUDA(cudaMemsetAsync(a, 1, copy_bytes, stream));
-  const Timing copy = time_runs([&](int) { BENCH_CUDA(cudaMemcpyAsync(b, a, copy_bytes, cudaMemcpyDeviceToDevice, stream)); }, stream);
+  const Timing copy = time_runs(
+      [&](int) { BENCH_CUDA(cudaMemcpyAsync(b, a, copy_bytes, cudaMemcpyDeviceToDevice, stream)); },
+      stream);
   const double ceiling = 2.0 * copy_bytes / (copy.median_ms * 1e-3) / 1e12;
   BENCH_CUDA(cudaFree(a));
   BENCH_CUDA(cudaFree(b));
@@ -66,7 +70,8 @@ int main() {
   std::vector<int64_t> offsets(groups + 1, 0);
   for (int64_t g = 0; g < groups; ++g) offsets[g + 1] = offsets[g] + 128 * (2 + int64_t(rng() % 5));
   const double stretch = double(rows) / offsets[groups];
-  for (int64_t g = 1; g <= groups; ++g) offsets[g] = std::min<int64_t>(rows, int64_t(offsets[g] * stretch) / 128 * 128);
+  for (int64_t g = 1; g <= groups; ++g)
+    offsets[g] = std::min<int64_t>(rows, int64_t(offsets[g] * stretch) / 128 * 128);
   offsets[groups] = rows;
 
   uint16_t* x = nullptr;
@@ -87,21 +92,35 @@ int main() {
   fill_bf16<<<1024, 256, 0, stream>>>(x, rows * cols, 11);
 
   const Case cases[] = {
-      {"fp8 tensor (amax + cast)", SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, false, false, SFMOE_SCALE_LAYOUT_COMPACT},
-      {"fp8 tensor (amax + cast), +columnwise", SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, true, false, SFMOE_SCALE_LAYOUT_COMPACT},
-      {"fp8 block 1x128", SFMOE_SCALING_BLOCK_1X128, SFMOE_DTYPE_FP8_E4M3, false, false, SFMOE_SCALE_LAYOUT_COMPACT},
-      {"fp8 block 1x128, +columnwise", SFMOE_SCALING_BLOCK_1X128, SFMOE_DTYPE_FP8_E4M3, true, false, SFMOE_SCALE_LAYOUT_COMPACT},
-      {"fp8 block 128x128, +columnwise", SFMOE_SCALING_BLOCK_128X128, SFMOE_DTYPE_FP8_E4M3, true, false, SFMOE_SCALE_LAYOUT_COMPACT},
-      {"mxfp8 1x32", SFMOE_SCALING_MX_1X32, SFMOE_DTYPE_FP8_E4M3, false, false, SFMOE_SCALE_LAYOUT_COMPACT},
-      {"mxfp8 1x32, +32x1 columnwise", SFMOE_SCALING_MX_1X32, SFMOE_DTYPE_FP8_E4M3, true, false, SFMOE_SCALE_LAYOUT_COMPACT},
-      {"mxfp8, +columnwise, swizzled scales", SFMOE_SCALING_MX_1X32, SFMOE_DTYPE_FP8_E4M3, true, false, SFMOE_SCALE_LAYOUT_SWIZZLED},
-      {"nvfp4 1x16", SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, false, false, SFMOE_SCALE_LAYOUT_COMPACT},
-      {"nvfp4 1x16, +columnwise", SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, true, false, SFMOE_SCALE_LAYOUT_COMPACT},
-      {"nvfp4 1x16, +columnwise with RHT", SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, true, true, SFMOE_SCALE_LAYOUT_COMPACT},
-      {"fp8 tensor (amax + cast), tile amax pass", SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, false, false, SFMOE_SCALE_LAYOUT_COMPACT, true},
-      {"nvfp4 1x16, tile amax pass", SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, false, false, SFMOE_SCALE_LAYOUT_COMPACT, true},
+      {"fp8 tensor (amax + cast)", SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, false, false,
+       SFMOE_SCALE_LAYOUT_COMPACT},
+      {"fp8 tensor (amax + cast), +columnwise", SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, true,
+       false, SFMOE_SCALE_LAYOUT_COMPACT},
+      {"fp8 block 1x128", SFMOE_SCALING_BLOCK_1X128, SFMOE_DTYPE_FP8_E4M3, false, false,
+       SFMOE_SCALE_LAYOUT_COMPACT},
+      {"fp8 block 1x128, +columnwise", SFMOE_SCALING_BLOCK_1X128, SFMOE_DTYPE_FP8_E4M3, true, false,
+       SFMOE_SCALE_LAYOUT_COMPACT},
+      {"fp8 block 128x128, +columnwise", SFMOE_SCALING_BLOCK_128X128, SFMOE_DTYPE_FP8_E4M3, true,
+       false, SFMOE_SCALE_LAYOUT_COMPACT},
+      {"mxfp8 1x32", SFMOE_SCALING_MX_1X32, SFMOE_DTYPE_FP8_E4M3, false, false,
+       SFMOE_SCALE_LAYOUT_COMPACT},
+      {"mxfp8 1x32, +32x1 columnwise", SFMOE_SCALING_MX_1X32, SFMOE_DTYPE_FP8_E4M3, true, false,
+       SFMOE_SCALE_LAYOUT_COMPACT},
+      {"mxfp8, +columnwise, swizzled scales", SFMOE_SCALING_MX_1X32, SFMOE_DTYPE_FP8_E4M3, true,
+       false, SFMOE_SCALE_LAYOUT_SWIZZLED},
+      {"nvfp4 1x16", SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, false, false,
+       SFMOE_SCALE_LAYOUT_COMPACT},
+      {"nvfp4 1x16, +columnwise", SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, true, false,
+       SFMOE_SCALE_LAYOUT_COMPACT},
+      {"nvfp4 1x16, +columnwise with RHT", SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, true, true,
+       SFMOE_SCALE_LAYOUT_COMPACT},
+      {"fp8 tensor (amax + cast), tile amax pass", SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3,
+       false, false, SFMOE_SCALE_LAYOUT_COMPACT, true},
+      {"nvfp4 1x16, tile amax pass", SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, false, false,
+       SFMOE_SCALE_LAYOUT_COMPACT, true},
   };
-  std::printf("\n%-42s %9s %8s %9s %10s\n", "grouped quantize [65536 x 7168] bf16, 128 groups", "ms", "TB/s", "%% ceil", "%% of 4.17");
+  std::printf("\n%-42s %9s %8s %9s %10s\n", "grouped quantize [65536 x 7168] bf16, 128 groups",
+              "ms", "TB/s", "%% ceil", "%% of 4.17");
   const char* filter = std::getenv("SFMOE_BENCH_FILTER");  // run only cases whose name contains it
   for (const Case& c : cases) {
     if (filter && c.name.find(filter) == std::string::npos) continue;
@@ -142,23 +161,35 @@ int main() {
       std::printf("%-42s failed: %s\n", c.name.c_str(), sfmoe_last_error());
       continue;
     }
-    const Timing t = time_runs([&](int) { sfmoe_grouped_quantize(&in, &q, &config, nullptr, stream); }, stream);
+    const Timing t =
+        time_runs([&](int) { sfmoe_grouped_quantize(&in, &q, &config, nullptr, stream); }, stream);
     const double data_bytes = double(rows) * cols * (c.dtype == SFMOE_DTYPE_FP4_E2M1 ? 0.5 : 1.0);
-    const int64_t block = c.scaling == SFMOE_SCALING_BLOCK_1X128 ? 128 : c.scaling == SFMOE_SCALING_MX_1X32 ? 32
-                        : c.dtype == SFMOE_DTYPE_FP4_E2M1 ? 16 : 0;
-    const double scale_size = c.scaling == SFMOE_SCALING_MX_1X32 || c.dtype == SFMOE_DTYPE_FP4_E2M1 ? 1 : 4;
-    double scales = block ? double(rows) * cols / block * scale_size : (c.scaling == SFMOE_SCALING_BLOCK_128X128 ? double(rows) * cols / 16384 * 4 : groups * 4);
+    const int64_t block = c.scaling == SFMOE_SCALING_BLOCK_1X128 ? 128
+                          : c.scaling == SFMOE_SCALING_MX_1X32   ? 32
+                          : c.dtype == SFMOE_DTYPE_FP4_E2M1      ? 16
+                                                                 : 0;
+    const double scale_size =
+        c.scaling == SFMOE_SCALING_MX_1X32 || c.dtype == SFMOE_DTYPE_FP4_E2M1 ? 1 : 4;
+    double scales =
+        block ? double(rows) * cols / block * scale_size
+              : (c.scaling == SFMOE_SCALING_BLOCK_128X128 ? double(rows) * cols / 16384 * 4
+                                                          : groups * 4);
     const double copies = c.columnwise ? 2 : 1;
     const double bytes = double(rows) * cols * 2 + copies * (data_bytes + scales);
     const double tbps = bytes / (t.median_ms * 1e-3) / 1e12;
-    std::printf("%-42s %9.3f %8.3f %8.1f%% %9.1f%%\n", c.name.c_str(), t.median_ms, tbps, 100 * tbps / ceiling,
-                100 * tbps / kReferenceCopyTBps);
+    std::printf("%-42s %9.3f %8.3f %8.1f%% %9.1f%%\n", c.name.c_str(), t.median_ms, tbps,
+                100 * tbps / ceiling, 100 * tbps / kReferenceCopyTBps);
     char record[512];
-    std::snprintf(record, sizeof(record), "{\"bench\": \"%s\", \"median_ms\": %.4f, \"TBps\": %.4f, \"ceiling_TBps\": %.4f}",
-                  c.name.c_str(), t.median_ms, tbps, ceiling);
+    std::snprintf(
+        record, sizeof(record),
+        "{\"bench\": \"%s\", \"median_ms\": %.4f, \"TBps\": %.4f, \"ceiling_TBps\": %.4f}",
+        c.name.c_str(), t.median_ms, tbps, ceiling);
     json.add(record);
   }
-  std::printf("copy ceiling in this process: %.2f TB/s (reference 4.17). Plain PyTorch (GPU notes, not this process): "
-              "fp8 cast 0.34 TB/s, mxfp8 by torch ops 0.16 TB/s\n", ceiling);
+  std::printf(
+      "copy ceiling in this process: %.2f TB/s (reference 4.17). Plain PyTorch (GPU notes, not "
+      "this process): "
+      "fp8 cast 0.34 TB/s, mxfp8 by torch ops 0.16 TB/s\n",
+      ceiling);
   return 0;
 }

@@ -32,8 +32,8 @@ typedef enum sfmoe_activation {
 typedef struct sfmoe_activation_config {
   size_t struct_size;
   sfmoe_activation kind;
-  float limit; /* clamped SwiGLU (7) */
-  float alpha; /* clamped SwiGLU (1.702) */
+  float limit;                                  /* clamped SwiGLU (7) */
+  float alpha;                                  /* clamped SwiGLU (1.702) */
   const struct sfmoe_quantize_config* quantize; /* options of a fused output quantization (only
                                                    power_of_two_scales applies), or NULL */
 } sfmoe_activation_config;

@@ -47,8 +47,8 @@ typedef struct sfmoe_grouped_gemm_config {
   size_t struct_size;
   sfmoe_gemm_form form;
   int32_t accumulate; /* wgrad only: dW += (dW must be FP32); an empty group leaves it alone */
-  int32_t hadamard_columnwise; /* the NV_1X16 operands' columnwise copies carry the Hadamard
-                                  transform (sfmoe_quantize_config.hadamard_columnwise) */
+  int32_t hadamard_columnwise;   /* the NV_1X16 operands' columnwise copies carry the Hadamard
+                                    transform (sfmoe_quantize_config.hadamard_columnwise) */
   int32_t fp8_fast_accumulation; /* FP8 per-tensor on the device: the tensor cores accumulate
                                     over all of K on their own (faster; sums less precise than
                                     with the default periodic promotion into FP32). Ignored
@@ -66,9 +66,8 @@ SFMOE_API int64_t sfmoe_grouped_gemm_workspace_elements(int64_t num_groups);
  * operands are emulated (MXFP8 / NVFP4), room for their BF16 values. 0 in builds without the CUDA
  * kernels, -1 for negative sizes or sizes whose bytes overflow. */
 SFMOE_API int64_t sfmoe_grouped_gemm_workspace_elements_for(int64_t num_groups,
-                                                            sfmoe_scaling a_scaling,
-                                                            int64_t a_rows, int64_t a_cols,
-                                                            sfmoe_scaling b_scaling,
+                                                            sfmoe_scaling a_scaling, int64_t a_rows,
+                                                            int64_t a_cols, sfmoe_scaling b_scaling,
                                                             int64_t b_rows, int64_t b_cols);
 
 /* workspace: [sfmoe_grouped_gemm_workspace_elements_for(...)] INT64 in a's device memory

@@ -44,14 +44,11 @@ SFMOE_API int64_t sfmoe_permute_workspace_elements(int64_t num_tokens, int64_t n
  *   tokens_per_expert [E] INT64: rows kept; dropped_per_expert [E] INT64 or NULL.
  * workspace: [sfmoe_permute_workspace_elements(T, E)] INT32, required on the device (up to 6144
  * experts there), ignored (may be NULL) on the host. */
-SFMOE_API sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_ids,
-                                     const sfmoe_permute_config* config,
-                                     const sfmoe_grouped_tensor* permuted,
-                                     const sfmoe_tensor* row_map,
-                                     const sfmoe_tensor* tokens_per_expert,
-                                     const sfmoe_tensor* dropped_per_expert,
-                                     const sfmoe_tensor* workspace, sfmoe_status_word* word,
-                                     void* stream);
+SFMOE_API sfmoe_status sfmoe_permute(
+    const sfmoe_tensor* tokens, const sfmoe_tensor* topk_ids, const sfmoe_permute_config* config,
+    const sfmoe_grouped_tensor* permuted, const sfmoe_tensor* row_map,
+    const sfmoe_tensor* tokens_per_expert, const sfmoe_tensor* dropped_per_expert,
+    const sfmoe_tensor* workspace, sfmoe_status_word* word, void* stream);
 
 /* out [T, H] = sum_i probs[t, i] * rows[row_map[t, i]], FP32 sums in slot order, rounded once to
  * out's dtype (FP32, BF16, FP16). probs [T, k] FP32, or NULL for weight 1: that is permute's
@@ -66,14 +63,10 @@ SFMOE_API sfmoe_status sfmoe_unpermute(const sfmoe_grouped_tensor* rows,
  * rows, after its group_rows real rows, zero; rows beyond the groups untouched) and d_probs
  * [T, k] FP32. rows carries the group offsets; group_rows [E] INT64 is permute's
  * tokens_per_expert. */
-SFMOE_API sfmoe_status sfmoe_unpermute_backward(const sfmoe_tensor* d_out,
-                                                const sfmoe_grouped_tensor* rows,
-                                                const sfmoe_tensor* row_map,
-                                                const sfmoe_tensor* probs,
-                                                const sfmoe_tensor* group_rows,
-                                                const sfmoe_grouped_tensor* d_rows,
-                                                const sfmoe_tensor* d_probs,
-                                                sfmoe_status_word* word, void* stream);
+SFMOE_API sfmoe_status sfmoe_unpermute_backward(
+    const sfmoe_tensor* d_out, const sfmoe_grouped_tensor* rows, const sfmoe_tensor* row_map,
+    const sfmoe_tensor* probs, const sfmoe_tensor* group_rows, const sfmoe_grouped_tensor* d_rows,
+    const sfmoe_tensor* d_probs, sfmoe_status_word* word, void* stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

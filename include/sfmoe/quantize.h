@@ -15,12 +15,12 @@ extern "C" {
 
 typedef struct sfmoe_quantize_config {
   size_t struct_size;
-  int32_t power_of_two_scales;  /* FP8 tensor / blockwise: round scales down to powers of two */
-  int32_t stochastic_rounding;  /* NVFP4: stochastic rounding from the Philox stream below */
-  uint64_t seed;                /* Philox key */
-  uint64_t offset;              /* Philox stream offset (advance it per step) */
-  int32_t hadamard_columnwise;  /* NVFP4 1x16: random Hadamard transform on the columnwise copy */
-  int32_t trap_nan_amax;        /* raise SFMOE_FAULT_NAN_AMAX when an amax is NaN */
+  int32_t power_of_two_scales; /* FP8 tensor / blockwise: round scales down to powers of two */
+  int32_t stochastic_rounding; /* NVFP4: stochastic rounding from the Philox stream below */
+  uint64_t seed;               /* Philox key */
+  uint64_t offset;             /* Philox stream offset (advance it per step) */
+  int32_t hadamard_columnwise; /* NVFP4 1x16: random Hadamard transform on the columnwise copy */
+  int32_t trap_nan_amax;       /* raise SFMOE_FAULT_NAN_AMAX when an amax is NaN */
   /* FP8 per-tensor (TENSOR): each group's scale given by the caller (delayed scaling, e.g. from
    * an amax history), [num_groups] FP32 in the output's memory, used as is (power_of_two_scales
    * does not apply); the group amax is still computed and written. NULL: current scaling, each
@@ -46,7 +46,7 @@ SFMOE_API sfmoe_status sfmoe_grouped_quantize(const sfmoe_grouped_tensor* input,
                                               sfmoe_status_word* word, void* stream);
 
 typedef enum sfmoe_dequantize_source {
-  SFMOE_DEQUANTIZE_AUTO = 0,      /* the rowwise copy if present, else the columnwise one */
+  SFMOE_DEQUANTIZE_AUTO = 0, /* the rowwise copy if present, else the columnwise one */
   SFMOE_DEQUANTIZE_ROWWISE = 1,
   SFMOE_DEQUANTIZE_COLUMNWISE = 2 /* transposed back (and the Hadamard transform undone) */
 } sfmoe_dequantize_source;

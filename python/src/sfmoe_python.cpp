@@ -1211,10 +1211,9 @@ void grouped_activation(nb::ndarray<nb::ro> input, int32_t input_dtype,
 // The activation quantized on the fly: `output` is a dict of the quantized grouped tensor's
 // fields (as for grouped_quantize), `config` the quantize options.
 void grouped_activation_quantized(nb::ndarray<nb::ro> input, int32_t input_dtype,
-                                  nb::ndarray<nb::ro> group_offsets,
-                                  nb::ndarray<nb::ro> group_rows, int32_t kind, double limit,
-                                  double alpha, nb::dict output, nb::object config,
-                                  uint64_t stream) {
+                                  nb::ndarray<nb::ro> group_offsets, nb::ndarray<nb::ro> group_rows,
+                                  int32_t kind, double limit, double alpha, nb::dict output,
+                                  nb::object config, uint64_t stream) {
   const char* function = "grouped_activation";
   const sfmoe_tensor t_in = describe_array("input", input, input_dtype);
   const sfmoe_tensor t_offsets = describe_array("group_offsets", group_offsets, SFMOE_DTYPE_INT64);
@@ -1291,8 +1290,9 @@ void grouped_gemm(int32_t form, nb::dict a, nb::dict b, nb::dict out, bool accum
   sfmoe_status status;
   {
     nb::gil_scoped_release release;
-    status = sfmoe_grouped_gemm(&ga, &gb, &config, &go, workspace.is_none() ? nullptr : &t_workspace,
-                                nullptr, stream_pointer(stream));
+    status =
+        sfmoe_grouped_gemm(&ga, &gb, &config, &go, workspace.is_none() ? nullptr : &t_workspace,
+                           nullptr, stream_pointer(stream));
   }
   check(status);
 }

@@ -176,7 +176,8 @@ sfmoe_status check_rowwise_fusion(const char* context, const char* name,
                 "rowwise_scale_inv, no columnwise_data)",
                 context, name);
   }
-  const int64_t block = given_tensor ? 8 : scaling_block_size(q->scaling);  // TENSOR: 8-wide vectors
+  const int64_t block =
+      given_tensor ? 8 : scaling_block_size(q->scaling);  // TENSOR: 8-wide vectors
   if (q->cols != cols || cols % block != 0) {
     return fail(SFMOE_ERROR_SHAPE_MISMATCH,
                 "%s: %s must have %lld columns, a multiple of the %lld-element block", context,

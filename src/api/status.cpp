@@ -196,9 +196,9 @@ sfmoe_status sfmoe_scale_shape(sfmoe_scaling scaling, sfmoe_scale_layout layout,
   const int64_t scale_cols = ceil_div(copy_cols, block);
   if (layout == SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED) {  // one dimension for either copy
     if (scale_cols != 0 && copy_rows > INT64_MAX / scale_cols) {
-      return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: the size of [%lld, %lld] overflows int64",
-                         kContext, static_cast<long long>(copy_rows),
-                         static_cast<long long>(scale_cols));
+      return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                         "%s: the size of [%lld, %lld] overflows int64", kContext,
+                         static_cast<long long>(copy_rows), static_cast<long long>(scale_cols));
     }
     *ndim = 1;
     shape[0] = copy_rows * scale_cols;

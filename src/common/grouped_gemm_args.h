@@ -51,10 +51,10 @@ struct GroupedGemmDeviceArgs {
   int64_t n, k;
   GemmDeviceOperand a, b;
   void* out;
-  sfmoe_dtype out_dtype;  // BF16 or FP32
-  bool accumulate;        // wgrad into FP32 dW
-  bool fast_accumulation; // FP8 per-tensor: the tensor cores' own accumulation over all of K
-  void* workspace;        // device, workspace_bytes
+  sfmoe_dtype out_dtype;   // BF16 or FP32
+  bool accumulate;         // wgrad into FP32 dW
+  bool fast_accumulation;  // FP8 per-tensor: the tensor cores' own accumulation over all of K
+  void* workspace;         // device, workspace_bytes
   int64_t workspace_bytes;
   sfmoe_fault_report* word;  // or NULL
 };

@@ -311,11 +311,10 @@ void quantize_1d(const GroupedQuantizeArgs& args, const PaddedMatrix& plan, cons
       for (int64_t j = 0; j < block; ++j) block_amax = amax_accumulate(block_amax, values[j]);
       trap_nan(args, block_amax, g, first_row);
       const BlockScale s = block_scale(args, block_amax, global_scale[g]);
-      const int64_t at =
-          args.scaling == SFMOE_SCALING_BLOCK_1X128
-              ? block_1x128_scale_offset(args.scale_layout, copy.columnwise, m, k, scale_cols,
-                                         copy.rows)
-              : scale_offset(layout, m, k, scale_cols);
+      const int64_t at = args.scaling == SFMOE_SCALING_BLOCK_1X128
+                             ? block_1x128_scale_offset(args.scale_layout, copy.columnwise, m, k,
+                                                        scale_cols, copy.rows)
+                             : scale_offset(layout, m, k, scale_cols);
       store_scale(args, copy.scale_inv, at, s);
       for (int64_t j = 0; j < block; ++j) {
         encoder.store(copy, m, k * block + j, mul_rn(values[j], s.multiplier));

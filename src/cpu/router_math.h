@@ -8,8 +8,8 @@
 #include <cmath>
 #include <vector>
 
-#include "src/common/router_args.h"
 #include "sfmoe/numerics/routing.h"
+#include "src/common/router_args.h"
 #include "src/cpu/arithmetic.h"
 
 namespace sfmoe {

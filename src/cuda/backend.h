@@ -45,8 +45,8 @@ sfmoe_status cast(const void* input, sfmoe_dtype input_dtype, void* output,
                   void* stream);
 
 // Grouped quantization (docs/quantization.md).
-sfmoe_status grouped_amax(const GroupedInput& input, int64_t num_groups, int64_t cols,
-                          float* amax, sfmoe_fault_report* word, void* stream);
+sfmoe_status grouped_amax(const GroupedInput& input, int64_t num_groups, int64_t cols, float* amax,
+                          sfmoe_fault_report* word, void* stream);
 sfmoe_status grouped_quantize(const GroupedQuantizeArgs& args, void* stream);
 sfmoe_status grouped_dequantize(const GroupedDequantizeArgs& args, void* stream);
 sfmoe_status swizzle_scales(const uint8_t* from, int64_t rows, int64_t scale_cols, uint8_t* to,

@@ -127,7 +127,8 @@ std::vector<NumericsCase> make_numerics_cases(uint64_t seed) {
   // and the ends.
   {
     NumericsCase rcp{NumericsFn::kRcpFromOne, "", {}, {}};
-    for (uint32_t m = 0; m < (1u << 23); m += 4) rcp.a.push_back(0x3F800000u | m | (random_u32() & 3u));
+    for (uint32_t m = 0; m < (1u << 23); m += 4)
+      rcp.a.push_back(0x3F800000u | m | (random_u32() & 3u));
     std::uniform_int_distribution<uint32_t> bits(0x3F800000u, 0x7E7FFFFFu);
     for (int i = 0; i < 300000; ++i) rcp.a.push_back(bits(rng));
     for (uint32_t edge : {0x3F800000u, 0x3F800001u, 0x3FFFFFFFu, 0x7E7FFFFFu, 0x7E7FFFFEu})

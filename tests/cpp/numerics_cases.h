@@ -41,7 +41,7 @@ enum class NumericsFn : int {
   kSwizzleOffset,         // a: row, b: col (scale_cols = kSwizzleTestCols)
   kExp,                   // a: fp32 bits (accuracy: tests/cpp/test_router_cpu.cpp)
   kSigmoid,
-  kRcpFromOne,            // a: fp32 bits in [1, 2^126)
+  kRcpFromOne,  // a: fp32 bits in [1, 2^126)
   kCount
 };
 

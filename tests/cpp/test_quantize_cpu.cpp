@@ -1098,8 +1098,8 @@ TEST(CpuQuantize, GivenTensorScalesAreUsedAsIs) {
         for (int64_t c = 0; c < 24; ++c) {
           const float x = in.values[(in.offsets[g] + r) * 24 + c];
           const float scaled = nm::mul_rn(x, given[g]);
-          const uint8_t want = dtype == SFMOE_DTYPE_FP8_E4M3 ? nm::f32_to_e4m3(scaled)
-                                                              : nm::f32_to_e5m2(scaled);
+          const uint8_t want =
+              dtype == SFMOE_DTYPE_FP8_E4M3 ? nm::f32_to_e4m3(scaled) : nm::f32_to_e5m2(scaled);
           ASSERT_EQ(q.data[0][(out_row + r) * 24 + c], want) << g << " " << r << " " << c;
         }
       }

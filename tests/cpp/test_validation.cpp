@@ -13,8 +13,8 @@
 #include "sfmoe/numerics/float_formats.h"
 #include "sfmoe/numerics/scale_swizzle.h"
 #include "sfmoe/quantize.h"
-#include "tests/cpp/host_descriptors.h"
 #include "sfmoe/sfmoe.h"
+#include "tests/cpp/host_descriptors.h"
 
 namespace {
 

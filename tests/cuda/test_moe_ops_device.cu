@@ -283,10 +283,18 @@ TEST(CudaRouter, LogitOrderTopKAtSigmoidDipsAndTies) {
     for (int64_t i = 0; i < place; ++i) row[(t + 7 * i) % E] = 4.0f + static_cast<float>(i);
     const int64_t a = (t * 13 + 5) % E, b = (a + 1 + static_cast<int64_t>(rng() % (E - 1))) % E;
     switch ((t / (k + 1)) % 4) {
-      case 0: row[a] = high, row[b] = low; break;     // the dip
-      case 1: row[a] = low, row[b] = high; break;     // the dip, indices swapped
-      case 2: row[a] = high, row[b] = high; break;    // equal logits
-      default: row[a] = 0.5f, row[b] = std::nextafter(0.5f, 1.0f); break;  // neighbours
+      case 0:
+        row[a] = high, row[b] = low;
+        break;  // the dip
+      case 1:
+        row[a] = low, row[b] = high;
+        break;  // the dip, indices swapped
+      case 2:
+        row[a] = high, row[b] = high;
+        break;  // equal logits
+      default:
+        row[a] = 0.5f, row[b] = std::nextafter(0.5f, 1.0f);
+        break;  // neighbours
     }
   }
   sfmoe_router_config c = sfmoe_router_config_init();
@@ -307,9 +315,10 @@ TEST(CudaRouter, LogitOrderTopKAtSigmoidDipsAndTies) {
   }
   CUDA_OK(cudaDeviceSynchronize());
   run.expect_forward_same();
-  std::printf("[ router ] logit-order top-k at a sigmoid dip (x = %a), equal and neighbouring "
-              "logits at every place up to k: bit-exact vs CPU\n",
-              static_cast<double>(high));
+  std::printf(
+      "[ router ] logit-order top-k at a sigmoid dip (x = %a), equal and neighbouring "
+      "logits at every place up to k: bit-exact vs CPU\n",
+      static_cast<double>(high));
 }
 
 TEST(CudaRouter, SoftmaxAfterTopKBackwardWithInfiniteLogits) {
@@ -611,8 +620,8 @@ TEST(CudaPermute, LongRowsMoveInSegmentsByEitherCopy) {
           rows_in(m, rows.on(m), SFMOE_DTYPE_FP32, E, capacity_rows, H, a, offsets.on(m));
       const sfmoe_tensor t_map = tensor_in(m, row_map.on(m), SFMOE_DTYPE_INT64, {tokens, k});
       const sfmoe_tensor t_kept = tensor_in(m, kept.on(m), SFMOE_DTYPE_INT64, {E});
-      ASSERT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g, &t_map, &t_kept, nullptr, &t_ws,
-                              nullptr, nullptr),
+      ASSERT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g, &t_map, &t_kept, nullptr, &t_ws, nullptr,
+                              nullptr),
                 SFMOE_SUCCESS)
           << sfmoe_last_error();
     }
@@ -622,9 +631,10 @@ TEST(CudaPermute, LongRowsMoveInSegmentsByEitherCopy) {
     ++checked;
   }
   unsetenv("SFMOE_PERMUTE_COPY");
-  std::printf("[ permute ] 32,816-byte rows (2 bulk segments) and the vector copy: %d cases "
-              "bit-exact vs CPU\n",
-              checked);
+  std::printf(
+      "[ permute ] 32,816-byte rows (2 bulk segments) and the vector copy: %d cases "
+      "bit-exact vs CPU\n",
+      checked);
 }
 
 // Permute into quantized rows (the fused quantization) against the CPU backend's definition
@@ -896,7 +906,7 @@ TEST(CudaActivation, FusedQuantizationAndAmaxEqualTheCpuBackend) {
           fc.scaling == SFMOE_SCALING_MX_1X32 || fc.scaling == SFMOE_SCALING_NV_1X16;
       scale_bytes = shape[0] * (ndim == 2 ? shape[1] : 1) * (byte_scales ? 1 : 4);
     }
-    const int64_t out_bytes = !quantized ? R * F * 2
+    const int64_t out_bytes = !quantized                         ? R * F * 2
                               : fc.dtype == SFMOE_DTYPE_FP4_E2M1 ? R * F / 2
                                                                  : R * F;
     Twin<uint8_t> output(static_cast<size_t>(out_bytes), 0xA5),

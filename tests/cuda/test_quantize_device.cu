@@ -34,10 +34,12 @@ Sizes sizes_of(const Recipe& rc, int64_t R, int64_t C, int64_t G) {
   const int64_t bits = rc.dtype == SFMOE_DTYPE_FP4_E2M1 ? 4 : 8;
   const int64_t B = scaling_block_size(rc.scaling);
   const size_t data = static_cast<size_t>(R * C * bits / 8);
-  const size_t scale_bytes = (rc.scaling == SFMOE_SCALING_MX_1X32 || scaling_is_nvfp4(rc.scaling)) ? 1 : 4;
+  const size_t scale_bytes =
+      (rc.scaling == SFMOE_SCALING_MX_1X32 || scaling_is_nvfp4(rc.scaling)) ? 1 : 4;
   auto scales = [&](int64_t major, int64_t minor) -> size_t {
     if (rc.scaling == SFMOE_SCALING_TENSOR) return G * 4;
-    if (scaling_is_2d(rc.scaling)) return static_cast<size_t>((major / B) * (minor / B)) * scale_bytes;
+    if (scaling_is_2d(rc.scaling))
+      return static_cast<size_t>((major / B) * (minor / B)) * scale_bytes;
     if (rc.layout == SFMOE_SCALE_LAYOUT_SWIZZLED) {
       return static_cast<size_t>(numerics::swizzled_scale_padded_size(major, minor / B));
     }
@@ -74,10 +76,12 @@ Problem make_problem(std::mt19937_64& rng, int64_t groups, int64_t cols, int64_t
   for (int64_t i = 0; i < p.in_capacity * cols; ++i) {
     float v = normal(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 16) - 8);
     const uint64_t dice = rng() % 1000;
-    if (dice < 3) v = numerics::bits_to_f32(special[rng() % special.size()]);  // NaN, Inf, 0, subnormal, max...
-    if (dice == 3) v *= 1e4f;                                               // an outlier
+    if (dice < 3)
+      v = numerics::bits_to_f32(special[rng() % special.size()]);  // NaN, Inf, 0, subnormal, max...
+    if (dice == 3) v *= 1e4f;                                      // an outlier
     const uint32_t code = bits == 32 ? numerics::f32_to_bits(v)
-                                     : (in_dtype == SFMOE_DTYPE_BF16 ? numerics::f32_to_bf16(v) : numerics::f32_to_fp16(v));
+                                     : (in_dtype == SFMOE_DTYPE_BF16 ? numerics::f32_to_bf16(v)
+                                                                     : numerics::f32_to_fp16(v));
     std::memcpy(&p.input[static_cast<size_t>(i) * bits / 8], &code, bits / 8);
   }
   // A constant block of rows in group 6 (if big enough): every value equal.
@@ -102,7 +106,8 @@ Buffers poisoned(const Sizes& s, int64_t G) {
   return b;
 }
 
-sfmoe_grouped_tensor input_descriptor(const Problem& p, void* data, int64_t* offsets, sfmoe_memory m) {
+sfmoe_grouped_tensor input_descriptor(const Problem& p, void* data, int64_t* offsets,
+                                      sfmoe_memory m) {
   sfmoe_grouped_tensor x = sfmoe_grouped_tensor_init();
   x.memory = m;
   x.dtype = p.in_dtype;
@@ -114,8 +119,9 @@ sfmoe_grouped_tensor input_descriptor(const Problem& p, void* data, int64_t* off
   return x;
 }
 
-sfmoe_grouped_tensor output_descriptor(const Problem& p, const Recipe& rc, void* rowwise, void* rowwise_scales,
-                                       void* columnwise, void* columnwise_scales, float* amax, float* columnwise_amax,
+sfmoe_grouped_tensor output_descriptor(const Problem& p, const Recipe& rc, void* rowwise,
+                                       void* rowwise_scales, void* columnwise,
+                                       void* columnwise_scales, float* amax, float* columnwise_amax,
                                        int64_t* offsets, sfmoe_memory m) {
   sfmoe_grouped_tensor q = sfmoe_grouped_tensor_init();
   q.memory = m;
@@ -146,41 +152,50 @@ size_t first_difference(const std::vector<T>& a, const std::vector<T>& b) {
 }
 
 // Quantizes `p` with `rc` on both backends and compares everything; returns true when equal.
-bool compare_backends(const Problem& p, const Recipe& rc, sfmoe_fault_report* gpu_faults = nullptr) {
+bool compare_backends(const Problem& p, const Recipe& rc,
+                      sfmoe_fault_report* gpu_faults = nullptr) {
   const Sizes sizes = sizes_of(rc, p.out_capacity, p.cols, p.groups);
   // CPU.
   Buffers cpu = poisoned(sizes, p.groups);
   std::vector<uint8_t> input_host(p.input);
   std::vector<int64_t> in_offsets_host(p.in_offsets);
-  sfmoe_grouped_tensor x = input_descriptor(p, input_host.data(), in_offsets_host.data(), SFMOE_MEMORY_HOST);
-  sfmoe_grouped_tensor q = output_descriptor(p, rc, cpu.rowwise.data(), cpu.rowwise_scales.data(),
-                                             cpu.columnwise.data(), cpu.columnwise_scales.data(), cpu.amax.data(),
-                                             cpu.columnwise_amax.data(), cpu.offsets.data(), SFMOE_MEMORY_HOST);
+  sfmoe_grouped_tensor x =
+      input_descriptor(p, input_host.data(), in_offsets_host.data(), SFMOE_MEMORY_HOST);
+  sfmoe_grouped_tensor q =
+      output_descriptor(p, rc, cpu.rowwise.data(), cpu.rowwise_scales.data(), cpu.columnwise.data(),
+                        cpu.columnwise_scales.data(), cpu.amax.data(), cpu.columnwise_amax.data(),
+                        cpu.offsets.data(), SFMOE_MEMORY_HOST);
   if (sfmoe_grouped_quantize(&x, &q, &rc.config, nullptr, nullptr) != SFMOE_SUCCESS) {
     ADD_FAILURE() << rc.name << ": cpu: " << sfmoe_last_error();
     return false;
   }
   // CUDA, from buffers poisoned the same way.
   Buffers gpu = poisoned(sizes, p.groups);
-  DeviceBuffer<uint8_t> d_in(p.input.size() + 16), d_row(sizes.rowwise + 16), d_col(sizes.columnwise + 16),
-      d_rs(gpu.rowwise_scales.size()), d_cs(gpu.columnwise_scales.size());
+  DeviceBuffer<uint8_t> d_in(p.input.size() + 16), d_row(sizes.rowwise + 16),
+      d_col(sizes.columnwise + 16), d_rs(gpu.rowwise_scales.size()),
+      d_cs(gpu.columnwise_scales.size());
   DeviceBuffer<float> d_amax(p.groups), d_camax(p.groups);
   DeviceBuffer<int64_t> d_in_off(p.groups + 1), d_off(p.groups + 1);
   std::vector<uint8_t> input_padded(p.input);
   input_padded.resize(p.input.size() + 16, 0);
-  bool ok = d_in.upload(input_padded) == cudaSuccess && d_in_off.upload(p.in_offsets) == cudaSuccess &&
-            cudaMemcpy(d_row.ptr, gpu.rowwise.data(), sizes.rowwise, cudaMemcpyHostToDevice) == cudaSuccess &&
-            cudaMemcpy(d_col.ptr, gpu.columnwise.data(), sizes.columnwise, cudaMemcpyHostToDevice) == cudaSuccess &&
-            d_rs.upload(gpu.rowwise_scales) == cudaSuccess && d_cs.upload(gpu.columnwise_scales) == cudaSuccess &&
-            d_amax.upload(gpu.amax) == cudaSuccess && d_camax.upload(gpu.columnwise_amax) == cudaSuccess &&
-            d_off.upload(gpu.offsets) == cudaSuccess;
+  bool ok =
+      d_in.upload(input_padded) == cudaSuccess && d_in_off.upload(p.in_offsets) == cudaSuccess &&
+      cudaMemcpy(d_row.ptr, gpu.rowwise.data(), sizes.rowwise, cudaMemcpyHostToDevice) ==
+          cudaSuccess &&
+      cudaMemcpy(d_col.ptr, gpu.columnwise.data(), sizes.columnwise, cudaMemcpyHostToDevice) ==
+          cudaSuccess &&
+      d_rs.upload(gpu.rowwise_scales) == cudaSuccess &&
+      d_cs.upload(gpu.columnwise_scales) == cudaSuccess && d_amax.upload(gpu.amax) == cudaSuccess &&
+      d_camax.upload(gpu.columnwise_amax) == cudaSuccess &&
+      d_off.upload(gpu.offsets) == cudaSuccess;
   if (!ok) {
     ADD_FAILURE() << "upload failed";
     return false;
   }
   sfmoe_grouped_tensor xd = input_descriptor(p, d_in.ptr, d_in_off.ptr, SFMOE_MEMORY_CUDA);
-  sfmoe_grouped_tensor qd = output_descriptor(p, rc, d_row.ptr, d_rs.ptr, d_col.ptr, d_cs.ptr, d_amax.ptr,
-                                              d_camax.ptr, d_off.ptr, SFMOE_MEMORY_CUDA);
+  sfmoe_grouped_tensor qd =
+      output_descriptor(p, rc, d_row.ptr, d_rs.ptr, d_col.ptr, d_cs.ptr, d_amax.ptr, d_camax.ptr,
+                        d_off.ptr, SFMOE_MEMORY_CUDA);
   if (sfmoe_grouped_quantize(&xd, &qd, &rc.config, nullptr, nullptr) != SFMOE_SUCCESS) {
     ADD_FAILURE() << rc.name << ": cuda: " << sfmoe_last_error();
     return false;
@@ -237,20 +252,30 @@ std::vector<Recipe> all_recipes() {
   rht.hadamard_columnwise = 1;
   sfmoe_quantize_config sr_rht = sr;
   sr_rht.hadamard_columnwise = 1;
-  add(SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, SFMOE_SCALE_LAYOUT_COMPACT, plain, "fp8 tensor e4m3");
-  add(SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E5M2, SFMOE_SCALE_LAYOUT_COMPACT, pow2, "fp8 tensor e5m2 pow2");
-  add(SFMOE_SCALING_BLOCK_1X128, SFMOE_DTYPE_FP8_E4M3, SFMOE_SCALE_LAYOUT_COMPACT, plain, "fp8 1x128");
-  add(SFMOE_SCALING_BLOCK_1X128, SFMOE_DTYPE_FP8_E4M3, SFMOE_SCALE_LAYOUT_COMPACT, pow2, "fp8 1x128 pow2");
-  add(SFMOE_SCALING_BLOCK_1X128, SFMOE_DTYPE_FP8_E5M2, SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED, plain,
-      "fp8 1x128 e5m2 columnwise-transposed");
-  add(SFMOE_SCALING_BLOCK_128X128, SFMOE_DTYPE_FP8_E4M3, SFMOE_SCALE_LAYOUT_COMPACT, pow2, "fp8 128x128 pow2");
+  add(SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, SFMOE_SCALE_LAYOUT_COMPACT, plain,
+      "fp8 tensor e4m3");
+  add(SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E5M2, SFMOE_SCALE_LAYOUT_COMPACT, pow2,
+      "fp8 tensor e5m2 pow2");
+  add(SFMOE_SCALING_BLOCK_1X128, SFMOE_DTYPE_FP8_E4M3, SFMOE_SCALE_LAYOUT_COMPACT, plain,
+      "fp8 1x128");
+  add(SFMOE_SCALING_BLOCK_1X128, SFMOE_DTYPE_FP8_E4M3, SFMOE_SCALE_LAYOUT_COMPACT, pow2,
+      "fp8 1x128 pow2");
+  add(SFMOE_SCALING_BLOCK_1X128, SFMOE_DTYPE_FP8_E5M2, SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED,
+      plain, "fp8 1x128 e5m2 columnwise-transposed");
+  add(SFMOE_SCALING_BLOCK_128X128, SFMOE_DTYPE_FP8_E4M3, SFMOE_SCALE_LAYOUT_COMPACT, pow2,
+      "fp8 128x128 pow2");
   add(SFMOE_SCALING_MX_1X32, SFMOE_DTYPE_FP8_E4M3, SFMOE_SCALE_LAYOUT_COMPACT, plain, "mxfp8 e4m3");
-  add(SFMOE_SCALING_MX_1X32, SFMOE_DTYPE_FP8_E5M2, SFMOE_SCALE_LAYOUT_SWIZZLED, plain, "mxfp8 e5m2 swizzled");
+  add(SFMOE_SCALING_MX_1X32, SFMOE_DTYPE_FP8_E5M2, SFMOE_SCALE_LAYOUT_SWIZZLED, plain,
+      "mxfp8 e5m2 swizzled");
   add(SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, SFMOE_SCALE_LAYOUT_COMPACT, plain, "nvfp4 1x16");
-  add(SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, SFMOE_SCALE_LAYOUT_SWIZZLED, sr, "nvfp4 1x16 sr swizzled");
-  add(SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, SFMOE_SCALE_LAYOUT_COMPACT, rht, "nvfp4 1x16 rht");
-  add(SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, SFMOE_SCALE_LAYOUT_COMPACT, sr_rht, "nvfp4 1x16 sr+rht");
-  add(SFMOE_SCALING_NV_16X16, SFMOE_DTYPE_FP4_E2M1, SFMOE_SCALE_LAYOUT_COMPACT, plain, "nvfp4 16x16");
+  add(SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, SFMOE_SCALE_LAYOUT_SWIZZLED, sr,
+      "nvfp4 1x16 sr swizzled");
+  add(SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, SFMOE_SCALE_LAYOUT_COMPACT, rht,
+      "nvfp4 1x16 rht");
+  add(SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, SFMOE_SCALE_LAYOUT_COMPACT, sr_rht,
+      "nvfp4 1x16 sr+rht");
+  add(SFMOE_SCALING_NV_16X16, SFMOE_DTYPE_FP4_E2M1, SFMOE_SCALE_LAYOUT_COMPACT, plain,
+      "nvfp4 16x16");
   return out;
 }
 
@@ -261,16 +286,22 @@ TEST(CudaQuantize, EveryRecipeEqualsTheCpuBackendByteForByte) {
   for (const Recipe& rc : all_recipes()) {
     for (sfmoe_dtype in : {SFMOE_DTYPE_BF16, SFMOE_DTYPE_FP32, SFMOE_DTYPE_FP16}) {
       const int64_t needed = min_row_alignment(rc.scaling, rc.columnwise);
-      const int64_t alignment = rc.layout == SFMOE_SCALE_LAYOUT_SWIZZLED ? 128 : std::max<int64_t>(needed, in == SFMOE_DTYPE_FP16 ? 64 : 1);
-      const int64_t cols = rc.scaling == SFMOE_SCALING_TENSOR ? (in == SFMOE_DTYPE_FP32 ? 100 : 264) : 384;
+      const int64_t alignment = rc.layout == SFMOE_SCALE_LAYOUT_SWIZZLED
+                                    ? 128
+                                    : std::max<int64_t>(needed, in == SFMOE_DTYPE_FP16 ? 64 : 1);
+      const int64_t cols =
+          rc.scaling == SFMOE_SCALING_TENSOR ? (in == SFMOE_DTYPE_FP32 ? 100 : 264) : 384;
       const Problem p = make_problem(rng, 13, cols, alignment, in, 300);
       Recipe named = rc;
-      named.name += std::string(" from ") + sfmoe_dtype_name(in) + " align " + std::to_string(alignment);
+      named.name +=
+          std::string(" from ") + sfmoe_dtype_name(in) + " align " + std::to_string(alignment);
       ++cases;
       if (!compare_backends(p, named)) ++failures;
     }
   }
-  std::printf("[ quantize ] %d (recipe, copies, input dtype) cases; %d differ from the CPU backend\n", cases, failures);
+  std::printf(
+      "[ quantize ] %d (recipe, copies, input dtype) cases; %d differ from the CPU backend\n",
+      cases, failures);
   EXPECT_EQ(failures, 0);
 }
 
@@ -289,11 +320,10 @@ TEST(CudaQuantize, TensorScalesFromRealAmaxesEqualTheCpuBackend) {
   const sfmoe_quantize_config plain = sfmoe_quantize_config_init();
   sfmoe_quantize_config pow2 = plain;
   pow2.power_of_two_scales = 1;
-  const Recipe recipes[] = {
-      {SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, true, false, SFMOE_SCALE_LAYOUT_COMPACT, plain,
-       "fp8 tensor e4m3 rowwise"},
-      {SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E5M2, true, false, SFMOE_SCALE_LAYOUT_COMPACT, pow2,
-       "fp8 tensor e5m2 pow2 rowwise"}};
+  const Recipe recipes[] = {{SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, true, false,
+                             SFMOE_SCALE_LAYOUT_COMPACT, plain, "fp8 tensor e4m3 rowwise"},
+                            {SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E5M2, true, false,
+                             SFMOE_SCALE_LAYOUT_COMPACT, pow2, "fp8 tensor e5m2 pow2 rowwise"}};
   int compared = 0;
   for (const Shape shape : {Shape{13, 264, 300}, Shape{97, 512, 600}}) {
     Problem p = make_problem(rng, shape.groups, shape.cols, 16, SFMOE_DTYPE_BF16, shape.max_rows);
@@ -373,13 +403,12 @@ TEST(CudaQuantize, TensorColumnwisePiecesAcrossGroupsAndTheEnd) {
   const sfmoe_quantize_config plain = sfmoe_quantize_config_init();
   sfmoe_quantize_config pow2 = plain;
   pow2.power_of_two_scales = 1;
-  const Recipe recipes[] = {
-      {SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, true, true, SFMOE_SCALE_LAYOUT_COMPACT, plain,
-       "fp8 tensor e4m3 both"},
-      {SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E5M2, false, true, SFMOE_SCALE_LAYOUT_COMPACT, pow2,
-       "fp8 tensor e5m2 pow2 columnwise"}};
-  const std::vector<std::vector<int64_t>> size_sets = {
-      {100, 6}, {5, 3}, {16, 1, 14}, {7, 0, 9, 2}, {130, 3}, {1, 2, 3, 4, 5}};
+  const Recipe recipes[] = {{SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, true, true,
+                             SFMOE_SCALE_LAYOUT_COMPACT, plain, "fp8 tensor e4m3 both"},
+                            {SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E5M2, false, true,
+                             SFMOE_SCALE_LAYOUT_COMPACT, pow2, "fp8 tensor e5m2 pow2 columnwise"}};
+  const std::vector<std::vector<int64_t>> size_sets = {{100, 6},     {5, 3},   {16, 1, 14},
+                                                       {7, 0, 9, 2}, {130, 3}, {1, 2, 3, 4, 5}};
   int compared = 0;
   for (const std::vector<int64_t>& sizes : size_sets) {
     for (sfmoe_dtype in : {SFMOE_DTYPE_BF16, SFMOE_DTYPE_FP32}) {
@@ -403,8 +432,10 @@ TEST(CudaQuantize, LargeTensorAcrossSixtyFourGroups) {
   for (const Recipe& rc : all_recipes()) {
     if (!(rc.rowwise && rc.columnwise)) continue;
     if (rc.scaling != SFMOE_SCALING_MX_1X32 && rc.scaling != SFMOE_SCALING_BLOCK_1X128 &&
-        rc.name.find("rht") == std::string::npos) continue;
-    const int64_t alignment = rc.layout == SFMOE_SCALE_LAYOUT_SWIZZLED ? 128 : min_row_alignment(rc.scaling, true);
+        rc.name.find("rht") == std::string::npos)
+      continue;
+    const int64_t alignment =
+        rc.layout == SFMOE_SCALE_LAYOUT_SWIZZLED ? 128 : min_row_alignment(rc.scaling, true);
     const Problem p = make_problem(rng, 64, 7168, alignment, SFMOE_DTYPE_BF16, 250);
     EXPECT_TRUE(compare_backends(p, rc)) << rc.name;
     std::printf("[ quantize ] %s on [%lld x 7168], 64 groups: compared\n", rc.name.c_str(),
@@ -419,7 +450,8 @@ TEST(CudaQuantize, AmaxDequantizeAndSwizzleEqualTheCpuBackend) {
   int compared = 0;
   for (const Recipe& rc : all_recipes()) {
     if (!(rc.rowwise && rc.columnwise)) continue;
-    const int64_t alignment = rc.layout == SFMOE_SCALE_LAYOUT_SWIZZLED ? 128 : min_row_alignment(rc.scaling, true);
+    const int64_t alignment =
+        rc.layout == SFMOE_SCALE_LAYOUT_SWIZZLED ? 128 : min_row_alignment(rc.scaling, true);
     const Problem p = make_problem(rng, 11, 256, alignment, SFMOE_DTYPE_BF16, 150);
     const Sizes sizes = sizes_of(rc, p.out_capacity, p.cols, p.groups);
     // Quantize on the CPU.
@@ -427,14 +459,17 @@ TEST(CudaQuantize, AmaxDequantizeAndSwizzleEqualTheCpuBackend) {
     std::vector<uint8_t> input(p.input);
     std::vector<int64_t> in_off(p.in_offsets);
     sfmoe_grouped_tensor x = input_descriptor(p, input.data(), in_off.data(), SFMOE_MEMORY_HOST);
-    sfmoe_grouped_tensor qh = output_descriptor(p, rc, q.rowwise.data(), q.rowwise_scales.data(), q.columnwise.data(),
-                                                q.columnwise_scales.data(), q.amax.data(), q.columnwise_amax.data(),
-                                                q.offsets.data(), SFMOE_MEMORY_HOST);
-    ASSERT_EQ(sfmoe_grouped_quantize(&x, &qh, &rc.config, nullptr, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
+    sfmoe_grouped_tensor qh =
+        output_descriptor(p, rc, q.rowwise.data(), q.rowwise_scales.data(), q.columnwise.data(),
+                          q.columnwise_scales.data(), q.amax.data(), q.columnwise_amax.data(),
+                          q.offsets.data(), SFMOE_MEMORY_HOST);
+    ASSERT_EQ(sfmoe_grouped_quantize(&x, &qh, &rc.config, nullptr, nullptr), SFMOE_SUCCESS)
+        << sfmoe_last_error();
     // The same quantized tensor on the device.
-    DeviceBuffer<uint8_t> d_row(q.rowwise.size()), d_col(q.columnwise.size()), d_rs(q.rowwise_scales.size()),
-        d_cs(q.columnwise_scales.size());
-    DeviceBuffer<float> d_amax(p.groups), d_camax(p.groups), d_out(static_cast<size_t>(p.out_capacity * p.cols));
+    DeviceBuffer<uint8_t> d_row(q.rowwise.size()), d_col(q.columnwise.size()),
+        d_rs(q.rowwise_scales.size()), d_cs(q.columnwise_scales.size());
+    DeviceBuffer<float> d_amax(p.groups), d_camax(p.groups),
+        d_out(static_cast<size_t>(p.out_capacity * p.cols));
     DeviceBuffer<int64_t> d_off(p.groups + 1);
     CUDA_OK(d_row.upload(q.rowwise));
     CUDA_OK(d_col.upload(q.columnwise));
@@ -443,8 +478,9 @@ TEST(CudaQuantize, AmaxDequantizeAndSwizzleEqualTheCpuBackend) {
     CUDA_OK(d_amax.upload(q.amax));
     CUDA_OK(d_camax.upload(q.columnwise_amax));
     CUDA_OK(d_off.upload(q.offsets));
-    sfmoe_grouped_tensor qd = output_descriptor(p, rc, d_row.ptr, d_rs.ptr, d_col.ptr, d_cs.ptr, d_amax.ptr,
-                                                d_camax.ptr, d_off.ptr, SFMOE_MEMORY_CUDA);
+    sfmoe_grouped_tensor qd =
+        output_descriptor(p, rc, d_row.ptr, d_rs.ptr, d_col.ptr, d_cs.ptr, d_amax.ptr, d_camax.ptr,
+                          d_off.ptr, SFMOE_MEMORY_CUDA);
     for (sfmoe_dequantize_source source : {SFMOE_DEQUANTIZE_ROWWISE, SFMOE_DEQUANTIZE_COLUMNWISE}) {
       std::vector<float> host_out(static_cast<size_t>(p.out_capacity * p.cols), -3.0f);
       sfmoe_grouped_tensor oh = sfmoe_grouped_tensor_init();
@@ -455,26 +491,31 @@ TEST(CudaQuantize, AmaxDequantizeAndSwizzleEqualTheCpuBackend) {
       oh.cols = p.cols;
       oh.group_offsets = q.offsets.data();
       oh.rowwise_data = host_out.data();
-      ASSERT_EQ(sfmoe_grouped_dequantize(&qh, &oh, source, &rc.config, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
+      ASSERT_EQ(sfmoe_grouped_dequantize(&qh, &oh, source, &rc.config, nullptr), SFMOE_SUCCESS)
+          << sfmoe_last_error();
       CUDA_OK(d_out.upload(std::vector<float>(host_out.size(), -3.0f)));
       sfmoe_grouped_tensor od = oh;
       od.memory = SFMOE_MEMORY_CUDA;
       od.group_offsets = d_off.ptr;
       od.rowwise_data = d_out.ptr;
-      ASSERT_EQ(sfmoe_grouped_dequantize(&qd, &od, source, &rc.config, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
+      ASSERT_EQ(sfmoe_grouped_dequantize(&qd, &od, source, &rc.config, nullptr), SFMOE_SUCCESS)
+          << sfmoe_last_error();
       const std::vector<float> device_out = d_out.download();
-      EXPECT_EQ(first_difference(host_out, device_out), SIZE_MAX) << rc.name << " dequantize source " << source;
+      EXPECT_EQ(first_difference(host_out, device_out), SIZE_MAX)
+          << rc.name << " dequantize source " << source;
       ++compared;
     }
     // Grouped amax of the input.
     std::vector<float> host_amax(p.groups, -1.0f);
-    ASSERT_EQ(sfmoe_grouped_amax(&x, host_amax.data(), nullptr, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
+    ASSERT_EQ(sfmoe_grouped_amax(&x, host_amax.data(), nullptr, nullptr), SFMOE_SUCCESS)
+        << sfmoe_last_error();
     DeviceBuffer<uint8_t> d_in(p.input.size());
     DeviceBuffer<int64_t> d_in_off(p.groups + 1);
     CUDA_OK(d_in.upload(p.input));
     CUDA_OK(d_in_off.upload(p.in_offsets));
     sfmoe_grouped_tensor xd = input_descriptor(p, d_in.ptr, d_in_off.ptr, SFMOE_MEMORY_CUDA);
-    ASSERT_EQ(sfmoe_grouped_amax(&xd, d_amax.ptr, nullptr, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
+    ASSERT_EQ(sfmoe_grouped_amax(&xd, d_amax.ptr, nullptr, nullptr), SFMOE_SUCCESS)
+        << sfmoe_last_error();
     EXPECT_EQ(first_difference(host_amax, d_amax.download()), SIZE_MAX) << rc.name << " amax";
   }
   // Swizzle and unswizzle of random scale bytes, odd sizes.
@@ -483,27 +524,37 @@ TEST(CudaQuantize, AmaxDequantizeAndSwizzleEqualTheCpuBackend) {
       std::vector<uint8_t> compact(static_cast<size_t>(rows * cols));
       for (auto& b : compact) b = static_cast<uint8_t>(rng());
       const int64_t padded = numerics::swizzled_scale_padded_size(rows, cols);
-      std::vector<uint8_t> host_swizzled(static_cast<size_t>(padded), 0xEE), host_back(compact.size(), 0xEE);
+      std::vector<uint8_t> host_swizzled(static_cast<size_t>(padded), 0xEE),
+          host_back(compact.size(), 0xEE);
       int64_t n = static_cast<int64_t>(compact.size());
-      sfmoe_tensor hc = sfmoe_tensor_make(compact.data(), SFMOE_DTYPE_E8M0, 1, &n, SFMOE_MEMORY_HOST, 0);
-      sfmoe_tensor hs = sfmoe_tensor_make(host_swizzled.data(), SFMOE_DTYPE_E8M0, 1, &padded, SFMOE_MEMORY_HOST, 0);
-      sfmoe_tensor hb = sfmoe_tensor_make(host_back.data(), SFMOE_DTYPE_E8M0, 1, &n, SFMOE_MEMORY_HOST, 0);
-      ASSERT_EQ(sfmoe_swizzle_scales(&hc, rows, cols, &hs, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
-      ASSERT_EQ(sfmoe_unswizzle_scales(&hs, rows, cols, &hb, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
+      sfmoe_tensor hc =
+          sfmoe_tensor_make(compact.data(), SFMOE_DTYPE_E8M0, 1, &n, SFMOE_MEMORY_HOST, 0);
+      sfmoe_tensor hs = sfmoe_tensor_make(host_swizzled.data(), SFMOE_DTYPE_E8M0, 1, &padded,
+                                          SFMOE_MEMORY_HOST, 0);
+      sfmoe_tensor hb =
+          sfmoe_tensor_make(host_back.data(), SFMOE_DTYPE_E8M0, 1, &n, SFMOE_MEMORY_HOST, 0);
+      ASSERT_EQ(sfmoe_swizzle_scales(&hc, rows, cols, &hs, nullptr), SFMOE_SUCCESS)
+          << sfmoe_last_error();
+      ASSERT_EQ(sfmoe_unswizzle_scales(&hs, rows, cols, &hb, nullptr), SFMOE_SUCCESS)
+          << sfmoe_last_error();
       EXPECT_EQ(host_back, compact);
       DeviceBuffer<uint8_t> dc(compact.size()), ds(static_cast<size_t>(padded)), db(compact.size());
       CUDA_OK(dc.upload(compact));
       CUDA_OK(ds.upload(std::vector<uint8_t>(static_cast<size_t>(padded), 0xEE)));
       sfmoe_tensor tc = sfmoe_tensor_make(dc.ptr, SFMOE_DTYPE_E8M0, 1, &n, SFMOE_MEMORY_CUDA, 0);
-      sfmoe_tensor ts = sfmoe_tensor_make(ds.ptr, SFMOE_DTYPE_E8M0, 1, &padded, SFMOE_MEMORY_CUDA, 0);
+      sfmoe_tensor ts =
+          sfmoe_tensor_make(ds.ptr, SFMOE_DTYPE_E8M0, 1, &padded, SFMOE_MEMORY_CUDA, 0);
       sfmoe_tensor tb = sfmoe_tensor_make(db.ptr, SFMOE_DTYPE_E8M0, 1, &n, SFMOE_MEMORY_CUDA, 0);
-      ASSERT_EQ(sfmoe_swizzle_scales(&tc, rows, cols, &ts, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
-      ASSERT_EQ(sfmoe_unswizzle_scales(&ts, rows, cols, &tb, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
+      ASSERT_EQ(sfmoe_swizzle_scales(&tc, rows, cols, &ts, nullptr), SFMOE_SUCCESS)
+          << sfmoe_last_error();
+      ASSERT_EQ(sfmoe_unswizzle_scales(&ts, rows, cols, &tb, nullptr), SFMOE_SUCCESS)
+          << sfmoe_last_error();
       EXPECT_EQ(ds.download(), host_swizzled) << rows << "x" << cols;
       EXPECT_EQ(db.download(), compact) << rows << "x" << cols;
     }
   }
-  std::printf("[ quantize ] %d dequantize cases, amax and swizzle: CUDA equals the CPU backend\n", compared);
+  std::printf("[ quantize ] %d dequantize cases, amax and swizzle: CUDA equals the CPU backend\n",
+              compared);
 }
 
 // Captured once (global mode), replayed on new data and new group sizes: the offsets, the data,
@@ -513,25 +564,29 @@ TEST(CudaQuantize, CapturedQuantizeReplaysOnNewGroupSizes) {
   std::mt19937_64 rng(session_test_seed() + 2);
   for (const Recipe& rc : all_recipes()) {
     // (TENSOR rowwise alone too: the row-stream amax pass in the graph.)
-    const bool wanted = (rc.rowwise && rc.columnwise &&
-                         (rc.scaling == SFMOE_SCALING_MX_1X32 || rc.name.find("sr+rht") != std::string::npos ||
-                          rc.scaling == SFMOE_SCALING_TENSOR)) ||
-                        (rc.scaling == SFMOE_SCALING_TENSOR && rc.rowwise && !rc.columnwise);
+    const bool wanted =
+        (rc.rowwise && rc.columnwise &&
+         (rc.scaling == SFMOE_SCALING_MX_1X32 || rc.name.find("sr+rht") != std::string::npos ||
+          rc.scaling == SFMOE_SCALING_TENSOR)) ||
+        (rc.scaling == SFMOE_SCALING_TENSOR && rc.rowwise && !rc.columnwise);
     if (!wanted) continue;
-    const int64_t groups = 24, cols = 512, alignment = rc.layout == SFMOE_SCALE_LAYOUT_SWIZZLED ? 128 : 32;
+    const int64_t groups = 24, cols = 512,
+                  alignment = rc.layout == SFMOE_SCALE_LAYOUT_SWIZZLED ? 128 : 32;
     Problem shape = make_problem(rng, groups, cols, alignment, SFMOE_DTYPE_BF16, 200);
     shape.in_capacity = 24 * 200 + 8;  // fixed bounds for every replay
     shape.out_capacity = (shape.in_capacity + groups * (alignment - 1) + 127) / 128 * 128;
     const Sizes sizes = sizes_of(rc, shape.out_capacity, cols, groups);
-    DeviceBuffer<uint8_t> d_in(static_cast<size_t>(shape.in_capacity * cols * 2)), d_row(sizes.rowwise),
-        d_col(sizes.columnwise), d_rs(sizes.rowwise_scales + 16), d_cs(sizes.columnwise_scales + 16);
+    DeviceBuffer<uint8_t> d_in(static_cast<size_t>(shape.in_capacity * cols * 2)),
+        d_row(sizes.rowwise), d_col(sizes.columnwise), d_rs(sizes.rowwise_scales + 16),
+        d_cs(sizes.columnwise_scales + 16);
     DeviceBuffer<float> d_amax(groups), d_camax(groups);
     DeviceBuffer<int64_t> d_in_off(groups + 1), d_off(groups + 1);
     sfmoe_status_word* word = nullptr;
     ASSERT_EQ(sfmoe_status_word_create(SFMOE_MEMORY_CUDA, 0, &word), SFMOE_SUCCESS);
     sfmoe_grouped_tensor xd = input_descriptor(shape, d_in.ptr, d_in_off.ptr, SFMOE_MEMORY_CUDA);
-    sfmoe_grouped_tensor qd = output_descriptor(shape, rc, d_row.ptr, d_rs.ptr, d_col.ptr, d_cs.ptr, d_amax.ptr,
-                                                d_camax.ptr, d_off.ptr, SFMOE_MEMORY_CUDA);
+    sfmoe_grouped_tensor qd =
+        output_descriptor(shape, rc, d_row.ptr, d_rs.ptr, d_col.ptr, d_cs.ptr, d_amax.ptr,
+                          d_camax.ptr, d_off.ptr, SFMOE_MEMORY_CUDA);
     cudaStream_t stream;
     CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     cudaGraph_t graph;
@@ -550,7 +605,8 @@ TEST(CudaQuantize, CapturedQuantizeReplaysOnNewGroupSizes) {
       p.in_capacity = shape.in_capacity;
       p.out_capacity = shape.out_capacity;
       p.input.resize(static_cast<size_t>(p.in_capacity * cols * 2), 0);
-      if (replay == 3) p.in_offsets[groups] = p.in_capacity + 40;  // over capacity: clamped, flagged
+      if (replay == 3)
+        p.in_offsets[groups] = p.in_capacity + 40;  // over capacity: clamped, flagged
       CUDA_OK(d_in.upload(p.input));
       CUDA_OK(d_in_off.upload(p.in_offsets));
       std::vector<uint8_t> row_poison(sizes.rowwise, 0xA5), col_poison(sizes.columnwise, 0xA5);
@@ -562,24 +618,31 @@ TEST(CudaQuantize, CapturedQuantizeReplaysOnNewGroupSizes) {
       Buffers cpu = poisoned(sizes, groups);
       std::vector<uint8_t> input_host(p.input);
       std::vector<int64_t> in_off_host(p.in_offsets);
-      sfmoe_grouped_tensor x = input_descriptor(p, input_host.data(), in_off_host.data(), SFMOE_MEMORY_HOST);
-      sfmoe_grouped_tensor q = output_descriptor(p, rc, cpu.rowwise.data(), cpu.rowwise_scales.data(),
-                                                 cpu.columnwise.data(), cpu.columnwise_scales.data(), cpu.amax.data(),
-                                                 cpu.columnwise_amax.data(), cpu.offsets.data(), SFMOE_MEMORY_HOST);
-      ASSERT_EQ(sfmoe_grouped_quantize(&x, &q, &rc.config, nullptr, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
+      sfmoe_grouped_tensor x =
+          input_descriptor(p, input_host.data(), in_off_host.data(), SFMOE_MEMORY_HOST);
+      sfmoe_grouped_tensor q =
+          output_descriptor(p, rc, cpu.rowwise.data(), cpu.rowwise_scales.data(),
+                            cpu.columnwise.data(), cpu.columnwise_scales.data(), cpu.amax.data(),
+                            cpu.columnwise_amax.data(), cpu.offsets.data(), SFMOE_MEMORY_HOST);
+      ASSERT_EQ(sfmoe_grouped_quantize(&x, &q, &rc.config, nullptr, nullptr), SFMOE_SUCCESS)
+          << sfmoe_last_error();
       EXPECT_EQ(d_off.download(), cpu.offsets) << rc.name << " replay " << replay;
       const std::vector<uint8_t> row = d_row.download(), col = d_col.download();
       const int64_t total = cpu.offsets[groups];
       const size_t bits = rc.dtype == SFMOE_DTYPE_FP4_E2M1 ? 4 : 8;
-      EXPECT_EQ(std::memcmp(row.data(), cpu.rowwise.data(), static_cast<size_t>(total * cols) * bits / 8), 0)
+      EXPECT_EQ(
+          std::memcmp(row.data(), cpu.rowwise.data(), static_cast<size_t>(total * cols) * bits / 8),
+          0)
           << rc.name << " replay " << replay;
-      EXPECT_EQ(std::memcmp(col.data(), cpu.columnwise.data(), col.size()), 0) << rc.name << " replay " << replay;
+      EXPECT_EQ(std::memcmp(col.data(), cpu.columnwise.data(), col.size()), 0)
+          << rc.name << " replay " << replay;
       if (rc.scaling == SFMOE_SCALING_TENSOR || scaling_is_nvfp4(rc.scaling)) {
         EXPECT_EQ(std::memcmp(d_amax.download().data(), cpu.amax.data(), groups * 4), 0) << rc.name;
       }
       sfmoe_fault_report report;
       ASSERT_EQ(sfmoe_status_word_read(word, &report), SFMOE_SUCCESS);
-      EXPECT_EQ(report.flags, replay == 3 ? uint32_t(SFMOE_FAULT_GROUP_OVER_CAPACITY) : 0u) << rc.name << " " << replay;
+      EXPECT_EQ(report.flags, replay == 3 ? uint32_t(SFMOE_FAULT_GROUP_OVER_CAPACITY) : 0u)
+          << rc.name << " " << replay;
     }
     std::printf("[ quantize graph ] %s: 4 replays on new group sizes, checked\n", rc.name.c_str());
     cudaGraphExecDestroy(exec);

@@ -162,7 +162,8 @@ sfmoe_status status_word_snapshot(const sfmoe_fault_report* device_word,
       cudaMemcpyAsync(host_mirror, device_word, sizeof(sfmoe_fault_report),
                       cudaMemcpyDeviceToHost,  // sync-ok: asynchronous, into pinned memory
                       static_cast<cudaStream_t>(stream));
-  if (error != cudaSuccess) return cuda_fail("sfmoe_status_word_snapshot", "cudaMemcpyAsync", error);
+  if (error != cudaSuccess)
+    return cuda_fail("sfmoe_status_word_snapshot", "cudaMemcpyAsync", error);
   return SFMOE_SUCCESS;
 }
 

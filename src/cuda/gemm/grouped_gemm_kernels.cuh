@@ -23,19 +23,18 @@
 #pragma once
 
 #include <cuda_runtime.h>
-
-#include <type_traits>
+#include <cutlass/cutlass.h>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
 
 #include <cute/tensor.hpp>
-#include <cutlass/cutlass.h>
 #include <cutlass/detail/blockwise_scale_layout.hpp>
 #include <cutlass/epilogue/collective/collective_builder.hpp>
 #include <cutlass/gemm/collective/collective_builder.hpp>
-#include <cutlass/gemm/device/gemm_universal_adapter.h>
 #include <cutlass/gemm/dispatch_policy.hpp>
 #include <cutlass/gemm/group_array_problem_shape.hpp>
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 #include <cutlass/util/packed_stride.hpp>
+#include <type_traits>
 
 #include "src/common/error.h"
 #include "src/common/fault.h"
@@ -78,8 +77,8 @@ struct TileConfig<GemmTile::kCooperative128x256, kFp8> : TileConfigOf<128, 256, 
 template <bool kFp8>
 struct TileConfig<GemmTile::kPingpong64x128, kFp8> : TileConfigOf<64, 128, 1, true, kFp8> {};
 template <bool kFp8>
-struct TileConfig<GemmTile::kCooperative256x128, kFp8>
-    : TileConfigOf<256, 128, 2, false, kFp8, 2> {};
+struct TileConfig<GemmTile::kCooperative256x128, kFp8> : TileConfigOf<256, 128, 2, false, kFp8, 2> {
+};
 template <bool kFp8>
 struct TileConfig<GemmTile::kPingpong128x128, kFp8> : TileConfigOf<128, 128, 2, true, kFp8> {};
 

@@ -21,8 +21,8 @@
 #include <string.h>
 
 #include <algorithm>
-#include <type_traits>
 #include <cub/block/block_scan.cuh>
+#include <type_traits>
 
 #include "sfmoe/numerics.h"
 #include "src/common/element_codec.h"
@@ -556,9 +556,9 @@ __device__ __forceinline__ void load_segment_words(const uint32_t* tile, int wor
   static_assert(kCount <= 16, "one swizzle per 16-row segment");
   constexpr int kWordsPerPair = In == SFMOE_DTYPE_FP32 ? 2 : 1;
   constexpr int kChunkWords = RawChunk<In>::kWords;  // 4 pairs per chunk
-  const uint32_t* column =
-      tile + first_row * words_per_row + swizzled_chunk(first_row, pair / 4) * kChunkWords +
-      (pair % 4) * kWordsPerPair;
+  const uint32_t* column = tile + first_row * words_per_row +
+                           swizzled_chunk(first_row, pair / 4) * kChunkWords +
+                           (pair % 4) * kWordsPerPair;
 #pragma unroll
   for (int m = 0; m < kCount; ++m) {
     if constexpr (In == SFMOE_DTYPE_FP32) {
@@ -635,13 +635,13 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
   __shared__ int64_t row_src[kTile];           // input row, or kRowPadding / kRowBeyond
   __shared__ const uint8_t* row_input[kTile];  // where that input row starts; NULL for the others
   __shared__ int32_t row_group[kTile];
-  __shared__ float row_scale[kTile];       // TENSOR: the group's scale; NVFP4: rowwise S_enc
-  __shared__ float row_decode[kTile];      // NVFP4: 1 / S_enc
-  __shared__ float row_col_scale[kTile];   // NVFP4: the columnwise S_enc
-  __shared__ float row_col_decode[kTile];  // NVFP4: its inverse
-  __shared__ uint32_t row_bits[kTile];     // amax pass: each row's amax over the unit
-  __shared__ uint32_t block_bits[3][64];               // 2D block amax, three rotating sets
-  __shared__ uint32_t hadamard_bits[kTile / 16];       // amax pass: transformed 16-row blocks
+  __shared__ float row_scale[kTile];              // TENSOR: the group's scale; NVFP4: rowwise S_enc
+  __shared__ float row_decode[kTile];             // NVFP4: 1 / S_enc
+  __shared__ float row_col_scale[kTile];          // NVFP4: the columnwise S_enc
+  __shared__ float row_col_decode[kTile];         // NVFP4: its inverse
+  __shared__ uint32_t row_bits[kTile];            // amax pass: each row's amax over the unit
+  __shared__ uint32_t block_bits[3][64];          // 2D block amax, three rotating sets
+  __shared__ uint32_t hadamard_bits[kTile / 16];  // amax pass: transformed 16-row blocks
 
   const int tid = threadIdx.x, lane = tid & 31;
   const int64_t groups = a.num_groups, cols = a.cols, capacity = a.row_capacity;
@@ -688,8 +688,8 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
   const int64_t units = bands * sched.col_units;
   const int j = tid % kChunksPerRow;   // rowwise: chunk j of each tile row it covers
   const int i0 = tid / kChunksPerRow;  // rowwise: tile rows i0 + kRowsPerStep l
-  const int pair = G::pair(tid);    // columnwise: tile columns 2 pair, 2 pair + 1
-  const int seg = G::segment(tid);  // columnwise: tile rows [16 seg, 16 seg + 16)
+  const int pair = G::pair(tid);       // columnwise: tile columns 2 pair, 2 pair + 1
+  const int seg = G::segment(tid);     // columnwise: tile rows [16 seg, 16 seg + 16)
   int parity = 0;                      // tiles done by this block: selects the rotating buffers
   for (int64_t unit = blockIdx.x; unit < units; unit += gridDim.x) {
     const int64_t r0 = unit / sched.col_units * kTile;
