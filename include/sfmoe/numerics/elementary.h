@@ -9,10 +9,6 @@
 namespace sfmoe {
 namespace numerics {
 
-// Adding 1.5 * 2^23 to |v| < 2^22 leaves a unit spacing, so the sum rounds v to the nearest
-// integer (ties to even) once, and the sum's low mantissa bits hold that integer.
-constexpr float kRoundingShift = 12582912.0f;
-
 // 2^n as an FP32, for -126 <= n <= 127.
 SFMOE_HD float exp2_integer_f32(int n) { return bits_to_f32(static_cast<uint32_t>(n + 127) << 23); }
 

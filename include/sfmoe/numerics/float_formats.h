@@ -191,8 +191,8 @@ SFMOE_HD uint8_t f32_to_e2m1(float x) {
   const uint32_t kept_bit = (abs_bits >> 22) & 1u;
   const uint32_t wide = ((abs_bits + 0x1FFFFFu + kept_bit) >> 22) - 252u;  // |x| >= 1: >= 2
   const uint32_t narrow =
-      f32_to_bits(fma_rn(bits_to_f32(abs_bits), 2.0f, 12582912.0f)) & 0x3u;  // |x| < 1
-  const uint32_t magnitude = abs_bits < 0x3F800000u ? narrow : (wide < 7u ? wide : 7u);
+      f32_to_bits(fma_rn(bits_to_f32(abs_bits), 2.0f, kRoundingShift)) & 0x3u;  // |x| < 1
+  const uint32_t magnitude = abs_bits < kF32OneBits ? narrow : (wide < 7u ? wide : 7u);
   const uint32_t code = ((bits >> 28) & 0x8u) | magnitude;
   return static_cast<uint8_t>(abs_bits > kF32InfBits ? FormatE2M1::kNanCode : code);
 }
