@@ -56,21 +56,39 @@ struct Problem {
   std::vector<uint8_t> input;  // [in_capacity, cols] of in_dtype
 };
 
-Problem make_problem(std::mt19937_64& rng, int64_t groups, int64_t cols, int64_t alignment,
-                     sfmoe_dtype in_dtype, int64_t max_group_rows) {
+// A problem's geometry for the given group sizes: input offsets, a little unused input capacity
+// at the end, an output capacity with room for every group's alignment padding; input zeroed.
+Problem problem_of_sizes(const std::vector<int64_t>& sizes, int64_t cols, int64_t alignment,
+                         sfmoe_dtype in_dtype) {
+  const int64_t groups = static_cast<int64_t>(sizes.size());
   Problem p{groups, cols, 0, 0, alignment, in_dtype, {}, {}};
   p.in_offsets.assign(groups + 1, 0);
+  for (int64_t g = 0; g < groups; ++g) p.in_offsets[g + 1] = p.in_offsets[g] + sizes[g];
+  p.in_capacity = p.in_offsets[groups] + 5;
+  p.out_capacity = (p.in_capacity + groups * (alignment - 1) + 127) / 128 * 128;
+  p.input.assign(static_cast<size_t>(p.in_capacity * cols * sfmoe_dtype_bits(in_dtype) / 8), 0);
+  return p;
+}
+
+// Input element i (row-major over [in_capacity, cols]) set to v in the input's dtype.
+void set_input(Problem& p, int64_t i, float v) {
+  const int bits = sfmoe_dtype_bits(p.in_dtype);
+  const uint32_t code = bits == 32 ? numerics::f32_to_bits(v)
+                                   : (p.in_dtype == SFMOE_DTYPE_BF16 ? numerics::f32_to_bf16(v)
+                                                                     : numerics::f32_to_fp16(v));
+  std::memcpy(&p.input[static_cast<size_t>(i) * bits / 8], &code, bits / 8);
+}
+
+Problem make_problem(std::mt19937_64& rng, int64_t groups, int64_t cols, int64_t alignment,
+                     sfmoe_dtype in_dtype, int64_t max_group_rows) {
   // The first groups: 1 row, empty, 31, 33, 17 rows, empty (group 0 holds a row so that rows of
   // group 0 meet later groups in a tile).
   const int64_t specials[] = {1, 0, 31, 33, 17, 0};
+  std::vector<int64_t> sizes(groups);
   for (int64_t g = 0; g < groups; ++g) {
-    const int64_t n = g < 6 ? specials[g] : static_cast<int64_t>(rng() % (max_group_rows + 1));
-    p.in_offsets[g + 1] = p.in_offsets[g] + n;
+    sizes[g] = g < 6 ? specials[g] : static_cast<int64_t>(rng() % (max_group_rows + 1));
   }
-  p.in_capacity = p.in_offsets[groups] + 5;  // a little unused capacity at the end
-  p.out_capacity = (p.in_capacity + groups * (alignment - 1) + 127) / 128 * 128;
-  const int bits = sfmoe_dtype_bits(in_dtype);
-  p.input.resize(static_cast<size_t>(p.in_capacity * cols * bits / 8));
+  Problem p = problem_of_sizes(sizes, cols, alignment, in_dtype);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const std::vector<uint32_t> special = special_f32_bits();
   for (int64_t i = 0; i < p.in_capacity * cols; ++i) {
@@ -79,12 +97,8 @@ Problem make_problem(std::mt19937_64& rng, int64_t groups, int64_t cols, int64_t
     if (dice < 3)
       v = numerics::bits_to_f32(special[rng() % special.size()]);  // NaN, Inf, 0, subnormal, max...
     if (dice == 3) v *= 1e4f;                                      // an outlier
-    const uint32_t code = bits == 32 ? numerics::f32_to_bits(v)
-                                     : (in_dtype == SFMOE_DTYPE_BF16 ? numerics::f32_to_bf16(v)
-                                                                     : numerics::f32_to_fp16(v));
-    std::memcpy(&p.input[static_cast<size_t>(i) * bits / 8], &code, bits / 8);
+    set_input(p, i, v);
   }
-  // A constant block of rows in group 6 (if big enough): every value equal.
   return p;
 }
 
@@ -335,8 +349,7 @@ TEST(CudaQuantize, TensorScalesFromRealAmaxesEqualTheCpuBackend) {
           float v = normal(rng) * magnitude;
           if (g == 7 && r == p.in_offsets[g] && c == 3) v = std::nanf("");
           if (g == 8 && r == p.in_offsets[g + 1] - 1 && c == p.cols - 1) v = INFINITY;
-          const uint16_t code = numerics::f32_to_bf16(v);
-          std::memcpy(&p.input[static_cast<size_t>(r * p.cols + c) * 2], &code, 2);
+          set_input(p, r * p.cols + c, v);
         }
       }
     }
@@ -371,23 +384,14 @@ TEST(CudaQuantize, TensorScalesFromRealAmaxesEqualTheCpuBackend) {
 
 // A problem with the given group sizes and finite values whose magnitude differs per group (so
 // that per-tensor scales differ between neighbouring groups).
-Problem problem_with_sizes(std::mt19937_64& rng, const std::vector<int64_t>& sizes, int64_t cols,
-                           int64_t alignment, sfmoe_dtype in_dtype) {
-  const int64_t groups = static_cast<int64_t>(sizes.size());
-  Problem p{groups, cols, 0, 0, alignment, in_dtype, {}, {}};
-  p.in_offsets.assign(groups + 1, 0);
-  for (int64_t g = 0; g < groups; ++g) p.in_offsets[g + 1] = p.in_offsets[g] + sizes[g];
-  p.in_capacity = p.in_offsets[groups] + 5;
-  p.out_capacity = (p.in_capacity + groups * (alignment - 1) + 127) / 128 * 128;
-  const int bits = sfmoe_dtype_bits(in_dtype);
-  p.input.assign(static_cast<size_t>(p.in_capacity * cols * bits / 8), 0);
+Problem problem_with_group_magnitudes(std::mt19937_64& rng, const std::vector<int64_t>& sizes,
+                                      int64_t cols, int64_t alignment, sfmoe_dtype in_dtype) {
+  Problem p = problem_of_sizes(sizes, cols, alignment, in_dtype);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (int64_t g = 0; g < groups; ++g) {
+  for (int64_t g = 0; g < p.groups; ++g) {
     const float magnitude = std::ldexp(1.0f, static_cast<int>(3 * g) - 6);
     for (int64_t i = p.in_offsets[g] * cols; i < p.in_offsets[g + 1] * cols; ++i) {
-      const float v = normal(rng) * magnitude;
-      const uint32_t code = bits == 32 ? numerics::f32_to_bits(v) : numerics::f32_to_bf16(v);
-      std::memcpy(&p.input[static_cast<size_t>(i) * bits / 8], &code, bits / 8);
+      set_input(p, i, normal(rng) * magnitude);
     }
   }
   return p;
@@ -412,7 +416,7 @@ TEST(CudaQuantize, TensorColumnwisePiecesAcrossGroupsAndTheEnd) {
   int compared = 0;
   for (const std::vector<int64_t>& sizes : size_sets) {
     for (sfmoe_dtype in : {SFMOE_DTYPE_BF16, SFMOE_DTYPE_FP32}) {
-      const Problem p = problem_with_sizes(rng, sizes, 136, 1, in);
+      const Problem p = problem_with_group_magnitudes(rng, sizes, 136, 1, in);
       for (Recipe rc : recipes) {
         rc.name += std::string(" from ") + sfmoe_dtype_name(in) + ", groups";
         for (int64_t n : sizes) rc.name += " " + std::to_string(n);
