@@ -6,6 +6,7 @@
 #   KERNEL_REGEX  ncu --kernel-name regex (e.g. quantize_tiles_kernel)
 #   SKIP          launches of that kernel to skip first (warm-up calls)
 #   LINES         how many of the hottest SASS lines to print
+# With SFMOE_PROFILE_CSV=PATH the whole source page (every SASS line's counters) is kept there.
 set -uo pipefail
 kernel=$1 skip=$2 lines=$3
 shift 3
@@ -54,4 +55,5 @@ for n, _, _, text in data:
 print("per opcode:", ", ".join(f"{k} {100.0 * v / total:.1f}%" for k, v in
                                sorted(ops.items(), key=lambda kv: -kv[1])[:25]))
 PY
+if [ -n "${SFMOE_PROFILE_CSV:-}" ]; then cp "$csv" "$SFMOE_PROFILE_CSV"; fi
 rm -f "$csv"
