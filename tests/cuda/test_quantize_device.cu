@@ -23,7 +23,22 @@ struct Recipe {
   sfmoe_scale_layout layout;
   sfmoe_quantize_config config;
   std::string name;
+  bool given_tensor_scales = false;  // TENSOR: config.tensor_scales from given_scales()
 };
+
+// Given per-tensor scales (delayed scaling) for G groups: powers of two and other values, with
+// 0, Inf and NaN among them (each backend uses them as they are).
+std::vector<float> given_scales(int64_t groups) {
+  std::vector<float> s(groups);
+  for (int64_t g = 0; g < groups; ++g) {
+    s[g] = std::ldexp(1.0f + static_cast<float>((g * 37) % 64) / 64.0f,
+                      static_cast<int>((g * 7) % 24) - 10);
+    if (g % 11 == 4) s[g] = INFINITY;
+    if (g % 11 == 7) s[g] = 0.0f;
+    if (g % 17 == 9) s[g] = std::nanf("");
+  }
+  return s;
+}
 
 // Sizes of the output buffers of a recipe for an [R, C] output with G groups.
 struct Sizes {
@@ -171,6 +186,17 @@ bool compare_backends(const Problem& p, const Recipe& rc,
   const Sizes sizes = sizes_of(rc, p.out_capacity, p.cols, p.groups);
   // CPU.
   Buffers cpu = poisoned(sizes, p.groups);
+  const std::vector<float> scales = given_scales(p.groups);
+  sfmoe_quantize_config cpu_config = rc.config, gpu_config = rc.config;
+  DeviceBuffer<float> d_scales(p.groups);
+  if (rc.given_tensor_scales) {
+    cpu_config.tensor_scales = scales.data();
+    gpu_config.tensor_scales = d_scales.ptr;
+    if (d_scales.upload(scales) != cudaSuccess) {
+      ADD_FAILURE() << "upload failed";
+      return false;
+    }
+  }
   std::vector<uint8_t> input_host(p.input);
   std::vector<int64_t> in_offsets_host(p.in_offsets);
   sfmoe_grouped_tensor x =
@@ -179,7 +205,7 @@ bool compare_backends(const Problem& p, const Recipe& rc,
       output_descriptor(p, rc, cpu.rowwise.data(), cpu.rowwise_scales.data(), cpu.columnwise.data(),
                         cpu.columnwise_scales.data(), cpu.amax.data(), cpu.columnwise_amax.data(),
                         cpu.offsets.data(), SFMOE_MEMORY_HOST);
-  if (sfmoe_grouped_quantize(&x, &q, &rc.config, nullptr, nullptr) != SFMOE_SUCCESS) {
+  if (sfmoe_grouped_quantize(&x, &q, &cpu_config, nullptr, nullptr) != SFMOE_SUCCESS) {
     ADD_FAILURE() << rc.name << ": cpu: " << sfmoe_last_error();
     return false;
   }
@@ -210,7 +236,7 @@ bool compare_backends(const Problem& p, const Recipe& rc,
   sfmoe_grouped_tensor qd =
       output_descriptor(p, rc, d_row.ptr, d_rs.ptr, d_col.ptr, d_cs.ptr, d_amax.ptr, d_camax.ptr,
                         d_off.ptr, SFMOE_MEMORY_CUDA);
-  if (sfmoe_grouped_quantize(&xd, &qd, &rc.config, nullptr, nullptr) != SFMOE_SUCCESS) {
+  if (sfmoe_grouped_quantize(&xd, &qd, &gpu_config, nullptr, nullptr) != SFMOE_SUCCESS) {
     ADD_FAILURE() << rc.name << ": cuda: " << sfmoe_last_error();
     return false;
   }
@@ -270,6 +296,9 @@ std::vector<Recipe> all_recipes() {
       "fp8 tensor e4m3");
   add(SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E5M2, SFMOE_SCALE_LAYOUT_COMPACT, pow2,
       "fp8 tensor e5m2 pow2");
+  add(SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, SFMOE_SCALE_LAYOUT_COMPACT, plain,
+      "fp8 tensor e4m3 given scales");
+  for (size_t k = out.size() - 3; k < out.size(); ++k) out[k].given_tensor_scales = true;
   add(SFMOE_SCALING_BLOCK_1X128, SFMOE_DTYPE_FP8_E4M3, SFMOE_SCALE_LAYOUT_COMPACT, plain,
       "fp8 1x128");
   add(SFMOE_SCALING_BLOCK_1X128, SFMOE_DTYPE_FP8_E4M3, SFMOE_SCALE_LAYOUT_COMPACT, pow2,
@@ -319,9 +348,9 @@ TEST(CudaQuantize, EveryRecipeEqualsTheCpuBackendByteForByte) {
   EXPECT_EQ(failures, 0);
 }
 
-// FP8 per-tensor current scaling, rowwise, with either amax pass (the row stream, also with runs
-// that cross groups, and the tile kernel's pass that SFMOE_QUANTIZE_AMAX=tiles selects): the CPU
-// backend's bytes on small and on
+// FP8 per-tensor scaling, rowwise, with either amax pass (the row stream, also with runs that
+// cross groups, and the tile kernel's pass that SFMOE_QUANTIZE_AMAX=tiles selects), and with given
+// scales, where the codes kernel folds the amax itself: the CPU backend's bytes on small and on
 // many-band problems (empty groups, groups of 1, 31 and 33 rows, groups spanning many bands). The
 // values are finite except for a NaN in group 7 and an Inf in group 8, so that most groups'
 // scales come from real amaxes (the random problems of the other tests put a NaN in most groups).
@@ -334,10 +363,16 @@ TEST(CudaQuantize, TensorScalesFromRealAmaxesEqualTheCpuBackend) {
   const sfmoe_quantize_config plain = sfmoe_quantize_config_init();
   sfmoe_quantize_config pow2 = plain;
   pow2.power_of_two_scales = 1;
-  const Recipe recipes[] = {{SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, true, false,
-                             SFMOE_SCALE_LAYOUT_COMPACT, plain, "fp8 tensor e4m3 rowwise"},
-                            {SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E5M2, true, false,
-                             SFMOE_SCALE_LAYOUT_COMPACT, pow2, "fp8 tensor e5m2 pow2 rowwise"}};
+  const Recipe recipes[] = {
+      {SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, true, false, SFMOE_SCALE_LAYOUT_COMPACT, plain,
+       "fp8 tensor e4m3 rowwise"},
+      {SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E5M2, true, false, SFMOE_SCALE_LAYOUT_COMPACT, pow2,
+       "fp8 tensor e5m2 pow2 rowwise"},
+      // Given scales: no amax pass, the amax folded by the codes kernel over many bands.
+      {SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, true, false, SFMOE_SCALE_LAYOUT_COMPACT, plain,
+       "fp8 tensor e4m3 given scales rowwise", true},
+      {SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, true, true, SFMOE_SCALE_LAYOUT_COMPACT, plain,
+       "fp8 tensor e4m3 given scales both", true}};
   int compared = 0;
   for (const Shape shape : {Shape{13, 264, 300}, Shape{97, 512, 600}}) {
     Problem p = make_problem(rng, shape.groups, shape.cols, 16, SFMOE_DTYPE_BF16, shape.max_rows);
@@ -407,10 +442,13 @@ TEST(CudaQuantize, TensorColumnwisePiecesAcrossGroupsAndTheEnd) {
   const sfmoe_quantize_config plain = sfmoe_quantize_config_init();
   sfmoe_quantize_config pow2 = plain;
   pow2.power_of_two_scales = 1;
-  const Recipe recipes[] = {{SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, true, true,
-                             SFMOE_SCALE_LAYOUT_COMPACT, plain, "fp8 tensor e4m3 both"},
-                            {SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E5M2, false, true,
-                             SFMOE_SCALE_LAYOUT_COMPACT, pow2, "fp8 tensor e5m2 pow2 columnwise"}};
+  const Recipe recipes[] = {
+      {SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, true, true, SFMOE_SCALE_LAYOUT_COMPACT, plain,
+       "fp8 tensor e4m3 both"},
+      {SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E5M2, false, true, SFMOE_SCALE_LAYOUT_COMPACT, pow2,
+       "fp8 tensor e5m2 pow2 columnwise"},
+      {SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, true, true, SFMOE_SCALE_LAYOUT_COMPACT, plain,
+       "fp8 tensor e4m3 given scales both", true}};
   const std::vector<std::vector<int64_t>> size_sets = {{100, 6},     {5, 3},   {16, 1, 14},
                                                        {7, 0, 9, 2}, {130, 3}, {1, 2, 3, 4, 5}};
   int compared = 0;

@@ -394,7 +394,10 @@ def test_cuda_graph_capture_of_grouped_quantize(rng):
 
 
 @requires_cuda
-def test_cuda_status_word_records_nan_amax(rng):
+@pytest.mark.parametrize("given_scales", [False, True])
+def test_cuda_status_word_records_nan_amax(rng, given_scales):
+    """A NaN group amax traps once the amax is known: after the amax pass, or (given scales) after
+    the codes kernel that folds it; the amax itself is NaN for that group only."""
     x_host = rng.standard_normal((64, 128)).astype(np.float32)
     x_host[40, 7] = np.nan
     x = torch.from_numpy(x_host).cuda()
@@ -402,11 +405,15 @@ def test_cuda_status_word_records_nan_amax(rng):
     assert word.device == str(x.device)
     word.reset()
     offsets = torch.tensor([0, 32, 64], device="cuda")
-    sfmoe.quantize(x, "fp8_tensor", group_offsets=offsets, trap_nan_amax=True, status_word=word)
+    scales = torch.tensor([2.0, 0.5], device="cuda") if given_scales else None
+    q = sfmoe.quantize(x, "fp8_tensor", group_offsets=offsets, trap_nan_amax=True, status_word=word,
+                       tensor_scales=scales)
     word.snapshot()
     torch.cuda.current_stream().synchronize()
     report = word.read()
     assert report.flags == sfmoe.Fault.NAN_AMAX and report.first_group == 1
+    amax = q.amax.cpu()
+    assert amax[0].item() == float(np.abs(x_host[:32]).max()) and amax[1].isnan()
     with pytest.raises(ValueError, match="the word is on"):
         sfmoe.quantize(x.cpu(), "fp8_tensor", status_word=word)
 

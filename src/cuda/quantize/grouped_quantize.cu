@@ -6,7 +6,10 @@
 //   2. (TENSOR, NVFP4) the per-group amax by atomicMax on the FP32 bits: quantize_amax_rows_kernel
 //      (warps streaming runs of rows), or with NVFP4's Hadamard transform (which also needs the
 //      transformed columnwise amax) quantize_tiles_kernel<..., kAmaxPass = true>;
-//   3. quantize_tiles_kernel<..., kAmaxPass = false>: codes and scales of both copies.
+//   3. quantize_tiles_kernel<..., kAmaxPass = false>: codes and scales of both copies. TENSOR
+//      with given scales skips 2: its scales do not depend on the amax, so this kernel folds the
+//      group amax from the rows it encodes (one read of the input), and trap_group_amax_kernel
+//      traps NaN amaxes after it when asked to.
 // The tile kernel walks persistent work units (a band of 128 output rows x a run of 128-column
 // tiles) over the real rows [0, out_off[G]); group offsets are staged in shared memory for the
 // row maps. Rowwise-only requests (256 threads) load eight 16-byte chunks per thread straight
@@ -652,6 +655,10 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
   const bool hadamard = R::kNv && a.config.hadamard_columnwise && a.columnwise != nullptr;
   const bool stochastic = R::kNv && a.config.stochastic_rounding;
   const uint64_t seed = a.config.seed, stream_rowwise = 2 * a.config.offset;
+  // TENSOR with given scales (delayed scaling): no amax pass runs before this kernel; it folds
+  // the group amax from the rows it encodes, as the amax pass does, in the same read.
+  constexpr bool kMayFoldAmax = !kAmaxPass && R::kTensor;
+  const bool fold_amax = kAmaxPass || (kMayFoldAmax && a.config.tensor_scales != nullptr);
 
   // Offsets staged in shared memory: the row maps below search them without global latency.
   const int64_t* out_off = a.offsets;
@@ -673,12 +680,14 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
     if (blockIdx.x == 0) {
       for (int64_t g = tid; g < groups; g += kThreads) {
         const int64_t first_row = out_off != nullptr ? out_off[g] : g * a.uniform_rows;
+        // (A folded amax is still being made here: trap_group_amax_kernel traps after it.)
+        const float group_amax = fold_amax ? 0.0f : a.amax[g];
         if constexpr (R::kTensor) {
-          const float inv = scale_inverse(tensor_scale_of_group(a.config, g, a.amax[g], fp8_max));
+          const float inv = scale_inverse(tensor_scale_of_group(a.config, g, group_amax, fp8_max));
           if (a.rowwise_scale_inv) static_cast<float*>(a.rowwise_scale_inv)[g] = inv;
           if (a.columnwise_scale_inv) static_cast<float*>(a.columnwise_scale_inv)[g] = inv;
         }
-        maybe_trap(a, a.amax[g], g, first_row);
+        if (!fold_amax) maybe_trap(a, group_amax, g, first_row);
         if (hadamard) maybe_trap(a, a.columnwise_amax[g], g, first_row);
       }
     }
@@ -712,8 +721,8 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
                                       src * cols * (In == SFMOE_DTYPE_FP32 ? 4 : 2)
                                 : nullptr;
       row_group[tid] = static_cast<int32_t>(g);
-      if constexpr (!kAmaxPass && R::kTensor)
-        row_scale[tid] = tensor_scale_of_group(a.config, g, a.amax[g], fp8_max);
+      if constexpr (kMayFoldAmax)
+        row_scale[tid] = tensor_scale_of_group(a.config, g, fold_amax ? 0.0f : a.amax[g], fp8_max);
       if constexpr (!kAmaxPass && R::kNv) {
         const float s = nvfp4_global_encode_scale(a.amax[g]);
         const float sc = hadamard ? nvfp4_global_encode_scale(a.columnwise_amax[g]) : s;
@@ -722,7 +731,7 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
         row_col_scale[tid] = sc;
         row_col_decode[tid] = nvfp4_global_decode_scale(sc);
       }
-      if constexpr (kAmaxPass) row_bits[tid] = 0;
+      if (fold_amax) row_bits[tid] = 0;
       if (kAmaxPass && tid < kTile / 16) hadamard_bits[tid] = 0;
     }
     __syncthreads();
@@ -839,6 +848,27 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
           }
         }
         continue;
+      }
+      if constexpr (kMayFoldAmax) {
+        // The tile's row amaxes into row_bits: the 16 lanes of each row reduce all of a thread's
+        // steps at once, and the lane left holding a row's amax folds it in. A row has the same
+        // owner in every tile of the unit, so plain stores do. (Running maxima in registers over
+        // the unit, as the amax pass keeps them, made this kernel 20% slower.)
+        if (fold_amax) {
+          using RowSpread = Spread<kChunksPerRow, kSteps>;
+          uint32_t rows_amax[kSteps];
+#pragma unroll
+          for (int l = 0; l < kSteps; ++l) rows_amax[l] = bits[l];
+          reduce_spread<kChunksPerRow, kSteps>(rows_amax, lane);
+          if (RowSpread::stores(lane)) {
+            const int first = RowSpread::first_step(lane);
+#pragma unroll
+            for (int k = 0; k < RowSpread::kPerLane; ++k) {
+              uint32_t& row = row_bits[i0 + kRowsPerStep * (first + k)];
+              row = max(row, rows_amax[k]);
+            }
+          }
+        }
       }
 
       // Columnwise path: full tiles (every row below out_off[G], every column inside, rows of
@@ -1093,16 +1123,18 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
       }
     }
 
-    if constexpr (kAmaxPass) {
-      // Row amax over the unit: the 16 lanes of a row reduce, lane 0 owns the row's entry.
+    if (fold_amax) {
+      if constexpr (kAmaxPass) {
+        // Row amax over the unit: the 16 lanes of a row reduce, lane 0 owns the row's entry.
 #pragma unroll
-      for (int l = 0; l < kSteps; ++l) {
-        uint32_t m = unit_bits[l];
+        for (int l = 0; l < kSteps; ++l) {
+          uint32_t m = unit_bits[l];
 #pragma unroll
-        for (int mask = 1; mask < kChunksPerRow; mask <<= 1) m = shfl_max(m, mask);
-        if (j == 0) row_bits[i0 + kRowsPerStep * l] = m;
+          for (int mask = 1; mask < kChunksPerRow; mask <<= 1) m = shfl_max(m, mask);
+          if (j == 0) row_bits[i0 + kRowsPerStep * l] = m;
+        }
       }
-      if constexpr (kColumnwise) {
+      if constexpr (kAmaxPass && kColumnwise) {
         // The lanes of one segment (lane % 8 equal) reduce; the first of them folds.
 #pragma unroll
         for (int h = 0; h < kPieces; ++h) {
@@ -1114,17 +1146,22 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
       }
       __syncthreads();
       if (tid < kTile) {
-        const int i = tid;
-        if (row_src[i] != kRowBeyond && (i == 0 || row_group[i] != row_group[i - 1])) {
-          uint32_t m = 0;  // the first row of its group in this band gathers the group's rows
-          for (int k = i; k < kTile && row_group[k] == row_group[i] && row_src[k] != kRowBeyond;
-               ++k) {
-            m = max(m, row_bits[k]);
-          }
-          if (m != 0) atomicMax(reinterpret_cast<unsigned*>(a.amax + row_group[i]), m);
+        // Rows to groups, a warp per 32 rows: a segmented maximum over runs of one group (groups
+        // are contiguous; rows beyond out_off[G] carry group 0 and count as 0), after which the
+        // first row of each run in the warp holds the run's amax and folds it.
+        const int g = row_group[tid];
+        uint32_t m = row_src[tid] != kRowBeyond ? row_bits[tid] : 0u;
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+          const uint32_t other = __shfl_down_sync(0xFFFFFFFFu, m, d);
+          const int other_group = __shfl_down_sync(0xFFFFFFFFu, g, d);
+          if (lane + d < 32 && other_group == g) m = max(m, other);
         }
+        const int previous_group = __shfl_up_sync(0xFFFFFFFFu, g, 1);
+        if ((lane == 0 || previous_group != g) && m != 0)
+          atomicMax(reinterpret_cast<unsigned*>(a.amax + g), m);
       }
-      if (kColumnwise && tid < kTile / 16) {
+      if (kAmaxPass && kColumnwise && tid < kTile / 16) {
         if (row_src[16 * tid] != kRowBeyond && hadamard_bits[tid] != 0) {
           atomicMax(reinterpret_cast<unsigned*>(a.columnwise_amax + row_group[16 * tid]),
                     hadamard_bits[tid]);
@@ -1267,8 +1304,27 @@ sfmoe_status amax_pass(const GroupedQuantizeArgs& a, cudaStream_t stream) {
   return launch_amax_rows<In>(a, stream);
 }
 
+// TENSOR with given scales: the codes kernel folds the group amax as it encodes, so NaN amaxes
+// trap after it, once per group.
+__global__ void trap_group_amax_kernel(GroupedQuantizeArgs a) {
+  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < a.num_groups;
+       g += int64_t(gridDim.x) * blockDim.x) {
+    maybe_trap(a, a.amax[g], g, a.offsets != nullptr ? a.offsets[g] : g * a.uniform_rows);
+  }
+}
+
 template <sfmoe_dtype In, sfmoe_scaling S>
 sfmoe_status run_recipe(const GroupedQuantizeArgs& a, cudaStream_t stream) {
+  if constexpr (S == SFMOE_SCALING_TENSOR) {
+    if (a.config.tensor_scales != nullptr) {  // one pass: the amax is folded while encoding
+      SFMOE_RETURN_IF_ERROR((a.columnwise != nullptr
+                                 ? launch_tiles<In, S, false, true>(a, stream)
+                                 : launch_tiles<In, S, false, false>(a, stream)));
+      if (!a.config.trap_nan_amax || a.word == nullptr) return SFMOE_SUCCESS;
+      trap_group_amax_kernel<<<grid_for(a.num_groups, kThreads), kThreads, 0, stream>>>(a);
+      return check_launch("sfmoe_grouped_quantize", "trap_group_amax_kernel");
+    }
+  }
   if constexpr (Recipe<S>::kGroupAmax) {
     if constexpr (S == SFMOE_SCALING_NV_1X16) {
       if (a.config.hadamard_columnwise && a.columnwise != nullptr) {
