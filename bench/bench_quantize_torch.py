@@ -5,9 +5,10 @@ leaves them). For each recipe, rowwise and rowwise + columnwise (transposed) cop
 ms, TB/s and the share of the copy ceiling measured here (torch copy_), next to the plain-PyTorch
 version of the same recipe (per tensor, not per group: torch has no grouped form) and the ratio.
 
-Bytes: the input read once plus the codes and scales written ("TB/s"). The FP8 tensor and
-NVFP4 recipes read the input twice (amax pass, then the cast); "moved TB/s" counts that second
-read. Writes JSON to $OUT/bench_quantize_torch.json when OUT is set.
+Bytes: the input read once plus the codes and scales written ("TB/s"). The FP8 tensor (current
+scaling) and NVFP4 recipes read the input twice (amax pass, then the cast); "moved TB/s" counts
+that second read. FP8 tensor with given scales (delayed scaling) reads it once and still returns
+the amax. Writes JSON to $OUT/bench_quantize_torch.json when OUT is set.
 """
 import json
 import os
@@ -26,6 +27,11 @@ def torch_fp8_tensor(x):
     a = x.abs().amax()
     s = FP8_MAX / a
     return (x.float() * s).to(torch.float8_e4m3fn), 1.0 / s
+
+
+def torch_fp8_given(x, scale=64.0):
+    """Delayed scaling: the scale is known; the amax is still taken (for the amax history)."""
+    return (x.float() * scale).to(torch.float8_e4m3fn), x.abs().amax()
 
 
 def torch_fp8_1x128(x):
@@ -73,12 +79,17 @@ def main():
     ceiling = copy_ceiling_tbps(dev)
 
     n = ROWS * COLS
+    given = torch.full((GROUPS,), 64.0, device=dev, dtype=torch.float32)  # |x| * 64 stays below 448
     # name, sfmoe.quantize arguments, torch peer, (code bytes per element, scale bytes per element),
     # copies, extra input reads
     cases = [
         ("fp8 tensor (amax + cast)", dict(recipe="fp8_tensor"), torch_fp8_tensor, (1, 0), 1, 1),
         ("fp8 tensor, +columnwise", dict(recipe="fp8_tensor", columnwise=True),
          with_transpose(torch_fp8_tensor), (1, 0), 2, 1),
+        ("fp8 tensor, given scales", dict(recipe="fp8_tensor", tensor_scales=given), torch_fp8_given,
+         (1, 0), 1, 0),
+        ("fp8 tensor, given, +columnwise", dict(recipe="fp8_tensor", columnwise=True, tensor_scales=given),
+         with_transpose(torch_fp8_given), (1, 0), 2, 0),
         ("fp8 block 1x128", dict(recipe="fp8_block_1x128"), torch_fp8_1x128, (1, 4 / 128), 1, 0),
         ("fp8 block 1x128, +columnwise", dict(recipe="fp8_block_1x128", columnwise=True),
          with_transpose(torch_fp8_1x128), (1, 4 / 128), 2, 0),
