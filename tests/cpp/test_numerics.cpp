@@ -103,6 +103,27 @@ TEST(Numerics, E2M1EncoderEqualsTheMidpointComparisonsOnEveryFloat) {
   EXPECT_EQ(differing, 0u) << "first at bits 0x" << std::hex << first;
 }
 
+// The E8M0 encoder (selects) against its earlier definition by branches (itself checked against
+// the independent reference above), on every float.
+TEST(Numerics, E8M0EncoderEqualsItsBranchDefinitionOnEveryFloat) {
+  auto by_branches = [](float x) -> uint8_t {
+    const uint32_t abs_bits = f32_to_bits(x) & kF32AbsMask;
+    if (abs_bits > kF32InfBits) return kE8M0Nan;
+    if (abs_bits == kF32InfBits) return 0xFE;
+    uint32_t exponent = abs_bits >> kF32MantissaBits;
+    const uint32_t mantissa = abs_bits & kF32MantissaMask;
+    if (mantissa > 0 && exponent != 0xFE && !(exponent == 0 && mantissa <= 0x400000u)) ++exponent;
+    return static_cast<uint8_t>(exponent);
+  };
+  uint64_t differing = 0;
+  uint32_t first = 0;
+  for (uint64_t a = 0; a <= 0xFFFFFFFFull; ++a) {
+    const float x = bits_to_f32(static_cast<uint32_t>(a));
+    if (f32_to_e8m0(x) != by_branches(x) && differing++ == 0) first = static_cast<uint32_t>(a);
+  }
+  EXPECT_EQ(differing, 0u) << "first at bits 0x" << std::hex << first;
+}
+
 TEST(Numerics, KnownAnswersFromTheDesign) {
   EXPECT_EQ(f32_to_e4m3(448.0f), 0x7E);
   EXPECT_EQ(f32_to_e4m3(464.0f), 0x7E);  // would round to 480: saturates

@@ -22,12 +22,17 @@ SFMOE_HD int64_t swizzled_scale_padded_size(int64_t rows, int64_t scale_cols) {
   return round_up(rows, kSwizzleTileRows) * round_up(scale_cols, kSwizzleTileCols);
 }
 
+// Positions are never negative: computed unsigned, the divisions and remainders by the powers of
+// two above are single shifts and masks (kernels compute one offset per 32 or 16 values).
 SFMOE_HD int64_t swizzled_scale_offset(int64_t row, int64_t col, int64_t scale_cols) {
-  const int64_t tiles_per_row = round_up(scale_cols, kSwizzleTileCols) / kSwizzleTileCols;
-  const int64_t tile = (row / kSwizzleTileRows) * tiles_per_row + col / kSwizzleTileCols;
-  const int64_t inside = (row % 32) * 16 + ((row % kSwizzleTileRows) / 32) * 4 + (col % 4);
-  return tile * kSwizzleTileElements + inside;
+  const uint64_t r = static_cast<uint64_t>(row), c = static_cast<uint64_t>(col);
+  const uint64_t tiles_per_row = (static_cast<uint64_t>(scale_cols) + 3) / 4;
+  const uint64_t tile = (r / 128) * tiles_per_row + c / 4;
+  const uint64_t inside = (r % 32) * 16 + ((r % 128) / 32) * 4 + (c % 4);
+  return static_cast<int64_t>(tile * kSwizzleTileElements + inside);
 }
+static_assert(kSwizzleTileRows == 128 && kSwizzleTileCols == 4,
+              "swizzled_scale_offset's constants");
 
 // The inverse: the (row, col) of the padded scale matrix stored at `offset`.
 SFMOE_HD void swizzled_scale_position(int64_t offset, int64_t scale_cols, int64_t* row,

@@ -27,14 +27,16 @@ constexpr uint8_t kE8M0Nan = 0xFF;
 // NaN -> 255, Inf -> 254, 0 -> 0; otherwise the FP32 biased exponent, plus one when the mantissa
 // is non-zero, except at exponent 254 (saturation) and for subnormals whose mantissa is at most
 // 0x400000 (2^-127 already covers them). The sign is ignored: scales come from magnitudes.
+// Written as selects, without branches (kernels compute one per 32 values): NaN keeps exponent
+// 255 because nothing at or above 254 rounds up, and Inf (exponent 255, no mantissa) is the one
+// case replaced.
 SFMOE_HD uint8_t f32_to_e8m0(float x) {
   const uint32_t abs_bits = f32_to_bits(x) & kF32AbsMask;
-  if (abs_bits > kF32InfBits) return kE8M0Nan;
-  if (abs_bits == kF32InfBits) return 0xFE;
-  uint32_t exponent = abs_bits >> kF32MantissaBits;
+  const uint32_t exponent = abs_bits >> kF32MantissaBits;
   const uint32_t mantissa = abs_bits & kF32MantissaMask;
-  if (mantissa > 0 && exponent != 0xFE && !(exponent == 0 && mantissa <= 0x400000u)) ++exponent;
-  return static_cast<uint8_t>(exponent);
+  const uint32_t round_up =
+      (mantissa > (exponent == 0 ? 0x400000u : 0u) && exponent < 0xFE) ? 1u : 0u;
+  return static_cast<uint8_t>(abs_bits == kF32InfBits ? 0xFEu : exponent + round_up);
 }
 
 // 2^(e - 127); code 0 is 2^-127 (an FP32 subnormal), code 255 NaN.

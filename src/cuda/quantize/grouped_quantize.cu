@@ -99,6 +99,13 @@ struct Recipe {
   static constexpr bool kGroupAmax = kTensor || kNv;
 };
 
+// A non-negative position over a block size: computed unsigned, so that it is one shift (a signed
+// 64-bit division by a power of two takes five instructions, and kernels do one per scale).
+template <int B>
+__device__ __forceinline__ int64_t blocks_before(int64_t position) {
+  return static_cast<int64_t>(static_cast<uint64_t>(position) / B);
+}
+
 struct InputSpan {
   int64_t begin, rows;
 };
@@ -934,6 +941,8 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
             for (int l = 0; l < kSteps; ++l) reduced[l] = bits[l];
             reduce_spread<L, kSteps>(reduced, lane);
             const int first = Sp::first_step(lane);
+            const int64_t scale_cols = cols / B;
+            const int64_t scale_col = blocks_before<B>(c);
 #pragma unroll
             for (int k = 0; k < Sp::kPerLane; ++k) {
               const int i = i0 + kRowsPerStep * (first + k);
@@ -941,12 +950,13 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
               const BlockScale s = block_scale<S>(amax, fp8, pow2, row_scale[i], row_decode[i]);
               own_multiplier[k] = s.multiplier;
               if (Sp::stores(lane) && (kFull || (chunk_in && row_src[i] != kRowBeyond))) {
-                const int64_t r = r0 + i, scale_cols = cols / B;
+                const int64_t r = r0 + i;
                 maybe_trap(a, amax, row_group[i], r);
-                const int64_t offset = scale_offset(a.scale_layout, r, c / B, scale_cols);
+                const int64_t offset = scale_offset(a.scale_layout, r, scale_col, scale_cols);
                 store_scale<S>(a.rowwise_scale_inv, offset, s);
                 if constexpr (R::kNv || S == SFMOE_SCALING_MX_1X32) {
-                  if (a.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && c / B == scale_cols - 1) {
+                  if (a.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED &&
+                      scale_col == scale_cols - 1) {
                     zero_swizzle_padding_columns(static_cast<uint8_t*>(a.rowwise_scale_inv), r,
                                                  scale_cols);
                   }
@@ -1026,15 +1036,16 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
               if (block_first && (kFull || cc + e < cols)) {
                 const int64_t r = r0 + block_row, scale_cols = capacity / B;
                 maybe_trap(a, m, row_group[block_row], r);
-                const int64_t at = S == SFMOE_SCALING_BLOCK_1X128
-                                       ? block_1x128_scale_offset(a.scale_layout, true, cc + e,
-                                                                  r / B, scale_cols, cols)
-                                       : scale_offset(a.scale_layout, cc + e, r / B, scale_cols);
+                const int64_t at =
+                    S == SFMOE_SCALING_BLOCK_1X128
+                        ? block_1x128_scale_offset(a.scale_layout, true, cc + e,
+                                                   blocks_before<B>(r), scale_cols, cols)
+                        : scale_offset(a.scale_layout, cc + e, blocks_before<B>(r), scale_cols);
                 store_scale<S>(a.columnwise_scale_inv, at, s);
                 if constexpr (S == SFMOE_SCALING_MX_1X32) {
                   if (a.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && cc + e == cols - 1) {
                     zero_swizzle_padding_rows(static_cast<uint8_t*>(a.columnwise_scale_inv), cols,
-                                              r / B, scale_cols);
+                                              blocks_before<B>(r), scale_cols);
                   }
                 }
               }
@@ -1076,10 +1087,11 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
                   const int64_t scale_cols = capacity / B;
                   maybe_trap(a, __uint_as_float(mb), row_group[i], rseg + first);
                   uint8_t* scales = static_cast<uint8_t*>(a.columnwise_scale_inv);
-                  scales[scale_offset(a.scale_layout, ce, (rseg + first) / B, scale_cols)] =
-                      s.stored_u8;
+                  scales[scale_offset(a.scale_layout, ce, blocks_before<B>(rseg + first),
+                                      scale_cols)] = s.stored_u8;
                   if (a.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && ce == cols - 1) {
-                    zero_swizzle_padding_rows(scales, cols, (rseg + first) / B, scale_cols);
+                    zero_swizzle_padding_rows(scales, cols, blocks_before<B>(rseg + first),
+                                              scale_cols);
                   }
                 }
                 if constexpr (R::kTensor) {
