@@ -5,13 +5,17 @@ import torch
 def median_ms(fn, runs=25, warmup=5, batch=10):
     """Median over `runs` of the mean time of `batch` back-to-back calls between two events: the
     batch keeps the stream busy, so Python's per-call overhead overlaps device work instead of
-    being counted as idle time (a single call per event pair would add the launch gap)."""
+    being counted as idle time (a single call per event pair would add the launch gap). One
+    untimed call goes first, so that the device is still busy with it when the start event is
+    recorded: otherwise the first timed call's host work (tens of microseconds for a wrapper that
+    validates its arguments) would be counted as device time."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(runs):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        fn()  # the lead call (untimed)
         start.record()
         for _ in range(batch):
             fn()
