@@ -928,6 +928,13 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
             }
           }
         }
+        // FP8 128x128: the tile is one block, so one multiplier (one division) serves every value
+        // of both copies.
+        [[maybe_unused]] float tile_multiplier = 1.0f;
+        if constexpr (R::k2D && B == kTile) {
+          tile_multiplier =
+              block_scale<S>(__uint_as_float(block_set[0]), fp8, pow2, 0.0f, 0.0f).multiplier;
+        }
 
         // ---- rowwise copy, from the registers ----
         if (a.rowwise != nullptr) {
@@ -980,8 +987,10 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
             float mult = 1.0f;
             if constexpr (R::kTensor) {
               mult = row_scale[i];
+            } else if constexpr (R::k2D && B == kTile) {
+              mult = tile_multiplier;
             } else if constexpr (R::k2D) {
-              const uint32_t m = B == 128 ? block_set[0] : block_set[(i / 16) * 8 + j / 2];
+              const uint32_t m = block_set[(i / 16) * 8 + j / 2];
               mult = block_scale<S>(__uint_as_float(m), fp8, pow2, row_scale[i], row_decode[i])
                          .multiplier;
             } else {
@@ -1050,11 +1059,14 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
                 }
               }
             }
+          } else if constexpr (R::k2D && B == kTile) {
+#pragma unroll
+            for (int h = 0; h < kPieces; ++h) col_mult[0][h] = col_mult[1][h] = tile_multiplier;
           } else if constexpr (R::k2D) {
 #pragma unroll
             for (int h = 0; h < kPieces; ++h) {
               const int i = rs + 16 * h;
-              const uint32_t m = B == 128 ? block_set[0] : block_set[(i / 16) * 8 + cl / 16];
+              const uint32_t m = block_set[(i / 16) * 8 + cl / 16];
               col_mult[0][h] = col_mult[1][h] =
                   block_scale<S>(__uint_as_float(m), fp8, pow2, row_scale[i], row_decode[i])
                       .multiplier;
