@@ -82,6 +82,21 @@ TEST(Numerics, ComparisonE2M1EncoderEqualsTheGenericRounding) {
   EXPECT_GT(checked, 1000000);
 }
 
+// Over every float: how many give different codes from two encoders, and the bits of the first.
+struct FloatDifferences {
+  uint64_t count = 0;
+  uint32_t first = 0;
+};
+template <class Encoder, class Definition>
+FloatDifferences differences_on_every_float(Encoder encoder, Definition definition) {
+  FloatDifferences d;
+  for (uint64_t a = 0; a <= 0xFFFFFFFFull; ++a) {
+    const float x = bits_to_f32(static_cast<uint32_t>(a));
+    if (encoder(x) != definition(x) && d.count++ == 0) d.first = static_cast<uint32_t>(a);
+  }
+  return d;
+}
+
 // The E2M1 encoder against its earlier definition (seven comparisons with the midpoints, itself
 // checked against the generic rounding above), on every float.
 TEST(Numerics, E2M1EncoderEqualsTheMidpointComparisonsOnEveryFloat) {
@@ -94,13 +109,9 @@ TEST(Numerics, E2M1EncoderEqualsTheMidpointComparisonsOnEveryFloat) {
                           (m >= 3.5f) + (m > 5.0f);
     return static_cast<uint8_t>(((bits >> 28) & 0x8u) | code);
   };
-  uint64_t differing = 0;
-  uint32_t first = 0;
-  for (uint64_t a = 0; a <= 0xFFFFFFFFull; ++a) {
-    const float x = bits_to_f32(static_cast<uint32_t>(a));
-    if (f32_to_e2m1(x) != by_midpoints(x) && differing++ == 0) first = static_cast<uint32_t>(a);
-  }
-  EXPECT_EQ(differing, 0u) << "first at bits 0x" << std::hex << first;
+  const FloatDifferences d =
+      differences_on_every_float([](float x) { return f32_to_e2m1(x); }, by_midpoints);
+  EXPECT_EQ(d.count, 0u) << "first at bits 0x" << std::hex << d.first;
 }
 
 // The E8M0 encoder (selects) against its earlier definition by branches (itself checked against
@@ -115,13 +126,9 @@ TEST(Numerics, E8M0EncoderEqualsItsBranchDefinitionOnEveryFloat) {
     if (mantissa > 0 && exponent != 0xFE && !(exponent == 0 && mantissa <= 0x400000u)) ++exponent;
     return static_cast<uint8_t>(exponent);
   };
-  uint64_t differing = 0;
-  uint32_t first = 0;
-  for (uint64_t a = 0; a <= 0xFFFFFFFFull; ++a) {
-    const float x = bits_to_f32(static_cast<uint32_t>(a));
-    if (f32_to_e8m0(x) != by_branches(x) && differing++ == 0) first = static_cast<uint32_t>(a);
-  }
-  EXPECT_EQ(differing, 0u) << "first at bits 0x" << std::hex << first;
+  const FloatDifferences d =
+      differences_on_every_float([](float x) { return f32_to_e8m0(x); }, by_branches);
+  EXPECT_EQ(d.count, 0u) << "first at bits 0x" << std::hex << d.first;
 }
 
 TEST(Numerics, KnownAnswersFromTheDesign) {

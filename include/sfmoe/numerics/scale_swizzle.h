@@ -25,14 +25,13 @@ SFMOE_HD int64_t swizzled_scale_padded_size(int64_t rows, int64_t scale_cols) {
 // Positions are never negative: computed unsigned, the divisions and remainders by the powers of
 // two above are single shifts and masks (kernels compute one offset per 32 or 16 values).
 SFMOE_HD int64_t swizzled_scale_offset(int64_t row, int64_t col, int64_t scale_cols) {
+  constexpr uint64_t kRows = kSwizzleTileRows, kCols = kSwizzleTileCols;
   const uint64_t r = static_cast<uint64_t>(row), c = static_cast<uint64_t>(col);
-  const uint64_t tiles_per_row = (static_cast<uint64_t>(scale_cols) + 3) / 4;
-  const uint64_t tile = (r / 128) * tiles_per_row + c / 4;
-  const uint64_t inside = (r % 32) * 16 + ((r % 128) / 32) * 4 + (c % 4);
+  const uint64_t tiles_per_row = (static_cast<uint64_t>(scale_cols) + kCols - 1) / kCols;
+  const uint64_t tile = (r / kRows) * tiles_per_row + c / kCols;
+  const uint64_t inside = (r % 32) * 16 + ((r % kRows) / 32) * 4 + (c % kCols);
   return static_cast<int64_t>(tile * kSwizzleTileElements + inside);
 }
-static_assert(kSwizzleTileRows == 128 && kSwizzleTileCols == 4,
-              "swizzled_scale_offset's constants");
 
 // The inverse: the (row, col) of the padded scale matrix stored at `offset`.
 SFMOE_HD void swizzled_scale_position(int64_t offset, int64_t scale_cols, int64_t* row,

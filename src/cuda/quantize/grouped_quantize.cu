@@ -649,7 +649,7 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
   __shared__ float row_decode[kTile];             // NVFP4: 1 / S_enc
   __shared__ float row_col_scale[kTile];          // NVFP4: the columnwise S_enc
   __shared__ float row_col_decode[kTile];         // NVFP4: its inverse
-  __shared__ uint32_t row_bits[kTile];            // amax pass: each row's amax over the unit
+  __shared__ uint32_t row_bits[kTile];            // folded amax: each row's amax over the unit
   __shared__ uint32_t block_bits[3][64];          // 2D block amax, three rotating sets
   __shared__ uint32_t hadamard_bits[kTile / 16];  // amax pass: transformed 16-row blocks
 
@@ -1333,7 +1333,7 @@ sfmoe_status amax_pass(const GroupedQuantizeArgs& a, cudaStream_t stream) {
 __global__ void trap_group_amax_kernel(GroupedQuantizeArgs a) {
   for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < a.num_groups;
        g += int64_t(gridDim.x) * blockDim.x) {
-    maybe_trap(a, a.amax[g], g, a.offsets != nullptr ? a.offsets[g] : g * a.uniform_rows);
+    maybe_trap(a, a.amax[g], g, quantized_group_offset(a, g));
   }
 }
 
