@@ -348,11 +348,11 @@ TEST(CudaQuantize, EveryRecipeEqualsTheCpuBackendByteForByte) {
   EXPECT_EQ(failures, 0);
 }
 
-// FP8 per-tensor scaling, rowwise, with either amax pass (the row stream, also with runs that
-// cross groups, and the tile kernel's pass that SFMOE_QUANTIZE_AMAX=tiles selects), and with given
-// scales, where the codes kernel folds the amax itself: the CPU backend's bytes on small and on
-// many-band problems (empty groups, groups of 1, 31 and 33 rows, groups spanning many bands). The
-// values are finite except for a NaN in group 7 and an Inf in group 8, so that most groups'
+// FP8 per-tensor scaling and NVFP4, with either amax pass (the row stream, also with runs that
+// cross groups, and the tile kernel's pass that SFMOE_QUANTIZE_AMAX=tiles selects), and FP8 with
+// given scales, where the codes kernel folds the amax itself: the CPU backend's bytes on small and
+// on many-band problems (empty groups, groups of 1, 31 and 33 rows, groups spanning many bands).
+// The values are finite except for a NaN in group 7 and an Inf in group 8, so that most groups'
 // scales come from real amaxes (the random problems of the other tests put a NaN in most groups).
 TEST(CudaQuantize, TensorScalesFromRealAmaxesEqualTheCpuBackend) {
   SFMOE_SKIP_WITHOUT_GPU();
@@ -363,9 +363,19 @@ TEST(CudaQuantize, TensorScalesFromRealAmaxesEqualTheCpuBackend) {
   const sfmoe_quantize_config plain = sfmoe_quantize_config_init();
   sfmoe_quantize_config pow2 = plain;
   pow2.power_of_two_scales = 1;
+  sfmoe_quantize_config sr_rht = plain;
+  sr_rht.stochastic_rounding = 1;
+  sr_rht.seed = 77;
+  sr_rht.hadamard_columnwise = 1;
   const Recipe recipes[] = {
       {SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, true, false, SFMOE_SCALE_LAYOUT_COMPACT, plain,
        "fp8 tensor e4m3 rowwise"},
+      // NVFP4's global scales come from the group amax too (with the Hadamard transform, the
+      // columnwise amax from the tile kernel's pass whatever the form).
+      {SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, true, false, SFMOE_SCALE_LAYOUT_COMPACT, plain,
+       "nvfp4 1x16 rowwise"},
+      {SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, true, true, SFMOE_SCALE_LAYOUT_COMPACT, sr_rht,
+       "nvfp4 1x16 sr+rht both"},
       {SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E5M2, true, false, SFMOE_SCALE_LAYOUT_COMPACT, pow2,
        "fp8 tensor e5m2 pow2 rowwise"},
       // Given scales: no amax pass, the amax folded by the codes kernel over many bands.
@@ -374,7 +384,7 @@ TEST(CudaQuantize, TensorScalesFromRealAmaxesEqualTheCpuBackend) {
       {SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, true, true, SFMOE_SCALE_LAYOUT_COMPACT, plain,
        "fp8 tensor e4m3 given scales both", true}};
   int compared = 0;
-  for (const Shape shape : {Shape{13, 264, 300}, Shape{97, 512, 600}}) {
+  for (const Shape shape : {Shape{13, 272, 300}, Shape{97, 512, 600}}) {
     Problem p = make_problem(rng, shape.groups, shape.cols, 16, SFMOE_DTYPE_BF16, shape.max_rows);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     for (int64_t g = 0; g < p.groups; ++g) {
@@ -413,8 +423,9 @@ TEST(CudaQuantize, TensorScalesFromRealAmaxesEqualTheCpuBackend) {
     unsetenv("SFMOE_QUANTIZE_AMAX");
     unsetenv("SFMOE_QUANTIZE_AMAX_ROWS_PER_WARP");
   }
-  std::printf("[ quantize ] fp8 tensor with real amaxes, both amax passes: %d cases compared\n",
-              compared);
+  std::printf(
+      "[ quantize ] fp8 tensor and nvfp4 with real amaxes, every amax pass: %d cases compared\n",
+      compared);
 }
 
 // A problem with the given group sizes and finite values whose magnitude differs per group (so
