@@ -513,6 +513,13 @@ __device__ __forceinline__ void issue_tile(uint32_t* buffer, const GroupedInput&
 #ifndef SFMOE_QUANTIZE_COLUMNWISE_MIN_BLOCKS
 #define SFMOE_QUANTIZE_COLUMNWISE_MIN_BLOCKS 1
 #endif
+// Work units per resident block (launch_tiles), rowwise-only and columnwise kernels.
+#ifndef SFMOE_QUANTIZE_ROWWISE_UNITS_PER_BLOCK
+#define SFMOE_QUANTIZE_ROWWISE_UNITS_PER_BLOCK 32
+#endif
+#ifndef SFMOE_QUANTIZE_COLUMNWISE_UNITS_PER_BLOCK
+#define SFMOE_QUANTIZE_COLUMNWISE_UNITS_PER_BLOCK 16
+#endif
 #ifndef SFMOE_QUANTIZE_AMAX_MIN_BLOCKS
 #define SFMOE_QUANTIZE_AMAX_MIN_BLOCKS 4
 #endif
@@ -1216,12 +1223,16 @@ sfmoe_status launch_tiles(const GroupedQuantizeArgs& a, cudaStream_t stream) {
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(shared)));
   const int64_t wave = resident_wave(reinterpret_cast<const void*>(kernel), kThreads, shared);
-  // Work units: about 16 per resident block over the row bound, so that the last wave is short
-  // and each unit's row map is reused over a few column tiles; the columnwise path wants at least
-  // 8 tiles per unit (its copy pipeline restarts with every unit).
+  // Work units: 32 (rowwise-only) or 16 (columnwise) per resident block over the row bound, so
+  // that the last wave is short and each unit's row map is reused over a few column tiles; the
+  // columnwise path wants at least 8 tiles per unit (its copy pipeline restarts with every unit).
+  // (docs/KERNEL_NOTES.md q16 has the sweep.)
   const int64_t bands_bound = (a.row_capacity + kTile - 1) / kTile;
   sched.col_tiles = (a.cols + kTile - 1) / kTile;
-  int64_t col_units = bands_bound > 0 ? (16 * wave + bands_bound - 1) / bands_bound : 1;
+  const int64_t units_per_block = kColumnwise ? SFMOE_QUANTIZE_COLUMNWISE_UNITS_PER_BLOCK
+                                              : SFMOE_QUANTIZE_ROWWISE_UNITS_PER_BLOCK;
+  int64_t col_units =
+      bands_bound > 0 ? (units_per_block * wave + bands_bound - 1) / bands_bound : 1;
   if (kColumnwise) col_units = std::min<int64_t>(col_units, (sched.col_tiles + 7) / 8);
   col_units = col_units < 1 ? 1 : (col_units > sched.col_tiles ? sched.col_tiles : col_units);
   sched.tiles_per_unit = col_units > 0 ? (sched.col_tiles + col_units - 1) / col_units : 1;
