@@ -108,6 +108,8 @@ int main() {
        SFMOE_SCALE_LAYOUT_COMPACT},
       {"fp8 block 1x128, +columnwise", SFMOE_SCALING_BLOCK_1X128, SFMOE_DTYPE_FP8_E4M3, true, false,
        SFMOE_SCALE_LAYOUT_COMPACT},
+      {"fp8 block 1x128, +col, transposed scales", SFMOE_SCALING_BLOCK_1X128, SFMOE_DTYPE_FP8_E4M3,
+       true, false, SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED},
       {"fp8 block 128x128, +columnwise", SFMOE_SCALING_BLOCK_128X128, SFMOE_DTYPE_FP8_E4M3, true,
        false, SFMOE_SCALE_LAYOUT_COMPACT},
       {"mxfp8 1x32", SFMOE_SCALING_MX_1X32, SFMOE_DTYPE_FP8_E4M3, false, false,
