@@ -354,7 +354,7 @@ TEST(CudaQuantize, EveryRecipeEqualsTheCpuBackendByteForByte) {
 // on many-band problems (empty groups, groups of 1, 31 and 33 rows, groups spanning many bands).
 // The values are finite except for a NaN in group 7 and an Inf in group 8, so that most groups'
 // scales come from real amaxes (the random problems of the other tests put a NaN in most groups).
-TEST(CudaQuantize, TensorScalesFromRealAmaxesEqualTheCpuBackend) {
+TEST(CudaQuantize, GroupScalesFromRealAmaxesEqualTheCpuBackend) {
   SFMOE_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(session_test_seed() + 5);
   struct Shape {
