@@ -60,6 +60,7 @@ SFMOE_HD bool f32_is_nan(float f) { return (f32_to_bits(f) & kF32AbsMask) > kF32
 SFMOE_HD bool f32_is_inf(float f) { return (f32_to_bits(f) & kF32AbsMask) == kF32InfBits; }
 SFMOE_HD float f32_max() { return bits_to_f32(kF32MaxBits); }
 SFMOE_HD float f32_abs(float f) { return bits_to_f32(f32_to_bits(f) & kF32AbsMask); }
+SFMOE_HD uint32_t min_u32(uint32_t a, uint32_t b) { return a < b ? a : b; }
 // The next float above f, for f in [+0, FLT_MAX] (one more in the bits).
 SFMOE_HD float f32_next_up_nonnegative(float f) { return bits_to_f32(f32_to_bits(f) + 1u); }
 

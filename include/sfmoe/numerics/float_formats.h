@@ -177,24 +177,34 @@ SFMOE_HD float e4m3_to_f32(uint8_t code) { return decode_narrow<FormatE4M3>(code
 SFMOE_HD float e5m2_to_f32(uint8_t code) { return decode_narrow<FormatE5M2>(code); }
 
 // --- FP4 E2M1 (a 4-bit code in the low nibble; two per byte, element 2i in the low nibble) -----
-// E2M1 has eight magnitudes (0, .5, 1, 1.5, 2, 3, 4, 6), round-to-nearest-even onto them in
-// integer steps. Below 1 the codes 0-2 are 2m, so the code is rint(2m), by adding 1.5 * 2^23 (2m
-// is exact; the sum's low bits are the rounded integer, ties to even). From 1 up the codes 2-7
-// are the FP32 biased exponent and the top mantissa bit, less 252: rounding the FP32 bits to that
-// one mantissa bit (add 0x1FFFFF plus the kept bit, ties to even; a carry steps the exponent) and
-// shifting gives the code, which saturates at 7 (magnitudes above 5 and Inf give 6). NaN gives the
-// canonical NaN code. No branches: the NVFP4 encoders run this per value (about 14 instructions).
-// The same function as encode_narrow<FormatE2M1> (the tests check every float).
+// E2M1 has eight magnitudes (0, .5, 1, 1.5, 2, 3, 4, 6), round-to-nearest-even onto them. The
+// step is 0.5 below 2, 1 below 4 and 2 above, so the code of a magnitude m is rint(2m) below 2,
+// rint(m) + 2 below 4 and rint(m / 2) + 4 above (at most 7). Each of the three is also an upper
+// bound of the code where it does not apply (2m >= m + 2 from 2 up, m + 2 >= m / 2 + 4 from 4 up,
+// and rint is monotonic), so the code is the least of them and 7. Each rint is one floating-point
+// operation, the addition of 1.5 * 2^23 (plus the offset 0, 2 or 4: even, so ties still go to
+// even) whose result holds the integer in its low bits; the results are positive floats, whose
+// bits order as integers, so two integer minima pick the code. The three roundings run on the FMA
+// pipe, which the rest of the NVFP4 encoders leave idle; the rest is four integer operations.
+//
+// This form takes x whose NaNs are canonical (positive), as every product and sum of the
+// arithmetic helpers is: a NaN's bits then exceed every candidate, so it takes code 7, which is
+// E2M1's NaN code (E2M1 has no NaN; NaN becomes +6, as CUDA's E2M1 conversion does), with no
+// test of its own. f32_to_e2m1 below takes any float. Both equal encode_narrow<FormatE2M1> (the
+// tests check every float).
+SFMOE_HD uint8_t f32_to_e2m1_canonical_nan(float x) {
+  static_assert(FormatE2M1::kNanCode == 0x7, "a NaN takes the saturated code");
+  const float m = fabsf(x);
+  const uint32_t below_two = f32_to_bits(fma_rn(m, 2.0f, kRoundingShift));
+  const uint32_t below_four = f32_to_bits(add_rn(m, kRoundingShift + 2.0f));
+  const uint32_t above = f32_to_bits(fma_rn(m, 0.5f, kRoundingShift + 4.0f));
+  constexpr uint32_t kSaturated = 0x4B400007u;  // the bits of 1.5 * 2^23 + 7
+  const uint32_t least = min_u32(min_u32(below_two, below_four), min_u32(above, kSaturated));
+  // The low three bits of `least` are the magnitude's code; bit 3 of the shifted input, its sign.
+  return static_cast<uint8_t>((least & 0x7u) | ((f32_to_bits(x) >> 28) & ~0x7u));
+}
 SFMOE_HD uint8_t f32_to_e2m1(float x) {
-  const uint32_t bits = f32_to_bits(x);
-  const uint32_t abs_bits = bits & kF32AbsMask;
-  const uint32_t kept_bit = (abs_bits >> 22) & 1u;
-  const uint32_t wide = ((abs_bits + 0x1FFFFFu + kept_bit) >> 22) - 252u;  // |x| >= 1: >= 2
-  const uint32_t narrow =
-      f32_to_bits(fma_rn(bits_to_f32(abs_bits), 2.0f, kRoundingShift)) & 0x3u;  // |x| < 1
-  const uint32_t magnitude = abs_bits < kF32OneBits ? narrow : (wide < 7u ? wide : 7u);
-  const uint32_t code = ((bits >> 28) & 0x8u) | magnitude;
-  return static_cast<uint8_t>(abs_bits > kF32InfBits ? FormatE2M1::kNanCode : code);
+  return f32_to_e2m1_canonical_nan(f32_is_nan(x) ? bits_to_f32(kF32CanonicalNanBits) : x);
 }
 SFMOE_HD float e2m1_to_f32(uint8_t code) { return decode_narrow<FormatE2M1>(code & 0xFu); }
 

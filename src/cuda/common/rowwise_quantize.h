@@ -137,7 +137,8 @@ __device__ __forceinline__ uint32_t quantize_eight_nvfp4(const float (&v)[8], Nv
   uint32_t word = 0u;
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    word |= static_cast<uint32_t>(numerics::f32_to_e2m1(numerics::mul_rn(v[i], multiplier)))
+    word |= static_cast<uint32_t>(
+                numerics::f32_to_e2m1_canonical_nan(numerics::mul_rn(v[i], multiplier)))
             << (4 * i);
   }
   return word;

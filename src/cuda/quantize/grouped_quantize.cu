@@ -357,9 +357,9 @@ __device__ __forceinline__ void encode_packed_as(const float v[N], const float m
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           const int e = 8 * w + 4 * half + k;
-          const float x = mul_rn(v[e], mult[e]);
+          const float x = mul_rn(v[e], mult[e]);  // a product: its NaNs are canonical
           const uint32_t code =
-              kStochastic ? f32_to_e2m1_stochastic(x, random.v[k]) : f32_to_e2m1(x);
+              kStochastic ? f32_to_e2m1_stochastic(x, random.v[k]) : f32_to_e2m1_canonical_nan(x);
           word |= code << (4 * (4 * half + k));
         }
       }
