@@ -173,7 +173,15 @@ SFMOE_HD uint16_t f32x2_to_e5m2x2(float lo, float hi) {
   return static_cast<uint16_t>(f32_to_e5m2(lo) | (f32_to_e5m2(hi) << 8));
 #endif
 }
-SFMOE_HD float e4m3_to_f32(uint8_t code) { return decode_narrow<FormatE4M3>(code); }
+// E4M3 without branches (the NVFP4 encoders decode a block scale per 16 values): the magnitude's
+// fields shifted up by 20 bits are an FP32 with the value times 2^-120 (exponent bias 127 instead
+// of 7; E4M3's subnormals land on FP32 subnormals), so one exact multiplication by 2^120 gives the
+// value. 0x7F / 0xFF are NaN. The same function as decode_narrow<FormatE4M3> (tests: every code).
+SFMOE_HD float e4m3_to_f32(uint8_t code) {
+  const uint32_t magnitude = code & 0x7Fu, sign = (code & 0x80u) << 24;
+  const float value = mul_rn(bits_to_f32(magnitude << 20), 0x1p120f);
+  return bits_to_f32(sign | (magnitude == 0x7Fu ? kF32CanonicalNanBits : f32_to_bits(value)));
+}
 SFMOE_HD float e5m2_to_f32(uint8_t code) { return decode_narrow<FormatE5M2>(code); }
 
 // --- FP4 E2M1 (a 4-bit code in the low nibble; two per byte, element 2i in the low nibble) -----

@@ -91,9 +91,13 @@ SFMOE_HD float nvfp4_global_encode_scale(float global_amax) {
   return encode;
 }
 
+// div_rn(1, 6), the FP32 nearest 1/6 (bits 0x3E2AAAAB), as a constant: the device compiler does
+// not fold a correctly rounded division, and the block scale below is computed per 16 values.
+constexpr float kE2M1MaxReciprocal = 0.16666667163372039795f;
+
 // s_b = e4m3(block_amax * (S_enc / 6)), the stored E4M3 block scale code.
 SFMOE_HD uint8_t nvfp4_block_scale(float block_amax, float global_encode_scale) {
-  return f32_to_e4m3(mul_rn(block_amax, mul_rn(global_encode_scale, div_rn(1.0f, kE2M1Max))));
+  return f32_to_e4m3(mul_rn(block_amax, mul_rn(global_encode_scale, kE2M1MaxReciprocal)));
 }
 
 // The group's decode scale 1 / S_enc (kernels compute it once per group, not once per block).
