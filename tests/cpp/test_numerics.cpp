@@ -45,6 +45,48 @@ TEST(Numerics, EveryFunctionMatchesItsIndependentReference) {
   EXPECT_GT(total, 1000000);
 }
 
+// The eight-value E2M1 packer (magnitudes summed as biased candidates) against eight single
+// encodes: random floats of every magnitude and the special values (+-0, subnormals, the ties,
+// 6 and beyond, +-Inf, the canonical NaN) in every nibble position.
+TEST(Numerics, E2M1PackerOfEightEqualsEightEncodes) {
+  std::mt19937 rng(session_test_seed());
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            1e-40f,
+                            -1e-45f,
+                            0.25f,
+                            -0.75f,
+                            1.25f,
+                            1.75f,
+                            -2.5f,
+                            3.5f,
+                            5.0f,
+                            -6.0f,
+                            7.0f,
+                            -1e30f,
+                            INFINITY,
+                            -INFINITY,
+                            bits_to_f32(kF32CanonicalNanBits)};
+  constexpr int kSpecials = sizeof(specials) / sizeof(specials[0]);
+  for (int trial = 0; trial < 200000; ++trial) {
+    float x[8];
+    uint32_t want = 0;
+    for (int k = 0; k < 8; ++k) {
+      const uint32_t pick = rng();
+      if (pick % 4 == 0) {
+        x[k] = specials[(pick >> 8) % kSpecials];
+      } else if (pick % 4 == 1) {
+        x[k] = bits_to_f32(rng());                                       // any float...
+        if (f32_is_nan(x[k])) x[k] = bits_to_f32(kF32CanonicalNanBits);  // ...with canonical NaNs
+      } else {
+        x[k] = std::ldexp(static_cast<float>(static_cast<int32_t>(rng())) / 2147483648.0f, 3);
+      }
+      want |= static_cast<uint32_t>(f32_to_e2m1(x[k])) << (4 * k);
+    }
+    ASSERT_EQ(pack_e2m1x8_canonical_nan(x), want) << "trial " << trial;
+  }
+}
+
 // The branch-free E4M3 decoder against the generic field decoder, every code, bit for bit; the
 // constant 1/6 of the NVFP4 block scale against the division it replaces.
 TEST(Numerics, E4M3DecoderEqualsTheGenericDecoderOnEveryCode) {

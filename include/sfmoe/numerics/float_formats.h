@@ -200,16 +200,35 @@ SFMOE_HD float e5m2_to_f32(uint8_t code) { return decode_narrow<FormatE5M2>(code
 // E2M1's NaN code (E2M1 has no NaN; NaN becomes +6, as CUDA's E2M1 conversion does), with no
 // test of its own. f32_to_e2m1 below takes any float. Both equal encode_narrow<FormatE2M1> (the
 // tests check every float).
-SFMOE_HD uint8_t f32_to_e2m1_canonical_nan(float x) {
-  static_assert(FormatE2M1::kNanCode == 0x7, "a NaN takes the saturated code");
+// The least candidate for |x|: the FP32 bits of 1.5 * 2^23 + code(|x|) (kE2M1CandidateBias + code).
+constexpr uint32_t kE2M1CandidateBias = 0x4B400000u;  // the bits of 1.5 * 2^23
+SFMOE_HD uint32_t e2m1_magnitude_candidate(float x) {
   const float m = fabsf(x);
   const uint32_t below_two = f32_to_bits(fma_rn(m, 2.0f, kRoundingShift));
   const uint32_t below_four = f32_to_bits(add_rn(m, kRoundingShift + 2.0f));
   const uint32_t above = f32_to_bits(fma_rn(m, 0.5f, kRoundingShift + 4.0f));
-  constexpr uint32_t kSaturated = 0x4B400007u;  // the bits of 1.5 * 2^23 + 7
-  const uint32_t least = min_u32(min_u32(below_two, below_four), min_u32(above, kSaturated));
-  // The low three bits of `least` are the magnitude's code; bit 3 of the shifted input, its sign.
-  return static_cast<uint8_t>((least & 0x7u) | ((f32_to_bits(x) >> 28) & ~0x7u));
+  return min_u32(min_u32(below_two, below_four), min_u32(above, kE2M1CandidateBias + 7u));
+}
+SFMOE_HD uint8_t f32_to_e2m1_canonical_nan(float x) {
+  static_assert(FormatE2M1::kNanCode == 0x7, "a NaN takes the saturated code");
+  // The low three bits of the candidate are the magnitude's code; bit 3 of the shifted input, its
+  // sign.
+  return static_cast<uint8_t>((e2m1_magnitude_candidate(x) & 0x7u) |
+                              ((f32_to_bits(x) >> 28) & ~0x7u));
+}
+// Eight values (canonical NaNs) as eight E2M1 codes in one word, element k in nibble k. The
+// magnitudes are summed as candidates times 16^k, their biases cancelled by one constant (the
+// sums wrap modulo 2^32 and every code fits its nibble), which the device does with multiply-adds
+// on the FMA pipe; the signs are moved into bit 3 of each nibble.
+SFMOE_HD uint32_t pack_e2m1x8_canonical_nan(const float (&x)[8]) {
+  uint32_t magnitudes = 0u - kE2M1CandidateBias * 0x11111111u;  // minus the eight biases
+  uint32_t signs = 0u;
+  SFMOE_UNROLL
+  for (int k = 0; k < 8; ++k) {
+    magnitudes += e2m1_magnitude_candidate(x[k]) * (1u << (4 * k));
+    signs |= (f32_to_bits(x[k]) >> (28 - 4 * k)) & (0x8u << (4 * k));
+  }
+  return magnitudes | signs;
 }
 SFMOE_HD uint8_t f32_to_e2m1(float x) {
   return f32_to_e2m1_canonical_nan(f32_is_nan(x) ? bits_to_f32(kF32CanonicalNanBits) : x);

@@ -134,14 +134,10 @@ __device__ __forceinline__ uint32_t quantize_eight_nvfp4(const float (&v)[8], Nv
   amax = numerics::amax_accumulate(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
   *scale_code = numerics::nvfp4_block_scale(amax, g.encode);
   const float multiplier = numerics::nvfp4_block_multiplier_from_decode(*scale_code, g.decode);
-  uint32_t word = 0u;
+  float scaled[8];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    word |= static_cast<uint32_t>(
-                numerics::f32_to_e2m1_canonical_nan(numerics::mul_rn(v[i], multiplier)))
-            << (4 * i);
-  }
-  return word;
+  for (int i = 0; i < 8; ++i) scaled[i] = numerics::mul_rn(v[i], multiplier);  // canonical NaNs
+  return numerics::pack_e2m1x8_canonical_nan(scaled);
 }
 
 // The fused form of a rowwise quantization from its backend arguments.

@@ -343,7 +343,15 @@ __device__ __forceinline__ void encode_packed_as(const float v[N], const float m
                                                  uint64_t seed, uint64_t stream,
                                                  int64_t first_index,
                                                  uint32_t out[kFp4 ? N / 8 : N / 4]) {
-  if constexpr (kFp4) {
+  if constexpr (kFp4 && !kStochastic) {
+#pragma unroll
+    for (int w = 0; w < N / 8; ++w) {
+      float x[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) x[k] = mul_rn(v[8 * w + k], mult[8 * w + k]);  // canonical NaNs
+      out[w] = pack_e2m1x8_canonical_nan(x);
+    }
+  } else if constexpr (kFp4) {
 #pragma unroll
     for (int w = 0; w < N / 8; ++w) {
       uint32_t word = 0;
@@ -357,9 +365,7 @@ __device__ __forceinline__ void encode_packed_as(const float v[N], const float m
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           const int e = 8 * w + 4 * half + k;
-          const float x = mul_rn(v[e], mult[e]);  // a product: its NaNs are canonical
-          const uint32_t code =
-              kStochastic ? f32_to_e2m1_stochastic(x, random.v[k]) : f32_to_e2m1_canonical_nan(x);
+          const uint32_t code = f32_to_e2m1_stochastic(mul_rn(v[e], mult[e]), random.v[k]);
           word |= code << (4 * (4 * half + k));
         }
       }
