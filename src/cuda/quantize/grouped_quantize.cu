@@ -516,6 +516,9 @@ __device__ __forceinline__ void issue_tile(uint32_t* buffer, const GroupedInput&
 #ifndef SFMOE_QUANTIZE_ROWWISE_MIN_BLOCKS
 #define SFMOE_QUANTIZE_ROWWISE_MIN_BLOCKS 3
 #endif
+#ifndef SFMOE_QUANTIZE_NVFP4_ROWWISE_MIN_BLOCKS
+#define SFMOE_QUANTIZE_NVFP4_ROWWISE_MIN_BLOCKS 2  // NVFP4 encodes need more registers
+#endif
 #ifndef SFMOE_QUANTIZE_COLUMNWISE_MIN_BLOCKS
 #define SFMOE_QUANTIZE_COLUMNWISE_MIN_BLOCKS 1
 #endif
@@ -534,8 +537,8 @@ constexpr int tile_min_blocks() {
   if (In == SFMOE_DTYPE_FP32) return kColumnwise ? 1 : 2;  // twice the words per chunk
   if (kColumnwise) return SFMOE_QUANTIZE_COLUMNWISE_MIN_BLOCKS;
   if (kAmaxPass) return SFMOE_QUANTIZE_AMAX_MIN_BLOCKS;
-  return Recipe<S>::kNv ? 2
-                        : SFMOE_QUANTIZE_ROWWISE_MIN_BLOCKS;  // NVFP4 encodes need more registers
+  return Recipe<S>::kNv ? SFMOE_QUANTIZE_NVFP4_ROWWISE_MIN_BLOCKS
+                        : SFMOE_QUANTIZE_ROWWISE_MIN_BLOCKS;
 }
 
 // The amax bits of columns 2p and 2p + 1 over `count` rows of a columnwise segment (16-bit
