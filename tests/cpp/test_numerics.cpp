@@ -45,6 +45,17 @@ TEST(Numerics, EveryFunctionMatchesItsIndependentReference) {
   EXPECT_GT(total, 1000000);
 }
 
+// byte_perm on the host, as CUDA documents __byte_perm: result byte k is byte selector[k] of
+// {b:a}.
+TEST(Numerics, BytePermSelectsBytesOfTheEightByteConcatenation) {
+  const uint32_t a = 0x33221100u, b = 0x77665544u;
+  EXPECT_EQ(byte_perm(a, b, 0x3210u), a);
+  EXPECT_EQ(byte_perm(a, b, 0x7654u), b);
+  EXPECT_EQ(byte_perm(a, b, 0x7610u), 0x77661100u);
+  EXPECT_EQ(byte_perm(a, b, 0x0073u), 0x00007733u);
+  EXPECT_EQ(byte_perm(a, b, 0x4567u), 0x44556677u);
+}
+
 // The eight-value E2M1 packer (magnitudes summed as biased candidates) against eight single
 // encodes: random floats of every magnitude and the special values (+-0, subnormals, the ties,
 // 6 and beyond, +-Inf, the canonical NaN) in every nibble position.

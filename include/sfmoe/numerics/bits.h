@@ -61,6 +61,21 @@ SFMOE_HD bool f32_is_inf(float f) { return (f32_to_bits(f) & kF32AbsMask) == kF3
 SFMOE_HD float f32_max() { return bits_to_f32(kF32MaxBits); }
 SFMOE_HD float f32_abs(float f) { return bits_to_f32(f32_to_bits(f) & kF32AbsMask); }
 SFMOE_HD uint32_t min_u32(uint32_t a, uint32_t b) { return a < b ? a : b; }
+// Byte k of the result is byte (selector >> 4k) & 7 of the eight bytes {b:a} (a is bytes 0-3):
+// CUDA's __byte_perm (one PRMT) without its sign-replicate mode, and the same on the host.
+SFMOE_HD uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t selector) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(a, b, selector);
+#else
+  const uint64_t bytes = (static_cast<uint64_t>(b) << 32) | a;
+  uint32_t out = 0;
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t index = (selector >> (4 * k)) & 7u;
+    out |= static_cast<uint32_t>((bytes >> (8 * index)) & 0xFFu) << (8 * k);
+  }
+  return out;
+#endif
+}
 // The next float above f, for f in [+0, FLT_MAX] (one more in the bits).
 SFMOE_HD float f32_next_up_nonnegative(float f) { return bits_to_f32(f32_to_bits(f) + 1u); }
 

@@ -219,16 +219,24 @@ SFMOE_HD uint8_t f32_to_e2m1_canonical_nan(float x) {
 // Eight values (canonical NaNs) as eight E2M1 codes in one word, element k in nibble k. The
 // magnitudes are summed as candidates times 16^k, their biases cancelled by one constant (the
 // sums wrap modulo 2^32 and every code fits its nibble), which the device does with multiply-adds
-// on the FMA pipe; the signs are moved into bit 3 of each nibble.
+// on the FMA pipe. The signs: byte j of the word holds elements 2j (low nibble) and 2j + 1, so the
+// top bytes of the odd elements, gathered into bytes 0-3, already have each sign at bit 7 of its
+// byte, and those of the even elements need it moved down by 4 (two byte gathers of three
+// permutes each, then a shift and two masks, instead of a shift and a merge per value).
 SFMOE_HD uint32_t pack_e2m1x8_canonical_nan(const float (&x)[8]) {
   uint32_t magnitudes = 0u - kE2M1CandidateBias * 0x11111111u;  // minus the eight biases
-  uint32_t signs = 0u;
   SFMOE_UNROLL
-  for (int k = 0; k < 8; ++k) {
-    magnitudes += e2m1_magnitude_candidate(x[k]) * (1u << (4 * k));
-    signs |= (f32_to_bits(x[k]) >> (28 - 4 * k)) & (0x8u << (4 * k));
-  }
-  return magnitudes | signs;
+  for (int k = 0; k < 8; ++k) magnitudes += e2m1_magnitude_candidate(x[k]) * (1u << (4 * k));
+  uint32_t b[8];
+  SFMOE_UNROLL
+  for (int k = 0; k < 8; ++k) b[k] = f32_to_bits(x[k]);
+  // Top bytes of elements (0, 2 | 4, 6) and (1, 3 | 5, 7) into bytes 0-3 (selector 3: a's byte 3;
+  // 7: b's byte 3; 0x7610: bytes 0-1 of the first, 2-3 of the second).
+  const uint32_t even =
+      byte_perm(byte_perm(b[0], b[2], 0x0073u), byte_perm(b[4], b[6], 0x7300u), 0x7610u);
+  const uint32_t odd =
+      byte_perm(byte_perm(b[1], b[3], 0x0073u), byte_perm(b[5], b[7], 0x7300u), 0x7610u);
+  return magnitudes | (odd & 0x80808080u) | ((even >> 4) & 0x08080808u);
 }
 SFMOE_HD uint8_t f32_to_e2m1(float x) {
   return f32_to_e2m1_canonical_nan(f32_is_nan(x) ? bits_to_f32(kF32CanonicalNanBits) : x);
