@@ -200,8 +200,10 @@ SFMOE_HD float e5m2_to_f32(uint8_t code) { return decode_narrow<FormatE5M2>(code
 // E2M1's NaN code (E2M1 has no NaN; NaN becomes +6, as CUDA's E2M1 conversion does), with no
 // test of its own. f32_to_e2m1 below takes any float. Both equal encode_narrow<FormatE2M1> (the
 // tests check every float).
-// The least candidate for |x|: the FP32 bits of 1.5 * 2^23 + code(|x|) (kE2M1CandidateBias + code).
 constexpr uint32_t kE2M1CandidateBias = 0x4B400000u;  // the bits of 1.5 * 2^23
+
+// The least candidate for |x|: the FP32 bits of 1.5 * 2^23 + code(|x|), i.e. the code plus
+// kE2M1CandidateBias.
 SFMOE_HD uint32_t e2m1_magnitude_candidate(float x) {
   const float m = fabsf(x);
   const uint32_t below_two = f32_to_bits(fma_rn(m, 2.0f, kRoundingShift));
