@@ -448,6 +448,15 @@ TEST(GroupedGemmHeuristics, ShapeFamiliesGetTheMeasuredTiles) {
             GemmTile::kPingpong64x128);
   EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kBf16, 4096, 64, 7168, 2048),
             GemmTile::kCooperative128x256);
+  // BF16 wgrad, the three measured shapes (n, k; rows per group): ping-pong for DeepSeek-V3's short
+  // reduction into a wide output only.
+  EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kBf16, 32768, 32, 4096, 7168),
+            GemmTile::kPingpong128x128);
+  EXPECT_EQ(
+      choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kBf16, 65536, 128, 1536, 2048),
+      GemmTile::kCooperative128x256);
+  EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kBf16, 16384, 8, 28672, 4096),
+            GemmTile::kCooperative128x256);
   EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kBf16, 65536, 8, 64, 2048),
             GemmTile::kPingpong64x128);
   // The override, and an unknown name falling back to the heuristic's choice.

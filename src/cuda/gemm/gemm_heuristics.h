@@ -13,7 +13,12 @@
 //   14336: +4-8%; DeepSeek-V3 fc1 on Zipf groups, K 7168: +14%) and Qwen3 fc1 (N 1536: +1-4% in
 //   each of four same-process comparisons). 2026-11-30.
 // - FP8 blockwise: 128 x 128 (the only one compiled).
-// - BF16 wgrad (M = n, K = the group's rows): 128 x 256, on the three wgrad shapes.
+// - BF16 wgrad (M = n, N = k, K = the group's rows): 128 x 128 ping-pong in 2-CTA clusters when
+//   K <= 1024 and N >= 4096 (DeepSeek-V3 fc1, K 1024, N 7168: 639 / 642 / 644 TFLOP/s against 594 /
+//   589 / 598 for 128 x 256 in three full GPU checks; a short reduction leaves the epilogue a large
+//   share, which ping-pong overlaps with the other consumer's mainloop); 128 x 256 otherwise
+//   (Qwen3, K 512, N 2048: 462-466 against 471-486; Mixtral, K 2048, N 4096: 507-528 against
+//   584-595).
 // The 64 x 128 ping-pong tile is kept for groups so small that a 128-row tile would be mostly
 // empty (fewer than 128 rows per group on average; decode-sized batches).
 // Measured and dropped: 128 x 128 cooperative in 2-CTA clusters for FP8 fast accumulation (behind
@@ -70,6 +75,8 @@ inline GemmTile forced_gemm_tile(GemmTile fallback) {
 // dgrad and wgrad).
 constexpr int64_t kFastAccumulationPingpongMaxK = 4096;
 constexpr int64_t kFastAccumulationPingpongMinN = 2048;
+constexpr int64_t kBf16WgradPingpongMaxK = 1024;  // BF16 wgrad: the rows per group
+constexpr int64_t kBf16WgradPingpongMinN = 4096;  // BF16 wgrad: k
 inline GemmTile choose_gemm_tile(GemmRecipe recipe, int64_t gemm_m_bound_per_group, int64_t gemm_n,
                                  int64_t gemm_k) {
   GemmTile chosen = GemmTile::kCooperative128x128;
@@ -100,6 +107,10 @@ inline GemmTile choose_gemm_tile_for(GroupedGemmForm form, GemmRecipe recipe, in
       return choose_gemm_tile(recipe, rows_per_group, k, n);
     case GroupedGemmForm::kWgrad:
       break;
+  }
+  if (recipe == GemmRecipe::kBf16 && n >= 128 && rows_per_group <= kBf16WgradPingpongMaxK &&
+      k >= kBf16WgradPingpongMinN) {
+    return forced_gemm_tile(GemmTile::kPingpong128x128);
   }
   return choose_gemm_tile(recipe, n, k, rows_per_group);
 }
