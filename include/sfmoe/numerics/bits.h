@@ -30,7 +30,6 @@ constexpr uint32_t kF32MantissaMask = 0x007FFFFFu;
 constexpr int kF32MantissaBits = 23;
 constexpr uint32_t kF32MaxBits = 0x7F7FFFFFu;  // FLT_MAX
 constexpr uint32_t kF32CanonicalNanBits = 0x7FFFFFFFu;
-constexpr uint32_t kF32OneBits = 0x3F800000u;  // 1.0f
 
 // Adding 1.5 * 2^23 to |v| < 2^22 leaves a unit spacing, so the sum rounds v to the nearest
 // integer (ties to even) once, and the sum's low mantissa bits hold that integer.

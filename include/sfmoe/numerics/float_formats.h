@@ -194,12 +194,6 @@ SFMOE_HD float e5m2_to_f32(uint8_t code) { return decode_narrow<FormatE5M2>(code
 // even) whose result holds the integer in its low bits; the results are positive floats, whose
 // bits order as integers, so two integer minima pick the code. The three roundings run on the FMA
 // pipe, which the rest of the NVFP4 encoders leave idle; the rest is four integer operations.
-//
-// This form takes x whose NaNs are canonical (positive), as every product and sum of the
-// arithmetic helpers is: a NaN's bits then exceed every candidate, so it takes code 7, which is
-// E2M1's NaN code (E2M1 has no NaN; NaN becomes +6, as CUDA's E2M1 conversion does), with no
-// test of its own. f32_to_e2m1 below takes any float. Both equal encode_narrow<FormatE2M1> (the
-// tests check every float).
 constexpr uint32_t kE2M1CandidateBias = 0x4B400000u;  // the bits of 1.5 * 2^23
 
 // The least candidate for |x|: the FP32 bits of 1.5 * 2^23 + code(|x|), i.e. the code plus
@@ -211,6 +205,11 @@ SFMOE_HD uint32_t e2m1_magnitude_candidate(float x) {
   const uint32_t above = f32_to_bits(fma_rn(m, 0.5f, kRoundingShift + 4.0f));
   return min_u32(min_u32(below_two, below_four), min_u32(above, kE2M1CandidateBias + 7u));
 }
+// The code of x whose NaNs are canonical (positive), as every product and sum of the arithmetic
+// helpers is: a NaN's bits then exceed every candidate, so it takes code 7, which is E2M1's NaN
+// code (E2M1 has no NaN; NaN becomes +6, as CUDA's E2M1 conversion does), with no test of its
+// own. f32_to_e2m1 below takes any float. Both equal encode_narrow<FormatE2M1> (the tests check
+// every float).
 SFMOE_HD uint8_t f32_to_e2m1_canonical_nan(float x) {
   static_assert(FormatE2M1::kNanCode == 0x7, "a NaN takes the saturated code");
   // The low three bits of the candidate are the magnitude's code; bit 3 of the shifted input, its
