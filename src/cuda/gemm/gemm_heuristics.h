@@ -108,11 +108,13 @@ inline GemmTile choose_gemm_tile_for(GroupedGemmForm form, GemmRecipe recipe, in
     case GroupedGemmForm::kWgrad:
       break;
   }
-  if (recipe == GemmRecipe::kBf16 && n >= 128 && rows_per_group <= kBf16WgradPingpongMaxK &&
-      k >= kBf16WgradPingpongMinN) {
+  const GemmTile chosen = choose_gemm_tile(recipe, n, k, rows_per_group);
+  // BF16 wgrad, a short reduction into a wide output: ping-pong where 128 x 256 would run.
+  if (recipe == GemmRecipe::kBf16 && chosen == GemmTile::kCooperative128x256 &&
+      rows_per_group <= kBf16WgradPingpongMaxK && k >= kBf16WgradPingpongMinN) {
     return forced_gemm_tile(GemmTile::kPingpong128x128);
   }
-  return choose_gemm_tile(recipe, n, k, rows_per_group);
+  return chosen;
 }
 
 }  // namespace cuda
