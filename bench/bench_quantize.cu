@@ -39,6 +39,7 @@ struct Case {
   sfmoe_scale_layout layout;
   bool tile_amax_pass = false;  // SFMOE_QUANTIZE_AMAX=tiles: the earlier amax pass, to compare
   bool given_scales = false;    // TENSOR: config.tensor_scales (delayed scaling), one pass
+  bool given_amax = false;      // TENSOR, NVFP4: config.group_amax, one pass
 };
 
 }  // namespace
@@ -92,6 +93,10 @@ int main() {
   BENCH_CUDA(cudaMalloc(&given, groups * 4));
   const std::vector<float> given_host(groups, 64.0f);  // the inputs' magnitudes are below 2
   BENCH_CUDA(cudaMemcpy(given, given_host.data(), groups * 4, cudaMemcpyHostToDevice));
+  float* given_amax = nullptr;  // an amax bound for config.group_amax
+  BENCH_CUDA(cudaMalloc(&given_amax, groups * 4));
+  const std::vector<float> given_amax_host(groups, 2.0f);
+  BENCH_CUDA(cudaMemcpy(given_amax, given_amax_host.data(), groups * 4, cudaMemcpyHostToDevice));
   BENCH_CUDA(cudaMemcpy(in_off, offsets.data(), (groups + 1) * 8, cudaMemcpyHostToDevice));
   fill_bf16<<<1024, 256, 0, stream>>>(x, rows * cols, 11);
 
@@ -104,6 +109,10 @@ int main() {
        false, SFMOE_SCALE_LAYOUT_COMPACT, false, true},
       {"fp8 tensor, given scales, +columnwise", SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, true,
        false, SFMOE_SCALE_LAYOUT_COMPACT, false, true},
+      {"fp8 tensor, given amax (one pass)", SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, false,
+       false, SFMOE_SCALE_LAYOUT_COMPACT, false, false, true},
+      {"fp8 tensor, given amax, +columnwise", SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, true,
+       false, SFMOE_SCALE_LAYOUT_COMPACT, false, false, true},
       {"fp8 block 1x128", SFMOE_SCALING_BLOCK_1X128, SFMOE_DTYPE_FP8_E4M3, false, false,
        SFMOE_SCALE_LAYOUT_COMPACT},
       {"fp8 block 1x128, +columnwise", SFMOE_SCALING_BLOCK_1X128, SFMOE_DTYPE_FP8_E4M3, true, false,
@@ -124,6 +133,10 @@ int main() {
        SFMOE_SCALE_LAYOUT_COMPACT},
       {"nvfp4 1x16, +columnwise with RHT", SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, true, true,
        SFMOE_SCALE_LAYOUT_COMPACT},
+      {"nvfp4 1x16, given amax (one pass)", SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, false,
+       false, SFMOE_SCALE_LAYOUT_COMPACT, false, false, true},
+      {"nvfp4 1x16, given amax, +columnwise", SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, true,
+       false, SFMOE_SCALE_LAYOUT_COMPACT, false, false, true},
       {"fp8 tensor (amax + cast), tile amax pass", SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3,
        false, false, SFMOE_SCALE_LAYOUT_COMPACT, true},
       {"nvfp4 1x16, tile amax pass", SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, false, false,
@@ -163,6 +176,7 @@ int main() {
     sfmoe_quantize_config config = sfmoe_quantize_config_init();
     config.hadamard_columnwise = c.hadamard;
     config.tensor_scales = c.given_scales ? given : nullptr;
+    config.group_amax = c.given_amax ? given_amax : nullptr;
     if (c.tile_amax_pass) {
       setenv("SFMOE_QUANTIZE_AMAX", "tiles", 1);
     } else {

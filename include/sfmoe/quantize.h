@@ -27,6 +27,15 @@ typedef struct sfmoe_quantize_config {
    * group's scale from its own amax. Lets permute and the activations quantize TENSOR outputs in
    * their single pass. */
   const float* tensor_scales;
+  /* FP8 per-tensor current scaling (TENSOR without tensor_scales) and NVFP4: each group's amax
+   * given by the caller (e.g. folded by the op that produced the rows, or a bound known in
+   * advance), [num_groups] FP32 in the output's memory. The scales follow from it by the
+   * recipe's rules, so the input is read once instead of twice (amax, then codes); output->amax
+   * receives a copy. Values beyond it saturate: FP8 codes at the format's largest finite value,
+   * NVFP4 block scales at E4M3's 448 and codes at 6. Not with tensor_scales, nor with NVFP4's
+   * Hadamard-transformed columnwise copy (whose amax is that of the transformed values). NULL:
+   * the amax is computed from the input. */
+  const float* group_amax;
 } sfmoe_quantize_config;
 
 SFMOE_API sfmoe_quantize_config sfmoe_quantize_config_init(void);

@@ -109,6 +109,10 @@ class QuantizeConfig:
     tensor_scales: fp8_tensor only: each group's scale given (delayed scaling), a float32
         [num_groups] array on the data's device, used as is; None: current scaling from each
         group's amax. Lets permute and the activations quantize fp8_tensor rows in one pass.
+    group_amax: fp8_tensor (current scaling) and the NVFP4 recipes (not with the Hadamard
+        transform's columnwise copy): each group's amax given, a float32 [num_groups] array on the
+        data's device; the scales follow from it and x is read once; the result's amax is a copy;
+        values beyond it saturate. None: computed from x.
     """
 
     power_of_two_scales: bool = False
@@ -121,10 +125,13 @@ class QuantizeConfig:
     # up by one import); not compared or hashed.
     tensor_scales: object = dataclasses.field(default=None, compare=False)
     _scales_adapter: object = dataclasses.field(default=None, compare=False, repr=False)
+    group_amax: object = dataclasses.field(default=None, compare=False)
+    _amax_adapter: object = dataclasses.field(default=None, compare=False, repr=False)
 
     def _fields(self):
         return {
             "tensor_scales": None if self.tensor_scales is None else self._scales_adapter.for_binding(self.tensor_scales),
+            "group_amax": None if self.group_amax is None else self._amax_adapter.for_binding(self.group_amax),
             "power_of_two_scales": int(self.power_of_two_scales),
             "stochastic_rounding": int(self.stochastic_rounding),
             "seed": self.seed,
@@ -345,6 +352,7 @@ def quantize(
     out_row_capacity=None,
     status_word=None,
     tensor_scales=None,
+    group_amax=None,
 ):
     """Grouped quantization of `x` (docs/python.md, rules in docs/quantization.md).
 
@@ -365,7 +373,7 @@ def quantize(
        height when a columnwise copy or 2D blocks need it, to row_alignment with a columnwise
        copy (whose column starts the FP8 grouped GEMM reads aligned) and to even for FP4.
     power_of_two_scales, stochastic_rounding, seed, offset, hadamard, trap_nan_amax,
-       tensor_scales: see :class:`QuantizeConfig`. status_word: an :class:`sfmoe.StatusWord` on x's device that
+       tensor_scales, group_amax: see :class:`QuantizeConfig`. status_word: an :class:`sfmoe.StatusWord` on x's device that
        records faults (bad offsets, NaN amax with trap_nan_amax), or None.
     Returns a :class:`GroupedQuantizedTensor` whose arrays live on x's device.
     """
@@ -395,6 +403,7 @@ def quantize(
         )
     offsets, uniform_rows, num_groups = _groups(adapter, x, group_offsets, uniform_group_rows)
     config = with_tensor_scales(config, scaling, tensor_scales, num_groups)
+    config = with_group_amax(config, scaling, group_amax, num_groups, columnwise)
 
     minimum = min_row_alignment(_RECIPE_OF[scaling], columnwise)
     if row_alignment is None:
@@ -480,6 +489,25 @@ def with_tensor_scales(config, scaling, tensor_scales, num_groups):
     if adapter.shape(scales)[0] != num_groups:
         raise ValueError(f"tensor_scales: expected [{num_groups}] (one per group), got {adapter.shape(scales)}")
     return dataclasses.replace(config, tensor_scales=scales, _scales_adapter=adapter)
+
+
+def with_group_amax(config, scaling, group_amax, num_groups, columnwise):
+    """`config` carrying group_amax (float32 [num_groups]; fp8_tensor and NVFP4), or unchanged."""
+    if group_amax is None:
+        return config
+    if scaling not in (Scaling.TENSOR, Scaling.NV_1X16, Scaling.NV_16X16):
+        raise ValueError("group_amax: only the fp8_tensor and NVFP4 recipes take a given amax")
+    if config.tensor_scales is not None:
+        raise ValueError("group_amax and tensor_scales are exclusive (given scales do not depend on the amax)")
+    if config.hadamard and columnwise:
+        raise ValueError(
+            "group_amax: not with the Hadamard-transformed columnwise copy (its amax is that of the "
+            "transformed values, which is computed)"
+        )
+    adapter, amax, _ = _arrays.checked_input(group_amax, "group_amax", (DType.FP32,), ndim=1)
+    if adapter.shape(amax)[0] != num_groups:
+        raise ValueError(f"group_amax: expected [{num_groups}] (one per group), got {adapter.shape(amax)}")
+    return dataclasses.replace(config, group_amax=amax, _amax_adapter=adapter)
 
 
 def quantized_rows(adapter, x, recipe, fmt, scale_layout, power_of_two_scales, capacity, cols, num_groups,

@@ -512,7 +512,7 @@ void place(sfmoe_grouped_tensor* t, const Placement& placement) {
   t->device = placement.device;
 }
 
-// `keep` holds the arrays the config points at (tensor_scales) until the call returns.
+// `keep` holds the arrays the config points at (tensor_scales, group_amax) until the call returns.
 sfmoe_quantize_config describe_config(const char* function, nb::handle config,
                                       std::vector<nb::ndarray<nb::ro>>* keep) {
   sfmoe_quantize_config c = sfmoe_quantize_config_init();
@@ -536,12 +536,13 @@ sfmoe_quantize_config describe_config(const char* function, nb::handle config,
       c.hadamard_columnwise = integer_field<int32_t>(function, field, item.second);
     } else if (key == "trap_nan_amax") {
       c.trap_nan_amax = integer_field<int32_t>(function, field, item.second);
-    } else if (key == "tensor_scales") {
+    } else if (key == "tensor_scales" || key == "group_amax") {
       // float32 [num_groups] (checked in Python; the library checks memory space and alignment),
       // imported once and kept for the call.
       if (!item.second.is_none()) {
         keep->push_back(nb::cast<nb::ndarray<nb::ro>>(item.second));
-        c.tensor_scales = static_cast<const float*>(keep->back().data());
+        const float* values = static_cast<const float*>(keep->back().data());
+        (key == "tensor_scales" ? c.tensor_scales : c.group_amax) = values;
       }
     } else {
       throw nb::type_error((std::string(function) + ": unknown field '" + field + "'").c_str());

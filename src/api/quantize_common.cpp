@@ -107,6 +107,32 @@ sfmoe_status describe_quantized(const char* context, const char* name,
     SFMOE_RETURN_IF_ERROR(validate_pointer_memory(context, "config", "tensor_scales",
                                                   config.tensor_scales, q->memory, q->device));
   }
+  if (config.group_amax != nullptr) {
+    if (q->scaling != SFMOE_SCALING_TENSOR && !scaling_is_nvfp4(q->scaling)) {
+      return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                  "%s: group_amax applies to fp8 per-tensor and nvfp4 scaling only (scaling is "
+                  "'%s')",
+                  context, sfmoe_scaling_name(q->scaling));
+    }
+    if (config.tensor_scales != nullptr) {
+      return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                  "%s: group_amax and tensor_scales are exclusive (given scales do not depend on "
+                  "the amax)",
+                  context);
+    }
+    if (config.hadamard_columnwise && q->columnwise_data != nullptr) {
+      return fail(SFMOE_ERROR_UNSUPPORTED,
+                  "%s: group_amax with the Hadamard-transformed columnwise copy: that copy's "
+                  "scales come from the amax of the transformed values, which is computed",
+                  context);
+    }
+    if (reinterpret_cast<uintptr_t>(config.group_amax) % alignof(float) != 0) {
+      return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: config group_amax must be 4-byte aligned",
+                  context);
+    }
+    SFMOE_RETURN_IF_ERROR(validate_pointer_memory(context, "config", "group_amax",
+                                                  config.group_amax, q->memory, q->device));
+  }
   if (q->scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && !scaling_is_swizzlable(q->scaling)) {
     return fail(SFMOE_ERROR_UNSUPPORTED,
                 "%s: %s: the swizzled scale layout exists for mx_1x32 and nv_1x16 only", context,
@@ -149,6 +175,12 @@ sfmoe_status check_rowwise_fusion(const char* context, const char* name,
   const sfmoe_quantize_config defaults = sfmoe_quantize_config_init();
   if (options == nullptr) options = &defaults;
   SFMOE_RETURN_IF_ERROR(check_quantize_config(context, options));  // before reading its fields
+  if (options->group_amax != nullptr) {
+    return fail(SFMOE_ERROR_UNSUPPORTED,
+                "%s: config group_amax applies to sfmoe_grouped_quantize only (the fused "
+                "quantizations take given scales, tensor_scales)",
+                context);
+  }
   const bool given_tensor = q->scaling == SFMOE_SCALING_TENSOR && options->tensor_scales != nullptr;
   const bool nvfp4 = allow_nvfp4 && q->scaling == SFMOE_SCALING_NV_1X16;
   if (q->scaling != SFMOE_SCALING_MX_1X32 && q->scaling != SFMOE_SCALING_BLOCK_1X128 &&

@@ -407,10 +407,15 @@ void grouped_quantize(const GroupedQuantizeArgs& args) {
     for (int64_t g = 0; g <= args.num_groups; ++g) args.offsets[g] = plan.out_off[g];
   }
 
-  // Group amax (TENSOR, NVFP4): written for every group, NaN traps once per group.
+  // Group amax (TENSOR, NVFP4), computed or given (config.group_amax): written for every group,
+  // NaN traps once per group.
   std::vector<float> amax;
   if (args.scaling == SFMOE_SCALING_TENSOR || scaling_is_nvfp4(args.scaling)) {
-    amax = group_amax(args, plan);
+    if (args.config.group_amax != nullptr) {
+      amax.assign(args.config.group_amax, args.config.group_amax + args.num_groups);
+    } else {
+      amax = group_amax(args, plan);
+    }
     for (int64_t g = 0; g < args.num_groups; ++g) args.amax[g] = amax[g];
   }
   if (args.scaling == SFMOE_SCALING_TENSOR) {

@@ -299,6 +299,14 @@ TEST(ActivationApi, GroupAmaxAndFusedQuantizationRefusals) {
   config.quantize = &stochastic;
   EXPECT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &q, nullptr, nullptr),
             SFMOE_ERROR_UNSUPPORTED);
+  // A given group amax is for the standalone quantization only.
+  sfmoe_quantize_config given_amax = sfmoe_quantize_config_init();
+  const std::vector<float> bound(groups, 4.0f);
+  given_amax.group_amax = bound.data();
+  config.quantize = &given_amax;
+  EXPECT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &q, nullptr, nullptr),
+            SFMOE_ERROR_UNSUPPORTED);
+  EXPECT_EQ(nv_amax, std::vector<float>(groups, -1.0f)) << "refusals write nothing";
   config.quantize = nullptr;
   ASSERT_EQ(sfmoe_grouped_activation(&g_in, &t_rows, &config, &q, nullptr, nullptr), SFMOE_SUCCESS)
       << sfmoe_last_error();

@@ -1107,6 +1107,100 @@ TEST(CpuQuantize, GivenTensorScalesAreUsedAsIs) {
   }
 }
 
+// A given group amax (config.group_amax) is the amax: equal to the computed one, every byte is
+// as without it; otherwise the scales follow the rule from the given value, the output amax is
+// the given one, and values beyond it saturate.
+TEST(CpuQuantize, GivenGroupAmaxIsUsedAsTheAmax) {
+  std::mt19937_64 rng(sfmoe::testing::session_test_seed() ^ 0x57u);
+  const std::vector<int64_t> sizes = {5, 0, 40, 1, 19};
+  const int64_t cols = 32;
+  Recipe fp8, nv1, nv2;
+  nv1.scaling = SFMOE_SCALING_NV_1X16;
+  nv1.dtype = SFMOE_DTYPE_FP4_E2M1;
+  nv2 = nv1;
+  nv2.scaling = SFMOE_SCALING_NV_16X16;
+  Recipe fp8_pow2 = fp8;
+  fp8_pow2.pow2 = true;
+  fp8_pow2.dtype = SFMOE_DTYPE_FP8_E5M2;
+  for (const Recipe& recipe : {fp8, fp8_pow2, nv1, nv2}) {
+    const Input in = make_input(rng, SFMOE_DTYPE_BF16, sizes, cols, false);
+    const int64_t a = recipe.scaling == SFMOE_SCALING_TENSOR ? 1 : 16;  // NVFP4: 16-row blocks
+    const sfmoe_quantize_config plain = make_config(recipe, 0, 0, false);
+    const Quantized computed = quantize(in, recipe, a, 3, plain);
+    std::vector<float> amax(sizes.size());
+    for (size_t g = 0; g < sizes.size(); ++g) amax[g] = f32_at(computed.amax, g);
+    sfmoe_quantize_config config = plain;
+    config.group_amax = amax.data();
+    const Quantized given = quantize(in, recipe, a, 3, config);
+    for (int copy = 0; copy < 2; ++copy) {
+      EXPECT_EQ(given.data[copy], computed.data[copy]) << copy;
+      EXPECT_EQ(given.scales[copy], computed.scales[copy]) << copy;
+    }
+    EXPECT_EQ(given.amax, computed.amax);
+  }
+  // FP8 per-tensor with other amaxes: twice the real one, a thousandth of it (saturation), 0 for
+  // a non-empty group, Inf; the empty group's given amax is copied too.
+  for (const Recipe& recipe : {fp8, fp8_pow2}) {
+    const Input in = make_input(rng, SFMOE_DTYPE_BF16, sizes, cols, false);
+    std::vector<float> amax(sizes.size());
+    for (size_t g = 0; g < sizes.size(); ++g) {
+      const float real =
+          sizes[g] ? amax_of(&in.values[in.offsets[g] * cols], sizes[g] * cols) : 0.0f;
+      amax[g] = g == 0   ? 2.0f * real
+                : g == 1 ? 5.0f
+                : g == 2 ? real / 1000.0f
+                : g == 3 ? 0.0f
+                         : INFINITY;
+    }
+    sfmoe_quantize_config config = make_config(recipe, 0, 0, false);
+    config.group_amax = amax.data();
+    const Quantized q = quantize(in, recipe, 1, 3, config);
+    const float max = fp8_max_of(recipe.dtype);
+    int saturated = 0;
+    for (size_t g = 0; g < sizes.size(); ++g) {
+      EXPECT_EQ(f32_at(q.amax, g), amax[g]) << g;
+      const float scale = nm::fp8_scale_from_amax(amax[g], max, recipe.pow2);
+      EXPECT_EQ(f32_at(q.scales[0], g), nm::scale_inverse(scale)) << g;
+      for (int64_t r = 0; r < sizes[g]; ++r) {
+        for (int64_t c = 0; c < cols; ++c) {
+          const float scaled = nm::mul_rn(in.values[(in.offsets[g] + r) * cols + c], scale);
+          const uint8_t want = recipe.dtype == SFMOE_DTYPE_FP8_E4M3 ? nm::f32_to_e4m3(scaled)
+                                                                    : nm::f32_to_e5m2(scaled);
+          ASSERT_EQ(q.data[0][(q.offsets[g] + r) * cols + c], want) << g << " " << r << " " << c;
+          saturated += std::fabs(scaled) > max && std::isfinite(scaled);
+        }
+      }
+    }
+    EXPECT_GT(saturated, 0) << "the thousandth amax saturates values";
+  }
+  // NVFP4 with an amax far below the values (1/1024; rows of magnitude about 1): block scales
+  // saturate at E4M3's 448 and the codes of values at least that amax at 6 (magnitude code 7).
+  {
+    ValueMix narrow;
+    narrow.exponent_range = 1;
+    const Input in = make_input(rng, SFMOE_DTYPE_BF16, {48}, cols, false, narrow);
+    const std::vector<float> amax = {1.0f / 1024.0f};
+    Recipe recipe = nv1;
+    recipe.columnwise = false;
+    sfmoe_quantize_config config = make_config(recipe, 0, 0, false);
+    config.group_amax = amax.data();
+    const Quantized q = quantize(in, recipe, 1, 0, config);
+    EXPECT_EQ(f32_at(q.amax, 0), amax[0]);
+    int checked = 0;
+    for (int64_t r = 0; r < 48; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const float x = in.values[r * cols + c];
+        if (!(std::fabs(x) >= amax[0])) continue;
+        const int64_t i = r * cols + c;
+        const uint8_t code = (q.data[0][i / 2] >> (4 * (i % 2))) & 0xF;
+        ASSERT_EQ(code & 0x7, 0x7) << r << " " << c << " " << x;
+        ++checked;
+      }
+    }
+    EXPECT_GT(checked, 48 * cols / 2) << "values at or above the given amax";
+  }
+}
+
 TEST(CpuQuantize, StochasticRoundingIsReproducibleAndFollowsTheStream) {
   std::mt19937_64 rng(sfmoe::testing::session_test_seed() ^ 0x56u);
   for (sfmoe_scaling scaling : {SFMOE_SCALING_NV_1X16, SFMOE_SCALING_NV_16X16}) {

@@ -12,6 +12,7 @@
 #include "sfmoe/cast.h"
 #include "sfmoe/numerics/float_formats.h"
 #include "sfmoe/numerics/scale_swizzle.h"
+#include "sfmoe/numerics/scaling.h"
 #include "sfmoe/quantize.h"
 #include "sfmoe/sfmoe.h"
 #include "tests/cpp/host_descriptors.h"
@@ -376,6 +377,62 @@ TEST(Validation, GivenTensorScalesAreForPerTensorFp8Only) {
       << sfmoe_last_error();
   EXPECT_EQ(codes[0], numerics::f32_to_e4m3(2.0f));  // 1 x the given scale 2
   EXPECT_EQ(amax[0], 1.0f);
+}
+
+// config.group_amax: FP8 per-tensor current scaling and NVFP4 only, not with tensor_scales nor
+// with NVFP4's Hadamard-transformed columnwise copy, 4-byte aligned, refused by the fused
+// quantizations; refusals write nothing, and the given amax is the output amax.
+TEST(Validation, GivenGroupAmaxIsForCurrentScalingAndNvfp4Only) {
+  std::vector<uint16_t> x(16 * 32, 0x3F80);  // BF16 ones
+  std::vector<int64_t> in_offsets = {0, 16}, out_offsets = {0, -1};
+  std::vector<uint8_t> codes(16 * 32, 0xA5), col_codes(16 * 32, 0xA5), scales(64, 0x5A),
+      col_scales(64, 0x5A);
+  std::vector<float> amax(1, -1.0f), col_amax(1, -1.0f);
+  alignas(8) float given[3] = {4.0f, 4.0f, 4.0f};
+  alignas(8) float scale[1] = {2.0f};
+  const sfmoe_grouped_tensor in =
+      testing::host_rows(x.data(), SFMOE_DTYPE_BF16, 1, 16, 32, 1, in_offsets.data());
+  sfmoe_grouped_tensor out =
+      testing::host_rows(codes.data(), SFMOE_DTYPE_FP8_E4M3, 1, 16, 32, 1, out_offsets.data());
+  out.rowwise_scale_inv = scales.data();
+  out.amax = amax.data();
+  sfmoe_quantize_config config = sfmoe_quantize_config_init();
+  config.group_amax = given;
+  out.scaling = SFMOE_SCALING_MX_1X32;
+  EXPECT_EQ(sfmoe_grouped_quantize(&in, &out, &config, nullptr, nullptr),
+            SFMOE_ERROR_INVALID_ARGUMENT)
+      << sfmoe_last_error();
+  out.scaling = SFMOE_SCALING_TENSOR;
+  config.tensor_scales = scale;
+  EXPECT_EQ(sfmoe_grouped_quantize(&in, &out, &config, nullptr, nullptr),
+            SFMOE_ERROR_INVALID_ARGUMENT)
+      << sfmoe_last_error();
+  config.tensor_scales = nullptr;
+  config.group_amax = reinterpret_cast<const float*>(reinterpret_cast<const char*>(given) + 2);
+  EXPECT_EQ(sfmoe_grouped_quantize(&in, &out, &config, nullptr, nullptr),
+            SFMOE_ERROR_INVALID_ARGUMENT)
+      << sfmoe_last_error();
+  // NVFP4 with the transformed columnwise copy.
+  sfmoe_grouped_tensor nv = out;
+  nv.dtype = SFMOE_DTYPE_FP4_E2M1;
+  nv.scaling = SFMOE_SCALING_NV_1X16;
+  nv.row_alignment = 16;
+  nv.columnwise_data = col_codes.data();
+  nv.columnwise_scale_inv = col_scales.data();
+  nv.columnwise_amax = col_amax.data();
+  config.group_amax = given;
+  config.hadamard_columnwise = 1;
+  EXPECT_EQ(sfmoe_grouped_quantize(&in, &nv, &config, nullptr, nullptr), SFMOE_ERROR_UNSUPPORTED)
+      << sfmoe_last_error();
+  EXPECT_EQ(codes, std::vector<uint8_t>(16 * 32, 0xA5)) << "refusals write nothing";
+  EXPECT_EQ(col_codes, std::vector<uint8_t>(16 * 32, 0xA5)) << "refusals write nothing";
+  EXPECT_EQ(amax[0], -1.0f);
+  config.hadamard_columnwise = 0;
+  ASSERT_EQ(sfmoe_grouped_quantize(&in, &out, &config, nullptr, nullptr), SFMOE_SUCCESS)
+      << sfmoe_last_error();
+  EXPECT_EQ(codes[0], numerics::f32_to_e4m3(numerics::mul_rn(
+                          1.0f, numerics::fp8_scale_from_amax(4.0f, numerics::kE4M3Max, false))));
+  EXPECT_EQ(amax[0], 4.0f) << "the output amax is the given one, not the input's 1";
 }
 
 }  // namespace

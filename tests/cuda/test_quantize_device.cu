@@ -24,6 +24,7 @@ struct Recipe {
   sfmoe_quantize_config config;
   std::string name;
   bool given_tensor_scales = false;  // TENSOR: config.tensor_scales from given_scales()
+  bool given_group_amax = false;     // TENSOR, NVFP4: config.group_amax from given_amaxes()
 };
 
 // Given per-tensor scales (delayed scaling) for G groups: powers of two and other values, with
@@ -38,6 +39,21 @@ std::vector<float> given_scales(int64_t groups) {
     if (g % 17 == 9) s[g] = std::nanf("");
   }
   return s;
+}
+
+// Given group amaxes for G groups: powers of two and other values, with 0, a subnormal, Inf and
+// NaN among them (both backends take them as the amax; values beyond them saturate).
+std::vector<float> given_amaxes(int64_t groups) {
+  std::vector<float> m(groups);
+  for (int64_t g = 0; g < groups; ++g) {
+    m[g] = std::ldexp(1.0f + static_cast<float>((g * 29) % 64) / 64.0f,
+                      static_cast<int>((g * 5) % 20) - 8);
+    if (g % 13 == 3) m[g] = 0.0f;
+    if (g % 13 == 5) m[g] = std::ldexp(1.0f, -140);
+    if (g % 13 == 8) m[g] = INFINITY;
+    if (g % 19 == 11) m[g] = std::nanf("");
+  }
+  return m;
 }
 
 // Sizes of the output buffers of a recipe for an [R, C] output with G groups.
@@ -186,13 +202,21 @@ bool compare_backends(const Problem& p, const Recipe& rc,
   const Sizes sizes = sizes_of(rc, p.out_capacity, p.cols, p.groups);
   // CPU.
   Buffers cpu = poisoned(sizes, p.groups);
-  const std::vector<float> scales = given_scales(p.groups);
+  const std::vector<float> scales = given_scales(p.groups), amaxes = given_amaxes(p.groups);
   sfmoe_quantize_config cpu_config = rc.config, gpu_config = rc.config;
-  DeviceBuffer<float> d_scales(p.groups);
+  DeviceBuffer<float> d_scales(p.groups), d_amaxes(p.groups);
   if (rc.given_tensor_scales) {
     cpu_config.tensor_scales = scales.data();
     gpu_config.tensor_scales = d_scales.ptr;
     if (d_scales.upload(scales) != cudaSuccess) {
+      ADD_FAILURE() << "upload failed";
+      return false;
+    }
+  }
+  if (rc.given_group_amax) {
+    cpu_config.group_amax = amaxes.data();
+    gpu_config.group_amax = d_amaxes.ptr;
+    if (d_amaxes.upload(amaxes) != cudaSuccess) {
       ADD_FAILURE() << "upload failed";
       return false;
     }
@@ -299,6 +323,14 @@ std::vector<Recipe> all_recipes() {
   add(SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, SFMOE_SCALE_LAYOUT_COMPACT, plain,
       "fp8 tensor e4m3 given scales");
   for (size_t k = out.size() - 3; k < out.size(); ++k) out[k].given_tensor_scales = true;
+  // Given group amaxes: one pass, the scales from the caller's amax.
+  add(SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, SFMOE_SCALE_LAYOUT_COMPACT, plain,
+      "fp8 tensor e4m3 given amax");
+  add(SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, SFMOE_SCALE_LAYOUT_SWIZZLED, sr,
+      "nvfp4 1x16 sr swizzled given amax");
+  add(SFMOE_SCALING_NV_16X16, SFMOE_DTYPE_FP4_E2M1, SFMOE_SCALE_LAYOUT_COMPACT, plain,
+      "nvfp4 16x16 given amax");
+  for (size_t k = out.size() - 9; k < out.size(); ++k) out[k].given_group_amax = true;
   add(SFMOE_SCALING_BLOCK_1X128, SFMOE_DTYPE_FP8_E4M3, SFMOE_SCALE_LAYOUT_COMPACT, plain,
       "fp8 1x128");
   add(SFMOE_SCALING_BLOCK_1X128, SFMOE_DTYPE_FP8_E4M3, SFMOE_SCALE_LAYOUT_COMPACT, pow2,
@@ -621,7 +653,8 @@ TEST(CudaQuantize, CapturedQuantizeReplaysOnNewGroupSizes) {
         (rc.rowwise && rc.columnwise &&
          (rc.scaling == SFMOE_SCALING_MX_1X32 || rc.name.find("sr+rht") != std::string::npos ||
           rc.scaling == SFMOE_SCALING_TENSOR)) ||
-        (rc.scaling == SFMOE_SCALING_TENSOR && rc.rowwise && !rc.columnwise);
+        (rc.scaling == SFMOE_SCALING_TENSOR && rc.rowwise && !rc.columnwise) ||
+        (rc.given_group_amax && rc.rowwise && rc.columnwise);
     if (!wanted) continue;
     const int64_t groups = 24, cols = 512,
                   alignment = rc.layout == SFMOE_SCALE_LAYOUT_SWIZZLED ? 128 : 32;
@@ -640,12 +673,26 @@ TEST(CudaQuantize, CapturedQuantizeReplaysOnNewGroupSizes) {
     sfmoe_grouped_tensor qd =
         output_descriptor(shape, rc, d_row.ptr, d_rs.ptr, d_col.ptr, d_cs.ptr, d_amax.ptr,
                           d_camax.ptr, d_off.ptr, SFMOE_MEMORY_CUDA);
+    // Given scales or amaxes: the same arrays in every replay, on each backend's side.
+    const std::vector<float> scales = given_scales(groups), amaxes = given_amaxes(groups);
+    DeviceBuffer<float> d_scales(groups), d_amaxes(groups);
+    CUDA_OK(d_scales.upload(scales));
+    CUDA_OK(d_amaxes.upload(amaxes));
+    sfmoe_quantize_config gpu_config = rc.config, cpu_config = rc.config;
+    if (rc.given_tensor_scales) {
+      gpu_config.tensor_scales = d_scales.ptr;
+      cpu_config.tensor_scales = scales.data();
+    }
+    if (rc.given_group_amax) {
+      gpu_config.group_amax = d_amaxes.ptr;
+      cpu_config.group_amax = amaxes.data();
+    }
     cudaStream_t stream;
     CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     cudaGraph_t graph;
     CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
     const sfmoe_status s1 = sfmoe_status_word_reset(word, stream);
-    const sfmoe_status s2 = sfmoe_grouped_quantize(&xd, &qd, &rc.config, word, stream);
+    const sfmoe_status s2 = sfmoe_grouped_quantize(&xd, &qd, &gpu_config, word, stream);
     const sfmoe_status s3 = sfmoe_status_word_snapshot(word, stream);
     const cudaError_t end = cudaStreamEndCapture(stream, &graph);
     ASSERT_EQ(s2, SFMOE_SUCCESS) << sfmoe_last_error();
@@ -677,7 +724,7 @@ TEST(CudaQuantize, CapturedQuantizeReplaysOnNewGroupSizes) {
           output_descriptor(p, rc, cpu.rowwise.data(), cpu.rowwise_scales.data(),
                             cpu.columnwise.data(), cpu.columnwise_scales.data(), cpu.amax.data(),
                             cpu.columnwise_amax.data(), cpu.offsets.data(), SFMOE_MEMORY_HOST);
-      ASSERT_EQ(sfmoe_grouped_quantize(&x, &q, &rc.config, nullptr, nullptr), SFMOE_SUCCESS)
+      ASSERT_EQ(sfmoe_grouped_quantize(&x, &q, &cpu_config, nullptr, nullptr), SFMOE_SUCCESS)
           << sfmoe_last_error();
       EXPECT_EQ(d_off.download(), cpu.offsets) << rc.name << " replay " << replay;
       const std::vector<uint8_t> row = d_row.download(), col = d_col.download();

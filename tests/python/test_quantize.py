@@ -693,6 +693,46 @@ def test_given_tensor_scales(rng):
         sfmoe.quantize(x, "mxfp8", group_offsets=offsets, tensor_scales=scales)
 
 
+@pytest.mark.parametrize("recipe", ["fp8_tensor", "nvfp4", "nvfp4_2d"])
+def test_given_group_amax(rng, recipe):
+    """A given group amax: equal to the computed one, the same bytes; otherwise the result's amax
+    is the given one and (fp8_tensor) scale_inv follows the current-scaling rule from it; the
+    recipes without a group amax, a wrong count, tensor_scales alongside and the Hadamard
+    columnwise copy are refused."""
+    x = (rng.normal(size=(48, 32)) * 3).astype(np.float32)
+    x[3, 5] = np.inf
+    offsets = np.array([0, 16, 16, 48], np.int64)
+    computed = sfmoe.quantize(x, recipe, group_offsets=offsets, columnwise=True)
+    given = sfmoe.quantize(x, recipe, group_offsets=offsets, columnwise=True,
+                           group_amax=np.asarray(computed.amax, np.float32))
+    end = int(computed.group_offsets[-1])  # (rows from there on are not written)
+    def written(q):
+        yield np.asarray(q.data)[:end].view(np.uint8)
+        packed = 2 if recipe.startswith("nvfp4") else 1  # FP4 packs pairs of rows
+        yield np.asarray(q.columnwise_data).view(np.uint8)[:, : end // packed]
+        yield np.asarray(q.dequantize(source="rowwise")).view(np.uint32)
+        yield np.asarray(q.dequantize(source="columnwise")).view(np.uint32)
+        yield np.asarray(q.amax).view(np.uint32)
+    for a, b in zip(written(given), written(computed)):
+        np.testing.assert_array_equal(a, b)
+    amax = np.array([2.0, 5.0, 0.25], np.float32)
+    q = sfmoe.quantize(x, recipe, group_offsets=offsets, group_amax=amax)
+    np.testing.assert_array_equal(q.amax, amax)
+    if recipe == "fp8_tensor":
+        np.testing.assert_array_equal(q.scale_inv, (amax / np.float32(448.0)).astype(np.float32))
+    with pytest.raises(ValueError):
+        sfmoe.quantize(x, recipe, group_offsets=offsets, group_amax=amax[:2])
+    with pytest.raises(ValueError):
+        sfmoe.quantize(x, "mxfp8", group_offsets=offsets, group_amax=amax)
+    if recipe == "fp8_tensor":
+        with pytest.raises(ValueError):
+            sfmoe.quantize(x, recipe, group_offsets=offsets, group_amax=amax, tensor_scales=amax)
+    if recipe == "nvfp4":
+        with pytest.raises(ValueError):
+            sfmoe.quantize(x, recipe, group_offsets=offsets, group_amax=amax, hadamard=True,
+                           columnwise=True)
+
+
 def test_columnwise_transposed_scale_layout(rng):
     """fp8_block_1x128 with scale_layout="columnwise_transposed": the same codes and scale values
     as the compact layout, the columnwise scales stored [R / 128, C]; the rowwise ones unchanged.

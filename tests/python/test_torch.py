@@ -779,3 +779,32 @@ def test_cuda_quantize_with_given_tensor_scales_matches_host(rng):
     assert torch.equal(dev.amax.cpu(), host.amax)
     first = sfmoe.dequantize(dev)
     assert torch.equal(sfmoe.dequantize(dev).view(torch.int32), first.view(torch.int32))
+
+
+@requires_cuda
+@pytest.mark.parametrize("recipe", ["fp8_tensor", "nvfp4"])
+def test_cuda_quantize_with_given_group_amax_matches_host(rng, recipe):
+    """The standalone grouped quantization with a given group amax on CUDA (one pass): the
+    host's bytes, the given amax (0 and Inf among them) as the result's amax."""
+    x = torch.from_numpy((rng.standard_normal((300, 64)) * 3).astype(np.float32)).to(torch.bfloat16)
+    offsets = torch.tensor([0, 100, 100, 300], dtype=torch.int64)
+    amax = torch.tensor([2.0, float("inf"), 0.0], dtype=torch.float32)
+    host = sfmoe.quantize(x, recipe, group_offsets=offsets, group_amax=amax, columnwise=True)
+    dev = sfmoe.quantize(x.cuda(), recipe, group_offsets=offsets.cuda(), group_amax=amax.cuda(),
+                         columnwise=True)
+    torch.cuda.synchronize()
+    end = int(host.group_offsets[-1])  # rows from there on are not written
+    packed = 2 if recipe == "nvfp4" else 1  # FP4 packs pairs of elements
+    assert torch.equal(dev.data.cpu()[:end].view(torch.uint8), host.data[:end].view(torch.uint8))
+    assert torch.equal(dev.columnwise_data.cpu().view(torch.uint8)[:, : end // packed],
+                       host.columnwise_data.view(torch.uint8)[:, : end // packed])
+    if recipe == "nvfp4":  # block scales [rows, cols / 16] and [cols, rows / 16]
+        assert torch.equal(dev.scale_inv.cpu()[:end].view(torch.uint8), host.scale_inv[:end].view(torch.uint8))
+        assert torch.equal(dev.columnwise_scale_inv.cpu()[:, : end // 16].view(torch.uint8),
+                           host.columnwise_scale_inv[:, : end // 16].view(torch.uint8))
+    else:
+        assert torch.equal(dev.scale_inv.cpu(), host.scale_inv)
+    for source in ("rowwise", "columnwise"):
+        assert torch.equal(sfmoe.dequantize(dev, source=source).cpu().view(torch.int32),
+                           sfmoe.dequantize(host, source=source).view(torch.int32))
+    assert torch.equal(dev.amax.cpu().view(torch.int32), amax.view(torch.int32))

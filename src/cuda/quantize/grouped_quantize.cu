@@ -2,7 +2,8 @@
 //
 // Launches, all sized from host bounds and reading real sizes from device memory:
 //   1. padded_offsets_kernel (one block): clamps the input groups, writes the padded output
-//      offsets with a block scan, checks the input offsets, clears the amax buffers;
+//      offsets with a block scan, checks the input offsets, clears the amax buffers (or copies
+//      the caller's group amax, config.group_amax, which then skips 2);
 //   2. (TENSOR, NVFP4) the per-group amax by atomicMax on the FP32 bits: quantize_amax_rows_kernel
 //      (warps streaming runs of rows), or with NVFP4's Hadamard transform (which also needs the
 //      transformed columnwise amax) quantize_tiles_kernel<..., kAmaxPass = true>;
@@ -161,7 +162,8 @@ __global__ void __launch_bounds__(kScanThreads)
     if (threadIdx.x == 0) a.offsets[groups] = total < limit ? total : limit;
   }
   for (int64_t g = threadIdx.x; g < groups; g += kScanThreads) {
-    if (clear_amax) a.amax[g] = 0.0f;
+    // (A given group amax is the amax: copied here, it is what the codes kernel reads.)
+    if (clear_amax) a.amax[g] = a.config.group_amax != nullptr ? a.config.group_amax[g] : 0.0f;
     if (clear_columnwise_amax && a.columnwise_amax) a.columnwise_amax[g] = 0.0f;
   }
 }
@@ -1387,6 +1389,9 @@ sfmoe_status run_recipe(const GroupedQuantizeArgs& a, cudaStream_t stream) {
     }
   }
   if constexpr (Recipe<S>::kGroupAmax) {
+    // A given group amax (config.group_amax; the API keeps it from the Hadamard case) is already
+    // in a.amax: one pass.
+    if (a.config.group_amax != nullptr) return launch_codes<In, S>(a, stream);
     if constexpr (S == SFMOE_SCALING_NV_1X16) {
       if (a.config.hadamard_columnwise && a.columnwise != nullptr) {
         SFMOE_RETURN_IF_ERROR((launch_tiles<In, S, true, true>(a, stream)));
