@@ -8,7 +8,7 @@ version of the same recipe (per tensor, not per group: torch has no grouped form
 Bytes: the input read once plus the codes and scales written ("TB/s"). The FP8 tensor (current
 scaling) and NVFP4 recipes read the input twice (amax pass, then the cast); "moved TB/s" counts
 that second read. FP8 tensor with given scales (delayed scaling) reads it once and still returns
-the amax. Writes JSON to $OUT/bench_quantize_torch.json when OUT is set.
+the amax; with a given amax (group_amax), FP8 tensor and NVFP4 read it once. Writes JSON to $OUT/bench_quantize_torch.json when OUT is set.
 """
 import json
 import os
@@ -32,6 +32,12 @@ def torch_fp8_tensor(x):
 def torch_fp8_given(x, scale=64.0):
     """Delayed scaling: the scale is known; the amax is still taken (for the amax history)."""
     return (x.float() * scale).to(torch.float8_e4m3fn), x.abs().amax()
+
+
+def torch_fp8_given_amax(x, amax=8.0):
+    """Current scaling from an amax known in advance (e.g. from the producing op): one cast."""
+    s = FP8_MAX / amax
+    return (x.float() * s).to(torch.float8_e4m3fn), 1.0 / s
 
 
 def torch_fp8_1x128(x):
@@ -80,6 +86,7 @@ def main():
 
     n = ROWS * COLS
     given = torch.full((GROUPS,), 64.0, device=dev, dtype=torch.float32)  # |x| * 64 stays below 448
+    bound = torch.full((GROUPS,), 8.0, device=dev, dtype=torch.float32)  # a given amax above |x|
     # name, sfmoe.quantize arguments, torch peer, (code bytes per element, scale bytes per element),
     # copies, extra input reads
     cases = [
@@ -90,6 +97,10 @@ def main():
          (1, 0), 1, 0),
         ("fp8 tensor, given, +columnwise", dict(recipe="fp8_tensor", columnwise=True, tensor_scales=given),
          with_transpose(torch_fp8_given), (1, 0), 2, 0),
+        ("fp8 tensor, given amax", dict(recipe="fp8_tensor", group_amax=bound), torch_fp8_given_amax,
+         (1, 0), 1, 0),
+        ("fp8 tensor, given amax, +col", dict(recipe="fp8_tensor", columnwise=True, group_amax=bound),
+         with_transpose(torch_fp8_given_amax), (1, 0), 2, 0),
         ("fp8 block 1x128", dict(recipe="fp8_block_1x128"), torch_fp8_1x128, (1, 4 / 128), 1, 0),
         ("fp8 block 1x128, +columnwise", dict(recipe="fp8_block_1x128", columnwise=True),
          with_transpose(torch_fp8_1x128), (1, 4 / 128), 2, 0),
@@ -104,6 +115,9 @@ def main():
         ("nvfp4, +columnwise", dict(recipe="nvfp4", columnwise=True), None, (0.5, 1 / 16), 2, 1),
         ("nvfp4, +columnwise with RHT", dict(recipe="nvfp4", columnwise=True, hadamard=True), None,
          (0.5, 1 / 16), 2, 1),
+        ("nvfp4, given amax", dict(recipe="nvfp4", group_amax=bound), None, (0.5, 1 / 16), 1, 0),
+        ("nvfp4, given amax, +columnwise", dict(recipe="nvfp4", columnwise=True, group_amax=bound), None,
+         (0.5, 1 / 16), 2, 0),
     ]
     print(f"copy ceiling (torch copy_, 2 GiB): {ceiling:.2f} TB/s")
     print(f"grouped quantize [{ROWS} x {COLS}] bf16, {GROUPS} groups; torch: the same recipe by torch ops")
