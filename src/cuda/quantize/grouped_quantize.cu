@@ -353,17 +353,14 @@ __device__ __forceinline__ void encode_packed_as(const float v[N], const float m
       for (int k = 0; k < 8; ++k) x[k] = mul_rn(v[8 * w + k], mult[8 * w + k]);  // canonical NaNs
       out[w] = pack_e2m1x8_canonical_nan(x);
     }
-  } else if constexpr (kFp4) {
+  } else if constexpr (kFp4) {  // stochastic rounding
 #pragma unroll
     for (int w = 0; w < N / 8; ++w) {
       uint32_t word = 0;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        Philox4x32 random{};
-        if constexpr (kStochastic) {
-          random = philox_random_quad(seed, stream,
-                                      static_cast<uint64_t>(first_index + 8 * w + 4 * half) >> 2);
-        }
+        const Philox4x32 random = philox_random_quad(
+            seed, stream, static_cast<uint64_t>(first_index + 8 * w + 4 * half) >> 2);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           const int e = 8 * w + 4 * half + k;
