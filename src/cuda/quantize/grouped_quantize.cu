@@ -126,7 +126,7 @@ SFMOE_HD InputSpan input_span(const GroupedInput& in, int64_t g) {
 constexpr int kScanThreads = 1024;
 
 __global__ void __launch_bounds__(kScanThreads)
-    padded_offsets_kernel(GroupedQuantizeArgs a, bool clear_amax, bool clear_columnwise_amax) {
+    padded_offsets_kernel(GroupedQuantizeArgs a, bool init_amax, bool clear_columnwise_amax) {
   using Scan = cub::BlockScan<int64_t, kScanThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
   const int64_t groups = a.num_groups;
@@ -162,8 +162,9 @@ __global__ void __launch_bounds__(kScanThreads)
     if (threadIdx.x == 0) a.offsets[groups] = total < limit ? total : limit;
   }
   for (int64_t g = threadIdx.x; g < groups; g += kScanThreads) {
-    // (A given group amax is the amax: copied here, it is what the codes kernel reads.)
-    if (clear_amax) a.amax[g] = a.config.group_amax != nullptr ? a.config.group_amax[g] : 0.0f;
+    // The amax starts at 0 for the amax pass, or is the given one (config.group_amax), which the
+    // codes kernel then reads.
+    if (init_amax) a.amax[g] = a.config.group_amax != nullptr ? a.config.group_amax[g] : 0.0f;
     if (clear_columnwise_amax && a.columnwise_amax) a.columnwise_amax[g] = 0.0f;
   }
 }
@@ -1468,8 +1469,8 @@ sfmoe_status grouped_quantize(const GroupedQuantizeArgs& a, void* stream_handle)
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   const bool clear_columnwise =
       a.columnwise_amax != nullptr && a.config.hadamard_columnwise && a.columnwise != nullptr;
-  const bool clear_amax = a.scaling == SFMOE_SCALING_TENSOR || scaling_is_nvfp4(a.scaling);
-  padded_offsets_kernel<<<1, kScanThreads, 0, stream>>>(a, clear_amax, clear_columnwise);
+  const bool init_amax = a.scaling == SFMOE_SCALING_TENSOR || scaling_is_nvfp4(a.scaling);
+  padded_offsets_kernel<<<1, kScanThreads, 0, stream>>>(a, init_amax, clear_columnwise);
   SFMOE_RETURN_IF_ERROR(check_launch("sfmoe_grouped_quantize", "padded_offsets_kernel"));
   switch (a.input.dtype) {
     case SFMOE_DTYPE_FP32:
