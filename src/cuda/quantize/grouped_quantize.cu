@@ -1042,10 +1042,9 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
           for (int h = 0; h < kPieces; ++h) col_mult[0][h] = col_mult[1][h] = 1.0f;
           if constexpr (B > kSegment && !R::k2D) {
             // Blocks taller than a segment (BLOCK_1X128: 8 segments, MXFP8: 2): the segments of a
-            // block are neighbouring lanes of one warp, so the block amax is a few shuffles; the
-            // block's first segment stores the scale (MXFP8, compact layout: the four block-first
-            // lanes of a column store its four neighbouring scales in one instruction).
+            // block are neighbouring lanes of one warp, so the block amax is a few shuffles.
             constexpr int kSegmentsPerBlock = B / kSegment;
+            static_assert(kSegmentsPerBlock >= 2, "two segments per block share its scales");
             uint32_t block_amax[2] = {0, 0};
             if (active) column_pair_amax_bits<In, kSegment>(words, block_amax);
 #pragma unroll
@@ -1055,29 +1054,56 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
             }
             const int first_seg = seg & ~(kSegmentsPerBlock - 1);
             const int block_row = kSegment * first_seg;  // tile row of the block's first row
-            const bool block_first = seg == first_seg && active;
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const float m = __uint_as_float(block_amax[e]);
-              const BlockScale s = block_scale<S>(m, fp8, pow2, 0.0f, 0.0f);
-#pragma unroll
-              for (int h = 0; h < kPieces; ++h) col_mult[e][h] = s.multiplier;
-              if (block_first && (kFull || cc + e < cols)) {
-                const int64_t r = r0 + block_row, scale_cols = capacity / B;
-                maybe_trap(a, m, row_group[block_row], r);
-                const int64_t at =
-                    S == SFMOE_SCALING_BLOCK_1X128
-                        ? block_1x128_scale_offset(a.scale_layout, true, cc + e,
-                                                   blocks_before<B>(r), scale_cols, cols)
-                        : scale_offset(a.scale_layout, cc + e, blocks_before<B>(r), scale_cols);
-                store_scale<S>(a.columnwise_scale_inv, at, s);
-                if constexpr (S == SFMOE_SCALING_MX_1X32) {
-                  if (a.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && cc + e == cols - 1) {
-                    zero_swizzle_padding_rows(static_cast<uint8_t*>(a.columnwise_scale_inv), cols,
-                                              blocks_before<B>(r), scale_cols);
-                  }
+            // The block holds written rows when its first segment does.
+            const bool block_written = kFull || (cc < cols && r0 + block_row < total);
+            auto store_column_scale = [&](int e, const BlockScale& s, float block_amax_e) {
+              const int64_t ce = cc + e, r = r0 + block_row, scale_cols = capacity / B;
+              maybe_trap(a, block_amax_e, row_group[block_row], r);
+              const int64_t at =
+                  S == SFMOE_SCALING_BLOCK_1X128
+                      ? block_1x128_scale_offset(a.scale_layout, true, ce, blocks_before<B>(r),
+                                                 scale_cols, cols)
+                      : scale_offset(a.scale_layout, ce, blocks_before<B>(r), scale_cols);
+              store_scale<S>(a.columnwise_scale_inv, at, s);
+              if constexpr (S == SFMOE_SCALING_MX_1X32) {
+                if (a.scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && ce == cols - 1) {
+                  zero_swizzle_padding_rows(static_cast<uint8_t*>(a.columnwise_scale_inv), cols,
+                                            blocks_before<B>(r), scale_cols);
                 }
               }
+            };
+            if (a.scale_layout == SFMOE_SCALE_LAYOUT_COMPACT) {
+              // Compact scales: every lane makes both scales and the block's first segment stores
+              // them (MXFP8: the block-first lanes of a column store its four neighbouring scales
+              // in one instruction).
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const float m = __uint_as_float(block_amax[e]);
+                const BlockScale s = block_scale<S>(m, fp8, pow2, 0.0f, 0.0f);
+#pragma unroll
+                for (int h = 0; h < kPieces; ++h) col_mult[e][h] = s.multiplier;
+                if (seg == first_seg && block_written && (kFull || cc + e < cols))
+                  store_column_scale(e, s, m);
+              }
+            } else {
+              // Swizzled or transposed scales: the block's first two segments split the scale
+              // work, segment first + e making (and storing) column e's scale, and the block's
+              // lanes take both multipliers by shuffles: one scale per lane instead of two (for
+              // BLOCK_1X128 each is two correctly rounded divisions). With compact scales this
+              // measured slower (docs/KERNEL_NOTES.md q20), hence the two forms.
+              const int own = (seg - first_seg) & 1;  // the column whose scale this lane makes
+              const float m = __uint_as_float(own ? block_amax[1] : block_amax[0]);
+              const BlockScale s = block_scale<S>(m, fp8, pow2, 0.0f, 0.0f);
+              const int first_lane = lane & ~(kSegmentsPerBlock - 1);
+              const float multiplier[2] = {__shfl_sync(0xFFFFFFFFu, s.multiplier, first_lane),
+                                           __shfl_sync(0xFFFFFFFFu, s.multiplier, first_lane + 1)};
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+#pragma unroll
+                for (int h = 0; h < kPieces; ++h) col_mult[e][h] = multiplier[e];
+              }
+              if (seg - first_seg < 2 && block_written && (kFull || cc + own < cols))
+                store_column_scale(own, s, m);
             }
           } else if constexpr (R::k2D && B == kTile) {
 #pragma unroll
