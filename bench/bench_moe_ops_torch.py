@@ -192,6 +192,38 @@ def main():
         print(f"  fused / separate: {fused_time[0] / separate_time[0]:.2f}")
         results[-1]["fused_over_separate"] = fused_time[0] / separate_time[0]
 
+    # ---- permute then FP8 per-tensor current scaling: the amax from permute (one read of the
+    # rows by the quantization) against the quantization's own amax pass (two reads) -----------
+    def torch_permute_fp8_tensor():
+        rows, order = torch_permute()
+        expert = ids.reshape(-1)[order].long()
+        amax = torch.zeros(E, device=dev).scatter_reduce(0, expert, rows.float().abs().amax(-1), "amax")
+        scale = 448.0 / amax.clamp(min=1e-30)
+        return (rows.float() * scale[expert, None]).clamp(-448, 448).to(torch.float8_e4m3fn), 1.0 / scale
+
+    if wanted("permute"):
+        torch_fp8_times = time_torch(torch_permute_fp8_tensor)
+
+        def with_amax():
+            p = sfmoe.permute(tokens, ids, E, alignment=16, amax=True)
+            return sfmoe.quantize(p.rows, "fp8_tensor", group_offsets=p.group_offsets, row_alignment=16,
+                                  group_amax=p.amax)
+
+        def without_amax():
+            p = sfmoe.permute(tokens, ids, E, alignment=16)
+            return sfmoe.quantize(p.rows, "fp8_tensor", group_offsets=p.group_offsets, row_alignment=16)
+
+        permute_only = time_ours(lambda: sfmoe.permute(tokens, ids, E, alignment=16))
+        permute_amax = time_ours(lambda: sfmoe.permute(tokens, ids, E, alignment=16, amax=True))
+        report("permute, alignment 16, with the expert amax", permute_amax, torch_permute_times)
+        print(f"  the amax costs {1e3 * (permute_amax[0] - permute_only[0]):.1f} us over permute alone "
+              f"({1e3 * permute_only[0]:.1f} us)")
+        one_read, two_reads = time_ours(with_amax), time_ours(without_amax)
+        report("permute + amax, then FP8 tensor given amax", one_read, torch_fp8_times)
+        report("permute, then FP8 tensor (amax pass)", two_reads, torch_fp8_times)
+        print(f"  one read / two reads: {one_read[0] / two_reads[0]:.2f}")
+        results[-1]["one_read_over_two"] = one_read[0] / two_reads[0]
+
     # ---- unpermute ---------------------------------------------------------------------------
     permuted = sfmoe.permute(tokens, ids, E, alignment=16)
     torch_rows, order = torch_permute()

@@ -39,7 +39,10 @@ SFMOE_API int64_t sfmoe_permute_workspace_elements(int64_t num_tokens, int64_t n
  *     min(T k, E capacity) + E (row_alignment - 1). Or quantized rows (fused quantization): FP8
  *     with rowwise MX_1X32 or BLOCK_1X128 scales (compact, or swizzled for MX), rowwise copy
  *     only, H a multiple of the block: the same bytes as permute followed by
- *     sfmoe_grouped_quantize of the rows with these offsets;
+ *     sfmoe_grouped_quantize of the rows with these offsets. Unquantized rows: permuted->amax,
+ *     when not NULL ([E] FP32), receives each expert's amax of its kept rows (NaN propagating; 0
+ *     for an expert without rows), the group_amax a following current-scaling quantization of
+ *     the rows can take instead of reading them twice;
  *   row_map [T, k] INT64: each slot's row, or -1 where the capacity dropped it;
  *   tokens_per_expert [E] INT64: rows kept; dropped_per_expert [E] INT64 or NULL.
  * workspace: [sfmoe_permute_workspace_elements(T, E)] INT32, required on the device (up to 6144

@@ -13,7 +13,8 @@ _ROW_DTYPES = (DType.FP32, DType.BF16, DType.FP16)
 class PermuteOutput:
     """What :func:`permute` returns. rows: [row_capacity, H], expert e's block at
     group_offsets[e] (padded to `alignment` with zero rows); row_map [T, k] int64: each slot's row,
-    or -1 where the capacity dropped it; tokens_per_expert / dropped_per_expert [E] int64."""
+    or -1 where the capacity dropped it; tokens_per_expert / dropped_per_expert [E] int64; amax
+    [E] float32 (with ``amax=True``): each expert's amax of its kept rows, else None."""
 
     rows: object
     group_offsets: object
@@ -21,6 +22,7 @@ class PermuteOutput:
     tokens_per_expert: object
     dropped_per_expert: object
     alignment: int
+    amax: object = None
 
 
 def _rows_input(x, what):
@@ -28,7 +30,7 @@ def _rows_input(x, what):
 
 
 def permute(tokens, topk_ids, num_experts, *, alignment=1, expert_capacity=0, quantize=None, fmt="e4m3",
-            scale_layout="compact", power_of_two_scales=False, tensor_scales=None):
+            scale_layout="compact", power_of_two_scales=False, tensor_scales=None, amax=False):
     """Sorts token rows by expert (docs/permute.md).
 
     tokens: [T, H] float32 / bfloat16 / float16. topk_ids: [T, k] int32 (the router's), each token
@@ -39,6 +41,10 @@ def permute(tokens, topk_ids, num_experts, *, alignment=1, expert_capacity=0, qu
     with fmt, scale_layout ("swizzled": mxfp8), power_of_two_scales (fp8_block_1x128) and
     tensor_scales (fp8_tensor, required: each expert's given scale, float32 [num_experts]) as
     there; rows is then a :class:`sfmoe.GroupedQuantizedTensor` (rowwise copy only).
+    amax: also return each expert's amax of its kept rows (float32 [num_experts], NaN
+    propagating, 0 for an expert without rows), folded from the rows as they move: pass it to
+    :func:`sfmoe.quantize` as ``group_amax`` to quantize the rows with current scaling in one read.
+    Unquantized rows only (the fused quantizations return their own amax where they have one).
     Returns a :class:`PermuteOutput`; its row capacity is the worst case the sizes allow.
     """
     adapter, x, dtype = _rows_input(tokens, "tokens")
@@ -59,6 +65,8 @@ def permute(tokens, topk_ids, num_experts, *, alignment=1, expert_capacity=0, qu
     workspace = adapter.empty((_C.permute_workspace_elements(t_count, experts),), DType.INT32, x)
     bind = adapter.for_binding
     ids_bound = _arrays.bound_input(topk_ids, "topk_ids", DType.INT32)
+    if amax and quantize is not None:
+        raise ValueError("permute: amax=True is for unquantized rows (quantize=None)")
     if quantize is not None:
         rows = _quantize.quantized_rows(adapter, x, quantize, fmt, scale_layout, power_of_two_scales, row_capacity,
                                         hidden, experts, alignment, offsets, tensor_scales)
@@ -68,9 +76,11 @@ def permute(tokens, topk_ids, num_experts, *, alignment=1, expert_capacity=0, qu
                                  adapter.stream(x))
         return PermuteOutput(rows, offsets, row_map, kept, dropped, alignment)
     rows = adapter.empty((row_capacity, hidden), dtype, x)
+    group_amax = adapter.empty((experts,), DType.FP32, x) if amax else None
     _C.permute(bind(x), int(dtype), ids_bound, capacity, bind(rows), experts, alignment, bind(offsets), bind(row_map),
-               bind(kept), bind(dropped), bind(workspace), adapter.stream(x))
-    return PermuteOutput(rows, offsets, row_map, kept, dropped, alignment)
+               bind(kept), bind(dropped), bind(workspace), None if group_amax is None else bind(group_amax),
+               adapter.stream(x))
+    return PermuteOutput(rows, offsets, row_map, kept, dropped, alignment, group_amax)
 
 
 def unpermute(rows, permuted, probs=None, *, out_dtype=None):

@@ -1068,7 +1068,7 @@ void permute(nb::ndarray<nb::ro> tokens, int32_t dtype, nb::ndarray<nb::ro> topk
              int64_t expert_capacity, nb::ndarray<> permuted, int64_t num_experts,
              int64_t alignment, nb::ndarray<> group_offsets, nb::ndarray<> row_map,
              nb::ndarray<> tokens_per_expert, nb::ndarray<> dropped_per_expert,
-             nb::ndarray<> workspace, uint64_t stream) {
+             nb::ndarray<> workspace, nb::object amax, uint64_t stream) {
   const sfmoe_tensor t_workspace = describe_array("workspace", workspace, SFMOE_DTYPE_INT32);
   const sfmoe_tensor t_tokens = describe_array("tokens", tokens, dtype);
   const sfmoe_tensor t_ids = describe_array("topk_ids", topk_ids, SFMOE_DTYPE_INT32);
@@ -1079,7 +1079,15 @@ void permute(nb::ndarray<nb::ro> tokens, int32_t dtype, nb::ndarray<nb::ro> topk
       describe_array("tokens_per_expert", tokens_per_expert, SFMOE_DTYPE_INT64);
   const sfmoe_tensor t_dropped =
       describe_array("dropped_per_expert", dropped_per_expert, SFMOE_DTYPE_INT64);
-  const sfmoe_grouped_tensor g = rows_descriptor(t_rows, num_experts, alignment, t_offsets);
+  sfmoe_grouped_tensor g = rows_descriptor(t_rows, num_experts, alignment, t_offsets);
+  nb::ndarray<> amax_array;
+  if (!amax.is_none()) {  // each expert's amax of its kept rows
+    amax_array = nb::cast<nb::ndarray<>>(amax);
+    const sfmoe_tensor t_amax = describe_array("amax", amax_array, SFMOE_DTYPE_FP32);
+    if (t_amax.ndim != 1 || t_amax.shape[0] != num_experts)
+      throw nb::value_error("permute: amax must be float32 [num_experts]");
+    g.amax = static_cast<float*>(t_amax.data);
+  }
   sfmoe_permute_config config = sfmoe_permute_config_init();
   config.expert_capacity = expert_capacity;
   sfmoe_status status;
@@ -1399,8 +1407,8 @@ NB_MODULE(_C, m) {
   m.def("permute", &permute, "tokens"_a, "dtype"_a, "topk_ids"_a, "expert_capacity"_a,
         "permuted"_a.noconvert(), "num_experts"_a, "alignment"_a, "group_offsets"_a.noconvert(),
         "row_map"_a.noconvert(), "tokens_per_expert"_a.noconvert(),
-        "dropped_per_expert"_a.noconvert(), "workspace"_a.noconvert(), "stream"_a = 0,
-        "sfmoe_permute.");
+        "dropped_per_expert"_a.noconvert(), "workspace"_a.noconvert(), "amax"_a.none(),
+        "stream"_a = 0, "sfmoe_permute.");
   m.def("permute_quantized", &permute_quantized, "tokens"_a, "dtype"_a, "topk_ids"_a,
         "expert_capacity"_a, "output"_a, "config"_a.none(), "row_map"_a.noconvert(),
         "tokens_per_expert"_a.noconvert(), "dropped_per_expert"_a.noconvert(),

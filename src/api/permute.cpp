@@ -121,7 +121,14 @@ sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_
         return sfmoe::fail(SFMOE_ERROR_DTYPE_MISMATCH,
                            "%s: permuted must have the tokens' dtype (rows are moved)", context);
       }
+      if (reinterpret_cast<uintptr_t>(permuted->amax) % alignof(float) != 0) {
+        return sfmoe::fail(SFMOE_ERROR_MISALIGNED, "%s: permuted.amax is not 4-byte aligned",
+                           context);
+      }
     }
+    // Unquantized rows: permuted->amax, when set, receives each expert's amax of its kept rows
+    // (with the fused quantization it is the recipe's own amax output).
+    float* const group_amax = fused ? nullptr : permuted->amax;
     const int64_t experts = permuted->num_groups, a = permuted->row_alignment;
     if (a != 1 && a != 8 && a != 16 && a != 32 && a != 64 && a != 128) {
       return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT,
@@ -189,7 +196,7 @@ sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_
               static_cast<int64_t*>(row_map->data), static_cast<int64_t*>(tokens_per_expert->data),
               dropped_per_expert ? static_cast<int64_t*>(dropped_per_expert->data) : nullptr,
               word ? word->word : nullptr, static_cast<int32_t*>(workspace->data),
-              fused ? &quantized : nullptr},
+              fused ? &quantized : nullptr, group_amax},
           stream);
 #else
       (void)stream;
@@ -230,7 +237,7 @@ sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_
         static_cast<int64_t*>(tokens_per_expert->data),
         dropped_per_expert ? static_cast<int64_t*>(dropped_per_expert->data)
                            : dropped_scratch.data(),
-        nullptr, nullptr, nullptr});
+        nullptr, nullptr, nullptr, group_amax});
     if (fused) {
       const std::vector<int64_t> input_offsets(permuted->group_offsets,
                                                permuted->group_offsets + experts + 1);

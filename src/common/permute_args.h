@@ -43,6 +43,9 @@ struct PermuteArgs {
   // Fused quantization (device): the permuted rows' recipe, rowwise MX_1X32 or BLOCK_1X128 (its
   // rowwise codes, scales, layout and options); NULL: the rows are moved unquantized.
   const GroupedQuantizeArgs* quantized;
+  // Unquantized rows: [num_experts], written: each expert's amax of its kept rows (the amax rule of
+  // numerics/scaling.h: propagating NaN; 0 for an expert without rows), or NULL.
+  float* group_amax;
 };
 
 // Expert rows -> token rows: out[t] = sum_i probs[t, i] * rows[row_map[t, i]], FP32 sums in slot

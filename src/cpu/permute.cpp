@@ -3,6 +3,7 @@
 
 #include <vector>
 
+#include "sfmoe/numerics/scaling.h"
 #include "src/cpu/backend.h"
 #include "src/cpu/element_access.h"
 
@@ -35,13 +36,20 @@ void permute(const PermuteArgs& a) {
     a.expert_offsets[e] = offset;
     a.tokens_per_expert[e] = kept;
     a.dropped_per_expert[e] = received - kept;
+    float amax = 0.0f;
     for (int64_t j = 0; j < kept; ++j) {
-      const int64_t slot = slots[e][j], row = offset + j;
+      const int64_t slot = slots[e][j], row = offset + j, token = slot / k;
       a.row_map[slot] = row;
       memcpy(static_cast<uint8_t*>(a.permuted) + row * row_bytes,
-             static_cast<const uint8_t*>(a.tokens) + (slot / k) * row_bytes,
+             static_cast<const uint8_t*>(a.tokens) + token * row_bytes,
              static_cast<size_t>(row_bytes));
+      if (a.group_amax != nullptr) {
+        for (int64_t h = 0; h < a.hidden; ++h)
+          amax =
+              numerics::amax_accumulate(amax, load_value(a.tokens, a.dtype, token * a.hidden + h));
+      }
     }
+    if (a.group_amax != nullptr) a.group_amax[e] = amax;
     const int64_t padded = (kept + a.alignment - 1) / a.alignment * a.alignment;
     for (int64_t j = kept; j < padded; ++j) {
       memset(static_cast<uint8_t*>(a.permuted) + (offset + j) * row_bytes, 0,

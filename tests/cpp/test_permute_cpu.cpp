@@ -24,6 +24,7 @@ namespace {
 struct Permuted {
   std::vector<uint16_t> rows;
   std::vector<int64_t> offsets, row_map, kept, dropped;
+  std::vector<float> amax;  // each expert's amax of its kept rows
 };
 
 constexpr uint16_t kPoison = 0xBEEF;
@@ -37,10 +38,11 @@ Permuted permute_bf16(const std::vector<uint16_t>& tokens, const std::vector<int
   p.row_map.assign(tokens_count * k, -7);
   p.kept.assign(experts, -7);
   p.dropped.assign(experts, -7);
+  p.amax.assign(experts, -3.0f);
   PermuteArgs a{tokens.data(), SFMOE_DTYPE_BF16, tokens_count,     hidden,        k,
                 experts,       ids.data(),       alignment,        capacity,      row_capacity,
                 p.rows.data(), p.offsets.data(), p.row_map.data(), p.kept.data(), p.dropped.data(),
-                nullptr,       nullptr,          nullptr};
+                nullptr,       nullptr,          nullptr,          p.amax.data()};
   cpu::permute(a);
   return p;
 }
@@ -58,6 +60,7 @@ TEST(PermuteCpu, HandWorkedCaseWithCapacity) {
   EXPECT_EQ(p.kept, (std::vector<int64_t>{4, 2, 2}));
   EXPECT_EQ(p.dropped, (std::vector<int64_t>{0, 0, 0}));
   EXPECT_EQ(p.row_map, (std::vector<int64_t>{8, 0, 1, 4, 2, 9, 5, 3}));
+  EXPECT_EQ(p.amax, (std::vector<float>{4, 4, 3})) << "the largest |value| of each expert's rows";
   const float want_first[12] = {1, 2, 3, 4, 2, 4, 0, 0, 1, 3, 0, 0};
   for (int r = 0; r < 12; ++r)
     EXPECT_EQ(numerics::bf16_to_f32(p.rows[2 * r]), want_first[r]) << "row " << r;
@@ -69,6 +72,7 @@ TEST(PermuteCpu, HandWorkedCaseWithCapacity) {
   EXPECT_EQ(p.kept, (std::vector<int64_t>{3, 2, 2}));
   EXPECT_EQ(p.dropped, (std::vector<int64_t>{1, 0, 0}));
   EXPECT_EQ(p.row_map, (std::vector<int64_t>{8, 0, 1, 4, 2, 9, 5, -1}));
+  EXPECT_EQ(p.amax, (std::vector<float>{3, 4, 3})) << "the dropped token does not count";
   EXPECT_EQ(p.offsets, (std::vector<int64_t>{0, 4, 8, 12}));
   EXPECT_EQ(p.rows[2 * 3], 0) << "the padding row that replaced the dropped token is zero";
 }
@@ -147,6 +151,24 @@ TEST(PermuteCpu, RouterShapedRoutingAtEveryAlignment) {
         for (int64_t h = 0; h < hidden; ++h)
           ASSERT_EQ(p.rows[row * hidden + h], want) << "row " << row;
       }
+      // Each expert's amax: the largest BF16 magnitude bits among its kept rows (NaN payloads
+      // above Inf, as the amax rule orders them), 0 for an expert without rows.
+      std::vector<uint32_t> want_bits(experts, 0);
+      for (int64_t slot = 0; slot < tokens_count * k; ++slot) {
+        if (p.row_map[slot] < 0) continue;
+        for (int64_t h = 0; h < hidden; ++h) {
+          const uint32_t magnitude = tokens[(slot / k) * hidden + h] & 0x7FFFu;
+          want_bits[ids[slot]] = std::max(want_bits[ids[slot]], magnitude << 16);
+        }
+      }
+      int idle = 0, nan = 0;
+      for (int64_t e = 0; e < experts; ++e) {
+        ASSERT_EQ(numerics::f32_to_bits(p.amax[e]), want_bits[e]) << "expert " << e;
+        idle += p.kept[e] == 0;
+        nan += std::isnan(p.amax[e]);
+      }
+      EXPECT_GT(idle, 0) << "idle experts (amax 0) are in the mix";
+      EXPECT_GT(nan, 0) << "NaN rows are in the mix";
     }
   }
 }
@@ -274,6 +296,8 @@ TEST(PermuteApi, RoundTripThroughTheCApiAndItsRefusals) {
   sfmoe_tensor t_dropped = host_tensor(dropped.data(), SFMOE_DTYPE_INT64, {experts});
   sfmoe_grouped_tensor g_rows = host_rows(rows.data(), SFMOE_DTYPE_BF16, experts, capacity_rows,
                                           hidden, alignment, offsets.data());
+  std::vector<float> amax(experts + 1, NAN);  // one spare entry for the misaligned pointer below
+  g_rows.amax = amax.data();                  // each expert's amax of its rows
   sfmoe_permute_config config = sfmoe_permute_config_init();
   ASSERT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g_rows, &t_map, &t_kept, &t_dropped, nullptr,
                           nullptr, nullptr),
@@ -285,6 +309,8 @@ TEST(PermuteApi, RoundTripThroughTheCApiAndItsRefusals) {
   EXPECT_EQ(offsets, want.offsets);
   EXPECT_EQ(row_map, want.row_map);
   EXPECT_EQ(kept, want.kept);
+  EXPECT_EQ(std::vector<float>(amax.begin(), amax.begin() + experts), want.amax);
+  EXPECT_TRUE(std::isnan(amax[experts])) << "nothing written past the experts";
 
   // Permute's backward through unpermute without probabilities: k copies of each row, exactly
   // (the values are small multiples of 1/8).
@@ -328,6 +354,11 @@ TEST(PermuteApi, RoundTripThroughTheCApiAndItsRefusals) {
   EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &odd, &t_map, &t_kept, nullptr, nullptr, nullptr,
                           nullptr),
             SFMOE_ERROR_INVALID_ARGUMENT);
+  sfmoe_grouped_tensor misaligned_amax = g_rows;
+  misaligned_amax.amax = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(amax.data()) + 2);
+  EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &misaligned_amax, &t_map, &t_kept, nullptr,
+                          nullptr, nullptr, nullptr),
+            SFMOE_ERROR_MISALIGNED);
   sfmoe_grouped_tensor fp32_rows = g_rows;
   fp32_rows.dtype = SFMOE_DTYPE_FP32;
   EXPECT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &fp32_rows, &t_map, &t_kept, nullptr, nullptr,

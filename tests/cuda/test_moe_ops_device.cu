@@ -478,6 +478,7 @@ TEST(CudaPermute, PermuteUnpermuteAndBackwardEqualTheCpuBackend) {
     Twin<int32_t> ids(make_ids(rng, tokens, E, k));
     Twin<uint8_t> rows(static_cast<size_t>(capacity_rows * H * bytes), 0xA5);
     Twin<int64_t> offsets(E + 1, -9), row_map(tokens * k, -7), kept(E, -1), dropped(E, -1);
+    Twin<float> amax(E, -5.0f);  // each expert's amax of its kept rows
     sfmoe_permute_config config = sfmoe_permute_config_init();
     config.expert_capacity = pc.capacity;
     Twin<int32_t> workspace(static_cast<size_t>(sfmoe_permute_workspace_elements(tokens, E)), 0);
@@ -488,13 +489,15 @@ TEST(CudaPermute, PermuteUnpermuteAndBackwardEqualTheCpuBackend) {
       SCOPED_TRACE(std::string("SFMOE_PERMUTE_FUSED_PLACE=") + place);
       CUDA_OK(rows.device.upload(std::vector<uint8_t>(rows.host.size(), 0xA5)));
       CUDA_OK(row_map.device.upload(std::vector<int64_t>(row_map.host.size(), -7)));
+      CUDA_OK(amax.device.upload(std::vector<float>(amax.host.size(), -5.0f)));
       for (sfmoe_memory m : kBoth) {
         const sfmoe_tensor t_ws = tensor_in(m, workspace.on(m), SFMOE_DTYPE_INT32,
                                             {static_cast<int64_t>(workspace.host.size())});
         const sfmoe_tensor t_x = tensor_in(m, x.on(m), pc.dtype, {tokens, H});
         const sfmoe_tensor t_ids = tensor_in(m, ids.on(m), SFMOE_DTYPE_INT32, {tokens, k});
-        const sfmoe_grouped_tensor g =
+        sfmoe_grouped_tensor g =
             rows_in(m, rows.on(m), pc.dtype, E, capacity_rows, H, a, offsets.on(m));
+        g.amax = amax.on(m);
         const sfmoe_tensor t_map = tensor_in(m, row_map.on(m), SFMOE_DTYPE_INT64, {tokens, k});
         const sfmoe_tensor t_kept = tensor_in(m, kept.on(m), SFMOE_DTYPE_INT64, {E});
         const sfmoe_tensor t_dropped = tensor_in(m, dropped.on(m), SFMOE_DTYPE_INT64, {E});
@@ -509,7 +512,9 @@ TEST(CudaPermute, PermuteUnpermuteAndBackwardEqualTheCpuBackend) {
       EXPECT_TRUE(row_map.same("row_map"));
       EXPECT_TRUE(kept.same("tokens_per_expert"));
       EXPECT_TRUE(dropped.same("dropped_per_expert"));
+      EXPECT_TRUE(amax.same("each expert's amax"));
       EXPECT_EQ(kept.host[E - 1], 0);
+      EXPECT_EQ(amax.host[E - 1], 0.0f) << "an expert without rows";
     }
     unsetenv("SFMOE_PERMUTE_FUSED_PLACE");
 
@@ -609,6 +614,7 @@ TEST(CudaPermute, LongRowsMoveInSegmentsByEitherCopy) {
     setenv("SFMOE_PERMUTE_COPY", copy, 1);
     Twin<uint8_t> rows(static_cast<size_t>(capacity_rows * H * 4), 0xA5);
     Twin<int64_t> offsets(E + 1, -9), row_map(tokens * k, -7), kept(E, -1);
+    Twin<float> amax(E, -5.0f);
     Twin<int32_t> workspace(static_cast<size_t>(sfmoe_permute_workspace_elements(tokens, E)), 0);
     sfmoe_permute_config config = sfmoe_permute_config_init();
     for (sfmoe_memory m : kBoth) {
@@ -616,8 +622,9 @@ TEST(CudaPermute, LongRowsMoveInSegmentsByEitherCopy) {
                                           {static_cast<int64_t>(workspace.host.size())});
       const sfmoe_tensor t_x = tensor_in(m, x.on(m), SFMOE_DTYPE_FP32, {tokens, H});
       const sfmoe_tensor t_ids = tensor_in(m, ids.on(m), SFMOE_DTYPE_INT32, {tokens, k});
-      const sfmoe_grouped_tensor g =
+      sfmoe_grouped_tensor g =
           rows_in(m, rows.on(m), SFMOE_DTYPE_FP32, E, capacity_rows, H, a, offsets.on(m));
+      g.amax = amax.on(m);
       const sfmoe_tensor t_map = tensor_in(m, row_map.on(m), SFMOE_DTYPE_INT64, {tokens, k});
       const sfmoe_tensor t_kept = tensor_in(m, kept.on(m), SFMOE_DTYPE_INT64, {E});
       ASSERT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g, &t_map, &t_kept, nullptr, &t_ws, nullptr,
@@ -628,6 +635,7 @@ TEST(CudaPermute, LongRowsMoveInSegmentsByEitherCopy) {
     CUDA_OK(cudaDeviceSynchronize());
     EXPECT_TRUE(rows.same("permuted rows (whole buffer)"));
     EXPECT_TRUE(row_map.same("row_map"));
+    EXPECT_TRUE(amax.same("each expert's amax (over both segments)"));
     ++checked;
   }
   unsetenv("SFMOE_PERMUTE_COPY");
@@ -973,6 +981,7 @@ TEST(CudaMoeChain, CapturedRouterPermuteActivationUnpermuteReplaysOnNewLogits) {
       dropped(E, 0);
   Twin<uint8_t> x(make_rows(rng, T * H, SFMOE_DTYPE_BF16));
   Twin<uint16_t> rows(capacity * H, 0x7FC1), act(capacity * F, 0x7FC1), out(T * F, 0x7FC1);
+  Twin<float> rows_amax(E, -5.0f);  // permute's per-expert amax, refolded on every replay
 
   auto chain = [&](sfmoe_memory m, cudaStream_t stream) -> sfmoe_status {
     const sfmoe_tensor l = tensor_in(m, logits.on(m), SFMOE_DTYPE_FP32, {T, E});
@@ -983,8 +992,9 @@ TEST(CudaMoeChain, CapturedRouterPermuteActivationUnpermuteReplaysOnNewLogits) {
     const sfmoe_tensor t_ws = tensor_in(m, workspace.on(m), SFMOE_DTYPE_FP32,
                                         {static_cast<int64_t>(workspace.host.size())});
     const sfmoe_tensor t_x = tensor_in(m, x.on(m), SFMOE_DTYPE_BF16, {T, H});
-    const sfmoe_grouped_tensor g_rows =
+    sfmoe_grouped_tensor g_rows =
         rows_in(m, rows.on(m), SFMOE_DTYPE_BF16, E, capacity, H, a, offsets.on(m));
+    g_rows.amax = rows_amax.on(m);
     const sfmoe_grouped_tensor g_act =
         rows_in(m, act.on(m), SFMOE_DTYPE_BF16, E, capacity, F, a, act_offsets.on(m));
     const sfmoe_tensor t_map = tensor_in(m, row_map.on(m), SFMOE_DTYPE_INT64, {T, k});
@@ -1024,6 +1034,7 @@ TEST(CudaMoeChain, CapturedRouterPermuteActivationUnpermuteReplaysOnNewLogits) {
     EXPECT_TRUE(offsets.same("permuted offsets")) << "replay " << replay;
     EXPECT_TRUE(row_map.same("row_map")) << "replay " << replay;
     EXPECT_TRUE(rows.same("permuted rows (whole buffer)")) << "replay " << replay;
+    EXPECT_TRUE(rows_amax.same("permuted rows' amax")) << "replay " << replay;
     EXPECT_TRUE(act.same("activations (whole buffer)")) << "replay " << replay;
     EXPECT_TRUE(out.same("combined output")) << "replay " << replay;
     EXPECT_TRUE(close(aux.device.download(), aux.host, T * std::ldexp(1.0, -24), 0.0, "aux_loss"))

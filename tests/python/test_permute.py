@@ -106,6 +106,34 @@ def test_bf16_rows_move_bit_for_bit(rng):
     np.testing.assert_array_equal(back, 2 * x.astype(np.float32))
 
 
+@pytest.mark.parametrize("capacity", [0, 4])
+def test_permute_amax_then_quantize_in_one_read(capacity, rng):
+    """amax=True: each expert's amax of its kept rows, which quantize takes as group_amax to give
+    the bytes of quantizing the rows with the amax computed from them."""
+    tokens, experts, k, hidden = 41, 7, 2, 32
+    x = rng.normal(size=(tokens, hidden)).astype(np.float32) * rng.uniform(0.1, 10, size=(tokens, 1)).astype(np.float32)
+    ids = random_routing(rng, tokens, experts, k)
+    ids[ids == experts - 1] = (ids[ids == experts - 1] + 1) % (experts - 1)  # an expert without rows
+    ids[:, 1] = np.where(ids[:, 1] == ids[:, 0], (ids[:, 0] + 1) % (experts - 1), ids[:, 1])
+    p = sfmoe.permute(x, ids, experts, alignment=8, expert_capacity=capacity, amax=True)
+    want = np.zeros(experts, np.float32)
+    for t in range(tokens):
+        for i in range(k):
+            if p.row_map[t, i] >= 0:
+                want[ids[t, i]] = max(want[ids[t, i]], np.abs(x[t]).max())
+    np.testing.assert_array_equal(p.amax, want)
+    assert p.amax[experts - 1] == 0
+    given = sfmoe.quantize(p.rows, "fp8_tensor", group_offsets=p.group_offsets, row_alignment=8,
+                           group_amax=p.amax)
+    computed = sfmoe.quantize(p.rows, "fp8_tensor", group_offsets=p.group_offsets, row_alignment=8)
+    end = int(p.group_offsets[-1])  # rows past the groups are not written
+    np.testing.assert_array_equal(given.data[:end].view(np.uint8), computed.data[:end].view(np.uint8))
+    np.testing.assert_array_equal(given.scale_inv, computed.scale_inv)
+    assert p.amax.dtype == np.float32 and sfmoe.permute(x, ids, experts).amax is None
+    with pytest.raises(ValueError, match="unquantized"):
+        sfmoe.permute(x, ids, experts, alignment=32, quantize="mxfp8", amax=True)
+
+
 def test_permute_errors(rng):
     x = rng.normal(size=(4, 8)).astype(np.float32)
     ids = np.array([[0, 1], [1, 1], [2, 0], [3, 2]], np.int32)

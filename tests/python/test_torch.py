@@ -481,10 +481,20 @@ def test_cuda_permute_unpermute_activation_match_host(alignment, rng):
     x = torch.from_numpy(rng.standard_normal((tokens, hidden)).astype(np.float32)).to(torch.bfloat16)
     routed = sfmoe.router(torch.from_numpy(_routing_logits(rng, tokens, experts)), k)
     ids = routed.topk_ids
-    host = sfmoe.permute(x, ids, experts, alignment=alignment)
-    dev = sfmoe.permute(x.cuda(), ids.cuda(), experts, alignment=alignment)
+    host = sfmoe.permute(x, ids, experts, alignment=alignment, amax=True)
+    dev = sfmoe.permute(x.cuda(), ids.cuda(), experts, alignment=alignment, amax=True)
     torch.cuda.synchronize()
     end = int(host.group_offsets[-1])
+    assert torch.equal(dev.amax.cpu().view(torch.int32), host.amax.view(torch.int32))
+    # The expert amax with a NaN row and an infinite value among the rows.
+    special = x.clone()
+    special[3, 5], special[7, 0] = float("nan"), float("-inf")
+    amax_host = sfmoe.permute(special, ids, experts, alignment=alignment, amax=True).amax
+    amax_dev = sfmoe.permute(special.cuda(), ids.cuda(), experts, alignment=alignment, amax=True).amax
+    assert torch.equal(amax_dev.cpu().view(torch.int32), amax_host.view(torch.int32))
+    assert torch.isnan(amax_host[ids[3].long()]).all()
+    only_inf = [e for e in ids[7].tolist() if e not in ids[3].tolist()]
+    assert torch.isinf(amax_host[only_inf]).all()
     assert torch.equal(dev.group_offsets.cpu(), host.group_offsets)
     assert torch.equal(dev.row_map.cpu(), host.row_map)
     assert torch.equal(dev.tokens_per_expert.cpu(), host.tokens_per_expert)

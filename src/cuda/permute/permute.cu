@@ -29,6 +29,7 @@
 #include "src/cuda/common/bulk_copy.h"
 #include "src/cuda/common/cuda_check.h"
 #include "src/cuda/common/dependent_launch.h"
+#include "src/cuda/common/raw_amax.h"
 #include "src/cuda/common/rowwise_quantize.h"
 #include "src/cuda/common/vector_io.h"
 
@@ -101,7 +102,7 @@ constexpr int kScanThreads = 1024;
 __global__ void __launch_bounds__(kScanThreads)
     permute_scan_kernel(int32_t* chunk_counts, int64_t chunks, int64_t experts,
                         int64_t expert_capacity, int64_t alignment, int64_t* tokens_per_expert,
-                        int64_t* dropped_per_expert, int64_t* offsets) {
+                        int64_t* dropped_per_expert, int64_t* offsets, float* group_amax) {
   __shared__ int64_t partial[kScanThreads];
   __shared__ int64_t carry;
   let_dependents_start();
@@ -132,6 +133,7 @@ __global__ void __launch_bounds__(kScanThreads)
       kept = expert_capacity > 0 && received > expert_capacity ? expert_capacity : received;
       tokens_per_expert[e] = kept;
       if (dropped_per_expert != nullptr) dropped_per_expert[e] = received - kept;
+      if (group_amax != nullptr) group_amax[e] = 0.0f;  // the copy kernel folds into it
     }
     partial[threadIdx.x] = (kept + alignment - 1) / alignment * alignment;
     __syncthreads();
@@ -192,6 +194,18 @@ __global__ void __launch_bounds__(kChunkTokens)
 
 // ---- row copies ----------------------------------------------------------------------------
 
+// A token's row amax (FP32 bits) folded into the amax of the experts of its kept slots: by
+// atomicMax on the bits (non-negative FP32 bits order like their values, NaN above Inf), into
+// amaxes the scan kernel cleared.
+__device__ __forceinline__ void fold_row_amax(float* group_amax, int32_t expert, uint32_t bits) {
+  if (bits != 0) atomicMax(reinterpret_cast<unsigned*>(group_amax + expert), bits);
+}
+
+__device__ __forceinline__ uint32_t warp_max(uint32_t v) {
+  for (int width = 16; width >= 1; width /= 2) v = max(v, __shfl_xor_sync(0xFFFFFFFFu, v, width));
+  return v;
+}
+
 // Rows move as 16-byte vectors when the row size allows, else as elements of their size; each
 // thread has four vectors of the row in flight before it writes them to every destination (null
 // destinations are slots without a row).
@@ -229,7 +243,9 @@ template <class Vec>
 __global__ void __launch_bounds__(kRowCopyThreads)
     permute_copy_kernel(const Vec* tokens, int64_t num_tokens, int64_t top_k, int64_t row_vectors,
                         int64_t row_capacity, const int64_t* offsets,
-                        const int64_t* tokens_per_expert, const int64_t* row_map, Vec* permuted) {
+                        const int64_t* tokens_per_expert, const int64_t* row_map, Vec* permuted,
+                        sfmoe_dtype dtype, int64_t hidden, const int32_t* topk_ids,
+                        float* group_amax) {
   wait_for_previous_kernel();  // the row map and offsets
   const int64_t b = blockIdx.x;
   if (b < num_tokens) {
@@ -243,6 +259,23 @@ __global__ void __launch_bounds__(kRowCopyThreads)
     }
     __syncthreads();
     copy_row_to(tokens + b * row_vectors, by_slot, static_cast<int>(top_k), row_vectors);
+    if (group_amax != nullptr) {
+      // The row's amax, element by element (this path takes rows that are not whole 16-byte
+      // vectors; the bulk form reads its staged row instead).
+      RawAmax amax(dtype);
+      const int bits = dtype == SFMOE_DTYPE_FP32 ? 32 : 16;
+      for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x)
+        amax.add_code(load_code(tokens, bits, b * hidden + h));
+      __shared__ uint32_t warp_amax[kRowCopyThreads / 32];
+      const uint32_t m = warp_max(amax.bits());
+      if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = m;
+      __syncthreads();
+      if (threadIdx.x < top_k && by_slot[threadIdx.x] != nullptr) {
+        uint32_t row_bits = 0;
+        for (int w = 0; w < kRowCopyThreads / 32; ++w) row_bits = max(row_bits, warp_amax[w]);
+        fold_row_amax(group_amax, topk_ids[b * top_k + threadIdx.x], row_bits);
+      }
+    }
     return;
   }
   const int64_t pad = b - num_tokens;
@@ -282,7 +315,8 @@ __global__ void __launch_bounds__(kBulkThreads)
     permute_bulk_copy_kernel(const uint8_t* tokens, int64_t num_tokens, int64_t top_k,
                              int64_t row_bytes, int64_t segment_bytes, int64_t row_capacity,
                              const int64_t* offsets, const int64_t* tokens_per_expert,
-                             const int64_t* row_map, uint8_t* permuted, PlaceArgs place) {
+                             const int64_t* row_map, uint8_t* permuted, PlaceArgs place,
+                             sfmoe_dtype dtype, float* group_amax) {
   extern __shared__ __align__(128) uint8_t staged[];
   __shared__ uint64_t loaded;
   __shared__ int32_t slot_expert[kMaxDeviceSlots];
@@ -297,15 +331,19 @@ __global__ void __launch_bounds__(kBulkThreads)
       bulk_load_to_shared(staged, tokens + b * row_bytes, bytes, &loaded);
     }
     int64_t rows[kBulkSlotsPerLane];
+    int32_t expert[kBulkSlotsPerLane];
     bool stores = false;
+#pragma unroll
+    for (int i = 0; i < kBulkSlotsPerLane; ++i) {
+      const int64_t slot = lane + i * kBulkThreads;
+      expert[i] = slot < top_k ? place.ids[b * top_k + slot] : -1;
+    }
     if constexpr (kPlaces) {
       // Each slot's expert, whether it counts (in [0, E) and not named by an earlier slot), and
       // its rank among the chunk's earlier tokens that name it.
-      int32_t expert[kBulkSlotsPerLane];
 #pragma unroll
       for (int i = 0; i < kBulkSlotsPerLane; ++i) {
         const int64_t slot = lane + i * kBulkThreads;
-        expert[i] = slot < top_k ? place.ids[b * top_k + slot] : -1;
         if (slot < top_k) slot_expert[slot] = expert[i];
       }
       __syncwarp();
@@ -367,6 +405,10 @@ __global__ void __launch_bounds__(kBulkThreads)
       stores |= rows[i] >= 0;
     }
     __syncwarp();
+    // The row's amax, when asked for and some slot keeps the row: read back from the staged
+    // segments by the whole warp.
+    const bool fold_amax = group_amax != nullptr && __any_sync(0xFFFFFFFFu, stores);
+    RawAmax amax(dtype);
     uint32_t phase = 0;
     for (int64_t at = 0; at < row_bytes; at += segment_bytes, phase ^= 1u) {
       const int64_t left = row_bytes - at;
@@ -374,6 +416,10 @@ __global__ void __launch_bounds__(kBulkThreads)
       if (lane == 0 && at > 0)
         bulk_load_to_shared(staged, tokens + b * row_bytes + at, bytes, &loaded);
       mbarrier_wait(&loaded, phase);
+      if (fold_amax) {
+        for (uint32_t v = lane; v < bytes / 16; v += kBulkThreads)
+          amax.add(reinterpret_cast<const uint4*>(staged)[v]);
+      }
       if (stores) {
 #pragma unroll
         for (int i = 0; i < kBulkSlotsPerLane; ++i) {
@@ -384,6 +430,13 @@ __global__ void __launch_bounds__(kBulkThreads)
         bulk_wait_source_read();  // before the next segment overwrites the staged bytes
       }
       __syncwarp();
+    }
+    if (fold_amax) {
+      const uint32_t row_bits = warp_max(amax.bits());
+#pragma unroll
+      for (int i = 0; i < kBulkSlotsPerLane; ++i) {
+        if (rows[i] >= 0) fold_row_amax(group_amax, expert[i], row_bits);
+      }
     }
     return;
   }
@@ -666,7 +719,8 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
   SFMOE_CUDA_RETURN_IF_ERROR(
       context, launch_dependent(permute_scan_kernel, dim3(1), dim3(kScanThreads), 0, stream,
                                 a.workspace, chunks, a.num_experts, a.expert_capacity, a.alignment,
-                                a.tokens_per_expert, a.dropped_per_expert, a.expert_offsets));
+                                a.tokens_per_expert, a.dropped_per_expert, a.expert_offsets,
+                                a.quantized == nullptr ? a.group_amax : nullptr));
   SFMOE_RETURN_IF_ERROR(check_launch(context, "permute_scan_kernel"));
   const int64_t row_bytes = a.hidden * (sfmoe_dtype_bits(a.dtype) / 8);
   const bool bulk = a.quantized == nullptr && permute_copy_by_bulk(a.tokens, a.permuted, row_bytes);
@@ -713,12 +767,13 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
     const PlaceArgs place{a.topk_ids,  a.num_experts, a.expert_capacity,
                           a.workspace, a.row_map,     a.word};
     SFMOE_CUDA_RETURN_IF_ERROR(
-        context, launch_dependent(
-                     copy_places ? permute_bulk_copy_kernel<true> : permute_bulk_copy_kernel<false>,
-                     dim3(static_cast<unsigned>(blocks)), dim3(kBulkThreads),
-                     static_cast<size_t>(segment), stream, static_cast<const uint8_t*>(a.tokens),
-                     a.num_tokens, a.top_k, row_bytes, segment, a.row_capacity, a.expert_offsets,
-                     a.tokens_per_expert, a.row_map, static_cast<uint8_t*>(a.permuted), place));
+        context,
+        launch_dependent(
+            copy_places ? permute_bulk_copy_kernel<true> : permute_bulk_copy_kernel<false>,
+            dim3(static_cast<unsigned>(blocks)), dim3(kBulkThreads), static_cast<size_t>(segment),
+            stream, static_cast<const uint8_t*>(a.tokens), a.num_tokens, a.top_k, row_bytes,
+            segment, a.row_capacity, a.expert_offsets, a.tokens_per_expert, a.row_map,
+            static_cast<uint8_t*>(a.permuted), place, a.dtype, a.group_amax));
     return check_launch(context, "permute_bulk_copy_kernel");
   }
   auto launch = [&](auto vec) {
@@ -727,7 +782,8 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
     return launch_dependent(permute_copy_kernel<Vec>, dim3(static_cast<unsigned>(blocks)),
                             dim3(kRowCopyThreads), 0, stream, static_cast<const Vec*>(a.tokens),
                             a.num_tokens, a.top_k, vectors, a.row_capacity, a.expert_offsets,
-                            a.tokens_per_expert, a.row_map, static_cast<Vec*>(a.permuted));
+                            a.tokens_per_expert, a.row_map, static_cast<Vec*>(a.permuted), a.dtype,
+                            a.hidden, a.topk_ids, a.group_amax);
   };
   const cudaError_t launched = row_bytes % 16 == 0  ? launch(uint4{})
                                : row_bytes % 4 == 0 ? launch(uint32_t{})

@@ -34,6 +34,7 @@
 #include "src/cuda/backend.h"
 #include "src/cuda/common/cp_async.h"
 #include "src/cuda/common/cuda_check.h"
+#include "src/cuda/common/raw_amax.h"
 
 // nvcc reports static constexpr members of class templates that a given instantiation's
 // discarded `if constexpr` branches skip as "declared but never referenced" (177).
@@ -241,18 +242,6 @@ __device__ __forceinline__ void decode_raw(const RawChunk<In>& r, float v[8]) {
       v[k] = decode_half_word<In>(r.w[k / 2], k & 1);
     }
   }
-}
-
-__device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("max.u16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
-
-// Packed |bits| maximum of two 16-bit codes per word: BF16 and FP16 order their magnitudes like
-// unsigned integers (NaNs above Inf), as FP32 does, so the amax can be taken before decoding.
-__device__ __forceinline__ uint32_t abs_max_u16x2(uint32_t running, uint32_t word) {
-  return max_u16x2(running, word & 0x7FFF7FFFu);
 }
 
 // The amax of 16-bit magnitude bits, as the FP32 amax bits of the decoded value.
