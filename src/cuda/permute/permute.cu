@@ -260,8 +260,8 @@ __global__ void __launch_bounds__(kRowCopyThreads)
     __syncthreads();
     copy_row_to(tokens + b * row_vectors, by_slot, static_cast<int>(top_k), row_vectors);
     if (group_amax != nullptr) {
-      // The row's amax, element by element (this path takes rows that are not whole 16-byte
-      // vectors; the bulk form reads its staged row instead).
+      // The row's amax, element by element from the token row the block just read (a second
+      // read, from cache; the bulk form reads its staged row instead).
       RawAmax amax(dtype);
       const int bits = dtype == SFMOE_DTYPE_FP32 ? 32 : 16;
       for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x)
