@@ -37,8 +37,8 @@ struct RawAmax {
       constexpr uint32_t kMask = 0x7FFFFFFFu;
       running = max(running, max(max(v.x & kMask, v.y & kMask), max(v.z & kMask, v.w & kMask)));
     } else {
-      running = abs_max_u16x2(abs_max_u16x2(abs_max_u16x2(abs_max_u16x2(running, v.x), v.y), v.z),
-                              v.w);
+      running =
+          abs_max_u16x2(abs_max_u16x2(abs_max_u16x2(abs_max_u16x2(running, v.x), v.y), v.z), v.w);
     }
   }
 
