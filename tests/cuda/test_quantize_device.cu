@@ -197,13 +197,33 @@ size_t first_difference(const std::vector<T>& a, const std::vector<T>& b) {
 }
 
 // Quantizes `p` with `rc` on both backends and compares everything; returns true when equal.
+// With `faults` set, both backends run with NaN traps on and a status word each, and faults
+// receives the CPU's report then the device's.
 bool compare_backends(const Problem& p, const Recipe& rc,
-                      sfmoe_fault_report* gpu_faults = nullptr) {
+                      sfmoe_fault_report (*faults)[2] = nullptr) {
   const Sizes sizes = sizes_of(rc, p.out_capacity, p.cols, p.groups);
   // CPU.
   Buffers cpu = poisoned(sizes, p.groups);
   const std::vector<float> scales = given_scales(p.groups), amaxes = given_amaxes(p.groups);
   sfmoe_quantize_config cpu_config = rc.config, gpu_config = rc.config;
+  sfmoe_status_word* words[2] = {nullptr, nullptr};  // host, device
+  if (faults != nullptr) {
+    cpu_config.trap_nan_amax = gpu_config.trap_nan_amax = 1;
+    if (sfmoe_status_word_create(SFMOE_MEMORY_HOST, 0, &words[0]) != SFMOE_SUCCESS ||
+        sfmoe_status_word_create(SFMOE_MEMORY_CUDA, 0, &words[1]) != SFMOE_SUCCESS ||
+        sfmoe_status_word_reset(words[0], nullptr) != SFMOE_SUCCESS ||
+        sfmoe_status_word_reset(words[1], nullptr) != SFMOE_SUCCESS) {
+      ADD_FAILURE() << "status words: " << sfmoe_last_error();
+      return false;
+    }
+  }
+  struct WordsGone {
+    sfmoe_status_word** w;
+    ~WordsGone() {
+      for (int i = 0; i < 2; ++i)
+        if (w[i] != nullptr) sfmoe_status_word_destroy(w[i]);
+    }
+  } words_gone{words};
   DeviceBuffer<float> d_scales(p.groups), d_amaxes(p.groups);
   if (rc.given_tensor_scales) {
     cpu_config.tensor_scales = scales.data();
@@ -229,7 +249,7 @@ bool compare_backends(const Problem& p, const Recipe& rc,
       output_descriptor(p, rc, cpu.rowwise.data(), cpu.rowwise_scales.data(), cpu.columnwise.data(),
                         cpu.columnwise_scales.data(), cpu.amax.data(), cpu.columnwise_amax.data(),
                         cpu.offsets.data(), SFMOE_MEMORY_HOST);
-  if (sfmoe_grouped_quantize(&x, &q, &cpu_config, nullptr, nullptr) != SFMOE_SUCCESS) {
+  if (sfmoe_grouped_quantize(&x, &q, &cpu_config, words[0], nullptr) != SFMOE_SUCCESS) {
     ADD_FAILURE() << rc.name << ": cpu: " << sfmoe_last_error();
     return false;
   }
@@ -260,15 +280,26 @@ bool compare_backends(const Problem& p, const Recipe& rc,
   sfmoe_grouped_tensor qd =
       output_descriptor(p, rc, d_row.ptr, d_rs.ptr, d_col.ptr, d_cs.ptr, d_amax.ptr, d_camax.ptr,
                         d_off.ptr, SFMOE_MEMORY_CUDA);
-  if (sfmoe_grouped_quantize(&xd, &qd, &gpu_config, nullptr, nullptr) != SFMOE_SUCCESS) {
+  if (sfmoe_grouped_quantize(&xd, &qd, &gpu_config, words[1], nullptr) != SFMOE_SUCCESS) {
     ADD_FAILURE() << rc.name << ": cuda: " << sfmoe_last_error();
+    return false;
+  }
+  if (faults != nullptr && sfmoe_status_word_snapshot(words[1], nullptr) != SFMOE_SUCCESS) {
+    ADD_FAILURE() << rc.name << ": snapshot: " << sfmoe_last_error();
     return false;
   }
   if (cudaDeviceSynchronize() != cudaSuccess) {
     ADD_FAILURE() << rc.name << ": kernel failed: " << cudaGetErrorString(cudaGetLastError());
     return false;
   }
-  (void)gpu_faults;
+  if (faults != nullptr) {
+    for (int i = 0; i < 2; ++i) {
+      if (sfmoe_status_word_read(words[i], &(*faults)[i]) != SFMOE_SUCCESS) {
+        ADD_FAILURE() << rc.name << ": read: " << sfmoe_last_error();
+        return false;
+      }
+    }
+  }
   gpu.rowwise.assign(sizes.rowwise, 0);
   gpu.columnwise.assign(sizes.columnwise, 0);
   cudaMemcpy(gpu.rowwise.data(), d_row.ptr, sizes.rowwise, cudaMemcpyDeviceToHost);
@@ -378,6 +409,36 @@ TEST(CudaQuantize, EveryRecipeEqualsTheCpuBackendByteForByte) {
       "[ quantize ] %d (recipe, copies, input dtype) cases; %d differ from the CPU backend\n",
       cases, failures);
   EXPECT_EQ(failures, 0);
+}
+
+// NaN traps (config.trap_nan_amax) of the 1D block recipes with both copies: one fault per block
+// whose amax is NaN, rowwise and columnwise, on both backends (the device's columnwise blocks
+// trap from the lane that makes the column's scale, for each scale layout). The count must agree;
+// which fault is recorded first depends on the device's order.
+TEST(CudaQuantize, NanTrapsOncePerBlockAsTheCpuBackend) {
+  SFMOE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(session_test_seed() + 3);
+  int cases = 0;
+  for (const Recipe& rc : all_recipes()) {
+    if (!(rc.rowwise && rc.columnwise) ||
+        (rc.scaling != SFMOE_SCALING_MX_1X32 && rc.scaling != SFMOE_SCALING_BLOCK_1X128))
+      continue;
+    const int64_t alignment = rc.layout == SFMOE_SCALE_LAYOUT_SWIZZLED
+                                  ? 128
+                                  : min_row_alignment(rc.scaling, rc.columnwise);
+    const Problem p = make_problem(rng, 13, 384, alignment, SFMOE_DTYPE_BF16, 300);
+    sfmoe_fault_report faults[2];
+    EXPECT_TRUE(compare_backends(p, rc, &faults)) << rc.name;
+    EXPECT_EQ(faults[0].flags, uint32_t(SFMOE_FAULT_NAN_AMAX))
+        << rc.name << ": NaNs are in the mix";
+    EXPECT_GT(faults[0].count, 0u) << rc.name;
+    EXPECT_EQ(faults[1].flags, faults[0].flags) << rc.name;
+    EXPECT_EQ(faults[1].count, faults[0].count) << rc.name;
+    ++cases;
+  }
+  std::printf("[ quantize ] NaN traps: %d recipes with both copies, one fault per NaN block\n",
+              cases);
+  EXPECT_GE(cases, 4);
 }
 
 // FP8 per-tensor scaling and NVFP4, with either amax pass (the row stream, also with runs that

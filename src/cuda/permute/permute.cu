@@ -259,7 +259,9 @@ __global__ void __launch_bounds__(kRowCopyThreads)
     }
     __syncthreads();
     copy_row_to(tokens + b * row_vectors, by_slot, static_cast<int>(top_k), row_vectors);
-    if (group_amax != nullptr) {
+    bool kept = false;  // by some slot (the same answer in every thread)
+    for (int64_t i = 0; i < top_k; ++i) kept |= by_slot[i] != nullptr;
+    if (group_amax != nullptr && kept) {
       // The row's amax, element by element from the token row the block just read (a second
       // read, from cache; the bulk form reads its staged row instead).
       RawAmax amax(dtype);
@@ -331,12 +333,13 @@ __global__ void __launch_bounds__(kBulkThreads)
       bulk_load_to_shared(staged, tokens + b * row_bytes, bytes, &loaded);
     }
     int64_t rows[kBulkSlotsPerLane];
-    int32_t expert[kBulkSlotsPerLane];
+    int32_t expert[kBulkSlotsPerLane];  // the slots' experts (placing, or folding the amax)
     bool stores = false;
 #pragma unroll
     for (int i = 0; i < kBulkSlotsPerLane; ++i) {
       const int64_t slot = lane + i * kBulkThreads;
-      expert[i] = slot < top_k ? place.ids[b * top_k + slot] : -1;
+      expert[i] =
+          (kPlaces || group_amax != nullptr) && slot < top_k ? place.ids[b * top_k + slot] : -1;
     }
     if constexpr (kPlaces) {
       // Each slot's expert, whether it counts (in [0, E) and not named by an earlier slot), and
@@ -710,6 +713,8 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
   const char* context = "sfmoe_permute";
   cudaStream_t stream = static_cast<cudaStream_t>(stream_pointer);
   const int64_t chunks = permute_chunks(a.num_tokens);
+  // Each expert's amax of its rows: unquantized rows only (a fused quantization has its own).
+  float* const group_amax = a.quantized == nullptr ? a.group_amax : nullptr;
   const size_t bitmap_bytes = static_cast<size_t>(a.num_experts) * kChunkWords * sizeof(uint32_t);
   if (chunks > 0) {
     permute_count_kernel<<<static_cast<unsigned>(chunks), kChunkTokens, bitmap_bytes, stream>>>(
@@ -717,10 +722,10 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
     SFMOE_RETURN_IF_ERROR(check_launch(context, "permute_count_kernel"));
   }
   SFMOE_CUDA_RETURN_IF_ERROR(
-      context, launch_dependent(permute_scan_kernel, dim3(1), dim3(kScanThreads), 0, stream,
-                                a.workspace, chunks, a.num_experts, a.expert_capacity, a.alignment,
-                                a.tokens_per_expert, a.dropped_per_expert, a.expert_offsets,
-                                a.quantized == nullptr ? a.group_amax : nullptr));
+      context,
+      launch_dependent(permute_scan_kernel, dim3(1), dim3(kScanThreads), 0, stream, a.workspace,
+                       chunks, a.num_experts, a.expert_capacity, a.alignment, a.tokens_per_expert,
+                       a.dropped_per_expert, a.expert_offsets, group_amax));
   SFMOE_RETURN_IF_ERROR(check_launch(context, "permute_scan_kernel"));
   const int64_t row_bytes = a.hidden * (sfmoe_dtype_bits(a.dtype) / 8);
   const bool bulk = a.quantized == nullptr && permute_copy_by_bulk(a.tokens, a.permuted, row_bytes);
@@ -773,7 +778,7 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
             dim3(static_cast<unsigned>(blocks)), dim3(kBulkThreads), static_cast<size_t>(segment),
             stream, static_cast<const uint8_t*>(a.tokens), a.num_tokens, a.top_k, row_bytes,
             segment, a.row_capacity, a.expert_offsets, a.tokens_per_expert, a.row_map,
-            static_cast<uint8_t*>(a.permuted), place, a.dtype, a.group_amax));
+            static_cast<uint8_t*>(a.permuted), place, a.dtype, group_amax));
     return check_launch(context, "permute_bulk_copy_kernel");
   }
   auto launch = [&](auto vec) {
@@ -783,7 +788,7 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
                             dim3(kRowCopyThreads), 0, stream, static_cast<const Vec*>(a.tokens),
                             a.num_tokens, a.top_k, vectors, a.row_capacity, a.expert_offsets,
                             a.tokens_per_expert, a.row_map, static_cast<Vec*>(a.permuted), a.dtype,
-                            a.hidden, a.topk_ids, a.group_amax);
+                            a.hidden, a.topk_ids, group_amax);
   };
   const cudaError_t launched = row_bytes % 16 == 0  ? launch(uint4{})
                                : row_bytes % 4 == 0 ? launch(uint32_t{})
