@@ -24,6 +24,14 @@ __device__ __forceinline__ uint32_t abs_max_u16x2(uint32_t running, uint32_t wor
   return max_u16x2(running, word & 0x7FFF7FFFu);
 }
 
+// The amax of a 16-bit magnitude (BF16 or FP16 code without its sign), as the FP32 amax bits of
+// the decoded value. With `dtype` a compile-time constant the test folds away.
+__device__ __forceinline__ uint32_t half_magnitude_amax_bits(sfmoe_dtype dtype,
+                                                             uint32_t magnitude) {
+  if (dtype == SFMOE_DTYPE_BF16) return magnitude << 16;
+  return numerics::amax_bits(decode_element(dtype, magnitude));
+}
+
 // A running amax over raw words of one dtype (chosen at run time).
 struct RawAmax {
   sfmoe_dtype dtype;
@@ -54,9 +62,7 @@ struct RawAmax {
   // The amax as FP32 bits (amax_bits of the decoded value).
   __device__ __forceinline__ uint32_t bits() const {
     if (dtype == SFMOE_DTYPE_FP32) return running;
-    const uint32_t magnitude = max(running >> 16, running & 0xFFFFu);
-    if (dtype == SFMOE_DTYPE_BF16) return magnitude << 16;
-    return numerics::amax_bits(decode_element(dtype, magnitude));
+    return half_magnitude_amax_bits(dtype, max(running >> 16, running & 0xFFFFu));
   }
 };
 

@@ -244,16 +244,6 @@ __device__ __forceinline__ void decode_raw(const RawChunk<In>& r, float v[8]) {
   }
 }
 
-// The amax of 16-bit magnitude bits, as the FP32 amax bits of the decoded value.
-template <sfmoe_dtype In>
-__device__ __forceinline__ uint32_t half_bits_to_amax_bits(uint32_t magnitude) {
-  if constexpr (In == SFMOE_DTYPE_BF16) {
-    return magnitude << 16;
-  } else {
-    return amax_bits(decode_element(In, magnitude));
-  }
-}
-
 // amax_bits of the chunk's propagating amax (docs/quantization.md), from the raw codes.
 template <sfmoe_dtype In>
 __device__ __forceinline__ uint32_t raw_amax_bits(const RawChunk<In>& r) {
@@ -266,7 +256,7 @@ __device__ __forceinline__ uint32_t raw_amax_bits(const RawChunk<In>& r) {
     uint32_t m = 0;
 #pragma unroll
     for (int k = 0; k < 4; ++k) m = abs_max_u16x2(m, r.w[k]);
-    return half_bits_to_amax_bits<In>(max(m >> 16, m & 0xFFFFu));
+    return half_magnitude_amax_bits(In, max(m >> 16, m & 0xFFFFu));
   }
 }
 
@@ -547,8 +537,8 @@ __device__ __forceinline__ void column_pair_amax_bits(const uint32_t* words, uin
     uint32_t m = 0;
 #pragma unroll
     for (int k = 0; k < kCount; ++k) m = abs_max_u16x2(m, words[k]);
-    out[0] = half_bits_to_amax_bits<In>(m & 0xFFFFu);
-    out[1] = half_bits_to_amax_bits<In>(m >> 16);
+    out[0] = half_magnitude_amax_bits(In, m & 0xFFFFu);
+    out[1] = half_magnitude_amax_bits(In, m >> 16);
   }
 }
 
