@@ -42,6 +42,21 @@ GroupedInput input_of(const sfmoe_grouped_tensor* x) {
                       x->group_offsets ? 0 : x->uniform_group_rows};
 }
 
+namespace {
+
+// A per-group float array the config points at (tensor_scales, group_amax): 4-byte aligned and in
+// the quantized tensor's memory space.
+sfmoe_status check_group_floats(const char* context, const char* field, const float* values,
+                                const sfmoe_grouped_tensor* q) {
+  if (reinterpret_cast<uintptr_t>(values) % alignof(float) != 0) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: config %s must be 4-byte aligned", context,
+                field);
+  }
+  return validate_pointer_memory(context, "config", field, values, q->memory, q->device);
+}
+
+}  // namespace
+
 // Checks a quantized tensor's recipe-specific requirements and fills the backend arguments.
 sfmoe_status describe_quantized(const char* context, const char* name,
                                 const sfmoe_grouped_tensor* q, const sfmoe_quantize_config& config,
@@ -100,12 +115,7 @@ sfmoe_status describe_quantized(const char* context, const char* name,
                   "%s: tensor_scales applies to fp8 per-tensor scaling only (scaling is '%s')",
                   context, sfmoe_scaling_name(q->scaling));
     }
-    if (reinterpret_cast<uintptr_t>(config.tensor_scales) % alignof(float) != 0) {
-      return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: config tensor_scales must be 4-byte aligned",
-                  context);
-    }
-    SFMOE_RETURN_IF_ERROR(validate_pointer_memory(context, "config", "tensor_scales",
-                                                  config.tensor_scales, q->memory, q->device));
+    SFMOE_RETURN_IF_ERROR(check_group_floats(context, "tensor_scales", config.tensor_scales, q));
   }
   if (config.group_amax != nullptr) {
     if (q->scaling != SFMOE_SCALING_TENSOR && !scaling_is_nvfp4(q->scaling)) {
@@ -126,12 +136,7 @@ sfmoe_status describe_quantized(const char* context, const char* name,
                   "scales come from the amax of the transformed values, which is computed",
                   context);
     }
-    if (reinterpret_cast<uintptr_t>(config.group_amax) % alignof(float) != 0) {
-      return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: config group_amax must be 4-byte aligned",
-                  context);
-    }
-    SFMOE_RETURN_IF_ERROR(validate_pointer_memory(context, "config", "group_amax",
-                                                  config.group_amax, q->memory, q->device));
+    SFMOE_RETURN_IF_ERROR(check_group_floats(context, "group_amax", config.group_amax, q));
   }
   if (q->scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && !scaling_is_swizzlable(q->scaling)) {
     return fail(SFMOE_ERROR_UNSUPPORTED,
