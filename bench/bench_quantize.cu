@@ -45,7 +45,13 @@ struct Case {
 }  // namespace
 
 int main() {
-  const int64_t rows = 65536, cols = 7168, groups = 128;
+  // (SFMOE_BENCH_ROWS / SFMOE_BENCH_GROUPS change the shape, for probes; the figures of record
+  // are of the default.)
+  const int64_t rows =
+      std::getenv("SFMOE_BENCH_ROWS") ? std::atoll(std::getenv("SFMOE_BENCH_ROWS")) : 65536;
+  const int64_t groups =
+      std::getenv("SFMOE_BENCH_GROUPS") ? std::atoll(std::getenv("SFMOE_BENCH_GROUPS")) : 128;
+  const int64_t cols = 7168;
   cudaDeviceProp prop;
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s\n", prop.name);
@@ -142,8 +148,11 @@ int main() {
       {"nvfp4 1x16, tile amax pass", SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, false, false,
        SFMOE_SCALE_LAYOUT_COMPACT, true},
   };
-  std::printf("\n%-42s %9s %8s %9s %10s\n", "grouped quantize [65536 x 7168] bf16, 128 groups",
-              "ms", "TB/s", "%% ceil", "%% of 4.17");
+  char title[96];
+  std::snprintf(title, sizeof(title), "grouped quantize [%lld x %lld] bf16, %lld groups",
+                static_cast<long long>(rows), static_cast<long long>(cols),
+                static_cast<long long>(groups));
+  std::printf("\n%-42s %9s %8s %9s %10s\n", title, "ms", "TB/s", "%% ceil", "%% of 4.17");
   const char* filter = std::getenv("SFMOE_BENCH_FILTER");  // run only cases whose name contains it
   for (const Case& c : cases) {
     if (filter && c.name.find(filter) == std::string::npos) continue;

@@ -441,6 +441,16 @@ struct TileSchedule {
   int64_t staged_groups;   // num_groups + 1 when the offsets are staged in shared memory, else 0
 };
 
+// Compact columnwise scales (MXFP8 [C, R / 32] bytes, FP8 1x128 [C, R / 128] floats) hold a
+// column's scales along the rows: one band puts 4 bytes in each of 128 columns, 128 partial
+// sectors per tile, which cost these recipes 11-13% (docs/KERNEL_NOTES.md q22). So their units
+// span kUnitBands bands, walked down each column tile before the next; the columnwise scales
+// wait in shared memory (scale_stage) and leave as 32 bytes per column, whole sectors when the
+// capacity is a multiple of 1024 rows (launch_codes keeps the former stores otherwise). The other
+// requests keep one band per unit (kBanded = false): per-row scales and folded amaxes (TENSOR,
+// NVFP4) are kept for one band only, and the band arithmetic folds away.
+constexpr int kUnitBands = 8;
+
 // Shared tile buffers of the columnwise path: raw input words, 128 rows of 128 elements, in a
 // ring of three filled by cp.async two tiles ahead, so that each block keeps two tiles of loads in
 // flight while it works on a third.
@@ -621,7 +631,8 @@ __device__ __forceinline__ void reduce_spread(uint32_t v[kSteps], int lane) {
 // NVFP4 stochastic rounding is a template parameter of the codes kernel (kStochastic): compiled
 // into every NVFP4 kernel, its Philox draws set the register budget of the deterministic encoding
 // too (64-232 bytes of spills at 128 registers; without them NVFP4 ran 8-11% faster).
-template <sfmoe_dtype In, sfmoe_scaling S, bool kAmaxPass, bool kColumnwise, bool kStochastic>
+template <sfmoe_dtype In, sfmoe_scaling S, bool kAmaxPass, bool kColumnwise, bool kStochastic,
+          bool kBanded>
 __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
                                   (tile_min_blocks<In, S, kAmaxPass, kColumnwise>()))
     quantize_tiles_kernel(GroupedQuantizeArgs a, TileSchedule sched) {
@@ -640,9 +651,17 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
   uint32_t* const tiles = reinterpret_cast<uint32_t*>(dynamic_shared);
   int64_t* const staged =
       reinterpret_cast<int64_t*>(reinterpret_cast<uint8_t*>(dynamic_shared) + Buffers::kBytes);
-  __shared__ int64_t row_src[kTile];           // input row, or kRowPadding / kRowBeyond
-  __shared__ const uint8_t* row_input[kTile];  // where that input row starts; NULL for the others
-  __shared__ int32_t row_group[kTile];
+  // Row maps of the unit's bands (a band's 128 rows at kTile b).
+  static_assert(!kBanded || (kColumnwise && !kAmaxPass &&
+                             (S == SFMOE_SCALING_MX_1X32 || S == SFMOE_SCALING_BLOCK_1X128)),
+                "banded units: compact columnwise MXFP8 / 1x128 scales");
+  constexpr int kMaxBands = kBanded ? kUnitBands : 1;
+  __shared__ int64_t unit_row_src[kTile * kMaxBands];  // input row, or kRowPadding / kRowBeyond
+  __shared__ const uint8_t* unit_row_input[kTile * kMaxBands];  // its start; NULL: the others
+  __shared__ int32_t unit_row_group[kTile * kMaxBands];
+  // Compact columnwise scales of the unit's bands, per column of the tile: 32 bytes (MXFP8: 4
+  // bytes per band; 1x128: a float per band), in two buffers (column tiles alternate).
+  __shared__ uint32_t scale_stage[kMaxBands > 1 ? 2 : 1][kMaxBands > 1 ? kTile : 1][kUnitBands];
   __shared__ float row_scale[kTile];              // TENSOR: the group's scale; NVFP4: rowwise S_enc
   __shared__ float row_decode[kTile];             // NVFP4: 1 / S_enc
   __shared__ float row_col_scale[kTile];          // NVFP4: the columnwise S_enc
@@ -700,21 +719,29 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
   }
 
   const int64_t bands = (total + kTile - 1) / kTile;
-  const int64_t units = bands * sched.col_units;
+  constexpr int unit_bands = kMaxBands;
+  const int64_t units = (bands + unit_bands - 1) / unit_bands * sched.col_units;
+  constexpr bool stage_scales = kBanded;
   const int j = tid % kChunksPerRow;   // rowwise: chunk j of each tile row it covers
   const int i0 = tid / kChunksPerRow;  // rowwise: tile rows i0 + kRowsPerStep l
   const int pair = G::pair(tid);       // columnwise: tile columns 2 pair, 2 pair + 1
   const int seg = G::segment(tid);     // columnwise: tile rows [16 seg, 16 seg + 16)
   int parity = 0;                      // tiles done by this block: selects the rotating buffers
   for (int64_t unit = blockIdx.x; unit < units; unit += gridDim.x) {
-    const int64_t r0 = unit / sched.col_units * kTile;
+    const int64_t unit_r0 = unit / sched.col_units * (kTile * unit_bands);
     const int64_t ct_begin = unit % sched.col_units * sched.tiles_per_unit;
     const int64_t ct_end = ct_begin + sched.tiles_per_unit < sched.col_tiles
                                ? ct_begin + sched.tiles_per_unit
                                : sched.col_tiles;
-    __syncthreads();  // the previous unit is done with the row map
-    if (tid < kTile) {
-      const int64_t r = r0 + tid;
+    const int64_t first_band = unit_r0 / kTile;
+    const int nb =  // bands of this unit
+        unit_bands == 1
+            ? 1
+            : static_cast<int>(bands - first_band < unit_bands ? bands - first_band : unit_bands);
+    const int tile_count = static_cast<int>(ct_end - ct_begin) * nb;  // column tiles x bands
+    __syncthreads();  // the previous unit is done with the row maps and the scale stage
+    for (int k = tid; k < kTile * nb; k += kThreads) {
+      const int64_t r = unit_r0 + k;
       int64_t src = kRowBeyond, g = 0;
       if (r < total) {
         g = out_off != nullptr ? group_of_offset_row(out_off, groups, r) : r / a.uniform_rows;
@@ -722,23 +749,24 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
         const int64_t inside = r - (out_off != nullptr ? out_off[g] : g * a.uniform_rows);
         src = inside < span.rows ? span.begin + inside : kRowPadding;
       }
-      row_src[tid] = src;
-      row_input[tid] = src >= 0 ? static_cast<const uint8_t*>(in.data) +
-                                      src * cols * (In == SFMOE_DTYPE_FP32 ? 4 : 2)
-                                : nullptr;
-      row_group[tid] = static_cast<int32_t>(g);
+      unit_row_src[k] = src;
+      unit_row_input[k] = src >= 0 ? static_cast<const uint8_t*>(in.data) +
+                                         src * cols * (In == SFMOE_DTYPE_FP32 ? 4 : 2)
+                                   : nullptr;
+      unit_row_group[k] = static_cast<int32_t>(g);
+      if (k >= kTile) continue;  // (one band: the per-row scales and amaxes below)
       if constexpr (kMayFoldAmax)
-        row_scale[tid] = tensor_scale_of_group(a.config, g, fold_amax ? 0.0f : a.amax[g], fp8_max);
+        row_scale[k] = tensor_scale_of_group(a.config, g, fold_amax ? 0.0f : a.amax[g], fp8_max);
       if constexpr (!kAmaxPass && R::kNv) {
         const float s = nvfp4_global_encode_scale(a.amax[g]);
         const float sc = hadamard ? nvfp4_global_encode_scale(a.columnwise_amax[g]) : s;
-        row_scale[tid] = s;
-        row_decode[tid] = nvfp4_global_decode_scale(s);
-        row_col_scale[tid] = sc;
-        row_col_decode[tid] = nvfp4_global_decode_scale(sc);
+        row_scale[k] = s;
+        row_decode[k] = nvfp4_global_decode_scale(s);
+        row_col_scale[k] = sc;
+        row_col_decode[k] = nvfp4_global_decode_scale(sc);
       }
-      if (fold_amax) row_bits[tid] = 0;
-      if (kAmaxPass && tid < kTile / 16) hadamard_bits[tid] = 0;
+      if (fold_amax) row_bits[k] = 0;
+      if (kAmaxPass && k < kTile / 16) hadamard_bits[k] = 0;
     }
     __syncthreads();
 
@@ -750,18 +778,64 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
     // Columnwise path: the first two tiles of the unit start loading now (one cp.async group
     // per tile, empty groups included, so that "all but the newest group done" always means
     // "this tile done").
+    // Tile t of the unit: column tile ct_begin + t / nb, band t % nb.
+    auto issue_unit_tile = [&](uint32_t* buffer, int64_t ct, int band) {
+      issue_tile<In, G>(buffer, in, cols, ct * kTile, i0, j, unit_row_src + kTile * band,
+                        unit_row_input + kTile * band);
+    };
+    // The staged compact columnwise scales of column tile ct (every band of the unit done), as
+    // 32-bit words: column-major along the rows, so each column's words are contiguous. A word
+    // holding scales of rows beyond out_off[G] is written byte by byte (MXFP8).
+    auto flush_column_scales = [&](int64_t ct) {
+      if constexpr (kMaxBands > 1) {
+        const uint32_t(&stage)[kTile][kUnitBands] = scale_stage[(ct - ct_begin) & 1];
+        for (int k = tid; k < kTile * kUnitBands; k += kThreads) {
+          const int col = k / kUnitBands, w = k % kUnitBands;
+          const int64_t ce = ct * kTile + col;
+          if (ce >= cols || w >= nb) continue;
+          const uint32_t word = stage[col][w];
+          if constexpr (S == SFMOE_SCALING_BLOCK_1X128) {
+            static_cast<float*>(a.columnwise_scale_inv)[ce * (capacity / B) + unit_r0 / B + w] =
+                __uint_as_float(word);
+          } else {
+            uint8_t* const p = static_cast<uint8_t*>(a.columnwise_scale_inv) + ce * (capacity / B) +
+                               unit_r0 / B + 4 * w;
+            const int64_t written = (total - unit_r0 + B - 1) / B - 4 * w;  // blocks below the end
+            if (written >= 4 && reinterpret_cast<uintptr_t>(p) % 4 == 0) {
+              *reinterpret_cast<uint32_t*>(p) = word;
+            } else {
+              for (int q = 0; q < written && q < 4; ++q)
+                p[q] = static_cast<uint8_t>(word >> (8 * q));
+            }
+          }
+        }
+      }
+    };
     if constexpr (kColumnwise) {
 #pragma unroll
       for (int k = 0; k < kStages - 1; ++k) {
-        if (ct_begin + k < ct_end)
-          issue_tile<In, G>(tiles + k * kTile * W, in, cols, (ct_begin + k) * kTile, i0, j, row_src,
-                            row_input);
+        if (k < tile_count) issue_unit_tile(tiles + k * kTile * W, ct_begin + k / nb, k % nb);
         cp_async_commit();
       }
     }
     int stage = 0;  // the shared buffer of this tile (columnwise path)
-    for (int64_t ct = ct_begin; ct < ct_end;
-         ++ct, ++parity, stage = stage + 1 == kStages ? 0 : stage + 1) {
+    // Banded units: tile t is column tile banded_ct, band banded_band, and the tile kStages - 1
+    // ahead is ahead_ct, ahead_band (counters: no divisions per tile). Otherwise tile t is column
+    // tile ct_begin + t, as simply as that (extra loop state here cost NVFP4 3%).
+    int64_t banded_ct = ct_begin, ahead_ct = ct_begin + (kStages - 1) / nb;
+    int banded_band = 0, ahead_band = (kStages - 1) % nb;
+    auto next_band = [&](int64_t& c, int& b) {
+      b = b + 1 == nb ? 0 : b + 1;
+      c += b == 0 ? 1 : 0;
+    };
+    for (int t = 0; t < tile_count; ++t, ++parity, stage = stage + 1 == kStages ? 0 : stage + 1) {
+      const int64_t ct = kBanded ? banded_ct : ct_begin + t;
+      const int band = kBanded ? banded_band : 0;
+      if constexpr (kBanded) next_band(banded_ct, banded_band);  // (for the next tile)
+      const int64_t r0 = unit_r0 + kTile * band;                 // the tile's first row
+      const int64_t* const row_src = unit_row_src + kTile * band;
+      const uint8_t* const* const row_input = unit_row_input + kTile * band;
+      const int32_t* const row_group = unit_row_group + kTile * band;
       const int64_t c0 = ct * kTile;
       const int64_t c = c0 + j * kChunk;
       const bool chunk_in = c < cols;
@@ -789,14 +863,21 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
         cp_async_wait<kStages - 2>();
         __syncthreads();  // this tile is in shared memory; every thread is done with the tile
                           // before
-        const int64_t ahead = ct + kStages - 1;
-        if (ahead < ct_end) {
+        if (t + kStages - 1 < tile_count) {
           const int ahead_stage =
               stage == 0 ? kStages - 1 : stage - 1;  // (stage + kStages - 1) % kStages
-          issue_tile<In, G>(tiles + ahead_stage * kTile * W, in, cols, ahead * kTile, i0, j,
-                            row_src, row_input);
+          if constexpr (kBanded) {
+            issue_unit_tile(tiles + ahead_stage * kTile * W, ahead_ct, ahead_band);
+            next_band(ahead_ct, ahead_band);
+          } else {
+            issue_unit_tile(tiles + ahead_stage * kTile * W, ct + kStages - 1, 0);
+          }
         }
         cp_async_commit();
+        // The previous column tile's bands are all done: its staged scales leave.
+        if constexpr (stage_scales) {
+          if (band == 0 && t > 0) flush_column_scales(ct - 1);
+        }
       }
       // Chunk l of this thread: from the registers, or back from the shared tile.
       auto chunk_at = [&](int l) -> Raw {
@@ -1038,6 +1119,17 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
             auto store_column_scale = [&](int e, const BlockScale& s, float block_amax_e) {
               const int64_t ce = cc + e, r = r0 + block_row, scale_cols = capacity / B;
               maybe_trap(a, block_amax_e, row_group[block_row], r);
+              if constexpr (stage_scales) {
+                {  // compact, several bands per unit: staged (kUnitBands)
+                  uint32_t* const word = &scale_stage[(ct - ct_begin) & 1][cl + e][band];
+                  if constexpr (S == SFMOE_SCALING_BLOCK_1X128) {
+                    *word = __float_as_uint(s.stored_f32);
+                  } else {
+                    reinterpret_cast<uint8_t*>(word)[block_row / B] = s.stored_u8;
+                  }
+                  return;
+                }
+              }
               const int64_t at =
                   S == SFMOE_SCALING_BLOCK_1X128
                       ? block_1x128_scale_offset(a.scale_layout, true, ce, blocks_before<B>(r),
@@ -1051,10 +1143,11 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
                 }
               }
             };
-            if (a.scale_layout == SFMOE_SCALE_LAYOUT_COMPACT) {
-              // Compact scales: every lane makes both scales and the block's first segment stores
-              // them (MXFP8: the block-first lanes of a column store its four neighbouring scales
-              // in one instruction).
+            if (a.scale_layout == SFMOE_SCALE_LAYOUT_COMPACT && !kBanded) {
+              // Compact scales stored straight from the kernel (one band per unit, as
+              // SFMOE_QUANTIZE_UNIT_BANDS=1 asks): every lane makes both scales and the block's
+              // first segment stores them (MXFP8: the block-first lanes of a column store its four
+              // neighbouring scales in one instruction).
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
                 const float m = __uint_as_float(block_amax[e]);
@@ -1065,11 +1158,12 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
                   store_column_scale(e, s, m);
               }
             } else {
-              // Swizzled or transposed scales: the block's first two segments split the scale
-              // work, segment first + e making (and storing) column e's scale, and the block's
-              // lanes take both multipliers by shuffles: one scale per lane instead of two (for
-              // BLOCK_1X128 each is two correctly rounded divisions). With compact scales this
-              // measured slower (docs/KERNEL_NOTES.md q20), hence the two forms.
+              // Swizzled, transposed or staged compact scales: the block's first two segments
+              // split the scale work, segment first + e making (and storing) column e's scale,
+              // and the block's lanes take both multipliers by shuffles: one scale per lane
+              // instead of two (for BLOCK_1X128 each is two correctly rounded divisions). With
+              // compact scales stored from the kernel this measured slower (docs/KERNEL_NOTES.md
+              // q20), hence the two forms; staged, it is faster (q22).
               const int own = (seg - first_seg) & 1;  // the column whose scale this lane makes
               const float m = __uint_as_float(own ? block_amax[1] : block_amax[0]);
               const BlockScale s = block_scale<S>(m, fp8, pow2, 0.0f, 0.0f);
@@ -1171,6 +1265,10 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
         encode_tile(std::false_type{});
       }
     }
+    if constexpr (stage_scales) {  // the last column tile's staged scales
+      __syncthreads();
+      flush_column_scales(ct_end - 1);
+    }
 
     if (fold_amax) {
       if constexpr (kAmaxPass) {
@@ -1198,8 +1296,8 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
         // Rows to groups, a warp per 32 rows: a segmented maximum over runs of one group (groups
         // are contiguous; rows beyond out_off[G] carry group 0 and count as 0), after which the
         // first row of each run in the warp holds the run's amax and folds it.
-        const int g = row_group[tid];
-        uint32_t m = row_src[tid] != kRowBeyond ? row_bits[tid] : 0u;
+        const int g = unit_row_group[tid];  // (folded amaxes: one band per unit)
+        uint32_t m = unit_row_src[tid] != kRowBeyond ? row_bits[tid] : 0u;
 #pragma unroll
         for (int d = 1; d < 32; d <<= 1) {
           const uint32_t other = __shfl_down_sync(0xFFFFFFFFu, m, d);
@@ -1211,8 +1309,8 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
           atomicMax(reinterpret_cast<unsigned*>(a.amax + g), m);
       }
       if (kAmaxPass && kColumnwise && tid < kTile / 16) {
-        if (row_src[16 * tid] != kRowBeyond && hadamard_bits[tid] != 0) {
-          atomicMax(reinterpret_cast<unsigned*>(a.columnwise_amax + row_group[16 * tid]),
+        if (unit_row_src[16 * tid] != kRowBeyond && hadamard_bits[tid] != 0) {
+          atomicMax(reinterpret_cast<unsigned*>(a.columnwise_amax + unit_row_group[16 * tid]),
                     hadamard_bits[tid]);
         }
       }
@@ -1221,11 +1319,11 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
 }
 
 template <sfmoe_dtype In, sfmoe_scaling S, bool kAmaxPass, bool kColumnwise,
-          bool kStochastic = false>
+          bool kStochastic = false, bool kBanded = false>
 sfmoe_status launch_tiles(const GroupedQuantizeArgs& a, cudaStream_t stream) {
   using Buffers = TileBuffers<In, kColumnwise>;
   constexpr int kThreads = Geometry<kColumnwise>::kThreads;
-  auto kernel = quantize_tiles_kernel<In, S, kAmaxPass, kColumnwise, kStochastic>;
+  auto kernel = quantize_tiles_kernel<In, S, kAmaxPass, kColumnwise, kStochastic, kBanded>;
   TileSchedule sched{};
   const bool has_offsets = a.offsets != nullptr || a.input.offsets != nullptr;
   sched.staged_groups = has_offsets && a.num_groups <= kMaxStagedGroups ? a.num_groups + 1 : 0;
@@ -1241,13 +1339,14 @@ sfmoe_status launch_tiles(const GroupedQuantizeArgs& a, cudaStream_t stream) {
   // that the last wave is short and each unit's row map is reused over a few column tiles; the
   // columnwise path wants at least 8 tiles per unit (its copy pipeline restarts with every unit).
   // (docs/KERNEL_NOTES.md q16 has the sweep.)
-  const int64_t bands_bound = (a.row_capacity + kTile - 1) / kTile;
+  constexpr int64_t unit_bands = kBanded ? kUnitBands : 1;
+  const int64_t bands_bound = ((a.row_capacity + kTile - 1) / kTile + unit_bands - 1) / unit_bands;
   sched.col_tiles = (a.cols + kTile - 1) / kTile;
   const int64_t units_per_block = kColumnwise ? SFMOE_QUANTIZE_COLUMNWISE_UNITS_PER_BLOCK
                                               : SFMOE_QUANTIZE_ROWWISE_UNITS_PER_BLOCK;
   int64_t col_units =
       bands_bound > 0 ? (units_per_block * wave + bands_bound - 1) / bands_bound : 1;
-  if (kColumnwise) col_units = std::min<int64_t>(col_units, (sched.col_tiles + 7) / 8);
+  if (kColumnwise) col_units = std::min<int64_t>(col_units, (sched.col_tiles * unit_bands + 7) / 8);
   col_units = col_units < 1 ? 1 : (col_units > sched.col_tiles ? sched.col_tiles : col_units);
   sched.tiles_per_unit = col_units > 0 ? (sched.col_tiles + col_units - 1) / col_units : 1;
   sched.col_units = sched.tiles_per_unit > 0
@@ -1367,6 +1466,20 @@ sfmoe_status launch_codes(const GroupedQuantizeArgs& a, cudaStream_t stream) {
       return columnwise ? launch_tiles<In, S, false, true, true>(a, stream)
                         : launch_tiles<In, S, false, false, true>(a, stream);
     }
+  }
+  if constexpr (S == SFMOE_SCALING_MX_1X32 || S == SFMOE_SCALING_BLOCK_1X128) {
+    // Compact columnwise scales: banded units (kUnitBands) when each column's scales start on a
+    // 32-byte sector (the capacity a multiple of 1024 rows), so that a unit writes whole sectors;
+    // unless SFMOE_QUANTIZE_UNIT_BANDS=1 (kept for comparisons). Off the sectors the staging
+    // measured no gain (docs/KERNEL_NOTES.md q22).
+    const char* bands = getenv("SFMOE_QUANTIZE_UNIT_BANDS");
+    const int64_t column_bytes =
+        a.row_capacity / Recipe<S>::kBlock * (S == SFMOE_SCALING_BLOCK_1X128 ? 4 : 1);
+    const bool sectors =
+        column_bytes % 32 == 0 && reinterpret_cast<uintptr_t>(a.columnwise_scale_inv) % 32 == 0;
+    if (columnwise && a.scale_layout == SFMOE_SCALE_LAYOUT_COMPACT && sectors &&
+        !(bands != nullptr && atoll(bands) == 1))
+      return launch_tiles<In, S, false, true, false, true>(a, stream);
   }
   return columnwise ? launch_tiles<In, S, false, true>(a, stream)
                     : launch_tiles<In, S, false, false>(a, stream);
