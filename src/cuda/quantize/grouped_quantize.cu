@@ -12,7 +12,8 @@
 //      group amax from the rows it encodes (one read of the input), and trap_group_amax_kernel
 //      traps NaN amaxes after it when asked to.
 // The tile kernel walks persistent work units (a band of 128 output rows x a run of 128-column
-// tiles) over the real rows [0, out_off[G]); group offsets are staged in shared memory for the
+// tiles; eight bands for compact columnwise MXFP8 / 1x128 scales, see kUnitBands) over the real
+// rows [0, out_off[G]); group offsets are staged in shared memory for the
 // row maps. Rowwise-only requests (256 threads) load eight 16-byte chunks per thread straight
 // into registers and encode them there, the block amax reduced by shuffles so that each block's
 // scale is computed once. Columnwise requests (512 threads) copy tiles with cp.async into a ring
@@ -775,9 +776,6 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
 #pragma unroll
     for (int l = 0; l < kSteps; ++l) unit_bits[l] = 0;
 
-    // Columnwise path: the first two tiles of the unit start loading now (one cp.async group
-    // per tile, empty groups included, so that "all but the newest group done" always means
-    // "this tile done").
     // Tile t of the unit: column tile ct_begin + t / nb, band t % nb.
     auto issue_unit_tile = [&](uint32_t* buffer, int64_t ct, int band) {
       issue_tile<In, G>(buffer, in, cols, ct * kTile, i0, j, unit_row_src + kTile * band,
@@ -811,6 +809,9 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
         }
       }
     };
+    // Columnwise path: the first two tiles of the unit start loading now (one cp.async group
+    // per tile, empty groups included, so that "all but the newest group done" always means
+    // "this tile done").
     if constexpr (kColumnwise) {
 #pragma unroll
       for (int k = 0; k < kStages - 1; ++k) {
@@ -1119,16 +1120,14 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
             auto store_column_scale = [&](int e, const BlockScale& s, float block_amax_e) {
               const int64_t ce = cc + e, r = r0 + block_row, scale_cols = capacity / B;
               maybe_trap(a, block_amax_e, row_group[block_row], r);
-              if constexpr (stage_scales) {
-                {  // compact, several bands per unit: staged (kUnitBands)
-                  uint32_t* const word = &scale_stage[(ct - ct_begin) & 1][cl + e][band];
-                  if constexpr (S == SFMOE_SCALING_BLOCK_1X128) {
-                    *word = __float_as_uint(s.stored_f32);
-                  } else {
-                    reinterpret_cast<uint8_t*>(word)[block_row / B] = s.stored_u8;
-                  }
-                  return;
+              if constexpr (stage_scales) {  // compact, banded: staged (kUnitBands)
+                uint32_t* const word = &scale_stage[(ct - ct_begin) & 1][cl + e][band];
+                if constexpr (S == SFMOE_SCALING_BLOCK_1X128) {
+                  *word = __float_as_uint(s.stored_f32);
+                } else {
+                  reinterpret_cast<uint8_t*>(word)[block_row / B] = s.stored_u8;
                 }
+                return;
               }
               const int64_t at =
                   S == SFMOE_SCALING_BLOCK_1X128
