@@ -166,7 +166,11 @@ typedef struct sfmoe_grouped_tensor {
   void* rowwise_scale_inv;    /* layout per scaling; NULL when scaling is NONE */
   void* columnwise_data;      /* [cols, row_capacity] or NULL */
   void* columnwise_scale_inv;
-  float* amax;            /* [num_groups] or NULL: per-group amax (of the rowwise values) */
+  /* [num_groups] or NULL: per-group amax (of the rowwise values). Written by the op producing
+   * the tensor where it has one (grouped quantize for FP8 per-tensor and NVFP4; permute's and the
+   * activations' outputs when set) and read where a quantized input's scales need it (NVFP4's
+   * global scale); ignored on inputs of unquantized rows. */
+  float* amax;
   float* columnwise_amax; /* [num_groups] or NULL: amax of the columnwise values where they
                              differ (NVFP4 with the Hadamard transform) */
 } sfmoe_grouped_tensor;
