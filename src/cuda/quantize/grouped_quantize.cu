@@ -451,6 +451,8 @@ struct TileSchedule {
 // requests keep one band per unit (kBanded = false): per-row scales and folded amaxes (TENSOR,
 // NVFP4) are kept for one band only, and the band arithmetic folds away.
 constexpr int kUnitBands = 8;
+template <bool kBanded>
+constexpr int kBandsPerUnit = kBanded ? kUnitBands : 1;
 
 // Shared tile buffers of the columnwise path: raw input words, 128 rows of 128 elements, in a
 // ring of three filled by cp.async two tiles ahead, so that each block keeps two tiles of loads in
@@ -656,13 +658,13 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
   static_assert(!kBanded || (kColumnwise && !kAmaxPass &&
                              (S == SFMOE_SCALING_MX_1X32 || S == SFMOE_SCALING_BLOCK_1X128)),
                 "banded units: compact columnwise MXFP8 / 1x128 scales");
-  constexpr int kMaxBands = kBanded ? kUnitBands : 1;
-  __shared__ int64_t unit_row_src[kTile * kMaxBands];  // input row, or kRowPadding / kRowBeyond
-  __shared__ const uint8_t* unit_row_input[kTile * kMaxBands];  // its start; NULL: the others
-  __shared__ int32_t unit_row_group[kTile * kMaxBands];
+  constexpr int unit_bands = kBandsPerUnit<kBanded>;
+  __shared__ int64_t unit_row_src[kTile * unit_bands];  // input row, or kRowPadding / kRowBeyond
+  __shared__ const uint8_t* unit_row_input[kTile * unit_bands];  // its start; NULL: the others
+  __shared__ int32_t unit_row_group[kTile * unit_bands];
   // Compact columnwise scales of the unit's bands, per column of the tile: 32 bytes (MXFP8: 4
   // bytes per band; 1x128: a float per band), in two buffers (column tiles alternate).
-  __shared__ uint32_t scale_stage[kMaxBands > 1 ? 2 : 1][kMaxBands > 1 ? kTile : 1][kUnitBands];
+  __shared__ uint32_t scale_stage[kBanded ? 2 : 1][kBanded ? kTile : 1][kUnitBands];
   __shared__ float row_scale[kTile];              // TENSOR: the group's scale; NVFP4: rowwise S_enc
   __shared__ float row_decode[kTile];             // NVFP4: 1 / S_enc
   __shared__ float row_col_scale[kTile];          // NVFP4: the columnwise S_enc
@@ -720,9 +722,7 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
   }
 
   const int64_t bands = (total + kTile - 1) / kTile;
-  constexpr int unit_bands = kMaxBands;
   const int64_t units = (bands + unit_bands - 1) / unit_bands * sched.col_units;
-  constexpr bool stage_scales = kBanded;
   const int j = tid % kChunksPerRow;   // rowwise: chunk j of each tile row it covers
   const int i0 = tid / kChunksPerRow;  // rowwise: tile rows i0 + kRowsPerStep l
   const int pair = G::pair(tid);       // columnwise: tile columns 2 pair, 2 pair + 1
@@ -785,7 +785,7 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
     // 32-bit words: column-major along the rows, so each column's words are contiguous. A word
     // holding scales of rows beyond out_off[G] is written byte by byte (MXFP8).
     auto flush_column_scales = [&](int64_t ct) {
-      if constexpr (kMaxBands > 1) {
+      if constexpr (kBanded) {
         const uint32_t(&stage)[kTile][kUnitBands] = scale_stage[(ct - ct_begin) & 1];
         for (int k = tid; k < kTile * kUnitBands; k += kThreads) {
           const int col = k / kUnitBands, w = k % kUnitBands;
@@ -876,7 +876,7 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
         }
         cp_async_commit();
         // The previous column tile's bands are all done: its staged scales leave.
-        if constexpr (stage_scales) {
+        if constexpr (kBanded) {
           if (band == 0 && t > 0) flush_column_scales(ct - 1);
         }
       }
@@ -1120,7 +1120,7 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
             auto store_column_scale = [&](int e, const BlockScale& s, float block_amax_e) {
               const int64_t ce = cc + e, r = r0 + block_row, scale_cols = capacity / B;
               maybe_trap(a, block_amax_e, row_group[block_row], r);
-              if constexpr (stage_scales) {  // compact, banded: staged (kUnitBands)
+              if constexpr (kBanded) {  // compact, banded: staged (kUnitBands)
                 uint32_t* const word = &scale_stage[(ct - ct_begin) & 1][cl + e][band];
                 if constexpr (S == SFMOE_SCALING_BLOCK_1X128) {
                   *word = __float_as_uint(s.stored_f32);
@@ -1143,10 +1143,10 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
               }
             };
             if (a.scale_layout == SFMOE_SCALE_LAYOUT_COMPACT && !kBanded) {
-              // Compact scales stored straight from the kernel (one band per unit, as
-              // SFMOE_QUANTIZE_UNIT_BANDS=1 asks): every lane makes both scales and the block's
-              // first segment stores them (MXFP8: the block-first lanes of a column store its four
-              // neighbouring scales in one instruction).
+              // Compact scales stored straight from the kernel (one band per unit: capacities off
+              // the 32-byte sectors, or SFMOE_QUANTIZE_UNIT_BANDS=1): every lane makes both scales
+              // and the block's first segment stores them (MXFP8: the block-first lanes of a column
+              // store its four neighbouring scales in one instruction).
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
                 const float m = __uint_as_float(block_amax[e]);
@@ -1264,7 +1264,7 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
         encode_tile(std::false_type{});
       }
     }
-    if constexpr (stage_scales) {  // the last column tile's staged scales
+    if constexpr (kBanded) {  // the last column tile's staged scales
       __syncthreads();
       flush_column_scales(ct_end - 1);
     }
@@ -1338,7 +1338,7 @@ sfmoe_status launch_tiles(const GroupedQuantizeArgs& a, cudaStream_t stream) {
   // that the last wave is short and each unit's row map is reused over a few column tiles; the
   // columnwise path wants at least 8 tiles per unit (its copy pipeline restarts with every unit).
   // (docs/KERNEL_NOTES.md q16 has the sweep.)
-  constexpr int64_t unit_bands = kBanded ? kUnitBands : 1;
+  constexpr int64_t unit_bands = kBandsPerUnit<kBanded>;
   const int64_t bands_bound = ((a.row_capacity + kTile - 1) / kTile + unit_bands - 1) / unit_bands;
   sched.col_tiles = (a.cols + kTile - 1) / kTile;
   const int64_t units_per_block = kColumnwise ? SFMOE_QUANTIZE_COLUMNWISE_UNITS_PER_BLOCK
