@@ -7,7 +7,8 @@ recipe -- quantized beforehand), `torch._grouped_mm` (BF16),
 ratios; wgrad with a BF16 result (as the peers write) and with an FP32 one, fresh or accumulated
 into a main-grad buffer; plus the capacity case (the same rows in buffers with 2x spare capacity,
 where the work must follow the rows, not the buffer); and the balanced cases again with integer
-inputs, the fill of the stock CUTLASS figures (SFMOE_BENCH_GEMM=inputs runs only that part).
+inputs, the fill of the stock CUTLASS figures (SFMOE_BENCH_GEMM=inputs runs only that part;
+SFMOE_BENCH_GEMM=quick leaves out the tile sweeps and that part, as tools/gpu_check.sh runs it).
 
 sfmoe is timed as REPEAT calls captured in one CUDA graph (device time, as in
 bench_moe_ops_torch.py); the peers eagerly, as ../shared/peers/peer_baseline.py measured them.
@@ -77,8 +78,10 @@ RECIPE_TILES = {
     "fp8": ("coop128", "coop256", "pingpong64"),
     "fp8 fast": ("coop128", "coop256", "coop256x128", "pingpong128"),
 }
-# SFMOE_BENCH_SWEEP=bf16,fp8 limits the tile sweep to those recipes (default: all).
-SWEPT = [r.strip() for r in os.environ.get("SFMOE_BENCH_SWEEP", ",".join(RECIPE_TILES)).split(",")]
+# SFMOE_BENCH_SWEEP=bf16,fp8 limits the tile sweep to those recipes (default: all; none when quick).
+QUICK = os.environ.get("SFMOE_BENCH_GEMM") == "quick"
+SWEPT = [] if QUICK else [
+    r.strip() for r in os.environ.get("SFMOE_BENCH_SWEEP", ",".join(RECIPE_TILES)).split(",")]
 SHORT = {"coop128": "c128", "coop256": "c256", "pingpong64": "p64", "coop256x128": "c256x128",
          "pingpong128": "p128"}
 # Stock CUTLASS 4.2 grouped FP8 (fast accumulation), balanced cases: ../shared/GPU.md, another run.
@@ -220,8 +223,9 @@ def main():
         if values:
             geo = math.exp(sum(math.log(r) for r in values) / len(values))
             print(f"geometric mean {recipe} emulated / bf16 over {len(values)} cases: {geo:.2f}x")
-    print("\ntile sweep (TFLOP/s; the heuristic's choice is the recipe's column above)")
-    for case, sweep in sweeps:
+    if SWEPT:
+        print("\ntile sweep (TFLOP/s; the heuristic's choice is the recipe's column above)")
+    for case, sweep in sweeps if SWEPT else ():
         print(f"{case:30s} " + " | ".join(
             f"{recipe} " + " ".join(f"{SHORT[t]} {v:.0f}" for t, v in tiles.items()) for recipe, tiles in sweep.items()))
 
@@ -251,7 +255,7 @@ def main():
                              row_alignment=128, scale_layout="columnwise_transposed")
         ours_block = ours_ms(lambda: sfmoe.grouped_gemm("wgrad", qdy, qxc, out=dw16))
         wgrad_sweep = {tile: tflops(flops, forced(tile, lambda: sfmoe.grouped_gemm("wgrad", dy, x, offsets, out=dw16)))
-                       for tile in RECIPE_TILES["bf16"]}
+                       for tile in (RECIPE_TILES["bf16"] if "bf16" in SWEPT else ())}
         row = dict(case=f"wgrad {name} fc1", M=m, N=n, K=k, sfmoe=tflops(flops, ours16), tiles=wgrad_sweep,
                    sfmoe_fp32=tflops(flops, ours32), sfmoe_fp32_accumulate=tflops(flops, ours_acc),
                    sfmoe_fp8_blockwise=tflops(flops, ours_block),
@@ -260,7 +264,7 @@ def main():
         print(f"{row['case']:30s} {row['sfmoe']:8.0f} {row['sfmoe_fp32']:8.0f} {row['sfmoe_fp32_accumulate']:8.0f} "
               f"{row['grouped_mm'] or 0:10.0f} {row['dense'] or 0:6.0f} "
               f"{row['sfmoe'] / row['dense'] if row['dense'] else float('nan'):10.2f} "
-              f"{row['sfmoe_fp8_blockwise']:9.0f}   tiles (bf16 out) "
+              f"{row['sfmoe_fp8_blockwise']:9.0f}" + ("   tiles (bf16 out) " if wgrad_sweep else "")
               + " ".join(f"{SHORT[t]} {v:.0f}" for t, v in wgrad_sweep.items()))
         del x, dy, dw, dw16, qdy, qxc
         torch.cuda.empty_cache()
@@ -280,7 +284,8 @@ def main():
     print(f"\ncapacity (Qwen3 fc1, balanced): exact {times[m] * 1e3:.1f} us, 2x spare {times[2 * m] * 1e3:.1f} us, "
           f"ratio {times[2 * m] / times[m]:.3f} (target <= 1.1)")
     results.append(dict(case="capacity", exact_ms=times[m], spare_ms=times[2 * m]))
-    input_sensitivity(dev)
+    if not QUICK:
+        input_sensitivity(dev)
 
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "bench_grouped_gemm_torch.json"), "w") as f:

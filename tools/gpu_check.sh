@@ -4,7 +4,9 @@
 # and GPU suites, the GPU suite again under compute-sanitizer memcheck and racecheck, the Python
 # tests with torch), the benchmarks; prints a short table last.
 # Environment: OUT (where logs and JSON go; default /tmp/sfmoe-gpu-check), SFMOE_SANITIZE=0 to
-# skip the sanitizer passes, SFMOE_SKIP_PYTHON=1 to skip the Python extension.
+# skip the sanitizer passes, SFMOE_SKIP_PYTHON=1 to skip the Python extension. The grouped-GEMM
+# benchmark runs without its tile sweeps (SFMOE_BENCH_GEMM=quick) unless SFMOE_BENCH_GEMM is set
+# (e.g. to "all"): the sweeps are for tuning gemm_heuristics.h and take minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -73,6 +75,12 @@ if [ "${SFMOE_SANITIZE:-1}" = 1 ] && command -v compute-sanitizer >/dev/null; th
   done
 fi
 
+# ---- C++ benchmarks (before the Python ones, which take longer) ---------------------------------
+SFMOE_BENCH_JSON="$OUT/bench_memory.json" "$BUILD/bench/sfmoe_bench_memory" > "$OUT/bench_memory.log" 2>&1
+status_line bench_memory "rc $?"
+SFMOE_BENCH_JSON="$OUT/bench_quantize.json" "$BUILD/bench/sfmoe_bench_quantize" > "$OUT/bench_quantize.log" 2>&1
+status_line bench_quantize "rc $?"
+
 # ---- Python extension (built here: the GPU machine's Python differs from the CPU machines') ------
 if [ "${SFMOE_SKIP_PYTHON:-0}" != 1 ]; then
   if cmake -S python -B build-py -G Ninja -DPython_EXECUTABLE="$(command -v python3)" \
@@ -86,7 +94,8 @@ if [ "${SFMOE_SKIP_PYTHON:-0}" != 1 ]; then
     status_line bench_quantize_torch "rc $?"
     PYTHONPATH="$ROOT/build-py/python:$ROOT/bench" OUT="$OUT" python3 bench/bench_moe_ops_torch.py > "$OUT/bench_moe_ops_torch.log" 2>&1
     status_line bench_moe_ops_torch "rc $?"
-    PYTHONPATH="$ROOT/build-py/python:$ROOT/bench" OUT="$OUT" python3 bench/bench_grouped_gemm_torch.py > "$OUT/bench_grouped_gemm_torch.log" 2>&1
+    SFMOE_BENCH_GEMM=${SFMOE_BENCH_GEMM:-quick} PYTHONPATH="$ROOT/build-py/python:$ROOT/bench" OUT="$OUT" \
+      python3 bench/bench_grouped_gemm_torch.py > "$OUT/bench_grouped_gemm_torch.log" 2>&1
     status_line bench_grouped_gemm_torch "rc $?"
   else
     status_line pytest "extension build failed (see python_build.log)"
@@ -94,15 +103,9 @@ if [ "${SFMOE_SKIP_PYTHON:-0}" != 1 ]; then
   fi
 fi
 
-# ---- benchmarks ------------------------------------------------------------------------------------
-SFMOE_BENCH_JSON="$OUT/bench_memory.json" "$BUILD/bench/sfmoe_bench_memory" > "$OUT/bench_memory.log" 2>&1
-status_line bench_memory "rc $?"
-SFMOE_BENCH_JSON="$OUT/bench_quantize.json" "$BUILD/bench/sfmoe_bench_quantize" > "$OUT/bench_quantize.log" 2>&1
-status_line bench_quantize "rc $?"
-
 echo
 echo "================================ sfmoe GPU check ================================"
-for k in build selfcheck cpu_tests gpu_tests sanitizer_memcheck sanitizer_racecheck pytest bench_memory bench_cast_torch bench_quantize_torch bench_moe_ops_torch bench_grouped_gemm_torch bench_quantize; do
+for k in build selfcheck cpu_tests gpu_tests sanitizer_memcheck sanitizer_racecheck bench_memory bench_quantize pytest bench_cast_torch bench_quantize_torch bench_moe_ops_torch bench_grouped_gemm_torch; do
   [ -n "${RESULT[$k]:-}" ] && printf "%-20s %s\n" "$k" "${RESULT[$k]}"
 done
 echo
