@@ -349,6 +349,28 @@ def test_row_alignment_and_capacity(rng):
     assert str(error_info.value) == sfmoe.last_error()
 
 
+@pytest.mark.parametrize("recipe", ["mxfp8", "fp8_block_1x128"])
+def test_default_capacity_of_compact_columnwise_scales_in_whole_sectors(recipe, rng):
+    # From 16384 rows on, a columnwise copy with compact scales gets a capacity of whole 1024-row
+    # units (its scales are then written a sector at a time); other layouts, rowwise-only
+    # requests and smaller inputs keep the smallest bound.
+    block = 32 if recipe == "mxfp8" else 128
+    offsets = np.array([0, 9000, 9000, 17500])  # an empty group, sizes not multiples of a block
+    x, x32 = random_input(rng, 17500, 128, offsets, "bf16", 8)
+    bound = -(-(17500 + 3 * (block - 1)) // block) * block
+    q = sfmoe.quantize(x, recipe, group_offsets=offsets.tolist(), columnwise=True)
+    assert q.rows == -(-bound // 1024) * 1024 and q.rows > bound
+    out_offsets = padded_offsets(offsets, block)
+    check_round_trip(q, x32, offsets, out_offsets, recipe, "columnwise")
+    check_round_trip(q, x32, offsets, out_offsets, recipe, "rowwise")
+    other = "swizzled" if recipe == "mxfp8" else "columnwise_transposed"
+    assert sfmoe.quantize(x, recipe, group_offsets=offsets.tolist(), columnwise=True,
+                          scale_layout=other).rows == bound
+    assert sfmoe.quantize(x, recipe, group_offsets=offsets.tolist()).rows == 17500  # rowwise only
+    small = sfmoe.quantize(x[:16000], recipe, group_offsets=[0, 9000, 16000], columnwise=True)
+    assert small.rows == -(-(16000 + 2 * (block - 1)) // block) * block
+
+
 def test_one_group_by_default_and_empty_inputs(rng):
     x, x32 = random_input(rng, 37, COLS, np.array([0, 37]), "fp16", 12)
     q = sfmoe.quantize(x, "fp8_block_1x128", columnwise=True)
