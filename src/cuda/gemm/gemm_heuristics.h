@@ -12,7 +12,8 @@
 //   -1..+3% over 128 x 256. 128 x 256 in 2-CTA clusters otherwise: longer K (Mixtral fc2, K
 //   14336: +4-8%; DeepSeek-V3 fc1 on Zipf groups, K 7168: +14%) and Qwen3 fc1 (N 1536: +1-4% in
 //   each of four same-process comparisons). 2026-11-30.
-// - FP8 blockwise: 128 x 128 (the only one compiled).
+// - FP8 blockwise: 128 x 128 cooperative (the only one compiled; ping-pong 128 x 128 in 2-CTA
+//   clusters measured 0.31-0.54x of it: its consumers spill, KERNEL_NOTES.md).
 // - BF16 wgrad (M = n, N = k, K = the group's rows): 128 x 128 ping-pong in 2-CTA clusters when
 //   K <= 1024 and N >= 4096 (DeepSeek-V3 fc1, K 1024, N 7168: 639 / 642 / 644 TFLOP/s against 594 /
 //   589 / 598 for 128 x 256 in three full GPU checks; a short reduction leaves the epilogue a large
