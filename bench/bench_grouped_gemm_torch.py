@@ -97,6 +97,21 @@ CUTLASS_FP8 = {("Qwen3-30B-A3B", "fc1"): 1179, ("Qwen3-30B-A3B", "fc2"): 886, ("
                ("DeepSeek-V3 EP8", "fc2"): 1345, ("Mixtral-8x7B", "fc1"): 1441, ("Mixtral-8x7B", "fc2"): 1507}
 
 
+# The dense GEMM ceilings of ../shared/GPU.md (8192^3 on this H200, another run), TFLOP/s.
+DENSE_CEILING = {"bf16": 742, "fp8": 1302}
+
+
+def print_ceiling_fractions(rows):
+    """Each forward case's figures as a fraction of the GPU notes' dense ceiling of its operand type."""
+    columns = (("sfmoe", "bf16", "bf16"), ("sfmoe_fp8", "fp8", "fp8"), ("sfmoe_fp8_fast", "fp8 fast", "fp8"),
+               ("sfmoe_fp8_blockwise", "fp8 block", "fp8"))
+    print(f"\nfraction of the GPU notes' dense ceilings (BF16 {DENSE_CEILING['bf16']}, FP8 {DENSE_CEILING['fp8']} "
+          "TFLOP/s, 8192^3, another run)")
+    for row in rows:
+        print(f"{row['case']:30s} " + "  ".join(
+            f"{label} {row[key] / DENSE_CEILING[kind]:6.1%}" for key, label, kind in columns))
+
+
 def forced(tile, fn):
     os.environ["SFMOE_GEMM_TILE"] = tile
     try:
@@ -221,6 +236,7 @@ def main():
             print(f"geometric mean {what} over {len(values)} cases: {geo:.2f}x")
     print("* stock CUTLASS 4.2 FP8 grouped GEMM, fast accumulation, balanced (GPU notes, another run). "
           "fp8 block targets: DeepGEMM publishes 1214-1346 at the DeepSeek-V3 shapes (H800); >= 900 on Qwen3")
+    print_ceiling_fractions(results)
     print("\nMXFP8 / NVFP4 emulated (operands decoded into BF16 in the workspace per call, then the BF16 kernels;"
           " NVFP4 weights 16x16), fprop TFLOP/s and ratio to sfmoe BF16")
     for case, bf16, emulated in emulation_rows:
@@ -272,7 +288,9 @@ def main():
         print(f"{row['case']:30s} {row['sfmoe']:8.0f} {row['sfmoe_fp32']:8.0f} {row['sfmoe_fp32_accumulate']:8.0f} "
               f"{row['grouped_mm'] or 0:10.0f} {row['dense'] or 0:6.0f} "
               f"{row['sfmoe'] / row['dense'] if row['dense'] else float('nan'):10.2f} "
-              f"{row['sfmoe_fp8_blockwise']:9.0f}" + ("   tiles (bf16 out) " if wgrad_sweep else "")
+              f"{row['sfmoe_fp8_blockwise']:9.0f}   ceiling bf16 {row['sfmoe'] / DENSE_CEILING['bf16']:.1%}, "
+              f"fp8 block {row['sfmoe_fp8_blockwise'] / DENSE_CEILING['fp8']:.1%}"
+              + ("   tiles (bf16 out) " if wgrad_sweep else "")
               + " ".join(f"{SHORT[t]} {v:.0f}" for t, v in wgrad_sweep.items()))
         del x, dy, dw, dw16, qdy, qxc
         torch.cuda.empty_cache()
