@@ -15,8 +15,9 @@ bench_moe_ops_torch.py); each peer both eagerly (as ../shared/peers/peer_baselin
 them) and captured like sfmoe, and credited with the faster of the two: the H200 runs these GEMMs
 at its power limit, where one kernel's eager figure moves by up to 15% from one measurement to
 the next in the same process (docs/KERNEL_NOTES.md). Each forward case is also timed with every
-tile configuration forced (SFMOE_GEMM_TILE), BF16 and FP8, to check the heuristic's choice (src/cuda/gemm/gemm_heuristics.h). Writes JSON to
-$OUT/bench_grouped_gemm_torch.json when OUT is set.
+tile configuration forced (SFMOE_GEMM_TILE), BF16 and FP8, to check the heuristic's choice
+(src/cuda/gemm/gemm_heuristics.h). Each case's figures are also printed as fractions of the GPU
+notes' dense ceilings. Writes JSON to $OUT/bench_grouped_gemm_torch.json when OUT is set.
 """
 import json
 import math
