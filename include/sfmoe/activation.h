@@ -40,6 +40,29 @@ typedef struct sfmoe_activation_config {
 
 SFMOE_API sfmoe_activation_config sfmoe_activation_config_init(void);
 
+/* ---- planning the output (sfmoe.h, "layout planning") ---- */
+typedef struct sfmoe_activation_plan_request {
+  size_t struct_size;
+  sfmoe_activation kind;
+  /* The input's: num_groups, row_capacity, cols (2F for the gated kinds) and row_alignment. */
+  int64_t num_groups, row_capacity, input_cols, row_alignment;
+  /* The output: FP32 / BF16 / FP16 with SFMOE_SCALING_NONE, or a fused quantization's codes,
+   * scaling and scale layout (rowwise copy only). */
+  sfmoe_dtype dtype;
+  sfmoe_scaling scaling;
+  sfmoe_scale_layout scale_layout;
+  int32_t group_amax; /* plan output.amax (each group's amax); always planned where the recipe
+                         needs it (TENSOR, NV_1X16) */
+} sfmoe_activation_plan_request;
+
+/* A request with struct_size set, kind SwiGLU, row_alignment 1, dtype BF16, the rest zero. */
+SFMOE_API sfmoe_activation_plan_request sfmoe_activation_plan_request_init(void);
+/* Every buffer of the output sfmoe_grouped_activation writes (its group_offsets receive the
+ * input's, or may be the input's own array). Fails, writing nothing, on a request the op would
+ * refuse. */
+SFMOE_API sfmoe_status sfmoe_plan_grouped_activation(const sfmoe_activation_plan_request* request,
+                                                     sfmoe_grouped_tensor_plan* plan);
+
 /* input: grouped [row_capacity, 2F] for the gated kinds, [row_capacity, F] otherwise (FP32, BF16
  * or FP16); group_rows [num_groups] INT64: each group's real rows (e.g. tokens_per_expert), at
  * most its block. output: grouped [row_capacity, F], same groups and capacity; its group_offsets

@@ -25,7 +25,7 @@
  * form reads is dequantized into BF16 in the workspace (MXFP8 values exactly, but for BF16
  * subnormals; NVFP4 values with their global scale, rounded once), then the BF16 kernels run
  * (docs/grouped_gemm.md); their
- * workspace is larger (sfmoe_grouped_gemm_workspace_elements_for). FP16 and other pairings are
+ * workspace is larger (sfmoe_grouped_gemm_workspace_bytes). FP16 and other pairings are
  * SFMOE_ERROR_UNSUPPORTED on the device.
  */
 #ifndef SFMOE_GROUPED_GEMM_H_
@@ -57,22 +57,17 @@ typedef struct sfmoe_grouped_gemm_config {
 
 SFMOE_API sfmoe_grouped_gemm_config sfmoe_grouped_gemm_config_init(void);
 
-/* INT64 elements of the device workspace for num_groups groups on the current device (any form
- * and output dtype): allocate it once, outside the step. 0 in builds without the CUDA kernels. */
-SFMOE_API int64_t sfmoe_grouped_gemm_workspace_elements(int64_t num_groups);
-
-/* INT64 elements of the device workspace for a call with these operands (a and b's scaling,
- * row_capacity and cols): sfmoe_grouped_gemm_workspace_elements(num_groups), plus, when both
- * operands are emulated (MXFP8 / NVFP4), room for their BF16 values. 0 in builds without the CUDA
- * kernels, -1 for negative sizes or sizes whose bytes overflow. */
-SFMOE_API int64_t sfmoe_grouped_gemm_workspace_elements_for(int64_t num_groups,
-                                                            sfmoe_scaling a_scaling, int64_t a_rows,
-                                                            int64_t a_cols, sfmoe_scaling b_scaling,
-                                                            int64_t b_rows, int64_t b_cols);
-
-/* workspace: [sfmoe_grouped_gemm_workspace_elements_for(...)] INT64 in a's device memory
- * (sfmoe_grouped_gemm_workspace_elements(num_groups) unless the operands are emulated), required
+/* Bytes of the device workspace for a call with these operands (a and b's scaling, row_capacity
+ * and cols): the kernels' per-group arguments, plus, when both operands are emulated (MXFP8 /
+ * NVFP4), room for their BF16 values. Allocate it once, outside the step. 0 in builds without the
+ * CUDA kernels (the host needs none), -1 for negative sizes or sizes whose bytes overflow.
+ * workspace: a 1-D tensor (any dtype) of at least that many bytes in a's device memory, required
  * on the device, ignored on the host. `word` may be NULL. */
+SFMOE_API int64_t sfmoe_grouped_gemm_workspace_bytes(int64_t num_groups, sfmoe_scaling a_scaling,
+                                                     int64_t a_rows, int64_t a_cols,
+                                                     sfmoe_scaling b_scaling, int64_t b_rows,
+                                                     int64_t b_cols);
+
 SFMOE_API sfmoe_status sfmoe_grouped_gemm(const sfmoe_grouped_tensor* a,
                                           const sfmoe_grouped_tensor* b,
                                           const sfmoe_grouped_gemm_config* config,

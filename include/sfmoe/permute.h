@@ -27,9 +27,38 @@ typedef struct sfmoe_permute_config {
 
 SFMOE_API sfmoe_permute_config sfmoe_permute_config_init(void);
 
-/* INT32 elements of permute's device workspace (per-chunk expert counts): allocate it once,
- * outside the step. */
-SFMOE_API int64_t sfmoe_permute_workspace_elements(int64_t num_tokens, int64_t num_experts);
+/* ---- planning (sfmoe.h, "layout planning") ---- */
+typedef struct sfmoe_permute_plan_request {
+  size_t struct_size;
+  int64_t num_tokens, topk, num_experts, hidden;
+  int64_t row_alignment;   /* 1, 8, 16, 32, 64 or 128 */
+  int64_t expert_capacity; /* as in sfmoe_permute_config */
+  /* The permuted rows: the tokens' dtype with SFMOE_SCALING_NONE, or a fused quantization's
+   * codes, scaling and scale layout (rowwise copy only). */
+  sfmoe_dtype dtype;
+  sfmoe_scaling scaling;
+  sfmoe_scale_layout scale_layout;
+  int32_t group_amax; /* unquantized rows: plan permuted.amax (each expert's amax) */
+} sfmoe_permute_plan_request;
+
+typedef struct sfmoe_permute_plan {
+  size_t struct_size;
+  sfmoe_grouped_tensor_plan permuted;   /* E groups, row_capacity the worst case */
+  sfmoe_buffer_plan row_map;            /* INT64 [T, k] */
+  sfmoe_buffer_plan tokens_per_expert;  /* INT64 [E] */
+  sfmoe_buffer_plan dropped_per_expert; /* INT64 [E] */
+  sfmoe_buffer_plan workspace;          /* the device's workspace (bytes; ignored on the host) */
+} sfmoe_permute_plan;
+
+/* A request with struct_size set, row_alignment 1, dtype BF16 and everything else zero. */
+SFMOE_API sfmoe_permute_plan_request sfmoe_permute_plan_request_init(void);
+/* Every buffer sfmoe_permute writes or needs for such inputs. Fails, writing nothing, on a
+ * request the op would refuse. */
+SFMOE_API sfmoe_status sfmoe_plan_permute(const sfmoe_permute_plan_request* request,
+                                          sfmoe_permute_plan* plan);
+/* Bytes of permute's device workspace (per-chunk expert counts), the plan's workspace.bytes;
+ * -1 for negative sizes or no experts. Allocate it once, outside the step. */
+SFMOE_API int64_t sfmoe_permute_workspace_bytes(int64_t num_tokens, int64_t num_experts);
 
 /* tokens [T, H] FP32, BF16 or FP16; topk_ids [T, k] INT32 (each token names an expert at most
  * once; ids outside [0, E) are refused). Outputs:
@@ -45,8 +74,8 @@ SFMOE_API int64_t sfmoe_permute_workspace_elements(int64_t num_tokens, int64_t n
  *     the rows can take instead of reading them twice;
  *   row_map [T, k] INT64: each slot's row, or -1 where the capacity dropped it;
  *   tokens_per_expert [E] INT64: rows kept; dropped_per_expert [E] INT64 or NULL.
- * workspace: [sfmoe_permute_workspace_elements(T, E)] INT32, required on the device (up to 6144
- * experts there), ignored (may be NULL) on the host. */
+ * workspace: a 1-D tensor (any dtype) of at least sfmoe_permute_workspace_bytes(T, E) bytes,
+ * required on the device (up to 6144 experts there), ignored (may be NULL) on the host. */
 SFMOE_API sfmoe_status sfmoe_permute(
     const sfmoe_tensor* tokens, const sfmoe_tensor* topk_ids, const sfmoe_permute_config* config,
     const sfmoe_grouped_tensor* permuted, const sfmoe_tensor* row_map,

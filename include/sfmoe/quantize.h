@@ -40,6 +40,43 @@ typedef struct sfmoe_quantize_config {
 
 SFMOE_API sfmoe_quantize_config sfmoe_quantize_config_init(void);
 
+/* ---- planning a quantize output (sfmoe.h, "layout planning") ---- */
+typedef struct sfmoe_quantize_plan_request {
+  size_t struct_size;
+  sfmoe_dtype dtype;     /* of the codes: FP8_E4M3 or FP8_E5M2 (FP8 recipes), FP4_E2M1 (NVFP4) */
+  sfmoe_scaling scaling; /* any but NONE */
+  sfmoe_scale_layout scale_layout;
+  int32_t rowwise, columnwise; /* the copies (at least one) */
+  int32_t hadamard_columnwise; /* NVFP4 1x16 with a columnwise copy: plans its columnwise_amax */
+  int64_t num_groups;
+  int64_t cols;
+  /* The input's row bound: its row_capacity (uniform groups: num_groups * uniform_group_rows). */
+  int64_t input_rows;
+  /* The input's groups already start at multiples of this (its row_alignment): an output
+   * row_alignment dividing it needs no padding rows. 0 or 1 promises nothing. */
+  int64_t input_row_alignment;
+  int64_t uniform_group_rows; /* > 0: uniform groups of this many rows (no offsets, no padding) */
+  int64_t row_alignment;      /* a power of two; 0: the recipe's sfmoe_min_row_alignment */
+  /* 0: the default, the smallest capacity the op accepts (input rows plus each group's alignment
+   * padding, in whole blocks where blocks run down the rows, a multiple of row_alignment with a
+   * columnwise copy, even for FP4), rounded up to a multiple of 1024 rows for a compact
+   * columnwise MX_1X32 / BLOCK_1X128 copy of 16384 rows or more (those scales are then written in
+   * whole 32-byte sectors, docs/quantization.md). > 0: this capacity, checked against the same
+   * rules. */
+  int64_t row_capacity;
+} sfmoe_quantize_plan_request;
+
+/* A request with struct_size set, dtype FP8_E4M3, rowwise on and everything else zero. */
+SFMOE_API sfmoe_quantize_plan_request sfmoe_quantize_plan_request_init(void);
+
+/* Every buffer of the output sfmoe_grouped_quantize writes for such an input: the descriptor
+ * fields and buffers of `plan` (struct_size set by the caller) are what the op accepts. Fails,
+ * writing nothing, on a request the op would refuse (unknown enums, a layout or copy the recipe
+ * does not have, cols not a multiple of the block, a capacity too small or misaligned, sizes
+ * beyond int64). */
+SFMOE_API sfmoe_status sfmoe_plan_grouped_quantize(const sfmoe_quantize_plan_request* request,
+                                                   sfmoe_grouped_tensor_plan* plan);
+
 /* amax[g] = max |x| over the rows of group g (NaN if any of them is NaN; 0 for an empty group).
  * `amax` has num_groups floats in the tensor's memory. `word` may be NULL. */
 SFMOE_API sfmoe_status sfmoe_grouped_amax(const sfmoe_grouped_tensor* input, float* amax,

@@ -39,16 +39,17 @@ typedef struct sfmoe_router_config {
  * no losses. */
 SFMOE_API sfmoe_router_config sfmoe_router_config_init(void);
 
-/* FP32 elements of the forward's workspace on the device when a loss is asked for: per-block
- * partial sums, reduced in a fixed order (no float atomics: the losses have the same bits every
- * run). Allocate it once, outside the step. */
-SFMOE_API int64_t sfmoe_router_workspace_floats(int64_t tokens, int64_t num_experts);
+/* Bytes of the forward's workspace on the device when a loss is asked for: per-block FP32 partial
+ * sums, reduced in a fixed order (no float atomics: the losses have the same bits every run).
+ * Allocate it once, outside the step. -1 for negative sizes or no experts. */
+SFMOE_API int64_t sfmoe_router_workspace_bytes(int64_t tokens, int64_t num_experts);
 
 /* logits [T, E] FP32 or BF16; expert_bias [E] FP32 or NULL. Outputs: topk_ids [T, k] INT32 (best
  * first), probs [T, k] FP32, tokens_per_expert [E] INT64; aux_loss and z_loss: FP32 scalars
  * (one element) or NULL, required when their coefficient is not 0. All in one memory space.
- * workspace: [sfmoe_router_workspace_floats(T, E)] FP32, required on the device when aux_loss or
- * z_loss is given; ignored (may be NULL) on the host. */
+ * workspace: a 1-D tensor (any dtype, 16-byte aligned) of at least
+ * sfmoe_router_workspace_bytes(T, E) bytes, required on the device when aux_loss or z_loss is
+ * given; ignored (may be NULL) on the host. */
 SFMOE_API sfmoe_status sfmoe_router_forward(
     const sfmoe_tensor* logits, const sfmoe_tensor* expert_bias, const sfmoe_router_config* config,
     const sfmoe_tensor* topk_ids, const sfmoe_tensor* probs, const sfmoe_tensor* tokens_per_expert,

@@ -180,6 +180,53 @@ SFMOE_API sfmoe_grouped_tensor sfmoe_grouped_tensor_init(void);
 SFMOE_API sfmoe_status sfmoe_grouped_tensor_validate(const sfmoe_grouped_tensor* tensor,
                                                      const char* name);
 
+/* ---- layout planning -------------------------------------------------------------------------
+ * Every buffer an op writes or needs follows from host-known bounds alone. The planning functions
+ * (sfmoe_plan_grouped_quantize, sfmoe_plan_permute, sfmoe_plan_grouped_activation and each op's
+ * *_workspace_bytes) state them, so that callers (the Python package, framework shape functions,
+ * the MoE layer's planner) allocate exactly what the ops address and restate no rule.
+ */
+#define SFMOE_PLAN_ALIGNMENT 256 /* where sfmoe_grouped_tensor_bind starts each buffer */
+
+/* One planned buffer: `ndim` 0 means the buffer is absent (its pointer stays NULL). `shape` is
+ * in elements of `dtype` (FP4: elements, two per byte); `bytes` is what to allocate. */
+typedef struct sfmoe_buffer_plan {
+  sfmoe_dtype dtype;
+  int32_t ndim;
+  int64_t shape[2];
+  int64_t bytes;
+} sfmoe_buffer_plan;
+
+/* The layout of a grouped tensor an op writes: its descriptor's host fields and each buffer.
+ * total_bytes covers every present buffer, each started at an SFMOE_PLAN_ALIGNMENT boundary: one
+ * allocation of that size, bound with sfmoe_grouped_tensor_bind, holds the whole tensor. */
+typedef struct sfmoe_grouped_tensor_plan {
+  size_t struct_size;
+  sfmoe_dtype dtype;
+  sfmoe_scaling scaling;
+  sfmoe_scale_layout scale_layout;
+  int64_t num_groups;
+  int64_t row_capacity;
+  int64_t cols;
+  int64_t row_alignment;
+  int64_t uniform_group_rows;
+  sfmoe_buffer_plan group_offsets; /* INT64 [num_groups + 1]; absent with uniform groups */
+  sfmoe_buffer_plan rowwise_data;
+  sfmoe_buffer_plan rowwise_scale_inv;
+  sfmoe_buffer_plan columnwise_data;
+  sfmoe_buffer_plan columnwise_scale_inv;
+  sfmoe_buffer_plan amax;
+  sfmoe_buffer_plan columnwise_amax;
+  int64_t total_bytes;
+} sfmoe_grouped_tensor_plan;
+
+/* A descriptor for `plan` whose buffers are carved, in the order of the plan's fields and each at
+ * an SFMOE_PLAN_ALIGNMENT boundary, out of `base` (plan->total_bytes in `memory` on `device`;
+ * base itself SFMOE_PLAN_ALIGNMENT-aligned). Absent buffers stay NULL. Host-only, no allocation. */
+SFMOE_API sfmoe_status sfmoe_grouped_tensor_bind(const sfmoe_grouped_tensor_plan* plan,
+                                                 sfmoe_memory memory, int32_t device, void* base,
+                                                 sfmoe_grouped_tensor* out);
+
 /* ---- device status word ----------------------------------------------------------------------
  * Faults found by kernels (group sizes over capacity, EP overflow, NaN amax) are never written out
  * of bounds: kernels clamp, carry on, and record the fault in a status word in device memory.

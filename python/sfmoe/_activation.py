@@ -50,22 +50,21 @@ def grouped_activation(x, group_offsets, group_rows, activation="swiglu", *, lim
         raise ValueError(f"x: a gated activation needs an even number of columns, got {cols}")
     offsets, counts = _groups(group_offsets, group_rows)
     num_groups = int(len(group_rows))
-    amax = adapter.empty((num_groups,), DType.FP32, x) if return_amax else None
+    out_type = dtype if out_dtype is None else as_dtype(out_dtype, "out_dtype")
+    rows_format = (_quantize.fused_rows_format(quantize, fmt, scale_layout, out_cols) if quantize is not None
+                   else dict(dtype=int(out_type), scaling=0, scale_layout=0))
+    plan = _C.plan_grouped_activation(dict(kind=kind, num_groups=num_groups, row_capacity=rows, input_cols=cols,
+                                           group_amax=bool(return_amax), **rows_format))
     if quantize is not None:
-        out = _quantize.quantized_rows(adapter, x, quantize, fmt, scale_layout, power_of_two_scales, rows, out_cols,
-                                       num_groups, 1, adapter.empty((num_groups + 1,), DType.INT64, x),
-                                       tensor_scales)
-        if out.amax is not None:  # fp8_tensor: the tensor's own amax is the activations' amax
-            amax = out.amax if return_amax else None
-        else:
-            out.amax = amax
+        out = _quantize.quantized_rows(adapter, x, quantize, power_of_two_scales, plan, None, tensor_scales)
+        amax = out.amax if return_amax else None
         with adapter.device_context(x):
             _C.grouped_activation_quantized(adapter.for_binding(x), int(dtype), offsets, counts, kind, float(limit),
                                             float(alpha), out._descriptor(adapter), out.config._fields(),
                                             adapter.stream(x))
         return (out, amax) if return_amax else out
-    out_type = dtype if out_dtype is None else as_dtype(out_dtype, "out_dtype")
-    out = adapter.empty((rows, out_cols), out_type, x)
+    out = _arrays.empty_planned(adapter, plan["buffers"]["rowwise_data"], x, "out")
+    amax = _arrays.empty_planned(adapter, plan["buffers"]["amax"], x, "amax")
     _C.grouped_activation(adapter.for_binding(x), int(dtype), offsets, counts, kind, float(limit), float(alpha),
                           adapter.for_binding(out), int(out_type), None if amax is None else adapter.for_binding(amax),
                           adapter.stream(x))

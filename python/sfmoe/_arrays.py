@@ -469,6 +469,25 @@ def container_shape(logical, dtype, what):
     return tuple(logical[:-1]) + (logical[-1] // 2,)
 
 
+def empty_planned(adapter, spec, like, what):
+    """An empty array for one planned buffer (a `_C.plan_*` entry: None, or (dtype, shape in
+    elements, bytes)) on like's device; None for an absent buffer."""
+    if spec is None:
+        return None
+    dtype, shape, _ = spec
+    dtype = DType(dtype)
+    return adapter.empty(container_shape(shape, dtype, what), dtype, like)
+
+
+def empty_bytes(adapter, nbytes, dtype, like):
+    """An empty 1-D `dtype` array of at least `nbytes` bytes (a workspace the library sizes in
+    bytes), or None when it needs none."""
+    if nbytes <= 0:
+        return None
+    item = _C.dtype_bits(int(dtype)) // 8
+    return adapter.empty((-(-nbytes // item),), dtype, like)
+
+
 def checked_input(x, what, dtypes, ndim=None):
     """(adapter, x ready for the library, sfmoe dtype) of an input array whose dtype is one of
     `dtypes` and, when given, with `ndim` dimensions; TypeError / ValueError otherwise."""

@@ -102,10 +102,9 @@ def grouped_gemm(form, a, b, group_offsets=None, *, out=None, out_dtype=None, ac
         out_desc = _plain(adapter, out, out_type, rows=rows, cols=out_cols, groups=groups, offsets=offsets)
     # The device reads each group's arguments from a workspace (the host ignores it); MXFP8 and
     # NVFP4 operands are decoded into BF16 there first (emulated on Hopper).
-    elements = _C.grouped_gemm_workspace_elements_for(groups, a_desc["scaling"], a_desc["row_capacity"],
-                                                      a_desc["cols"], b_desc["scaling"], b_desc["row_capacity"],
-                                                      b_desc["cols"])
-    workspace = adapter.empty((elements,), DType.INT64, like) if elements > 0 else None
+    nbytes = _C.grouped_gemm_workspace_bytes(groups, a_desc["scaling"], a_desc["row_capacity"], a_desc["cols"],
+                                             b_desc["scaling"], b_desc["row_capacity"], b_desc["cols"])
+    workspace = _arrays.empty_bytes(adapter, nbytes, DType.INT64, like)
     _C.grouped_gemm(_FORMS[form], a_desc, b_desc, out_desc, bool(accumulate), a_hadamard or b_hadamard,
                     None if workspace is None else adapter.for_binding(workspace), adapter.stream(like),
                     bool(fast_accumulation))

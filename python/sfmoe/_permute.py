@@ -55,28 +55,32 @@ def permute(tokens, topk_ids, num_experts, *, alignment=1, expert_capacity=0, qu
         raise ValueError(f"topk_ids: expected [{t_count}, k], got shape {ids_shape}")
     k = ids_shape[1]
     experts, alignment, capacity = int(num_experts), int(alignment), int(expert_capacity)
-    kept_bound = min(t_count * k, experts * capacity) if capacity > 0 else t_count * k
-    row_capacity = kept_bound + experts * (alignment - 1)
-    offsets = adapter.empty((experts + 1,), DType.INT64, x)
-    row_map = adapter.empty((t_count, k), DType.INT64, x)
-    kept = adapter.empty((experts,), DType.INT64, x)
-    dropped = adapter.empty((experts,), DType.INT64, x)
-    # The device ranks tokens in chunks through a workspace (the host ignores it).
-    workspace = adapter.empty((_C.permute_workspace_elements(t_count, experts),), DType.INT32, x)
-    bind = adapter.for_binding
-    ids_bound = _arrays.bound_input(topk_ids, "topk_ids", DType.INT32)
     if amax and quantize is not None:
         raise ValueError("permute: amax=True is for unquantized rows (quantize=None)")
+    rows_format = _quantize.fused_rows_format(quantize, fmt, scale_layout, hidden) if quantize is not None else None
+    plan = _C.plan_permute(dict(
+        num_tokens=t_count, topk=k, num_experts=experts, hidden=hidden, row_alignment=alignment,
+        expert_capacity=capacity, group_amax=bool(amax),
+        **(rows_format or dict(dtype=int(dtype), scaling=0, scale_layout=0))))
+    offsets = _arrays.empty_planned(adapter, plan["permuted"]["buffers"]["group_offsets"], x, "group_offsets")
+    row_map = _arrays.empty_planned(adapter, plan["row_map"], x, "row_map")
+    kept = _arrays.empty_planned(adapter, plan["tokens_per_expert"], x, "tokens_per_expert")
+    dropped = _arrays.empty_planned(adapter, plan["dropped_per_expert"], x, "dropped_per_expert")
+    # The device ranks tokens in chunks through a workspace (the host ignores it).
+    workspace = _arrays.empty_planned(adapter, plan["workspace"], x, "workspace")
+    bind = adapter.for_binding
+    ids_bound = _arrays.bound_input(topk_ids, "topk_ids", DType.INT32)
     if quantize is not None:
-        rows = _quantize.quantized_rows(adapter, x, quantize, fmt, scale_layout, power_of_two_scales, row_capacity,
-                                        hidden, experts, alignment, offsets, tensor_scales)
+        rows = _quantize.quantized_rows(adapter, x, quantize, power_of_two_scales, plan["permuted"], offsets,
+                                        tensor_scales)
         with adapter.device_context(x):
             _C.permute_quantized(bind(x), int(dtype), ids_bound, capacity, rows._descriptor(adapter),
                                  rows.config._fields(), bind(row_map), bind(kept), bind(dropped), bind(workspace),
                                  adapter.stream(x))
         return PermuteOutput(rows, offsets, row_map, kept, dropped, alignment)
-    rows = adapter.empty((row_capacity, hidden), dtype, x)
-    group_amax = adapter.empty((experts,), DType.FP32, x) if amax else None
+    buffers = plan["permuted"]["buffers"]
+    rows = _arrays.empty_planned(adapter, buffers["rowwise_data"], x, "rows")
+    group_amax = _arrays.empty_planned(adapter, buffers["amax"], x, "amax")
     _C.permute(bind(x), int(dtype), ids_bound, capacity, bind(rows), experts, alignment, bind(offsets), bind(row_map),
                bind(kept), bind(dropped), bind(workspace), None if group_amax is None else bind(group_amax),
                adapter.stream(x))

@@ -93,24 +93,6 @@ def _integer(value, what, minimum=None, maximum=None):
     return value
 
 
-def _round_up(value, multiple):
-    return -(-value // multiple) * multiple
-
-
-# Compact columnwise MXFP8 / 1x128 scales are written whole 32-byte sectors at a time when a
-# column's scales start on a sector, i.e. when the row capacity is a multiple of 1024 rows
-# (docs/quantization.md: 5-8% faster on large inputs). The default capacity is rounded up to it
-# from this size on, where the extra rows cost at most 1/16 of the output.
-_STAGED_CAPACITY_MULTIPLE = 1024
-_STAGED_CAPACITY_FROM = 16 * _STAGED_CAPACITY_MULTIPLE
-
-
-def _stages_compact_column_scales(scaling, layout, columnwise, capacity):
-    """Whether the default capacity is rounded up to whole 1024-row units (see above)."""
-    return (columnwise and layout == ScaleLayout.COMPACT and capacity >= _STAGED_CAPACITY_FROM
-            and scaling in (Scaling.MX_1X32, Scaling.BLOCK_1X128))
-
-
 @dataclasses.dataclass(frozen=True)
 class QuantizeConfig:
     """The options of a grouped quantization (``sfmoe_quantize_config``).
@@ -421,32 +403,24 @@ def quantize(
     config = with_tensor_scales(config, scaling, tensor_scales, num_groups)
     config = with_group_amax(config, scaling, group_amax, num_groups, columnwise)
 
-    minimum = min_row_alignment(_RECIPE_OF[scaling], columnwise)
     if row_alignment is None:
-        a = minimum
+        a = 0  # the recipe's minimum, as the library plans it
     else:
         a = _integer(row_alignment, "row_alignment", 1)
         if a & (a - 1):
             raise ValueError(f"row_alignment: must be a power of two, got {a}")
-    if out_row_capacity is None:
-        capacity = rows if uniform_rows else rows + num_groups * (a - 1)
-        if minimum > 1:  # row-running blocks need whole blocks of capacity
-            capacity = _round_up(capacity, minimum)
-        if columnwise:  # the columnwise copy's leading dimension aligned like its groups (FP8 GEMM)
-            capacity = _round_up(capacity, a)
-        if _stages_compact_column_scales(scaling, layout, columnwise, capacity):
-            capacity = _round_up(capacity, _STAGED_CAPACITY_MULTIPLE)
-        if dtype == DType.FP4_E2M1:
-            capacity = _round_up(capacity, 2)
-    else:
+    capacity = 0  # the library's default
+    if out_row_capacity is not None:
         capacity = _integer(out_row_capacity, "out_row_capacity", 0)
         if dtype == DType.FP4_E2M1 and capacity % 2:
             raise ValueError(
                 f"out_row_capacity: fp4_e2m1 tensors need an even row capacity, got {capacity}"
             )
-
-    q = _allocate(adapter, x, scaling, dtype, layout, config, capacity, cols, num_groups, a, rowwise, columnwise,
-                  None if uniform_rows else adapter.empty((num_groups + 1,), DType.INT64, x), uniform_rows)
+    plan = _C.plan_grouped_quantize(dict(
+        dtype=int(dtype), scaling=int(scaling), scale_layout=int(layout), rowwise=rowwise, columnwise=columnwise,
+        hadamard_columnwise=config.hadamard and columnwise, num_groups=num_groups, cols=cols, input_rows=rows,
+        input_row_alignment=1, uniform_group_rows=uniform_rows, row_alignment=a, row_capacity=capacity))
+    q = _from_plan(adapter, x, plan, config)
     with adapter.device_context(x):
         _C.grouped_quantize(
             _input_descriptor(adapter, x, in_dtype, offsets, uniform_rows, num_groups),
@@ -458,42 +432,32 @@ def quantize(
     return q
 
 
-def _allocate(adapter, x, scaling, dtype, layout, config, capacity, cols, num_groups, row_alignment, rowwise,
-              columnwise, group_offsets, uniform_rows=0):
-    """An empty GroupedQuantizedTensor of [capacity, cols] on x's device: the copies asked for,
-    their scales, the amax arrays the recipe and options need, and the given offsets array."""
+def _from_plan(adapter, like, plan, config, group_offsets=None):
+    """An empty GroupedQuantizedTensor holding the buffers of `plan` (a `_C.plan_*` dict) on like's
+    device; group_offsets: an offsets array to use instead of the planned one."""
+    buffers = plan["buffers"]
 
-    def data_array(logical):
-        return adapter.empty(_arrays.container_shape(logical, dtype, "data"), dtype, x)
+    def array(name):
+        return _arrays.empty_planned(adapter, buffers[name], like, name)
 
-    scale_dtype = DType(_C.scale_dtype(int(scaling)))
-
-    def scale_array(copy_rows, copy_cols):
-        shape = _C.scale_shape(int(scaling), int(layout), num_groups, copy_rows, copy_cols)
-        return adapter.empty(shape, scale_dtype, x)
-
-    has_amax = scaling == Scaling.TENSOR or scaling in _NVFP4
+    scaling = Scaling(plan["scaling"])
     return GroupedQuantizedTensor(
-        data=data_array((capacity, cols)) if rowwise else None,
-        columnwise_data=data_array((cols, capacity)) if columnwise else None,
-        scale_inv=scale_array(capacity, cols) if rowwise else None,
-        columnwise_scale_inv=scale_array(cols, capacity) if columnwise else None,
-        amax=adapter.empty((num_groups,), DType.FP32, x) if has_amax else None,
-        columnwise_amax=(
-            adapter.empty((num_groups,), DType.FP32, x)
-            if scaling == Scaling.NV_1X16 and config.hadamard and columnwise
-            else None
-        ),
-        group_offsets=group_offsets,
+        data=array("rowwise_data"),
+        columnwise_data=array("columnwise_data"),
+        scale_inv=array("rowwise_scale_inv"),
+        columnwise_scale_inv=array("columnwise_scale_inv"),
+        amax=array("amax"),
+        columnwise_amax=array("columnwise_amax"),
+        group_offsets=array("group_offsets") if group_offsets is None else group_offsets,
         recipe=_RECIPE_OF[scaling],
-        dtype=dtype,
-        scale_layout=layout,
-        row_alignment=row_alignment,
-        rows=capacity,
-        cols=cols,
-        num_groups=num_groups,
+        dtype=DType(plan["dtype"]),
+        scale_layout=ScaleLayout(plan["scale_layout"]),
+        row_alignment=plan["row_alignment"],
+        rows=plan["row_capacity"],
+        cols=plan["cols"],
+        num_groups=plan["num_groups"],
         config=config,
-        uniform_group_rows=uniform_rows,
+        uniform_group_rows=plan["uniform_group_rows"],
     )
 
 
@@ -528,19 +492,26 @@ def with_group_amax(config, scaling, group_amax, num_groups, columnwise):
     return dataclasses.replace(config, group_amax=amax, _amax_adapter=adapter)
 
 
-def quantized_rows(adapter, x, recipe, fmt, scale_layout, power_of_two_scales, capacity, cols, num_groups,
-                   row_alignment, group_offsets, tensor_scales=None):
-    """An empty rowwise-only GroupedQuantizedTensor of [capacity, cols] whose offsets array is
-    `group_offsets` (for ops that write quantized rows, such as permute's fused quantization;
-    fp8_tensor there needs tensor_scales, the given per-group scales)."""
+def fused_rows_format(recipe, fmt, scale_layout, cols):
+    """The planning fields (dtype, scaling, scale_layout) of rows an op quantizes on the fly
+    (permute's and the activations' fused quantization) into `recipe`."""
     scaling = _recipe_scaling(recipe)
     block = _C.scaling_block_size(int(scaling)) or (8 if scaling == Scaling.TENSOR else 0)
     if block and cols % block:
         raise ValueError(f"recipe {recipe} scales blocks of {block} columns, so cols must be a multiple of {block}")
+    return dict(dtype=int(_element_dtype(scaling, fmt)), scaling=int(scaling),
+                scale_layout=int(_scale_layout(scale_layout, scaling)))
+
+
+def quantized_rows(adapter, x, recipe, power_of_two_scales, plan, group_offsets, tensor_scales=None):
+    """An empty rowwise-only GroupedQuantizedTensor laid out by `plan` (the op's planned output)
+    whose offsets array is `group_offsets` (None: a planned one), for ops that write quantized rows
+    (permute's and the activations' fused quantization; fp8_tensor there needs tensor_scales, the
+    given per-group scales)."""
+    scaling = _recipe_scaling(recipe)
     config = with_tensor_scales(QuantizeConfig(power_of_two_scales=bool(power_of_two_scales)), scaling,
-                                tensor_scales, num_groups)
-    return _allocate(adapter, x, scaling, _element_dtype(scaling, fmt), _scale_layout(scale_layout, scaling), config,
-                     capacity, cols, num_groups, row_alignment, True, False, group_offsets)
+                                tensor_scales, plan["num_groups"])
+    return _from_plan(adapter, x, plan, config, group_offsets)
 
 
 def dequantize_grouped(q, out_dtype=DType.FP32, source="auto", out=None):

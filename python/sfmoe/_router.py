@@ -77,7 +77,7 @@ def router(logits, top_k, *, score="softmax", softmax_after_topk=False, num_grou
     # The device sums the losses' per-block partials in a workspace (the host ignores it).
     workspace = None
     if aux is not None or z is not None:
-        workspace = adapter.empty((_C.router_workspace_floats(tokens, experts),), DType.FP32, x)
+        workspace = _arrays.empty_bytes(adapter, _C.router_workspace_bytes(tokens, experts), DType.FP32, x)
     _C.router_forward(bind(x), int(dtype), bias, config, bind(ids), bind(probs), bind(counts), bind(aux), bind(z),
                       bind(workspace), adapter.stream(x))
     return RouterOutput(ids, probs, counts, aux, z, config)

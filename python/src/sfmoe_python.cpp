@@ -24,6 +24,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "binding_errors.h"
+#include "plan_binding.h"
 #include "sfmoe/activation.h"
 #include "sfmoe/cast.h"
 #include "sfmoe/grouped_gemm.h"
@@ -40,21 +42,8 @@ namespace {
 
 // ---- errors -------------------------------------------------------------------------------------
 
-// A failed C API call. The message is captured at once: the library keeps one per thread and the
-// next failing call replaces it.
-class CApiError : public std::runtime_error {
- public:
-  explicit CApiError(sfmoe_status status)
-      : std::runtime_error(sfmoe_last_error()), status_(status) {}
-  sfmoe_status status() const { return status_; }
-
- private:
-  sfmoe_status status_;
-};
-
-void check(sfmoe_status status) {
-  if (status != SFMOE_SUCCESS) throw CApiError(status);
-}
+using sfmoe_binding::CApiError;
+using sfmoe_binding::check;
 
 // Raises sfmoe.Error(message, status_name, code), the class python/sfmoe/_errors.py defines; a
 // RuntimeError naming the status if that class cannot be reached.
@@ -1309,6 +1298,7 @@ void grouped_gemm(int32_t form, nb::dict a, nb::dict b, nb::dict out, bool accum
 NB_MODULE(_C, m) {
   m.doc() = "sfmoe native extension: a thin binding of the sfmoe C API (use the sfmoe package)";
   nb::register_exception_translator(translate_exception);
+  sfmoe_binding::register_planning(m);
 
   // Enum values and struct sizes, as the headers this extension was compiled with define them.
   m.attr("DTYPE_FP32") = static_cast<int>(SFMOE_DTYPE_FP32);
@@ -1399,8 +1389,6 @@ NB_MODULE(_C, m) {
         "tokens_per_expert"_a.noconvert(), "aux_loss"_a.none(), "z_loss"_a.none(),
         "workspace"_a.none(), "stream"_a = 0,
         "sfmoe_router_forward; `config` is a dict of the sfmoe_router_config fields.");
-  m.def("router_workspace_floats", &sfmoe_router_workspace_floats, "tokens"_a, "num_experts"_a,
-        "sfmoe_router_workspace_floats.");
   m.def("router_backward", &router_backward, "logits"_a, "logits_dtype"_a, "topk_ids"_a,
         "tokens_per_expert"_a, "config"_a, "d_probs"_a.none(), "d_aux_loss"_a, "d_z_loss"_a,
         "d_logits"_a.noconvert(), "stream"_a = 0, "sfmoe_router_backward.");
@@ -1415,20 +1403,6 @@ NB_MODULE(_C, m) {
         "workspace"_a.noconvert(), "stream"_a = 0,
         "sfmoe_permute into quantized rows (the fused quantization); `output` is a dict of "
         "sfmoe_grouped_tensor fields.");
-  m.def("grouped_gemm_workspace_elements", &sfmoe_grouped_gemm_workspace_elements, "num_groups"_a,
-        "sfmoe_grouped_gemm_workspace_elements.");
-  m.def(
-      "grouped_gemm_workspace_elements_for",
-      [](int64_t groups, int32_t a_scaling, int64_t a_rows, int64_t a_cols, int32_t b_scaling,
-         int64_t b_rows, int64_t b_cols) {
-        return sfmoe_grouped_gemm_workspace_elements_for(
-            groups, static_cast<sfmoe_scaling>(a_scaling), a_rows, a_cols,
-            static_cast<sfmoe_scaling>(b_scaling), b_rows, b_cols);
-      },
-      "num_groups"_a, "a_scaling"_a, "a_rows"_a, "a_cols"_a, "b_scaling"_a, "b_rows"_a, "b_cols"_a,
-      "sfmoe_grouped_gemm_workspace_elements_for (MXFP8 / NVFP4 operands need more).");
-  m.def("permute_workspace_elements", &sfmoe_permute_workspace_elements, "num_tokens"_a,
-        "num_experts"_a, "sfmoe_permute_workspace_elements.");
   m.def("unpermute", &unpermute, "rows"_a, "rows_dtype"_a, "group_offsets"_a, "row_map"_a,
         "probs"_a.none(), "out"_a.noconvert(), "out_dtype"_a, "stream"_a = 0, "sfmoe_unpermute.");
   m.def("unpermute_backward", &unpermute_backward, "d_out"_a, "d_out_dtype"_a, "rows"_a,
@@ -1452,8 +1426,7 @@ NB_MODULE(_C, m) {
         "hadamard"_a = false, "workspace"_a = nb::none(), "stream"_a = 0,
         "fast_accumulation"_a = false,
         "sfmoe_grouped_gemm; a, b and out are dicts of sfmoe_grouped_tensor fields as for\n"
-        "grouped_quantize; workspace: INT64 [grouped_gemm_workspace_elements_for(...)] (device\n"
-        "only).");
+        "grouped_quantize; workspace: grouped_gemm_workspace_bytes(...) bytes (device only).");
   m.def("grouped_amax", &grouped_amax, "input"_a, "amax"_a.noconvert(),
         "status_word"_a = nb::none(), "stream"_a = 0,
         "sfmoe_grouped_amax: amax[g] = max |x| over group g of the grouped tensor `input` (a\n"

@@ -86,6 +86,11 @@ bool emulated_on_device(int32_t scaling) {
          scaling == SFMOE_SCALING_NV_16X16;
 }
 
+// The kernels' per-group arguments, in whole 8-byte words.
+int64_t kernel_workspace_bytes(int64_t groups) {
+  return (cuda::grouped_gemm_workspace_bytes(groups) + 7) / 8 * 8;
+}
+
 // The emulation's workspace: the kernels' part, then a's and b's BF16 values (256-byte aligned).
 struct EmulationWorkspace {
   int64_t kernel_bytes, a_bytes, b_bytes;
@@ -126,10 +131,8 @@ sfmoe_status run_emulated(const char* context, const sfmoe_grouped_tensor* a,
   }
   const EmulationWorkspace layout =
       emulation_workspace(a->num_groups, a->row_capacity, a->cols, b->row_capacity, b->cols);
-  const int64_t elements = layout.total_bytes() / 8;
-  SFMOE_RETURN_IF_ERROR(expect_workspace(context, workspace, SFMOE_DTYPE_INT64, elements,
-                                         "sfmoe_grouped_gemm_workspace_elements_for", nullptr,
-                                         nullptr));
+  SFMOE_RETURN_IF_ERROR(expect_workspace(context, workspace, layout.total_bytes(),
+                                         "sfmoe_grouped_gemm_workspace_bytes", nullptr, nullptr));
   if (workspace->memory != SFMOE_MEMORY_CUDA || workspace->device != a->device) {
     return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: the workspace must be on a's device", context);
   }
@@ -157,9 +160,8 @@ sfmoe_status run_emulated(const char* context, const sfmoe_grouped_tensor* a,
   if (config->form == SFMOE_GEMM_WGRAD) b_rows.group_offsets = a->group_offsets;
   SFMOE_RETURN_IF_ERROR(dequantized(&b_rows, config->form != SFMOE_GEMM_FPROP,
                                     base + layout.kernel_bytes + layout.a_bytes, &b16));
-  sfmoe_tensor kernel_part = *workspace;  // the kernels' part, as the BF16 path expects it
-  kernel_part.shape[0] = sfmoe_grouped_gemm_workspace_elements(a->num_groups);
-  return run_on_device(context, &a16, &b16, config, out, args, &kernel_part, word, stream);
+  // The kernels' part leads the workspace, as the BF16 path expects it.
+  return run_on_device(context, &a16, &b16, config, out, args, workspace, word, stream);
 }
 #endif  // SFMOE_WITH_CUDA && SFMOE_WITH_CUTE
 
@@ -291,10 +293,8 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
   if (a->group_offsets == nullptr) {
     return fail(SFMOE_ERROR_NULL_POINTER, "%s: a needs its group offsets", context);
   }
-  const int64_t elements = sfmoe_grouped_gemm_workspace_elements(a->num_groups);
-  SFMOE_RETURN_IF_ERROR(expect_workspace(context, workspace, SFMOE_DTYPE_INT64, elements,
-                                         "sfmoe_grouped_gemm_workspace_elements", nullptr,
-                                         nullptr));
+  SFMOE_RETURN_IF_ERROR(expect_workspace(context, workspace, kernel_workspace_bytes(a->num_groups),
+                                         "sfmoe_grouped_gemm_workspace_bytes", nullptr, nullptr));
   if (workspace->memory != SFMOE_MEMORY_CUDA || workspace->device != a->device) {
     return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: the workspace must be on a's device", context);
   }
@@ -329,7 +329,7 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
   d.accumulate = args.accumulate;
   d.fast_accumulation = fp8 && config->fp8_fast_accumulation != 0;
   d.workspace = workspace->data;
-  d.workspace_bytes = elements * 8;
+  d.workspace_bytes = kernel_workspace_bytes(a->num_groups);
   d.word = word != nullptr ? word->word : nullptr;
   SFMOE_RETURN_IF_ERROR(cuda::grouped_gemm(d, stream));
   // out shares a's offsets in fprop and dgrad (as on the host); copied once the GEMM is enqueued
@@ -353,20 +353,9 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
 
 extern "C" {
 
-int64_t sfmoe_grouped_gemm_workspace_elements(int64_t num_groups) {
-#if defined(SFMOE_WITH_CUDA) && defined(SFMOE_WITH_CUTE)
-  if (num_groups < 0 || sfmoe::cuda::device_count() == 0) return 0;
-  return (sfmoe::cuda::grouped_gemm_workspace_bytes(num_groups) + 7) / 8;
-#else
-  (void)num_groups;
-  return 0;
-#endif
-}
-
-int64_t sfmoe_grouped_gemm_workspace_elements_for(int64_t num_groups, sfmoe_scaling a_scaling,
-                                                  int64_t a_rows, int64_t a_cols,
-                                                  sfmoe_scaling b_scaling, int64_t b_rows,
-                                                  int64_t b_cols) {
+int64_t sfmoe_grouped_gemm_workspace_bytes(int64_t num_groups, sfmoe_scaling a_scaling,
+                                           int64_t a_rows, int64_t a_cols, sfmoe_scaling b_scaling,
+                                           int64_t b_rows, int64_t b_cols) {
   if (num_groups < 0 || a_rows < 0 || a_cols < 0 || b_rows < 0 || b_cols < 0) return -1;
   // (the BF16 copies' bytes, 2 per element, must fit in int64 with room for alignment)
   const int64_t most = INT64_MAX / 8;
@@ -375,9 +364,9 @@ int64_t sfmoe_grouped_gemm_workspace_elements_for(int64_t num_groups, sfmoe_scal
   if (sfmoe::cuda::device_count() == 0) return 0;
   if (!sfmoe::emulated_on_device(sfmoe::enum_value(a_scaling)) ||
       !sfmoe::emulated_on_device(sfmoe::enum_value(b_scaling))) {
-    return sfmoe_grouped_gemm_workspace_elements(num_groups);
+    return sfmoe::kernel_workspace_bytes(num_groups);
   }
-  return sfmoe::emulation_workspace(num_groups, a_rows, a_cols, b_rows, b_cols).total_bytes() / 8;
+  return sfmoe::emulation_workspace(num_groups, a_rows, a_cols, b_rows, b_cols).total_bytes();
 #else
   (void)a_scaling, (void)b_scaling;
   return 0;

@@ -11,6 +11,7 @@
 #include "src/api/validate.h"
 #include "src/common/error.h"
 #include "src/cpu/backend.h"
+#include "src/ops/layout_plan.h"
 #if defined(SFMOE_WITH_CUDA)
 #include "src/cuda/backend.h"
 #endif
@@ -76,11 +77,6 @@ extern "C" {
 sfmoe_permute_config sfmoe_permute_config_init(void) {
   sfmoe_permute_config c = sfmoe::sized_zero_config<sfmoe_permute_config>();
   return c;
-}
-
-int64_t sfmoe_permute_workspace_elements(int64_t num_tokens, int64_t num_experts) {
-  if (num_tokens < 0 || num_experts < 1) return 0;
-  return sfmoe::permute_workspace_elements(num_tokens, num_experts);
 }
 
 sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_ids,
@@ -181,10 +177,9 @@ sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_
                            "%s: the CUDA kernels handle up to %d experts (got %lld)", context,
                            sfmoe::kMaxDevicePermuteExperts, static_cast<long long>(experts));
       }
-      SFMOE_RETURN_IF_ERROR(
-          sfmoe::expect_workspace(context, workspace, SFMOE_DTYPE_INT32,
-                                  sfmoe::permute_workspace_elements(t_count, experts),
-                                  "sfmoe_permute_workspace_elements", tokens, "tokens"));
+      SFMOE_RETURN_IF_ERROR(sfmoe::expect_workspace(
+          context, workspace, sfmoe::ops::permute_workspace_bytes(t_count, experts),
+          "sfmoe_permute_workspace_bytes", tokens, "tokens"));
       return sfmoe::cuda::permute(
           sfmoe::PermuteArgs{
               tokens->data, tokens->dtype, t_count, hidden, k, experts,

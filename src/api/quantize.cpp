@@ -9,6 +9,7 @@
 #include "src/api/validate.h"
 #include "src/common/error.h"
 #include "src/cpu/backend.h"
+#include "src/ops/layout_plan.h"
 #if defined(SFMOE_WITH_CUDA)
 #include "src/cuda/backend.h"
 #endif
@@ -90,16 +91,24 @@ sfmoe_status sfmoe_grouped_quantize(const sfmoe_grouped_tensor* input,
       const int64_t input_rows = input->group_offsets
                                      ? input->row_capacity
                                      : input->num_groups * input->uniform_group_rows;
-      const bool aligned_already = input->group_offsets && input->row_alignment % a == 0;
-      const int64_t padding = aligned_already ? 0 : input->num_groups * (a - 1);
-      if (output->row_capacity < input_rows + padding) {
+      sfmoe_quantize_plan_request request = sfmoe_quantize_plan_request_init();
+      request.scaling = output->scaling;
+      request.columnwise = output->columnwise_data != nullptr;
+      request.num_groups = input->num_groups;
+      request.input_rows = input_rows;
+      request.input_row_alignment = input->group_offsets ? input->row_alignment : 1;
+      request.row_alignment = a;
+      int64_t bound = 0;
+      const Outcome outcome = ops::quantized_capacity_bound(request, &bound);
+      if (!outcome.ok()) return fail_with(context, outcome);
+      if (output->row_capacity < bound) {
         return fail(SFMOE_ERROR_SHAPE_MISMATCH,
                     "%s: output row_capacity %lld cannot hold the padded groups: it needs %lld "
-                    "(%lld input rows + %lld groups x %lld alignment padding)",
+                    "(%lld input rows + %lld groups' alignment padding; "
+                    "sfmoe_plan_grouped_quantize gives the layout)",
                     context, static_cast<long long>(output->row_capacity),
-                    static_cast<long long>(input_rows + padding),
-                    static_cast<long long>(input_rows), static_cast<long long>(input->num_groups),
-                    static_cast<long long>(a - 1));
+                    static_cast<long long>(bound), static_cast<long long>(input_rows),
+                    static_cast<long long>(input->num_groups));
       }
     }
     args.word = word ? word->word : nullptr;

@@ -12,6 +12,7 @@
 #include "src/common/error.h"
 #include "src/cpu/backend.h"
 #include "src/cpu/element_access.h"
+#include "src/ops/layout_plan.h"
 #if defined(SFMOE_WITH_CUDA)
 #include "src/cuda/backend.h"
 #endif
@@ -140,11 +141,6 @@ sfmoe_router_config sfmoe_router_config_init(void) {
   return c;
 }
 
-int64_t sfmoe_router_workspace_floats(int64_t tokens, int64_t num_experts) {
-  if (tokens < 0 || num_experts < 1) return 0;
-  return sfmoe::router_workspace_floats(tokens, num_experts);
-}
-
 sfmoe_status sfmoe_router_forward(const sfmoe_tensor* logits, const sfmoe_tensor* expert_bias,
                                   const sfmoe_router_config* config, const sfmoe_tensor* topk_ids,
                                   const sfmoe_tensor* probs, const sfmoe_tensor* tokens_per_expert,
@@ -185,8 +181,8 @@ sfmoe_status sfmoe_router_forward(const sfmoe_tensor* logits, const sfmoe_tensor
       if (aux_loss != nullptr || z_loss != nullptr) {
         // A loss on the device needs the per-block partials' workspace.
         SFMOE_RETURN_IF_ERROR(sfmoe::expect_workspace(
-            context, workspace, SFMOE_DTYPE_FP32, sfmoe::router_workspace_floats(tokens, experts),
-            "sfmoe_router_workspace_floats", logits, "logits"));
+            context, workspace, sfmoe::ops::router_workspace_bytes(tokens, experts),
+            "sfmoe_router_workspace_bytes", logits, "logits"));
         partials = static_cast<float*>(workspace->data);
       }
       return sfmoe::cuda::router_forward(

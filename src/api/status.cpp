@@ -6,6 +6,7 @@
 #include "src/api/validate.h"
 #include "src/common/error.h"
 #include "src/common/quantize_args.h"
+#include "src/ops/layout_plan.h"
 
 namespace sfmoe {
 namespace {
@@ -151,77 +152,9 @@ sfmoe_status sfmoe_scale_shape(sfmoe_scaling scaling, sfmoe_scale_layout layout,
   if (ndim == nullptr || shape == nullptr) {
     return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: ndim and shape must not be NULL", kContext);
   }
-  if (sfmoe::scale_dtype_of(scaling) == static_cast<sfmoe_dtype>(SFMOE_DTYPE_COUNT)) {
-    return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: scaling '%s' has no scales", kContext,
-                       sfmoe_scaling_name(scaling));
-  }
-  const int32_t layout_value = sfmoe::enum_value(layout);
-  if (layout_value != SFMOE_SCALE_LAYOUT_COMPACT && layout_value != SFMOE_SCALE_LAYOUT_SWIZZLED &&
-      layout_value != SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED) {
-    return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: unknown scale layout %d", kContext,
-                       static_cast<int>(layout_value));
-  }
-  if (layout == SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED &&
-      !sfmoe::scaling_has_layout(scaling, layout)) {
-    return sfmoe::fail(
-        SFMOE_ERROR_UNSUPPORTED,
-        "%s: the columnwise-transposed layout exists for block_1x128 only (scaling is '%s')",
-        kContext, sfmoe_scaling_name(scaling));
-  }
-  if (layout == SFMOE_SCALE_LAYOUT_SWIZZLED && !sfmoe::scaling_is_swizzlable(scaling)) {
-    return sfmoe::fail(
-        SFMOE_ERROR_UNSUPPORTED,
-        "%s: the swizzled layout exists for mx_1x32 and nv_1x16 only (scaling is '%s')", kContext,
-        sfmoe_scaling_name(scaling));
-  }
-  if (num_groups < 0 || copy_rows < 0 || copy_cols < 0) {
-    return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT,
-                       "%s: sizes must be >= 0 (num_groups %lld, copy_rows %lld, copy_cols %lld)",
-                       kContext, static_cast<long long>(num_groups),
-                       static_cast<long long>(copy_rows), static_cast<long long>(copy_cols));
-  }
-  auto ceil_div = [](int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); };
-  const int64_t block = sfmoe::scaling_block_size(scaling);
-  if (scaling == SFMOE_SCALING_TENSOR) {
-    *ndim = 1;
-    shape[0] = num_groups;
-    return SFMOE_SUCCESS;
-  }
-  if (sfmoe::scaling_is_2d(scaling)) {
-    *ndim = 2;
-    shape[0] = ceil_div(copy_rows, block);
-    shape[1] = ceil_div(copy_cols, block);
-    return SFMOE_SUCCESS;
-  }
-  const int64_t scale_cols = ceil_div(copy_cols, block);
-  if (layout == SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED) {  // one dimension for either copy
-    if (scale_cols != 0 && copy_rows > INT64_MAX / scale_cols) {
-      return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT,
-                         "%s: the size of [%lld, %lld] overflows int64", kContext,
-                         static_cast<long long>(copy_rows), static_cast<long long>(scale_cols));
-    }
-    *ndim = 1;
-    shape[0] = copy_rows * scale_cols;
-    return SFMOE_SUCCESS;
-  }
-  if (layout == SFMOE_SCALE_LAYOUT_SWIZZLED) {
-    // roundup(rows, 128) * roundup(scale_cols, 4), refused where it would not fit in int64.
-    const int64_t row_tiles = ceil_div(copy_rows, sfmoe::numerics::kSwizzleTileRows);
-    const int64_t col_tiles = ceil_div(scale_cols, sfmoe::numerics::kSwizzleTileCols);
-    constexpr int64_t kMax = INT64_MAX / sfmoe::numerics::kSwizzleTileElements;
-    if (col_tiles != 0 && row_tiles > kMax / col_tiles) {
-      return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT,
-                         "%s: the swizzled size of [%lld, %lld] overflows int64", kContext,
-                         static_cast<long long>(copy_rows), static_cast<long long>(scale_cols));
-    }
-    *ndim = 1;
-    shape[0] = row_tiles * col_tiles * sfmoe::numerics::kSwizzleTileElements;
-    return SFMOE_SUCCESS;
-  }
-  *ndim = 2;
-  shape[0] = copy_rows;
-  shape[1] = scale_cols;
-  return SFMOE_SUCCESS;
+  const sfmoe::Outcome outcome =
+      sfmoe::ops::plan_scale_shape(scaling, layout, num_groups, copy_rows, copy_cols, ndim, shape);
+  return outcome.ok() ? SFMOE_SUCCESS : sfmoe::fail_with(kContext, outcome);
 }
 
 }  // extern "C"

@@ -419,14 +419,27 @@ sfmoe_status check_word(const char* context, const sfmoe_status_word* word, sfmo
   return SFMOE_SUCCESS;
 }
 
-sfmoe_status expect_workspace(const char* context, const sfmoe_tensor* workspace, sfmoe_dtype dtype,
-                              int64_t elements, const char* size_function, const sfmoe_tensor* home,
+sfmoe_status expect_workspace(const char* context, const sfmoe_tensor* workspace, int64_t bytes,
+                              const char* size_function, const sfmoe_tensor* home,
                               const char* home_name) {
   if (workspace == nullptr) {
-    return fail(SFMOE_ERROR_NULL_POINTER, "%s: the device needs a workspace of %lld %s (see %s)",
-                context, static_cast<long long>(elements), sfmoe_dtype_name(dtype), size_function);
+    return fail(SFMOE_ERROR_NULL_POINTER, "%s: the device needs a workspace of %lld bytes (see %s)",
+                context, static_cast<long long>(bytes), size_function);
   }
-  return expect_tensor(context, "workspace", workspace, {dtype}, {elements}, home, home_name);
+  SFMOE_RETURN_IF_ERROR(validate_tensor(context, "workspace", workspace));
+  const int64_t held =
+      checked_bytes(tensor_element_count(workspace), 1, sfmoe_dtype_bits(workspace->dtype));
+  if (workspace->ndim != 1 || held < bytes) {
+    return fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                "%s: workspace must be a 1-D tensor of at least %lld bytes (see %s), got %lld",
+                context, static_cast<long long>(bytes), size_function,
+                static_cast<long long>(held));
+  }
+  if (home != nullptr && (workspace->memory != home->memory || workspace->device != home->device)) {
+    return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: workspace is not in the memory space of %s", context,
+                home_name);
+  }
+  return SFMOE_SUCCESS;
 }
 
 sfmoe_status check_device_offsets(const sfmoe_grouped_tensor* t, sfmoe_status_word* word,

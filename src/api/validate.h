@@ -61,10 +61,10 @@ sfmoe_status expect_unquantized_rows(const char* context, const char* name,
 // (check_group) before anything is written; SFMOE_ERROR_INVALID_ARGUMENT on the first fault.
 sfmoe_status check_host_group_offsets(const char* context, const char* name,
                                       const sfmoe_grouped_tensor* t);
-// A device workspace: a valid 1-D tensor of exactly `elements` of `dtype` beside `home`;
+// A device workspace: a valid 1-D tensor of any dtype holding at least `bytes` bytes beside `home`;
 // SFMOE_ERROR_NULL_POINTER naming `size_function` (the API call that sizes it) when it is NULL.
-sfmoe_status expect_workspace(const char* context, const sfmoe_tensor* workspace, sfmoe_dtype dtype,
-                              int64_t elements, const char* size_function, const sfmoe_tensor* home,
+sfmoe_status expect_workspace(const char* context, const sfmoe_tensor* workspace, int64_t bytes,
+                              const char* size_function, const sfmoe_tensor* home,
                               const char* home_name);
 // With a status word, a device tensor's group offsets checked on the stream (faults go to the
 // word, nothing is read back: sync-free); nothing to do without one.

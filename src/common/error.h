@@ -5,12 +5,18 @@
 #include <new>
 
 #include "sfmoe/sfmoe.h"
+#include "src/common/outcome.h"
 
 namespace sfmoe {
 
 // Records a printf-style message as this thread's last error and returns `status`.
 sfmoe_status fail(sfmoe_status status, const char* format, ...)
     __attribute__((format(printf, 2, 3)));
+
+// A refusal reported by an internal layer, worded as the call `context`'s error.
+inline sfmoe_status fail_with(const char* context, const Outcome& outcome) {
+  return fail(outcome.status, "%s: %s", context, outcome.reason);
+}
 
 // Runs an API body, turning any C++ exception into a status so none crosses extern "C".
 template <class Body>

@@ -6,10 +6,21 @@
 #include <utility>
 #include <vector>
 
+#include "sfmoe/grouped_gemm.h"
 #include "sfmoe/sfmoe.h"
 
 namespace sfmoe {
 namespace testing {
+
+// The grouped GEMM's workspace in INT64 words, the tensors the tests allocate for it (negative
+// answers pass through).
+inline int64_t gemm_workspace_words(int64_t groups, sfmoe_scaling a_scaling, int64_t a_rows,
+                                    int64_t a_cols, sfmoe_scaling b_scaling, int64_t b_rows,
+                                    int64_t b_cols) {
+  const int64_t bytes = sfmoe_grouped_gemm_workspace_bytes(groups, a_scaling, a_rows, a_cols,
+                                                           b_scaling, b_rows, b_cols);
+  return bytes < 0 ? bytes : (bytes + 7) / 8;
+}
 
 inline sfmoe_tensor tensor_in(sfmoe_memory memory, void* data, sfmoe_dtype dtype,
                               std::vector<int64_t> dims) {

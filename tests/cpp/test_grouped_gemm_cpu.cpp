@@ -368,25 +368,25 @@ TEST(GroupedGemmApi, QuantizedOperandsReadTheCopyOfTheirForm) {
 // The workspace a call needs: the kernels' part alone unless both operands are emulated
 // (MXFP8 / NVFP4), then room for their BF16 copies as well; -1 for negative or overflowing sizes.
 TEST(GroupedGemmApi, WorkspaceSizePerCall) {
-  const int64_t base = sfmoe_grouped_gemm_workspace_elements(8);
-  EXPECT_EQ(sfmoe_grouped_gemm_workspace_elements_for(8, SFMOE_SCALING_NONE, 256, 64,
-                                                      SFMOE_SCALING_NONE, 512, 64),
-            base);
-  EXPECT_EQ(sfmoe_grouped_gemm_workspace_elements_for(8, SFMOE_SCALING_MX_1X32, 256, 64,
-                                                      SFMOE_SCALING_TENSOR, 512, 64),
+  const int64_t base =
+      testing::gemm_workspace_words(8, SFMOE_SCALING_NONE, 0, 0, SFMOE_SCALING_NONE, 0, 0);
+  EXPECT_EQ(
+      testing::gemm_workspace_words(8, SFMOE_SCALING_NONE, 256, 64, SFMOE_SCALING_NONE, 512, 64),
+      base);
+  EXPECT_EQ(testing::gemm_workspace_words(8, SFMOE_SCALING_MX_1X32, 256, 64, SFMOE_SCALING_TENSOR,
+                                          512, 64),
             base);  // a pairing the device does not emulate
-  const int64_t emulated = sfmoe_grouped_gemm_workspace_elements_for(
-      8, SFMOE_SCALING_MX_1X32, 256, 64, SFMOE_SCALING_NV_16X16, 512, 64);
+  const int64_t emulated = testing::gemm_workspace_words(8, SFMOE_SCALING_MX_1X32, 256, 64,
+                                                         SFMOE_SCALING_NV_16X16, 512, 64);
   if (base > 0) {  // a build and machine with the device GEMM
     EXPECT_GE(emulated * 8, base * 8 + (256 + 512) * 64 * 2);
   } else {
     EXPECT_EQ(emulated, 0);
   }
-  EXPECT_EQ(sfmoe_grouped_gemm_workspace_elements_for(-1, SFMOE_SCALING_NONE, 1, 1,
-                                                      SFMOE_SCALING_NONE, 1, 1),
+  EXPECT_EQ(testing::gemm_workspace_words(-1, SFMOE_SCALING_NONE, 1, 1, SFMOE_SCALING_NONE, 1, 1),
             -1);
-  EXPECT_EQ(sfmoe_grouped_gemm_workspace_elements_for(1, SFMOE_SCALING_MX_1X32, INT64_MAX / 4, 32,
-                                                      SFMOE_SCALING_MX_1X32, 1, 32),
+  EXPECT_EQ(testing::gemm_workspace_words(1, SFMOE_SCALING_MX_1X32, INT64_MAX / 4, 32,
+                                          SFMOE_SCALING_MX_1X32, 1, 32),
             -1);
 }
 

@@ -111,7 +111,8 @@ void run_both(sfmoe_gemm_form form, const Problem& p, sfmoe_dtype out_dtype, boo
   DeviceBuffer<uint16_t> dx(x.size()), dw(w.size()), ddy(dy.size());
   DeviceBuffer<int64_t> doff(offsets.size());
   DeviceBuffer<unsigned char> dout(out_bytes);
-  const int64_t ws_elements = sfmoe_grouped_gemm_workspace_elements(kGroups);
+  const int64_t ws_elements =
+      gemm_workspace_words(kGroups, SFMOE_SCALING_NONE, 0, 0, SFMOE_SCALING_NONE, 0, 0);
   ASSERT_GT(ws_elements, 0);
   DeviceBuffer<int64_t> ws(static_cast<size_t>(ws_elements));
   CUDA_OK(dx.upload(x));
@@ -252,7 +253,8 @@ TEST(CudaGroupedGemm, BadOffsetsAreClampedAndReported) {
   DeviceBuffer<uint16_t> dx(p.x.size()), dw(p.w.size());
   DeviceBuffer<int64_t> doff(bad.size());
   DeviceBuffer<float> dy(static_cast<size_t>(p.rows * kN));
-  const int64_t ws_elements = sfmoe_grouped_gemm_workspace_elements(kGroups);
+  const int64_t ws_elements =
+      gemm_workspace_words(kGroups, SFMOE_SCALING_NONE, 0, 0, SFMOE_SCALING_NONE, 0, 0);
   DeviceBuffer<int64_t> ws(static_cast<size_t>(ws_elements));
   CUDA_OK(dx.upload(p.x));
   CUDA_OK(dw.upload(p.w));
@@ -344,9 +346,10 @@ TEST(CudaGroupedGemm, EmulatedOperandsWithBadOffsetsAreClampedAndReported) {
   CUDA_OK(cudaMemset(dy.ptr, 0x7F, out_values * sizeof(float)));
   const sfmoe_grouped_tensor out =
       rows_in(SFMOE_MEMORY_CUDA, dy.ptr, SFMOE_DTYPE_FP32, kGroups, p.rows, kN, 1, doff.ptr);
-  const int64_t ws_elements = sfmoe_grouped_gemm_workspace_elements_for(
-      kGroups, SFMOE_SCALING_MX_1X32, p.rows, k, SFMOE_SCALING_MX_1X32, kGroups * kN, k);
-  ASSERT_GT(ws_elements, sfmoe_grouped_gemm_workspace_elements(kGroups));
+  const int64_t ws_elements = gemm_workspace_words(kGroups, SFMOE_SCALING_MX_1X32, p.rows, k,
+                                                   SFMOE_SCALING_MX_1X32, kGroups * kN, k);
+  ASSERT_GT(ws_elements,
+            gemm_workspace_words(kGroups, SFMOE_SCALING_NONE, 0, 0, SFMOE_SCALING_NONE, 0, 0));
   DeviceBuffer<int64_t> ws(static_cast<size_t>(ws_elements));
   const sfmoe_tensor workspace =
       tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});
@@ -378,7 +381,8 @@ TEST(CudaGroupedGemm, CapturedGraphFollowsNewGroupSizes) {
   DeviceBuffer<uint16_t> dx(p.x.size()), dw(p.w.size());
   DeviceBuffer<int64_t> doff(kGroups + 1);
   DeviceBuffer<float> dy(static_cast<size_t>(capacity * kN));
-  const int64_t ws_elements = sfmoe_grouped_gemm_workspace_elements(kGroups);
+  const int64_t ws_elements =
+      gemm_workspace_words(kGroups, SFMOE_SCALING_NONE, 0, 0, SFMOE_SCALING_NONE, 0, 0);
   DeviceBuffer<int64_t> ws(static_cast<size_t>(ws_elements));
   CUDA_OK(dx.upload(p.x));
   CUDA_OK(dw.upload(p.w));
@@ -557,7 +561,8 @@ void run_fp8_both(sfmoe_gemm_form form, const Fp8Operand& qa, const Fp8Operand& 
   dev_out.memory = SFMOE_MEMORY_CUDA;
   dev_out.rowwise_data = dout.ptr;
   dev_out.group_offsets = wgrad ? nullptr : da.t.group_offsets;
-  const int64_t ws_elements = sfmoe_grouped_gemm_workspace_elements(kGroups);
+  const int64_t ws_elements =
+      gemm_workspace_words(kGroups, SFMOE_SCALING_NONE, 0, 0, SFMOE_SCALING_NONE, 0, 0);
   DeviceBuffer<int64_t> ws(static_cast<size_t>(ws_elements));
   const sfmoe_tensor workspace =
       tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});
@@ -804,7 +809,8 @@ TEST(CudaGroupedGemm, Fp8BlockwiseOperandsMatchTheCpuReference) {
   sfmoe_grouped_tensor out =
       rows_in(SFMOE_MEMORY_CUDA, dw.ptr, SFMOE_DTYPE_FP32, kGroups, kGroups * k, k, 1, nullptr);
   out.uniform_group_rows = k;
-  const int64_t ws_elements = sfmoe_grouped_gemm_workspace_elements(kGroups);
+  const int64_t ws_elements =
+      gemm_workspace_words(kGroups, SFMOE_SCALING_NONE, 0, 0, SFMOE_SCALING_NONE, 0, 0);
   DeviceBuffer<int64_t> ws(static_cast<size_t>(ws_elements));
   const sfmoe_tensor workspace =
       tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});

@@ -182,7 +182,7 @@ TEST(CudaRouter, IdsProbabilitiesAndCountsEqualTheCpuBackend) {
       bias[e] = e % 17 == 3 ? -1e6f : 0.01f * static_cast<float>(rng() % 100);
     Twin<float> t_logits(logits), t_bias(bias);
     Twin<uint16_t> t_logits_bf16(logits_bf16);
-    Twin<float> workspace(static_cast<size_t>(sfmoe_router_workspace_floats(tokens, E)), 0.0f);
+    Twin<float> workspace(static_cast<size_t>((sfmoe_router_workspace_bytes(tokens, E) / 4)), 0.0f);
     RouterRun run(tokens, E, k);
     const sfmoe_dtype dtype = rc.bf16 ? SFMOE_DTYPE_BF16 : SFMOE_DTYPE_FP32;
     for (sfmoe_memory m : kBoth) {
@@ -481,7 +481,7 @@ TEST(CudaPermute, PermuteUnpermuteAndBackwardEqualTheCpuBackend) {
     Twin<float> amax(E, -5.0f);  // each expert's amax of its kept rows
     sfmoe_permute_config config = sfmoe_permute_config_init();
     config.expert_capacity = pc.capacity;
-    Twin<int32_t> workspace(static_cast<size_t>(sfmoe_permute_workspace_elements(tokens, E)), 0);
+    Twin<int32_t> workspace(static_cast<size_t>((sfmoe_permute_workspace_bytes(tokens, E) / 4)), 0);
     // The place kernel, then (rows of a multiple of 16 bytes) the bulk copy placing its own
     // token's slots; device outputs poisoned again before each.
     for (const char* place : {"0", "1"}) {
@@ -615,7 +615,7 @@ TEST(CudaPermute, LongRowsMoveInSegmentsByEitherCopy) {
     Twin<uint8_t> rows(static_cast<size_t>(capacity_rows * H * 4), 0xA5);
     Twin<int64_t> offsets(E + 1, -9), row_map(tokens * k, -7), kept(E, -1);
     Twin<float> amax(E, -5.0f);
-    Twin<int32_t> workspace(static_cast<size_t>(sfmoe_permute_workspace_elements(tokens, E)), 0);
+    Twin<int32_t> workspace(static_cast<size_t>((sfmoe_permute_workspace_bytes(tokens, E) / 4)), 0);
     sfmoe_permute_config config = sfmoe_permute_config_init();
     for (sfmoe_memory m : kBoth) {
       const sfmoe_tensor t_ws = tensor_in(m, workspace.on(m), SFMOE_DTYPE_INT32,
@@ -695,7 +695,7 @@ TEST(CudaPermute, FusedQuantizationEqualsTheCpuBackend) {
     Twin<uint8_t> codes(static_cast<size_t>(R * H), 0xA5),
         scales(static_cast<size_t>(scale_bytes), 0x5A);
     Twin<int64_t> offsets(E + 1, -9), row_map(tokens * k, -7), kept(E, -1), dropped(E, -1);
-    Twin<int32_t> workspace(static_cast<size_t>(sfmoe_permute_workspace_elements(tokens, E)), 0);
+    Twin<int32_t> workspace(static_cast<size_t>((sfmoe_permute_workspace_bytes(tokens, E) / 4)), 0);
     sfmoe_quantize_config qc = sfmoe_quantize_config_init();
     qc.power_of_two_scales = fc.pow2;
     sfmoe_permute_config config = sfmoe_permute_config_init();
@@ -760,7 +760,7 @@ TEST(CudaPermute, BadIdsAreSkippedAndReported) {
   const sfmoe_tensor t_map = tensor_in(m, map.ptr, SFMOE_DTYPE_INT64, {tokens, k});
   const sfmoe_tensor t_kept = tensor_in(m, kept.ptr, SFMOE_DTYPE_INT64, {E});
   sfmoe_permute_config config = sfmoe_permute_config_init();
-  DeviceBuffer<int32_t> ws(sfmoe_permute_workspace_elements(tokens, E));
+  DeviceBuffer<int32_t> ws((sfmoe_permute_workspace_bytes(tokens, E) / 4));
   const sfmoe_tensor t_ws =
       tensor_in(m, ws.ptr, SFMOE_DTYPE_INT32, {static_cast<int64_t>(ws.count)});
   ASSERT_EQ(
@@ -973,8 +973,9 @@ TEST(CudaMoeChain, CapturedRouterPermuteActivationUnpermuteReplaysOnNewLogits) {
   sfmoe_permute_config pc = sfmoe_permute_config_init();
   sfmoe_activation_config ac = sfmoe_activation_config_init();
   Twin<float> logits(T * E, 0.0f), aux(1, 0.0f),
-      workspace(sfmoe_router_workspace_floats(T, E), 0.0f);
-  Twin<int32_t> permute_workspace(static_cast<size_t>(sfmoe_permute_workspace_elements(T, E)), 0);
+      workspace((sfmoe_router_workspace_bytes(T, E) / 4), 0.0f);
+  Twin<int32_t> permute_workspace(static_cast<size_t>((sfmoe_permute_workspace_bytes(T, E) / 4)),
+                                  0);
   Twin<int32_t> ids(T * k, 0);
   Twin<float> probs(T * k, 0.0f);
   Twin<int64_t> counts(E, 0), offsets(E + 1, 0), act_offsets(E + 1, 0), row_map(T * k, 0),

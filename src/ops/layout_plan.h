@@ -1,0 +1,41 @@
+// Layout planning: every buffer an op writes or needs, from host-known bounds alone. The one
+// statement of these rules: the C API's planning functions wrap them, the ops' validation and the
+// MoE layer's workspace planner call them, and the Python package asks the C API.
+#pragma once
+
+#include <stdint.h>
+
+#include "sfmoe/activation.h"
+#include "sfmoe/permute.h"
+#include "sfmoe/quantize.h"
+#include "sfmoe/sfmoe.h"
+#include "src/common/outcome.h"
+
+namespace sfmoe {
+namespace ops {
+
+// The shape of one copy's scale array ([copy_rows, copy_cols] is [R, C] for the rowwise copy and
+// [C, R] for the columnwise one): docs/quantization.md, "scale storage".
+Outcome plan_scale_shape(sfmoe_scaling scaling, sfmoe_scale_layout layout, int64_t num_groups,
+                         int64_t copy_rows, int64_t copy_cols, int32_t* ndim, int64_t shape[2]);
+
+// The smallest row capacity a quantized output accepts for `request` (its row_capacity ignored).
+Outcome quantized_capacity_bound(const sfmoe_quantize_plan_request& request, int64_t* bound);
+
+Outcome plan_grouped_quantize(const sfmoe_quantize_plan_request& request,
+                              sfmoe_grouped_tensor_plan* plan);
+Outcome plan_permute(const sfmoe_permute_plan_request& request, sfmoe_permute_plan* plan);
+Outcome plan_grouped_activation(const sfmoe_activation_plan_request& request,
+                                sfmoe_grouped_tensor_plan* plan);
+
+// Bytes of the device workspaces (no workspace on the host).
+int64_t permute_workspace_bytes(int64_t num_tokens, int64_t num_experts);
+int64_t router_workspace_bytes(int64_t tokens, int64_t num_experts);
+
+// Buffers of `plan` carved out of one SFMOE_PLAN_ALIGNMENT-aligned allocation of
+// plan.total_bytes.
+Outcome bind_grouped_tensor(const sfmoe_grouped_tensor_plan& plan, sfmoe_memory memory,
+                            int32_t device, void* base, sfmoe_grouped_tensor* out);
+
+}  // namespace ops
+}  // namespace sfmoe
