@@ -101,12 +101,12 @@ sfmoe_status check_groups(const char* context, const sfmoe_grouped_tensor* input
 #if defined(SFMOE_WITH_CUDA)
 // On the device: the output's offsets receive the input's (an async copy on the stream), and
 // with a status word the offsets are checked there too.
-sfmoe_status launch_offsets_copy_and_check(const char* context, const sfmoe_grouped_tensor* input,
+sfmoe_status launch_offsets_copy_and_check(const sfmoe_grouped_tensor* input,
                                            const sfmoe_grouped_tensor* output,
                                            sfmoe_status_word* word, void* stream) {
   if (output->group_offsets != input->group_offsets) {
     SFMOE_RETURN_IF_ERROR(cuda::copy_device_async(
-        context, output->group_offsets, input->group_offsets,
+        output->group_offsets, input->group_offsets,
         static_cast<size_t>(input->num_groups + 1) * sizeof(int64_t), stream));
   }
   return check_device_offsets(input, word, stream);
@@ -175,8 +175,7 @@ sfmoe_status sfmoe_grouped_activation(const sfmoe_grouped_tensor* input,
                                fused ? &quantized : nullptr};
     if (input->memory == SFMOE_MEMORY_CUDA) {
 #if defined(SFMOE_WITH_CUDA)
-      SFMOE_RETURN_IF_ERROR(
-          sfmoe::launch_offsets_copy_and_check(context, input, output, word, stream));
+      SFMOE_RETURN_IF_ERROR(sfmoe::launch_offsets_copy_and_check(input, output, word, stream));
       return sfmoe::cuda::activation_forward(args, input->row_capacity, word ? word->word : nullptr,
                                              stream);
 #else

@@ -336,7 +336,7 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
   // (it reads a's), so a refused call leaves out's offsets as they were.
   if (config->form != SFMOE_GEMM_WGRAD && out->group_offsets != nullptr &&
       out->group_offsets != a->group_offsets && out->uniform_group_rows == 0) {
-    SFMOE_RETURN_IF_ERROR(cuda::copy_device_async(context, out->group_offsets, a->group_offsets,
+    SFMOE_RETURN_IF_ERROR(cuda::copy_device_async(out->group_offsets, a->group_offsets,
                                                   sizeof(int64_t) * (a->num_groups + 1), stream));
   }
   return SFMOE_SUCCESS;

@@ -1,5 +1,4 @@
-// Status names, the thread-local last-error message, and dtype/scaling names.
-#include <stdarg.h>
+// Status names, the last-error accessors, and dtype/scaling names.
 #include <stdint.h>
 #include <stdio.h>
 
@@ -8,25 +7,10 @@
 #include "src/common/quantize_args.h"
 #include "src/ops/layout_plan.h"
 
-namespace sfmoe {
-namespace {
-thread_local char g_last_error[1024] = "";
-}  // namespace
-
-sfmoe_status fail(sfmoe_status status, const char* format, ...) {
-  va_list args;
-  va_start(args, format);
-  vsnprintf(g_last_error, sizeof(g_last_error), format, args);
-  va_end(args);
-  return status;
-}
-
-}  // namespace sfmoe
-
 extern "C" {
 
-const char* sfmoe_last_error(void) { return sfmoe::g_last_error; }
-void sfmoe_clear_last_error(void) { sfmoe::g_last_error[0] = '\0'; }
+const char* sfmoe_last_error(void) { return sfmoe::last_error_message(); }
+void sfmoe_clear_last_error(void) { sfmoe::clear_last_error_message(); }
 
 const char* sfmoe_status_name(sfmoe_status status) {
   switch (status) {

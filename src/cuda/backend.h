@@ -34,8 +34,7 @@ sfmoe_status status_word_snapshot(const sfmoe_fault_report* device_word,
                                   sfmoe_fault_report* host_mirror, void* stream);
 
 // An asynchronous device-to-device copy on the stream.
-sfmoe_status copy_device_async(const char* context, void* to, const void* from, size_t bytes,
-                               void* stream);
+sfmoe_status copy_device_async(void* to, const void* from, size_t bytes, void* stream);
 
 // Operations (launchers). Inputs are validated by the API layer.
 sfmoe_status check_group_offsets(const int64_t* offsets, int64_t num_groups, int64_t row_capacity,

@@ -15,6 +15,7 @@
 #include "sfmoe/numerics/scaling.h"
 #include "sfmoe/quantize.h"
 #include "sfmoe/sfmoe.h"
+#include "src/common/error.h"
 #include "tests/cpp/host_descriptors.h"
 
 namespace {
@@ -251,6 +252,33 @@ TEST(Validation, GoodDescriptorsPass) {
   EXPECT_EQ(sfmoe_tensor_validate(&x, "x"), SFMOE_SUCCESS);  // empty tensor
   x = host_tensor(nullptr, SFMOE_DTYPE_FP32, 0);
   EXPECT_EQ(sfmoe_tensor_validate(&x, "x"), SFMOE_SUCCESS);  // empty: NULL data is fine
+}
+
+// A backend reports a reason naming no public function; the API call it returns through words the
+// message once, with its own name. A message the API layer worded is left as it is.
+TEST(Validation, BackendReasonsAreWordedByTheApiCall) {
+  const sfmoe_status reported = sfmoe::guarded("sfmoe_outer", [] {
+    return sfmoe::report(SFMOE_ERROR_CUDA, "kernel_x failed: %s", "cudaErrorLaunchFailure");
+  });
+  EXPECT_EQ(reported, SFMOE_ERROR_CUDA);
+  EXPECT_STREQ(sfmoe_last_error(), "sfmoe_outer: kernel_x failed: cudaErrorLaunchFailure");
+  const sfmoe_status nested = sfmoe::guarded("sfmoe_outer", [] {
+    return sfmoe::guarded("sfmoe_inner",
+                          [] { return sfmoe::report(SFMOE_ERROR_UNSUPPORTED, "no kernel"); });
+  });
+  EXPECT_EQ(nested, SFMOE_ERROR_UNSUPPORTED);
+  EXPECT_STREQ(sfmoe_last_error(), "sfmoe_inner: no kernel");
+  sfmoe::guarded("sfmoe_outer", [] {
+    return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "sfmoe_outer: worded here");
+  });
+  EXPECT_STREQ(sfmoe_last_error(), "sfmoe_outer: worded here");
+  const std::string long_reason(2000, 'r');
+  sfmoe::guarded("sfmoe_outer",
+                 [&] { return sfmoe::report(SFMOE_ERROR_CUDA, "%s", long_reason.c_str()); });
+  EXPECT_EQ(std::string(sfmoe_last_error()).rfind("sfmoe_outer: rrr", 0), 0u);
+  EXPECT_EQ(std::strlen(sfmoe_last_error()), 1023u);
+  sfmoe_clear_last_error();
+  EXPECT_STREQ(sfmoe_last_error(), "");
 }
 
 TEST(Validation, StatusNamesAndDtypeTable) {

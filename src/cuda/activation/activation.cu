@@ -328,14 +328,13 @@ struct LaunchForward {
                              cudaStream_t stream) {
     kernel<<<activation_grid(reinterpret_cast<const void*>(kernel), row_capacity), kThreads, 0,
              stream>>>(a, row_capacity, word, q);
-    return check_launch("sfmoe_grouped_activation", "activation_forward_kernel");
+    return check_launch("activation_forward_kernel");
   }
 
   static sfmoe_status run(const ActivationArgs& a, int64_t row_capacity, sfmoe_fault_report* word,
                           cudaStream_t stream) {
     if (a.amax != nullptr) {
       SFMOE_CUDA_RETURN_IF_ERROR(
-          "sfmoe_grouped_activation",
           cudaMemsetAsync(a.amax, 0, sizeof(float) * a.groups.num_groups, stream));
     }
     if (a.quantized == nullptr) {
@@ -347,8 +346,7 @@ struct LaunchForward {
       if (a.quantized->scaling == SFMOE_SCALING_TENSOR) {
         // The quantized output's group amax is the activations' amax (the API passes the
         // output's amax as both).
-        SFMOE_CUDA_RETURN_IF_ERROR("sfmoe_grouped_activation",
-                                   prepare_tensor_quantization(q, stream));
+        SFMOE_CUDA_RETURN_IF_ERROR(prepare_tensor_quantization(q, stream));
         ActivationArgs with_amax = a;
         with_amax.amax = q.amax;
         return launch(activation_forward_kernel<8, kKind, kTensorQuantBlock>, with_amax,
@@ -384,7 +382,7 @@ struct LaunchBackward {
     const auto kernel = activation_backward_kernel<kVec, kKind>;
     kernel<<<activation_grid(reinterpret_cast<const void*>(kernel), row_capacity), kThreads, 0,
              stream>>>(a, row_capacity, word);
-    return check_launch("sfmoe_grouped_activation_backward", "activation_backward_kernel");
+    return check_launch("activation_backward_kernel");
   }
 };
 

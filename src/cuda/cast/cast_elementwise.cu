@@ -151,13 +151,13 @@ sfmoe_status cast(const void* input, sfmoe_dtype input_dtype, void* output,
                   void* stream) {
   const CastKernel kernel = pick_kernel(input_dtype, output_dtype);
   if (kernel == nullptr) {
-    return fail(SFMOE_ERROR_UNSUPPORTED, "sfmoe_cast: no kernel for %s -> %s",
-                sfmoe_dtype_name(input_dtype), sfmoe_dtype_name(output_dtype));
+    return report(SFMOE_ERROR_UNSUPPORTED, "no kernel for %s -> %s", sfmoe_dtype_name(input_dtype),
+                  sfmoe_dtype_name(output_dtype));
   }
   constexpr int kThreads = 256;
   kernel<<<grid_for(count / kPack + 1, kThreads), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       input, output, count, scale, scale_device);
-  return check_launch("sfmoe_cast", "cast_kernel");
+  return check_launch("cast_kernel");
 }
 
 }  // namespace cuda

@@ -1,4 +1,5 @@
-// Turning CUDA runtime errors into sfmoe statuses with a message naming the call site.
+// Turning CUDA runtime errors into sfmoe statuses with a reason naming the failed call (the API
+// layer prefixes the public function's name: src/common/error.h).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,16 +9,16 @@
 namespace sfmoe {
 namespace cuda {
 
-inline sfmoe_status cuda_fail(const char* context, const char* what, cudaError_t error) {
-  return fail(SFMOE_ERROR_CUDA, "%s: %s failed: %s (%s)", context, what, cudaGetErrorName(error),
-              cudaGetErrorString(error));
+inline sfmoe_status cuda_fail(const char* what, cudaError_t error) {
+  return report(SFMOE_ERROR_CUDA, "%s failed: %s (%s)", what, cudaGetErrorName(error),
+                cudaGetErrorString(error));
 }
 
 // After a kernel launch: reports a launch failure (bad configuration, missing kernel image).
-inline sfmoe_status check_launch(const char* context, const char* kernel) {
+inline sfmoe_status check_launch(const char* kernel) {
   const cudaError_t error = cudaGetLastError();
   if (error == cudaSuccess) return SFMOE_SUCCESS;
-  return cuda_fail(context, kernel, error);
+  return cuda_fail(kernel, error);
 }
 
 // Multiprocessors of the current device (cached per device).
@@ -33,8 +34,8 @@ int grid_for(int64_t work_items, int threads_per_block);
 }  // namespace cuda
 }  // namespace sfmoe
 
-#define SFMOE_CUDA_RETURN_IF_ERROR(context, call)                                       \
-  do {                                                                                  \
-    const cudaError_t error_ = (call);                                                  \
-    if (error_ != cudaSuccess) return ::sfmoe::cuda::cuda_fail(context, #call, error_); \
+#define SFMOE_CUDA_RETURN_IF_ERROR(call)                                       \
+  do {                                                                         \
+    const cudaError_t error_ = (call);                                         \
+    if (error_ != cudaSuccess) return ::sfmoe::cuda::cuda_fail(#call, error_); \
   } while (0)

@@ -25,7 +25,7 @@ sfmoe_status check_group_offsets(const int64_t* offsets, int64_t num_groups, int
   check_group_offsets_kernel<<<grid_for(num_groups, kThreads), kThreads, 0,
                                static_cast<cudaStream_t>(stream)>>>(
       offsets, num_groups, row_capacity, row_alignment, word);
-  return check_launch("sfmoe_check_group_offsets", "check_group_offsets_kernel");
+  return check_launch("check_group_offsets_kernel");
 }
 
 }  // namespace cuda

@@ -83,13 +83,12 @@ PointerKind classify_pointer(const void* pointer, int32_t* device) {
 }
 
 sfmoe_status fill_device_info(sfmoe_device_info* info) {
-  const char* context = "sfmoe_get_device_info";
   (void)cudaRuntimeGetVersion(&info->runtime_version);
   (void)cudaDriverGetVersion(&info->driver_version);
   info->device_count = device_count();
   if (info->device_count == 0) return SFMOE_SUCCESS;
   cudaDeviceProp prop;
-  SFMOE_CUDA_RETURN_IF_ERROR(context, cudaGetDeviceProperties(&prop, 0));
+  SFMOE_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
   snprintf(info->name, sizeof(info->name), "%s", prop.name);
   info->compute_major = prop.major;
   info->compute_minor = prop.minor;
@@ -105,10 +104,9 @@ sfmoe_status fill_device_info(sfmoe_device_info* info) {
 
 sfmoe_status status_word_allocate(int32_t device, sfmoe_fault_report** device_word,
                                   sfmoe_fault_report** host_mirror) {
-  const char* context = "sfmoe_status_word_create";
   int previous = 0;
-  SFMOE_CUDA_RETURN_IF_ERROR(context, cudaGetDevice(&previous));
-  SFMOE_CUDA_RETURN_IF_ERROR(context, cudaSetDevice(device));
+  SFMOE_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous));
+  SFMOE_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
   sfmoe_fault_report initial;
   initial.flags = 0;
   initial.count = 0;
@@ -126,7 +124,7 @@ sfmoe_status status_word_allocate(int32_t device, sfmoe_fault_report** device_wo
     if (*host_mirror) cudaFreeHost(*host_mirror);
     *device_word = nullptr;
     *host_mirror = nullptr;
-    return cuda_fail(context, "allocating the status word", error);
+    return cuda_fail("allocating the status word", error);
   }
   return SFMOE_SUCCESS;
 }
@@ -152,7 +150,7 @@ __global__ void reset_status_word_kernel(sfmoe_fault_report* word) {
 
 sfmoe_status status_word_reset(sfmoe_fault_report* device_word, void* stream) {
   reset_status_word_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(device_word);
-  return check_launch("sfmoe_status_word_reset", "reset_status_word_kernel");
+  return check_launch("reset_status_word_kernel");
 }
 
 sfmoe_status status_word_snapshot(const sfmoe_fault_report* device_word,
@@ -162,16 +160,14 @@ sfmoe_status status_word_snapshot(const sfmoe_fault_report* device_word,
       cudaMemcpyAsync(host_mirror, device_word, sizeof(sfmoe_fault_report),
                       cudaMemcpyDeviceToHost,  // sync-ok: asynchronous, into pinned memory
                       static_cast<cudaStream_t>(stream));
-  if (error != cudaSuccess)
-    return cuda_fail("sfmoe_status_word_snapshot", "cudaMemcpyAsync", error);
+  if (error != cudaSuccess) return cuda_fail("cudaMemcpyAsync", error);
   return SFMOE_SUCCESS;
 }
 
-sfmoe_status copy_device_async(const char* context, void* to, const void* from, size_t bytes,
-                               void* stream) {
+sfmoe_status copy_device_async(void* to, const void* from, size_t bytes, void* stream) {
   const cudaError_t error =
       cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream));
-  return error == cudaSuccess ? SFMOE_SUCCESS : cuda_fail(context, "cudaMemcpyAsync", error);
+  return error == cudaSuccess ? SFMOE_SUCCESS : cuda_fail("cudaMemcpyAsync", error);
 }
 
 }  // namespace cuda

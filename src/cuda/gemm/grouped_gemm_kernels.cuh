@@ -408,38 +408,36 @@ int64_t kernel_workspace_bytes(int64_t groups) {
 
 template <class K>
 sfmoe_status run_kernel(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
-  const char* context = "sfmoe_grouped_gemm";
   if (a.workspace_bytes < kernel_workspace_bytes<K>(a.num_groups)) {
-    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: the workspace holds %lld bytes, %lld needed",
-                context, static_cast<long long>(a.workspace_bytes),
-                static_cast<long long>(kernel_workspace_bytes<K>(a.num_groups)));
+    return report(SFMOE_ERROR_INVALID_ARGUMENT, "the workspace holds %lld bytes, %lld needed",
+                  static_cast<long long>(a.workspace_bytes),
+                  static_cast<long long>(kernel_workspace_bytes<K>(a.num_groups)));
   }
   const typename K::Arrays r = carve<K>(a.workspace, a.num_groups);
   constexpr int kSetupThreads = 128;
   grouped_gemm_setup_kernel<K>
       <<<static_cast<unsigned>((a.num_groups + kSetupThreads - 1) / kSetupThreads), kSetupThreads,
          0, stream>>>(a, r);
-  SFMOE_RETURN_IF_ERROR(check_launch(context, "grouped_gemm_setup_kernel"));
+  SFMOE_RETURN_IF_ERROR(check_launch("grouped_gemm_setup_kernel"));
   using Out = typename K::Out;
   if (a.form == GroupedGemmForm::kWgrad && !a.accumulate) {
     const int64_t groups_per_launch = a.num_groups < 65535 ? a.num_groups : 65535;
     zero_empty_weights_kernel<Out>
         <<<dim3(8, static_cast<unsigned>(groups_per_launch)), 256, 0, stream>>>(a);
-    SFMOE_RETURN_IF_ERROR(check_launch(context, "zero_empty_weights_kernel"));
+    SFMOE_RETURN_IF_ERROR(check_launch("zero_empty_weights_kernel"));
   }
   typename K::Gemm gemm;
   const typename K::Gemm::Arguments args = gemm_arguments<K>(a, r);
   if (gemm.can_implement(args) != cutlass::Status::kSuccess) {
-    return fail(SFMOE_ERROR_UNSUPPORTED, "%s: the CUTLASS kernel cannot run these operands",
-                context);
+    return report(SFMOE_ERROR_UNSUPPORTED, "the CUTLASS kernel cannot run these operands");
   }
   if (gemm.initialize(args, r.cutlass_workspace, stream) != cutlass::Status::kSuccess ||
       gemm.run(stream) != cutlass::Status::kSuccess) {
-    return check_launch(context, "cutlass grouped GEMM") == SFMOE_SUCCESS
-               ? fail(SFMOE_ERROR_CUDA, "%s: the CUTLASS grouped GEMM failed to launch", context)
+    return check_launch("cutlass grouped GEMM") == SFMOE_SUCCESS
+               ? report(SFMOE_ERROR_CUDA, "the CUTLASS grouped GEMM failed to launch")
                : SFMOE_ERROR_CUDA;
   }
-  return check_launch(context, "cutlass grouped GEMM");
+  return check_launch("cutlass grouped GEMM");
 }
 
 template <class K>

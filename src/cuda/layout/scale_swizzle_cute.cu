@@ -40,7 +40,7 @@ sfmoe_status swizzled_scale_offsets_cute(int64_t rows, int64_t scale_cols, int64
   constexpr int kThreads = 256;
   swizzled_offsets_kernel<<<grid_for(rows * scale_cols, kThreads), kThreads, 0,
                             static_cast<cudaStream_t>(stream)>>>(rows, scale_cols, offsets);
-  return check_launch("swizzled_scale_offsets_cute", "swizzled_offsets_kernel");
+  return check_launch("swizzled_offsets_kernel");
 }
 
 }  // namespace cuda

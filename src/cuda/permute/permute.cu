@@ -710,7 +710,6 @@ __global__ void __launch_bounds__(kCopyThreads) unpermute_backward_kernel(Unperm
 }  // namespace
 
 sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
-  const char* context = "sfmoe_permute";
   cudaStream_t stream = static_cast<cudaStream_t>(stream_pointer);
   const int64_t chunks = permute_chunks(a.num_tokens);
   // Each expert's amax of its rows: unquantized rows only (a fused quantization has its own).
@@ -719,14 +718,13 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
   if (chunks > 0) {
     permute_count_kernel<<<static_cast<unsigned>(chunks), kChunkTokens, bitmap_bytes, stream>>>(
         a.topk_ids, a.num_tokens, a.top_k, a.num_experts, a.workspace);
-    SFMOE_RETURN_IF_ERROR(check_launch(context, "permute_count_kernel"));
+    SFMOE_RETURN_IF_ERROR(check_launch("permute_count_kernel"));
   }
-  SFMOE_CUDA_RETURN_IF_ERROR(
-      context,
-      launch_dependent(permute_scan_kernel, dim3(1), dim3(kScanThreads), 0, stream, a.workspace,
-                       chunks, a.num_experts, a.expert_capacity, a.alignment, a.tokens_per_expert,
-                       a.dropped_per_expert, a.expert_offsets, group_amax));
-  SFMOE_RETURN_IF_ERROR(check_launch(context, "permute_scan_kernel"));
+  SFMOE_CUDA_RETURN_IF_ERROR(launch_dependent(permute_scan_kernel, dim3(1), dim3(kScanThreads), 0,
+                                              stream, a.workspace, chunks, a.num_experts,
+                                              a.expert_capacity, a.alignment, a.tokens_per_expert,
+                                              a.dropped_per_expert, a.expert_offsets, group_amax));
+  SFMOE_RETURN_IF_ERROR(check_launch("permute_scan_kernel"));
   const int64_t row_bytes = a.hidden * (sfmoe_dtype_bits(a.dtype) / 8);
   const bool bulk = a.quantized == nullptr && permute_copy_by_bulk(a.tokens, a.permuted, row_bytes);
   // The bulk copy places its own token's slots (no place kernel) unless
@@ -735,18 +733,17 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
   const bool copy_places =
       bulk && (fused_place_setting == nullptr || strcmp(fused_place_setting, "0") != 0);
   if (chunks > 0 && !copy_places) {
-    SFMOE_CUDA_RETURN_IF_ERROR(
-        context, launch_dependent(permute_place_kernel, dim3(static_cast<unsigned>(chunks)),
-                                  dim3(kChunkTokens), bitmap_bytes, stream, a.topk_ids,
-                                  a.num_tokens, a.top_k, a.num_experts, a.expert_capacity,
-                                  a.workspace, a.expert_offsets, a.row_map, a.word));
-    SFMOE_RETURN_IF_ERROR(check_launch(context, "permute_place_kernel"));
+    SFMOE_CUDA_RETURN_IF_ERROR(launch_dependent(
+        permute_place_kernel, dim3(static_cast<unsigned>(chunks)), dim3(kChunkTokens), bitmap_bytes,
+        stream, a.topk_ids, a.num_tokens, a.top_k, a.num_experts, a.expert_capacity, a.workspace,
+        a.expert_offsets, a.row_map, a.word));
+    SFMOE_RETURN_IF_ERROR(check_launch("permute_place_kernel"));
   }
   const int64_t blocks = a.num_tokens + (a.alignment > 1 ? a.num_experts * kPaddingSplit : 0);
   if (a.quantized != nullptr && a.quantized->scaling == SFMOE_SCALING_TENSOR) {
     // Every group's scale_inv and amax are outputs, also with no rows to move.
     SFMOE_CUDA_RETURN_IF_ERROR(
-        context, prepare_tensor_quantization(fused_quantization_of(*a.quantized), stream));
+        prepare_tensor_quantization(fused_quantization_of(*a.quantized), stream));
   }
   if (blocks == 0) return SFMOE_SUCCESS;
   if (a.quantized != nullptr) {
@@ -765,21 +762,19 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
           a.tokens, a.dtype, a.num_tokens, a.top_k, a.hidden, a.row_capacity, a.expert_offsets,
           a.tokens_per_expert, a.row_map, fused);
     }
-    return check_launch(context, "permute_quantize_kernel");
+    return check_launch("permute_quantize_kernel");
   }
   if (bulk) {
     const int64_t segment = row_bytes < kBulkSegmentBytes ? row_bytes : kBulkSegmentBytes;
     const PlaceArgs place{a.topk_ids,  a.num_experts, a.expert_capacity,
                           a.workspace, a.row_map,     a.word};
-    SFMOE_CUDA_RETURN_IF_ERROR(
-        context,
-        launch_dependent(
-            copy_places ? permute_bulk_copy_kernel<true> : permute_bulk_copy_kernel<false>,
-            dim3(static_cast<unsigned>(blocks)), dim3(kBulkThreads), static_cast<size_t>(segment),
-            stream, static_cast<const uint8_t*>(a.tokens), a.num_tokens, a.top_k, row_bytes,
-            segment, a.row_capacity, a.expert_offsets, a.tokens_per_expert, a.row_map,
-            static_cast<uint8_t*>(a.permuted), place, a.dtype, group_amax));
-    return check_launch(context, "permute_bulk_copy_kernel");
+    SFMOE_CUDA_RETURN_IF_ERROR(launch_dependent(
+        copy_places ? permute_bulk_copy_kernel<true> : permute_bulk_copy_kernel<false>,
+        dim3(static_cast<unsigned>(blocks)), dim3(kBulkThreads), static_cast<size_t>(segment),
+        stream, static_cast<const uint8_t*>(a.tokens), a.num_tokens, a.top_k, row_bytes, segment,
+        a.row_capacity, a.expert_offsets, a.tokens_per_expert, a.row_map,
+        static_cast<uint8_t*>(a.permuted), place, a.dtype, group_amax));
+    return check_launch("permute_bulk_copy_kernel");
   }
   auto launch = [&](auto vec) {
     using Vec = decltype(vec);
@@ -793,8 +788,8 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
   const cudaError_t launched = row_bytes % 16 == 0  ? launch(uint4{})
                                : row_bytes % 4 == 0 ? launch(uint32_t{})
                                                     : launch(uint16_t{});
-  SFMOE_CUDA_RETURN_IF_ERROR(context, launched);
-  return check_launch(context, "permute_copy_kernel");
+  SFMOE_CUDA_RETURN_IF_ERROR(launched);
+  return check_launch("permute_copy_kernel");
 }
 
 sfmoe_status unpermute(const UnpermuteArgs& a, void* stream_pointer) {
@@ -806,7 +801,7 @@ sfmoe_status unpermute(const UnpermuteArgs& a, void* stream_pointer) {
   } else {
     unpermute_kernel<1><<<blocks, kCopyThreads, 0, stream>>>(a);
   }
-  return check_launch("sfmoe_unpermute", "unpermute_kernel");
+  return check_launch("unpermute_kernel");
 }
 
 sfmoe_status unpermute_backward(const UnpermuteBackwardArgs& a, void* stream_pointer) {
@@ -818,7 +813,7 @@ sfmoe_status unpermute_backward(const UnpermuteBackwardArgs& a, void* stream_poi
   } else {
     unpermute_backward_kernel<1><<<static_cast<unsigned>(blocks), kCopyThreads, 0, stream>>>(a);
   }
-  return check_launch("sfmoe_unpermute_backward", "unpermute_backward_kernel");
+  return check_launch("unpermute_backward_kernel");
 }
 
 }  // namespace cuda

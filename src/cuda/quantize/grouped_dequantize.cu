@@ -273,7 +273,7 @@ sfmoe_status grouped_dequantize(const GroupedDequantizeArgs& d, void* stream_han
       dequantize_rowwise_kernel<<<grid_for(bound, kThreads), kThreads, 0, stream>>>(d);
     }
   }
-  return check_launch("sfmoe_grouped_dequantize", "dequantize_kernel");
+  return check_launch("dequantize_kernel");
 }
 
 sfmoe_status swizzle_scales(const uint8_t* from, int64_t rows, int64_t scale_cols, uint8_t* to,
@@ -282,8 +282,7 @@ sfmoe_status swizzle_scales(const uint8_t* from, int64_t rows, int64_t scale_col
   swizzle_kernel<<<grid_for(swizzled_scale_padded_size(rows, scale_cols), kThreads), kThreads, 0,
                    static_cast<cudaStream_t>(stream_handle)>>>(from, rows, scale_cols, to,
                                                                unswizzle);
-  return check_launch(unswizzle ? "sfmoe_unswizzle_scales" : "sfmoe_swizzle_scales",
-                      "swizzle_kernel");
+  return check_launch("swizzle_kernel");
 }
 
 }  // namespace cuda

@@ -1329,10 +1329,8 @@ sfmoe_status launch_tiles(const GroupedQuantizeArgs& a, cudaStream_t stream) {
   const size_t shared =
       Buffers::kBytes + 2 * sizeof(int64_t) * static_cast<size_t>(sched.staged_groups);
   // Per device, and not a stream operation: set on every launch (cheap, capture-safe).
-  SFMOE_CUDA_RETURN_IF_ERROR(
-      "sfmoe_grouped_quantize",
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(shared)));
+  SFMOE_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared)));
   const int64_t wave = resident_wave(reinterpret_cast<const void*>(kernel), kThreads, shared);
   // Work units: 32 (rowwise-only) or 16 (columnwise) per resident block over the row bound, so
   // that the last wave is short and each unit's row map is reused over a few column tiles; the
@@ -1355,7 +1353,7 @@ sfmoe_status launch_tiles(const GroupedQuantizeArgs& a, cudaStream_t stream) {
   const int grid =
       static_cast<int>(units_bound < wave ? (units_bound > 0 ? units_bound : 1) : wave);
   kernel<<<grid, kThreads, shared, stream>>>(a, sched);
-  return check_launch("sfmoe_grouped_quantize", "quantize_tiles_kernel");
+  return check_launch("quantize_tiles_kernel");
 }
 
 // ---- the amax pass of TENSOR and NVFP4 without the Hadamard transform ---------------------------
@@ -1443,7 +1441,7 @@ sfmoe_status launch_amax_rows(const GroupedQuantizeArgs& a, cudaStream_t stream)
                                     : 0;
   kernel<<<static_cast<unsigned>(forced_rows > 0 ? std::max<int64_t>(1, forced_blocks) : blocks),
            kAmaxThreads, 0, stream>>>(a, forced_rows);
-  return check_launch("sfmoe_grouped_quantize", "quantize_amax_rows_kernel");
+  return check_launch("quantize_amax_rows_kernel");
 }
 
 // The group amax before the codes (no Hadamard transform): the row stream, or the tile kernel's
@@ -1500,7 +1498,7 @@ sfmoe_status run_recipe(const GroupedQuantizeArgs& a, cudaStream_t stream) {
       SFMOE_RETURN_IF_ERROR((launch_codes<In, S>(a, stream)));
       if (!a.config.trap_nan_amax || a.word == nullptr) return SFMOE_SUCCESS;
       trap_group_amax_kernel<<<grid_for(a.num_groups, kThreads), kThreads, 0, stream>>>(a);
-      return check_launch("sfmoe_grouped_quantize", "trap_group_amax_kernel");
+      return check_launch("trap_group_amax_kernel");
     }
   }
   if constexpr (Recipe<S>::kGroupAmax) {
@@ -1536,7 +1534,7 @@ sfmoe_status run_input(const GroupedQuantizeArgs& a, cudaStream_t stream) {
     case SFMOE_SCALING_NV_16X16:
       return run_recipe<In, SFMOE_SCALING_NV_16X16>(a, stream);
     default:
-      return fail(SFMOE_ERROR_UNSUPPORTED, "sfmoe_grouped_quantize: no kernel for this scaling");
+      return report(SFMOE_ERROR_UNSUPPORTED, "no kernel for this scaling");
   }
 }
 
@@ -1588,7 +1586,7 @@ sfmoe_status grouped_quantize(const GroupedQuantizeArgs& a, void* stream_handle)
       a.columnwise_amax != nullptr && a.config.hadamard_columnwise && a.columnwise != nullptr;
   const bool init_amax = a.scaling == SFMOE_SCALING_TENSOR || scaling_is_nvfp4(a.scaling);
   padded_offsets_kernel<<<1, kScanThreads, 0, stream>>>(a, init_amax, clear_columnwise);
-  SFMOE_RETURN_IF_ERROR(check_launch("sfmoe_grouped_quantize", "padded_offsets_kernel"));
+  SFMOE_RETURN_IF_ERROR(check_launch("padded_offsets_kernel"));
   switch (a.input.dtype) {
     case SFMOE_DTYPE_FP32:
       return run_input<SFMOE_DTYPE_FP32>(a, stream);
@@ -1597,7 +1595,7 @@ sfmoe_status grouped_quantize(const GroupedQuantizeArgs& a, void* stream_handle)
     case SFMOE_DTYPE_FP16:
       return run_input<SFMOE_DTYPE_FP16>(a, stream);
     default:
-      return fail(SFMOE_ERROR_UNSUPPORTED, "sfmoe_grouped_quantize: input dtype");
+      return report(SFMOE_ERROR_UNSUPPORTED, "no kernel for the input dtype");
   }
 }
 
@@ -1605,7 +1603,7 @@ sfmoe_status grouped_amax(const GroupedInput& in, int64_t groups, int64_t cols, 
                           sfmoe_fault_report* word, void* stream_handle) {
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   clear_amax_kernel<<<grid_for(groups, kThreads), kThreads, 0, stream>>>(in, groups, amax, word);
-  SFMOE_RETURN_IF_ERROR(check_launch("sfmoe_grouped_amax", "clear_amax_kernel"));
+  SFMOE_RETURN_IF_ERROR(check_launch("clear_amax_kernel"));
   const dim3 grid(static_cast<unsigned>(groups < 65535 ? groups : 65535), 8);
   switch (in.dtype) {
     case SFMOE_DTYPE_FP32:
@@ -1618,9 +1616,9 @@ sfmoe_status grouped_amax(const GroupedInput& in, int64_t groups, int64_t cols, 
       group_amax_kernel<SFMOE_DTYPE_FP16><<<grid, kThreads, 0, stream>>>(in, groups, cols, amax);
       break;
     default:
-      return fail(SFMOE_ERROR_UNSUPPORTED, "sfmoe_grouped_amax: input dtype");
+      return report(SFMOE_ERROR_UNSUPPORTED, "no kernel for the input dtype");
   }
-  return check_launch("sfmoe_grouped_amax", "group_amax_kernel");
+  return check_launch("group_amax_kernel");
 }
 
 }  // namespace cuda

@@ -916,11 +916,10 @@ sfmoe_status by_chunk(int chunk, Launch launch) {
 }  // namespace
 
 sfmoe_status router_forward(const RouterDeviceForward& a, void* stream_pointer) {
-  const char* context = "sfmoe_router_forward";
   cudaStream_t stream = static_cast<cudaStream_t>(stream_pointer);
   const RouterConfig& c = a.config;
   router_clear_counts_kernel<<<1, 256, 0, stream>>>(a.tokens_per_expert, c.num_experts);
-  SFMOE_RETURN_IF_ERROR(check_launch(context, "router_clear_counts_kernel"));
+  SFMOE_RETURN_IF_ERROR(check_launch("router_clear_counts_kernel"));
   const int64_t blocks = router_blocks(a.tokens);
   RouterShape shape = router_shape(c, a.tokens, blocks);
   // Sigmoid scores with no bias, groups or losses, k < 32 (SFMOE_ROUTER_LOGIT_ORDER=0 turns it off,
@@ -940,27 +939,25 @@ sfmoe_status router_forward(const RouterDeviceForward& a, void* stream_pointer) 
                                                   : router_forward_kernel<kV, float, false>);
       const cudaError_t launched =
           launch_dependent(kernel, dim3(grid), dim3(kThreads), 0, stream, a, shape);
-      SFMOE_CUDA_RETURN_IF_ERROR(context, launched);
-      return check_launch(context, "router_forward_kernel");
+      SFMOE_CUDA_RETURN_IF_ERROR(launched);
+      return check_launch("router_forward_kernel");
     }));
   }
   if (a.aux_loss != nullptr || a.z_loss != nullptr) {
     if (a.tokens == 0) {
-      if (a.aux_loss)
-        SFMOE_CUDA_RETURN_IF_ERROR(context, cudaMemsetAsync(a.aux_loss, 0, 4, stream));
-      if (a.z_loss) SFMOE_CUDA_RETURN_IF_ERROR(context, cudaMemsetAsync(a.z_loss, 0, 4, stream));
+      if (a.aux_loss) SFMOE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.aux_loss, 0, 4, stream));
+      if (a.z_loss) SFMOE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.z_loss, 0, 4, stream));
       return SFMOE_SUCCESS;
     }
     router_loss_kernel<<<1, kLossThreads, 0, stream>>>(
         a.aux_partials, static_cast<int>(blocks), static_cast<int>(c.num_experts),
         a.tokens_per_expert, a.aux_factor, a.z_factor, a.aux_loss, a.z_loss);
-    return check_launch(context, "router_loss_kernel");
+    return check_launch("router_loss_kernel");
   }
   return SFMOE_SUCCESS;
 }
 
 sfmoe_status router_backward(const RouterDeviceBackward& a, void* stream_pointer) {
-  const char* context = "sfmoe_router_backward";
   if (a.tokens == 0) return SFMOE_SUCCESS;
   cudaStream_t stream = static_cast<cudaStream_t>(stream_pointer);
   const int64_t wanted = (a.tokens + kTokensPerBlock - 1) / kTokensPerBlock;
@@ -973,7 +970,7 @@ sfmoe_status router_backward(const RouterDeviceBackward& a, void* stream_pointer
     } else {
       router_backward_kernel<kV, float><<<blocks, kThreads, 0, stream>>>(a, shape);
     }
-    return check_launch(context, "router_backward_kernel");
+    return check_launch("router_backward_kernel");
   });
 }
 
