@@ -11,10 +11,7 @@
 #include "src/api/status_word_impl.h"
 #include "src/api/validate.h"
 #include "src/common/error.h"
-#include "src/cpu/backend.h"
-#if defined(SFMOE_WITH_CUDA)
-#include "src/cuda/backend.h"
-#endif
+#include "src/ops/backend.h"
 
 namespace sfmoe {
 namespace {
@@ -98,20 +95,20 @@ sfmoe_status check_groups(const char* context, const sfmoe_grouped_tensor* input
   return SFMOE_SUCCESS;
 }
 
-#if defined(SFMOE_WITH_CUDA)
-// On the device: the output's offsets receive the input's (an async copy on the stream), and
-// with a status word the offsets are checked there too.
-sfmoe_status launch_offsets_copy_and_check(const sfmoe_grouped_tensor* input,
-                                           const sfmoe_grouped_tensor* output,
-                                           sfmoe_status_word* word, void* stream) {
+// The output's offsets receive the input's (on the device an async copy on the stream, with a
+// status word also checked there; on the host the offsets were checked already).
+sfmoe_status copy_offsets_and_check(const sfmoe_grouped_tensor* input,
+                                    const sfmoe_grouped_tensor* output, sfmoe_status_word* word,
+                                    void* stream) {
   if (output->group_offsets != input->group_offsets) {
-    SFMOE_RETURN_IF_ERROR(cuda::copy_device_async(
-        output->group_offsets, input->group_offsets,
-        static_cast<size_t>(input->num_groups + 1) * sizeof(int64_t), stream));
+    SFMOE_RETURN_IF_ERROR(ops::backend_for(input->memory)
+                              .copy(output->group_offsets, input->group_offsets,
+                                    static_cast<size_t>(input->num_groups + 1) * sizeof(int64_t),
+                                    stream));
   }
-  return check_device_offsets(input, word, stream);
+  return input->memory == SFMOE_MEMORY_CUDA ? check_offsets_on_stream(input, word, stream)
+                                            : SFMOE_SUCCESS;
 }
-#endif
 
 }  // namespace
 }  // namespace sfmoe
@@ -164,49 +161,19 @@ sfmoe_status sfmoe_grouped_activation(const sfmoe_grouped_tensor* input,
     sfmoe::GroupRowsView groups;
     SFMOE_RETURN_IF_ERROR(sfmoe::check_groups(context, input, group_rows, &groups));
     SFMOE_RETURN_IF_ERROR(sfmoe::check_word(context, word, input->memory, input->device));
-    sfmoe::ActivationArgs args{c,
-                               groups,
-                               cols,
-                               input->rowwise_data,
-                               input->dtype,
-                               fused ? nullptr : output->rowwise_data,
-                               output->dtype,
-                               output->amax,
-                               fused ? &quantized : nullptr};
-    if (input->memory == SFMOE_MEMORY_CUDA) {
-#if defined(SFMOE_WITH_CUDA)
-      SFMOE_RETURN_IF_ERROR(sfmoe::launch_offsets_copy_and_check(input, output, word, stream));
-      return sfmoe::cuda::activation_forward(args, input->row_capacity, word ? word->word : nullptr,
-                                             stream);
-#else
-      (void)stream;
-      return SFMOE_ERROR_INTERNAL;
-#endif
-    }
-    if (output->group_offsets != input->group_offsets) {
-      memcpy(output->group_offsets, input->group_offsets,
-             static_cast<size_t>(input->num_groups + 1) * sizeof(int64_t));
-    }
-    if (!fused) {
-      sfmoe::cpu::activation_forward(args);
-      return SFMOE_SUCCESS;
-    }
-    // The fused form on the host is its definition: the FP32 activations, then the grouped
-    // quantization's reference over them with the same offsets.
-    std::vector<float> values(static_cast<size_t>(input->row_capacity * cols), 0.0f);
-    args.output = values.data();
-    args.output_dtype = SFMOE_DTYPE_FP32;
-    args.quantized = nullptr;
-    sfmoe::cpu::activation_forward(args);
-    const std::vector<int64_t> input_offsets(input->group_offsets,
-                                             input->group_offsets + input->num_groups + 1);
-    quantized.input = sfmoe::GroupedInput{values.data(), SFMOE_DTYPE_FP32, input->row_capacity,
-                                          input_offsets.data(), 0};
-    // The input's offsets are the output's: nothing is re-aligned (alignment 1 keeps each
-    // group's rows where they are, whatever the output descriptor's row_alignment says).
-    quantized.row_alignment = 1;
-    sfmoe::cpu::grouped_quantize(quantized);
-    return SFMOE_SUCCESS;
+    const sfmoe::ActivationArgs args{c,
+                                     groups,
+                                     cols,
+                                     input->rowwise_data,
+                                     input->dtype,
+                                     fused ? nullptr : output->rowwise_data,
+                                     output->dtype,
+                                     output->amax,
+                                     fused ? &quantized : nullptr,
+                                     input->row_capacity,
+                                     word ? word->word : nullptr};
+    SFMOE_RETURN_IF_ERROR(sfmoe::copy_offsets_and_check(input, output, word, stream));
+    return sfmoe::ops::backend_for(input->memory).activation_forward(args, stream);
   });
 }
 
@@ -238,19 +205,13 @@ sfmoe_status sfmoe_grouped_activation_backward(const sfmoe_grouped_tensor* input
                                              d_output->rowwise_data,
                                              d_output->dtype,
                                              d_input->rowwise_data,
-                                             d_input->dtype};
+                                             d_input->dtype,
+                                             input->row_capacity,
+                                             word ? word->word : nullptr};
     if (input->memory == SFMOE_MEMORY_CUDA) {
-#if defined(SFMOE_WITH_CUDA)
-      SFMOE_RETURN_IF_ERROR(sfmoe::check_device_offsets(input, word, stream));
-      return sfmoe::cuda::activation_backward(args, input->row_capacity,
-                                              word ? word->word : nullptr, stream);
-#else
-      (void)stream;
-      return SFMOE_ERROR_INTERNAL;
-#endif
+      SFMOE_RETURN_IF_ERROR(sfmoe::check_offsets_on_stream(input, word, stream));
     }
-    sfmoe::cpu::activation_backward(args);
-    return SFMOE_SUCCESS;
+    return sfmoe::ops::backend_for(input->memory).activation_backward(args, stream);
   });
 }
 

@@ -4,12 +4,10 @@
 #include <string.h>
 
 #include "src/api/validate.h"
+#include "src/common/cast_args.h"
 #include "src/common/element_codec.h"
 #include "src/common/error.h"
-#include "src/cpu/backend.h"
-#if defined(SFMOE_WITH_CUDA)
-#include "src/cuda/backend.h"
-#endif
+#include "src/ops/backend.h"
 
 extern "C" {
 
@@ -62,18 +60,9 @@ sfmoe_status sfmoe_cast(const sfmoe_tensor* input, const sfmoe_tensor* output,
     SFMOE_RETURN_IF_ERROR(sfmoe::validate_pointer_memory(
         context, "config", "scale_device", config->scale_device, input->memory, input->device));
     if (count == 0) return SFMOE_SUCCESS;
-    if (input->memory == SFMOE_MEMORY_HOST) {
-      const float scale = config->scale_device ? *config->scale_device : config->scale;
-      sfmoe::cpu::cast(input->data, input->dtype, output->data, output->dtype, count, scale);
-      return SFMOE_SUCCESS;
-    }
-#if defined(SFMOE_WITH_CUDA)
-    return sfmoe::cuda::cast(input->data, input->dtype, output->data, output->dtype, count,
-                             config->scale, config->scale_device, stream);
-#else
-    (void)stream;
-    return SFMOE_ERROR_INTERNAL;  // unreachable: validate_tensor refuses CUDA memory
-#endif
+    const sfmoe::CastArgs args{input->data, input->dtype,  output->data,        output->dtype,
+                               count,       config->scale, config->scale_device};
+    return sfmoe::ops::backend_for(input->memory).cast(args, stream);
   });
 }
 

@@ -10,11 +10,9 @@
 #include "src/api/status_word_impl.h"
 #include "src/api/validate.h"
 #include "src/common/error.h"
-#include "src/cpu/backend.h"
+#include "src/common/permute_args.h"
+#include "src/ops/backend.h"
 #include "src/ops/layout_plan.h"
-#if defined(SFMOE_WITH_CUDA)
-#include "src/cuda/backend.h"
-#endif
 
 namespace sfmoe {
 namespace {
@@ -60,7 +58,7 @@ sfmoe_status check_row_map(const char* context, const sfmoe_tensor* row_map, int
 }
 
 // The device kernels stage a token's k slots in shared memory.
-[[maybe_unused]] sfmoe_status check_device_top_k(const char* context, int64_t k) {
+sfmoe_status check_device_top_k(const char* context, int64_t k) {
   if (k > kMaxDevicePermuteTopK) {
     return fail(SFMOE_ERROR_UNSUPPORTED,
                 "%s: the CUDA kernels handle up to %d slots per token (k = %lld)", context,
@@ -145,30 +143,40 @@ sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_
       SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "dropped_per_expert", dropped_per_expert,
                                                  {SFMOE_DTYPE_INT64}, {experts}, tokens, "tokens"));
     }
-    // The worst case must fit: every kept row plus each expert's padding (products checked for
-    // overflow: a wrapped bound would let a small buffer pass).
-    const int64_t slots = t_count * k;  // the element count of a validated tensor
-    int64_t kept_bound = slots, capacity_rows = 0, padding = 0, needed = 0;
-    if (config->expert_capacity > 0 &&
-        !__builtin_mul_overflow(experts, config->expert_capacity, &capacity_rows) &&
-        capacity_rows < slots) {
-      kept_bound = capacity_rows;
-    }
-    if (__builtin_mul_overflow(experts, a - 1, &padding) ||
-        __builtin_add_overflow(kept_bound, padding, &needed)) {
-      return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: the worst-case row count overflows int64",
-                         context);
-    }
+    // The worst case must fit: every kept row plus each expert's padding (the planner's rule).
+    int64_t needed = 0;
+    const sfmoe::Outcome bound = sfmoe::ops::permute_row_capacity_bound(
+        t_count, k, experts, a, config->expert_capacity, &needed);
+    if (!bound.ok()) return sfmoe::fail_with(context, bound);
     if (permuted->row_capacity < needed) {
       return sfmoe::fail(
           SFMOE_ERROR_SHAPE_MISMATCH,
           "%s: permuted.row_capacity = %lld cannot hold the worst case %lld (kept rows + experts x "
-          "(row_alignment - 1))",
+          "(row_alignment - 1); sfmoe_plan_permute gives the layout)",
           context, static_cast<long long>(permuted->row_capacity), static_cast<long long>(needed));
     }
     SFMOE_RETURN_IF_ERROR(sfmoe::check_word(context, word, tokens->memory, tokens->device));
+    const sfmoe::PermuteArgs args{
+        tokens->data,
+        tokens->dtype,
+        t_count,
+        hidden,
+        k,
+        experts,
+        static_cast<const int32_t*>(topk_ids->data),
+        a,
+        config->expert_capacity,
+        permuted->row_capacity,
+        permuted->rowwise_data,
+        permuted->group_offsets,
+        static_cast<int64_t*>(row_map->data),
+        static_cast<int64_t*>(tokens_per_expert->data),
+        dropped_per_expert ? static_cast<int64_t*>(dropped_per_expert->data) : nullptr,
+        word ? word->word : nullptr,
+        workspace ? static_cast<int32_t*>(workspace->data) : nullptr,
+        fused ? &quantized : nullptr,
+        group_amax};
     if (tokens->memory == SFMOE_MEMORY_CUDA) {
-#if defined(SFMOE_WITH_CUDA)
       // The ids stay on the device: an id outside [0, E), or a token's second naming of an
       // expert, is skipped there (row -1) and raises SFMOE_FAULT_BAD_INDEX.
       SFMOE_RETURN_IF_ERROR(sfmoe::check_device_top_k(context, k));
@@ -180,64 +188,29 @@ sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_
       SFMOE_RETURN_IF_ERROR(sfmoe::expect_workspace(
           context, workspace, sfmoe::ops::permute_workspace_bytes(t_count, experts),
           "sfmoe_permute_workspace_bytes", tokens, "tokens"));
-      return sfmoe::cuda::permute(
-          sfmoe::PermuteArgs{
-              tokens->data, tokens->dtype, t_count, hidden, k, experts,
-              static_cast<const int32_t*>(topk_ids->data), a, config->expert_capacity,
-              permuted->row_capacity, permuted->rowwise_data, permuted->group_offsets,
-              static_cast<int64_t*>(row_map->data), static_cast<int64_t*>(tokens_per_expert->data),
-              dropped_per_expert ? static_cast<int64_t*>(dropped_per_expert->data) : nullptr,
-              word ? word->word : nullptr, static_cast<int32_t*>(workspace->data),
-              fused ? &quantized : nullptr, group_amax},
-          stream);
-#else
-      (void)stream;
-      (void)workspace;
-      return SFMOE_ERROR_INTERNAL;
-#endif
-    }
-    // Ids name experts, each at most once per token: checked before anything is written.
-    const int32_t* ids = static_cast<const int32_t*>(topk_ids->data);
-    for (int64_t t = 0; t < t_count; ++t) {
-      for (int64_t i = 0; i < k; ++i) {
-        const int32_t e = ids[t * k + i];
-        if (e < 0 || e >= experts) {
-          return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT,
-                             "%s: topk_ids[%lld][%lld] = %d is not an expert of %lld", context,
-                             static_cast<long long>(t), static_cast<long long>(i), e,
-                             static_cast<long long>(experts));
-        }
-        for (int64_t j = 0; j < i; ++j) {
-          if (ids[t * k + j] == e) {
-            return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: token %lld names expert %d twice",
-                               context, static_cast<long long>(t), e);
+    } else {
+      // Ids name experts, each at most once per token: checked before anything is written.
+      const int32_t* ids = args.topk_ids;
+      for (int64_t t = 0; t < t_count; ++t) {
+        for (int64_t i = 0; i < k; ++i) {
+          const int32_t e = ids[t * k + i];
+          if (e < 0 || e >= experts) {
+            return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                               "%s: topk_ids[%lld][%lld] = %d is not an expert of %lld", context,
+                               static_cast<long long>(t), static_cast<long long>(i), e,
+                               static_cast<long long>(experts));
+          }
+          for (int64_t j = 0; j < i; ++j) {
+            if (ids[t * k + j] == e) {
+              return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                                 "%s: token %lld names expert %d twice", context,
+                                 static_cast<long long>(t), e);
+            }
           }
         }
       }
     }
-    std::vector<int64_t> dropped_scratch(dropped_per_expert ? 0 : static_cast<size_t>(experts));
-    // The fused form on the host is its definition: the rows permuted into a scratch buffer of
-    // the tokens' dtype, then quantized with the grouped quantization's reference.
-    std::vector<uint8_t> rows_scratch(
-        fused ? static_cast<size_t>(permuted->row_capacity * hidden *
-                                    (sfmoe_dtype_bits(tokens->dtype) / 8))
-              : 0);
-    sfmoe::cpu::permute(sfmoe::PermuteArgs{
-        tokens->data, tokens->dtype, t_count, hidden, k, experts, ids, a, config->expert_capacity,
-        permuted->row_capacity, fused ? rows_scratch.data() : permuted->rowwise_data,
-        permuted->group_offsets, static_cast<int64_t*>(row_map->data),
-        static_cast<int64_t*>(tokens_per_expert->data),
-        dropped_per_expert ? static_cast<int64_t*>(dropped_per_expert->data)
-                           : dropped_scratch.data(),
-        nullptr, nullptr, nullptr, group_amax});
-    if (fused) {
-      const std::vector<int64_t> input_offsets(permuted->group_offsets,
-                                               permuted->group_offsets + experts + 1);
-      quantized.input = sfmoe::GroupedInput{rows_scratch.data(), tokens->dtype,
-                                            permuted->row_capacity, input_offsets.data(), 0};
-      sfmoe::cpu::grouped_quantize(quantized);
-    }
-    return SFMOE_SUCCESS;
+    return sfmoe::ops::backend_for(tokens->memory).permute(args, stream);
   });
 }
 
@@ -276,17 +249,11 @@ sfmoe_status sfmoe_unpermute(const sfmoe_grouped_tensor* rows, const sfmoe_tenso
                                     rows->row_capacity,
                                     word ? word->word : nullptr};
     if (out->memory == SFMOE_MEMORY_CUDA) {
-#if defined(SFMOE_WITH_CUDA)
       SFMOE_RETURN_IF_ERROR(sfmoe::check_device_top_k(context, k));
-      return sfmoe::cuda::unpermute(args, stream);
-#else
-      (void)stream;
-      return SFMOE_ERROR_INTERNAL;
-#endif
+    } else {
+      SFMOE_RETURN_IF_ERROR(sfmoe::check_row_map(context, row_map, rows->row_capacity));
     }
-    SFMOE_RETURN_IF_ERROR(sfmoe::check_row_map(context, row_map, rows->row_capacity));
-    sfmoe::cpu::unpermute(args);
-    return SFMOE_SUCCESS;
+    return sfmoe::ops::backend_for(out->memory).unpermute(args, stream);
   });
 }
 
@@ -345,16 +312,11 @@ sfmoe_status sfmoe_unpermute_backward(const sfmoe_tensor* d_out, const sfmoe_gro
                                             rows->num_groups,
                                             word ? word->word : nullptr};
     if (d_out->memory == SFMOE_MEMORY_CUDA) {
-#if defined(SFMOE_WITH_CUDA)
       // Rows and offsets stay on the device: a row outside the capacity is skipped and raises
       // SFMOE_FAULT_BAD_INDEX; with a word the offsets are checked on the stream as well.
       SFMOE_RETURN_IF_ERROR(sfmoe::check_device_top_k(context, k));
-      SFMOE_RETURN_IF_ERROR(sfmoe::check_device_offsets(rows, word, stream));
-      return sfmoe::cuda::unpermute_backward(args, stream);
-#else
-      (void)stream;
-      return SFMOE_ERROR_INTERNAL;
-#endif
+      SFMOE_RETURN_IF_ERROR(sfmoe::check_offsets_on_stream(rows, word, stream));
+      return sfmoe::ops::backend_for(d_out->memory).unpermute_backward(args, stream);
     }
     SFMOE_RETURN_IF_ERROR(sfmoe::check_row_map(context, row_map, rows->row_capacity));
     SFMOE_RETURN_IF_ERROR(sfmoe::check_host_group_offsets(context, "rows", rows));
@@ -368,8 +330,7 @@ sfmoe_status sfmoe_unpermute_backward(const sfmoe_tensor* d_out, const sfmoe_gro
                            static_cast<long long>(block));
       }
     }
-    sfmoe::cpu::unpermute_backward(args);
-    return SFMOE_SUCCESS;
+    return sfmoe::ops::backend_for(d_out->memory).unpermute_backward(args, stream);
   });
 }
 

@@ -8,11 +8,8 @@
 #include "src/api/status_word_impl.h"
 #include "src/api/validate.h"
 #include "src/common/error.h"
-#include "src/cpu/backend.h"
+#include "src/ops/backend.h"
 #include "src/ops/layout_plan.h"
-#if defined(SFMOE_WITH_CUDA)
-#include "src/cuda/backend.h"
-#endif
 
 extern "C" {
 
@@ -32,18 +29,9 @@ sfmoe_status sfmoe_grouped_amax(const sfmoe_grouped_tensor* input, float* amax,
     SFMOE_RETURN_IF_ERROR(
         validate_pointer_memory(context, "amax", "amax", amax, input->memory, input->device));
     SFMOE_RETURN_IF_ERROR(check_word(context, word, input->memory, input->device));
-    const GroupedInput in = input_of(input);
-    sfmoe_fault_report* fault = word ? word->word : nullptr;
-    if (input->memory == SFMOE_MEMORY_HOST) {
-      cpu::grouped_amax(in, input->num_groups, input->cols, amax, fault);
-      return SFMOE_SUCCESS;
-    }
-#if defined(SFMOE_WITH_CUDA)
-    return cuda::grouped_amax(in, input->num_groups, input->cols, amax, fault, stream);
-#else
-    (void)stream;
-    return SFMOE_ERROR_INTERNAL;
-#endif
+    const GroupedAmaxArgs args{input_of(input), input->num_groups, input->cols, amax,
+                               word ? word->word : nullptr};
+    return ops::backend_for(input->memory).grouped_amax(args, stream);
   });
 }
 
@@ -112,16 +100,7 @@ sfmoe_status sfmoe_grouped_quantize(const sfmoe_grouped_tensor* input,
       }
     }
     args.word = word ? word->word : nullptr;
-    if (input->memory == SFMOE_MEMORY_HOST) {
-      cpu::grouped_quantize(args);
-      return SFMOE_SUCCESS;
-    }
-#if defined(SFMOE_WITH_CUDA)
-    return cuda::grouped_quantize(args, stream);
-#else
-    (void)stream;
-    return SFMOE_ERROR_INTERNAL;
-#endif
+    return ops::backend_for(input->memory).grouped_quantize(args, stream);
   });
 }
 
@@ -166,16 +145,7 @@ sfmoe_status sfmoe_grouped_dequantize(const sfmoe_grouped_tensor* input,
     args.from_columnwise = from_columnwise;
     args.output = output->rowwise_data;
     args.output_dtype = output->dtype;
-    if (input->memory == SFMOE_MEMORY_HOST) {
-      cpu::grouped_dequantize(args);
-      return SFMOE_SUCCESS;
-    }
-#if defined(SFMOE_WITH_CUDA)
-    return cuda::grouped_dequantize(args, stream);
-#else
-    (void)stream;
-    return SFMOE_ERROR_INTERNAL;
-#endif
+    return ops::backend_for(input->memory).grouped_dequantize(args, stream);
   });
 }
 
@@ -221,18 +191,9 @@ sfmoe_status sfmoe_swizzle_scales(const sfmoe_tensor* compact, int64_t rows, int
     SFMOE_RETURN_IF_ERROR(
         swizzle_common(context, compact, "compact", rows * scale_cols, swizzled, "swizzled",
                        numerics::swizzled_scale_padded_size(rows, scale_cols), rows, scale_cols));
-    const auto* from = static_cast<const uint8_t*>(compact->data);
-    auto* to = static_cast<uint8_t*>(swizzled->data);
-    if (compact->memory == SFMOE_MEMORY_HOST) {
-      cpu::swizzle_scales(from, rows, scale_cols, to);
-      return SFMOE_SUCCESS;
-    }
-#if defined(SFMOE_WITH_CUDA)
-    return cuda::swizzle_scales(from, rows, scale_cols, to, false, stream);
-#else
-    (void)stream;
-    return SFMOE_ERROR_INTERNAL;
-#endif
+    const SwizzleArgs args{static_cast<const uint8_t*>(compact->data), rows, scale_cols,
+                           static_cast<uint8_t*>(swizzled->data), false};
+    return ops::backend_for(compact->memory).swizzle_scales(args, stream);
   });
 }
 
@@ -244,18 +205,9 @@ sfmoe_status sfmoe_unswizzle_scales(const sfmoe_tensor* swizzled, int64_t rows, 
     SFMOE_RETURN_IF_ERROR(swizzle_common(context, swizzled, "swizzled",
                                          numerics::swizzled_scale_padded_size(rows, scale_cols),
                                          compact, "compact", rows * scale_cols, rows, scale_cols));
-    const auto* from = static_cast<const uint8_t*>(swizzled->data);
-    auto* to = static_cast<uint8_t*>(compact->data);
-    if (swizzled->memory == SFMOE_MEMORY_HOST) {
-      cpu::unswizzle_scales(from, rows, scale_cols, to);
-      return SFMOE_SUCCESS;
-    }
-#if defined(SFMOE_WITH_CUDA)
-    return cuda::swizzle_scales(from, rows, scale_cols, to, true, stream);
-#else
-    (void)stream;
-    return SFMOE_ERROR_INTERNAL;
-#endif
+    const SwizzleArgs args{static_cast<const uint8_t*>(swizzled->data), rows, scale_cols,
+                           static_cast<uint8_t*>(compact->data), true};
+    return ops::backend_for(swizzled->memory).swizzle_scales(args, stream);
   });
 }
 

@@ -10,12 +10,9 @@
 #include "src/api/status_word_impl.h"
 #include "src/api/validate.h"
 #include "src/common/error.h"
-#include "src/cpu/backend.h"
-#include "src/cpu/element_access.h"
+#include "src/common/router_args.h"
+#include "src/ops/backend.h"
 #include "src/ops/layout_plan.h"
-#if defined(SFMOE_WITH_CUDA)
-#include "src/cuda/backend.h"
-#endif
 
 namespace sfmoe {
 namespace {
@@ -107,7 +104,7 @@ sfmoe_status check_logits(const char* context, const sfmoe_tensor* logits) {
 }
 
 // The CUDA router's bounds (registers and shared memory hold a token's scores and picks).
-[[maybe_unused]] sfmoe_status check_device_bounds(const char* context, const RouterConfig& c) {
+sfmoe_status check_device_bounds(const char* context, const RouterConfig& c) {
   if (c.num_experts > kMaxDeviceExperts || c.num_groups > kMaxDeviceGroups ||
       c.top_k > kMaxDeviceTopK) {
     return fail(SFMOE_ERROR_UNSUPPORTED,
@@ -121,12 +118,6 @@ sfmoe_status check_logits(const char* context, const sfmoe_tensor* logits) {
 }
 
 // The logits as FP32 (BF16 widens exactly).
-std::vector<float> logits_as_f32(const sfmoe_tensor* logits) {
-  const int64_t count = tensor_element_count(logits);
-  std::vector<float> values(static_cast<size_t>(count));
-  for (int64_t i = 0; i < count; ++i) values[i] = cpu::load_value(logits->data, logits->dtype, i);
-  return values;
-}
 
 }  // namespace
 }  // namespace sfmoe
@@ -174,41 +165,29 @@ sfmoe_status sfmoe_router_forward(const sfmoe_tensor* logits, const sfmoe_tensor
       SFMOE_RETURN_IF_ERROR(sfmoe::expect_scalar(context, "aux_loss", aux_loss, logits, "logits"));
     if (z_loss != nullptr)
       SFMOE_RETURN_IF_ERROR(sfmoe::expect_scalar(context, "z_loss", z_loss, logits, "logits"));
+    sfmoe::RouterForwardArgs args{
+        logits->data,
+        logits->dtype,
+        expert_bias ? static_cast<const float*>(expert_bias->data) : nullptr,
+        tokens,
+        c,
+        static_cast<int32_t*>(topk_ids->data),
+        static_cast<float*>(probs->data),
+        static_cast<int64_t*>(tokens_per_expert->data),
+        aux_loss ? static_cast<float*>(aux_loss->data) : nullptr,
+        z_loss ? static_cast<float*>(z_loss->data) : nullptr,
+        nullptr};
     if (logits->memory == SFMOE_MEMORY_CUDA) {
-#if defined(SFMOE_WITH_CUDA)
       SFMOE_RETURN_IF_ERROR(sfmoe::check_device_bounds(context, c));
-      float* partials = nullptr;
       if (aux_loss != nullptr || z_loss != nullptr) {
         // A loss on the device needs the per-block partials' workspace.
         SFMOE_RETURN_IF_ERROR(sfmoe::expect_workspace(
             context, workspace, sfmoe::ops::router_workspace_bytes(tokens, experts),
             "sfmoe_router_workspace_bytes", logits, "logits"));
-        partials = static_cast<float*>(workspace->data);
+        args.aux_partials = static_cast<float*>(workspace->data);
       }
-      return sfmoe::cuda::router_forward(
-          sfmoe::RouterDeviceForward{
-              logits->data, logits->dtype == SFMOE_DTYPE_BF16,
-              expert_bias ? static_cast<const float*>(expert_bias->data) : nullptr, tokens, c,
-              static_cast<int32_t*>(topk_ids->data), static_cast<float*>(probs->data),
-              static_cast<int64_t*>(tokens_per_expert->data),
-              aux_loss ? static_cast<float*>(aux_loss->data) : nullptr,
-              z_loss ? static_cast<float*>(z_loss->data) : nullptr, partials,
-              sfmoe::router_aux_factor(c, tokens), sfmoe::router_z_factor(c, tokens)},
-          stream);
-#else
-      (void)stream;
-      (void)workspace;
-      return SFMOE_ERROR_INTERNAL;
-#endif
     }
-    const std::vector<float> values = sfmoe::logits_as_f32(logits);
-    sfmoe::cpu::router_forward(sfmoe::RouterForwardArgs{
-        values.data(), expert_bias ? static_cast<const float*>(expert_bias->data) : nullptr, tokens,
-        c, static_cast<int32_t*>(topk_ids->data), static_cast<float*>(probs->data),
-        static_cast<int64_t*>(tokens_per_expert->data),
-        aux_loss ? static_cast<float*>(aux_loss->data) : nullptr,
-        z_loss ? static_cast<float*>(z_loss->data) : nullptr});
-    return SFMOE_SUCCESS;
+    return sfmoe::ops::backend_for(logits->memory).router_forward(args, stream);
   });
 }
 
@@ -238,24 +217,23 @@ sfmoe_status sfmoe_router_backward(const sfmoe_tensor* logits, const sfmoe_tenso
                          context);
     }
     SFMOE_RETURN_IF_ERROR(sfmoe::check_word(context, word, logits->memory, logits->device));
+    const sfmoe::RouterBackwardArgs args{
+        logits->data,
+        logits->dtype,
+        static_cast<const int32_t*>(topk_ids->data),
+        static_cast<const int64_t*>(tokens_per_expert->data),
+        tokens,
+        c,
+        d_probs ? static_cast<const float*>(d_probs->data) : nullptr,
+        d_aux_loss,
+        d_z_loss,
+        static_cast<float*>(d_logits->data),
+        word ? word->word : nullptr};
     if (logits->memory == SFMOE_MEMORY_CUDA) {
-#if defined(SFMOE_WITH_CUDA)
       // Ids are checked by the kernel: one outside [0, E) takes no part and raises
       // SFMOE_FAULT_BAD_INDEX.
       SFMOE_RETURN_IF_ERROR(sfmoe::check_device_bounds(context, c));
-      return sfmoe::cuda::router_backward(
-          sfmoe::RouterDeviceBackward{
-              logits->data, logits->dtype == SFMOE_DTYPE_BF16,
-              static_cast<const int32_t*>(topk_ids->data),
-              static_cast<const int64_t*>(tokens_per_expert->data), tokens, c,
-              d_probs ? static_cast<const float*>(d_probs->data) : nullptr, d_aux_loss, d_z_loss,
-              sfmoe::router_aux_factor(c, tokens), static_cast<float*>(d_logits->data),
-              word ? word->word : nullptr},
-          stream);
-#else
-      (void)stream;
-      return SFMOE_ERROR_INTERNAL;
-#endif
+      return sfmoe::ops::backend_for(logits->memory).router_backward(args, stream);
     }
     // The ids index the logits' rows: an id outside [0, E) (not a forward's output) is refused
     // before anything is written.
@@ -267,12 +245,7 @@ sfmoe_status sfmoe_router_backward(const sfmoe_tensor* logits, const sfmoe_tenso
                            static_cast<long long>(i), ids[i], static_cast<long long>(experts));
       }
     }
-    const std::vector<float> values = sfmoe::logits_as_f32(logits);
-    sfmoe::cpu::router_backward(sfmoe::RouterBackwardArgs{
-        values.data(), ids, static_cast<const int64_t*>(tokens_per_expert->data), tokens, c,
-        d_probs ? static_cast<const float*>(d_probs->data) : nullptr, d_aux_loss, d_z_loss,
-        static_cast<float*>(d_logits->data)});
-    return SFMOE_SUCCESS;
+    return sfmoe::ops::backend_for(logits->memory).router_backward(args, stream);
   });
 }
 

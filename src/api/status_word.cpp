@@ -126,13 +126,8 @@ sfmoe_status sfmoe_check_group_offsets(const sfmoe_grouped_tensor* tensor, sfmoe
                          "%s: the status word and the tensor are in different memory spaces",
                          context);
     }
-    if (tensor->group_offsets == nullptr) return SFMOE_SUCCESS;  // uniform groups: nothing to check
-    if (tensor->memory == SFMOE_MEMORY_HOST) {
-      sfmoe::cpu::check_group_offsets(tensor->group_offsets, tensor->num_groups,
-                                      tensor->row_capacity, tensor->row_alignment, word->word);
-      return SFMOE_SUCCESS;
-    }
-    return sfmoe::check_device_offsets(tensor, word, stream);
+    // (uniform groups have no offsets: nothing to check)
+    return sfmoe::check_offsets_on_stream(tensor, word, stream);
   });
 }
 

@@ -7,6 +7,7 @@
 #include "src/common/error.h"
 #include "src/common/group_offsets.h"
 #include "src/common/quantize_args.h"
+#include "src/ops/backend.h"
 #if defined(SFMOE_WITH_CUDA)
 #include "src/cuda/backend.h"
 #endif
@@ -442,16 +443,12 @@ sfmoe_status expect_workspace(const char* context, const sfmoe_tensor* workspace
   return SFMOE_SUCCESS;
 }
 
-sfmoe_status check_device_offsets(const sfmoe_grouped_tensor* t, sfmoe_status_word* word,
-                                  void* stream) {
+sfmoe_status check_offsets_on_stream(const sfmoe_grouped_tensor* t, sfmoe_status_word* word,
+                                     void* stream) {
   if (word == nullptr || t->group_offsets == nullptr) return SFMOE_SUCCESS;
-#if defined(SFMOE_WITH_CUDA)
-  return cuda::check_group_offsets(t->group_offsets, t->num_groups, t->row_capacity,
-                                   t->row_alignment, word->word, stream);
-#else
-  (void)stream;
-  return SFMOE_ERROR_INTERNAL;
-#endif
+  const GroupOffsetsCheckArgs args{t->group_offsets, t->num_groups, t->row_capacity,
+                                   t->row_alignment, word->word};
+  return ops::backend_for(t->memory).check_group_offsets(args, stream);
 }
 
 }  // namespace sfmoe

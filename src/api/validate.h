@@ -66,10 +66,10 @@ sfmoe_status check_host_group_offsets(const char* context, const char* name,
 sfmoe_status expect_workspace(const char* context, const sfmoe_tensor* workspace, int64_t bytes,
                               const char* size_function, const sfmoe_tensor* home,
                               const char* home_name);
-// With a status word, a device tensor's group offsets checked on the stream (faults go to the
-// word, nothing is read back: sync-free); nothing to do without one.
-sfmoe_status check_device_offsets(const sfmoe_grouped_tensor* t, sfmoe_status_word* word,
-                                  void* stream);
+// With a status word, a tensor's group offsets checked by its backend (on the device on the stream:
+// faults go to the word, nothing is read back, sync-free); nothing to do without one.
+sfmoe_status check_offsets_on_stream(const sfmoe_grouped_tensor* t, sfmoe_status_word* word,
+                                     void* stream);
 // A status word (or NULL) in the tensors' memory space.
 sfmoe_status check_word(const char* context, const sfmoe_status_word* word, sfmoe_memory memory,
                         int32_t device);

@@ -51,6 +51,8 @@ struct ActivationArgs {
   // Fused quantization (device): the output's rowwise MX_1X32 / BLOCK_1X128 recipe; NULL: the
   // output is written unquantized.
   const GroupedQuantizeArgs* quantized;
+  int64_t row_capacity = 0;            // device: rows of input and output (bounds the grid)
+  sfmoe_fault_report* word = nullptr;  // device: clamped offsets and row counts reported (or NULL)
 };
 
 struct ActivationBackwardArgs {
@@ -63,6 +65,8 @@ struct ActivationBackwardArgs {
   sfmoe_dtype d_output_dtype;
   void* d_input;  // [row_capacity, F or 2F]
   sfmoe_dtype d_input_dtype;
+  int64_t row_capacity = 0;            // device: rows of input and output (bounds the grid)
+  sfmoe_fault_report* word = nullptr;  // device: clamped offsets and row counts reported (or NULL)
 };
 
 }  // namespace sfmoe

@@ -7,6 +7,13 @@
 
 namespace sfmoe {
 
+// One check of a grouped tensor's offsets against its bounds (sfmoe_check_group_offsets).
+struct GroupOffsetsCheckArgs {
+  const int64_t* offsets;  // [num_groups + 1]
+  int64_t num_groups, row_capacity, row_alignment;
+  sfmoe_fault_report* word;
+};
+
 struct GroupRows {
   int64_t begin;
   int64_t end;  // begin <= end <= row_capacity always

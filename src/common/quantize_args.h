@@ -17,6 +17,22 @@ struct GroupedInput {
   int64_t uniform_rows;
 };
 
+// Each group's amax of high-precision rows (sfmoe_grouped_amax).
+struct GroupedAmaxArgs {
+  GroupedInput input;
+  int64_t num_groups, cols;
+  float* amax;               // [num_groups], written
+  sfmoe_fault_report* word;  // or NULL
+};
+
+// Compact [rows, scale_cols] byte scales to the swizzled tensor-core layout, or back.
+struct SwizzleArgs {
+  const uint8_t* from;
+  int64_t rows, scale_cols;
+  uint8_t* to;
+  bool unswizzle;  // from is swizzled, to compact
+};
+
 struct GroupedQuantizeArgs {
   GroupedInput input;
   int64_t num_groups;

@@ -56,8 +56,10 @@ inline float router_z_factor(const RouterConfig& c, int64_t tokens) {
                                           static_cast<double>(tokens));
 }
 
+// One call of the router, as both backends take it.
 struct RouterForwardArgs {
-  const float* logits;       // [tokens, num_experts]
+  const void* logits;        // [tokens, num_experts], FP32 or BF16
+  sfmoe_dtype logits_dtype;  // FP32 or BF16
   const float* expert_bias;  // [num_experts] (selection only) or NULL
   int64_t tokens;
   RouterConfig config;
@@ -66,48 +68,23 @@ struct RouterForwardArgs {
   int64_t* tokens_per_expert;  // [num_experts]
   float* aux_loss;             // [1] or NULL
   float* z_loss;               // [1] or NULL
+  // Device, when a loss is asked for: router_workspace_floats(tokens, E) per-block partial sums
+  // (summed in a fixed order: the losses' bits do not depend on the run). The host needs none.
+  float* aux_partials;
 };
 
 struct RouterBackwardArgs {
-  const float* logits;      // [tokens, num_experts], as given to the forward
-  const int32_t* topk_ids;  // [tokens, top_k] from the forward
+  const void* logits;        // [tokens, num_experts], as given to the forward
+  sfmoe_dtype logits_dtype;  // FP32 or BF16
+  const int32_t* topk_ids;   // [tokens, top_k] from the forward
   const int64_t* tokens_per_expert;
   int64_t tokens;
   RouterConfig config;
-  const float* d_probs;  // [tokens, top_k] or NULL
-  float d_aux_loss;      // upstream gradient of aux_loss (usually 1)
-  float d_z_loss;        // upstream gradient of z_loss
-  float* d_logits;       // [tokens, num_experts], written
-};
-
-// The same calls as the CUDA backend sees them: logits in their own dtype, the loss partials in
-// the caller's workspace, faults to the status word.
-struct RouterDeviceForward {
-  const void* logits;  // [tokens, num_experts], FP32 or BF16
-  bool logits_bf16;
-  const float* bias;  // or NULL
-  int64_t tokens;
-  RouterConfig config;
-  int32_t* topk_ids;
-  float* probs;
-  int64_t* tokens_per_expert;
-  float* aux_loss;      // or NULL
-  float* z_loss;        // or NULL
-  float* aux_partials;  // router_workspace_floats(tokens, E) floats when a loss is asked for
-  float aux_factor, z_factor;
-};
-
-struct RouterDeviceBackward {
-  const void* logits;
-  bool logits_bf16;
-  const int32_t* topk_ids;
-  const int64_t* tokens_per_expert;
-  int64_t tokens;
-  RouterConfig config;
-  const float* d_probs;  // or NULL
-  float d_aux_loss, d_z_loss, aux_factor;
-  float* d_logits;
-  sfmoe_fault_report* word;  // or NULL
+  const float* d_probs;      // [tokens, top_k] or NULL
+  float d_aux_loss;          // upstream gradient of aux_loss (usually 1)
+  float d_z_loss;            // upstream gradient of z_loss
+  float* d_logits;           // [tokens, num_experts], written
+  sfmoe_fault_report* word;  // device: an id outside [0, E) is skipped and reported (or NULL)
 };
 
 }  // namespace sfmoe

@@ -2,6 +2,8 @@
 // src/cpu/activation_math.h; real rows computed, padding rows written as zeros.
 #include <string.h>
 
+#include <vector>
+
 #include "sfmoe/numerics/scaling.h"
 #include "src/cpu/activation_math.h"
 #include "src/cpu/backend.h"
@@ -37,7 +39,10 @@ void for_each_row(const GroupRowsView& groups, RowFn row_fn, PadFn pad_fn) {
 
 }  // namespace
 
-void activation_forward(const ActivationArgs& a) {
+namespace {
+
+// The activations written unquantized into a.output.
+void activation_rows(const ActivationArgs& a) {
   const bool gated = activation_is_gated(a.config.kind);
   if (a.amax != nullptr) {
     for (int64_t g = 0; g < a.groups.num_groups; ++g) a.amax[g] = 0.0f;
@@ -56,6 +61,31 @@ void activation_forward(const ActivationArgs& a) {
         for (int64_t j = 0; j < a.cols; ++j)
           store_value(a.output, a.output_dtype, r * a.cols + j, 0.0f);
       });
+}
+
+}  // namespace
+
+void activation_forward(const ActivationArgs& a) {
+  if (a.quantized == nullptr) {
+    activation_rows(a);
+    return;
+  }
+  // The fused form on the host is its definition: the FP32 activations, then the grouped
+  // quantization's reference over them with the same offsets.
+  std::vector<float> values(static_cast<size_t>(a.row_capacity * a.cols), 0.0f);
+  ActivationArgs rows = a;
+  rows.output = values.data();
+  rows.output_dtype = SFMOE_DTYPE_FP32;
+  rows.quantized = nullptr;
+  activation_rows(rows);
+  const std::vector<int64_t> offsets(a.groups.offsets, a.groups.offsets + a.groups.num_groups + 1);
+  GroupedQuantizeArgs quantized = *a.quantized;
+  quantized.input =
+      GroupedInput{values.data(), SFMOE_DTYPE_FP32, a.row_capacity, offsets.data(), 0};
+  // The input's offsets are the output's: nothing is re-aligned (alignment 1 keeps each group's
+  // rows where they are, whatever the output descriptor's row_alignment says).
+  quantized.row_alignment = 1;
+  grouped_quantize(quantized);
 }
 
 void activation_backward(const ActivationBackwardArgs& a) {

@@ -16,7 +16,10 @@ int64_t element_bytes(sfmoe_dtype dtype) { return sfmoe_dtype_bits(dtype) / 8; }
 
 }  // namespace
 
-void permute(const PermuteArgs& a) {
+namespace {
+
+// The rows moved unquantized (permuted in the tokens' dtype), dropped_per_expert written.
+void permute_rows(const PermuteArgs& a) {
   const int64_t experts = a.num_experts, k = a.top_k;
   // Which slots each expert receives, in token order (each token names an expert at most once).
   std::vector<std::vector<int64_t>> slots(static_cast<size_t>(experts));
@@ -58,6 +61,30 @@ void permute(const PermuteArgs& a) {
     offset += padded;
   }
   a.expert_offsets[experts] = offset;
+}
+
+}  // namespace
+
+void permute(const PermuteArgs& a) {
+  std::vector<int64_t> dropped_scratch(a.dropped_per_expert ? 0
+                                                            : static_cast<size_t>(a.num_experts));
+  PermuteArgs rows = a;
+  if (rows.dropped_per_expert == nullptr) rows.dropped_per_expert = dropped_scratch.data();
+  if (a.quantized == nullptr) {
+    permute_rows(rows);
+    return;
+  }
+  // The fused form on the host is its definition: the rows permuted into a scratch buffer of the
+  // tokens' dtype, then quantized with the grouped quantization's reference and these offsets.
+  std::vector<uint8_t> scratch(
+      static_cast<size_t>(a.row_capacity * a.hidden * (sfmoe_dtype_bits(a.dtype) / 8)));
+  rows.permuted = scratch.data();
+  rows.quantized = nullptr;
+  permute_rows(rows);
+  const std::vector<int64_t> offsets(a.expert_offsets, a.expert_offsets + a.num_experts + 1);
+  GroupedQuantizeArgs quantized = *a.quantized;
+  quantized.input = GroupedInput{scratch.data(), a.dtype, a.row_capacity, offsets.data(), 0};
+  grouped_quantize(quantized);
 }
 
 void unpermute(const UnpermuteArgs& a) {

@@ -3,17 +3,31 @@
 #include <vector>
 
 #include "src/cpu/backend.h"
+#include "src/cpu/element_access.h"
 #include "src/cpu/router_math.h"
 
 namespace sfmoe {
 namespace cpu {
 
+namespace {
+
+// The logits as FP32 (BF16 widens exactly): the reference computes in FP32 whatever they hold.
+std::vector<float> logits_as_f32(const void* logits, sfmoe_dtype dtype, int64_t count) {
+  std::vector<float> values(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) values[i] = load_value(logits, dtype, i);
+  return values;
+}
+
+}  // namespace
+
 void router_forward(const RouterForwardArgs& args) {
   const RouterConfig& c = args.config;
   const int64_t n = c.num_experts, k = c.top_k;
+  const std::vector<float> values = logits_as_f32(args.logits, args.logits_dtype, args.tokens * n);
+  const float* logits = values.data();
   for (int64_t e = 0; e < n; ++e) args.tokens_per_expert[e] = 0;
   for (int64_t t = 0; t < args.tokens; ++t) {
-    route_token<float>(args.logits + t * n, args.expert_bias, c, args.topk_ids + t * k,
+    route_token<float>(logits + t * n, args.expert_bias, c, args.topk_ids + t * k,
                        args.probs + t * k);
     for (int64_t i = 0; i < k; ++i) ++args.tokens_per_expert[args.topk_ids[t * k + i]];
   }
@@ -22,7 +36,7 @@ void router_forward(const RouterForwardArgs& args) {
     // order.
     std::vector<float> column_sum(n, 0.0f), scores(n);
     for (int64_t t = 0; t < args.tokens; ++t) {
-      aux_loss_scores<float>(args.logits + t * n, c, scores.data());
+      aux_loss_scores<float>(logits + t * n, c, scores.data());
       for (int64_t e = 0; e < n; ++e) column_sum[e] = numerics::add_rn(column_sum[e], scores[e]);
     }
     float total = 0.0f;
@@ -35,7 +49,7 @@ void router_forward(const RouterForwardArgs& args) {
   if (args.z_loss != nullptr) {
     float total = 0.0f;
     for (int64_t t = 0; t < args.tokens; ++t) {
-      const float lse = log_sum_exp<float>(args.logits + t * n, n);
+      const float lse = log_sum_exp<float>(logits + t * n, n);
       total = numerics::add_rn(total, numerics::mul_rn(lse, lse));
     }
     *args.z_loss =
@@ -46,10 +60,12 @@ void router_forward(const RouterForwardArgs& args) {
 void router_backward(const RouterBackwardArgs& args) {
   const RouterConfig& c = args.config;
   const int64_t n = c.num_experts, k = c.top_k;
+  const std::vector<float> values = logits_as_f32(args.logits, args.logits_dtype, args.tokens * n);
+  const float* logits = values.data();
   const float aux_factor = args.tokens > 0 ? router_aux_factor(c, args.tokens) : 0.0f;
   std::vector<float> scores(n), grad_scores(n), aux(n), softmax_all(n);
   for (int64_t t = 0; t < args.tokens; ++t) {
-    const float* x = args.logits + t * n;
+    const float* x = logits + t * n;
     float* dx = args.d_logits + t * n;
     for (int64_t e = 0; e < n; ++e) dx[e] = 0.0f;
     const int32_t* ids = args.topk_ids + t * k;

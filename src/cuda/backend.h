@@ -57,10 +57,8 @@ sfmoe_status unpermute(const UnpermuteArgs& args, void* stream);
 sfmoe_status unpermute_backward(const UnpermuteBackwardArgs& args, void* stream);
 
 // Grouped activations (docs/activations.md).
-sfmoe_status activation_forward(const ActivationArgs& args, int64_t row_capacity,
-                                sfmoe_fault_report* word, void* stream);
-sfmoe_status activation_backward(const ActivationBackwardArgs& args, int64_t row_capacity,
-                                 sfmoe_fault_report* word, void* stream);
+sfmoe_status activation_forward(const ActivationArgs& args, void* stream);
+sfmoe_status activation_backward(const ActivationBackwardArgs& args, void* stream);
 
 // Grouped GEMM on Hopper (docs/grouped_gemm.md). Available only in builds with CUTLASS.
 bool grouped_gemm_available();
@@ -68,8 +66,8 @@ int64_t grouped_gemm_workspace_bytes(int64_t num_groups);
 sfmoe_status grouped_gemm(const GroupedGemmDeviceArgs& args, void* stream);
 
 // Router (docs/router.md).
-sfmoe_status router_forward(const RouterDeviceForward& args, void* stream);
-sfmoe_status router_backward(const RouterDeviceBackward& args, void* stream);
+sfmoe_status router_forward(const RouterForwardArgs& args, void* stream);
+sfmoe_status router_backward(const RouterBackwardArgs& args, void* stream);
 
 }  // namespace cuda
 }  // namespace sfmoe

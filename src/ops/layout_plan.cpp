@@ -422,6 +422,27 @@ int64_t router_workspace_bytes(int64_t tokens, int64_t num_experts) {
   return router_workspace_floats(tokens, num_experts) * static_cast<int64_t>(sizeof(float));
 }
 
+Outcome permute_row_capacity_bound(int64_t num_tokens, int64_t topk, int64_t num_experts,
+                                   int64_t row_alignment, int64_t expert_capacity, int64_t* bound) {
+  // Products checked for overflow: a wrapped bound would let a small buffer pass.
+  int64_t slots = 0, padding = 0, needed = 0;
+  if (__builtin_mul_overflow(num_tokens, topk, &slots) ||
+      __builtin_mul_overflow(num_experts, row_alignment - 1, &padding)) {
+    return refuse(SFMOE_ERROR_SHAPE_MISMATCH, "the worst-case row count overflows int64");
+  }
+  int64_t kept = slots, capacity_rows = 0;
+  if (expert_capacity > 0 &&
+      !__builtin_mul_overflow(num_experts, expert_capacity, &capacity_rows) &&
+      capacity_rows < slots) {
+    kept = capacity_rows;
+  }
+  if (__builtin_add_overflow(kept, padding, &needed)) {
+    return refuse(SFMOE_ERROR_SHAPE_MISMATCH, "the worst-case row count overflows int64");
+  }
+  *bound = needed;
+  return Outcome{};
+}
+
 Outcome plan_permute(const sfmoe_permute_plan_request& r, sfmoe_permute_plan* plan) {
   if (r.num_tokens < 0 || r.topk < 1 || r.num_experts < 1 || r.hidden < 1 ||
       r.expert_capacity < 0) {
@@ -438,15 +459,9 @@ Outcome plan_permute(const sfmoe_permute_plan_request& r, sfmoe_permute_plan* pl
                   "row_alignment must be 1, 8, 16, 32, 64 or 128 (got %lld)",
                   static_cast<long long>(a));
   }
-  if (r.num_tokens > INT64_MAX / 4 / r.topk || r.num_experts > INT64_MAX / 4 / 128) {
-    return refuse(SFMOE_ERROR_INVALID_ARGUMENT, "the sizes overflow int64");
-  }
-  // Worst case: every slot kept (or every expert full), each block padded by a - 1 rows.
-  const int64_t slots = r.num_tokens * r.topk;
-  const int64_t kept = r.expert_capacity > 0 && r.expert_capacity <= slots / r.num_experts
-                           ? r.num_experts * r.expert_capacity
-                           : slots;
-  const int64_t row_capacity = kept + r.num_experts * (a - 1);
+  int64_t row_capacity = 0;
+  SFMOE_RETURN_IF_REFUSED(permute_row_capacity_bound(r.num_tokens, r.topk, r.num_experts, a,
+                                                     r.expert_capacity, &row_capacity));
   sfmoe_permute_plan p;
   memset(&p, 0, sizeof(p));
   p.struct_size = plan->struct_size;

@@ -22,6 +22,11 @@ Outcome plan_scale_shape(sfmoe_scaling scaling, sfmoe_scale_layout layout, int64
 // The smallest row capacity a quantized output accepts for `request` (its row_capacity ignored).
 Outcome quantized_capacity_bound(const sfmoe_quantize_plan_request& request, int64_t* bound);
 
+// Rows permute's output must hold: every kept slot (min(T k, E expert_capacity) with a capacity)
+// plus each expert's alignment padding.
+Outcome permute_row_capacity_bound(int64_t num_tokens, int64_t topk, int64_t num_experts,
+                                   int64_t row_alignment, int64_t expert_capacity, int64_t* bound);
+
 Outcome plan_grouped_quantize(const sfmoe_quantize_plan_request& request,
                               sfmoe_grouped_tensor_plan* plan);
 Outcome plan_permute(const sfmoe_permute_plan_request& request, sfmoe_permute_plan* plan);

@@ -93,8 +93,9 @@ TEST(PermuteCpu, RouterShapedRoutingAtEveryAlignment) {
   for (int64_t e = 0; e < experts; ++e) bias[e] = e % 16 == 5 ? -100.0f : 0.0f;
   std::vector<int32_t> ids(tokens_count * k);
   std::vector<int64_t> router_counts(experts);
-  RouterForwardArgs route{logits.data(), bias.data(),          tokens_count, c,      ids.data(),
-                          probs.data(),  router_counts.data(), nullptr,      nullptr};
+  RouterForwardArgs route{
+      logits.data(), SFMOE_DTYPE_FP32,     bias.data(), tokens_count, c,      ids.data(),
+      probs.data(),  router_counts.data(), nullptr,     nullptr,      nullptr};
   cpu::router_forward(route);
 
   // Rows: random BF16 patterns, with specials (NaN payloads, -0, Inf, subnormals) in the mix.

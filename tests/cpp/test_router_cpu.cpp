@@ -97,8 +97,9 @@ Routed route(const std::vector<float>& logits, const std::vector<float>* bias,
   out.probs.assign(tokens * c.top_k, NAN);
   out.tokens_per_expert.assign(c.num_experts, -1);
   RouterForwardArgs args{
-      logits.data(),    bias ? bias->data() : nullptr, tokens,        c,          out.ids.data(),
-      out.probs.data(), out.tokens_per_expert.data(),  &out.aux_loss, &out.z_loss};
+      logits.data(),  SFMOE_DTYPE_FP32, bias ? bias->data() : nullptr, tokens,        c,
+      out.ids.data(), out.probs.data(), out.tokens_per_expert.data(),  &out.aux_loss, &out.z_loss,
+      nullptr};
   cpu::router_forward(args);
   return out;
 }
@@ -298,9 +299,12 @@ TEST(RouterCpu, BackwardMatchesFloat64FiniteDifferences) {
     for (float& x : w) x = normal(rng);
     const Routed r = route(logits, nullptr, c);
     std::vector<float> d_logits(tokens * experts, NAN);
-    RouterBackwardArgs back{
-        logits.data(), r.ids.data(),   r.tokens_per_expert.data(), tokens, c, w.data(), 1.0f,
-        1.0f,          d_logits.data()};
+    RouterBackwardArgs back{logits.data(), SFMOE_DTYPE_FP32,
+                            r.ids.data(),  r.tokens_per_expert.data(),
+                            tokens,        c,
+                            w.data(),      1.0f,
+                            1.0f,          d_logits.data(),
+                            nullptr};
     cpu::router_backward(back);
 
     std::vector<double> x(logits.begin(), logits.end()), w64(w.begin(), w.end());

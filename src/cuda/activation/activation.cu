@@ -388,15 +388,13 @@ struct LaunchBackward {
 
 }  // namespace
 
-sfmoe_status activation_forward(const ActivationArgs& a, int64_t row_capacity,
-                                sfmoe_fault_report* word, void* stream) {
-  return by_kind<LaunchForward>(a.config.kind, a.cols, a, row_capacity, word,
+sfmoe_status activation_forward(const ActivationArgs& a, void* stream) {
+  return by_kind<LaunchForward>(a.config.kind, a.cols, a, a.row_capacity, a.word,
                                 static_cast<cudaStream_t>(stream));
 }
 
-sfmoe_status activation_backward(const ActivationBackwardArgs& a, int64_t row_capacity,
-                                 sfmoe_fault_report* word, void* stream) {
-  return by_kind<LaunchBackward>(a.config.kind, a.cols, a, row_capacity, word,
+sfmoe_status activation_backward(const ActivationBackwardArgs& a, void* stream) {
+  return by_kind<LaunchBackward>(a.config.kind, a.cols, a, a.row_capacity, a.word,
                                  static_cast<cudaStream_t>(stream));
 }
 

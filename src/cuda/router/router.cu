@@ -29,6 +29,36 @@ using numerics::add_rn;
 using numerics::div_rn;
 using numerics::mul_rn;
 
+// The kernels' parameters: the call's arguments with the logits' dtype as a flag and the losses'
+// constants rounded once on the host.
+struct RouterDeviceForward {
+  const void* logits;  // [tokens, num_experts], FP32 or BF16
+  bool logits_bf16;
+  const float* bias;  // or NULL
+  int64_t tokens;
+  RouterConfig config;
+  int32_t* topk_ids;
+  float* probs;
+  int64_t* tokens_per_expert;
+  float* aux_loss;      // or NULL
+  float* z_loss;        // or NULL
+  float* aux_partials;  // router_workspace_floats(tokens, E) floats when a loss is asked for
+  float aux_factor, z_factor;
+};
+
+struct RouterDeviceBackward {
+  const void* logits;
+  bool logits_bf16;
+  const int32_t* topk_ids;
+  const int64_t* tokens_per_expert;
+  int64_t tokens;
+  RouterConfig config;
+  const float* d_probs;  // or NULL
+  float d_aux_loss, d_z_loss, aux_factor;
+  float* d_logits;
+  sfmoe_fault_report* word;  // or NULL
+};
+
 constexpr int kLanes = numerics::kRouterSumChunks;  // lanes per token: a warp
 static_assert(kLanes == 32, "a warp per token");
 constexpr int kThreads = 256;
@@ -915,7 +945,20 @@ sfmoe_status by_chunk(int chunk, Launch launch) {
 
 }  // namespace
 
-sfmoe_status router_forward(const RouterDeviceForward& a, void* stream_pointer) {
+sfmoe_status router_forward(const RouterForwardArgs& args, void* stream_pointer) {
+  const RouterDeviceForward a{args.logits,
+                              args.logits_dtype == SFMOE_DTYPE_BF16,
+                              args.expert_bias,
+                              args.tokens,
+                              args.config,
+                              args.topk_ids,
+                              args.probs,
+                              args.tokens_per_expert,
+                              args.aux_loss,
+                              args.z_loss,
+                              args.aux_partials,
+                              router_aux_factor(args.config, args.tokens),
+                              router_z_factor(args.config, args.tokens)};
   cudaStream_t stream = static_cast<cudaStream_t>(stream_pointer);
   const RouterConfig& c = a.config;
   router_clear_counts_kernel<<<1, 256, 0, stream>>>(a.tokens_per_expert, c.num_experts);
@@ -957,7 +1000,13 @@ sfmoe_status router_forward(const RouterDeviceForward& a, void* stream_pointer) 
   return SFMOE_SUCCESS;
 }
 
-sfmoe_status router_backward(const RouterDeviceBackward& a, void* stream_pointer) {
+sfmoe_status router_backward(const RouterBackwardArgs& args, void* stream_pointer) {
+  const RouterDeviceBackward a{args.logits,   args.logits_dtype == SFMOE_DTYPE_BF16,
+                               args.topk_ids, args.tokens_per_expert,
+                               args.tokens,   args.config,
+                               args.d_probs,  args.d_aux_loss,
+                               args.d_z_loss, router_aux_factor(args.config, args.tokens),
+                               args.d_logits, args.word};
   if (a.tokens == 0) return SFMOE_SUCCESS;
   cudaStream_t stream = static_cast<cudaStream_t>(stream_pointer);
   const int64_t wanted = (a.tokens + kTokensPerBlock - 1) / kTokensPerBlock;

@@ -1,0 +1,140 @@
+// The backend tables (src/ops/backend.h).
+#include "src/ops/backend.h"
+
+#include <string.h>
+
+#include "src/common/error.h"
+#include "src/cpu/backend.h"
+#if defined(SFMOE_WITH_CUDA)
+#include "src/cuda/backend.h"
+#endif
+
+namespace sfmoe {
+namespace ops {
+namespace {
+
+// The CPU reference runs at once, on the calling thread; it has no stream and cannot fail once the
+// API layer has validated its arguments.
+template <class Args, void (*Run)(const Args&)>
+sfmoe_status on_host(const Args& args, void*) {
+  Run(args);
+  return SFMOE_SUCCESS;
+}
+
+sfmoe_status host_copy(void* to, const void* from, size_t bytes, void*) {
+  if (bytes > 0) memcpy(to, from, bytes);
+  return SFMOE_SUCCESS;
+}
+void host_check_group_offsets(const GroupOffsetsCheckArgs& a) {
+  cpu::check_group_offsets(a.offsets, a.num_groups, a.row_capacity, a.row_alignment, a.word);
+}
+void host_cast(const CastArgs& a) {
+  const float scale = a.scale_device ? *a.scale_device : a.scale;
+  cpu::cast(a.input, a.input_dtype, a.output, a.output_dtype, a.count, scale);
+}
+void host_grouped_amax(const GroupedAmaxArgs& a) {
+  cpu::grouped_amax(a.input, a.num_groups, a.cols, a.amax, a.word);
+}
+void host_swizzle_scales(const SwizzleArgs& a) {
+  if (a.unswizzle) {
+    cpu::unswizzle_scales(a.from, a.rows, a.scale_cols, a.to);
+  } else {
+    cpu::swizzle_scales(a.from, a.rows, a.scale_cols, a.to);
+  }
+}
+
+const Backend kCpu = {
+    "cpu",
+    host_copy,
+    on_host<GroupOffsetsCheckArgs, host_check_group_offsets>,
+    on_host<CastArgs, host_cast>,
+    on_host<GroupedAmaxArgs, host_grouped_amax>,
+    on_host<GroupedQuantizeArgs, cpu::grouped_quantize>,
+    on_host<GroupedDequantizeArgs, cpu::grouped_dequantize>,
+    on_host<SwizzleArgs, host_swizzle_scales>,
+    on_host<RouterForwardArgs, cpu::router_forward>,
+    on_host<RouterBackwardArgs, cpu::router_backward>,
+    on_host<PermuteArgs, cpu::permute>,
+    on_host<UnpermuteArgs, cpu::unpermute>,
+    on_host<UnpermuteBackwardArgs, cpu::unpermute_backward>,
+    on_host<ActivationArgs, cpu::activation_forward>,
+    on_host<ActivationBackwardArgs, cpu::activation_backward>,
+};
+
+#if defined(SFMOE_WITH_CUDA)
+sfmoe_status device_check_group_offsets(const GroupOffsetsCheckArgs& a, void* stream) {
+  return cuda::check_group_offsets(a.offsets, a.num_groups, a.row_capacity, a.row_alignment, a.word,
+                                   stream);
+}
+sfmoe_status device_cast(const CastArgs& a, void* stream) {
+  return cuda::cast(a.input, a.input_dtype, a.output, a.output_dtype, a.count, a.scale,
+                    a.scale_device, stream);
+}
+sfmoe_status device_grouped_amax(const GroupedAmaxArgs& a, void* stream) {
+  return cuda::grouped_amax(a.input, a.num_groups, a.cols, a.amax, a.word, stream);
+}
+sfmoe_status device_swizzle_scales(const SwizzleArgs& a, void* stream) {
+  return cuda::swizzle_scales(a.from, a.rows, a.scale_cols, a.to, a.unswizzle, stream);
+}
+
+const Backend kCuda = {
+    "cuda",
+    cuda::copy_device_async,
+    device_check_group_offsets,
+    device_cast,
+    device_grouped_amax,
+    cuda::grouped_quantize,
+    cuda::grouped_dequantize,
+    device_swizzle_scales,
+    cuda::router_forward,
+    cuda::router_backward,
+    cuda::permute,
+    cuda::unpermute,
+    cuda::unpermute_backward,
+    cuda::activation_forward,
+    cuda::activation_backward,
+};
+#else
+// Validation refuses CUDA memory in a build without the CUDA backend; a caller that reaches this
+// table anyway is told so rather than crashing.
+template <class Args>
+sfmoe_status not_built(const Args&, void*) {
+  return report(SFMOE_ERROR_NO_BACKEND, "this build of sfmoe has no CUDA backend");
+}
+
+sfmoe_status copy_not_built(void*, const void*, size_t, void*) {
+  return report(SFMOE_ERROR_NO_BACKEND, "this build of sfmoe has no CUDA backend");
+}
+
+const Backend kNotBuilt = {
+    "not built",
+    copy_not_built,
+    not_built<GroupOffsetsCheckArgs>,
+    not_built<CastArgs>,
+    not_built<GroupedAmaxArgs>,
+    not_built<GroupedQuantizeArgs>,
+    not_built<GroupedDequantizeArgs>,
+    not_built<SwizzleArgs>,
+    not_built<RouterForwardArgs>,
+    not_built<RouterBackwardArgs>,
+    not_built<PermuteArgs>,
+    not_built<UnpermuteArgs>,
+    not_built<UnpermuteBackwardArgs>,
+    not_built<ActivationArgs>,
+    not_built<ActivationBackwardArgs>,
+};
+#endif
+
+}  // namespace
+
+const Backend& backend_for(sfmoe_memory memory) {
+  if (memory == SFMOE_MEMORY_HOST) return kCpu;
+#if defined(SFMOE_WITH_CUDA)
+  return kCuda;
+#else
+  return kNotBuilt;
+#endif
+}
+
+}  // namespace ops
+}  // namespace sfmoe
