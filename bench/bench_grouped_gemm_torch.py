@@ -19,13 +19,13 @@ tile configuration forced (SFMOE_GEMM_TILE), BF16 and FP8, to check the heuristi
 (src/cuda/gemm/gemm_heuristics.h). Each case's figures are also printed as fractions of the GPU
 notes' dense ceilings. Writes JSON to $OUT/bench_grouped_gemm_torch.json when OUT is set.
 """
+
 import json
 import math
 import os
 
-import torch
-
 import sfmoe
+import torch
 from torch_timing import graphed_ms, median_ms
 
 REPEAT = 10
@@ -89,13 +89,17 @@ RECIPE_TILES = {
 }
 # SFMOE_BENCH_SWEEP=bf16,fp8 limits the tile sweep to those recipes (default: all; none when quick).
 QUICK = os.environ.get("SFMOE_BENCH_GEMM") == "quick"
-SWEPT = [] if QUICK else [
-    r.strip() for r in os.environ.get("SFMOE_BENCH_SWEEP", ",".join(RECIPE_TILES)).split(",")]
-SHORT = {"coop128": "c128", "coop256": "c256", "pingpong64": "p64", "coop256x128": "c256x128",
-         "pingpong128": "p128"}
+SWEPT = [] if QUICK else [r.strip() for r in os.environ.get("SFMOE_BENCH_SWEEP", ",".join(RECIPE_TILES)).split(",")]
+SHORT = {"coop128": "c128", "coop256": "c256", "pingpong64": "p64", "coop256x128": "c256x128", "pingpong128": "p128"}
 # Stock CUTLASS 4.2 grouped FP8 (fast accumulation), balanced cases: ../shared/GPU.md, another run.
-CUTLASS_FP8 = {("Qwen3-30B-A3B", "fc1"): 1179, ("Qwen3-30B-A3B", "fc2"): 886, ("DeepSeek-V3 EP8", "fc1"): 1428,
-               ("DeepSeek-V3 EP8", "fc2"): 1345, ("Mixtral-8x7B", "fc1"): 1441, ("Mixtral-8x7B", "fc2"): 1507}
+CUTLASS_FP8 = {
+    ("Qwen3-30B-A3B", "fc1"): 1179,
+    ("Qwen3-30B-A3B", "fc2"): 886,
+    ("DeepSeek-V3 EP8", "fc1"): 1428,
+    ("DeepSeek-V3 EP8", "fc2"): 1345,
+    ("Mixtral-8x7B", "fc1"): 1441,
+    ("Mixtral-8x7B", "fc2"): 1507,
+}
 
 
 # The dense GEMM ceilings of ../shared/GPU.md (8192^3 on this H200, another run), TFLOP/s.
@@ -104,13 +108,21 @@ DENSE_CEILING = {"bf16": 742, "fp8": 1302}
 
 def print_ceiling_fractions(rows):
     """Each forward case's figures as a fraction of the GPU notes' dense ceiling of its operand type."""
-    columns = (("sfmoe", "bf16", "bf16"), ("sfmoe_fp8", "fp8", "fp8"), ("sfmoe_fp8_fast", "fp8 fast", "fp8"),
-               ("sfmoe_fp8_blockwise", "fp8 block", "fp8"))
-    print(f"\nfraction of the GPU notes' dense ceilings (BF16 {DENSE_CEILING['bf16']}, FP8 {DENSE_CEILING['fp8']} "
-          "TFLOP/s, 8192^3, another run)")
+    columns = (
+        ("sfmoe", "bf16", "bf16"),
+        ("sfmoe_fp8", "fp8", "fp8"),
+        ("sfmoe_fp8_fast", "fp8 fast", "fp8"),
+        ("sfmoe_fp8_blockwise", "fp8 block", "fp8"),
+    )
+    print(
+        f"\nfraction of the GPU notes' dense ceilings (BF16 {DENSE_CEILING['bf16']}, FP8 {DENSE_CEILING['fp8']} "
+        "TFLOP/s, 8192^3, another run)"
+    )
     for row in rows:
-        print(f"{row['case']:30s} " + "  ".join(
-            f"{label} {row[key] / DENSE_CEILING[kind]:6.1%}" for key, label, kind in columns))
+        print(
+            f"{row['case']:30s} "
+            + "  ".join(f"{label} {row[key] / DENSE_CEILING[kind]:6.1%}" for key, label, kind in columns)
+        )
 
 
 def forced(tile, fn):
@@ -145,13 +157,23 @@ def input_sensitivity(dev):
                 qw = sfmoe.quantize(w.reshape(experts * n, k), "fp8_tensor", uniform_group_rows=n)
                 figures[fill] = (
                     tflops(flops, ours_ms(lambda: sfmoe.grouped_gemm("fprop", x, w, offsets, out=y))),
-                    *(tflops(flops, forced(tile, lambda: sfmoe.grouped_gemm(
-                        "fprop", qx, qw, out=y, fast_accumulation=True))) for tile in ("coop256", "pingpong128")))
+                    *(
+                        tflops(
+                            flops,
+                            forced(tile, lambda: sfmoe.grouped_gemm("fprop", qx, qw, out=y, fast_accumulation=True)),
+                        )
+                        for tile in ("coop256", "pingpong128")
+                    ),
+                )
                 del x, w, y, qx, qw
             cutlass = CUTLASS_FP8.get((name, stage))
-            print(f"{name + ' ' + stage:30s} " + " | ".join(
-                f"{fill}: bf16 {b:.0f}, fp8 fast c256 {c:.0f} p128 {p:.0f}" for fill, (b, c, p) in figures.items())
-                + f" | stock cutlass fp8 {cutlass}")
+            print(
+                f"{name + ' ' + stage:30s} "
+                + " | ".join(
+                    f"{fill}: bf16 {b:.0f}, fp8 fast c256 {c:.0f} p128 {p:.0f}" for fill, (b, c, p) in figures.items()
+                )
+                + f" | stock cutlass fp8 {cutlass}"
+            )
             torch.cuda.empty_cache()
 
 
@@ -162,8 +184,10 @@ def main():
         input_sensitivity(dev)
         return
     results = []
-    print(f"{'case':30s} {'bf16':>5s} {'grouped_mm':>10s} {'ratio':>5s} {'dense':>5s} {'ratio':>5s} | "
-          f"{'fp8':>5s} {'fp8 fast':>8s} {'rowwise':>7s} {'ratio':>5s} {'cutlass*':>8s} | {'fp8 block':>9s}   (TFLOP/s)")
+    print(
+        f"{'case':30s} {'bf16':>5s} {'grouped_mm':>10s} {'ratio':>5s} {'dense':>5s} {'ratio':>5s} | "
+        f"{'fp8':>5s} {'fp8 fast':>8s} {'rowwise':>7s} {'ratio':>5s} {'cutlass*':>8s} | {'fp8 block':>9s}   (TFLOP/s)"
+    )
     ratios = {"bf16 / grouped_mm": [], "fp8 / scaled_grouped_mm": [], "fp8 fast / scaled_grouped_mm": []}
     sweeps = []
     emulation_rows = []
@@ -198,8 +222,11 @@ def main():
                     emulated[recipe] = tflops(flops, ours_ms(lambda: sfmoe.grouped_gemm("fprop", qxe, qwe, out=ye)))
                     del qxe, qwe, ye
                 emulation_rows.append((f"{name} {skew} {stage}", ours["bf16"], emulated))
-                sweep = {recipe: {tile: tflops(flops, forced(tile, calls[recipe])) for tile in tiles}
-                         for recipe, tiles in RECIPE_TILES.items() if recipe in SWEPT}
+                sweep = {
+                    recipe: {tile: tflops(flops, forced(tile, calls[recipe])) for tile in tiles}
+                    for recipe, tiles in RECIPE_TILES.items()
+                    if recipe in SWEPT
+                }
                 grouped = peer(lambda: torch._grouped_mm(x, w.transpose(1, 2), offs=ends32))
                 xd = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
                 wd = torch.randn(k, n, device=dev, dtype=torch.bfloat16)
@@ -207,13 +234,25 @@ def main():
                 x8, w8 = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
                 sa = torch.ones(m, device=dev, dtype=torch.float32)
                 sb = torch.ones(experts, n, device=dev, dtype=torch.float32)
-                fp8 = peer(lambda: torch._scaled_grouped_mm(x8, w8.transpose(1, 2), sa, sb, offs=ends32,
-                                                            out_dtype=torch.bfloat16))
-                row = dict(case=f"{name} {skew} {stage}", M=m, N=n, K=k, sfmoe=ours["bf16"],
-                           grouped_mm=grouped and tflops(flops, grouped), dense=dense and tflops(flops, dense),
-                           sfmoe_fp8=ours["fp8"], sfmoe_fp8_fast=ours["fp8 fast"],
-                           scaled_grouped_mm=fp8 and tflops(flops, fp8), sfmoe_fp8_blockwise=ours["fp8 block"],
-                           tiles=sweep)
+                fp8 = peer(
+                    lambda: torch._scaled_grouped_mm(
+                        x8, w8.transpose(1, 2), sa, sb, offs=ends32, out_dtype=torch.bfloat16
+                    )
+                )
+                row = dict(
+                    case=f"{name} {skew} {stage}",
+                    M=m,
+                    N=n,
+                    K=k,
+                    sfmoe=ours["bf16"],
+                    grouped_mm=grouped and tflops(flops, grouped),
+                    dense=dense and tflops(flops, dense),
+                    sfmoe_fp8=ours["fp8"],
+                    sfmoe_fp8_fast=ours["fp8 fast"],
+                    scaled_grouped_mm=fp8 and tflops(flops, fp8),
+                    sfmoe_fp8_blockwise=ours["fp8 block"],
+                    tiles=sweep,
+                )
                 results.append(row)
                 if grouped:
                     ratios["bf16 / grouped_mm"].append(row["sfmoe"] / row["grouped_mm"])
@@ -223,11 +262,13 @@ def main():
                 fmt = lambda v: f"{v:.0f}" if v else "-"  # noqa: E731
                 ratio = lambda a, b: f"{a / b:.2f}" if b else "-"  # noqa: E731
                 cutlass = CUTLASS_FP8.get((name, stage)) if skew == "balanced" else None
-                print(f"{row['case']:30s} {row['sfmoe']:5.0f} {fmt(row['grouped_mm']):>10s} "
-                      f"{ratio(row['sfmoe'], row['grouped_mm']):>5s} {fmt(row['dense']):>5s} "
-                      f"{ratio(row['sfmoe'], row['dense']):>5s} | {row['sfmoe_fp8']:5.0f} {row['sfmoe_fp8_fast']:8.0f} "
-                      f"{fmt(row['scaled_grouped_mm']):>7s} {ratio(row['sfmoe_fp8_fast'], row['scaled_grouped_mm']):>5s} "
-                      f"{fmt(cutlass):>8s} | {row['sfmoe_fp8_blockwise']:9.0f}")
+                print(
+                    f"{row['case']:30s} {row['sfmoe']:5.0f} {fmt(row['grouped_mm']):>10s} "
+                    f"{ratio(row['sfmoe'], row['grouped_mm']):>5s} {fmt(row['dense']):>5s} "
+                    f"{ratio(row['sfmoe'], row['dense']):>5s} | {row['sfmoe_fp8']:5.0f} {row['sfmoe_fp8_fast']:8.0f} "
+                    f"{fmt(row['scaled_grouped_mm']):>7s} {ratio(row['sfmoe_fp8_fast'], row['scaled_grouped_mm']):>5s} "
+                    f"{fmt(cutlass):>8s} | {row['sfmoe_fp8_blockwise']:9.0f}"
+                )
                 sweeps.append((row["case"], sweep))
                 del x, w, y, xd, wd, x8, w8, qx, qw, qxb, qwb
                 torch.cuda.empty_cache()
@@ -235,14 +276,20 @@ def main():
         if values:
             geo = math.exp(sum(math.log(r) for r in values) / len(values))
             print(f"geometric mean {what} over {len(values)} cases: {geo:.2f}x")
-    print("* stock CUTLASS 4.2 FP8 grouped GEMM, fast accumulation, balanced (GPU notes, another run). "
-          "fp8 block targets: DeepGEMM publishes 1214-1346 at the DeepSeek-V3 shapes (H800); >= 900 on Qwen3")
+    print(
+        "* stock CUTLASS 4.2 FP8 grouped GEMM, fast accumulation, balanced (GPU notes, another run). "
+        "fp8 block targets: DeepGEMM publishes 1214-1346 at the DeepSeek-V3 shapes (H800); >= 900 on Qwen3"
+    )
     print_ceiling_fractions(results)
-    print("\nMXFP8 / NVFP4 emulated (operands decoded into BF16 in the workspace per call, then the BF16 kernels;"
-          " NVFP4 weights 16x16), fprop TFLOP/s and ratio to sfmoe BF16")
+    print(
+        "\nMXFP8 / NVFP4 emulated (operands decoded into BF16 in the workspace per call, then the BF16 kernels;"
+        " NVFP4 weights 16x16), fprop TFLOP/s and ratio to sfmoe BF16"
+    )
     for case, bf16, emulated in emulation_rows:
-        print(f"{case:30s} bf16 {bf16:5.0f} | " + " | ".join(
-            f"{recipe} {v:5.0f} ({v / bf16:.2f}x)" for recipe, v in emulated.items()))
+        print(
+            f"{case:30s} bf16 {bf16:5.0f} | "
+            + " | ".join(f"{recipe} {v:5.0f} ({v / bf16:.2f}x)" for recipe, v in emulated.items())
+        )
     for recipe in ("mxfp8", "nvfp4"):
         values = [e[recipe] / b for _, b, e in emulation_rows]
         if values:
@@ -251,12 +298,19 @@ def main():
     if SWEPT:
         print("\ntile sweep (TFLOP/s; the heuristic's choice is the recipe's column above)")
     for case, sweep in sweeps if SWEPT else ():
-        print(f"{case:30s} " + " | ".join(
-            f"{recipe} " + " ".join(f"{SHORT[t]} {v:.0f}" for t, v in tiles.items()) for recipe, tiles in sweep.items()))
+        print(
+            f"{case:30s} "
+            + " | ".join(
+                f"{recipe} " + " ".join(f"{SHORT[t]} {v:.0f}" for t, v in tiles.items())
+                for recipe, tiles in sweep.items()
+            )
+        )
 
     # wgrad, balanced: dW_e [N, K] = dY_e^T X_e.
-    print(f"\n{'wgrad case (TFLOP/s)':30s} {'bf16 out':>8s} {'fp32 out':>8s} {'fp32 acc':>8s} "
-          f"{'grouped_mm':>10s} {'dense':>6s} {'bf16/dense':>10s} {'fp8 block':>9s}")
+    print(
+        f"\n{'wgrad case (TFLOP/s)':30s} {'bf16 out':>8s} {'fp32 out':>8s} {'fp32 acc':>8s} "
+        f"{'grouped_mm':>10s} {'dense':>6s} {'bf16/dense':>10s} {'fp8 block':>9s}"
+    )
     for name, (experts, rows, hidden, ffn) in SHAPES.items():
         sizes = group_sizes(experts, rows, "balanced")
         m = int(sizes.sum())
@@ -274,25 +328,52 @@ def main():
         grouped = peer(lambda: torch._grouped_mm(dy.t(), x, offs=ends32))
         dense = peer(lambda: dy.t() @ x)
         # FP8 blockwise: dY and X 1x128 down their rows (columnwise copies, scales transposed).
-        qdy = sfmoe.quantize(dy, "fp8_block_1x128", group_offsets=offsets, columnwise=True, rowwise=False,
-                             row_alignment=128, scale_layout="columnwise_transposed")
-        qxc = sfmoe.quantize(x, "fp8_block_1x128", group_offsets=offsets, columnwise=True, rowwise=False,
-                             row_alignment=128, scale_layout="columnwise_transposed")
+        qdy = sfmoe.quantize(
+            dy,
+            "fp8_block_1x128",
+            group_offsets=offsets,
+            columnwise=True,
+            rowwise=False,
+            row_alignment=128,
+            scale_layout="columnwise_transposed",
+        )
+        qxc = sfmoe.quantize(
+            x,
+            "fp8_block_1x128",
+            group_offsets=offsets,
+            columnwise=True,
+            rowwise=False,
+            row_alignment=128,
+            scale_layout="columnwise_transposed",
+        )
         ours_block = ours_ms(lambda: sfmoe.grouped_gemm("wgrad", qdy, qxc, out=dw16))
-        wgrad_sweep = {tile: tflops(flops, forced(tile, lambda: sfmoe.grouped_gemm("wgrad", dy, x, offsets, out=dw16)))
-                       for tile in (RECIPE_TILES["bf16"] if "bf16" in SWEPT else ())}
-        row = dict(case=f"wgrad {name} fc1", M=m, N=n, K=k, sfmoe=tflops(flops, ours16), tiles=wgrad_sweep,
-                   sfmoe_fp32=tflops(flops, ours32), sfmoe_fp32_accumulate=tflops(flops, ours_acc),
-                   sfmoe_fp8_blockwise=tflops(flops, ours_block),
-                   grouped_mm=grouped and tflops(flops, grouped), dense=dense and tflops(flops, dense))
+        wgrad_sweep = {
+            tile: tflops(flops, forced(tile, lambda: sfmoe.grouped_gemm("wgrad", dy, x, offsets, out=dw16)))
+            for tile in (RECIPE_TILES["bf16"] if "bf16" in SWEPT else ())
+        }
+        row = dict(
+            case=f"wgrad {name} fc1",
+            M=m,
+            N=n,
+            K=k,
+            sfmoe=tflops(flops, ours16),
+            tiles=wgrad_sweep,
+            sfmoe_fp32=tflops(flops, ours32),
+            sfmoe_fp32_accumulate=tflops(flops, ours_acc),
+            sfmoe_fp8_blockwise=tflops(flops, ours_block),
+            grouped_mm=grouped and tflops(flops, grouped),
+            dense=dense and tflops(flops, dense),
+        )
         results.append(row)
-        print(f"{row['case']:30s} {row['sfmoe']:8.0f} {row['sfmoe_fp32']:8.0f} {row['sfmoe_fp32_accumulate']:8.0f} "
-              f"{row['grouped_mm'] or 0:10.0f} {row['dense'] or 0:6.0f} "
-              f"{row['sfmoe'] / row['dense'] if row['dense'] else float('nan'):10.2f} "
-              f"{row['sfmoe_fp8_blockwise']:9.0f}   ceiling bf16 {row['sfmoe'] / DENSE_CEILING['bf16']:.1%}, "
-              f"fp8 block {row['sfmoe_fp8_blockwise'] / DENSE_CEILING['fp8']:.1%}"
-              + ("   tiles (bf16 out) " if wgrad_sweep else "")
-              + " ".join(f"{SHORT[t]} {v:.0f}" for t, v in wgrad_sweep.items()))
+        print(
+            f"{row['case']:30s} {row['sfmoe']:8.0f} {row['sfmoe_fp32']:8.0f} {row['sfmoe_fp32_accumulate']:8.0f} "
+            f"{row['grouped_mm'] or 0:10.0f} {row['dense'] or 0:6.0f} "
+            f"{row['sfmoe'] / row['dense'] if row['dense'] else float('nan'):10.2f} "
+            f"{row['sfmoe_fp8_blockwise']:9.0f}   ceiling bf16 {row['sfmoe'] / DENSE_CEILING['bf16']:.1%}, "
+            f"fp8 block {row['sfmoe_fp8_blockwise'] / DENSE_CEILING['fp8']:.1%}"
+            + ("   tiles (bf16 out) " if wgrad_sweep else "")
+            + " ".join(f"{SHORT[t]} {v:.0f}" for t, v in wgrad_sweep.items())
+        )
         del x, dy, dw, dw16, qdy, qxc
         torch.cuda.empty_cache()
 
@@ -308,8 +389,10 @@ def main():
         x = torch.randn(capacity, k, device=dev, dtype=torch.bfloat16)
         y = torch.empty(capacity, n, device=dev, dtype=torch.bfloat16)
         times[capacity] = ours_ms(lambda: sfmoe.grouped_gemm("fprop", x, w, offsets, out=y))
-    print(f"\ncapacity (Qwen3 fc1, balanced): exact {times[m] * 1e3:.1f} us, 2x spare {times[2 * m] * 1e3:.1f} us, "
-          f"ratio {times[2 * m] / times[m]:.3f} (target <= 1.1)")
+    print(
+        f"\ncapacity (Qwen3 fc1, balanced): exact {times[m] * 1e3:.1f} us, 2x spare {times[2 * m] * 1e3:.1f} us, "
+        f"ratio {times[2 * m] / times[m]:.3f} (target <= 1.1)"
+    )
     results.append(dict(case="capacity", exact_ms=times[m], spare_ms=times[2 * m]))
     if not QUICK:
         input_sensitivity(dev)

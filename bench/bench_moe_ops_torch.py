@@ -11,14 +11,14 @@ Bandwidth is effective: the bytes an op must read and write once (rows, not indi
 time, and as a share of the copy ceiling measured here (torch copy_). Writes JSON to
 $OUT/bench_moe_ops_torch.json when OUT is set.
 """
+
 import contextlib
 import json
 import os
 
+import sfmoe
 import torch
 import torch.nn.functional as F
-
-import sfmoe
 from torch_timing import copy_ceiling_tbps, graphed_ms, median_ms
 
 T, E, K, H, FFN = 8192, 256, 8, 7168, 2048
@@ -120,9 +120,12 @@ def main():
     router_cases = [
         ("router: sigmoid, top-8, normalize", dict(score="sigmoid", normalize=True), None, torch_sigmoid_topk),
         ("router: softmax, top-8, counts", dict(), None, torch_softmax_topk),
-        ("router: DeepSeek-V3 (bias, 8 groups, keep 4)",
-         dict(score="sigmoid", normalize=True, num_groups=8, group_topk=4, scaling_factor=2.5), bias,
-         torch_deepseek),
+        (
+            "router: DeepSeek-V3 (bias, 8 groups, keep 4)",
+            dict(score="sigmoid", normalize=True, num_groups=8, group_topk=4, scaling_factor=2.5),
+            bias,
+            torch_deepseek,
+        ),
     ]
     for name, kwargs, b, peer in router_cases if wanted("router") else []:
         fn = lambda: sfmoe.router(logits, K, expert_bias=b, **kwargs)  # noqa: E731
@@ -148,8 +151,10 @@ def main():
         # What a write-heavy op can reach: filling the permuted rows' bytes (torch zero_), no reads.
         sink = torch.empty(T * K, H, device=dev, dtype=torch.bfloat16)
         fill_ms = time_graphed(sink.zero_)
-        print(f"write-only bandwidth (zero_ of [T k, H] bf16): {T * K * H * 2 / (fill_ms * 1e-3) / 1e12:.2f} TB/s"
-              f" ({fill_ms * 1e3:.1f} us)")
+        print(
+            f"write-only bandwidth (zero_ of [T k, H] bf16): {T * K * H * 2 / (fill_ms * 1e-3) / 1e12:.2f} TB/s"
+            f" ({fill_ms * 1e3:.1f} us)"
+        )
         del sink
     for alignment in (1, 16, 128) if wanted("permute") else ():
         fn = lambda: sfmoe.permute(tokens, ids, E, alignment=alignment)  # noqa: E731
@@ -158,9 +163,11 @@ def main():
         nbytes = T * H * 2 + rows_written * H * 2
         report(f"permute, alignment {alignment}", time_ours(fn), torch_permute_times, nbytes)
         if alignment == 1:  # the earlier forms, captured in the same process
-            for variable, value, what in (("SFMOE_PERMUTE_COPY", "vector", "vector copy"),
-                                          ("SFMOE_DEPENDENT_LAUNCH", "0", "no dependent launch"),
-                                          ("SFMOE_PERMUTE_FUSED_PLACE", "0", "place kernel")):
+            for variable, value, what in (
+                ("SFMOE_PERMUTE_COPY", "vector", "vector copy"),
+                ("SFMOE_DEPENDENT_LAUNCH", "0", "no dependent launch"),
+                ("SFMOE_PERMUTE_FUSED_PLACE", "0", "place kernel"),
+            ):
                 with environment(variable, value):
                     report(f"permute, alignment {alignment} ({what})", time_ours(fn), torch_permute_times, nbytes)
 
@@ -174,13 +181,20 @@ def main():
 
     torch_mx_times = time_torch(torch_permute_mxfp8) if wanted("permute") else None
     for alignment in (32, 128) if wanted("permute") else ():
-        fused = lambda: sfmoe.permute(tokens, ids, E, alignment=alignment, quantize="mxfp8",  # noqa: E731
-                                      scale_layout="swizzled")
+        fused = lambda: sfmoe.permute(
+            tokens,
+            ids,
+            E,
+            alignment=alignment,
+            quantize="mxfp8",  # noqa: E731
+            scale_layout="swizzled",
+        )
 
         def separate():
             p = sfmoe.permute(tokens, ids, E, alignment=alignment)
-            return sfmoe.quantize(p.rows, "mxfp8", group_offsets=p.group_offsets, row_alignment=alignment,
-                                  scale_layout="swizzled")
+            return sfmoe.quantize(
+                p.rows, "mxfp8", group_offsets=p.group_offsets, row_alignment=alignment, scale_layout="swizzled"
+            )
 
         out = fused()
         rows_written = int(out.group_offsets[-1])
@@ -206,8 +220,9 @@ def main():
 
         def with_amax():
             p = sfmoe.permute(tokens, ids, E, alignment=16, amax=True)
-            return sfmoe.quantize(p.rows, "fp8_tensor", group_offsets=p.group_offsets, row_alignment=16,
-                                  group_amax=p.amax)
+            return sfmoe.quantize(
+                p.rows, "fp8_tensor", group_offsets=p.group_offsets, row_alignment=16, group_amax=p.amax
+            )
 
         def without_amax():
             p = sfmoe.permute(tokens, ids, E, alignment=16)
@@ -216,8 +231,10 @@ def main():
         permute_only = time_ours(lambda: sfmoe.permute(tokens, ids, E, alignment=16))
         permute_amax = time_ours(lambda: sfmoe.permute(tokens, ids, E, alignment=16, amax=True))
         report("permute, alignment 16, with the expert amax", permute_amax, torch_permute_times)
-        print(f"  the amax costs {1e3 * (permute_amax[0] - permute_only[0]):.1f} us over permute alone "
-              f"({1e3 * permute_only[0]:.1f} us)")
+        print(
+            f"  the amax costs {1e3 * (permute_amax[0] - permute_only[0]):.1f} us over permute alone "
+            f"({1e3 * permute_only[0]:.1f} us)"
+        )
         one_read, two_reads = time_ours(with_amax), time_ours(without_amax)
         report("permute + amax, then FP8 tensor given amax", one_read, torch_fp8_times)
         report("permute, then FP8 tensor (amax pass)", two_reads, torch_fp8_times)
@@ -236,20 +253,34 @@ def main():
     if wanted("unpermute"):
         fn = lambda: sfmoe.unpermute(permuted.rows, permuted, probs)  # noqa: E731
         fn()
-        report("unpermute (prob-weighted combine)", time_ours(fn), time_torch(torch_unpermute),
-               T * K * H * 2 + T * H * 2)
+        report(
+            "unpermute (prob-weighted combine)", time_ours(fn), time_torch(torch_unpermute), T * K * H * 2 + T * H * 2
+        )
 
         d_out = torch.randn(T, H, device=dev, dtype=torch.bfloat16)
         fn = lambda: sfmoe.unpermute_backward(d_out, permuted.rows, permuted, probs)  # noqa: E731
         fn()
         kept_rows = int(permuted.group_offsets[-1])
-        report("unpermute backward (d rows fp32, d probs)", time_ours(fn), (float("nan"), None),
-               T * H * 2 + T * K * H * 2 + kept_rows * H * 4)
-        fn = lambda: sfmoe.unpermute_backward(d_out, permuted.rows, permuted, probs,  # noqa: E731
-                                              out_dtype="bf16")
+        report(
+            "unpermute backward (d rows fp32, d probs)",
+            time_ours(fn),
+            (float("nan"), None),
+            T * H * 2 + T * K * H * 2 + kept_rows * H * 4,
+        )
+        fn = lambda: sfmoe.unpermute_backward(
+            d_out,
+            permuted.rows,
+            permuted,
+            probs,  # noqa: E731
+            out_dtype="bf16",
+        )
         fn()
-        report("unpermute backward (d rows bf16, d probs)", time_ours(fn), (float("nan"), None),
-               T * H * 2 + T * K * H * 2 + kept_rows * H * 2)
+        report(
+            "unpermute backward (d rows bf16, d probs)",
+            time_ours(fn),
+            (float("nan"), None),
+            T * H * 2 + T * K * H * 2 + kept_rows * H * 2,
+        )
     del torch_rows, permuted
 
     # ---- SwiGLU on the FC1 output, rows = T k (+ alignment padding) ----------------------------
@@ -286,17 +317,28 @@ def time_swiglu(dev, ids, report):
     fwd_bytes = rows * (2 * FFN + FFN) * 2
     bwd_bytes = rows * (2 * FFN + FFN + 2 * FFN) * 2
     fn = lambda: sfmoe.grouped_activation(h, offsets, sizes, "swiglu")  # noqa: E731
-    report("SwiGLU forward [T k, 2 x 2048] bf16", time_ours(fn),
-           time_torch(lambda: F.silu(h[:, :FFN]) * h[:, FFN:]), fwd_bytes)
-    report("SwiGLU forward + backward", time_ours(ours_fwd_bwd), time_torch(torch_swiglu_fwd_bwd),
-           fwd_bytes + bwd_bytes)
+    report(
+        "SwiGLU forward [T k, 2 x 2048] bf16",
+        time_ours(fn),
+        time_torch(lambda: F.silu(h[:, :FFN]) * h[:, FFN:]),
+        fwd_bytes,
+    )
+    report(
+        "SwiGLU forward + backward", time_ours(ours_fwd_bwd), time_torch(torch_swiglu_fwd_bwd), fwd_bytes + bwd_bytes
+    )
 
     # The forward with its output quantized on the fly, against the forward then sfmoe.quantize
     # (bytes: the input read once, codes and scales written once; NVFP4 reads the input twice).
     no_peer = (float("nan"), None)
     for recipe, code_bytes, layout in (("mxfp8", 1 + 1 / 32, "swizzled"), ("nvfp4", 0.5 + 1 / 16, "swizzled")):
-        fused = lambda: sfmoe.grouped_activation(h, offsets, sizes, "swiglu", quantize=recipe,  # noqa: E731
-                                                 scale_layout=layout)
+        fused = lambda: sfmoe.grouped_activation(
+            h,
+            offsets,
+            sizes,
+            "swiglu",
+            quantize=recipe,  # noqa: E731
+            scale_layout=layout,
+        )
 
         def separate():
             y = sfmoe.grouped_activation(h, offsets, sizes, "swiglu")
@@ -313,8 +355,9 @@ def time_swiglu(dev, ids, report):
             # the activations once.
             def separate_given_amax():
                 y, amax = sfmoe.grouped_activation(h, offsets, sizes, "swiglu", return_amax=True)
-                return sfmoe.quantize(y, recipe, group_offsets=offsets, row_alignment=1, scale_layout=layout,
-                                      group_amax=amax)
+                return sfmoe.quantize(
+                    y, recipe, group_offsets=offsets, row_alignment=1, scale_layout=layout, group_amax=amax
+                )
 
             separate_given_amax()
             given_time = time_ours(separate_given_amax)

@@ -10,12 +10,12 @@ scaling) and NVFP4 recipes read the input twice (amax pass, then the cast); "mov
 that second read. FP8 tensor with given scales (delayed scaling) reads it once and still returns
 the amax; with a given amax (group_amax), FP8 tensor and NVFP4 read it once. Writes JSON to $OUT/bench_quantize_torch.json when OUT is set.
 """
+
 import json
 import os
 
-import torch
-
 import sfmoe
+import torch
 from torch_timing import copy_ceiling_tbps, median_ms
 
 ROWS, COLS, GROUPS = 65536, 7168, 128
@@ -91,33 +91,78 @@ def main():
     # copies, extra input reads
     cases = [
         ("fp8 tensor (amax + cast)", dict(recipe="fp8_tensor"), torch_fp8_tensor, (1, 0), 1, 1),
-        ("fp8 tensor, +columnwise", dict(recipe="fp8_tensor", columnwise=True),
-         with_transpose(torch_fp8_tensor), (1, 0), 2, 1),
-        ("fp8 tensor, given scales", dict(recipe="fp8_tensor", tensor_scales=given), torch_fp8_given,
-         (1, 0), 1, 0),
-        ("fp8 tensor, given, +columnwise", dict(recipe="fp8_tensor", columnwise=True, tensor_scales=given),
-         with_transpose(torch_fp8_given), (1, 0), 2, 0),
-        ("fp8 tensor, given amax", dict(recipe="fp8_tensor", group_amax=bound), torch_fp8_given_amax,
-         (1, 0), 1, 0),
-        ("fp8 tensor, given amax, +col", dict(recipe="fp8_tensor", columnwise=True, group_amax=bound),
-         with_transpose(torch_fp8_given_amax), (1, 0), 2, 0),
+        (
+            "fp8 tensor, +columnwise",
+            dict(recipe="fp8_tensor", columnwise=True),
+            with_transpose(torch_fp8_tensor),
+            (1, 0),
+            2,
+            1,
+        ),
+        ("fp8 tensor, given scales", dict(recipe="fp8_tensor", tensor_scales=given), torch_fp8_given, (1, 0), 1, 0),
+        (
+            "fp8 tensor, given, +columnwise",
+            dict(recipe="fp8_tensor", columnwise=True, tensor_scales=given),
+            with_transpose(torch_fp8_given),
+            (1, 0),
+            2,
+            0,
+        ),
+        ("fp8 tensor, given amax", dict(recipe="fp8_tensor", group_amax=bound), torch_fp8_given_amax, (1, 0), 1, 0),
+        (
+            "fp8 tensor, given amax, +col",
+            dict(recipe="fp8_tensor", columnwise=True, group_amax=bound),
+            with_transpose(torch_fp8_given_amax),
+            (1, 0),
+            2,
+            0,
+        ),
         ("fp8 block 1x128", dict(recipe="fp8_block_1x128"), torch_fp8_1x128, (1, 4 / 128), 1, 0),
-        ("fp8 block 1x128, +columnwise", dict(recipe="fp8_block_1x128", columnwise=True),
-         with_transpose(torch_fp8_1x128), (1, 4 / 128), 2, 0),
-        ("fp8 block 128x128, +columnwise", dict(recipe="fp8_block_128x128", columnwise=True),
-         torch_fp8_128x128, (1, 4 / 16384), 2, 0),
+        (
+            "fp8 block 1x128, +columnwise",
+            dict(recipe="fp8_block_1x128", columnwise=True),
+            with_transpose(torch_fp8_1x128),
+            (1, 4 / 128),
+            2,
+            0,
+        ),
+        (
+            "fp8 block 128x128, +columnwise",
+            dict(recipe="fp8_block_128x128", columnwise=True),
+            torch_fp8_128x128,
+            (1, 4 / 16384),
+            2,
+            0,
+        ),
         ("mxfp8 1x32", dict(recipe="mxfp8"), torch_mxfp8, (1, 1 / 32), 1, 0),
-        ("mxfp8, +columnwise", dict(recipe="mxfp8", columnwise=True), with_transpose(torch_mxfp8),
-         (1, 1 / 32), 2, 0),
-        ("mxfp8, +columnwise, swizzled", dict(recipe="mxfp8", columnwise=True, scale_layout="swizzled"),
-         with_transpose(torch_mxfp8), (1, 1 / 32), 2, 0),
+        ("mxfp8, +columnwise", dict(recipe="mxfp8", columnwise=True), with_transpose(torch_mxfp8), (1, 1 / 32), 2, 0),
+        (
+            "mxfp8, +columnwise, swizzled",
+            dict(recipe="mxfp8", columnwise=True, scale_layout="swizzled"),
+            with_transpose(torch_mxfp8),
+            (1, 1 / 32),
+            2,
+            0,
+        ),
         ("nvfp4 1x16", dict(recipe="nvfp4"), None, (0.5, 1 / 16), 1, 1),
         ("nvfp4, +columnwise", dict(recipe="nvfp4", columnwise=True), None, (0.5, 1 / 16), 2, 1),
-        ("nvfp4, +columnwise with RHT", dict(recipe="nvfp4", columnwise=True, hadamard=True), None,
-         (0.5, 1 / 16), 2, 1),
+        (
+            "nvfp4, +columnwise with RHT",
+            dict(recipe="nvfp4", columnwise=True, hadamard=True),
+            None,
+            (0.5, 1 / 16),
+            2,
+            1,
+        ),
         ("nvfp4, given amax", dict(recipe="nvfp4", group_amax=bound), None, (0.5, 1 / 16), 1, 0),
-        ("nvfp4, given amax, +columnwise", dict(recipe="nvfp4", columnwise=True, group_amax=bound), None,
-         (0.5, 1 / 16), 2, 0),
+        (
+            "nvfp4, given amax, +columnwise",
+            dict(recipe="nvfp4", columnwise=True, group_amax=bound),
+            None,
+            (0.5, 1 / 16),
+            2,
+            0,
+        ),
     ]
     print(f"copy ceiling (torch copy_, 2 GiB): {ceiling:.2f} TB/s")
     print(f"grouped quantize [{ROWS} x {COLS}] bf16, {GROUPS} groups; torch: the same recipe by torch ops")
@@ -125,6 +170,7 @@ def main():
     print(head)
     results = []
     for name, kwargs, peer, (code_bytes, scale_bytes), copies, extra_reads in cases:
+
         def ours():
             return sfmoe.quantize(x, group_offsets=offsets, row_alignment=128, **kwargs)
 

@@ -4,8 +4,8 @@ also batched GEMMs, so `torch.bmm` (cuBLAS's batched kernels: one descriptor per
 per-group pointers) is timed next to `torch._grouped_mm` and a dense cuBLAS GEMM of the same FLOPs,
 in the same process; then the batched wgrad dW_g = dY_g^T X_g. TFLOP/s = 2 M N K / time.
 docs/KERNEL_NOTES.md (grouped GEMM) records what it measured."""
-import torch
 
+import torch
 from torch_timing import median_ms
 
 SHAPES = {  # name: (local experts E, routed rows M, hidden, ffn), as in bench_grouped_gemm_torch.py
@@ -35,8 +35,10 @@ def main():
             a = torch.randn(rows, k, device=dev, dtype=torch.bfloat16)
             b = torch.randn(k, n, device=dev, dtype=torch.bfloat16)
             dense = median_ms(lambda: a @ b)
-            print(f"{name + ' ' + stage:28s} {tflops(flops, grouped):10.0f} {tflops(flops, batched):6.0f} "
-                  f"{tflops(flops, dense):6.0f}")
+            print(
+                f"{name + ' ' + stage:28s} {tflops(flops, grouped):10.0f} {tflops(flops, batched):6.0f} "
+                f"{tflops(flops, dense):6.0f}"
+            )
             del x, w, a, b
             torch.cuda.empty_cache()
     for name, (experts, rows, hidden, ffn) in SHAPES.items():

@@ -6,11 +6,11 @@ E = 256, k = 8, H = 7168, F = 2048), after a warm-up, for a profiler to look at,
 With SFMOE_PROFILE_ROUTER=sigmoid only the router runs, in the sigmoid top-8 normalized
 configuration of the benchmark (DeepSeek-V3's otherwise).
 """
+
 import os
 
-import torch
-
 import sfmoe
+import torch
 
 T, E, K, H, FFN = 8192, 256, 8, 7168, 2048
 
@@ -26,8 +26,9 @@ def main():
         torch.cuda.synchronize()
         return
     for round_ in range(2):  # the first round warms up
-        routed = sfmoe.router(logits, K, score="sigmoid", normalize=True, num_groups=8, group_topk=4,
-                              scaling_factor=2.5, expert_bias=bias)
+        routed = sfmoe.router(
+            logits, K, score="sigmoid", normalize=True, num_groups=8, group_topk=4, scaling_factor=2.5, expert_bias=bias
+        )
         p = sfmoe.permute(tokens, routed.topk_ids, E, alignment=16)
         sfmoe.unpermute(p.rows, p, routed.probs)
         h = torch.empty(p.rows.shape[0], 2 * FFN, device=dev, dtype=torch.bfloat16).normal_()

@@ -1,4 +1,5 @@
 """Timing helpers shared by the Python benchmarks (CUDA events through torch)."""
+
 import torch
 
 

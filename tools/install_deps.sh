@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CUTLASS_VERSION=4.2.0.0
-PY_PACKAGES=(nanobind==3.1.0 numpy==2.4.6 ml_dtypes==0.6.0 pytest==9.2.0)
+PY_PACKAGES=(nanobind==3.1.0 numpy==2.4.6 ml_dtypes==0.6.0 pytest==9.2.0 ruff==0.17.6)
 
 have_network() { [ "${SFMOE_OFFLINE:-0}" != 1 ]; }
 PIP_OPTS=(-q --disable-pip-version-check --root-user-action=ignore --retries 1 --timeout 20)
@@ -34,12 +34,13 @@ if [ ! -f .deps/cutlass/cutlass_library/source/include/cute/layout.hpp ]; then
   fi
 fi
 
-# Python tools for the extension and its tests, in a project-local virtual environment.
-if [ ! -f .venv/.sfmoe-ready ]; then
+# Python tools for the extension and its tests, in a project-local virtual environment. A venv made
+# before a package joined the list gets the list again (the marker names the list it holds).
+if [ ! -f .venv/.sfmoe-ready ] || [ "$(cat .venv/.sfmoe-ready)" != "${PY_PACKAGES[*]}" ]; then
   if have_network; then
     echo "install_deps: Python packages -> .venv (${PY_PACKAGES[*]})"
     if python3 -m venv .venv && .venv/bin/python -m pip install "${PIP_OPTS[@]}" "${PY_PACKAGES[@]}"; then
-      touch .venv/.sfmoe-ready
+      echo "${PY_PACKAGES[*]}" > .venv/.sfmoe-ready
     else
       echo "install_deps: could not set up .venv (offline?); using the system python3 as it is"
       rm -rf .venv

@@ -19,13 +19,28 @@ def _input(x, what):
 
 
 def _groups(group_offsets, group_rows):
-    return (_arrays.bound_input(group_offsets, "group_offsets", DType.INT64),
-            _arrays.bound_input(group_rows, "group_rows", DType.INT64))
+    return (
+        _arrays.bound_input(group_offsets, "group_offsets", DType.INT64),
+        _arrays.bound_input(group_rows, "group_rows", DType.INT64),
+    )
 
 
-def grouped_activation(x, group_offsets, group_rows, activation="swiglu", *, limit=7.0, alpha=1.702,
-                       out_dtype=None, return_amax=False, quantize=None, fmt="e4m3", scale_layout="compact",
-                       power_of_two_scales=False, tensor_scales=None):
+def grouped_activation(
+    x,
+    group_offsets,
+    group_rows,
+    activation="swiglu",
+    *,
+    limit=7.0,
+    alpha=1.702,
+    out_dtype=None,
+    return_amax=False,
+    quantize=None,
+    fmt="e4m3",
+    scale_layout="compact",
+    power_of_two_scales=False,
+    tensor_scales=None,
+):
     """The activation of each group's real rows (docs/activations.md).
 
     x: [row_capacity, 2F] ([gate | up]) for "swiglu", "geglu" and "clamped_swiglu", [row_capacity,
@@ -51,28 +66,59 @@ def grouped_activation(x, group_offsets, group_rows, activation="swiglu", *, lim
     offsets, counts = _groups(group_offsets, group_rows)
     num_groups = int(len(group_rows))
     out_type = dtype if out_dtype is None else as_dtype(out_dtype, "out_dtype")
-    rows_format = (_quantize.fused_rows_format(quantize, fmt, scale_layout, out_cols) if quantize is not None
-                   else dict(dtype=int(out_type), scaling=0, scale_layout=0))
-    plan = _C.plan_grouped_activation(dict(kind=kind, num_groups=num_groups, row_capacity=rows, input_cols=cols,
-                                           group_amax=bool(return_amax), **rows_format))
+    rows_format = (
+        _quantize.fused_rows_format(quantize, fmt, scale_layout, out_cols)
+        if quantize is not None
+        else dict(dtype=int(out_type), scaling=0, scale_layout=0)
+    )
+    plan = _C.plan_grouped_activation(
+        dict(
+            kind=kind,
+            num_groups=num_groups,
+            row_capacity=rows,
+            input_cols=cols,
+            group_amax=bool(return_amax),
+            **rows_format,
+        )
+    )
     if quantize is not None:
         out = _quantize.quantized_rows(adapter, x, quantize, power_of_two_scales, plan, None, tensor_scales)
         amax = out.amax if return_amax else None
         with adapter.device_context(x):
-            _C.grouped_activation_quantized(adapter.for_binding(x), int(dtype), offsets, counts, kind, float(limit),
-                                            float(alpha), out._descriptor(adapter), out.config._fields(),
-                                            adapter.stream(x))
+            _C.grouped_activation_quantized(
+                adapter.for_binding(x),
+                int(dtype),
+                offsets,
+                counts,
+                kind,
+                float(limit),
+                float(alpha),
+                out._descriptor(adapter),
+                out.config._fields(),
+                adapter.stream(x),
+            )
         return (out, amax) if return_amax else out
     out = _arrays.empty_planned(adapter, plan["buffers"]["rowwise_data"], x, "out")
     amax = _arrays.empty_planned(adapter, plan["buffers"]["amax"], x, "amax")
-    _C.grouped_activation(adapter.for_binding(x), int(dtype), offsets, counts, kind, float(limit), float(alpha),
-                          adapter.for_binding(out), int(out_type), None if amax is None else adapter.for_binding(amax),
-                          adapter.stream(x))
+    _C.grouped_activation(
+        adapter.for_binding(x),
+        int(dtype),
+        offsets,
+        counts,
+        kind,
+        float(limit),
+        float(alpha),
+        adapter.for_binding(out),
+        int(out_type),
+        None if amax is None else adapter.for_binding(amax),
+        adapter.stream(x),
+    )
     return (out, amax) if return_amax else out
 
 
-def grouped_activation_backward(x, d_out, group_offsets, group_rows, activation="swiglu", *, limit=7.0,
-                                alpha=1.702, out_dtype=None):
+def grouped_activation_backward(
+    x, d_out, group_offsets, group_rows, activation="swiglu", *, limit=7.0, alpha=1.702, out_dtype=None
+):
     """d x (shaped like x; padding rows zero) from the forward's x and d_out, in out_dtype (default
     float32)."""
     kind = _kind(activation)
@@ -81,7 +127,18 @@ def grouped_activation_backward(x, d_out, group_offsets, group_rows, activation=
     d_type = DType.FP32 if out_dtype is None else as_dtype(out_dtype, "out_dtype")
     d_x = adapter.empty(adapter.shape(x), d_type, x)
     offsets, counts = _groups(group_offsets, group_rows)
-    _C.grouped_activation_backward(adapter.for_binding(x), int(dtype), offsets, counts, adapter.for_binding(d),
-                                   int(d_dtype), kind, float(limit), float(alpha), adapter.for_binding(d_x),
-                                   int(d_type), adapter.stream(x))
+    _C.grouped_activation_backward(
+        adapter.for_binding(x),
+        int(dtype),
+        offsets,
+        counts,
+        adapter.for_binding(d),
+        int(d_dtype),
+        kind,
+        float(limit),
+        float(alpha),
+        adapter.for_binding(d_x),
+        int(d_type),
+        adapter.stream(x),
+    )
     return d_x

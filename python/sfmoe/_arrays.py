@@ -443,9 +443,7 @@ def adapt(x, what):
             f"{what}: {type(x).__name__} on DLPack device type {device_type}: device arrays are "
             "accepted as torch.Tensor or cupy.ndarray"
         )
-    raise TypeError(
-        f"{what}: expected a NumPy array, a torch.Tensor or a CuPy array, got {type(x).__name__}"
-    )
+    raise TypeError(f"{what}: expected a NumPy array, a torch.Tensor or a CuPy array, got {type(x).__name__}")
 
 
 def logical_shape(container_shape, dtype, what):

@@ -7,9 +7,7 @@ import numbers
 
 import numpy as np
 
-from . import _C
-from . import _arrays
-from . import _quantize
+from . import _C, _arrays, _quantize
 from ._dtypes import DType, Memory, ScaleLayout, Scaling, as_dtype, as_enum
 
 FP8_MAX = {DType.FP8_E4M3: 448.0, DType.FP8_E5M2: 57344.0}
@@ -191,9 +189,7 @@ def dequantize(q, out_dtype=DType.FP32, source="auto", *, out=None):
     if isinstance(q, _quantize.GroupedQuantizedTensor):
         return _quantize.dequantize_grouped(q, out_dtype, source, out)
     if not isinstance(q, QuantizedTensor):
-        raise TypeError(
-            f"q: expected a QuantizedTensor or a GroupedQuantizedTensor, got {type(q).__name__}"
-        )
+        raise TypeError(f"q: expected a QuantizedTensor or a GroupedQuantizedTensor, got {type(q).__name__}")
     if source != "auto":
         raise ValueError(f"source: a QuantizedTensor has one copy; got source={source!r}")
     if q.recipe != "fp8_tensor":

@@ -71,9 +71,7 @@ class Memory(enum.IntEnum):
     CUDA = _C.MEMORY_CUDA
 
 
-FLOAT_DTYPES = frozenset(
-    {DType.FP32, DType.BF16, DType.FP16, DType.FP8_E4M3, DType.FP8_E5M2, DType.FP4_E2M1}
-)
+FLOAT_DTYPES = frozenset({DType.FP32, DType.BF16, DType.FP16, DType.FP8_E4M3, DType.FP8_E5M2, DType.FP4_E2M1})
 
 _NAME_ALIASES = {
     "fp32": DType.FP32,
@@ -137,16 +135,13 @@ def as_dtype(obj, what="dtype"):
         try:
             return DType(int(obj))
         except ValueError:
-            raise ValueError(
-                f"{what}: {int(obj)} is not an sfmoe dtype (valid values 0..{len(DType) - 1})"
-            ) from None
+            raise ValueError(f"{what}: {int(obj)} is not an sfmoe dtype (valid values 0..{len(DType) - 1})") from None
     if isinstance(obj, str):
         try:
             return _NAME_ALIASES[obj.lower()]
         except KeyError:
             raise ValueError(
-                f"{what}: unknown dtype name {obj!r} (expected one of "
-                f"{', '.join(sorted(_NAME_ALIASES))})"
+                f"{what}: unknown dtype name {obj!r} (expected one of {', '.join(sorted(_NAME_ALIASES))})"
             ) from None
     try:
         name = framework_dtype_name(obj)

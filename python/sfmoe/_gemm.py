@@ -36,8 +36,9 @@ def _operand(x, what, *, weights, groups, offsets):
     adapter, array, dtype = _arrays.checked_input(x, what, _OPERAND_DTYPES, ndim=3 if weights else 2)
     shape = adapter.shape(array)
     if weights:  # [groups, N, K]
-        d = _plain(adapter, array, dtype, rows=shape[0] * shape[1], cols=shape[2], groups=shape[0],
-                   uniform_rows=shape[1])
+        d = _plain(
+            adapter, array, dtype, rows=shape[0] * shape[1], cols=shape[2], groups=shape[0], uniform_rows=shape[1]
+        )
         return d, adapter, array, shape[0] * shape[1], shape[2], False
     if offsets is None:
         raise ValueError(f"{what}: group_offsets are needed for unquantized rows")
@@ -45,8 +46,9 @@ def _operand(x, what, *, weights, groups, offsets):
     return d, adapter, array, shape[0], shape[1], False
 
 
-def grouped_gemm(form, a, b, group_offsets=None, *, out=None, out_dtype=None, accumulate=False,
-                 fast_accumulation=False):
+def grouped_gemm(
+    form, a, b, group_offsets=None, *, out=None, out_dtype=None, accumulate=False, fast_accumulation=False
+):
     """One grouped GEMM (docs/grouped_gemm.md); group g owns rows [offsets[g], offsets[g + 1]).
 
     form "fprop": a = X [R, K], b = W [G, N, K] -> Y [R, N];
@@ -78,10 +80,8 @@ def grouped_gemm(form, a, b, group_offsets=None, *, out=None, out_dtype=None, ac
         off_adapter, off, _ = _arrays.checked_input(group_offsets, "group_offsets", (DType.INT64,), ndim=1)
         offsets = lambda: off_adapter.for_binding(off)  # noqa: E731 (one binding per descriptor)
         groups = off_adapter.shape(off)[0] - 1
-    a_desc, adapter, like, rows, a_cols, a_hadamard = _operand(a, "a", weights=False, groups=groups,
-                                                               offsets=offsets)
-    b_desc, _, _, _, b_cols, b_hadamard = _operand(b, "b", weights=form != "wgrad", groups=groups,
-                                                   offsets=offsets)
+    a_desc, adapter, like, rows, a_cols, a_hadamard = _operand(a, "a", weights=False, groups=groups, offsets=offsets)
+    b_desc, _, _, _, b_cols, b_hadamard = _operand(b, "b", weights=form != "wgrad", groups=groups, offsets=offsets)
     if form == "fprop":
         n = b_desc["uniform_group_rows"]
         shape, out_cols = (rows, n), n
@@ -102,10 +102,25 @@ def grouped_gemm(form, a, b, group_offsets=None, *, out=None, out_dtype=None, ac
         out_desc = _plain(adapter, out, out_type, rows=rows, cols=out_cols, groups=groups, offsets=offsets)
     # The device reads each group's arguments from a workspace (the host ignores it); MXFP8 and
     # NVFP4 operands are decoded into BF16 there first (emulated on Hopper).
-    nbytes = _C.grouped_gemm_workspace_bytes(groups, a_desc["scaling"], a_desc["row_capacity"], a_desc["cols"],
-                                             b_desc["scaling"], b_desc["row_capacity"], b_desc["cols"])
+    nbytes = _C.grouped_gemm_workspace_bytes(
+        groups,
+        a_desc["scaling"],
+        a_desc["row_capacity"],
+        a_desc["cols"],
+        b_desc["scaling"],
+        b_desc["row_capacity"],
+        b_desc["cols"],
+    )
     workspace = _arrays.empty_bytes(adapter, nbytes, DType.INT64, like)
-    _C.grouped_gemm(_FORMS[form], a_desc, b_desc, out_desc, bool(accumulate), a_hadamard or b_hadamard,
-                    None if workspace is None else adapter.for_binding(workspace), adapter.stream(like),
-                    bool(fast_accumulation))
+    _C.grouped_gemm(
+        _FORMS[form],
+        a_desc,
+        b_desc,
+        out_desc,
+        bool(accumulate),
+        a_hadamard or b_hadamard,
+        None if workspace is None else adapter.for_binding(workspace),
+        adapter.stream(like),
+        bool(fast_accumulation),
+    )
     return out

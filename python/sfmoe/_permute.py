@@ -29,8 +29,20 @@ def _rows_input(x, what):
     return _arrays.checked_input(x, what, _ROW_DTYPES, ndim=2)
 
 
-def permute(tokens, topk_ids, num_experts, *, alignment=1, expert_capacity=0, quantize=None, fmt="e4m3",
-            scale_layout="compact", power_of_two_scales=False, tensor_scales=None, amax=False):
+def permute(
+    tokens,
+    topk_ids,
+    num_experts,
+    *,
+    alignment=1,
+    expert_capacity=0,
+    quantize=None,
+    fmt="e4m3",
+    scale_layout="compact",
+    power_of_two_scales=False,
+    tensor_scales=None,
+    amax=False,
+):
     """Sorts token rows by expert (docs/permute.md).
 
     tokens: [T, H] float32 / bfloat16 / float16. topk_ids: [T, k] int32 (the router's), each token
@@ -58,10 +70,18 @@ def permute(tokens, topk_ids, num_experts, *, alignment=1, expert_capacity=0, qu
     if amax and quantize is not None:
         raise ValueError("permute: amax=True is for unquantized rows (quantize=None)")
     rows_format = _quantize.fused_rows_format(quantize, fmt, scale_layout, hidden) if quantize is not None else None
-    plan = _C.plan_permute(dict(
-        num_tokens=t_count, topk=k, num_experts=experts, hidden=hidden, row_alignment=alignment,
-        expert_capacity=capacity, group_amax=bool(amax),
-        **(rows_format or dict(dtype=int(dtype), scaling=0, scale_layout=0))))
+    plan = _C.plan_permute(
+        dict(
+            num_tokens=t_count,
+            topk=k,
+            num_experts=experts,
+            hidden=hidden,
+            row_alignment=alignment,
+            expert_capacity=capacity,
+            group_amax=bool(amax),
+            **(rows_format or dict(dtype=int(dtype), scaling=0, scale_layout=0)),
+        )
+    )
     offsets = _arrays.empty_planned(adapter, plan["permuted"]["buffers"]["group_offsets"], x, "group_offsets")
     row_map = _arrays.empty_planned(adapter, plan["row_map"], x, "row_map")
     kept = _arrays.empty_planned(adapter, plan["tokens_per_expert"], x, "tokens_per_expert")
@@ -71,19 +91,43 @@ def permute(tokens, topk_ids, num_experts, *, alignment=1, expert_capacity=0, qu
     bind = adapter.for_binding
     ids_bound = _arrays.bound_input(topk_ids, "topk_ids", DType.INT32)
     if quantize is not None:
-        rows = _quantize.quantized_rows(adapter, x, quantize, power_of_two_scales, plan["permuted"], offsets,
-                                        tensor_scales)
+        rows = _quantize.quantized_rows(
+            adapter, x, quantize, power_of_two_scales, plan["permuted"], offsets, tensor_scales
+        )
         with adapter.device_context(x):
-            _C.permute_quantized(bind(x), int(dtype), ids_bound, capacity, rows._descriptor(adapter),
-                                 rows.config._fields(), bind(row_map), bind(kept), bind(dropped), bind(workspace),
-                                 adapter.stream(x))
+            _C.permute_quantized(
+                bind(x),
+                int(dtype),
+                ids_bound,
+                capacity,
+                rows._descriptor(adapter),
+                rows.config._fields(),
+                bind(row_map),
+                bind(kept),
+                bind(dropped),
+                bind(workspace),
+                adapter.stream(x),
+            )
         return PermuteOutput(rows, offsets, row_map, kept, dropped, alignment)
     buffers = plan["permuted"]["buffers"]
     rows = _arrays.empty_planned(adapter, buffers["rowwise_data"], x, "rows")
     group_amax = _arrays.empty_planned(adapter, buffers["amax"], x, "amax")
-    _C.permute(bind(x), int(dtype), ids_bound, capacity, bind(rows), experts, alignment, bind(offsets), bind(row_map),
-               bind(kept), bind(dropped), bind(workspace), None if group_amax is None else bind(group_amax),
-               adapter.stream(x))
+    _C.permute(
+        bind(x),
+        int(dtype),
+        ids_bound,
+        capacity,
+        bind(rows),
+        experts,
+        alignment,
+        bind(offsets),
+        bind(row_map),
+        bind(kept),
+        bind(dropped),
+        bind(workspace),
+        None if group_amax is None else bind(group_amax),
+        adapter.stream(x),
+    )
     return PermuteOutput(rows, offsets, row_map, kept, dropped, alignment, group_amax)
 
 
@@ -99,8 +143,9 @@ def unpermute(rows, permuted, probs=None, *, out_dtype=None):
     out = adapter.empty((t_count, adapter.shape(r)[1]), out_type, r)
     p = None if probs is None else _arrays.bound_input(probs, "probs", DType.FP32)
     bind = adapter.for_binding
-    _C.unpermute(bind(r), int(dtype), bind(permuted.group_offsets), bind(row_map), p, bind(out), int(out_type),
-                 adapter.stream(r))
+    _C.unpermute(
+        bind(r), int(dtype), bind(permuted.group_offsets), bind(row_map), p, bind(out), int(out_type), adapter.stream(r)
+    )
     return out
 
 
@@ -119,8 +164,18 @@ def unpermute_backward(d_out, rows, permuted, probs, *, out_dtype=None):
     d_rows = adapter.empty(adapter.shape(r), rows_type, r)
     d_probs = adapter.empty((t_count, k), DType.FP32, r)
     bind = adapter.for_binding
-    _C.unpermute_backward(bind(d), int(d_dtype), bind(r), int(r_dtype), bind(permuted.group_offsets),
-                          bind(permuted.row_map), _arrays.bound_input(probs, "probs", DType.FP32),
-                          bind(permuted.tokens_per_expert), bind(d_rows), int(rows_type),
-                          bind(d_probs), adapter.stream(d))
+    _C.unpermute_backward(
+        bind(d),
+        int(d_dtype),
+        bind(r),
+        int(r_dtype),
+        bind(permuted.group_offsets),
+        bind(permuted.row_map),
+        _arrays.bound_input(probs, "probs", DType.FP32),
+        bind(permuted.tokens_per_expert),
+        bind(d_rows),
+        int(rows_type),
+        bind(d_probs),
+        adapter.stream(d),
+    )
     return d_rows, d_probs

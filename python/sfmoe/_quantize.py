@@ -51,9 +51,7 @@ def _element_dtype(scaling, fmt):
         # NVFP4 holds E2M1 elements (with E4M3 block scales): "e4m3", the default, is accepted.
         if name in ("e4m3", "fp8_e4m3", "e2m1", "fp4", "fp4_e2m1", DType.FP4_E2M1):
             return DType.FP4_E2M1
-        raise ValueError(
-            f"fmt: the NVFP4 recipes hold fp4_e2m1 elements with e4m3 block scales; got {fmt!r}"
-        )
+        raise ValueError(f"fmt: the NVFP4 recipes hold fp4_e2m1 elements with e4m3 block scales; got {fmt!r}")
     if name in ("e4m3", "fp8_e4m3", "float8_e4m3fn", DType.FP8_E4M3):
         return DType.FP8_E4M3
     if name in ("e5m2", "fp8_e5m2", "float8_e5m2", DType.FP8_E5M2):
@@ -72,13 +70,11 @@ def _scale_layout(scale_layout, scaling):
         )
     if layout == ScaleLayout.SWIZZLED and scaling not in _SWIZZLABLE:
         raise ValueError(
-            f"scale_layout: the swizzled layout exists for mxfp8 and nvfp4 only, not "
-            f"{_RECIPE_OF[scaling]}"
+            f"scale_layout: the swizzled layout exists for mxfp8 and nvfp4 only, not {_RECIPE_OF[scaling]}"
         )
     if layout == ScaleLayout.COLUMNWISE_TRANSPOSED and scaling != Scaling.BLOCK_1X128:
         raise ValueError(
-            f"scale_layout: the columnwise_transposed layout exists for fp8_block_1x128 only, not "
-            f"{_RECIPE_OF[scaling]}"
+            f"scale_layout: the columnwise_transposed layout exists for fp8_block_1x128 only, not {_RECIPE_OF[scaling]}"
         )
     return layout
 
@@ -126,7 +122,9 @@ class QuantizeConfig:
 
     def _fields(self):
         return {
-            "tensor_scales": None if self.tensor_scales is None else self._scales_adapter.for_binding(self.tensor_scales),
+            "tensor_scales": None
+            if self.tensor_scales is None
+            else self._scales_adapter.for_binding(self.tensor_scales),
             "group_amax": None if self.group_amax is None else self._amax_adapter.for_binding(self.group_amax),
             "power_of_two_scales": int(self.power_of_two_scales),
             "stochastic_rounding": int(self.stochastic_rounding),
@@ -245,10 +243,7 @@ def _check_status_word(status_word, adapter, x):
     if not isinstance(status_word, StatusWord):
         raise TypeError(f"status_word: expected an sfmoe.StatusWord, got {status_word!r}")
     if status_word.device != ("cpu" if adapter.is_host(x) else adapter.device_name(x)):
-        raise ValueError(
-            f"status_word: the word is on {status_word.device} but the data on "
-            f"{adapter.device_name(x)}"
-        )
+        raise ValueError(f"status_word: the word is on {status_word.device} but the data on {adapter.device_name(x)}")
     return status_word._word
 
 
@@ -273,8 +268,7 @@ def _groups(adapter, x, group_offsets, uniform_group_rows):
         n = _integer(uniform_group_rows, "uniform_group_rows", 1)
         if rows % n or rows == 0:
             raise ValueError(
-                f"uniform_group_rows: {rows} rows do not split into groups of {n} (the groups "
-                "cover the rows exactly)"
+                f"uniform_group_rows: {rows} rows do not split into groups of {n} (the groups cover the rows exactly)"
             )
         return None, n, rows // n
     if group_offsets is None:  # one group of all the rows
@@ -291,24 +285,18 @@ def _groups(adapter, x, group_offsets, uniform_group_rows):
         offsets_adapter, offsets = _arrays.adapt(group_offsets, "group_offsets")
         if offsets_adapter is not adapter:
             raise TypeError(
-                f"group_offsets: must be the same kind of array as x ({adapter.name}), got "
-                f"{offsets_adapter.name}"
+                f"group_offsets: must be the same kind of array as x ({adapter.name}), got {offsets_adapter.name}"
             )
         if offsets_adapter.dtype_name(offsets) != "int64":
-            raise TypeError(
-                f"group_offsets: expected int64 offsets, got {offsets_adapter.dtype_name(offsets)}"
-            )
+            raise TypeError(f"group_offsets: expected int64 offsets, got {offsets_adapter.dtype_name(offsets)}")
         if not adapter.same_device(offsets, x):
             raise ValueError(
-                f"group_offsets: the offsets are on {adapter.device_name(offsets)} but x on "
-                f"{adapter.device_name(x)}"
+                f"group_offsets: the offsets are on {adapter.device_name(offsets)} but x on {adapter.device_name(x)}"
             )
         offsets = adapter.prepare_input(offsets)
     shape = adapter.shape(offsets)
     if len(shape) != 1 or shape[0] < 2:
-        raise ValueError(
-            f"group_offsets: expected a 1-D array of num_groups + 1 >= 2 entries, got shape {shape}"
-        )
+        raise ValueError(f"group_offsets: expected a 1-D array of num_groups + 1 >= 2 entries, got shape {shape}")
     return offsets, 0, shape[0] - 1
 
 
@@ -413,13 +401,24 @@ def quantize(
     if out_row_capacity is not None:
         capacity = _integer(out_row_capacity, "out_row_capacity", 0)
         if dtype == DType.FP4_E2M1 and capacity % 2:
-            raise ValueError(
-                f"out_row_capacity: fp4_e2m1 tensors need an even row capacity, got {capacity}"
-            )
-    plan = _C.plan_grouped_quantize(dict(
-        dtype=int(dtype), scaling=int(scaling), scale_layout=int(layout), rowwise=rowwise, columnwise=columnwise,
-        hadamard_columnwise=config.hadamard and columnwise, num_groups=num_groups, cols=cols, input_rows=rows,
-        input_row_alignment=1, uniform_group_rows=uniform_rows, row_alignment=a, row_capacity=capacity))
+            raise ValueError(f"out_row_capacity: fp4_e2m1 tensors need an even row capacity, got {capacity}")
+    plan = _C.plan_grouped_quantize(
+        dict(
+            dtype=int(dtype),
+            scaling=int(scaling),
+            scale_layout=int(layout),
+            rowwise=rowwise,
+            columnwise=columnwise,
+            hadamard_columnwise=config.hadamard and columnwise,
+            num_groups=num_groups,
+            cols=cols,
+            input_rows=rows,
+            input_row_alignment=1,
+            uniform_group_rows=uniform_rows,
+            row_alignment=a,
+            row_capacity=capacity,
+        )
+    )
     q = _from_plan(adapter, x, plan, config)
     with adapter.device_context(x):
         _C.grouped_quantize(
@@ -499,8 +498,11 @@ def fused_rows_format(recipe, fmt, scale_layout, cols):
     block = _C.scaling_block_size(int(scaling)) or (8 if scaling == Scaling.TENSOR else 0)
     if block and cols % block:
         raise ValueError(f"recipe {recipe} scales blocks of {block} columns, so cols must be a multiple of {block}")
-    return dict(dtype=int(_element_dtype(scaling, fmt)), scaling=int(scaling),
-                scale_layout=int(_scale_layout(scale_layout, scaling)))
+    return dict(
+        dtype=int(_element_dtype(scaling, fmt)),
+        scaling=int(scaling),
+        scale_layout=int(_scale_layout(scale_layout, scaling)),
+    )
 
 
 def quantized_rows(adapter, x, recipe, power_of_two_scales, plan, group_offsets, tensor_scales=None):
@@ -509,8 +511,9 @@ def quantized_rows(adapter, x, recipe, power_of_two_scales, plan, group_offsets,
     (permute's and the activations' fused quantization; fp8_tensor there needs tensor_scales, the
     given per-group scales)."""
     scaling = _recipe_scaling(recipe)
-    config = with_tensor_scales(QuantizeConfig(power_of_two_scales=bool(power_of_two_scales)), scaling,
-                                tensor_scales, plan["num_groups"])
+    config = with_tensor_scales(
+        QuantizeConfig(power_of_two_scales=bool(power_of_two_scales)), scaling, tensor_scales, plan["num_groups"]
+    )
     return _from_plan(adapter, x, plan, config, group_offsets)
 
 

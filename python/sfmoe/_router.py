@@ -23,8 +23,18 @@ class RouterOutput:
     config: dict
 
 
-def _config(top_k, score, softmax_after_topk, num_groups, group_topk, group_score_topk, scaling_factor,
-            normalize, aux_loss_coeff, z_loss_coeff):
+def _config(
+    top_k,
+    score,
+    softmax_after_topk,
+    num_groups,
+    group_topk,
+    group_score_topk,
+    scaling_factor,
+    normalize,
+    aux_loss_coeff,
+    z_loss_coeff,
+):
     if score not in _SCORES:
         raise ValueError(f"score: expected 'softmax' or 'sigmoid', got {score!r}")
     return dict(
@@ -46,9 +56,21 @@ def _logits(logits):
     return adapter, x, dtype, adapter.shape(x)
 
 
-def router(logits, top_k, *, score="softmax", softmax_after_topk=False, num_groups=0, group_topk=0,
-           group_score_topk=2, scaling_factor=1.0, normalize=False, expert_bias=None, aux_loss_coeff=0.0,
-           z_loss_coeff=0.0):
+def router(
+    logits,
+    top_k,
+    *,
+    score="softmax",
+    softmax_after_topk=False,
+    num_groups=0,
+    group_topk=0,
+    group_score_topk=2,
+    scaling_factor=1.0,
+    normalize=False,
+    expert_bias=None,
+    aux_loss_coeff=0.0,
+    z_loss_coeff=0.0,
+):
     """Routes each token to `top_k` experts (docs/router.md).
 
     logits: [T, E] float32 or bfloat16. score: "softmax" or "sigmoid". softmax_after_topk: select
@@ -60,8 +82,18 @@ def router(logits, top_k, *, score="softmax", softmax_after_topk=False, num_grou
     Returns a :class:`RouterOutput`.
     """
     adapter, x, dtype, (tokens, experts) = _logits(logits)
-    config = _config(top_k, score, softmax_after_topk, num_groups, group_topk, group_score_topk, scaling_factor,
-                     normalize, aux_loss_coeff, z_loss_coeff)
+    config = _config(
+        top_k,
+        score,
+        softmax_after_topk,
+        num_groups,
+        group_topk,
+        group_score_topk,
+        scaling_factor,
+        normalize,
+        aux_loss_coeff,
+        z_loss_coeff,
+    )
     k = config["top_k"]
     ids = adapter.empty((tokens, k), DType.INT32, x)
     probs = adapter.empty((tokens, k), DType.FP32, x)
@@ -71,6 +103,7 @@ def router(logits, top_k, *, score="softmax", softmax_after_topk=False, num_grou
     bias = None
     if expert_bias is not None:
         bias = _arrays.bound_input(expert_bias, "expert_bias", DType.FP32)
+
     def bind(array):
         return None if array is None else adapter.for_binding(array)
 
@@ -78,8 +111,19 @@ def router(logits, top_k, *, score="softmax", softmax_after_topk=False, num_grou
     workspace = None
     if aux is not None or z is not None:
         workspace = _arrays.empty_bytes(adapter, _C.router_workspace_bytes(tokens, experts), DType.FP32, x)
-    _C.router_forward(bind(x), int(dtype), bias, config, bind(ids), bind(probs), bind(counts), bind(aux), bind(z),
-                      bind(workspace), adapter.stream(x))
+    _C.router_forward(
+        bind(x),
+        int(dtype),
+        bias,
+        config,
+        bind(ids),
+        bind(probs),
+        bind(counts),
+        bind(aux),
+        bind(z),
+        bind(workspace),
+        adapter.stream(x),
+    )
     return RouterOutput(ids, probs, counts, aux, z, config)
 
 
@@ -92,9 +136,20 @@ def router_backward(logits, routed, d_probs=None, d_aux_loss=1.0, d_z_loss=1.0):
     dp = None
     if d_probs is not None:
         dp = _arrays.bound_input(d_probs, "d_probs", DType.FP32)
+
     def bind(array):
         return adapter.for_binding(array)
 
-    _C.router_backward(bind(x), int(dtype), bind(routed.topk_ids), bind(routed.tokens_per_expert), routed.config,
-                       dp, float(d_aux_loss), float(d_z_loss), bind(d_logits), adapter.stream(x))
+    _C.router_backward(
+        bind(x),
+        int(dtype),
+        bind(routed.topk_ids),
+        bind(routed.tokens_per_expert),
+        routed.config,
+        dp,
+        float(d_aux_loss),
+        float(d_z_loss),
+        bind(d_logits),
+        adapter.stream(x),
+    )
     return d_logits

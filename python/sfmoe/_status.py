@@ -84,9 +84,7 @@ def stream_handle(stream, memory, device):
     for attribute in ("cuda_stream", "ptr"):
         if hasattr(stream, attribute):
             return int(getattr(stream, attribute))
-    raise TypeError(
-        f"stream: expected a stream handle (int) or a torch / CuPy stream, got {stream!r}"
-    )
+    raise TypeError(f"stream: expected a stream handle (int) or a torch / CuPy stream, got {stream!r}")
 
 
 class StatusWord:
@@ -123,9 +121,7 @@ class StatusWord:
     def read(self):
         """The :class:`FaultReport` the last snapshot left in the mirror (does not wait)."""
         report = self._word.read()
-        return FaultReport(
-            Fault(report["flags"]), report["count"], report["first_group"], report["first_value"]
-        )
+        return FaultReport(Fault(report["flags"]), report["count"], report["first_group"], report["first_value"])
 
     def __repr__(self):
         return f"sfmoe.StatusWord({self.device!r})"

@@ -54,13 +54,9 @@ def _as_f32(x, what):
             raise TypeError(f"{what}: expected real numbers, got {a.dtype}")
         converted = a.astype(np.float32)
         back = converted.astype(a.dtype)
-        exact = (
-            np.all(back == a) if a.dtype.kind in "biu" else np.array_equal(back, a, equal_nan=True)
-        )
+        exact = np.all(back == a) if a.dtype.kind in "biu" else np.array_equal(back, a, equal_nan=True)
         if not exact:
-            raise ValueError(
-                f"{what}: {a.dtype} values that float32 cannot hold exactly; convert explicitly"
-            )
+            raise ValueError(f"{what}: {a.dtype} values that float32 cannot hold exactly; convert explicitly")
         a = converted
     return np.ascontiguousarray(a).reshape(a.shape)
 

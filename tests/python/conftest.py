@@ -15,8 +15,7 @@ try:
     import sfmoe  # noqa: F401
 except ImportError as error:
     raise pytest.UsageError(
-        f"cannot import sfmoe ({error}); build the extension (docs/python.md) and run with "
-        "PYTHONPATH=<build>/python"
+        f"cannot import sfmoe ({error}); build the extension (docs/python.md) and run with PYTHONPATH=<build>/python"
     ) from error
 
 RUN_SEED = int(os.environ.get("SFMOE_TEST_SEED", int.from_bytes(os.urandom(4), "little")))

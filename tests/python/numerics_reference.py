@@ -40,9 +40,7 @@ class Format:
         mantissa = code & ((1 << self.mantissa_bits) - 1)
         if exponent == 0:
             return math.ldexp(mantissa, 1 - self.bias - self.mantissa_bits)
-        return math.ldexp(
-            (1 << self.mantissa_bits) + mantissa, exponent - self.bias - self.mantissa_bits
-        )
+        return math.ldexp((1 << self.mantissa_bits) + mantissa, exponent - self.bias - self.mantissa_bits)
 
     def decode(self, code):
         """Python float of a code (NaN and Inf per the format)."""
@@ -132,9 +130,7 @@ def fp8_scale_from_amax(amax, fp8_max, power_of_two):
         if math.isinf(scale):
             scale = f32(FLT_MAX)
     if power_of_two:
-        scale = (np.array([scale], np.float32).view(np.uint32) & np.uint32(0xFF800000)).view(
-            np.float32
-        )[0]
+        scale = (np.array([scale], np.float32).view(np.uint32) & np.uint32(0xFF800000)).view(np.float32)[0]
     return f32(scale)
 
 

@@ -5,7 +5,6 @@ conftest.py)."""
 
 import numpy as np
 import pytest
-
 import sfmoe
 
 
@@ -103,7 +102,7 @@ def test_group_amax_is_the_largest_magnitude_of_the_real_rows(rng):
     x[offsets[3], 5] = np.nan  # a NaN in a real row makes its group's amax NaN
     y, amax = sfmoe.grouped_activation(x, offsets, rows, "swiglu", out_dtype="fp32", return_amax=True)
     for g in range(len(rows)):
-        real = y[offsets[g]:offsets[g] + rows[g]]
+        real = y[offsets[g] : offsets[g] + rows[g]]
         if rows[g] == 0:
             assert amax[g] == 0.0
         elif np.isnan(real).any():
@@ -112,21 +111,30 @@ def test_group_amax_is_the_largest_magnitude_of_the_real_rows(rng):
             assert amax[g] == np.abs(real).max()
 
 
-@pytest.mark.parametrize("recipe,layout,cols", [("mxfp8", "swizzled", 96), ("mxfp8", "compact", 64),
-                                                ("fp8_block_1x128", "compact", 128), ("nvfp4", "compact", 64),
-                                                ("nvfp4", "swizzled", 48)])
+@pytest.mark.parametrize(
+    "recipe,layout,cols",
+    [
+        ("mxfp8", "swizzled", 96),
+        ("mxfp8", "compact", 64),
+        ("fp8_block_1x128", "compact", 128),
+        ("nvfp4", "compact", 64),
+        ("nvfp4", "swizzled", 48),
+    ],
+)
 def test_fused_output_quantization_is_the_quantized_fp32_activations(recipe, layout, cols, rng):
     offsets, rows = _grouped_rows(rng)
     capacity = int(offsets[-1]) + 8
     x = (rng.normal(size=(capacity, 2 * cols)) * 3).astype(np.float32)
     q = sfmoe.grouped_activation(x, offsets, rows, "swiglu", quantize=recipe, scale_layout=layout)
     y = sfmoe.grouped_activation(x, offsets, rows, "swiglu", out_dtype="fp32")
-    want = sfmoe.quantize(y, recipe, group_offsets=offsets, row_alignment=1, out_row_capacity=capacity,
-                          scale_layout=layout)
+    want = sfmoe.quantize(
+        y, recipe, group_offsets=offsets, row_alignment=1, out_row_capacity=capacity, scale_layout=layout
+    )
     end = int(offsets[-1])
     np.testing.assert_array_equal(q.data[:end].view(np.uint8), want.data[:end].view(np.uint8))
-    np.testing.assert_array_equal(q.compact_scale_inv()[:end].view(np.uint8),
-                                  want.compact_scale_inv()[:end].view(np.uint8))
+    np.testing.assert_array_equal(
+        q.compact_scale_inv()[:end].view(np.uint8), want.compact_scale_inv()[:end].view(np.uint8)
+    )
     np.testing.assert_array_equal(q.group_offsets, offsets)
     if recipe == "nvfp4":  # the global scales come from the activations' group amax
         np.testing.assert_array_equal(q.amax.view(np.uint32), want.amax.view(np.uint32))
@@ -141,11 +149,13 @@ def test_fused_tensor_quantization_with_given_scales(rng):
     capacity, cols = int(offsets[-1]) + 8, 48
     x = (rng.normal(size=(capacity, 2 * cols)) * 3).astype(np.float32)
     scales = np.exp2(rng.uniform(-2, 9, size=len(rows))).astype(np.float32)
-    q, amax = sfmoe.grouped_activation(x, offsets, rows, "swiglu", quantize="fp8_tensor", tensor_scales=scales,
-                                       return_amax=True)
+    q, amax = sfmoe.grouped_activation(
+        x, offsets, rows, "swiglu", quantize="fp8_tensor", tensor_scales=scales, return_amax=True
+    )
     y, y_amax = sfmoe.grouped_activation(x, offsets, rows, "swiglu", out_dtype="fp32", return_amax=True)
-    want = sfmoe.quantize(y, "fp8_tensor", group_offsets=offsets, row_alignment=1, out_row_capacity=capacity,
-                          tensor_scales=scales)
+    want = sfmoe.quantize(
+        y, "fp8_tensor", group_offsets=offsets, row_alignment=1, out_row_capacity=capacity, tensor_scales=scales
+    )
     end = int(offsets[-1])
     np.testing.assert_array_equal(q.data[:end].view(np.uint8), want.data[:end].view(np.uint8))
     np.testing.assert_array_equal(q.scale_inv, want.scale_inv)

@@ -3,7 +3,6 @@ the vectorized numerics, on fresh random inputs each run plus special values."""
 
 import numpy as np
 import pytest
-
 import sfmoe
 from sfmoe import numerics
 
@@ -85,9 +84,7 @@ def test_quantize_with_given_scale_is_bit_exact(fmt, shape, rng):
     q = sfmoe.quantize_fp8(x, float(scale), fmt)
     assert q.dtype == dtype and q.recipe == "fp8_tensor"
     assert q.data.shape == x.shape
-    assert q.data.dtype == np.dtype(
-        getattr(ml_dtypes, {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}[fmt])
-    )
+    assert q.data.dtype == np.dtype(getattr(ml_dtypes, {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}[fmt]))
     assert q.data.ctypes.data % 16 == 0
     assert bits_equal(q.data, ENCODE[dtype](x * scale))
     assert q.scale_inv.dtype == np.float32 and q.scale_inv.shape == ()
@@ -129,9 +126,7 @@ def test_cast_between_float_dtypes_is_bit_exact(in_name, out_name, rng):
     x = (
         x32
         if in_dtype == sfmoe.DType.FP32
-        else x32.astype(
-            {sfmoe.DType.BF16: ml_dtypes.bfloat16, sfmoe.DType.FP16: np.float16}[in_dtype]
-        )
+        else x32.astype({sfmoe.DType.BF16: ml_dtypes.bfloat16, sfmoe.DType.FP16: np.float16}[in_dtype])
     )
     scale = np.float32(rng.uniform(0.1, 10))
     y = sfmoe.cast(x, out_name, scale=float(scale))
@@ -236,9 +231,7 @@ def test_without_ml_dtypes_outputs_are_raw_codes(rng, monkeypatch):
     assert q.data.dtype == np.uint8
     assert np.array_equal(q.data, numerics.f32_to_e4m3(x * np.float32(2.0)))
     assert sfmoe.cast(x, "bf16").dtype == np.uint16
-    assert np.array_equal(
-        sfmoe.dequantize(q), numerics.e4m3_to_f32(q.data) * np.float32(0.5), equal_nan=True
-    )
+    assert np.array_equal(sfmoe.dequantize(q), numerics.e4m3_to_f32(q.data) * np.float32(0.5), equal_nan=True)
 
 
 def test_other_host_dlpack_arrays(rng):

@@ -8,7 +8,6 @@ import re
 
 import numpy as np
 import pytest
-
 import sfmoe
 from sfmoe import _C
 
@@ -247,9 +246,7 @@ def test_valid_descriptors_pass():
     sfmoe.validate_tensor(ALIGNED, "fp32", [])  # a scalar
     sfmoe.validate_grouped_tensor(**grouped())
     sfmoe.validate_grouped_tensor(**grouped(uniform_group_rows=64, group_offsets=0))
-    sfmoe.validate_grouped_tensor(
-        **grouped(dtype="fp4_e2m1", scaling="nv_1x16", rowwise_scale_inv=0x3001)
-    )
+    sfmoe.validate_grouped_tensor(**grouped(dtype="fp4_e2m1", scaling="nv_1x16", rowwise_scale_inv=0x3001))
 
 
 def test_descriptor_names_appear_in_messages():

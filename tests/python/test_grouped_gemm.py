@@ -3,7 +3,6 @@
 
 import numpy as np
 import pytest
-
 import sfmoe
 
 OFFSETS = np.array([0, 0, 1, 18, 51, 64], np.int64)  # groups of 0, 1, 17, 33, 13 rows

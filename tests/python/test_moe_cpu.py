@@ -4,7 +4,6 @@ computation of the same layer. Checks that the ops' layouts fit together: padded
 maps, [gate | up] columns, real-row counts, grouped GEMM operands."""
 
 import numpy as np
-
 import sfmoe
 
 

@@ -4,10 +4,9 @@ allows it (all 65536 BF16 bit patterns), and against ml_dtypes where it defines 
 
 import math
 
+import numerics_reference as ref
 import numpy as np
 import pytest
-
-import numerics_reference as ref
 from sfmoe import numerics
 
 ml_dtypes = pytest.importorskip("ml_dtypes", reason="ml_dtypes cross-checks need ml_dtypes")
@@ -54,15 +53,11 @@ def around_grid(fmt, rng):
     down = np.nextafter(v, np.float32(0))
     mid = (fmt.values[:-1] + fmt.values[1:]) / 2
     mid = mid[mid <= ref.FLT_MAX].astype(np.float32)
-    x = np.concatenate(
-        [v, up, down, mid, np.nextafter(mid, np.float32(0)), np.nextafter(mid, np.float32(np.inf))]
-    )
+    x = np.concatenate([v, up, down, mid, np.nextafter(mid, np.float32(0)), np.nextafter(mid, np.float32(np.inf))])
     return np.concatenate([x, -x]).astype(np.float32)
 
 
-@pytest.mark.parametrize(
-    "name, encode, fmt, ml_name, fmt_max", ENCODERS, ids=[e[0] for e in ENCODERS]
-)
+@pytest.mark.parametrize("name, encode, fmt, ml_name, fmt_max", ENCODERS, ids=[e[0] for e in ENCODERS])
 def test_encode_all_bf16_patterns_match_reference(name, encode, fmt, ml_name, fmt_max):
     got = encode(ALL_BF16).astype(np.int64)
     want = fmt.encode(ALL_BF16)
@@ -73,9 +68,7 @@ def test_encode_all_bf16_patterns_match_reference(name, encode, fmt, ml_name, fm
     )
 
 
-@pytest.mark.parametrize(
-    "name, encode, fmt, ml_name, fmt_max", ENCODERS, ids=[e[0] for e in ENCODERS]
-)
+@pytest.mark.parametrize("name, encode, fmt, ml_name, fmt_max", ENCODERS, ids=[e[0] for e in ENCODERS])
 def test_encode_random_and_grid_f32_match_reference(name, encode, fmt, ml_name, fmt_max, rng):
     x = np.concatenate(
         [
@@ -91,9 +84,7 @@ def test_encode_random_and_grid_f32_match_reference(name, encode, fmt, ml_name, 
     assert bad.size == 0, f"{name}: {x[bad[:5]]} -> {got[bad[:5]]}, expected {want[bad[:5]]}"
 
 
-@pytest.mark.parametrize(
-    "name, encode, fmt, ml_name, fmt_max", ENCODERS, ids=[e[0] for e in ENCODERS]
-)
+@pytest.mark.parametrize("name, encode, fmt, ml_name, fmt_max", ENCODERS, ids=[e[0] for e in ENCODERS])
 def test_encode_special_values(name, encode, fmt, ml_name, fmt_max):
     sign = fmt.sign_bit
     max_code = fmt.max_code
@@ -116,15 +107,10 @@ def test_encode_special_values(name, encode, fmt, ml_name, fmt_max):
     got = encode(x)
     assert [int(c) for c in got] == [code for _, code in cases]
     # The canonical NaN codes stated in DESIGN.md section 4.
-    assert (
-        int(encode(np.array([np.nan], np.float32))[0])
-        == {"e4m3": 0x7F, "e5m2": 0x7F, "e2m1": 0x7}[name]
-    )
+    assert int(encode(np.array([np.nan], np.float32))[0]) == {"e4m3": 0x7F, "e5m2": 0x7F, "e2m1": 0x7}[name]
 
 
-@pytest.mark.parametrize(
-    "name, encode, fmt, ml_name, fmt_max", ENCODERS, ids=[e[0] for e in ENCODERS]
-)
+@pytest.mark.parametrize("name, encode, fmt, ml_name, fmt_max", ENCODERS, ids=[e[0] for e in ENCODERS])
 def test_encode_ties_to_even(name, encode, fmt, ml_name, fmt_max):
     # Midpoints between neighbouring values go to the neighbour with the even code.
     lo, hi = fmt.values[1 : fmt.max_code], fmt.values[2 : fmt.max_code + 1]
@@ -135,9 +121,7 @@ def test_encode_ties_to_even(name, encode, fmt, ml_name, fmt_max):
     assert np.array_equal(got, np.where(codes % 2 == 0, codes, codes + 1))
 
 
-@pytest.mark.parametrize(
-    "name, encode, fmt, ml_name, fmt_max", ENCODERS, ids=[e[0] for e in ENCODERS]
-)
+@pytest.mark.parametrize("name, encode, fmt, ml_name, fmt_max", ENCODERS, ids=[e[0] for e in ENCODERS])
 def test_encode_matches_ml_dtypes_in_range(name, encode, fmt, ml_name, fmt_max, rng):
     if not hasattr(ml_dtypes, ml_name):
         pytest.skip(f"ml_dtypes {ml_dtypes.__version__} has no {ml_name}")
@@ -167,9 +151,7 @@ def test_decode_every_fp8_code(name, decode, fmt, ml_name):
     finite = ~np.isnan(want)
     assert np.array_equal(got[finite].astype(np.float64), want[finite])
     assert np.array_equal(np.signbit(got[finite]), np.signbit(want[finite]))
-    assert np.array_equal(
-        got, codes.view(getattr(ml_dtypes, ml_name)).astype(np.float32), equal_nan=True
-    )
+    assert np.array_equal(got, codes.view(getattr(ml_dtypes, ml_name)).astype(np.float32), equal_nan=True)
 
 
 def test_decode_every_e2m1_code_ignores_high_nibble():
@@ -190,9 +172,7 @@ def test_bf16_encode_and_decode(rng):
     finite = ~np.isnan(x)
     assert np.array_equal(got[finite], x[finite].astype(ml_dtypes.bfloat16).view(np.uint16))
     codes = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
-    assert np.array_equal(
-        numerics.bf16_to_f32(codes).view(np.uint32), codes.astype(np.uint32) << 16
-    )
+    assert np.array_equal(numerics.bf16_to_f32(codes).view(np.uint32), codes.astype(np.uint32) << 16)
     assert np.array_equal(
         numerics.bf16_to_f32(codes.view(ml_dtypes.bfloat16)).view(np.uint32),
         codes.astype(np.uint32) << 16,
@@ -209,9 +189,7 @@ def test_fp16_encode_and_decode(rng):
     with np.errstate(over="ignore"):
         assert np.array_equal(got[finite], x[finite].astype(np.float16).view(np.uint16))
     codes = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
-    assert np.array_equal(
-        numerics.fp16_to_f32(codes), codes.view(np.float16).astype(np.float32), equal_nan=True
-    )
+    assert np.array_equal(numerics.fp16_to_f32(codes), codes.view(np.float16).astype(np.float32), equal_nan=True)
 
 
 def test_e8m0_encode_all_bf16_and_random(rng):
@@ -229,9 +207,7 @@ def test_e8m0_encode_all_bf16_and_random(rng):
     assert bad.size == 0, f"{x[bad[:5]]} -> {got[bad[:5]]}, expected {want[bad[:5]]}"
     if hasattr(ml_dtypes, "float8_e8m0fnu"):
         codes = np.arange(255, dtype=np.uint8)
-        assert np.array_equal(
-            numerics.e8m0_to_f32(codes), codes.view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
-        )
+        assert np.array_equal(numerics.e8m0_to_f32(codes), codes.view(ml_dtypes.float8_e8m0fnu).astype(np.float32))
     decoded = numerics.e8m0_to_f32(np.arange(256, dtype=np.uint8))
     assert decoded[0] == np.float32(2.0**-127) and decoded[127] == 1.0 and np.isnan(decoded[255])
 
@@ -249,9 +225,7 @@ def test_fp8_scale_from_amax(rng):
     for fp8_max in (448.0, 57344.0):
         for power_of_two in (False, True):
             got = numerics.fp8_scale_from_amax(amax, fp8_max, power_of_two)
-            want = np.array(
-                [ref.fp8_scale_from_amax(a, fp8_max, power_of_two) for a in amax], np.float32
-            )
+            want = np.array([ref.fp8_scale_from_amax(a, fp8_max, power_of_two) for a in amax], np.float32)
             assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (
                 fp8_max,
                 power_of_two,
@@ -316,9 +290,12 @@ def test_philox_known_answers_and_reference(rng):
         0xA20BC7C6,
         0x6D5451FD,
     )
-    assert ref.philox4x32_10(
-        (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0)
-    ) == (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)
+    assert ref.philox4x32_10((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0)) == (
+        0xD16CFE09,
+        0x94FDCCEB,
+        0x5001E420,
+        0x24126EA1,
+    )
     assert list(numerics.philox_random_bits(0, 0, np.arange(4))) == [
         0x6627E8D5,
         0xE169C58D,

@@ -5,7 +5,6 @@ bit, and argument errors. Fresh random inputs each run (see conftest.py)."""
 
 import numpy as np
 import pytest
-
 import sfmoe
 
 
@@ -123,8 +122,7 @@ def test_permute_amax_then_quantize_in_one_read(capacity, rng):
                 want[ids[t, i]] = max(want[ids[t, i]], np.abs(x[t]).max())
     np.testing.assert_array_equal(p.amax, want)
     assert p.amax[experts - 1] == 0
-    given = sfmoe.quantize(p.rows, "fp8_tensor", group_offsets=p.group_offsets, row_alignment=8,
-                           group_amax=p.amax)
+    given = sfmoe.quantize(p.rows, "fp8_tensor", group_offsets=p.group_offsets, row_alignment=8, group_amax=p.amax)
     computed = sfmoe.quantize(p.rows, "fp8_tensor", group_offsets=p.group_offsets, row_alignment=8)
     end = int(p.group_offsets[-1])  # rows past the groups are not written
     np.testing.assert_array_equal(given.data[:end].view(np.uint8), computed.data[:end].view(np.uint8))
@@ -147,12 +145,15 @@ def test_permute_errors(rng):
         sfmoe.permute(x, random_routing(rng, 4, 4, 2).astype(np.int64), 4)
 
 
-@pytest.mark.parametrize("recipe,layout,alignment,hidden,pow2", [
-    ("mxfp8", "compact", 32, 96, False),
-    ("mxfp8", "swizzled", 128, 96, False),
-    ("fp8_block_1x128", "compact", 16, 256, False),
-    ("fp8_block_1x128", "compact", 1, 128, True),
-])
+@pytest.mark.parametrize(
+    "recipe,layout,alignment,hidden,pow2",
+    [
+        ("mxfp8", "compact", 32, 96, False),
+        ("mxfp8", "swizzled", 128, 96, False),
+        ("fp8_block_1x128", "compact", 16, 256, False),
+        ("fp8_block_1x128", "compact", 1, 128, True),
+    ],
+)
 def test_fused_quantization_is_permute_then_quantize(recipe, layout, alignment, hidden, pow2, rng):
     tokens, experts, k = 45, 8, 3
     x = rng.normal(size=(tokens, hidden)).astype(np.float32) * 4.0
@@ -160,17 +161,33 @@ def test_fused_quantization_is_permute_then_quantize(recipe, layout, alignment, 
     x[7, 0] = np.nan
     x[9] = 0.0
     ids = random_routing(rng, tokens, experts, k)
-    fused = sfmoe.permute(x, ids, experts, alignment=alignment, expert_capacity=7, quantize=recipe,
-                          scale_layout=layout, power_of_two_scales=pow2)
+    fused = sfmoe.permute(
+        x,
+        ids,
+        experts,
+        alignment=alignment,
+        expert_capacity=7,
+        quantize=recipe,
+        scale_layout=layout,
+        power_of_two_scales=pow2,
+    )
     plain = sfmoe.permute(x, ids, experts, alignment=alignment, expert_capacity=7)
-    q = sfmoe.quantize(plain.rows, recipe, group_offsets=plain.group_offsets, row_alignment=alignment,
-                       out_row_capacity=plain.rows.shape[0] + experts * alignment, scale_layout=layout,
-                       power_of_two_scales=pow2)
+    q = sfmoe.quantize(
+        plain.rows,
+        recipe,
+        group_offsets=plain.group_offsets,
+        row_alignment=alignment,
+        out_row_capacity=plain.rows.shape[0] + experts * alignment,
+        scale_layout=layout,
+        power_of_two_scales=pow2,
+    )
     end = int(plain.group_offsets[-1])
     np.testing.assert_array_equal(fused.group_offsets, plain.group_offsets)
     np.testing.assert_array_equal(fused.row_map, plain.row_map)
     np.testing.assert_array_equal(fused.rows.data[:end].view(np.uint8), q.data[:end].view(np.uint8))
-    np.testing.assert_array_equal(fused.rows.compact_scale_inv()[:end].view(np.uint8), q.compact_scale_inv()[:end].view(np.uint8))
+    np.testing.assert_array_equal(
+        fused.rows.compact_scale_inv()[:end].view(np.uint8), q.compact_scale_inv()[:end].view(np.uint8)
+    )
     with pytest.raises(sfmoe.Error):
         sfmoe.permute(x, ids, experts, alignment=alignment, quantize="fp8_tensor")
 
@@ -185,19 +202,24 @@ def test_fused_tensor_quantization_with_given_scales(fmt, alignment, rng):
     ids = random_routing(rng, tokens, experts, k)
     scales = np.exp2(rng.uniform(-3, 8, size=experts)).astype(np.float32)
     scales[1] = 1e6  # saturates
-    fused = sfmoe.permute(x, ids, experts, alignment=alignment, quantize="fp8_tensor", fmt=fmt,
-                          tensor_scales=scales)
+    fused = sfmoe.permute(x, ids, experts, alignment=alignment, quantize="fp8_tensor", fmt=fmt, tensor_scales=scales)
     plain = sfmoe.permute(x, ids, experts, alignment=alignment)
     end = int(plain.group_offsets[-1])
     np.testing.assert_array_equal(fused.group_offsets, plain.group_offsets)
     np.testing.assert_array_equal(fused.rows.scale_inv, (1.0 / scales.astype(np.float64)).astype(np.float32))
-    want = sfmoe.quantize(plain.rows, "fp8_tensor", group_offsets=plain.group_offsets, fmt=fmt,
-                          row_alignment=alignment, out_row_capacity=plain.rows.shape[0] + experts * alignment,
-                          tensor_scales=scales)
+    want = sfmoe.quantize(
+        plain.rows,
+        "fp8_tensor",
+        group_offsets=plain.group_offsets,
+        fmt=fmt,
+        row_alignment=alignment,
+        out_row_capacity=plain.rows.shape[0] + experts * alignment,
+        tensor_scales=scales,
+    )
     np.testing.assert_array_equal(fused.rows.data[:end].view(np.uint8), want.data[:end].view(np.uint8))
     np.testing.assert_array_equal(fused.rows.amax, want.amax)
     for e in range(experts):
-        rows = plain.rows[plain.group_offsets[e]:plain.group_offsets[e + 1]]
+        rows = plain.rows[plain.group_offsets[e] : plain.group_offsets[e + 1]]
         assert fused.rows.amax[e] == (np.abs(rows).max() if rows.size else 0.0)
     with pytest.raises(ValueError):
         sfmoe.permute(x, ids, experts, quantize="mxfp8", tensor_scales=scales)

@@ -5,7 +5,6 @@ fresh random values each run (see conftest.py), with empty and odd-sized groups.
 
 import numpy as np
 import pytest
-
 import sfmoe
 from sfmoe import numerics
 
@@ -78,10 +77,7 @@ def padded_matrix(x32, offsets, out_offsets, rows):
 
 def group_amax(matrix, out_offsets):
     return np.array(
-        [
-            np.max(np.abs(matrix[a:b]), initial=0.0)
-            for a, b in zip(out_offsets[:-1], out_offsets[1:])
-        ],
+        [np.max(np.abs(matrix[a:b]), initial=0.0) for a, b in zip(out_offsets[:-1], out_offsets[1:])],
         np.float32,
     )
 
@@ -106,9 +102,7 @@ def quantize_case(rng, recipe, copies, in_dtype="fp32", num_groups=5, **kwargs):
     rows = int(offsets[-1]) + int(rng.integers(0, 3))  # rows beyond the last group are not read
     binades = 4 if recipe in NVFP4 else 12
     x, x32 = random_input(rng, rows, COLS, offsets, in_dtype, binades)
-    q = sfmoe.quantize(
-        x, recipe, group_offsets=offsets, rowwise=rowwise, columnwise=columnwise, **kwargs
-    )
+    q = sfmoe.quantize(x, recipe, group_offsets=offsets, rowwise=rowwise, columnwise=columnwise, **kwargs)
     return x, x32, offsets, q
 
 
@@ -283,16 +277,12 @@ def test_codes_and_scales_match_the_numerics(recipe, copies, fmt, rng):
         pytest.skip("NVFP4 has one element format")
     rowwise, columnwise = COPIES[copies]
     power_of_two = recipe.startswith("fp8") and bool(rng.integers(2))
-    x, x32, offsets, q = quantize_case(
-        rng, recipe, copies, fmt=fmt, power_of_two_scales=power_of_two
-    )
+    x, x32, offsets, q = quantize_case(rng, recipe, copies, fmt=fmt, power_of_two_scales=power_of_two)
     out_offsets = q.group_offsets
     end = int(out_offsets[-1])
     xp, group_of_row = padded_matrix(x32, offsets, out_offsets, q.rows)
     amax = group_amax(xp, out_offsets)
-    want_codes, want_scales = reference_copy(
-        recipe, q.dtype, xp[:end], group_of_row, amax, columnwise, power_of_two
-    )
+    want_codes, want_scales = reference_copy(recipe, q.dtype, xp[:end], group_of_row, amax, columnwise, power_of_two)
     codes, scales = written(q, columnwise, end)
     assert np.array_equal(codes, codes_of(np.asarray(want_codes)))
     assert np.array_equal(scales, codes_of(np.asarray(want_scales)))
@@ -301,9 +291,7 @@ def test_codes_and_scales_match_the_numerics(recipe, copies, fmt, rng):
 @pytest.mark.parametrize("recipe", ["mxfp8", "nvfp4"])
 def test_swizzled_scales_hold_the_compact_scales(recipe, rng):
     x, x32, offsets, compact = quantize_case(rng, recipe, "both")
-    swizzled = sfmoe.quantize(
-        x, recipe, group_offsets=offsets, columnwise=True, scale_layout="swizzled"
-    )
+    swizzled = sfmoe.quantize(x, recipe, group_offsets=offsets, columnwise=True, scale_layout="swizzled")
     check_fields(swizzled, recipe, True, True, len(offsets) - 1)
     assert swizzled.scale_layout == sfmoe.ScaleLayout.SWIZZLED
     end = int(compact.group_offsets[-1])
@@ -312,9 +300,7 @@ def test_swizzled_scales_hold_the_compact_scales(recipe, rng):
         codes_s, scales_s = written(swizzled, columnwise, end)
         assert np.array_equal(codes, codes_s) and np.array_equal(scales, scales_s)
     for source in ("rowwise", "columnwise"):
-        assert np.array_equal(
-            sfmoe.dequantize(compact, source=source), sfmoe.dequantize(swizzled, source=source)
-        )
+        assert np.array_equal(sfmoe.dequantize(compact, source=source), sfmoe.dequantize(swizzled, source=source))
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
@@ -364,8 +350,7 @@ def test_default_capacity_of_compact_columnwise_scales_in_whole_sectors(recipe, 
     check_round_trip(q, x32, offsets, out_offsets, recipe, "columnwise")
     check_round_trip(q, x32, offsets, out_offsets, recipe, "rowwise")
     other = "swizzled" if recipe == "mxfp8" else "columnwise_transposed"
-    assert sfmoe.quantize(x, recipe, group_offsets=offsets.tolist(), columnwise=True,
-                          scale_layout=other).rows == bound
+    assert sfmoe.quantize(x, recipe, group_offsets=offsets.tolist(), columnwise=True, scale_layout=other).rows == bound
     assert sfmoe.quantize(x, recipe, group_offsets=offsets.tolist()).rows == 17500  # rowwise only
     small = sfmoe.quantize(x[:16000], recipe, group_offsets=[0, 9000, 16000], columnwise=True)
     assert small.rows == -(-(16000 + 2 * (block - 1)) // block) * block
@@ -392,15 +377,9 @@ def test_one_group_by_default_and_empty_inputs(rng):
 
 
 def test_nvfp4_stochastic_rounding_is_reproducible(rng):
-    x, x32, offsets, q = quantize_case(
-        rng, "nvfp4", "rowwise", stochastic_rounding=True, seed=1234, offset=7
-    )
-    again = sfmoe.quantize(
-        x, "nvfp4", group_offsets=offsets, stochastic_rounding=True, seed=1234, offset=7
-    )
-    other = sfmoe.quantize(
-        x, "nvfp4", group_offsets=offsets, stochastic_rounding=True, seed=1234, offset=8
-    )
+    x, x32, offsets, q = quantize_case(rng, "nvfp4", "rowwise", stochastic_rounding=True, seed=1234, offset=7)
+    again = sfmoe.quantize(x, "nvfp4", group_offsets=offsets, stochastic_rounding=True, seed=1234, offset=7)
+    other = sfmoe.quantize(x, "nvfp4", group_offsets=offsets, stochastic_rounding=True, seed=1234, offset=8)
     assert q.config == sfmoe.QuantizeConfig(stochastic_rounding=True, seed=1234, offset=7)
     out_offsets = q.group_offsets
     end = int(out_offsets[-1])
@@ -429,17 +408,12 @@ def test_nvfp4_hadamard_columnwise(rng):
     xp, _ = padded_matrix(x32, offsets, out_offsets, q.rows)
     # columnwise_amax: the amax of the transformed 16-row blocks of each group's columns
     transformed = numerics.hadamard16_transform(np.ascontiguousarray(xp[:end].T))
-    want = [
-        np.max(np.abs(transformed[:, a:b]), initial=0.0)
-        for a, b in zip(out_offsets[:-1], out_offsets[1:])
-    ]
+    want = [np.max(np.abs(transformed[:, a:b]), initial=0.0) for a, b in zip(out_offsets[:-1], out_offsets[1:])]
     assert np.array_equal(q.columnwise_amax, np.array(want, np.float32))
     # the rowwise copy does not take the transform; the columnwise copy decodes back through it
     plain = sfmoe.quantize(x, "nvfp4", group_offsets=offsets, columnwise=True)
     assert np.array_equal(q.data[:end], plain.data[:end])
-    assert not np.array_equal(
-        q.columnwise_data[:, : end // 2], plain.columnwise_data[:, : end // 2]
-    )
+    assert not np.array_equal(q.columnwise_data[:, : end // 2], plain.columnwise_data[:, : end // 2])
     y = sfmoe.dequantize(q, source="columnwise")
     for a, b in zip(out_offsets[:-1], out_offsets[1:]):
         if b > a:
@@ -458,9 +432,7 @@ def test_dequantize_dtypes_and_out(out_dtype, rng):
     out = np.full((q.rows, q.cols), 7.0, np.float32)
     assert q.dequantize(out=out) is out
     end = int(q.group_offsets[-1])
-    assert np.array_equal(out[:end], y32[:end]) and np.all(
-        out[end:] == 7.0
-    )  # rows left as they were
+    assert np.array_equal(out[:end], y32[:end]) and np.all(out[end:] == 7.0)  # rows left as they were
     with pytest.raises(ValueError, match="expected shape"):
         sfmoe.dequantize(q, out=np.zeros((q.rows, q.cols + 1), np.float32))
     with pytest.raises(ValueError, match="out_dtype"):
@@ -509,9 +481,7 @@ def test_swizzle_scales(shape, rng):
     back = sfmoe.unswizzle_scales(swizzled, *shape)
     assert back.shape == shape and np.array_equal(codes_of(back), compact)
     raw = sfmoe.swizzle_scales(compact, dtype="fp8_e4m3")  # raw codes say what they hold
-    assert raw.dtype == ml_dtypes.float8_e4m3fn and np.array_equal(
-        codes_of(raw), codes_of(swizzled)
-    )
+    assert raw.dtype == ml_dtypes.float8_e4m3fn and np.array_equal(codes_of(raw), codes_of(swizzled))
     with pytest.raises(TypeError, match="raw codes"):
         sfmoe.swizzle_scales(compact)
     with pytest.raises(ValueError, match="e8m0 or fp8_e4m3"):
@@ -725,9 +695,11 @@ def test_given_group_amax(rng, recipe):
     x[3, 5] = np.inf
     offsets = np.array([0, 16, 16, 48], np.int64)
     computed = sfmoe.quantize(x, recipe, group_offsets=offsets, columnwise=True)
-    given = sfmoe.quantize(x, recipe, group_offsets=offsets, columnwise=True,
-                           group_amax=np.asarray(computed.amax, np.float32))
+    given = sfmoe.quantize(
+        x, recipe, group_offsets=offsets, columnwise=True, group_amax=np.asarray(computed.amax, np.float32)
+    )
     end = int(computed.group_offsets[-1])  # (rows from there on are not written)
+
     def written(q):
         yield np.asarray(q.data)[:end].view(np.uint8)
         packed = 2 if recipe.startswith("nvfp4") else 1  # FP4 packs pairs of rows
@@ -735,6 +707,7 @@ def test_given_group_amax(rng, recipe):
         yield np.asarray(q.dequantize(source="rowwise")).view(np.uint32)
         yield np.asarray(q.dequantize(source="columnwise")).view(np.uint32)
         yield np.asarray(q.amax).view(np.uint32)
+
     for a, b in zip(written(given), written(computed)):
         np.testing.assert_array_equal(a, b)
     amax = np.array([2.0, 5.0, 0.25], np.float32)
@@ -751,8 +724,7 @@ def test_given_group_amax(rng, recipe):
             sfmoe.quantize(x, recipe, group_offsets=offsets, group_amax=amax, tensor_scales=amax)
     if recipe == "nvfp4":
         with pytest.raises(ValueError):
-            sfmoe.quantize(x, recipe, group_offsets=offsets, group_amax=amax, hadamard=True,
-                           columnwise=True)
+            sfmoe.quantize(x, recipe, group_offsets=offsets, group_amax=amax, hadamard=True, columnwise=True)
 
 
 def test_columnwise_transposed_scale_layout(rng):
@@ -763,20 +735,23 @@ def test_columnwise_transposed_scale_layout(rng):
     x = (rng.standard_normal((557, 384)) * np.exp2(rng.integers(-20, 20, size=(557, 1)))).astype(np.float32)
     x[5, :7] = [0.0, -0.0, np.inf, -np.inf, 1e-40, 3e38, -3e38]
     compact = sfmoe.quantize(x, "fp8_block_1x128", group_offsets=offsets, columnwise=True)
-    moved = sfmoe.quantize(x, "fp8_block_1x128", group_offsets=offsets, columnwise=True,
-                           scale_layout="columnwise_transposed")
+    moved = sfmoe.quantize(
+        x, "fp8_block_1x128", group_offsets=offsets, columnwise=True, scale_layout="columnwise_transposed"
+    )
     end = int(compact.group_offsets[-1])
     assert moved.rows == compact.rows and moved.scale_inv.shape == (compact.rows * 3,)
     # (rows at and beyond the last offset are not written)
     np.testing.assert_array_equal(moved.data[:end].view(np.uint8), compact.data[:end].view(np.uint8))
-    np.testing.assert_array_equal(moved.columnwise_data[:, :end].view(np.uint8),
-                                  compact.columnwise_data[:, :end].view(np.uint8))
+    np.testing.assert_array_equal(
+        moved.columnwise_data[:, :end].view(np.uint8), compact.columnwise_data[:, :end].view(np.uint8)
+    )
     np.testing.assert_array_equal(moved.scale_inv.reshape(compact.rows, 3)[:end], compact.scale_inv[:end])
     blocks = end // 128
     transposed = moved.columnwise_scale_inv.reshape(compact.rows // 128, 384)
     np.testing.assert_array_equal(transposed[:blocks].T, compact.columnwise_scale_inv[:, :blocks])
-    np.testing.assert_array_equal(moved.compact_scale_inv(columnwise=True)[:, :blocks],
-                                  compact.columnwise_scale_inv[:, :blocks])
+    np.testing.assert_array_equal(
+        moved.compact_scale_inv(columnwise=True)[:, :blocks], compact.columnwise_scale_inv[:, :blocks]
+    )
     np.testing.assert_array_equal(moved.dequantize(source="columnwise"), compact.dequantize(source="columnwise"))
     np.testing.assert_array_equal(moved.dequantize(source="rowwise"), compact.dequantize(source="rowwise"))
     with pytest.raises(ValueError, match="fp8_block_1x128 only"):

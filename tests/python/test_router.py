@@ -4,12 +4,10 @@ closed form, BF16 logits, and argument errors. Fresh random inputs each run (see
 
 import numpy as np
 import pytest
-
 import sfmoe
 
 
-def numpy_route(x, k, *, sigmoid, bias=None, groups=0, group_topk=0, group_score_topk=2, normalize=False,
-                scale=1.0):
+def numpy_route(x, k, *, sigmoid, bias=None, groups=0, group_topk=0, group_score_topk=2, normalize=False, scale=1.0):
     """ids and probabilities per docs/router.md, in float64 (selections compared exactly, so the
     test draws logits without near ties)."""
     t_count, e_count = x.shape
@@ -30,7 +28,7 @@ def numpy_route(x, k, *, sigmoid, bias=None, groups=0, group_topk=0, group_score
             kept = np.lexsort((np.arange(groups), -gscore))[:group_topk]
             allowed[:] = False
             for g in kept:
-                allowed[g * per:(g + 1) * per] = True
+                allowed[g * per : (g + 1) * per] = True
         candidates = np.where(allowed)[0]
         order = candidates[np.lexsort((candidates, -q[t, candidates]))][:k]
         ids[t] = order
@@ -51,8 +49,15 @@ def well_separated_logits(rng, tokens, experts):
 def test_router_matches_numpy(rng, sigmoid):
     tokens, experts, k = 97, 32, 4
     x = well_separated_logits(rng, tokens, experts)
-    r = sfmoe.router(x, k, score="sigmoid" if sigmoid else "softmax", normalize=True, scaling_factor=2.5,
-                     aux_loss_coeff=0.01, z_loss_coeff=0.001)
+    r = sfmoe.router(
+        x,
+        k,
+        score="sigmoid" if sigmoid else "softmax",
+        normalize=True,
+        scaling_factor=2.5,
+        aux_loss_coeff=0.01,
+        z_loss_coeff=0.001,
+    )
     ids, probs = numpy_route(x, k, sigmoid=sigmoid, normalize=True, scale=2.5)
     np.testing.assert_array_equal(r.topk_ids, ids)
     np.testing.assert_allclose(r.probs, probs, rtol=1e-5)

@@ -6,14 +6,11 @@ import itertools
 
 import numpy as np
 import pytest
-
 import sfmoe
 from sfmoe import numerics
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed; the torch tests need it")
-ml_dtypes = pytest.importorskip(
-    "ml_dtypes", reason="the NumPy side of the comparison needs ml_dtypes"
-)
+ml_dtypes = pytest.importorskip("ml_dtypes", reason="the NumPy side of the comparison needs ml_dtypes")
 
 HAS_CUDA = torch.cuda.is_available()
 SFMOE_CUDA = sfmoe.build_info()["has_cuda_backend"] and sfmoe.device_info()["device_count"] > 0
@@ -106,9 +103,7 @@ def test_cuda_cast_matches_host(in_name, out_name, rng):
 @requires_cuda
 @pytest.mark.parametrize("power_of_two", [False, True])
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
-@pytest.mark.parametrize(
-    "shape", [(0,), (1,), (33,), (993,), (8192,), (4, 3, 16), (2, 2, 2, 2, 8)], ids=str
-)
+@pytest.mark.parametrize("shape", [(0,), (1,), (33,), (993,), (8192,), (4, 3, 16), (2, 2, 2, 2, 8)], ids=str)
 def test_cuda_quantize_dequantize_matches_host(fmt, shape, power_of_two, rng):
     x_host = random_values(rng, shape)
     x_host[~np.isfinite(x_host)] = 0.5  # current scaling of finite data
@@ -215,14 +210,10 @@ def test_cpu_tensors_match_numpy(rng):
     packed = sfmoe.cast(x.to(torch.bfloat16), "fp4_e2m1")
     assert packed.dtype == torch.uint8 and tuple(packed.shape) == (9, 16)
     bf16_host = host_copy(x.to(torch.bfloat16))
-    assert np.array_equal(
-        packed.numpy(), numerics.pack_fp4(numerics.f32_to_e2m1(bf16_host.astype(np.float32)))
-    )
+    assert np.array_equal(packed.numpy(), numerics.pack_fp4(numerics.f32_to_e2m1(bf16_host.astype(np.float32))))
     if hasattr(torch, "float4_e2m1fn_x2"):  # PyTorch's own packed FP4 type reads the same way
         back = sfmoe.cast(packed.view(torch.float4_e2m1fn_x2), "fp32")
-        assert same_result(
-            back, sfmoe.cast(packed.numpy(), "fp32", input_dtype="fp4_e2m1"), fp32=True
-        )
+        assert same_result(back, sfmoe.cast(packed.numpy(), "fp32", input_dtype="fp4_e2m1"), fp32=True)
 
 
 # ---- grouped quantization ------------------------------------------------------------------------
@@ -302,11 +293,7 @@ def test_cuda_grouped_quantize_matches_host(recipe, variant, rng):
     options = VARIANTS[recipe] if variant == "options" else {}
     offsets = random_offsets(rng, 6)
     x_host = random_values(rng, (int(offsets[-1]) + 5, 256))
-    x = (
-        torch.from_numpy(x_host)
-        .cuda()
-        .to(torch.bfloat16 if variant == "options" else torch.float32)
-    )
+    x = torch.from_numpy(x_host).cuda().to(torch.bfloat16 if variant == "options" else torch.float32)
     offsets_cuda = torch.from_numpy(offsets).cuda()
     q = sfmoe.quantize(x, recipe, group_offsets=offsets_cuda, columnwise=True, **options)
     q_host = sfmoe.quantize(host_copy(x), recipe, group_offsets=offsets, columnwise=True, **options)
@@ -406,8 +393,9 @@ def test_cuda_status_word_records_nan_amax(rng, given_scales):
     word.reset()
     offsets = torch.tensor([0, 32, 64], device="cuda")
     scales = torch.tensor([2.0, 0.5], device="cuda") if given_scales else None
-    q = sfmoe.quantize(x, "fp8_tensor", group_offsets=offsets, trap_nan_amax=True, status_word=word,
-                       tensor_scales=scales)
+    q = sfmoe.quantize(
+        x, "fp8_tensor", group_offsets=offsets, trap_nan_amax=True, status_word=word, tensor_scales=scales
+    )
     word.snapshot()
     torch.cuda.current_stream().synchronize()
     report = word.read()
@@ -446,18 +434,22 @@ def _routing_logits(rng, tokens, experts):
 
 
 @requires_cuda
-@pytest.mark.parametrize("config", [
-    dict(score="sigmoid", normalize=True, num_groups=8, group_topk=4, scaling_factor=2.5, aux_loss_coeff=1e-3),
-    dict(normalize=True, z_loss_coeff=1e-3),
-    dict(softmax_after_topk=True),
-])
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(score="sigmoid", normalize=True, num_groups=8, group_topk=4, scaling_factor=2.5, aux_loss_coeff=1e-3),
+        dict(normalize=True, z_loss_coeff=1e-3),
+        dict(softmax_after_topk=True),
+    ],
+)
 def test_cuda_router_matches_host(config, rng):
     x = _routing_logits(rng, 515, 64)
     bias = (rng.standard_normal(64) * 0.01).astype(np.float32)
     use_bias = config.get("num_groups", 0) > 1
     host = sfmoe.router(torch.from_numpy(x), 6, expert_bias=torch.from_numpy(bias) if use_bias else None, **config)
-    dev = sfmoe.router(torch.from_numpy(x).cuda(), 6, expert_bias=torch.from_numpy(bias).cuda() if use_bias else None,
-                       **config)
+    dev = sfmoe.router(
+        torch.from_numpy(x).cuda(), 6, expert_bias=torch.from_numpy(bias).cuda() if use_bias else None, **config
+    )
     torch.cuda.synchronize()
     assert torch.equal(dev.topk_ids.cpu(), host.topk_ids)
     assert np.array_equal(dev.probs.cpu().numpy().view(np.uint32), host.probs.numpy().view(np.uint32))
@@ -511,8 +503,7 @@ def test_cuda_permute_unpermute_activation_match_host(alignment, rng):
         assert torch.equal(a_dev[:end].cpu().view(torch.int16), a_host[:end].view(torch.int16)), kind
         d = torch.ones_like(a_host)
         g_host = sfmoe.grouped_activation_backward(host.rows, d, host.group_offsets, host.tokens_per_expert, kind)
-        g_dev = sfmoe.grouped_activation_backward(dev.rows, d.cuda(), dev.group_offsets, dev.tokens_per_expert,
-                                                  kind)
+        g_dev = sfmoe.grouped_activation_backward(dev.rows, d.cuda(), dev.group_offsets, dev.tokens_per_expert, kind)
         assert torch.equal(g_dev[:end].cpu(), g_host[:end]), kind
 
     d_out = torch.from_numpy(rng.standard_normal((tokens, hidden)).astype(np.float32))
@@ -540,28 +531,35 @@ def test_cuda_fused_permute_quantization_matches_host(recipe, layout, rng):
     end = int(host.group_offsets[-1])
     assert torch.equal(dev.group_offsets.cpu(), host.group_offsets)
     assert torch.equal(dev.rows.data[:end].cpu().view(torch.uint8), host.rows.data[:end].view(torch.uint8))
-    assert torch.equal(dev.rows.compact_scale_inv()[:end].cpu().view(torch.uint8),
-                       host.rows.compact_scale_inv()[:end].view(torch.uint8))
+    assert torch.equal(
+        dev.rows.compact_scale_inv()[:end].cpu().view(torch.uint8),
+        host.rows.compact_scale_inv()[:end].view(torch.uint8),
+    )
 
 
 @requires_cuda
-@pytest.mark.parametrize("recipe,layout", [("mxfp8", "swizzled"), ("fp8_block_1x128", "compact"),
-                                           ("nvfp4", "swizzled"), ("nvfp4", "compact")])
+@pytest.mark.parametrize(
+    "recipe,layout",
+    [("mxfp8", "swizzled"), ("fp8_block_1x128", "compact"), ("nvfp4", "swizzled"), ("nvfp4", "compact")],
+)
 def test_cuda_fused_activation_quantization_and_amax_match_host(recipe, layout, rng):
     rows = torch.tensor([3, 0, 40, 17, 1], dtype=torch.int64)
     offsets = torch.zeros(6, dtype=torch.int64)
     offsets[1:] = torch.cumsum((rows + 31) // 32 * 32, 0)
     capacity = int(offsets[-1]) + 8
     x = torch.from_numpy((rng.standard_normal((capacity, 256)) * 3).astype(np.float32)).to(torch.bfloat16)
-    host, host_amax = sfmoe.grouped_activation(x, offsets, rows, "swiglu", quantize=recipe, scale_layout=layout,
-                                               return_amax=True)
-    dev, dev_amax = sfmoe.grouped_activation(x.cuda(), offsets.cuda(), rows.cuda(), "swiglu", quantize=recipe,
-                                             scale_layout=layout, return_amax=True)
+    host, host_amax = sfmoe.grouped_activation(
+        x, offsets, rows, "swiglu", quantize=recipe, scale_layout=layout, return_amax=True
+    )
+    dev, dev_amax = sfmoe.grouped_activation(
+        x.cuda(), offsets.cuda(), rows.cuda(), "swiglu", quantize=recipe, scale_layout=layout, return_amax=True
+    )
     torch.cuda.synchronize()
     end = int(offsets[-1])
     assert torch.equal(dev.data[:end].cpu().view(torch.uint8), host.data[:end].view(torch.uint8))
-    assert torch.equal(dev.compact_scale_inv()[:end].cpu().view(torch.uint8),
-                       host.compact_scale_inv()[:end].view(torch.uint8))
+    assert torch.equal(
+        dev.compact_scale_inv()[:end].cpu().view(torch.uint8), host.compact_scale_inv()[:end].view(torch.uint8)
+    )
     assert torch.equal(dev_amax.cpu().view(torch.int32), host_amax.view(torch.int32))
 
 
@@ -587,6 +585,7 @@ def test_cuda_grouped_gemm_fp8_tensor_meets_the_bound(rng):
     """FP8 per-tensor operands (per-group scales, E4M3 x E4M3 and E5M2 gradients) on the Hopper
     kernels, with the accurate and the fast accumulation: each form against float64 products of the dequantized copies it reads, groups of 0,
     1 and odd sizes (wgrad: groups starting on multiples of 16, as its TMA loads need)."""
+
     def measure(got, want):
         got, want = got.double(), want.double()
         return float(1 - 2 * (got * want).sum() / (got * got + want * want).sum())
@@ -649,13 +648,27 @@ def test_cuda_grouped_gemm_fp8_blockwise_matches_host(rng):
     kw = dict(power_of_two_scales=True)
     for device in ("cpu", "cuda"):
         off = offsets.to(device)
-        qx = sfmoe.quantize(x.to(device), "fp8_block_1x128", group_offsets=off, columnwise=True,
-                            scale_layout="columnwise_transposed", **kw)
-        qdy = sfmoe.quantize(dy.to(device), "fp8_block_1x128", group_offsets=off, columnwise=True,
-                             scale_layout="columnwise_transposed", **kw)
+        qx = sfmoe.quantize(
+            x.to(device),
+            "fp8_block_1x128",
+            group_offsets=off,
+            columnwise=True,
+            scale_layout="columnwise_transposed",
+            **kw,
+        )
+        qdy = sfmoe.quantize(
+            dy.to(device),
+            "fp8_block_1x128",
+            group_offsets=off,
+            columnwise=True,
+            scale_layout="columnwise_transposed",
+            **kw,
+        )
         qw = sfmoe.quantize(w.to(device), "fp8_block_128x128", uniform_group_rows=n, columnwise=True, **kw)
-        got = [sfmoe.grouped_gemm(form, a, b).cpu() for form, a, b in
-               (("fprop", qx, qw), ("dgrad", qdy, qw), ("wgrad", qdy, qx))]
+        got = [
+            sfmoe.grouped_gemm(form, a, b).cpu()
+            for form, a, b in (("fprop", qx, qw), ("dgrad", qdy, qw), ("wgrad", qdy, qx))
+        ]
         if device == "cpu":
             want = got
     torch.cuda.synchronize()
@@ -670,9 +683,15 @@ def _relative_error(got, want):
 
 
 @requires_cuda
-@pytest.mark.parametrize("rows_recipe,weights_recipe,fmt,hadamard", [
-    ("mxfp8", "mxfp8", "e4m3", False), ("mxfp8", "mxfp8", "e5m2", False),
-    ("nvfp4", "nvfp4_2d", "e4m3", False), ("nvfp4", "nvfp4", "e4m3", True)])
+@pytest.mark.parametrize(
+    "rows_recipe,weights_recipe,fmt,hadamard",
+    [
+        ("mxfp8", "mxfp8", "e4m3", False),
+        ("mxfp8", "mxfp8", "e5m2", False),
+        ("nvfp4", "nvfp4_2d", "e4m3", False),
+        ("nvfp4", "nvfp4", "e4m3", True),
+    ],
+)
 def test_cuda_grouped_gemm_mx_nv_emulation_meets_the_bound(rows_recipe, weights_recipe, fmt, hadamard, rng):
     """MXFP8 and NVFP4 operands on the device (dequantized to BF16, then the BF16 kernels), all
     three forms, groups of 0, 1 and odd sizes, against the host's GEMM of the same quantized
@@ -693,10 +712,17 @@ def test_cuda_grouped_gemm_mx_nv_emulation_meets_the_bound(rows_recipe, weights_
         qx = sfmoe.quantize(x.to(device), rows_recipe, group_offsets=off, row_alignment=32, **kw)
         qdy = sfmoe.quantize(dy.to(device), rows_recipe, group_offsets=off, row_alignment=32, **kw)
         # (the GEMM's Hadamard flag covers every NV_1X16 operand: W's columnwise copy carries it too)
-        qw = sfmoe.quantize(w.to(device), weights_recipe, uniform_group_rows=n, columnwise=True,
-                            hadamard=hadamard and weights_recipe == "nvfp4")
-        results[device] = [sfmoe.grouped_gemm(form, a, b).cpu() for form, a, b in
-                           (("fprop", qx, qw), ("dgrad", qdy, qw), ("wgrad", qdy, qx))]
+        qw = sfmoe.quantize(
+            w.to(device),
+            weights_recipe,
+            uniform_group_rows=n,
+            columnwise=True,
+            hadamard=hadamard and weights_recipe == "nvfp4",
+        )
+        results[device] = [
+            sfmoe.grouped_gemm(form, a, b).cpu()
+            for form, a, b in (("fprop", qx, qw), ("dgrad", qdy, qw), ("wgrad", qdy, qx))
+        ]
     torch.cuda.synchronize()
     bound = 1e-6 if rows_recipe == "mxfp8" else 1e-4
     for form, got, want in zip(("fprop", "dgrad", "wgrad"), results["cuda"], results["cpu"]):
@@ -719,8 +745,7 @@ def test_cuda_graph_of_quantize_and_emulated_gemm_replays_on_new_group_sizes(rng
     static_offsets = torch.tensor([0, 16, 32, 48, 64], device="cuda", dtype=torch.int64)
 
     def step():
-        q = sfmoe.quantize(static_x, "nvfp4", group_offsets=static_offsets, row_alignment=16,
-                           out_row_capacity=capacity)
+        q = sfmoe.quantize(static_x, "nvfp4", group_offsets=static_offsets, row_alignment=16, out_row_capacity=capacity)
         return sfmoe.grouped_gemm("fprop", q, qw, out_dtype="bf16")
 
     step()  # warm up outside the capture
@@ -737,8 +762,13 @@ def test_cuda_graph_of_quantize_and_emulated_gemm_replays_on_new_group_sizes(rng
         static_offsets.copy_(torch.from_numpy(offsets))
         graph.replay()
         torch.cuda.synchronize()
-        q = sfmoe.quantize(static_x.cpu(), "nvfp4", group_offsets=torch.from_numpy(offsets), row_alignment=16,
-                           out_row_capacity=capacity)
+        q = sfmoe.quantize(
+            static_x.cpu(),
+            "nvfp4",
+            group_offsets=torch.from_numpy(offsets),
+            row_alignment=16,
+            out_row_capacity=capacity,
+        )
         want = sfmoe.grouped_gemm("fprop", q, qw_host, out_dtype="bf16")
         end = int(q.group_offsets[-1])  # the quantized rows' padded groups
         assert end > 0
@@ -754,18 +784,19 @@ def test_cuda_fused_tensor_quantization_with_given_scales_matches_host(rng):
     ids = sfmoe.router(torch.from_numpy(_routing_logits(rng, tokens, experts)), k).topk_ids
     scales = torch.from_numpy(np.exp2(rng.uniform(-3, 10, size=experts)).astype(np.float32))
     host = sfmoe.permute(x, ids, experts, alignment=16, quantize="fp8_tensor", tensor_scales=scales)
-    dev = sfmoe.permute(x.cuda(), ids.cuda(), experts, alignment=16, quantize="fp8_tensor",
-                        tensor_scales=scales.cuda())
+    dev = sfmoe.permute(x.cuda(), ids.cuda(), experts, alignment=16, quantize="fp8_tensor", tensor_scales=scales.cuda())
     torch.cuda.synchronize()
     end = int(host.group_offsets[-1])
     assert torch.equal(dev.rows.data[:end].cpu().view(torch.uint8), host.rows.data[:end].view(torch.uint8))
     assert torch.equal(dev.rows.scale_inv.cpu(), host.rows.scale_inv)
     assert torch.equal(dev.rows.amax.cpu().view(torch.int32), host.rows.amax.view(torch.int32))
     h = torch.from_numpy(rng.standard_normal((end + 8, 2 * 64)).astype(np.float32)).to(torch.bfloat16)
-    a_host = sfmoe.grouped_activation(h, host.group_offsets, host.tokens_per_expert, "swiglu",
-                                      quantize="fp8_tensor", tensor_scales=scales)
-    a_dev = sfmoe.grouped_activation(h.cuda(), dev.group_offsets, dev.tokens_per_expert, "swiglu",
-                                     quantize="fp8_tensor", tensor_scales=scales.cuda())
+    a_host = sfmoe.grouped_activation(
+        h, host.group_offsets, host.tokens_per_expert, "swiglu", quantize="fp8_tensor", tensor_scales=scales
+    )
+    a_dev = sfmoe.grouped_activation(
+        h.cuda(), dev.group_offsets, dev.tokens_per_expert, "swiglu", quantize="fp8_tensor", tensor_scales=scales.cuda()
+    )
     torch.cuda.synchronize()
     assert torch.equal(a_dev.data[:end].cpu().view(torch.uint8), a_host.data[:end].view(torch.uint8))
     assert torch.equal(a_dev.scale_inv.cpu(), a_host.scale_inv)
@@ -780,8 +811,9 @@ def test_cuda_quantize_with_given_tensor_scales_matches_host(rng):
     offsets = torch.tensor([0, 100, 100, 300], dtype=torch.int64)
     scales = torch.tensor([4.0, float("inf"), 0.001], dtype=torch.float32)
     host = sfmoe.quantize(x, "fp8_tensor", group_offsets=offsets, tensor_scales=scales, columnwise=True)
-    dev = sfmoe.quantize(x.cuda(), "fp8_tensor", group_offsets=offsets.cuda(), tensor_scales=scales.cuda(),
-                         columnwise=True)
+    dev = sfmoe.quantize(
+        x.cuda(), "fp8_tensor", group_offsets=offsets.cuda(), tensor_scales=scales.cuda(), columnwise=True
+    )
     torch.cuda.synchronize()
     assert torch.equal(dev.data.cpu().view(torch.uint8), host.data.view(torch.uint8))
     assert torch.equal(dev.columnwise_data.cpu().view(torch.uint8), host.columnwise_data.view(torch.uint8))
@@ -800,21 +832,26 @@ def test_cuda_quantize_with_given_group_amax_matches_host(rng, recipe):
     offsets = torch.tensor([0, 100, 100, 300], dtype=torch.int64)
     amax = torch.tensor([2.0, float("inf"), 0.0], dtype=torch.float32)
     host = sfmoe.quantize(x, recipe, group_offsets=offsets, group_amax=amax, columnwise=True)
-    dev = sfmoe.quantize(x.cuda(), recipe, group_offsets=offsets.cuda(), group_amax=amax.cuda(),
-                         columnwise=True)
+    dev = sfmoe.quantize(x.cuda(), recipe, group_offsets=offsets.cuda(), group_amax=amax.cuda(), columnwise=True)
     torch.cuda.synchronize()
     end = int(host.group_offsets[-1])  # rows from there on are not written
     packed = 2 if recipe == "nvfp4" else 1  # FP4 packs pairs of elements
     assert torch.equal(dev.data.cpu()[:end].view(torch.uint8), host.data[:end].view(torch.uint8))
-    assert torch.equal(dev.columnwise_data.cpu().view(torch.uint8)[:, : end // packed],
-                       host.columnwise_data.view(torch.uint8)[:, : end // packed])
+    assert torch.equal(
+        dev.columnwise_data.cpu().view(torch.uint8)[:, : end // packed],
+        host.columnwise_data.view(torch.uint8)[:, : end // packed],
+    )
     if recipe == "nvfp4":  # block scales [rows, cols / 16] and [cols, rows / 16]
         assert torch.equal(dev.scale_inv.cpu()[:end].view(torch.uint8), host.scale_inv[:end].view(torch.uint8))
-        assert torch.equal(dev.columnwise_scale_inv.cpu()[:, : end // 16].view(torch.uint8),
-                           host.columnwise_scale_inv[:, : end // 16].view(torch.uint8))
+        assert torch.equal(
+            dev.columnwise_scale_inv.cpu()[:, : end // 16].view(torch.uint8),
+            host.columnwise_scale_inv[:, : end // 16].view(torch.uint8),
+        )
     else:
         assert torch.equal(dev.scale_inv.cpu(), host.scale_inv)
     for source in ("rowwise", "columnwise"):
-        assert torch.equal(sfmoe.dequantize(dev, source=source).cpu().view(torch.int32),
-                           sfmoe.dequantize(host, source=source).view(torch.int32))
+        assert torch.equal(
+            sfmoe.dequantize(dev, source=source).cpu().view(torch.int32),
+            sfmoe.dequantize(host, source=source).view(torch.int32),
+        )
     assert torch.equal(dev.amax.cpu().view(torch.int32), amax.view(torch.int32))
