@@ -360,15 +360,6 @@ sfmoe_status expect_scalar(const char* context, const char* name, const sfmoe_te
   return SFMOE_SUCCESS;
 }
 
-sfmoe_status expect_host_memory(const char* context, sfmoe_memory memory) {
-  if (memory != SFMOE_MEMORY_HOST) {
-    return fail(SFMOE_ERROR_UNSUPPORTED,
-                "%s: runs on host memory only for now (its CUDA kernels are not written yet)",
-                context);
-  }
-  return SFMOE_SUCCESS;
-}
-
 sfmoe_status expect_unquantized_rows(const char* context, const char* name,
                                      const sfmoe_grouped_tensor* t, int64_t cols) {
   SFMOE_RETURN_IF_ERROR(validate_grouped_tensor(context, name, t));

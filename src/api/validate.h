@@ -50,9 +50,6 @@ sfmoe_status expect_tensor(const char* context, const char* name, const sfmoe_te
                            std::initializer_list<sfmoe_dtype> dtypes,
                            std::initializer_list<int64_t> shape, const sfmoe_tensor* home,
                            const char* home_name);
-// The ops whose CUDA kernels are not written yet (the grouped GEMM) run on host memory only:
-// SFMOE_ERROR_UNSUPPORTED otherwise.
-sfmoe_status expect_host_memory(const char* context, sfmoe_memory memory);
 // A valid grouped tensor of unquantized rows (FP32, BF16 or FP16, scaling NONE, rowwise data
 // only) with `cols` columns.
 sfmoe_status expect_unquantized_rows(const char* context, const char* name,

@@ -27,21 +27,23 @@ void grouped_dequantize(const GroupedDequantizeArgs& args);
 void swizzle_scales(const uint8_t* compact, int64_t rows, int64_t scale_cols, uint8_t* swizzled);
 void unswizzle_scales(const uint8_t* swizzled, int64_t rows, int64_t scale_cols, uint8_t* compact);
 
-// Router (docs/router.md). Not yet exposed through the C API.
+// Router (docs/router.md).
 void router_forward(const RouterForwardArgs& args);
 void router_backward(const RouterBackwardArgs& args);
 
-// Permute / unpermute (docs/permute.md). Not yet exposed through the C API. Permute's backward
-// is unpermute without probabilities.
+// Permute / unpermute (docs/permute.md); with args.quantized, the fused quantization by its
+// definition (permute, then the grouped quantization of the rows). Permute's backward is unpermute
+// without probabilities.
 void permute(const PermuteArgs& args);
 void unpermute(const UnpermuteArgs& args);
 void unpermute_backward(const UnpermuteBackwardArgs& args);
 
-// Grouped GEMM (docs/grouped_gemm.md): the reference the device GEMMs are checked against. Not yet
-// exposed through the C API.
+// Grouped GEMM (docs/grouped_gemm.md): the reference the device GEMMs are checked against, over
+// FP32 operands (the API layer dequantizes quantized ones from the copy each form reads).
 void grouped_gemm(const GroupedGemmArgs& args);
 
-// Grouped activations (docs/activations.md). Not yet exposed through the C API.
+// Grouped activations (docs/activations.md); with args.quantized, the fused quantization by its
+// definition (the FP32 activations, then the grouped quantization).
 void activation_forward(const ActivationArgs& args);
 void activation_backward(const ActivationBackwardArgs& args);
 
