@@ -81,33 +81,20 @@ def grouped_activation(
             **rows_format,
         )
     )
+    # The arguments both forms of the call begin with.
+    operands = (adapter.for_binding(x), int(dtype), offsets, counts, kind, float(limit), float(alpha))
     if quantize is not None:
         out = _quantize.quantized_rows(adapter, x, quantize, power_of_two_scales, plan, None, tensor_scales)
         amax = out.amax if return_amax else None
         with adapter.device_context(x):
             _C.grouped_activation_quantized(
-                adapter.for_binding(x),
-                int(dtype),
-                offsets,
-                counts,
-                kind,
-                float(limit),
-                float(alpha),
-                out._descriptor(adapter),
-                out.config._fields(),
-                adapter.stream(x),
+                *operands, out._descriptor(adapter), out.config._fields(), adapter.stream(x)
             )
         return (out, amax) if return_amax else out
     out = _arrays.empty_planned(adapter, plan["buffers"]["rowwise_data"], x, "out")
     amax = _arrays.empty_planned(adapter, plan["buffers"]["amax"], x, "amax")
     _C.grouped_activation(
-        adapter.for_binding(x),
-        int(dtype),
-        offsets,
-        counts,
-        kind,
-        float(limit),
-        float(alpha),
+        *operands,
         adapter.for_binding(out),
         int(out_type),
         None if amax is None else adapter.for_binding(amax),

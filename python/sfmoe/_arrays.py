@@ -73,8 +73,8 @@ def resolve_dtype(adapter, x, claimed, what):
     return dtype
 
 
-class _NumPy:
-    name = "numpy"
+class _NumPyLike:
+    """What NumPy and CuPy arrays answer alike."""
 
     @staticmethod
     def dtype_name(x):
@@ -87,6 +87,10 @@ class _NumPy:
     @staticmethod
     def shape(x):
         return tuple(x.shape)
+
+
+class _NumPy(_NumPyLike):
+    name = "numpy"
 
     @staticmethod
     def prepare_input(x):
@@ -311,23 +315,11 @@ class _Torch:
         return scale
 
 
-class _CuPy:
+class _CuPy(_NumPyLike):
     name = "cupy"
 
     def __init__(self, cupy):
         self.cupy = cupy
-
-    @staticmethod
-    def dtype_name(x):
-        return x.dtype.name
-
-    @staticmethod
-    def itemsize(x):
-        return x.dtype.itemsize
-
-    @staticmethod
-    def shape(x):
-        return tuple(x.shape)
 
     def prepare_input(self, x):
         if not x.flags.c_contiguous or x.data.ptr % ALIGNMENT:
@@ -484,6 +476,19 @@ def empty_bytes(adapter, nbytes, dtype, like):
         return None
     item = _C.dtype_bits(int(dtype)) // 8
     return adapter.empty((-(-nbytes // item),), dtype, like)
+
+
+def output_array(adapter, out, shape, dtype, like, peer):
+    """`out` checked as an output beside `like` (the same kind of array as `peer`, of `dtype`,
+    writable), or a new empty `shape` array when it is None."""
+    if out is None:
+        return adapter.empty(shape, dtype, like)
+    out_adapter, out = adapt(out, "out")
+    if out_adapter is not adapter:
+        raise TypeError(f"out: must be the same kind of array as {peer} ({adapter.name})")
+    resolve_dtype(adapter, out, dtype, "out")
+    adapter.check_output(out, "out")
+    return out
 
 
 def checked_input(x, what, dtypes, ndim=None):

@@ -71,15 +71,8 @@ def _run_cast(adapter, x, in_dtype, out, out_dtype, scale, what="scale"):
 
 
 def _prepare_output(adapter, x, logical, out, out_dtype):
-    if out is None:
-        shape = _arrays.container_shape(logical, out_dtype, "dtype")
-        return adapter.empty(shape, out_dtype, x)
-    out_adapter, out = _arrays.adapt(out, "out")
-    if out_adapter is not adapter:
-        raise TypeError(f"out: must be the same kind of array as the input ({adapter.name})")
-    _arrays.resolve_dtype(adapter, out, out_dtype, "out")
-    adapter.check_output(out, "out")
-    return out
+    shape = _arrays.container_shape(logical, out_dtype, "dtype") if out is None else None
+    return _arrays.output_array(adapter, out, shape, out_dtype, x, "the input")
 
 
 def cast(x, dtype, scale=1.0, out=None, *, input_dtype=None):

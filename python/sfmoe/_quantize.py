@@ -594,14 +594,7 @@ def _scale_input(scales, dtype, what):
 
 
 def _scale_output(adapter, out, shape, dtype, like):
-    if out is None:
-        return adapter.empty(shape, dtype, like)
-    out_adapter, out = _arrays.adapt(out, "out")
-    if out_adapter is not adapter:
-        raise TypeError(f"out: must be the same kind of array as the scales ({adapter.name})")
-    _arrays.resolve_dtype(adapter, out, dtype, "out")
-    adapter.check_output(out, "out")
-    return out
+    return _arrays.output_array(adapter, out, shape, dtype, like, "the scales")
 
 
 def swizzle_scales(scales, *, dtype=None, out=None):

@@ -23,32 +23,23 @@ class RouterOutput:
     config: dict
 
 
-def _config(
-    top_k,
-    score,
-    softmax_after_topk,
-    num_groups,
-    group_topk,
-    group_score_topk,
-    scaling_factor,
-    normalize,
-    aux_loss_coeff,
-    z_loss_coeff,
-):
+def _config(options):
+    """The sfmoe_router_config fields of the router's keyword options, checked and typed."""
+    score = options["score"]
     if score not in _SCORES:
         raise ValueError(f"score: expected 'softmax' or 'sigmoid', got {score!r}")
-    return dict(
-        top_k=int(top_k),
-        score=_SCORES[score],
-        softmax_after_topk=bool(softmax_after_topk),
-        num_groups=int(num_groups),
-        group_topk=int(group_topk),
-        group_score_topk=int(group_score_topk),
-        scaling_factor=float(scaling_factor),
-        normalize=bool(normalize),
-        aux_loss_coeff=float(aux_loss_coeff),
-        z_loss_coeff=float(z_loss_coeff),
+    kinds = dict(
+        top_k=int,
+        softmax_after_topk=bool,
+        num_groups=int,
+        group_topk=int,
+        group_score_topk=int,
+        scaling_factor=float,
+        normalize=bool,
+        aux_loss_coeff=float,
+        z_loss_coeff=float,
     )
+    return dict(score=_SCORES[score], **{name: kind(options[name]) for name, kind in kinds.items()})
 
 
 def _logits(logits):
@@ -83,16 +74,18 @@ def router(
     """
     adapter, x, dtype, (tokens, experts) = _logits(logits)
     config = _config(
-        top_k,
-        score,
-        softmax_after_topk,
-        num_groups,
-        group_topk,
-        group_score_topk,
-        scaling_factor,
-        normalize,
-        aux_loss_coeff,
-        z_loss_coeff,
+        dict(
+            top_k=top_k,
+            score=score,
+            softmax_after_topk=softmax_after_topk,
+            num_groups=num_groups,
+            group_topk=group_topk,
+            group_score_topk=group_score_topk,
+            scaling_factor=scaling_factor,
+            normalize=normalize,
+            aux_loss_coeff=aux_loss_coeff,
+            z_loss_coeff=z_loss_coeff,
+        )
     )
     k = config["top_k"]
     ids = adapter.empty((tokens, k), DType.INT32, x)

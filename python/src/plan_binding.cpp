@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <initializer_list>
 #include <string>
 
 #include "binding_errors.h"
@@ -20,30 +21,38 @@ using namespace nb::literals;
 namespace sfmoe_binding {
 namespace {
 
-// Integer fields of a request: the dict's value where it has the key, else the *_init() default.
-// Enums are stored through their integer so that the library sees the caller's value unchanged.
-template <class Field>
-void read_field(const nb::dict& request, const char* key, Field* field) {
-  if (!request.contains(key)) return;
-  const int64_t value = nb::cast<int64_t>(nb::int_(request[key]));
-  if constexpr (sizeof(Field) == sizeof(int32_t)) {
-    const int32_t narrow = static_cast<int32_t>(value);
-    if (narrow != value) throw nb::value_error((std::string(key) + ": out of range").c_str());
-    memcpy(field, &narrow, sizeof(narrow));
-  } else {
-    *field = static_cast<Field>(value);
-  }
+// One integer (or enum) field of a request, by name.
+struct Field {
+  const char* key;
+  void* address;
+  size_t size;  // 4 (int32_t, enums) or 8 (int64_t)
+};
+
+template <class T>
+Field field(const char* key, T* address) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "request fields are int32, enums or int64");
+  return Field{key, address, sizeof(T)};
 }
 
-// Keys the request does not know are refused, so that a misspelt option cannot pass silently.
-void refuse_unknown_keys(const nb::dict& request, std::initializer_list<const char*> known,
-                         const char* what) {
+// Fills `fields` from the dict: a missing key keeps the *_init() default, an unknown key is
+// refused (a misspelt option must not pass silently). Enums are stored through their integer, so
+// the library sees the caller's value unchanged, invalid ones included.
+void read_request(const nb::dict& request, std::initializer_list<Field> fields, const char* what) {
   for (auto item : request) {
     const std::string key = nb::cast<std::string>(item.first);
-    bool found = false;
-    for (const char* k : known) found = found || key == k;
-    if (!found)
+    const Field* found = nullptr;
+    for (const Field& f : fields) found = key == f.key ? &f : found;
+    if (found == nullptr) {
       throw nb::value_error((std::string(what) + ": unknown field '" + key + "'").c_str());
+    }
+    const int64_t value = nb::cast<int64_t>(nb::int_(item.second));
+    if (found->size == 8) {
+      memcpy(found->address, &value, 8);
+      continue;
+    }
+    const int32_t narrow = static_cast<int32_t>(value);
+    if (narrow != value) throw nb::value_error((std::string(key) + ": out of range").c_str());
+    memcpy(found->address, &narrow, 4);
   }
 }
 
@@ -78,52 +87,17 @@ nb::dict grouped_plan_dict(const sfmoe_grouped_tensor_plan& p) {
   return d;
 }
 
-nb::dict plan_grouped_quantize(const nb::dict& request) {
-  refuse_unknown_keys(
-      request,
-      {"dtype", "scaling", "scale_layout", "rowwise", "columnwise", "hadamard_columnwise",
-       "num_groups", "cols", "input_rows", "input_row_alignment", "uniform_group_rows",
-       "row_alignment", "row_capacity"},
-      "plan_grouped_quantize");
-  sfmoe_quantize_plan_request r = sfmoe_quantize_plan_request_init();
-  read_field(request, "dtype", &r.dtype);
-  read_field(request, "scaling", &r.scaling);
-  read_field(request, "scale_layout", &r.scale_layout);
-  read_field(request, "rowwise", &r.rowwise);
-  read_field(request, "columnwise", &r.columnwise);
-  read_field(request, "hadamard_columnwise", &r.hadamard_columnwise);
-  read_field(request, "num_groups", &r.num_groups);
-  read_field(request, "cols", &r.cols);
-  read_field(request, "input_rows", &r.input_rows);
-  read_field(request, "input_row_alignment", &r.input_row_alignment);
-  read_field(request, "uniform_group_rows", &r.uniform_group_rows);
-  read_field(request, "row_alignment", &r.row_alignment);
-  read_field(request, "row_capacity", &r.row_capacity);
-  sfmoe_grouped_tensor_plan plan;
+// The plan of `request` by the C planner `planner`, as a dict (`as_dict`).
+template <class Request, class Plan>
+nb::dict planned(const Request& request, sfmoe_status (*planner)(const Request*, Plan*),
+                 nb::dict (*as_dict)(const Plan&)) {
+  Plan plan;
   plan.struct_size = sizeof(plan);
-  check(sfmoe_plan_grouped_quantize(&r, &plan));
-  return grouped_plan_dict(plan);
+  check(planner(&request, &plan));
+  return as_dict(plan);
 }
 
-nb::dict plan_permute(const nb::dict& request) {
-  refuse_unknown_keys(request,
-                      {"num_tokens", "topk", "num_experts", "hidden", "row_alignment",
-                       "expert_capacity", "dtype", "scaling", "scale_layout", "group_amax"},
-                      "plan_permute");
-  sfmoe_permute_plan_request r = sfmoe_permute_plan_request_init();
-  read_field(request, "num_tokens", &r.num_tokens);
-  read_field(request, "topk", &r.topk);
-  read_field(request, "num_experts", &r.num_experts);
-  read_field(request, "hidden", &r.hidden);
-  read_field(request, "row_alignment", &r.row_alignment);
-  read_field(request, "expert_capacity", &r.expert_capacity);
-  read_field(request, "dtype", &r.dtype);
-  read_field(request, "scaling", &r.scaling);
-  read_field(request, "scale_layout", &r.scale_layout);
-  read_field(request, "group_amax", &r.group_amax);
-  sfmoe_permute_plan plan;
-  plan.struct_size = sizeof(plan);
-  check(sfmoe_plan_permute(&r, &plan));
+nb::dict permute_plan_dict(const sfmoe_permute_plan& plan) {
   nb::dict d;
   d["permuted"] = grouped_plan_dict(plan.permuted);
   d["row_map"] = buffer_object(plan.row_map);
@@ -133,25 +107,44 @@ nb::dict plan_permute(const nb::dict& request) {
   return d;
 }
 
+nb::dict plan_grouped_quantize(const nb::dict& request) {
+  sfmoe_quantize_plan_request r = sfmoe_quantize_plan_request_init();
+  read_request(
+      request,
+      {field("dtype", &r.dtype), field("scaling", &r.scaling),
+       field("scale_layout", &r.scale_layout), field("rowwise", &r.rowwise),
+       field("columnwise", &r.columnwise), field("hadamard_columnwise", &r.hadamard_columnwise),
+       field("num_groups", &r.num_groups), field("cols", &r.cols),
+       field("input_rows", &r.input_rows), field("input_row_alignment", &r.input_row_alignment),
+       field("uniform_group_rows", &r.uniform_group_rows), field("row_alignment", &r.row_alignment),
+       field("row_capacity", &r.row_capacity)},
+      "plan_grouped_quantize");
+  return planned(r, sfmoe_plan_grouped_quantize, grouped_plan_dict);
+}
+
+nb::dict plan_permute(const nb::dict& request) {
+  sfmoe_permute_plan_request r = sfmoe_permute_plan_request_init();
+  read_request(
+      request,
+      {field("num_tokens", &r.num_tokens), field("topk", &r.topk),
+       field("num_experts", &r.num_experts), field("hidden", &r.hidden),
+       field("row_alignment", &r.row_alignment), field("expert_capacity", &r.expert_capacity),
+       field("dtype", &r.dtype), field("scaling", &r.scaling),
+       field("scale_layout", &r.scale_layout), field("group_amax", &r.group_amax)},
+      "plan_permute");
+  return planned(r, sfmoe_plan_permute, permute_plan_dict);
+}
+
 nb::dict plan_grouped_activation(const nb::dict& request) {
-  refuse_unknown_keys(request,
-                      {"kind", "num_groups", "row_capacity", "input_cols", "row_alignment", "dtype",
-                       "scaling", "scale_layout", "group_amax"},
-                      "plan_grouped_activation");
   sfmoe_activation_plan_request r = sfmoe_activation_plan_request_init();
-  read_field(request, "kind", &r.kind);
-  read_field(request, "num_groups", &r.num_groups);
-  read_field(request, "row_capacity", &r.row_capacity);
-  read_field(request, "input_cols", &r.input_cols);
-  read_field(request, "row_alignment", &r.row_alignment);
-  read_field(request, "dtype", &r.dtype);
-  read_field(request, "scaling", &r.scaling);
-  read_field(request, "scale_layout", &r.scale_layout);
-  read_field(request, "group_amax", &r.group_amax);
-  sfmoe_grouped_tensor_plan plan;
-  plan.struct_size = sizeof(plan);
-  check(sfmoe_plan_grouped_activation(&r, &plan));
-  return grouped_plan_dict(plan);
+  read_request(request,
+               {field("kind", &r.kind), field("num_groups", &r.num_groups),
+                field("row_capacity", &r.row_capacity), field("input_cols", &r.input_cols),
+                field("row_alignment", &r.row_alignment), field("dtype", &r.dtype),
+                field("scaling", &r.scaling), field("scale_layout", &r.scale_layout),
+                field("group_amax", &r.group_amax)},
+               "plan_grouped_activation");
+  return planned(r, sfmoe_plan_grouped_activation, grouped_plan_dict);
 }
 
 }  // namespace

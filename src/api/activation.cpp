@@ -22,13 +22,7 @@ static_assert(static_cast<int>(ActivationKind::kClampedSwiGLU) == SFMOE_ACTIVATI
 
 sfmoe_status check_config(const char* context, const sfmoe_activation_config* c,
                           ActivationConfig* out) {
-  if (c == nullptr) return fail(SFMOE_ERROR_NULL_POINTER, "%s: config is NULL", context);
-  if (c->struct_size != sizeof(sfmoe_activation_config)) {
-    return fail(SFMOE_ERROR_STRUCT_SIZE,
-                "%s: config struct_size is %zu, expected %zu (use "
-                "sfmoe_activation_config_init())",
-                context, c->struct_size, sizeof(sfmoe_activation_config));
-  }
+  SFMOE_RETURN_IF_ERROR(check_struct(context, "config", c, "sfmoe_activation_config_init()"));
   const int32_t kind = enum_value(c->kind);
   if (kind < SFMOE_ACTIVATION_SWIGLU || kind > SFMOE_ACTIVATION_CLAMPED_SWIGLU) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: unknown activation %d", context,

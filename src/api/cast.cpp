@@ -23,15 +23,8 @@ sfmoe_status sfmoe_cast(const sfmoe_tensor* input, const sfmoe_tensor* output,
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
     SFMOE_RETURN_IF_ERROR(sfmoe::validate_tensor(context, "input", input));
     SFMOE_RETURN_IF_ERROR(sfmoe::validate_tensor(context, "output", output));
-    if (config == nullptr) {
-      return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: config is NULL", context);
-    }
-    if (config->struct_size != sizeof(sfmoe_cast_config)) {
-      return sfmoe::fail(SFMOE_ERROR_STRUCT_SIZE,
-                         "%s: config struct_size is %zu but this library's sfmoe_cast_config has "
-                         "%zu bytes (use sfmoe_cast_config_init())",
-                         context, config->struct_size, sizeof(sfmoe_cast_config));
-    }
+    SFMOE_RETURN_IF_ERROR(
+        sfmoe::check_struct(context, "config", config, "sfmoe_cast_config_init()"));
     const sfmoe_tensor* tensors[] = {input, output};
     const char* names[] = {"input", "output"};
     for (int i = 0; i < 2; ++i) {

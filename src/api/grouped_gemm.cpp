@@ -383,14 +383,8 @@ sfmoe_status sfmoe_grouped_gemm(const sfmoe_grouped_tensor* a, const sfmoe_group
                                 sfmoe_status_word* word, void* stream) {
   const char* context = "sfmoe_grouped_gemm";
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
-    if (config == nullptr)
-      return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: config is NULL", context);
-    if (config->struct_size != sizeof(sfmoe_grouped_gemm_config)) {
-      return sfmoe::fail(SFMOE_ERROR_STRUCT_SIZE,
-                         "%s: config struct_size is %zu, expected %zu (use "
-                         "sfmoe_grouped_gemm_config_init())",
-                         context, config->struct_size, sizeof(sfmoe_grouped_gemm_config));
-    }
+    SFMOE_RETURN_IF_ERROR(
+        sfmoe::check_struct(context, "config", config, "sfmoe_grouped_gemm_config_init()"));
     const int32_t form = sfmoe::enum_value(config->form);
     if (form != SFMOE_GEMM_FPROP && form != SFMOE_GEMM_DGRAD && form != SFMOE_GEMM_WGRAD) {
       return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: unknown form %d", context,

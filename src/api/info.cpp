@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "src/api/validate.h"
 #include "src/common/error.h"
 #if defined(SFMOE_WITH_CUDA)
 #include "src/cuda/backend.h"
@@ -11,18 +12,25 @@
 #define SFMOE_CUDA_ARCHS ""
 #endif
 
+namespace {
+
+// An info struct the caller sized (struct_size = sizeof), cleared for the call to fill.
+template <class Info>
+sfmoe_status cleared(const char* context, Info* info, const char* how) {
+  SFMOE_RETURN_IF_ERROR(sfmoe::check_struct(context, "info", info, how));
+  memset(info, 0, sizeof(*info));
+  info->struct_size = sizeof(*info);
+  return SFMOE_SUCCESS;
+}
+
+}  // namespace
+
 extern "C" {
 
 sfmoe_status sfmoe_get_build_info(sfmoe_build_info* info) {
   const char* context = "sfmoe_get_build_info";
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
-    if (info == nullptr) return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: info is NULL", context);
-    if (info->struct_size != sizeof(sfmoe_build_info)) {
-      return sfmoe::fail(SFMOE_ERROR_STRUCT_SIZE, "%s: struct_size is %zu, expected %zu", context,
-                         info->struct_size, sizeof(sfmoe_build_info));
-    }
-    memset(info, 0, sizeof(*info));
-    info->struct_size = sizeof(*info);
+    SFMOE_RETURN_IF_ERROR(cleared(context, info, "sizeof(sfmoe_build_info) as struct_size"));
     info->version_major = SFMOE_VERSION_MAJOR;
     info->version_minor = SFMOE_VERSION_MINOR;
     info->version_patch = SFMOE_VERSION_PATCH;
@@ -44,13 +52,7 @@ sfmoe_status sfmoe_get_build_info(sfmoe_build_info* info) {
 sfmoe_status sfmoe_get_device_info(sfmoe_device_info* info) {
   const char* context = "sfmoe_get_device_info";
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
-    if (info == nullptr) return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: info is NULL", context);
-    if (info->struct_size != sizeof(sfmoe_device_info)) {
-      return sfmoe::fail(SFMOE_ERROR_STRUCT_SIZE, "%s: struct_size is %zu, expected %zu", context,
-                         info->struct_size, sizeof(sfmoe_device_info));
-    }
-    memset(info, 0, sizeof(*info));
-    info->struct_size = sizeof(*info);
+    SFMOE_RETURN_IF_ERROR(cleared(context, info, "sizeof(sfmoe_device_info) as struct_size"));
 #if defined(SFMOE_WITH_CUDA)
     return sfmoe::cuda::fill_device_info(info);
 #else

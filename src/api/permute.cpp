@@ -89,14 +89,8 @@ sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_
       return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH,
                          "%s: tokens must be [T, H] of fp32, bf16 or fp16", context);
     }
-    if (config == nullptr)
-      return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: config is NULL", context);
-    if (config->struct_size != sizeof(sfmoe_permute_config)) {
-      return sfmoe::fail(SFMOE_ERROR_STRUCT_SIZE,
-                         "%s: config struct_size is %zu, expected %zu (use "
-                         "sfmoe_permute_config_init())",
-                         context, config->struct_size, sizeof(sfmoe_permute_config));
-    }
+    SFMOE_RETURN_IF_ERROR(
+        sfmoe::check_struct(context, "config", config, "sfmoe_permute_config_init()"));
     if (config->expert_capacity < 0) {
       return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: expert_capacity must be >= 0", context);
     }

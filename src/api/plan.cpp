@@ -15,23 +15,22 @@ namespace {
 template <class Request, class Plan>
 sfmoe_status check_sizes(const char* context, const Request* request, const Plan* plan,
                          const char* init_name) {
-  if (request == nullptr || plan == nullptr) {
-    return fail(SFMOE_ERROR_NULL_POINTER, "%s: request and plan must not be NULL", context);
-  }
-  if (request->struct_size != sizeof(Request)) {
-    return fail(SFMOE_ERROR_STRUCT_SIZE, "%s: request struct_size is %zu, expected %zu (use %s())",
-                context, request->struct_size, sizeof(Request), init_name);
-  }
-  if (plan->struct_size != sizeof(Plan)) {
-    return fail(SFMOE_ERROR_STRUCT_SIZE,
-                "%s: plan struct_size is %zu, expected %zu (set it to sizeof the plan)", context,
-                plan->struct_size, sizeof(Plan));
-  }
-  return SFMOE_SUCCESS;
+  SFMOE_RETURN_IF_ERROR(check_struct(context, "request", request, init_name));
+  return check_struct(context, "plan", plan, "sizeof the plan as struct_size");
 }
 
 sfmoe_status worded(const char* context, const Outcome& outcome) {
   return outcome.ok() ? SFMOE_SUCCESS : fail_with(context, outcome);
+}
+
+// A planning entry point: the sizes checked, then the planner's outcome worded as `context`'s.
+template <class Request, class Plan>
+sfmoe_status plan_call(const char* context, const char* init_name, const Request* request,
+                       Plan* plan, Outcome (*planner)(const Request&, Plan*)) {
+  return guarded(context, [&]() -> sfmoe_status {
+    SFMOE_RETURN_IF_ERROR(check_sizes(context, request, plan, init_name));
+    return worded(context, planner(*request, plan));
+  });
 }
 
 }  // namespace
@@ -49,12 +48,8 @@ sfmoe_quantize_plan_request sfmoe_quantize_plan_request_init(void) {
 
 sfmoe_status sfmoe_plan_grouped_quantize(const sfmoe_quantize_plan_request* request,
                                          sfmoe_grouped_tensor_plan* plan) {
-  const char* context = "sfmoe_plan_grouped_quantize";
-  return sfmoe::guarded(context, [&]() -> sfmoe_status {
-    SFMOE_RETURN_IF_ERROR(
-        sfmoe::check_sizes(context, request, plan, "sfmoe_quantize_plan_request_init"));
-    return sfmoe::worded(context, sfmoe::ops::plan_grouped_quantize(*request, plan));
-  });
+  return sfmoe::plan_call("sfmoe_plan_grouped_quantize", "sfmoe_quantize_plan_request_init",
+                          request, plan, sfmoe::ops::plan_grouped_quantize);
 }
 
 sfmoe_permute_plan_request sfmoe_permute_plan_request_init(void) {
@@ -66,12 +61,8 @@ sfmoe_permute_plan_request sfmoe_permute_plan_request_init(void) {
 
 sfmoe_status sfmoe_plan_permute(const sfmoe_permute_plan_request* request,
                                 sfmoe_permute_plan* plan) {
-  const char* context = "sfmoe_plan_permute";
-  return sfmoe::guarded(context, [&]() -> sfmoe_status {
-    SFMOE_RETURN_IF_ERROR(
-        sfmoe::check_sizes(context, request, plan, "sfmoe_permute_plan_request_init"));
-    return sfmoe::worded(context, sfmoe::ops::plan_permute(*request, plan));
-  });
+  return sfmoe::plan_call("sfmoe_plan_permute", "sfmoe_permute_plan_request_init", request, plan,
+                          sfmoe::ops::plan_permute);
 }
 
 int64_t sfmoe_permute_workspace_bytes(int64_t num_tokens, int64_t num_experts) {
@@ -88,12 +79,8 @@ sfmoe_activation_plan_request sfmoe_activation_plan_request_init(void) {
 
 sfmoe_status sfmoe_plan_grouped_activation(const sfmoe_activation_plan_request* request,
                                            sfmoe_grouped_tensor_plan* plan) {
-  const char* context = "sfmoe_plan_grouped_activation";
-  return sfmoe::guarded(context, [&]() -> sfmoe_status {
-    SFMOE_RETURN_IF_ERROR(
-        sfmoe::check_sizes(context, request, plan, "sfmoe_activation_plan_request_init"));
-    return sfmoe::worded(context, sfmoe::ops::plan_grouped_activation(*request, plan));
-  });
+  return sfmoe::plan_call("sfmoe_plan_grouped_activation", "sfmoe_activation_plan_request_init",
+                          request, plan, sfmoe::ops::plan_grouped_activation);
 }
 
 int64_t sfmoe_router_workspace_bytes(int64_t tokens, int64_t num_experts) {
@@ -104,13 +91,9 @@ sfmoe_status sfmoe_grouped_tensor_bind(const sfmoe_grouped_tensor_plan* plan, sf
                                        int32_t device, void* base, sfmoe_grouped_tensor* out) {
   const char* context = "sfmoe_grouped_tensor_bind";
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
-    if (plan == nullptr || out == nullptr) {
-      return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: plan and out must not be NULL", context);
-    }
-    if (plan->struct_size != sizeof(sfmoe_grouped_tensor_plan)) {
-      return sfmoe::fail(SFMOE_ERROR_STRUCT_SIZE, "%s: plan struct_size is %zu, expected %zu",
-                         context, plan->struct_size, sizeof(sfmoe_grouped_tensor_plan));
-    }
+    if (out == nullptr) return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: out is NULL", context);
+    SFMOE_RETURN_IF_ERROR(
+        sfmoe::check_struct(context, "plan", plan, "sizeof the plan as struct_size"));
     return sfmoe::worded(context,
                          sfmoe::ops::bind_grouped_tensor(*plan, memory, device, base, out));
   });

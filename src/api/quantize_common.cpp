@@ -14,14 +14,7 @@ bool is_high_precision(sfmoe_dtype d) {
 }
 
 sfmoe_status check_quantize_config(const char* context, const sfmoe_quantize_config* config) {
-  if (config == nullptr) return fail(SFMOE_ERROR_NULL_POINTER, "%s: config is NULL", context);
-  if (config->struct_size != sizeof(sfmoe_quantize_config)) {
-    return fail(SFMOE_ERROR_STRUCT_SIZE,
-                "%s: config struct_size is %zu but this library's sfmoe_quantize_config has %zu "
-                "bytes (use sfmoe_quantize_config_init())",
-                context, config->struct_size, sizeof(sfmoe_quantize_config));
-  }
-  return SFMOE_SUCCESS;
+  return check_struct(context, "config", config, "sfmoe_quantize_config_init()");
 }
 
 sfmoe_status check_high_precision(const char* context, const char* name,

@@ -19,14 +19,7 @@ namespace {
 
 sfmoe_status check_config(const char* context, const sfmoe_router_config* c, int64_t experts,
                           RouterConfig* out) {
-  if (c == nullptr) return fail(SFMOE_ERROR_NULL_POINTER, "%s: config is NULL", context);
-  if (c->struct_size != sizeof(sfmoe_router_config)) {
-    return fail(
-        SFMOE_ERROR_STRUCT_SIZE,
-        "%s: config struct_size is %zu but this library's sfmoe_router_config has %zu bytes "
-        "(use sfmoe_router_config_init())",
-        context, c->struct_size, sizeof(sfmoe_router_config));
-  }
+  SFMOE_RETURN_IF_ERROR(check_struct(context, "config", c, "sfmoe_router_config_init()"));
   const int32_t score = enum_value(c->score);
   if (score != SFMOE_ROUTER_SCORE_SOFTMAX && score != SFMOE_ROUTER_SCORE_SIGMOID) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: unknown score function %d", context,

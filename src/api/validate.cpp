@@ -54,6 +54,17 @@ int64_t scaling_block_cols(sfmoe_scaling scaling) {
 
 }  // namespace
 
+sfmoe_status check_struct_size(const char* context, const char* name, const void* s,
+                               size_t struct_size, size_t expected, const char* init_name) {
+  if (s == nullptr) return fail(SFMOE_ERROR_NULL_POINTER, "%s: %s is NULL", context, name);
+  if (struct_size != expected) {
+    return fail(SFMOE_ERROR_STRUCT_SIZE,
+                "%s: %s struct_size is %zu but this library's struct has %zu bytes (use %s)",
+                context, name, struct_size, expected, init_name);
+  }
+  return SFMOE_SUCCESS;
+}
+
 int64_t tensor_element_count(const sfmoe_tensor* t) {
   int64_t count = 1;
   for (int32_t d = 0; d < t->ndim; ++d) count *= t->shape[d];

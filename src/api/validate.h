@@ -19,6 +19,17 @@ Config sized_zero_config() {
   return c;
 }
 
+// A config, request or info struct the caller made with `init_name` (or sized with sizeof):
+// SFMOE_ERROR_NULL_POINTER when NULL, SFMOE_ERROR_STRUCT_SIZE when its struct_size is not this
+// library's (a header/library mismatch).
+sfmoe_status check_struct_size(const char* context, const char* name, const void* s,
+                               size_t struct_size, size_t expected, const char* init_name);
+template <class Struct>
+sfmoe_status check_struct(const char* context, const char* name, const Struct* s,
+                          const char* init_name) {
+  return check_struct_size(context, name, s, s ? s->struct_size : 0, sizeof(Struct), init_name);
+}
+
 // The integer a caller stored in an enum field or argument. The C API's enums come from C code,
 // where any int is allowed; loading one outside the enumeration's range as the C++ enum type is
 // undefined behaviour, so validation reads the integer and compares it before trusting the enum.
