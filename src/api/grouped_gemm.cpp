@@ -3,15 +3,17 @@
 #include "sfmoe/grouped_gemm.h"
 
 #include <stdint.h>
+#include <string.h>
 
 #include <vector>
 
 #include "sfmoe/quantize.h"
+#include "src/api/quantize_common.h"
 #include "src/api/status_word_impl.h"
 #include "src/api/validate.h"
 #include "src/common/error.h"
-#include "src/cpu/backend.h"
-#include "src/cpu/element_access.h"
+#include "src/common/grouped_gemm_args.h"
+#include "src/ops/backend.h"
 #if defined(SFMOE_WITH_CUDA)
 #include "src/cuda/backend.h"
 #endif
@@ -54,116 +56,74 @@ sfmoe_status expect_weights(const char* context, const char* name, const sfmoe_g
   return SFMOE_SUCCESS;
 }
 
-// The operand's values as FP32 [row_capacity, cols]: unquantized rows widened, quantized ones
-// dequantized from the copy the form reads (rows no group covers stay 0).
-sfmoe_status operand_as_f32(const sfmoe_grouped_tensor* t, bool columnwise, bool hadamard,
-                            std::vector<float>* out) {
-  out->assign(static_cast<size_t>(t->row_capacity * t->cols), 0.0f);
-  if (t->scaling == SFMOE_SCALING_NONE) {
-    for (size_t i = 0; i < out->size(); ++i) {
-      (*out)[i] = cpu::load_value(t->rowwise_data, t->dtype, static_cast<int64_t>(i));
-    }
-    return SFMOE_SUCCESS;
+// An operand as the backends take it. `decoded`: the backend decodes it (the host reference, the
+// device's emulated recipes), so a quantized tensor is checked as a dequantize input is (its
+// scales and amax present) and carries the Hadamard option; the device kernels read the other
+// recipes as they lie, checked by run_on_device.
+sfmoe_status gemm_operand(const char* context, const char* name, const sfmoe_grouped_tensor* t,
+                          bool columnwise, bool hadamard, bool decoded, GemmOperand* out) {
+  out->columnwise = columnwise;
+  GroupedQuantizeArgs& q = out->tensor;
+  if (decoded && t->scaling != SFMOE_SCALING_NONE) {
+    sfmoe_quantize_config config = sfmoe_quantize_config_init();
+    config.hadamard_columnwise = hadamard ? 1 : 0;
+    return describe_quantized(context, name, t, config, &q);
   }
-  sfmoe_grouped_tensor values = *t;
-  values.dtype = SFMOE_DTYPE_FP32;
-  values.scaling = SFMOE_SCALING_NONE;
-  values.scale_layout = SFMOE_SCALE_LAYOUT_COMPACT;
-  values.rowwise_data = out->data();
-  values.rowwise_scale_inv = values.columnwise_data = values.columnwise_scale_inv = nullptr;
-  values.amax = values.columnwise_amax = nullptr;
-  sfmoe_quantize_config config = sfmoe_quantize_config_init();
-  config.hadamard_columnwise = hadamard ? 1 : 0;
-  return sfmoe_grouped_dequantize(
-      t, &values, columnwise ? SFMOE_DEQUANTIZE_COLUMNWISE : SFMOE_DEQUANTIZE_ROWWISE, &config,
-      nullptr);
+  memset(&q, 0, sizeof(q));
+  q.dtype = t->dtype;
+  q.scaling = t->scaling;
+  q.scale_layout = t->scale_layout;
+  q.num_groups = t->num_groups;
+  q.cols = t->cols;
+  q.row_capacity = t->row_capacity;
+  q.row_alignment = t->row_alignment;
+  q.offsets = t->group_offsets;
+  q.uniform_rows = t->group_offsets ? 0 : t->uniform_group_rows;
+  q.rowwise = t->rowwise_data;
+  q.rowwise_scale_inv = t->rowwise_scale_inv;
+  q.columnwise = t->columnwise_data;
+  q.columnwise_scale_inv = t->columnwise_scale_inv;
+  q.amax = t->amax;
+  q.columnwise_amax = t->columnwise_amax;
+  return SFMOE_SUCCESS;
 }
 
 #if defined(SFMOE_WITH_CUDA) && defined(SFMOE_WITH_CUTE)
-// Recipes the device emulates by dequantizing to BF16 (Hopper has no MX / NV block-scaled MMA).
-bool emulated_on_device(int32_t scaling) {
-  return scaling == SFMOE_SCALING_MX_1X32 || scaling == SFMOE_SCALING_NV_1X16 ||
-         scaling == SFMOE_SCALING_NV_16X16;
-}
-
 // The kernels' per-group arguments, in whole 8-byte words.
 int64_t kernel_workspace_bytes(int64_t groups) {
   return (cuda::grouped_gemm_workspace_bytes(groups) + 7) / 8 * 8;
 }
+#endif
 
-// The emulation's workspace: the kernels' part, then a's and b's BF16 values (256-byte aligned).
-struct EmulationWorkspace {
-  int64_t kernel_bytes, a_bytes, b_bytes;
-  int64_t total_bytes() const { return kernel_bytes + a_bytes + b_bytes; }
-};
-EmulationWorkspace emulation_workspace(int64_t groups, int64_t a_rows, int64_t a_cols,
-                                       int64_t b_rows, int64_t b_cols) {
-  auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
-  return EmulationWorkspace{aligned(cuda::grouped_gemm_workspace_bytes(groups)),
-                            aligned(a_rows * a_cols * 2), aligned(b_rows * b_cols * 2)};
-}
-
-sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
+// The operands and a's offsets of a validated call: the copy each form reads
+// (docs/grouped_gemm.md); in wgrad b's rows are grouped by a's offsets.
+sfmoe_status complete_args(const char* context, const sfmoe_grouped_tensor* a,
                            const sfmoe_grouped_tensor* b, const sfmoe_grouped_gemm_config* config,
-                           const sfmoe_grouped_tensor* out, GroupedGemmArgs args,
-                           const sfmoe_tensor* workspace, sfmoe_status_word* word, void* stream);
-
-// MXFP8 / NVFP4 on the device (docs/grouped_gemm.md): the copy each form reads (the one the host
-// reference dequantizes) decoded into BF16 in the workspace, then the BF16 kernels. MXFP8 values
-// (E4M3 or E5M2 times a power of two) are exact in BF16 unless they fall among BF16's subnormals
-// (below 2^-126), where they may round; NVFP4 values times their global decode scale are rounded
-// to BF16 once. In wgrad b is decoded with a's offsets, which the GEMM takes for both.
-sfmoe_status run_emulated(const char* context, const sfmoe_grouped_tensor* a,
-                          const sfmoe_grouped_tensor* b, const sfmoe_grouped_gemm_config* config,
-                          const sfmoe_grouped_tensor* out, const GroupedGemmArgs& args,
-                          const sfmoe_tensor* workspace, sfmoe_status_word* word, void* stream) {
-  for (const sfmoe_grouped_tensor* t : {a, b, out}) {
-    if (t->memory != SFMOE_MEMORY_CUDA || t->device != a->device) {
-      return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: a, b and out must be on the same CUDA device",
-                  context);
-    }
+                           bool a_columnwise, bool b_columnwise, bool decoded,
+                           GroupedGemmArgs* args) {
+  const bool hadamard = config->hadamard_columnwise != 0;
+  SFMOE_RETURN_IF_ERROR(gemm_operand(context, "a", a, a_columnwise, hadamard, decoded, &args->a));
+  SFMOE_RETURN_IF_ERROR(gemm_operand(context, "b", b, b_columnwise, hadamard, decoded, &args->b));
+  if (config->form == SFMOE_GEMM_WGRAD) {
+    args->b.tensor.offsets = a->group_offsets;
+    args->b.tensor.uniform_rows = 0;
   }
-  if (out->dtype != SFMOE_DTYPE_BF16 && out->dtype != SFMOE_DTYPE_FP32) {
-    return fail(SFMOE_ERROR_UNSUPPORTED, "%s: the CUDA grouped GEMM writes BF16 or FP32", context);
-  }
-  if (a->group_offsets == nullptr) {
-    return fail(SFMOE_ERROR_NULL_POINTER, "%s: a needs its group offsets", context);
-  }
-  const EmulationWorkspace layout =
-      emulation_workspace(a->num_groups, a->row_capacity, a->cols, b->row_capacity, b->cols);
-  SFMOE_RETURN_IF_ERROR(expect_workspace(context, workspace, layout.total_bytes(),
-                                         "sfmoe_grouped_gemm_workspace_bytes", nullptr, nullptr));
-  if (workspace->memory != SFMOE_MEMORY_CUDA || workspace->device != a->device) {
-    return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: the workspace must be on a's device", context);
-  }
-  uint8_t* base = static_cast<uint8_t*>(workspace->data);
-  sfmoe_quantize_config decode = sfmoe_quantize_config_init();
-  decode.hadamard_columnwise = config->hadamard_columnwise != 0 ? 1 : 0;
-  // The BF16 operand of t from the copy the form reads.
-  auto dequantized = [&](const sfmoe_grouped_tensor* t, bool columnwise, void* values,
-                         sfmoe_grouped_tensor* as_bf16) -> sfmoe_status {
-    *as_bf16 = *t;
-    as_bf16->dtype = SFMOE_DTYPE_BF16;
-    as_bf16->scaling = SFMOE_SCALING_NONE;
-    as_bf16->scale_layout = SFMOE_SCALE_LAYOUT_COMPACT;
-    as_bf16->rowwise_data = values;
-    as_bf16->rowwise_scale_inv = as_bf16->columnwise_data = as_bf16->columnwise_scale_inv = nullptr;
-    as_bf16->amax = as_bf16->columnwise_amax = nullptr;
-    return sfmoe_grouped_dequantize(
-        t, as_bf16, columnwise ? SFMOE_DEQUANTIZE_COLUMNWISE : SFMOE_DEQUANTIZE_ROWWISE, &decode,
-        stream);
-  };
-  sfmoe_grouped_tensor a16, b16;
-  SFMOE_RETURN_IF_ERROR(
-      dequantized(a, config->form == SFMOE_GEMM_WGRAD, base + layout.kernel_bytes, &a16));
-  sfmoe_grouped_tensor b_rows = *b;
-  if (config->form == SFMOE_GEMM_WGRAD) b_rows.group_offsets = a->group_offsets;
-  SFMOE_RETURN_IF_ERROR(dequantized(&b_rows, config->form != SFMOE_GEMM_FPROP,
-                                    base + layout.kernel_bytes + layout.a_bytes, &b16));
-  // The kernels' part leads the workspace, as the BF16 path expects it.
-  return run_on_device(context, &a16, &b16, config, out, args, workspace, word, stream);
+  args->offsets = a->group_offsets;
+  args->row_capacity = a->row_capacity;
+  return SFMOE_SUCCESS;
 }
-#endif  // SFMOE_WITH_CUDA && SFMOE_WITH_CUTE
+
+// fprop and dgrad: out's offsets receive a's (its rows are a's rows).
+sfmoe_status copy_out_offsets(const ops::Backend& backend, const sfmoe_grouped_tensor* a,
+                              const sfmoe_grouped_gemm_config* config,
+                              const sfmoe_grouped_tensor* out, void* stream) {
+  if (config->form == SFMOE_GEMM_WGRAD || out->group_offsets == nullptr ||
+      out->group_offsets == a->group_offsets || out->uniform_group_rows != 0) {
+    return SFMOE_SUCCESS;
+  }
+  return backend.copy(out->group_offsets, a->group_offsets, sizeof(int64_t) * (a->num_groups + 1),
+                      stream);
+}
 
 // The device path's extra requirements (docs/grouped_gemm.md), then the launch.
 sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
@@ -171,9 +131,12 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
                            const sfmoe_grouped_tensor* out, GroupedGemmArgs args,
                            const sfmoe_tensor* workspace, sfmoe_status_word* word, void* stream) {
 #if defined(SFMOE_WITH_CUDA) && defined(SFMOE_WITH_CUTE)
-  if (emulated_on_device(a->scaling) && emulated_on_device(b->scaling)) {
-    return run_emulated(context, a, b, config, out, args, workspace, word, stream);
-  }
+  // MXFP8 / NVFP4 (emulated): the copy each form reads (the one the host reference decodes)
+  // decoded into BF16 in the workspace by the backend, then the BF16 kernels. MXFP8 values (E4M3
+  // or E5M2 times a power of two) are exact in BF16 unless they fall among BF16's subnormals
+  // (below 2^-126), where they may round; NVFP4 values times their global decode scale are
+  // rounded to BF16 once. In wgrad b is decoded with a's offsets, which the GEMM takes for both.
+  const bool emulated = gemm_emulated_on_device(a->scaling) && gemm_emulated_on_device(b->scaling);
   // Operands: both BF16 rows; both FP8 per-tensor (B E4M3; A E4M3, or E5M2 for gradients); or
   // FP8 blockwise, the DeepSeek-V3 recipe (A 1x128, B = W 128x128, both E4M3; in wgrad B = X
   // 1x128).
@@ -188,7 +151,7 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
       a->dtype == SFMOE_DTYPE_FP8_E4M3 && b->dtype == SFMOE_DTYPE_FP8_E4M3;
   const bool bf16 = a->scaling == SFMOE_SCALING_NONE && b->scaling == SFMOE_SCALING_NONE &&
                     a->dtype == SFMOE_DTYPE_BF16 && b->dtype == SFMOE_DTYPE_BF16;
-  if (!fp8 && !blockwise && !bf16) {
+  if (!fp8 && !blockwise && !bf16 && !emulated) {
     return fail(SFMOE_ERROR_UNSUPPORTED,
                 "%s: the CUDA grouped GEMM takes BF16 x BF16, FP8 per-tensor (E4M3 or E5M2 x "
                 "E4M3), FP8 blockwise (E4M3 1x128 rows x E4M3 128x128 weights; 1x128 x 1x128 in "
@@ -213,8 +176,8 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
   }
   // The copy each form reads (FP8: K-major, docs/grouped_gemm.md).
   const bool quantized = fp8 || blockwise;
-  const bool a_columnwise = quantized && config->form == SFMOE_GEMM_WGRAD;
-  const bool b_columnwise = quantized && config->form != SFMOE_GEMM_FPROP;
+  const bool a_columnwise = (quantized || emulated) && config->form == SFMOE_GEMM_WGRAD;
+  const bool b_columnwise = (quantized || emulated) && config->form != SFMOE_GEMM_FPROP;
   if (quantized) {
     // The kernels read the compact scale matrices; blockwise wgrad reads the columnwise 1x128
     // scales transposed (each group's blocks with one leading dimension, docs/grouped_gemm.md).
@@ -285,7 +248,8 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
     const void* data = t == a && a_columnwise   ? a->columnwise_data
                        : t == b && b_columnwise ? b->columnwise_data
                                                 : t->rowwise_data;
-    if (reinterpret_cast<uintptr_t>(data) % kDataAlignment != 0) {
+    // (emulated operands are decoded into the workspace, whose parts are aligned)
+    if ((!emulated || t == out) && reinterpret_cast<uintptr_t>(data) % kDataAlignment != 0) {
       return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: operand data must be 16-byte aligned",
                   context);
     }
@@ -293,53 +257,30 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
   if (a->group_offsets == nullptr) {
     return fail(SFMOE_ERROR_NULL_POINTER, "%s: a needs its group offsets", context);
   }
-  SFMOE_RETURN_IF_ERROR(expect_workspace(context, workspace, kernel_workspace_bytes(a->num_groups),
+  // The kernels' per-group arguments; emulated operands' BF16 values after them.
+  const int64_t workspace_bytes =
+      emulated ? gemm_emulation_workspace(kernel_workspace_bytes(a->num_groups), a->row_capacity,
+                                          a->cols, b->row_capacity, b->cols)
+                     .total_bytes()
+               : kernel_workspace_bytes(a->num_groups);
+  SFMOE_RETURN_IF_ERROR(expect_workspace(context, workspace, workspace_bytes,
                                          "sfmoe_grouped_gemm_workspace_bytes", nullptr, nullptr));
   if (workspace->memory != SFMOE_MEMORY_CUDA || workspace->device != a->device) {
     return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: the workspace must be on a's device", context);
   }
   SFMOE_RETURN_IF_ERROR(check_word(context, word, a->memory, a->device));
-  GroupedGemmDeviceArgs d{};
-  d.form = args.form;
-  d.num_groups = a->num_groups;
-  d.offsets = a->group_offsets;
-  d.row_capacity = a->row_capacity;
-  d.n = args.n;
-  d.k = args.k;
-  auto operand = [](const sfmoe_grouped_tensor* t, bool columnwise) {
-    GemmDeviceOperand o{};
-    o.data = columnwise ? t->columnwise_data : t->rowwise_data;
-    o.dtype = t->dtype;
-    o.scaling = t->scaling;
-    o.columnwise = columnwise;
-    o.rows = t->row_capacity;
-    if (t->scaling == SFMOE_SCALING_TENSOR || t->scaling == SFMOE_SCALING_BLOCK_1X128) {
-      // the copy read's scales
-      o.scale_inv =
-          static_cast<const float*>(columnwise ? t->columnwise_scale_inv : t->rowwise_scale_inv);
-    } else if (t->scaling == SFMOE_SCALING_BLOCK_128X128) {  // W: the rowwise scales
-      o.scale_inv = static_cast<const float*>(t->rowwise_scale_inv);
-    }
-    return o;
-  };
-  d.a = operand(a, a_columnwise);
-  d.b = operand(b, b_columnwise);
-  d.out = out->rowwise_data;
-  d.out_dtype = out->dtype;
-  d.accumulate = args.accumulate;
-  d.fast_accumulation = fp8 && config->fp8_fast_accumulation != 0;
-  d.workspace = workspace->data;
-  d.workspace_bytes = kernel_workspace_bytes(a->num_groups);
-  d.word = word != nullptr ? word->word : nullptr;
-  SFMOE_RETURN_IF_ERROR(cuda::grouped_gemm(d, stream));
+  SFMOE_RETURN_IF_ERROR(
+      complete_args(context, a, b, config, a_columnwise, b_columnwise, emulated, &args));
+  args.out = out->rowwise_data;
+  args.fast_accumulation = fp8 && config->fp8_fast_accumulation != 0;
+  args.workspace = workspace->data;
+  args.workspace_bytes = workspace_bytes;
+  args.word = word != nullptr ? word->word : nullptr;
+  const ops::Backend& device = ops::backend_for(SFMOE_MEMORY_CUDA);
+  SFMOE_RETURN_IF_ERROR(device.grouped_gemm(args, stream));
   // out shares a's offsets in fprop and dgrad (as on the host); copied once the GEMM is enqueued
   // (it reads a's), so a refused call leaves out's offsets as they were.
-  if (config->form != SFMOE_GEMM_WGRAD && out->group_offsets != nullptr &&
-      out->group_offsets != a->group_offsets && out->uniform_group_rows == 0) {
-    SFMOE_RETURN_IF_ERROR(cuda::copy_device_async(out->group_offsets, a->group_offsets,
-                                                  sizeof(int64_t) * (a->num_groups + 1), stream));
-  }
-  return SFMOE_SUCCESS;
+  return copy_out_offsets(device, a, config, out, stream);
 #else
   (void)a, (void)b, (void)config, (void)out, (void)args, (void)workspace, (void)word, (void)stream;
   return fail(SFMOE_ERROR_UNSUPPORTED,
@@ -362,11 +303,13 @@ int64_t sfmoe_grouped_gemm_workspace_bytes(int64_t num_groups, sfmoe_scaling a_s
   if ((a_cols > 0 && a_rows > most / a_cols) || (b_cols > 0 && b_rows > most / b_cols)) return -1;
 #if defined(SFMOE_WITH_CUDA) && defined(SFMOE_WITH_CUTE)
   if (sfmoe::cuda::device_count() == 0) return 0;
-  if (!sfmoe::emulated_on_device(sfmoe::enum_value(a_scaling)) ||
-      !sfmoe::emulated_on_device(sfmoe::enum_value(b_scaling))) {
+  if (!sfmoe::gemm_emulated_on_device(sfmoe::enum_value(a_scaling)) ||
+      !sfmoe::gemm_emulated_on_device(sfmoe::enum_value(b_scaling))) {
     return sfmoe::kernel_workspace_bytes(num_groups);
   }
-  return sfmoe::emulation_workspace(num_groups, a_rows, a_cols, b_rows, b_cols).total_bytes();
+  return sfmoe::gemm_emulation_workspace(sfmoe::kernel_workspace_bytes(num_groups), a_rows, a_cols,
+                                         b_rows, b_cols)
+      .total_bytes();
 #else
   (void)a_scaling, (void)b_scaling;
   return 0;
@@ -468,22 +411,13 @@ sfmoe_status sfmoe_grouped_gemm(const sfmoe_grouped_tensor* a, const sfmoe_group
     }
     // The copies each form reads (docs/grouped_gemm.md): A's columnwise copy only in wgrad; B's
     // columnwise copy in dgrad (W) and wgrad (X).
-    const bool hadamard = config->hadamard_columnwise != 0;
-    std::vector<float> av, bv;
-    SFMOE_RETURN_IF_ERROR(
-        sfmoe::operand_as_f32(a, config->form == SFMOE_GEMM_WGRAD, hadamard, &av));
-    SFMOE_RETURN_IF_ERROR(
-        sfmoe::operand_as_f32(b, config->form != SFMOE_GEMM_FPROP, hadamard, &bv));
-    args.offsets = a->group_offsets;
-    args.a = av.data();
-    args.b = bv.data();
+    SFMOE_RETURN_IF_ERROR(sfmoe::complete_args(context, a, b, config,
+                                               config->form == SFMOE_GEMM_WGRAD,
+                                               config->form != SFMOE_GEMM_FPROP, true, &args));
     args.out = out->rowwise_data;
-    if (config->form != SFMOE_GEMM_WGRAD && out->group_offsets != nullptr &&
-        out->group_offsets != a->group_offsets && out->uniform_group_rows == 0) {
-      for (int64_t g = 0; g <= groups; ++g) out->group_offsets[g] = a->group_offsets[g];
-    }
-    sfmoe::cpu::grouped_gemm(args);
-    return SFMOE_SUCCESS;
+    const sfmoe::ops::Backend& host = sfmoe::ops::backend_for(SFMOE_MEMORY_HOST);
+    SFMOE_RETURN_IF_ERROR(sfmoe::copy_out_offsets(host, a, config, out, nullptr));
+    return host.grouped_gemm(args, nullptr);
   });
 }
 

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "sfmoe/sfmoe.h"
+#include "src/common/quantize_args.h"
 
 namespace sfmoe {
 
@@ -16,7 +17,8 @@ enum class GroupedGemmForm {
   kWgrad,  // dW_g [N, K] (+)= dY_g^T [N, M_g] . X_g [M_g, K]
 };
 
-struct GroupedGemmArgs {
+// The CPU reference's operands: FP32 values (src/cpu/grouped_gemm.cpp).
+struct GroupedGemmValues {
   GroupedGemmForm form;
   int64_t num_groups;
   const int64_t* offsets;  // [num_groups + 1]: group g owns rows [offsets[g], offsets[g + 1])
@@ -28,7 +30,33 @@ struct GroupedGemmArgs {
   bool accumulate;         // wgrad only: dW += instead of =
 };
 
-// The device path (docs/grouped_gemm.md): each operand as the copy the form's kernel reads, the
+// One operand of a call, as both backends take it: the grouped tensor described as for the
+// grouped quantization (unquantized rows: scaling NONE, the values in `rowwise`; quantized: codes,
+// scales and amax of both copies, config.hadamard_columnwise saying whether the columnwise copy
+// carries the Hadamard transform), and which copy the form reads.
+struct GemmOperand {
+  GroupedQuantizeArgs tensor;
+  bool columnwise;
+};
+
+// One grouped GEMM call (docs/grouped_gemm.md), as the backend table takes it.
+struct GroupedGemmArgs {
+  GroupedGemmForm form;
+  int64_t num_groups;
+  const int64_t* offsets;  // [num_groups + 1], a's (and b's in wgrad)
+  int64_t row_capacity;    // rows of a (and of out in fprop / dgrad)
+  int64_t n, k;            // each group's weight is [n, k]
+  GemmOperand a, b;        // fprop: X, W; dgrad: dY, W; wgrad: dY, X
+  void* out;               // fprop: Y [rows, n]; dgrad: dX [rows, k]; wgrad: dW [num_groups, n, k]
+  sfmoe_dtype out_dtype;
+  bool accumulate;           // wgrad only: dW += instead of =
+  bool fast_accumulation;    // device, FP8 per-tensor: the tensor cores' own accumulation
+  void* workspace;           // device: sfmoe_grouped_gemm_workspace_bytes(...)
+  int64_t workspace_bytes;   // (the host needs none)
+  sfmoe_fault_report* word;  // device: or NULL
+};
+
+// The device kernels (docs/grouped_gemm.md): each operand as the copy the form's kernel reads, the
 // rows' group offsets on the device, a caller workspace for the per-group arguments.
 struct GemmDeviceOperand {
   const void* data;        // the copy read: rowwise [rows, cols], or columnwise [cols, rows]
@@ -58,5 +86,25 @@ struct GroupedGemmDeviceArgs {
   int64_t workspace_bytes;
   sfmoe_fault_report* word;  // or NULL
 };
+
+// MXFP8 / NVFP4 on the device (emulated: Hopper has no block-scaled MMA for them): the workspace
+// holds the kernels' part, then a's and b's BF16 values, each part 256-byte aligned.
+struct GemmEmulationWorkspace {
+  int64_t kernel_bytes, a_bytes, b_bytes;
+  int64_t total_bytes() const { return kernel_bytes + a_bytes + b_bytes; }
+};
+inline GemmEmulationWorkspace gemm_emulation_workspace(int64_t kernel_bytes, int64_t a_rows,
+                                                       int64_t a_cols, int64_t b_rows,
+                                                       int64_t b_cols) {
+  auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+  return GemmEmulationWorkspace{aligned(kernel_bytes), aligned(a_rows * a_cols * 2),
+                                aligned(b_rows * b_cols * 2)};
+}
+
+// The recipes the device emulates by decoding to BF16.
+inline bool gemm_emulated_on_device(int32_t scaling) {
+  return scaling == SFMOE_SCALING_MX_1X32 || scaling == SFMOE_SCALING_NV_1X16 ||
+         scaling == SFMOE_SCALING_NV_16X16;
+}
 
 }  // namespace sfmoe

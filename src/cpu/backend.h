@@ -39,7 +39,8 @@ void unpermute(const UnpermuteArgs& args);
 void unpermute_backward(const UnpermuteBackwardArgs& args);
 
 // Grouped GEMM (docs/grouped_gemm.md): the reference the device GEMMs are checked against, over
-// FP32 operands (the API layer dequantizes quantized ones from the copy each form reads).
+// FP32 operands; grouped_gemm decodes quantized operands from the copy each form reads first.
+void grouped_gemm_values(const GroupedGemmValues& args);
 void grouped_gemm(const GroupedGemmArgs& args);
 
 // Grouped activations (docs/activations.md); with args.quantized, the fused quantization by its

@@ -3,6 +3,8 @@
 // multiply-add), then rounded once to the output dtype. Integer-valued operands whose partial sums
 // stay below 2^24 therefore give exact results in any summation order, which is how the device's
 // tensor-core GEMMs are checked bit for bit.
+#include <vector>
+
 #include "src/cpu/backend.h"
 #include "src/cpu/element_access.h"
 
@@ -22,7 +24,7 @@ float dot(const float* a, int64_t a_step, const float* b, int64_t b_step, int64_
 
 }  // namespace
 
-void grouped_gemm(const GroupedGemmArgs& g) {
+void grouped_gemm_values(const GroupedGemmValues& g) {
   const int64_t n = g.n, k = g.k;
   for (int64_t group = 0; group < g.num_groups; ++group) {
     const int64_t begin = g.offsets[group], end = g.offsets[group + 1];
@@ -56,6 +58,31 @@ void grouped_gemm(const GroupedGemmArgs& g) {
         break;
     }
   }
+}
+
+namespace {
+
+// The operand's values as FP32 [row_capacity, cols] (rowwise orientation): unquantized rows
+// widened, quantized ones decoded from the copy the form reads (rows no group covers stay 0).
+std::vector<float> operand_values(const GemmOperand& o) {
+  const GroupedQuantizeArgs& t = o.tensor;
+  std::vector<float> values(static_cast<size_t>(t.row_capacity * t.cols), 0.0f);
+  if (t.scaling == SFMOE_SCALING_NONE) {
+    for (size_t i = 0; i < values.size(); ++i) {
+      values[i] = load_value(t.rowwise, t.dtype, static_cast<int64_t>(i));
+    }
+    return values;
+  }
+  grouped_dequantize(GroupedDequantizeArgs{t, o.columnwise, values.data(), SFMOE_DTYPE_FP32});
+  return values;
+}
+
+}  // namespace
+
+void grouped_gemm(const GroupedGemmArgs& g) {
+  const std::vector<float> a = operand_values(g.a), b = operand_values(g.b);
+  grouped_gemm_values(GroupedGemmValues{g.form, g.num_groups, g.offsets, g.n, g.k, a.data(),
+                                        b.data(), g.out, g.out_dtype, g.accumulate});
 }
 
 }  // namespace cpu

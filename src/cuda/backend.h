@@ -63,7 +63,11 @@ sfmoe_status activation_backward(const ActivationBackwardArgs& args, void* strea
 // Grouped GEMM on Hopper (docs/grouped_gemm.md). Available only in builds with CUTLASS.
 bool grouped_gemm_available();
 int64_t grouped_gemm_workspace_bytes(int64_t num_groups);
-sfmoe_status grouped_gemm(const GroupedGemmDeviceArgs& args, void* stream);
+// The CUTLASS kernels on operands as they lie (BF16, FP8 per-tensor, FP8 blockwise).
+sfmoe_status launch_grouped_gemm(const GroupedGemmDeviceArgs& args, void* stream);
+// One call of the op: MXFP8 / NVFP4 operands decoded into BF16 in the workspace first (emulated),
+// the rest handed to launch_grouped_gemm. In every CUDA build (without CUTLASS it refuses).
+sfmoe_status grouped_gemm(const GroupedGemmArgs& args, void* stream);
 
 // Router (docs/router.md).
 sfmoe_status router_forward(const RouterForwardArgs& args, void* stream);

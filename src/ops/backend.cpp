@@ -59,6 +59,7 @@ const Backend kCpu = {
     on_host<UnpermuteBackwardArgs, cpu::unpermute_backward>,
     on_host<ActivationArgs, cpu::activation_forward>,
     on_host<ActivationBackwardArgs, cpu::activation_backward>,
+    on_host<GroupedGemmArgs, cpu::grouped_gemm>,
 };
 
 #if defined(SFMOE_WITH_CUDA)
@@ -93,6 +94,7 @@ const Backend kCuda = {
     cuda::unpermute_backward,
     cuda::activation_forward,
     cuda::activation_backward,
+    cuda::grouped_gemm,
 };
 #else
 // Validation refuses CUDA memory in a build without the CUDA backend; a caller that reaches this
@@ -122,6 +124,7 @@ const Backend kNotBuilt = {
     not_built<UnpermuteBackwardArgs>,
     not_built<ActivationArgs>,
     not_built<ActivationBackwardArgs>,
+    not_built<GroupedGemmArgs>,
 };
 #endif
 

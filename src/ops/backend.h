@@ -11,6 +11,7 @@
 #include "src/common/activation_args.h"
 #include "src/common/cast_args.h"
 #include "src/common/group_offsets.h"
+#include "src/common/grouped_gemm_args.h"
 #include "src/common/permute_args.h"
 #include "src/common/quantize_args.h"
 #include "src/common/router_args.h"
@@ -35,6 +36,7 @@ struct Backend {
   sfmoe_status (*unpermute_backward)(const UnpermuteBackwardArgs&, void* stream);
   sfmoe_status (*activation_forward)(const ActivationArgs&, void* stream);
   sfmoe_status (*activation_backward)(const ActivationBackwardArgs&, void* stream);
+  sfmoe_status (*grouped_gemm)(const GroupedGemmArgs&, void* stream);
 };
 
 // The backend of tensors in `memory` (validated: HOST or CUDA).

@@ -27,8 +27,8 @@ constexpr int64_t kGroups = 5, kRows = 115, kN = 24, kK = 40;
 std::vector<float> run(GroupedGemmForm form, const std::vector<float>& a,
                        const std::vector<float>& b, std::vector<float> out,
                        bool accumulate = false) {
-  cpu::grouped_gemm(GroupedGemmArgs{form, kGroups, kOffsets.data(), kN, kK, a.data(), b.data(),
-                                    out.data(), SFMOE_DTYPE_FP32, accumulate});
+  cpu::grouped_gemm_values(GroupedGemmValues{form, kGroups, kOffsets.data(), kN, kK, a.data(),
+                                             b.data(), out.data(), SFMOE_DTYPE_FP32, accumulate});
   return out;
 }
 
@@ -143,8 +143,9 @@ TEST(GroupedGemmCpu, WgradAccumulatorAndBf16Output) {
   const std::vector<float> y32 =
       run(GroupedGemmForm::kFprop, x, w, std::vector<float>(kRows * kN, NAN));
   std::vector<uint16_t> y16(kRows * kN, 0xBEEF);
-  cpu::grouped_gemm(GroupedGemmArgs{GroupedGemmForm::kFprop, kGroups, kOffsets.data(), kN, kK,
-                                    x.data(), w.data(), y16.data(), SFMOE_DTYPE_BF16, false});
+  cpu::grouped_gemm_values(GroupedGemmValues{GroupedGemmForm::kFprop, kGroups, kOffsets.data(), kN,
+                                             kK, x.data(), w.data(), y16.data(), SFMOE_DTYPE_BF16,
+                                             false});
   for (size_t i = 0; i < y16.size(); ++i) ASSERT_EQ(y16[i], numerics::f32_to_bf16(y32[i]));
 }
 
@@ -341,8 +342,8 @@ TEST(GroupedGemmApi, QuantizedOperandsReadTheCopyOfTheirForm) {
               SFMOE_SUCCESS)
         << sfmoe_last_error();
     const std::vector<float> av = dequantized(*c.a, c.a_copy), bv = dequantized(*c.b, c.b_copy);
-    cpu::grouped_gemm(GroupedGemmArgs{c.ref_form, groups, offsets.data(), n, k, av.data(),
-                                      bv.data(), want.data(), SFMOE_DTYPE_FP32, false});
+    cpu::grouped_gemm_values(GroupedGemmValues{c.ref_form, groups, offsets.data(), n, k, av.data(),
+                                               bv.data(), want.data(), SFMOE_DTYPE_FP32, false});
     size_t differ = 0, first = 0;
     for (size_t i = 0; i < got.size(); ++i) {
       if (numerics::f32_to_bits(got[i]) != numerics::f32_to_bits(want[i]) && differ++ == 0)

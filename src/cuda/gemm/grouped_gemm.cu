@@ -84,7 +84,7 @@ int64_t grouped_gemm_workspace_bytes(int64_t num_groups) {
   return blockwise > most ? blockwise : most;
 }
 
-sfmoe_status grouped_gemm(const GroupedGemmDeviceArgs& a, void* stream_pointer) {
+sfmoe_status launch_grouped_gemm(const GroupedGemmDeviceArgs& a, void* stream_pointer) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_pointer);
   if (a.num_groups == 0) return SFMOE_SUCCESS;
   // The tile from the bounds the host knows (gemm_heuristics.h).
