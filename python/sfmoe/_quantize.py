@@ -201,6 +201,72 @@ class GroupedQuantizedTensor:
             return transposed.contiguous() if hasattr(transposed, "contiguous") else transposed.copy()
         return unswizzle_scales(scales, rows, cols // block, dtype=_C.scale_dtype(self.scaling))
 
+    # The array fields, in the order flatten() returns them.
+    ARRAY_FIELDS = (
+        "data",
+        "columnwise_data",
+        "scale_inv",
+        "columnwise_scale_inv",
+        "amax",
+        "columnwise_amax",
+        "group_offsets",
+    )
+
+    def flatten(self):
+        """(arrays, metadata): the arrays present, in ARRAY_FIELDS order, and a hashable tuple of
+        everything else (the names of the arrays present, the layout fields and the scalar options
+        of the config). What a torch custom op returns and a JAX pytree holds;
+        :meth:`unflatten` rebuilds the tensor. The config's tensor_scales and group_amax (inputs of
+        the quantization that made the tensor) do not travel."""
+        present = tuple(name for name in self.ARRAY_FIELDS if getattr(self, name) is not None)
+        c = self.config
+        options = (c.power_of_two_scales, c.stochastic_rounding, c.seed, c.offset, c.hadamard, c.trap_nan_amax)
+        metadata = (
+            present,
+            self.recipe,
+            int(self.dtype),
+            int(self.scale_layout),
+            self.row_alignment,
+            self.rows,
+            self.cols,
+            self.num_groups,
+            self.uniform_group_rows,
+            options,
+        )
+        return tuple(getattr(self, name) for name in present), metadata
+
+    @classmethod
+    def unflatten(cls, arrays, metadata):
+        """The tensor :meth:`flatten` took apart (the arrays may be new ones of the same shapes, e.g.
+        a custom op's outputs)."""
+        present, recipe, dtype, layout, alignment, rows, cols, groups, uniform, options = metadata
+        arrays = tuple(arrays)
+        if len(arrays) != len(present):
+            raise ValueError(f"unflatten: {len(present)} arrays ({', '.join(present)}) expected, got {len(arrays)}")
+        fields = dict.fromkeys(cls.ARRAY_FIELDS)
+        fields.update(zip(present, arrays))
+        power_of_two, stochastic, seed, offset, hadamard, trap = options
+        config = QuantizeConfig(
+            power_of_two_scales=power_of_two,
+            stochastic_rounding=stochastic,
+            seed=seed,
+            offset=offset,
+            hadamard=hadamard,
+            trap_nan_amax=trap,
+        )
+        return cls(
+            **fields,
+            recipe=recipe,
+            dtype=DType(dtype),
+            scale_layout=ScaleLayout(layout),
+            row_alignment=alignment,
+            rows=rows,
+            cols=cols,
+            num_groups=groups,
+            config=config,
+            uniform_group_rows=uniform,
+        )
+
     def _descriptor(self, adapter):
         bind = _binder(adapter)
         return {

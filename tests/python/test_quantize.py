@@ -756,3 +756,40 @@ def test_columnwise_transposed_scale_layout(rng):
     np.testing.assert_array_equal(moved.dequantize(source="rowwise"), compact.dequantize(source="rowwise"))
     with pytest.raises(ValueError, match="fp8_block_1x128 only"):
         sfmoe.quantize(x, "mxfp8", group_offsets=offsets, scale_layout="columnwise_transposed")
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_flatten_and_unflatten_round_trip(rng, recipe):
+    """flatten() gives the arrays present and hashable metadata; unflatten() of copies of those
+    arrays is the same tensor (same fields, same dequantized values), for both copies, uniform
+    groups and the Hadamard option."""
+    variants = [dict(copies="both"), dict(copies="rowwise", power_of_two_scales=recipe.startswith("fp8"))]
+    if recipe == "nvfp4":
+        variants.append(dict(copies="both", hadamard=True, stochastic_rounding=True, seed=7, offset=3))
+    for variant in variants:
+        variant = dict(variant)
+        copies = variant.pop("copies")
+        _, _, _, q = quantize_case(rng, recipe, copies, **variant)
+        arrays, metadata = q.flatten()
+        hash(metadata)
+        assert len(arrays) == len(metadata[0]) and all(a is not None for a in arrays)
+        assert ("columnwise_data" in metadata[0]) == (copies == "both")
+        back = sfmoe.GroupedQuantizedTensor.unflatten([a.copy() for a in arrays], metadata)
+        for name in sfmoe.GroupedQuantizedTensor.ARRAY_FIELDS:
+            mine, theirs = getattr(q, name), getattr(back, name)
+            assert (mine is None) == (theirs is None), name
+            if mine is not None:
+                assert np.array_equal(mine.view(np.uint8), theirs.view(np.uint8)), name
+        assert back.flatten()[1] == metadata
+        assert back.config == q.config or q.config.tensor_scales is not None
+        for source in ("rowwise",) + (("columnwise",) if copies == "both" else ()):
+            assert np.array_equal(back.dequantize(source=source), q.dequantize(source=source), equal_nan=True)
+    w = rng.standard_normal((4 * 128, 128)).astype(np.float32)
+    uniform = sfmoe.quantize(w, recipe, uniform_group_rows=128)
+    arrays, metadata = uniform.flatten()
+    assert "group_offsets" not in metadata[0]
+    back = sfmoe.GroupedQuantizedTensor.unflatten(arrays, metadata)
+    assert back.uniform_group_rows == 128 and back.group_offsets is None
+    assert np.array_equal(back.dequantize(), uniform.dequantize(), equal_nan=True)
+    with pytest.raises(ValueError, match="arrays"):
+        sfmoe.GroupedQuantizedTensor.unflatten(arrays[:-1], metadata)
