@@ -1,0 +1,104 @@
+// The binding of the grouped activations (include/sfmoe/activation.h).
+#include "binding.h"
+
+namespace sfmoe_binding {
+namespace {
+
+// ---- grouped activations
+// -----------------------------------------------------
+
+sfmoe_activation_config activation_config(int32_t kind, double limit, double alpha) {
+  sfmoe_activation_config c = sfmoe_activation_config_init();
+  c.kind = to_enum<sfmoe_activation>(kind);
+  c.limit = static_cast<float>(limit);
+  c.alpha = static_cast<float>(alpha);
+  return c;
+}
+
+void grouped_activation(nb::ndarray<nb::ro> input, int32_t input_dtype,
+                        nb::ndarray<nb::ro> group_offsets, nb::ndarray<nb::ro> group_rows,
+                        int32_t kind, double limit, double alpha, nb::ndarray<> output,
+                        int32_t output_dtype, nb::object amax, uint64_t stream) {
+  const sfmoe_tensor t_in = describe_array("input", input, input_dtype);
+  const sfmoe_tensor t_offsets = describe_array("group_offsets", group_offsets, SFMOE_DTYPE_INT64);
+  const sfmoe_tensor t_rows = describe_array("group_rows", group_rows, SFMOE_DTYPE_INT64);
+  const sfmoe_tensor t_out = describe_array("output", output, output_dtype);
+  const int64_t groups = t_offsets.ndim == 1 ? t_offsets.shape[0] - 1 : 0;
+  const sfmoe_grouped_tensor g_in = rows_descriptor(t_in, groups, 1, t_offsets);
+  sfmoe_grouped_tensor g_out = rows_descriptor(t_out, groups, 1, t_offsets);
+  nb::ndarray<> amax_array;
+  if (!amax.is_none()) {
+    amax_array = nb::cast<nb::ndarray<>>(amax);
+    g_out.amax = static_cast<float*>(describe_array("amax", amax_array, SFMOE_DTYPE_FP32).data);
+  }
+  const sfmoe_activation_config c = activation_config(kind, limit, alpha);
+  call_released([&] {
+    return sfmoe_grouped_activation(&g_in, &t_rows, &c, &g_out, nullptr, stream_pointer(stream));
+  });
+}
+
+// The activation quantized on the fly: `output` is a dict of the quantized grouped tensor's
+// fields (as for grouped_quantize), `config` the quantize options.
+void grouped_activation_quantized(nb::ndarray<nb::ro> input, int32_t input_dtype,
+                                  nb::ndarray<nb::ro> group_offsets, nb::ndarray<nb::ro> group_rows,
+                                  int32_t kind, double limit, double alpha, nb::dict output,
+                                  nb::object config, uint64_t stream) {
+  const char* function = "grouped_activation";
+  const sfmoe_tensor t_in = describe_array("input", input, input_dtype);
+  const sfmoe_tensor t_offsets = describe_array("group_offsets", group_offsets, SFMOE_DTYPE_INT64);
+  const sfmoe_tensor t_rows = describe_array("group_rows", group_rows, SFMOE_DTYPE_INT64);
+  const int64_t groups = t_offsets.ndim == 1 ? t_offsets.shape[0] - 1 : 0;
+  const sfmoe_grouped_tensor g_in = rows_descriptor(t_in, groups, 1, t_offsets);
+  std::vector<nb::ndarray<>> keep;
+  Placement placement;
+  sfmoe_grouped_tensor g_out = describe_grouped(function, "output", output, &keep, &placement);
+  place(&g_out, placement);
+  std::vector<nb::ndarray<nb::ro>> keep_config;
+  const sfmoe_quantize_config q = describe_config(function, config, &keep_config);
+  sfmoe_activation_config c = activation_config(kind, limit, alpha);
+  c.quantize = &q;
+  call_released([&] {
+    return sfmoe_grouped_activation(&g_in, &t_rows, &c, &g_out, nullptr, stream_pointer(stream));
+  });
+}
+
+void grouped_activation_backward(nb::ndarray<nb::ro> input, int32_t input_dtype,
+                                 nb::ndarray<nb::ro> group_offsets, nb::ndarray<nb::ro> group_rows,
+                                 nb::ndarray<nb::ro> d_output, int32_t d_output_dtype, int32_t kind,
+                                 double limit, double alpha, nb::ndarray<> d_input,
+                                 int32_t d_input_dtype, uint64_t stream) {
+  const sfmoe_tensor t_in = describe_array("input", input, input_dtype);
+  const sfmoe_tensor t_offsets = describe_array("group_offsets", group_offsets, SFMOE_DTYPE_INT64);
+  const sfmoe_tensor t_rows = describe_array("group_rows", group_rows, SFMOE_DTYPE_INT64);
+  const sfmoe_tensor t_dout = describe_array("d_output", d_output, d_output_dtype);
+  const sfmoe_tensor t_din = describe_array("d_input", d_input, d_input_dtype);
+  const int64_t groups = t_offsets.ndim == 1 ? t_offsets.shape[0] - 1 : 0;
+  const sfmoe_grouped_tensor g_in = rows_descriptor(t_in, groups, 1, t_offsets);
+  const sfmoe_grouped_tensor g_dout = rows_descriptor(t_dout, groups, 1, t_offsets);
+  const sfmoe_grouped_tensor g_din = rows_descriptor(t_din, groups, 1, t_offsets);
+  const sfmoe_activation_config c = activation_config(kind, limit, alpha);
+  call_released([&] {
+    return sfmoe_grouped_activation_backward(&g_in, &t_rows, &g_dout, &c, &g_din, nullptr,
+                                             stream_pointer(stream));
+  });
+}
+
+}  // namespace
+
+void register_activation(nb::module_& m) {
+  m.def("grouped_activation", &grouped_activation, "input"_a, "input_dtype"_a, "group_offsets"_a,
+        "group_rows"_a, "kind"_a, "limit"_a, "alpha"_a, "output"_a.noconvert(), "output_dtype"_a,
+        "amax"_a.none() = nb::none(), "stream"_a = 0,
+        "sfmoe_grouped_activation (amax: [G] float32 for the group amax, or None).");
+  m.def("grouped_activation_quantized", &grouped_activation_quantized, "input"_a, "input_dtype"_a,
+        "group_offsets"_a, "group_rows"_a, "kind"_a, "limit"_a, "alpha"_a, "output"_a,
+        "config"_a.none(), "stream"_a = 0,
+        "sfmoe_grouped_activation into a quantized output; `output` is a dict of "
+        "sfmoe_grouped_tensor fields.");
+  m.def("grouped_activation_backward", &grouped_activation_backward, "input"_a, "input_dtype"_a,
+        "group_offsets"_a, "group_rows"_a, "d_output"_a, "d_output_dtype"_a, "kind"_a, "limit"_a,
+        "alpha"_a, "d_input"_a.noconvert(), "d_input_dtype"_a, "stream"_a = 0,
+        "sfmoe_grouped_activation_backward.");
+}
+
+}  // namespace sfmoe_binding
