@@ -198,14 +198,9 @@ inline void check_quantize_plans(const MemorySpace& space, uint32_t seed) {
           space.upload(x, values.data(), values.size() * sizeof(float));
           void* x_offsets = space.allocate(offsets.size() * sizeof(int64_t));
           space.upload(x_offsets, offsets.data(), offsets.size() * sizeof(int64_t));
-          sfmoe_grouped_tensor input = sfmoe_grouped_tensor_init();
-          input.memory = space.memory;
-          input.dtype = SFMOE_DTYPE_FP32;
-          input.num_groups = groups;
-          input.row_capacity = rows;
-          input.cols = cols;
-          input.group_offsets = static_cast<int64_t*>(x_offsets);
-          input.rowwise_data = x;
+          const sfmoe_grouped_tensor input =
+              rows_in(space.memory, x, SFMOE_DTYPE_FP32, groups, rows, cols, 1,
+                      static_cast<int64_t*>(x_offsets));
 
           PlannedTensor out(space, plan);
           sfmoe_quantize_config config = sfmoe_quantize_config_init();
@@ -377,15 +372,9 @@ inline void check_activation_plans(const MemorySpace& space, uint32_t seed) {
     space.upload(x_offsets, offsets.data(), offsets.size() * 8);
     void* x_rows = space.allocate(group_rows.size() * 8);
     space.upload(x_rows, group_rows.data(), group_rows.size() * 8);
-    sfmoe_grouped_tensor input = sfmoe_grouped_tensor_init();
-    input.memory = space.memory;
-    input.dtype = SFMOE_DTYPE_FP32;
-    input.num_groups = groups;
-    input.row_capacity = capacity;
-    input.cols = in_cols;
-    input.row_alignment = alignment;
-    input.group_offsets = static_cast<int64_t*>(x_offsets);
-    input.rowwise_data = x;
+    const sfmoe_grouped_tensor input =
+        rows_in(space.memory, x, SFMOE_DTYPE_FP32, groups, capacity, in_cols, alignment,
+                static_cast<int64_t*>(x_offsets));
     sfmoe_activation_plan_request request = sfmoe_activation_plan_request_init();
     request.kind = c.kind;
     request.num_groups = groups;
