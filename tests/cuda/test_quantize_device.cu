@@ -578,7 +578,7 @@ TEST(CudaQuantize, TensorColumnwisePiecesAcrossGroupsAndTheEnd) {
 }
 
 // Compact columnwise MXFP8 and 1x128 scales, staged over units of eight bands when the capacity
-// is a multiple of 1024 rows (docs/KERNEL_NOTES.md q22), stored band by band otherwise and with
+// is a multiple of 1024 rows (whole 32-byte sectors), stored band by band otherwise and with
 // SFMOE_QUANTIZE_UNIT_BANDS=1: the CPU backend's bytes where the last unit has fewer bands, the
 // rows end inside a band (MXFP8: inside a staged word), the last column tile is partial, and
 // (stored band by band) the capacity is an odd number of 32-row blocks.

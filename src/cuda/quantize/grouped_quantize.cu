@@ -444,7 +444,7 @@ struct TileSchedule {
 
 // Compact columnwise scales (MXFP8 [C, R / 32] bytes, FP8 1x128 [C, R / 128] floats) hold a
 // column's scales along the rows: one band puts 4 bytes in each of 128 columns, 128 partial
-// sectors per tile, which cost these recipes 11-13% (docs/KERNEL_NOTES.md q22). So their units
+// sectors per tile, which cost these recipes 11-13% (measured on the H200). So their units
 // span kUnitBands bands, walked down each column tile before the next; the columnwise scales
 // wait in shared memory (scale_stage) and leave as 32 bytes per column, whole sectors when the
 // capacity is a multiple of 1024 rows (launch_codes keeps the former stores otherwise). The other
@@ -1161,8 +1161,8 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
               // split the scale work, segment first + e making (and storing) column e's scale,
               // and the block's lanes take both multipliers by shuffles: one scale per lane
               // instead of two (for BLOCK_1X128 each is two correctly rounded divisions). With
-              // compact scales stored from the kernel this measured slower (docs/KERNEL_NOTES.md
-              // q20), hence the two forms; staged, it is faster (q22).
+              // compact scales stored from the kernel this measured slower, hence the two forms;
+              // with the compact scales staged in shared memory it measured faster.
               const int own = (seg - first_seg) & 1;  // the column whose scale this lane makes
               const float m = __uint_as_float(own ? block_amax[1] : block_amax[0]);
               const BlockScale s = block_scale<S>(m, fp8, pow2, 0.0f, 0.0f);
@@ -1335,7 +1335,7 @@ sfmoe_status launch_tiles(const GroupedQuantizeArgs& a, cudaStream_t stream) {
   // Work units: 32 (rowwise-only) or 16 (columnwise) per resident block over the row bound, so
   // that the last wave is short and each unit's row map is reused over a few column tiles; the
   // columnwise path wants at least 8 tiles per unit (its copy pipeline restarts with every unit).
-  // (docs/KERNEL_NOTES.md q16 has the sweep.)
+  // (A sweep of the unit counts chose these; docs/KERNEL_NOTES.md, grouped quantization.)
   constexpr int64_t unit_bands = kBandsPerUnit<kBanded>;
   const int64_t bands_bound = ((a.row_capacity + kTile - 1) / kTile + unit_bands - 1) / unit_bands;
   sched.col_tiles = (a.cols + kTile - 1) / kTile;
@@ -1468,7 +1468,7 @@ sfmoe_status launch_codes(const GroupedQuantizeArgs& a, cudaStream_t stream) {
     // Compact columnwise scales: banded units (kUnitBands) when each column's scales start on a
     // 32-byte sector (the capacity a multiple of 1024 rows), so that a unit writes whole sectors;
     // unless SFMOE_QUANTIZE_UNIT_BANDS=1 (kept for comparisons). Off the sectors the staging
-    // measured no gain (docs/KERNEL_NOTES.md q22).
+    // measured no gain.
     const char* bands = getenv("SFMOE_QUANTIZE_UNIT_BANDS");
     const int64_t column_bytes =
         a.row_capacity / Recipe<S>::kBlock * (S == SFMOE_SCALING_BLOCK_1X128 ? 4 : 1);
