@@ -4,9 +4,6 @@
 namespace sfmoe_binding {
 namespace {
 
-// ---- grouped activations
-// -----------------------------------------------------
-
 sfmoe_activation_config activation_config(int32_t kind, double limit, double alpha) {
   sfmoe_activation_config c = sfmoe_activation_config_init();
   c.kind = to_enum<sfmoe_activation>(kind);
@@ -15,17 +12,32 @@ sfmoe_activation_config activation_config(int32_t kind, double limit, double alp
   return c;
 }
 
+// What every activation call takes: the input rows in their groups, and each group's real rows.
+struct ActivationInput {
+  sfmoe_tensor offsets, rows;
+  sfmoe_grouped_tensor input;
+  int64_t groups;
+
+  ActivationInput(nb::ndarray<nb::ro> data, int32_t dtype, nb::ndarray<nb::ro> group_offsets,
+                  nb::ndarray<nb::ro> group_rows)
+      : offsets(describe_array("group_offsets", group_offsets, SFMOE_DTYPE_INT64)),
+        rows(describe_array("group_rows", group_rows, SFMOE_DTYPE_INT64)) {
+    groups = offsets.ndim == 1 ? offsets.shape[0] - 1 : 0;
+    input = rows_descriptor(describe_array("input", data, dtype), groups, 1, offsets);
+  }
+
+  // Rows beside the input: the same groups and offsets.
+  sfmoe_grouped_tensor like(const sfmoe_tensor& t) const {
+    return rows_descriptor(t, groups, 1, offsets);
+  }
+};
+
 void grouped_activation(nb::ndarray<nb::ro> input, int32_t input_dtype,
                         nb::ndarray<nb::ro> group_offsets, nb::ndarray<nb::ro> group_rows,
                         int32_t kind, double limit, double alpha, nb::ndarray<> output,
                         int32_t output_dtype, nb::object amax, uint64_t stream) {
-  const sfmoe_tensor t_in = describe_array("input", input, input_dtype);
-  const sfmoe_tensor t_offsets = describe_array("group_offsets", group_offsets, SFMOE_DTYPE_INT64);
-  const sfmoe_tensor t_rows = describe_array("group_rows", group_rows, SFMOE_DTYPE_INT64);
-  const sfmoe_tensor t_out = describe_array("output", output, output_dtype);
-  const int64_t groups = t_offsets.ndim == 1 ? t_offsets.shape[0] - 1 : 0;
-  const sfmoe_grouped_tensor g_in = rows_descriptor(t_in, groups, 1, t_offsets);
-  sfmoe_grouped_tensor g_out = rows_descriptor(t_out, groups, 1, t_offsets);
+  const ActivationInput in(input, input_dtype, group_offsets, group_rows);
+  sfmoe_grouped_tensor g_out = in.like(describe_array("output", output, output_dtype));
   nb::ndarray<> amax_array;
   if (!amax.is_none()) {
     amax_array = nb::cast<nb::ndarray<>>(amax);
@@ -33,7 +45,8 @@ void grouped_activation(nb::ndarray<nb::ro> input, int32_t input_dtype,
   }
   const sfmoe_activation_config c = activation_config(kind, limit, alpha);
   call_released([&] {
-    return sfmoe_grouped_activation(&g_in, &t_rows, &c, &g_out, nullptr, stream_pointer(stream));
+    return sfmoe_grouped_activation(&in.input, &in.rows, &c, &g_out, nullptr,
+                                    stream_pointer(stream));
   });
 }
 
@@ -44,11 +57,7 @@ void grouped_activation_quantized(nb::ndarray<nb::ro> input, int32_t input_dtype
                                   int32_t kind, double limit, double alpha, nb::dict output,
                                   nb::object config, uint64_t stream) {
   const char* function = "grouped_activation";
-  const sfmoe_tensor t_in = describe_array("input", input, input_dtype);
-  const sfmoe_tensor t_offsets = describe_array("group_offsets", group_offsets, SFMOE_DTYPE_INT64);
-  const sfmoe_tensor t_rows = describe_array("group_rows", group_rows, SFMOE_DTYPE_INT64);
-  const int64_t groups = t_offsets.ndim == 1 ? t_offsets.shape[0] - 1 : 0;
-  const sfmoe_grouped_tensor g_in = rows_descriptor(t_in, groups, 1, t_offsets);
+  const ActivationInput in(input, input_dtype, group_offsets, group_rows);
   std::vector<nb::ndarray<>> keep;
   Placement placement;
   sfmoe_grouped_tensor g_out = describe_grouped(function, "output", output, &keep, &placement);
@@ -58,7 +67,8 @@ void grouped_activation_quantized(nb::ndarray<nb::ro> input, int32_t input_dtype
   sfmoe_activation_config c = activation_config(kind, limit, alpha);
   c.quantize = &q;
   call_released([&] {
-    return sfmoe_grouped_activation(&g_in, &t_rows, &c, &g_out, nullptr, stream_pointer(stream));
+    return sfmoe_grouped_activation(&in.input, &in.rows, &c, &g_out, nullptr,
+                                    stream_pointer(stream));
   });
 }
 
@@ -67,18 +77,12 @@ void grouped_activation_backward(nb::ndarray<nb::ro> input, int32_t input_dtype,
                                  nb::ndarray<nb::ro> d_output, int32_t d_output_dtype, int32_t kind,
                                  double limit, double alpha, nb::ndarray<> d_input,
                                  int32_t d_input_dtype, uint64_t stream) {
-  const sfmoe_tensor t_in = describe_array("input", input, input_dtype);
-  const sfmoe_tensor t_offsets = describe_array("group_offsets", group_offsets, SFMOE_DTYPE_INT64);
-  const sfmoe_tensor t_rows = describe_array("group_rows", group_rows, SFMOE_DTYPE_INT64);
-  const sfmoe_tensor t_dout = describe_array("d_output", d_output, d_output_dtype);
-  const sfmoe_tensor t_din = describe_array("d_input", d_input, d_input_dtype);
-  const int64_t groups = t_offsets.ndim == 1 ? t_offsets.shape[0] - 1 : 0;
-  const sfmoe_grouped_tensor g_in = rows_descriptor(t_in, groups, 1, t_offsets);
-  const sfmoe_grouped_tensor g_dout = rows_descriptor(t_dout, groups, 1, t_offsets);
-  const sfmoe_grouped_tensor g_din = rows_descriptor(t_din, groups, 1, t_offsets);
+  const ActivationInput in(input, input_dtype, group_offsets, group_rows);
+  const sfmoe_grouped_tensor g_dout = in.like(describe_array("d_output", d_output, d_output_dtype));
+  const sfmoe_grouped_tensor g_din = in.like(describe_array("d_input", d_input, d_input_dtype));
   const sfmoe_activation_config c = activation_config(kind, limit, alpha);
   call_released([&] {
-    return sfmoe_grouped_activation_backward(&g_in, &t_rows, &g_dout, &c, &g_din, nullptr,
+    return sfmoe_grouped_activation_backward(&in.input, &in.rows, &g_dout, &c, &g_din, nullptr,
                                              stream_pointer(stream));
   });
 }

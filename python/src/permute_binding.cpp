@@ -7,21 +7,36 @@ namespace {
 // ---- permute / unpermute
 // ----------------------------------------------------
 
+// Permute's inputs and its outputs other than the rows, which both forms take.
+struct PermuteArrays {
+  sfmoe_tensor tokens, ids, row_map, kept, dropped, workspace;
+
+  PermuteArrays(nb::ndarray<nb::ro> tokens_array, int32_t dtype, nb::ndarray<nb::ro> topk_ids,
+                nb::ndarray<> map, nb::ndarray<> tokens_per_expert,
+                nb::ndarray<> dropped_per_expert, nb::ndarray<> workspace_array)
+      : tokens(describe_array("tokens", tokens_array, dtype)),
+        ids(describe_array("topk_ids", topk_ids, SFMOE_DTYPE_INT32)),
+        row_map(describe_array("row_map", map, SFMOE_DTYPE_INT64)),
+        kept(describe_array("tokens_per_expert", tokens_per_expert, SFMOE_DTYPE_INT64)),
+        dropped(describe_array("dropped_per_expert", dropped_per_expert, SFMOE_DTYPE_INT64)),
+        workspace(describe_array("workspace", workspace_array, SFMOE_DTYPE_INT32)) {}
+
+  sfmoe_status run(const sfmoe_permute_config& config, const sfmoe_grouped_tensor& permuted,
+                   uint64_t stream) const {
+    return sfmoe_permute(&tokens, &ids, &config, &permuted, &row_map, &kept, &dropped, &workspace,
+                         nullptr, stream_pointer(stream));
+  }
+};
+
 void permute(nb::ndarray<nb::ro> tokens, int32_t dtype, nb::ndarray<nb::ro> topk_ids,
              int64_t expert_capacity, nb::ndarray<> permuted, int64_t num_experts,
              int64_t alignment, nb::ndarray<> group_offsets, nb::ndarray<> row_map,
              nb::ndarray<> tokens_per_expert, nb::ndarray<> dropped_per_expert,
              nb::ndarray<> workspace, nb::object amax, uint64_t stream) {
-  const sfmoe_tensor t_workspace = describe_array("workspace", workspace, SFMOE_DTYPE_INT32);
-  const sfmoe_tensor t_tokens = describe_array("tokens", tokens, dtype);
-  const sfmoe_tensor t_ids = describe_array("topk_ids", topk_ids, SFMOE_DTYPE_INT32);
+  const PermuteArrays arrays(tokens, dtype, topk_ids, row_map, tokens_per_expert,
+                             dropped_per_expert, workspace);
   const sfmoe_tensor t_rows = describe_array("permuted", permuted, dtype);
   const sfmoe_tensor t_offsets = describe_array("group_offsets", group_offsets, SFMOE_DTYPE_INT64);
-  const sfmoe_tensor t_map = describe_array("row_map", row_map, SFMOE_DTYPE_INT64);
-  const sfmoe_tensor t_kept =
-      describe_array("tokens_per_expert", tokens_per_expert, SFMOE_DTYPE_INT64);
-  const sfmoe_tensor t_dropped =
-      describe_array("dropped_per_expert", dropped_per_expert, SFMOE_DTYPE_INT64);
   sfmoe_grouped_tensor g = rows_descriptor(t_rows, num_experts, alignment, t_offsets);
   nb::ndarray<> amax_array;
   if (!amax.is_none()) {  // each expert's amax of its kept rows
@@ -33,10 +48,7 @@ void permute(nb::ndarray<nb::ro> tokens, int32_t dtype, nb::ndarray<nb::ro> topk
   }
   sfmoe_permute_config config = sfmoe_permute_config_init();
   config.expert_capacity = expert_capacity;
-  call_released([&] {
-    return sfmoe_permute(&t_tokens, &t_ids, &config, &g, &t_map, &t_kept, &t_dropped, &t_workspace,
-                         nullptr, stream_pointer(stream));
-  });
+  call_released([&] { return arrays.run(config, g, stream); });
 }
 
 // Permute with the fused quantization: `output` is a dict of the quantized grouped tensor's fields
@@ -46,14 +58,8 @@ void permute_quantized(nb::ndarray<nb::ro> tokens, int32_t dtype, nb::ndarray<nb
                        nb::ndarray<> row_map, nb::ndarray<> tokens_per_expert,
                        nb::ndarray<> dropped_per_expert, nb::ndarray<> workspace, uint64_t stream) {
   const char* function = "permute";
-  const sfmoe_tensor t_tokens = describe_array("tokens", tokens, dtype);
-  const sfmoe_tensor t_ids = describe_array("topk_ids", topk_ids, SFMOE_DTYPE_INT32);
-  const sfmoe_tensor t_map = describe_array("row_map", row_map, SFMOE_DTYPE_INT64);
-  const sfmoe_tensor t_kept =
-      describe_array("tokens_per_expert", tokens_per_expert, SFMOE_DTYPE_INT64);
-  const sfmoe_tensor t_dropped =
-      describe_array("dropped_per_expert", dropped_per_expert, SFMOE_DTYPE_INT64);
-  const sfmoe_tensor t_workspace = describe_array("workspace", workspace, SFMOE_DTYPE_INT32);
+  const PermuteArrays arrays(tokens, dtype, topk_ids, row_map, tokens_per_expert,
+                             dropped_per_expert, workspace);
   std::vector<nb::ndarray<>> keep;
   Placement placement;
   sfmoe_grouped_tensor out = describe_grouped(function, "output", output, &keep, &placement);
@@ -63,10 +69,7 @@ void permute_quantized(nb::ndarray<nb::ro> tokens, int32_t dtype, nb::ndarray<nb
   sfmoe_permute_config c = sfmoe_permute_config_init();
   c.expert_capacity = expert_capacity;
   c.quantize = &q;
-  call_released([&] {
-    return sfmoe_permute(&t_tokens, &t_ids, &c, &out, &t_map, &t_kept, &t_dropped, &t_workspace,
-                         nullptr, stream_pointer(stream));
-  });
+  call_released([&] { return arrays.run(c, out, stream); });
 }
 
 void unpermute(nb::ndarray<nb::ro> rows, int32_t rows_dtype, nb::ndarray<nb::ro> group_offsets,
