@@ -17,10 +17,6 @@
 namespace sfmoe {
 namespace {
 
-bool is_row_dtype(sfmoe_dtype d) {
-  return d == SFMOE_DTYPE_BF16 || d == SFMOE_DTYPE_FP32 || d == SFMOE_DTYPE_FP16;
-}
-
 // A grouped tensor of unquantized rows: `cols` columns, a row dtype, rowwise data only, in the
 // memory space of `home`.
 sfmoe_status expect_rows(const char* context, const char* name, const sfmoe_grouped_tensor* g,
@@ -85,7 +81,7 @@ sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_
   const char* context = "sfmoe_permute";
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
     SFMOE_RETURN_IF_ERROR(sfmoe::validate_tensor(context, "tokens", tokens));
-    if (tokens->ndim != 2 || !sfmoe::is_row_dtype(tokens->dtype)) {
+    if (tokens->ndim != 2 || !sfmoe::is_high_precision(tokens->dtype)) {
       return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH,
                          "%s: tokens must be [T, H] of fp32, bf16 or fp16", context);
     }
@@ -214,7 +210,7 @@ sfmoe_status sfmoe_unpermute(const sfmoe_grouped_tensor* rows, const sfmoe_tenso
   const char* context = "sfmoe_unpermute";
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
     SFMOE_RETURN_IF_ERROR(sfmoe::validate_tensor(context, "out", out));
-    if (out->ndim != 2 || !sfmoe::is_row_dtype(out->dtype)) {
+    if (out->ndim != 2 || !sfmoe::is_high_precision(out->dtype)) {
       return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: out must be [T, H] of fp32, bf16 or fp16",
                          context);
     }
@@ -260,7 +256,7 @@ sfmoe_status sfmoe_unpermute_backward(const sfmoe_tensor* d_out, const sfmoe_gro
   const char* context = "sfmoe_unpermute_backward";
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
     SFMOE_RETURN_IF_ERROR(sfmoe::validate_tensor(context, "d_out", d_out));
-    if (d_out->ndim != 2 || !sfmoe::is_row_dtype(d_out->dtype)) {
+    if (d_out->ndim != 2 || !sfmoe::is_high_precision(d_out->dtype)) {
       return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH,
                          "%s: d_out must be [T, H] of fp32, bf16 or fp16", context);
     }

@@ -9,10 +9,6 @@
 
 namespace sfmoe {
 
-bool is_high_precision(sfmoe_dtype d) {
-  return d == SFMOE_DTYPE_FP32 || d == SFMOE_DTYPE_BF16 || d == SFMOE_DTYPE_FP16;
-}
-
 sfmoe_status check_quantize_config(const char* context, const sfmoe_quantize_config* config) {
   return check_struct(context, "config", config, "sfmoe_quantize_config_init()");
 }

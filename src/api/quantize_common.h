@@ -7,7 +7,6 @@
 
 namespace sfmoe {
 
-bool is_high_precision(sfmoe_dtype d);
 // A config made by sfmoe_quantize_config_init() (struct_size).
 sfmoe_status check_quantize_config(const char* context, const sfmoe_quantize_config* config);
 // FP32 / BF16 / FP16 values, scaling NONE, with rowwise data.

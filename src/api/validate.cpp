@@ -29,23 +29,6 @@ int64_t checked_bytes(int64_t rows, int64_t cols, int bits) {
   return (rows * cols * bits + 7) / 8;
 }
 
-// The dtypes each scaling accepts for its data.
-bool scaling_accepts(sfmoe_scaling scaling, sfmoe_dtype dtype) {
-  switch (scaling) {
-    case SFMOE_SCALING_NONE:
-      return dtype == SFMOE_DTYPE_FP32 || dtype == SFMOE_DTYPE_BF16 || dtype == SFMOE_DTYPE_FP16;
-    case SFMOE_SCALING_TENSOR:
-    case SFMOE_SCALING_BLOCK_1X128:
-    case SFMOE_SCALING_BLOCK_128X128:
-    case SFMOE_SCALING_MX_1X32:
-      return dtype == SFMOE_DTYPE_FP8_E4M3 || dtype == SFMOE_DTYPE_FP8_E5M2;
-    case SFMOE_SCALING_NV_1X16:
-    case SFMOE_SCALING_NV_16X16:
-      return dtype == SFMOE_DTYPE_FP4_E2M1;
-  }
-  return false;
-}
-
 // Elements per scale along the scaled (column) dimension of the rowwise copy.
 int64_t scaling_block_cols(sfmoe_scaling scaling) {
   const int64_t block = scaling_block_size(scaling);

@@ -74,6 +74,29 @@ SFMOE_HD float tensor_scale_of_group(const sfmoe_quantize_config& c, int64_t g, 
              : numerics::fp8_scale_from_amax(group_amax, fp8_max, c.power_of_two_scales != 0);
 }
 
+// FP32, BF16 or FP16: the values of unquantized rows (scaling NONE).
+SFMOE_HD bool is_high_precision(sfmoe_dtype d) {
+  return d == SFMOE_DTYPE_FP32 || d == SFMOE_DTYPE_BF16 || d == SFMOE_DTYPE_FP16;
+}
+
+// The element dtypes each scaling holds: high-precision values for NONE, FP8 codes for the FP8
+// recipes and MXFP8, E2M1 for NVFP4.
+SFMOE_HD bool scaling_accepts(sfmoe_scaling scaling, sfmoe_dtype dtype) {
+  switch (scaling) {
+    case SFMOE_SCALING_NONE:
+      return is_high_precision(dtype);
+    case SFMOE_SCALING_TENSOR:
+    case SFMOE_SCALING_BLOCK_1X128:
+    case SFMOE_SCALING_BLOCK_128X128:
+    case SFMOE_SCALING_MX_1X32:
+      return dtype == SFMOE_DTYPE_FP8_E4M3 || dtype == SFMOE_DTYPE_FP8_E5M2;
+    case SFMOE_SCALING_NV_1X16:
+    case SFMOE_SCALING_NV_16X16:
+      return dtype == SFMOE_DTYPE_FP4_E2M1;
+  }
+  return false;
+}
+
 // Elements per block along the quantized direction (the block height for columnwise copies and
 // the side of 2D blocks); 0 for TENSOR (one scale per group).
 SFMOE_HD int64_t scaling_block_size(sfmoe_scaling scaling) {

@@ -25,16 +25,6 @@ int32_t enum_int(const Enum& field) {
   return value;
 }
 
-bool is_row_dtype(sfmoe_dtype d) {
-  return d == SFMOE_DTYPE_FP32 || d == SFMOE_DTYPE_BF16 || d == SFMOE_DTYPE_FP16;
-}
-
-// The code dtypes a quantized recipe stores.
-bool recipe_accepts(sfmoe_scaling scaling, sfmoe_dtype dtype) {
-  if (scaling_is_nvfp4(scaling)) return dtype == SFMOE_DTYPE_FP4_E2M1;
-  return dtype == SFMOE_DTYPE_FP8_E4M3 || dtype == SFMOE_DTYPE_FP8_E5M2;
-}
-
 // Compact columnwise MX_1X32 / BLOCK_1X128 scales are staged over units of eight 128-row bands
 // and stored as whole 32-byte sectors when every column's scales start on a sector, i.e. when the
 // capacity is a multiple of 1024 rows (docs/quantization.md: 5-8% faster on large inputs). The
@@ -149,7 +139,7 @@ Outcome plan_rowwise_output(sfmoe_dtype dtype, sfmoe_scaling scaling, sfmoe_scal
     return refuse(SFMOE_ERROR_INVALID_ARGUMENT, "unknown dtype %d", static_cast<int>(dtype_value));
   }
   if (scaling == SFMOE_SCALING_NONE) {
-    if (!is_row_dtype(dtype)) {
+    if (!is_high_precision(dtype)) {
       return refuse(SFMOE_ERROR_DTYPE_MISMATCH,
                     "unquantized rows are fp32, bf16 or fp16, not '%s' (give a scaling for codes)",
                     sfmoe_dtype_name(dtype));
@@ -164,7 +154,7 @@ Outcome plan_rowwise_output(sfmoe_dtype dtype, sfmoe_scaling scaling, sfmoe_scal
                     "(given scales) only, not '%s'",
                     allow_nvfp4 ? ", nv_1x16" : "", sfmoe_scaling_name(scaling));
     }
-    if (!recipe_accepts(scaling, dtype)) {
+    if (!scaling_accepts(scaling, dtype)) {
       return refuse(SFMOE_ERROR_DTYPE_MISMATCH, "scaling '%s' cannot hold dtype '%s'",
                     sfmoe_scaling_name(scaling), sfmoe_dtype_name(dtype));
     }
@@ -291,7 +281,7 @@ Outcome plan_grouped_quantize(const sfmoe_quantize_plan_request& r,
   if (dtype_value < 0 || dtype_value >= SFMOE_DTYPE_COUNT) {
     return refuse(SFMOE_ERROR_INVALID_ARGUMENT, "unknown dtype %d", static_cast<int>(dtype_value));
   }
-  if (!recipe_accepts(r.scaling, r.dtype)) {
+  if (!scaling_accepts(r.scaling, r.dtype)) {
     return refuse(SFMOE_ERROR_DTYPE_MISMATCH, "scaling '%s' cannot hold dtype '%s'",
                   sfmoe_scaling_name(r.scaling), sfmoe_dtype_name(r.dtype));
   }
