@@ -8,21 +8,25 @@ ratios; wgrad with a BF16 result (as the peers write) and with an FP32 one, fres
 into a main-grad buffer; plus the capacity case (the same rows in buffers with 2x spare capacity,
 where the work must follow the rows, not the buffer); and the balanced cases again with integer
 inputs, the fill of the stock CUTLASS figures (SFMOE_BENCH_GEMM=inputs runs only that part;
-SFMOE_BENCH_GEMM=quick leaves out the tile sweeps and that part, as tools/gpu_check.sh runs it).
+SFMOE_BENCH_GEMM=quick leaves out the tile sweep and that part, as tools/gpu_check.sh runs it).
 
 sfmoe is timed as REPEAT calls captured in one CUDA graph (device time, as in
 bench_moe_ops_torch.py); each peer both eagerly (as ../shared/peers/peer_baseline.py measured
 them) and captured like sfmoe, and credited with the faster of the two: the H200 runs these GEMMs
 at its power limit, where one kernel's eager figure moves by up to 15% from one measurement to
-the next in the same process (docs/KERNEL_NOTES.md). Each forward case is also timed with every
-tile configuration forced (SFMOE_GEMM_TILE), BF16 and FP8, to check the heuristic's choice
-(src/cuda/gemm/gemm_heuristics.h). Each case's figures are also printed as fractions of the GPU
+the next in the same process (docs/KERNEL_NOTES.md). The tile sweep checks the heuristic's choice
+(src/cuda/heuristics/gemm_tiles.h): the library reads SFMOE_GEMM_TILE once, when it is loaded, so
+the quick benchmark runs again in a child process per tile with that tile forced, and each case's
+figure per tile is printed beside the heuristic's. Each case's figures are also printed as fractions of the GPU
 notes' dense ceilings. Writes JSON to $OUT/bench_grouped_gemm_torch.json when OUT is set.
 """
 
 import json
 import math
 import os
+import subprocess
+import sys
+import tempfile
 
 import sfmoe
 import torch
@@ -81,12 +85,14 @@ def peer(fn):
         return eager
 
 
-# The tiles each recipe compiles (src/cuda/gemm/gemm_heuristics.h), swept per case.
+# The tiles each recipe compiles (src/cuda/heuristics/gemm_tiles.h), swept per case; the result
+# key of each recipe in a case's row.
 RECIPE_TILES = {
     "bf16": ("coop128", "coop256", "pingpong64", "coop256x128", "pingpong128"),
     "fp8": ("coop128", "coop256", "pingpong64"),
     "fp8 fast": ("coop128", "coop256", "coop256x128", "pingpong128"),
 }
+RECIPE_KEY = {"bf16": "sfmoe", "fp8": "sfmoe_fp8", "fp8 fast": "sfmoe_fp8_fast"}
 # SFMOE_BENCH_SWEEP=bf16,fp8 limits the tile sweep to those recipes (default: all; none when quick).
 QUICK = os.environ.get("SFMOE_BENCH_GEMM") == "quick"
 SWEPT = [] if QUICK else [r.strip() for r in os.environ.get("SFMOE_BENCH_SWEEP", ",".join(RECIPE_TILES)).split(",")]
@@ -125,12 +131,36 @@ def print_ceiling_fractions(rows):
         )
 
 
-def forced(tile, fn):
-    os.environ["SFMOE_GEMM_TILE"] = tile
-    try:
-        return ours_ms(fn)
-    finally:
-        del os.environ["SFMOE_GEMM_TILE"]
+def tile_sweep(results):
+    """Each case's figure with every tile its recipe compiles forced, from one child process per
+    tile (the quick benchmark with SFMOE_GEMM_TILE set), beside the heuristic's (results)."""
+    tiles = sorted({t for recipe in SWEPT for t in RECIPE_TILES.get(recipe, ())})
+    per_tile = {}
+    for tile in tiles:
+        with tempfile.TemporaryDirectory() as out:
+            env = dict(os.environ, SFMOE_GEMM_TILE=tile, SFMOE_BENCH_GEMM="quick", OUT=out)
+            child = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True)
+            if child.returncode != 0:
+                print(f"  (tile {tile}: the child failed: {child.stderr.strip()[-200:]})")
+                continue
+            with open(os.path.join(out, "bench_grouped_gemm_torch.json")) as f:
+                per_tile[tile] = {row["case"]: row for row in json.load(f)}
+    print("\ntile sweep (TFLOP/s, one child process per forced tile; [heuristic] is this process's figure)")
+    for row in results:
+        if "M" not in row:
+            continue
+        parts = []
+        for recipe in SWEPT:
+            key = RECIPE_KEY.get(recipe)
+            if key is None or key not in row or (row["case"].startswith("wgrad") and recipe != "bf16"):
+                continue
+            figures = [
+                f"{SHORT[t]} {per_tile[t][row['case']][key]:.0f}"
+                for t in RECIPE_TILES[recipe]
+                if t in per_tile and row["case"] in per_tile[t]
+            ]
+            parts.append(f"{recipe} [{row[key]:.0f}] " + " ".join(figures))
+        print(f"{row['case']:30s} " + " | ".join(parts))
 
 
 def input_sensitivity(dev):
@@ -157,21 +187,13 @@ def input_sensitivity(dev):
                 qw = sfmoe.quantize(w.reshape(experts * n, k), "fp8_tensor", uniform_group_rows=n)
                 figures[fill] = (
                     tflops(flops, ours_ms(lambda: sfmoe.grouped_gemm("fprop", x, w, offsets, out=y))),
-                    *(
-                        tflops(
-                            flops,
-                            forced(tile, lambda: sfmoe.grouped_gemm("fprop", qx, qw, out=y, fast_accumulation=True)),
-                        )
-                        for tile in ("coop256", "pingpong128")
-                    ),
+                    tflops(flops, ours_ms(lambda: sfmoe.grouped_gemm("fprop", qx, qw, out=y, fast_accumulation=True))),
                 )
                 del x, w, y, qx, qw
             cutlass = CUTLASS_FP8.get((name, stage))
             print(
                 f"{name + ' ' + stage:30s} "
-                + " | ".join(
-                    f"{fill}: bf16 {b:.0f}, fp8 fast c256 {c:.0f} p128 {p:.0f}" for fill, (b, c, p) in figures.items()
-                )
+                + " | ".join(f"{fill}: bf16 {b:.0f}, fp8 fast {f:.0f}" for fill, (b, f) in figures.items())
                 + f" | stock cutlass fp8 {cutlass}"
             )
             torch.cuda.empty_cache()
@@ -189,7 +211,6 @@ def main():
         f"{'fp8':>5s} {'fp8 fast':>8s} {'rowwise':>7s} {'ratio':>5s} {'cutlass*':>8s} | {'fp8 block':>9s}   (TFLOP/s)"
     )
     ratios = {"bf16 / grouped_mm": [], "fp8 / scaled_grouped_mm": [], "fp8 fast / scaled_grouped_mm": []}
-    sweeps = []
     emulation_rows = []
     for name, (experts, rows, hidden, ffn) in SHAPES.items():
         for skew in ("balanced", "zipf"):
@@ -222,11 +243,6 @@ def main():
                     emulated[recipe] = tflops(flops, ours_ms(lambda: sfmoe.grouped_gemm("fprop", qxe, qwe, out=ye)))
                     del qxe, qwe, ye
                 emulation_rows.append((f"{name} {skew} {stage}", ours["bf16"], emulated))
-                sweep = {
-                    recipe: {tile: tflops(flops, forced(tile, calls[recipe])) for tile in tiles}
-                    for recipe, tiles in RECIPE_TILES.items()
-                    if recipe in SWEPT
-                }
                 grouped = peer(lambda: torch._grouped_mm(x, w.transpose(1, 2), offs=ends32))
                 xd = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
                 wd = torch.randn(k, n, device=dev, dtype=torch.bfloat16)
@@ -251,7 +267,6 @@ def main():
                     sfmoe_fp8_fast=ours["fp8 fast"],
                     scaled_grouped_mm=fp8 and tflops(flops, fp8),
                     sfmoe_fp8_blockwise=ours["fp8 block"],
-                    tiles=sweep,
                 )
                 results.append(row)
                 if grouped:
@@ -269,7 +284,6 @@ def main():
                     f"{fmt(row['scaled_grouped_mm']):>7s} {ratio(row['sfmoe_fp8_fast'], row['scaled_grouped_mm']):>5s} "
                     f"{fmt(cutlass):>8s} | {row['sfmoe_fp8_blockwise']:9.0f}"
                 )
-                sweeps.append((row["case"], sweep))
                 del x, w, y, xd, wd, x8, w8, qx, qw, qxb, qwb
                 torch.cuda.empty_cache()
     for what, values in ratios.items():
@@ -295,16 +309,6 @@ def main():
         if values:
             geo = math.exp(sum(math.log(r) for r in values) / len(values))
             print(f"geometric mean {recipe} emulated / bf16 over {len(values)} cases: {geo:.2f}x")
-    if SWEPT:
-        print("\ntile sweep (TFLOP/s; the heuristic's choice is the recipe's column above)")
-    for case, sweep in sweeps if SWEPT else ():
-        print(
-            f"{case:30s} "
-            + " | ".join(
-                f"{recipe} " + " ".join(f"{SHORT[t]} {v:.0f}" for t, v in tiles.items())
-                for recipe, tiles in sweep.items()
-            )
-        )
 
     # wgrad, balanced: dW_e [N, K] = dY_e^T X_e.
     print(
@@ -347,17 +351,12 @@ def main():
             scale_layout="columnwise_transposed",
         )
         ours_block = ours_ms(lambda: sfmoe.grouped_gemm("wgrad", qdy, qxc, out=dw16))
-        wgrad_sweep = {
-            tile: tflops(flops, forced(tile, lambda: sfmoe.grouped_gemm("wgrad", dy, x, offsets, out=dw16)))
-            for tile in (RECIPE_TILES["bf16"] if "bf16" in SWEPT else ())
-        }
         row = dict(
             case=f"wgrad {name} fc1",
             M=m,
             N=n,
             K=k,
             sfmoe=tflops(flops, ours16),
-            tiles=wgrad_sweep,
             sfmoe_fp32=tflops(flops, ours32),
             sfmoe_fp32_accumulate=tflops(flops, ours_acc),
             sfmoe_fp8_blockwise=tflops(flops, ours_block),
@@ -371,8 +370,6 @@ def main():
             f"{row['sfmoe'] / row['dense'] if row['dense'] else float('nan'):10.2f} "
             f"{row['sfmoe_fp8_blockwise']:9.0f}   ceiling bf16 {row['sfmoe'] / DENSE_CEILING['bf16']:.1%}, "
             f"fp8 block {row['sfmoe_fp8_blockwise'] / DENSE_CEILING['fp8']:.1%}"
-            + ("   tiles (bf16 out) " if wgrad_sweep else "")
-            + " ".join(f"{SHORT[t]} {v:.0f}" for t, v in wgrad_sweep.items())
         )
         del x, dy, dw, dw16, qdy, qxc
         torch.cuda.empty_cache()
@@ -394,6 +391,8 @@ def main():
         f"ratio {times[2 * m] / times[m]:.3f} (target <= 1.1)"
     )
     results.append(dict(case="capacity", exact_ms=times[m], spare_ms=times[2 * m]))
+    if SWEPT:
+        tile_sweep(results)
     if not QUICK:
         input_sensitivity(dev)
 

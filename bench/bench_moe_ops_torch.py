@@ -12,7 +12,6 @@ time, and as a share of the copy ceiling measured here (torch copy_). Writes JSO
 $OUT/bench_moe_ops_torch.json when OUT is set.
 """
 
-import contextlib
 import json
 import os
 
@@ -50,16 +49,6 @@ def time_torch(fn):
     except Exception:  # noqa: BLE001 -- some torch ops cannot be captured
         graph = None
     return eager, graph
-
-
-@contextlib.contextmanager
-def environment(variable, value):
-    """The library reads these switches at each call, so a capture under them keeps their form."""
-    os.environ[variable] = value
-    try:
-        yield
-    finally:
-        del os.environ[variable]
 
 
 def wanted(section):
@@ -132,9 +121,6 @@ def main():
         fn()
         peer_times = time_torch(peer)
         report(name, time_ours(fn), peer_times)
-        if b is None and kwargs.get("score") == "sigmoid":  # the top k from the logits' order
-            with environment("SFMOE_ROUTER_LOGIT_ORDER", "0"):
-                report(name + " (every sigmoid)", time_ours(fn), peer_times)
 
     routed = sfmoe.router(logits, K, score="sigmoid", normalize=True)
     ids, probs = routed.topk_ids, routed.probs
@@ -162,14 +148,6 @@ def main():
         rows_written = int(out.group_offsets[-1])  # kept rows and zero padding: all written
         nbytes = T * H * 2 + rows_written * H * 2
         report(f"permute, alignment {alignment}", time_ours(fn), torch_permute_times, nbytes)
-        if alignment == 1:  # the earlier forms, captured in the same process
-            for variable, value, what in (
-                ("SFMOE_PERMUTE_COPY", "vector", "vector copy"),
-                ("SFMOE_DEPENDENT_LAUNCH", "0", "no dependent launch"),
-                ("SFMOE_PERMUTE_FUSED_PLACE", "0", "place kernel"),
-            ):
-                with environment(variable, value):
-                    report(f"permute, alignment {alignment} ({what})", time_ours(fn), torch_permute_times, nbytes)
 
     # ---- permute with the fused MXFP8 quantization, against permute then quantize ------------
     def torch_permute_mxfp8():

@@ -37,9 +37,8 @@ struct Case {
   bool columnwise;
   bool hadamard;
   sfmoe_scale_layout layout;
-  bool tile_amax_pass = false;  // SFMOE_QUANTIZE_AMAX=tiles: the earlier amax pass, to compare
-  bool given_scales = false;    // TENSOR: config.tensor_scales (delayed scaling), one pass
-  bool given_amax = false;      // TENSOR, NVFP4: config.group_amax, one pass
+  bool given_scales = false;  // TENSOR: config.tensor_scales (delayed scaling), one pass
+  bool given_amax = false;    // TENSOR, NVFP4: config.group_amax, one pass
 };
 
 }  // namespace
@@ -112,13 +111,13 @@ int main() {
       {"fp8 tensor (amax + cast), +columnwise", SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, true,
        false, SFMOE_SCALE_LAYOUT_COMPACT},
       {"fp8 tensor, given scales (one pass)", SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, false,
-       false, SFMOE_SCALE_LAYOUT_COMPACT, false, true},
+       false, SFMOE_SCALE_LAYOUT_COMPACT, true},
       {"fp8 tensor, given scales, +columnwise", SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, true,
-       false, SFMOE_SCALE_LAYOUT_COMPACT, false, true},
+       false, SFMOE_SCALE_LAYOUT_COMPACT, true},
       {"fp8 tensor, given amax (one pass)", SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, false,
-       false, SFMOE_SCALE_LAYOUT_COMPACT, false, false, true},
+       false, SFMOE_SCALE_LAYOUT_COMPACT, false, true},
       {"fp8 tensor, given amax, +columnwise", SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3, true,
-       false, SFMOE_SCALE_LAYOUT_COMPACT, false, false, true},
+       false, SFMOE_SCALE_LAYOUT_COMPACT, false, true},
       {"fp8 block 1x128", SFMOE_SCALING_BLOCK_1X128, SFMOE_DTYPE_FP8_E4M3, false, false,
        SFMOE_SCALE_LAYOUT_COMPACT},
       {"fp8 block 1x128, +columnwise", SFMOE_SCALING_BLOCK_1X128, SFMOE_DTYPE_FP8_E4M3, true, false,
@@ -140,13 +139,9 @@ int main() {
       {"nvfp4 1x16, +columnwise with RHT", SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, true, true,
        SFMOE_SCALE_LAYOUT_COMPACT},
       {"nvfp4 1x16, given amax (one pass)", SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, false,
-       false, SFMOE_SCALE_LAYOUT_COMPACT, false, false, true},
+       false, SFMOE_SCALE_LAYOUT_COMPACT, false, true},
       {"nvfp4 1x16, given amax, +columnwise", SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, true,
-       false, SFMOE_SCALE_LAYOUT_COMPACT, false, false, true},
-      {"fp8 tensor (amax + cast), tile amax pass", SFMOE_SCALING_TENSOR, SFMOE_DTYPE_FP8_E4M3,
-       false, false, SFMOE_SCALE_LAYOUT_COMPACT, true},
-      {"nvfp4 1x16, tile amax pass", SFMOE_SCALING_NV_1X16, SFMOE_DTYPE_FP4_E2M1, false, false,
-       SFMOE_SCALE_LAYOUT_COMPACT, true},
+       false, SFMOE_SCALE_LAYOUT_COMPACT, false, true},
   };
   char title[96];
   std::snprintf(title, sizeof(title), "grouped quantize [%lld x %lld] bf16, %lld groups",
@@ -186,11 +181,6 @@ int main() {
     config.hadamard_columnwise = c.hadamard;
     config.tensor_scales = c.given_scales ? given : nullptr;
     config.group_amax = c.given_amax ? given_amax : nullptr;
-    if (c.tile_amax_pass) {
-      setenv("SFMOE_QUANTIZE_AMAX", "tiles", 1);
-    } else {
-      unsetenv("SFMOE_QUANTIZE_AMAX");
-    }
     if (sfmoe_grouped_quantize(&in, &q, &config, nullptr, stream) != SFMOE_SUCCESS) {
       std::printf("%-42s failed: %s\n", c.name.c_str(), sfmoe_last_error());
       continue;

@@ -6,7 +6,7 @@
 # Environment: OUT (where logs and JSON go; default /tmp/sfmoe-gpu-check), SFMOE_SANITIZE=0 to
 # skip the sanitizer passes, SFMOE_SKIP_PYTHON=1 to skip the Python extension. The grouped-GEMM
 # benchmark runs without its tile sweeps (SFMOE_BENCH_GEMM=quick) unless SFMOE_BENCH_GEMM is set
-# (e.g. to "all"): the sweeps are for tuning gemm_heuristics.h and take minutes.
+# (e.g. to "all"): the sweeps are for tuning heuristics/gemm_tiles.h and take minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD

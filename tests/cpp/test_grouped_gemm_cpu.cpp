@@ -14,7 +14,7 @@
 #include "sfmoe/numerics.h"
 #include "sfmoe/quantize.h"
 #include "src/cpu/backend.h"
-#include "src/cuda/gemm/gemm_heuristics.h"
+#include "src/cuda/heuristics/gemm_tiles.h"
 #include "tests/cpp/host_descriptors.h"
 #include "tests/cpp/numerics_cases.h"
 
@@ -394,8 +394,8 @@ TEST(GroupedGemmApi, WorkspaceSizePerCall) {
 }  // namespace
 }  // namespace sfmoe
 
-// The tile heuristic (src/cuda/gemm/gemm_heuristics.h, host code): the choices its comment states
-// for the measured shape families, and the SFMOE_GEMM_TILE override.
+// The tile heuristic (src/cuda/heuristics/gemm_tiles.h, host code): the choices its comment states
+// for the measured shape families, and the names SFMOE_GEMM_TILE takes.
 
 namespace sfmoe {
 namespace {
@@ -405,9 +405,6 @@ TEST(GroupedGemmHeuristics, ShapeFamiliesGetTheMeasuredTiles) {
   using cuda::choose_gemm_tile_for;
   using cuda::GemmRecipe;
   using cuda::GemmTile;
-  const char* user_setting = getenv("SFMOE_GEMM_TILE");  // restored at the end
-  const std::string saved = user_setting != nullptr ? user_setting : "";
-  unsetenv("SFMOE_GEMM_TILE");
   // BF16 and accurate FP8: by rows per group (decode-sized groups take the 64-row ping-pong).
   EXPECT_EQ(choose_gemm_tile(GemmRecipe::kBf16, 64, 4096, 7168), GemmTile::kPingpong64x128);
   EXPECT_EQ(choose_gemm_tile(GemmRecipe::kBf16, 512, 1536, 2048), GemmTile::kCooperative128x256);
@@ -460,16 +457,14 @@ TEST(GroupedGemmHeuristics, ShapeFamiliesGetTheMeasuredTiles) {
             GemmTile::kCooperative128x256);
   EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kBf16, 65536, 8, 64, 2048),
             GemmTile::kPingpong64x128);
-  // The override, and an unknown name falling back to the heuristic's choice.
-  setenv("SFMOE_GEMM_TILE", "coop128", 1);
-  EXPECT_EQ(choose_gemm_tile(GemmRecipe::kBf16, 512, 1536, 2048), GemmTile::kCooperative128x128);
-  setenv("SFMOE_GEMM_TILE", "no-such-tile", 1);
-  EXPECT_EQ(choose_gemm_tile(GemmRecipe::kBf16, 512, 1536, 2048), GemmTile::kCooperative128x256);
-  if (user_setting != nullptr) {
-    setenv("SFMOE_GEMM_TILE", saved.c_str(), 1);
-  } else {
-    unsetenv("SFMOE_GEMM_TILE");
-  }
+  // The override's names, and an unknown one (which leaves the heuristic's choice).
+  EXPECT_EQ(cuda::gemm_tile_named("coop128"), GemmTile::kCooperative128x128);
+  EXPECT_EQ(cuda::gemm_tile_named("coop256"), GemmTile::kCooperative128x256);
+  EXPECT_EQ(cuda::gemm_tile_named("pingpong64"), GemmTile::kPingpong64x128);
+  EXPECT_EQ(cuda::gemm_tile_named("coop256x128"), GemmTile::kCooperative256x128);
+  EXPECT_EQ(cuda::gemm_tile_named("pingpong128"), GemmTile::kPingpong128x128);
+  EXPECT_FALSE(cuda::gemm_tile_named("no-such-tile").has_value());
+  EXPECT_FALSE(cuda::gemm_tile_named(nullptr).has_value());
 }
 
 }  // namespace

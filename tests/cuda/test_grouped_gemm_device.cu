@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "sfmoe/grouped_gemm.h"
 #include "sfmoe/numerics/float_formats.h"
 #include "sfmoe/quantize.h"
+#include "src/cuda/heuristics/launch_overrides.h"
 #include "tests/cpp/host_descriptors.h"
 #include "tests/cpp/numerics_cases.h"
 #include "tests/cuda/gpu_test_util.h"
@@ -162,9 +164,13 @@ std::vector<const char*> tiles_to_test(std::initializer_list<const char*> compil
 const std::vector<const char*> kTiles =
     tiles_to_test({"coop128", "coop256", "pingpong64", "coop256x128", "pingpong128"});  // BF16's
 const std::vector<const char*> kFp8Tiles = tiles_to_test({"coop128", "coop256", "pingpong64"});
+// The tile forced for the scope (as SFMOE_GEMM_TILE does at load), then the loaded setting back.
 struct ForcedTile {
-  explicit ForcedTile(const char* tile) { setenv("SFMOE_GEMM_TILE", tile, 1); }
-  ~ForcedTile() { unsetenv("SFMOE_GEMM_TILE"); }
+  explicit ForcedTile(const char* tile) : loaded(cuda::launch_overrides_for_tests().gemm_tile) {
+    cuda::launch_overrides_for_tests().gemm_tile = cuda::gemm_tile_named(tile);
+  }
+  ~ForcedTile() { cuda::launch_overrides_for_tests().gemm_tile = loaded; }
+  std::optional<cuda::GemmTile> loaded;
 };
 
 const char* form_name(sfmoe_gemm_form f) {

@@ -482,41 +482,33 @@ TEST(CudaPermute, PermuteUnpermuteAndBackwardEqualTheCpuBackend) {
     sfmoe_permute_config config = sfmoe_permute_config_init();
     config.expert_capacity = pc.capacity;
     Twin<int32_t> workspace(static_cast<size_t>((sfmoe_permute_workspace_bytes(tokens, E) / 4)), 0);
-    // The place kernel, then (rows of a multiple of 16 bytes) the bulk copy placing its own
-    // token's slots; device outputs poisoned again before each.
-    for (const char* place : {"0", "1"}) {
-      setenv("SFMOE_PERMUTE_FUSED_PLACE", place, 1);
-      SCOPED_TRACE(std::string("SFMOE_PERMUTE_FUSED_PLACE=") + place);
-      CUDA_OK(rows.device.upload(std::vector<uint8_t>(rows.host.size(), 0xA5)));
-      CUDA_OK(row_map.device.upload(std::vector<int64_t>(row_map.host.size(), -7)));
-      CUDA_OK(amax.device.upload(std::vector<float>(amax.host.size(), -5.0f)));
-      for (sfmoe_memory m : kBoth) {
-        const sfmoe_tensor t_ws = tensor_in(m, workspace.on(m), SFMOE_DTYPE_INT32,
-                                            {static_cast<int64_t>(workspace.host.size())});
-        const sfmoe_tensor t_x = tensor_in(m, x.on(m), pc.dtype, {tokens, H});
-        const sfmoe_tensor t_ids = tensor_in(m, ids.on(m), SFMOE_DTYPE_INT32, {tokens, k});
-        sfmoe_grouped_tensor g =
-            rows_in(m, rows.on(m), pc.dtype, E, capacity_rows, H, a, offsets.on(m));
-        g.amax = amax.on(m);
-        const sfmoe_tensor t_map = tensor_in(m, row_map.on(m), SFMOE_DTYPE_INT64, {tokens, k});
-        const sfmoe_tensor t_kept = tensor_in(m, kept.on(m), SFMOE_DTYPE_INT64, {E});
-        const sfmoe_tensor t_dropped = tensor_in(m, dropped.on(m), SFMOE_DTYPE_INT64, {E});
-        ASSERT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g, &t_map, &t_kept, &t_dropped, &t_ws,
-                                nullptr, nullptr),
-                  SFMOE_SUCCESS)
-            << sfmoe_last_error();
-      }
-      CUDA_OK(cudaDeviceSynchronize());
-      EXPECT_TRUE(rows.same("permuted rows (whole buffer)"));
-      EXPECT_TRUE(offsets.same("group offsets"));
-      EXPECT_TRUE(row_map.same("row_map"));
-      EXPECT_TRUE(kept.same("tokens_per_expert"));
-      EXPECT_TRUE(dropped.same("dropped_per_expert"));
-      EXPECT_TRUE(amax.same("each expert's amax"));
-      EXPECT_EQ(kept.host[E - 1], 0);
-      EXPECT_EQ(amax.host[E - 1], 0.0f) << "an expert without rows";
+    // Rows of a multiple of 16 bytes move by the bulk copy placing its own token's slots, the
+    // others (H = 33 BF16, H = 7 FP32) by the place kernel and the vector copy.
+    for (sfmoe_memory m : kBoth) {
+      const sfmoe_tensor t_ws = tensor_in(m, workspace.on(m), SFMOE_DTYPE_INT32,
+                                          {static_cast<int64_t>(workspace.host.size())});
+      const sfmoe_tensor t_x = tensor_in(m, x.on(m), pc.dtype, {tokens, H});
+      const sfmoe_tensor t_ids = tensor_in(m, ids.on(m), SFMOE_DTYPE_INT32, {tokens, k});
+      sfmoe_grouped_tensor g =
+          rows_in(m, rows.on(m), pc.dtype, E, capacity_rows, H, a, offsets.on(m));
+      g.amax = amax.on(m);
+      const sfmoe_tensor t_map = tensor_in(m, row_map.on(m), SFMOE_DTYPE_INT64, {tokens, k});
+      const sfmoe_tensor t_kept = tensor_in(m, kept.on(m), SFMOE_DTYPE_INT64, {E});
+      const sfmoe_tensor t_dropped = tensor_in(m, dropped.on(m), SFMOE_DTYPE_INT64, {E});
+      ASSERT_EQ(sfmoe_permute(&t_x, &t_ids, &config, &g, &t_map, &t_kept, &t_dropped, &t_ws,
+                              nullptr, nullptr),
+                SFMOE_SUCCESS)
+          << sfmoe_last_error();
     }
-    unsetenv("SFMOE_PERMUTE_FUSED_PLACE");
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_TRUE(rows.same("permuted rows (whole buffer)"));
+    EXPECT_TRUE(offsets.same("group offsets"));
+    EXPECT_TRUE(row_map.same("row_map"));
+    EXPECT_TRUE(kept.same("tokens_per_expert"));
+    EXPECT_TRUE(dropped.same("dropped_per_expert"));
+    EXPECT_TRUE(amax.same("each expert's amax"));
+    EXPECT_EQ(kept.host[E - 1], 0);
+    EXPECT_EQ(amax.host[E - 1], 0.0f) << "an expert without rows";
 
     // Unpermute into each output dtype, with and without probabilities.
     std::vector<float> p(tokens * k);
@@ -599,19 +591,22 @@ TEST(CudaPermute, PermuteUnpermuteAndBackwardEqualTheCpuBackend) {
 }
 
 // Rows longer than one bulk-copy segment (32 KiB) move in several segments, padding rows
-// included; the vector copy (SFMOE_PERMUTE_COPY=vector) gives the same bytes. Both against the
-// CPU backend, over poisoned buffers.
+// included; the vector copy (the tokens 4 bytes off a 16-byte boundary) gives the same bytes. Both
+// against the CPU backend, over poisoned buffers.
 TEST(CudaPermute, LongRowsMoveInSegmentsByEitherCopy) {
   SFMOE_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(session_test_seed() + 21);
   const int64_t tokens = 37, E = 8, k = 2, H = 8204, a = 8;  // FP32: 32,816-byte rows
   const int64_t capacity_rows = tokens * k + E * (a - 1) + 3;
-  Twin<uint8_t> x(make_rows(rng, tokens * H, SFMOE_DTYPE_FP32));
+  const std::vector<uint8_t> values = make_rows(rng, tokens * H, SFMOE_DTYPE_FP32);
+  Twin<uint8_t> x(values);
+  // The same rows 4 bytes past the device buffer's start, which rules the bulk copy out.
+  DeviceBuffer<uint8_t> shifted(values.size() + 4);
+  CUDA_OK(cudaMemcpy(shifted.ptr + 4, values.data(), values.size(), cudaMemcpyHostToDevice));
   Twin<int32_t> ids(make_ids(rng, tokens, E, k));
   int checked = 0;
-  for (const char* copy : {"bulk", "vector"}) {
-    SCOPED_TRACE(copy);
-    setenv("SFMOE_PERMUTE_COPY", copy, 1);
+  for (const bool vector : {false, true}) {
+    SCOPED_TRACE(vector ? "vector copy" : "bulk copy");
     Twin<uint8_t> rows(static_cast<size_t>(capacity_rows * H * 4), 0xA5);
     Twin<int64_t> offsets(E + 1, -9), row_map(tokens * k, -7), kept(E, -1);
     Twin<float> amax(E, -5.0f);
@@ -620,7 +615,8 @@ TEST(CudaPermute, LongRowsMoveInSegmentsByEitherCopy) {
     for (sfmoe_memory m : kBoth) {
       const sfmoe_tensor t_ws = tensor_in(m, workspace.on(m), SFMOE_DTYPE_INT32,
                                           {static_cast<int64_t>(workspace.host.size())});
-      const sfmoe_tensor t_x = tensor_in(m, x.on(m), SFMOE_DTYPE_FP32, {tokens, H});
+      uint8_t* x_at = vector && m == SFMOE_MEMORY_CUDA ? shifted.ptr + 4 : x.on(m);
+      const sfmoe_tensor t_x = tensor_in(m, x_at, SFMOE_DTYPE_FP32, {tokens, H});
       const sfmoe_tensor t_ids = tensor_in(m, ids.on(m), SFMOE_DTYPE_INT32, {tokens, k});
       sfmoe_grouped_tensor g =
           rows_in(m, rows.on(m), SFMOE_DTYPE_FP32, E, capacity_rows, H, a, offsets.on(m));
@@ -638,7 +634,6 @@ TEST(CudaPermute, LongRowsMoveInSegmentsByEitherCopy) {
     EXPECT_TRUE(amax.same("each expert's amax (over both segments)"));
     ++checked;
   }
-  unsetenv("SFMOE_PERMUTE_COPY");
   std::printf(
       "[ permute ] 32,816-byte rows (2 bulk segments) and the vector copy: %d cases "
       "bit-exact vs CPU\n",

@@ -9,6 +9,7 @@
 #include "sfmoe/numerics.h"
 #include "sfmoe/quantize.h"
 #include "src/common/quantize_args.h"
+#include "src/cuda/heuristics/launch_overrides.h"
 #include "tests/cpp/numerics_cases.h"
 #include "tests/cuda/gpu_test_util.h"
 
@@ -447,8 +448,8 @@ TEST(CudaQuantize, NanTrapsOncePerBlockAsTheCpuBackend) {
   EXPECT_GE(cases, 4);
 }
 
-// FP8 per-tensor scaling and NVFP4, with either amax pass (the row stream, also with runs that
-// cross groups, and the tile kernel's pass that SFMOE_QUANTIZE_AMAX=tiles selects), and FP8 with
+// FP8 per-tensor scaling and NVFP4 with the amax row stream (also with runs that cross groups),
+// and FP8 with
 // given scales, where the codes kernel folds the amax itself: the CPU backend's bytes on small and
 // on many-band problems (empty groups, groups of 1, 31 and 33 rows, groups spanning many bands).
 // The values are finite except for a NaN in group 7 and an Inf in group 8, so that most groups'
@@ -497,30 +498,19 @@ TEST(CudaQuantize, GroupScalesFromRealAmaxesEqualTheCpuBackend) {
         }
       }
     }
-    // The row stream with its own run length, with runs of 37 rows (which cross the 16-row
-    // aligned group starts, so that warps fold several groups and walk past empty ones), and the
-    // tile kernel's pass.
-    struct Form {
-      const char* amax_pass;
-      const char* rows_per_warp;
-    };
-    for (const Form form : {Form{"rows", nullptr}, Form{"rows", "37"}, Form{"tiles", nullptr}}) {
-      setenv("SFMOE_QUANTIZE_AMAX", form.amax_pass, 1);
-      if (form.rows_per_warp != nullptr) {
-        setenv("SFMOE_QUANTIZE_AMAX_ROWS_PER_WARP", form.rows_per_warp, 1);
-      } else {
-        unsetenv("SFMOE_QUANTIZE_AMAX_ROWS_PER_WARP");
-      }
+    // The row stream with its own run length, and with runs of 37 rows (which cross the 16-row
+    // aligned group starts, so that warps fold several groups and walk past empty ones).
+    for (const int64_t rows_per_warp : {int64_t{0}, int64_t{37}}) {
+      cuda::launch_overrides_for_tests().amax_rows_per_warp = rows_per_warp;
       for (Recipe rc : recipes) {
         rc.name += std::string(" [") + std::to_string(p.in_offsets.back()) + " x " +
-                   std::to_string(p.cols) + "] amax pass " + form.amax_pass + " rows per warp " +
-                   (form.rows_per_warp ? form.rows_per_warp : "default");
+                   std::to_string(p.cols) + "] amax rows per warp " +
+                   (rows_per_warp > 0 ? std::to_string(rows_per_warp) : std::string("default"));
         EXPECT_TRUE(compare_backends(p, rc)) << rc.name;
         ++compared;
       }
     }
-    unsetenv("SFMOE_QUANTIZE_AMAX");
-    unsetenv("SFMOE_QUANTIZE_AMAX_ROWS_PER_WARP");
+    cuda::launch_overrides_for_tests().amax_rows_per_warp = 0;
   }
   std::printf(
       "[ quantize ] fp8 tensor and nvfp4 with real amaxes, every amax pass: %d cases compared\n",
@@ -578,10 +568,10 @@ TEST(CudaQuantize, TensorColumnwisePiecesAcrossGroupsAndTheEnd) {
 }
 
 // Compact columnwise MXFP8 and 1x128 scales, staged over units of eight bands when the capacity
-// is a multiple of 1024 rows (whole 32-byte sectors), stored band by band otherwise and with
-// SFMOE_QUANTIZE_UNIT_BANDS=1: the CPU backend's bytes where the last unit has fewer bands, the
-// rows end inside a band (MXFP8: inside a staged word), the last column tile is partial, and
-// (stored band by band) the capacity is an odd number of 32-row blocks.
+// is a multiple of 1024 rows (whole 32-byte sectors), stored band by band otherwise: the CPU
+// backend's bytes where the last unit has fewer bands, the rows end inside a band (MXFP8: inside a
+// staged word), the last column tile is partial, and (stored band by band) the capacity is an odd
+// number of 32-row blocks.
 TEST(CudaQuantize, CompactColumnwiseScalesStagedOverBands) {
   SFMOE_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(session_test_seed() + 13);
@@ -596,18 +586,11 @@ TEST(CudaQuantize, CompactColumnwiseScalesStagedOverBands) {
                              SFMOE_SCALE_LAYOUT_COMPACT, pow2, "fp8 1x128 pow2 both"}};
   struct Form {
     const char* name;
-    bool staged;      // capacity a multiple of 1024 rows
-    const char* env;  // SFMOE_QUANTIZE_UNIT_BANDS, or NULL
+    bool staged;  // capacity a multiple of 1024 rows
   };
-  const Form forms[] = {
-      {"staged", true, nullptr}, {"off the sectors", false, nullptr}, {"unit bands 1", true, "1"}};
+  const Form forms[] = {{"staged", true}, {"off the sectors", false}};
   int compared = 0;
   for (const Form& form : forms) {
-    if (form.env != nullptr) {
-      setenv("SFMOE_QUANTIZE_UNIT_BANDS", form.env, 1);
-    } else {
-      unsetenv("SFMOE_QUANTIZE_UNIT_BANDS");
-    }
     for (const Recipe& base : recipes) {
       for (int shape = 0; shape < 2; ++shape) {
         const bool mx = base.scaling == SFMOE_SCALING_MX_1X32;
@@ -629,7 +612,6 @@ TEST(CudaQuantize, CompactColumnwiseScalesStagedOverBands) {
       }
     }
   }
-  unsetenv("SFMOE_QUANTIZE_UNIT_BANDS");
   std::printf("[ quantize ] compact columnwise scales, staged and not: %d cases compared\n",
               compared);
 }

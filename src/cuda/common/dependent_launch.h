@@ -6,12 +6,11 @@
 // count clearing and forward) so loses the launch gap between kernels, and a kernel can load its
 // own inputs (those written before the chain) while the previous one finishes. The dependency is
 // recorded by stream capture, so the chain stays graph-capturable; in an ordinary launch both
-// device calls are no-ops.
+// device calls are no-ops. (Launched as ordinary kernels, permute's chain ran about 1.3% slower:
+// docs/KERNEL_NOTES.md, permute v4 and v6.)
 #pragma once
 
 #include <cuda_runtime.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include <utility>
 
@@ -26,13 +25,6 @@ __device__ __forceinline__ void wait_for_previous_kernel() {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 }
 
-// Whether launch_dependent() makes programmatic dependents: yes unless SFMOE_DEPENDENT_LAUNCH=0
-// (then it launches as <<<>>> does; for comparisons).
-inline bool dependent_launch_enabled() {
-  const char* setting = getenv("SFMOE_DEPENDENT_LAUNCH");
-  return setting == nullptr || strcmp(setting, "0") != 0;
-}
-
 // kernel<<<grid, block, shared_bytes, stream>>>(args...) as the programmatic dependent of the
 // work before it on the stream.
 template <class... KernelArgs, class... Args>
@@ -40,7 +32,7 @@ cudaError_t launch_dependent(void (*kernel)(KernelArgs...), dim3 grid, dim3 bloc
                              size_t shared_bytes, cudaStream_t stream, Args&&... args) {
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = dependent_launch_enabled() ? 1 : 0;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;

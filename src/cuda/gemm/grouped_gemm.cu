@@ -1,7 +1,7 @@
 // Grouped GEMM on Hopper (docs/grouped_gemm.md): the BF16 kernels, the dispatch by recipe, output
-// dtype and tile (gemm_heuristics.h), and the workspace size. The FP8 recipes compile in their own
-// translation units (grouped_gemm_fp8_tensor.cu, grouped_gemm_blockwise.cu); the machinery all
-// share is in grouped_gemm_kernels.cuh.
+// dtype and tile (heuristics/gemm_tiles.h), and the workspace size. The FP8 recipes compile in
+// their own translation units (grouped_gemm_fp8_tensor.cu, grouped_gemm_blockwise.cu); the
+// machinery all share is in grouped_gemm_kernels.cuh.
 #include "src/cuda/gemm/grouped_gemm_kernels.cuh"
 
 namespace sfmoe {
@@ -87,10 +87,11 @@ int64_t grouped_gemm_workspace_bytes(int64_t num_groups) {
 sfmoe_status launch_grouped_gemm(const GroupedGemmDeviceArgs& a, void* stream_pointer) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_pointer);
   if (a.num_groups == 0) return SFMOE_SUCCESS;
-  // The tile from the bounds the host knows (gemm_heuristics.h).
+  // The tile from the bounds the host knows (heuristics/gemm_tiles.h), unless SFMOE_GEMM_TILE
+  // named one at load.
   const GemmRecipe recipe = recipe_of(a);
-  const GemmTile tile =
-      choose_gemm_tile_for(a.form, recipe, a.row_capacity, a.num_groups, a.n, a.k);
+  const GemmTile tile = launch_overrides().gemm_tile.value_or(
+      choose_gemm_tile_for(a.form, recipe, a.row_capacity, a.num_groups, a.n, a.k));
   switch (recipe) {
     case GemmRecipe::kFp8Blockwise:
       return grouped_gemm_blockwise(a, tile, stream);

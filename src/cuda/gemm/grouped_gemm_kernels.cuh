@@ -40,7 +40,7 @@
 #include "src/common/fault.h"
 #include "src/cuda/backend.h"
 #include "src/cuda/common/cuda_check.h"
-#include "src/cuda/gemm/gemm_heuristics.h"
+#include "src/cuda/heuristics/launch_overrides.h"
 
 namespace sfmoe {
 namespace cuda {
@@ -55,7 +55,7 @@ using Bf16 = cutlass::bfloat16_t;
 using E4M3 = cutlass::float_e4m3_t;
 using E5M2 = cutlass::float_e5m2_t;
 
-// The tile configurations (gemm_heuristics.h): tile M x N (K: 128 bytes of the operands), the
+// The tile configurations (heuristics/gemm_tiles.h): tile M x N (K: 128 bytes of the operands), the
 // cluster (M x N), and the cooperative or ping-pong kernel / epilogue schedules.
 template <int kM, int kN, int kClusterM, bool kPingpong, bool kFp8, int kClusterN = 1>
 struct TileConfigOf {
@@ -451,8 +451,8 @@ using ColumnMajor = cutlass::layout::ColumnMajor;
 
 }  // namespace grouped_gemm_detail
 
-// The recipes' translation units: the launch on the tile chosen by gemm_heuristics.h (a tile the
-// recipe does not compile runs its default), and the workspace their kernels need.
+// The recipes' translation units: the launch on the tile chosen by heuristics/gemm_tiles.h (a tile
+// the recipe does not compile runs its default), and the workspace their kernels need.
 sfmoe_status grouped_gemm_fp8_tensor(const GroupedGemmDeviceArgs& a, GemmTile tile,
                                      cudaStream_t stream);
 int64_t grouped_gemm_fp8_tensor_workspace_bytes(int64_t num_groups);

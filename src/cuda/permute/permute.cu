@@ -17,8 +17,6 @@
 // Unpermute: one block per token gathers its k rows, FP32 sums in slot order. Its backward: one
 // block per token scatters probs * d_out and reduces d_probs; padding blocks write zeros.
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "sfmoe/numerics/float_formats.h"
 #include "sfmoe/numerics/scale_swizzle.h"
@@ -32,20 +30,16 @@
 #include "src/cuda/common/raw_amax.h"
 #include "src/cuda/common/rowwise_quantize.h"
 #include "src/cuda/common/vector_io.h"
+#include "src/cuda/heuristics/permute_launch.h"
 
 namespace sfmoe {
 namespace cuda {
 namespace {
 
 constexpr int kCopyThreads = 256;
-// The plain row copy's block and the vectors each thread keeps in flight (tuning knobs).
-#ifndef SFMOE_PERMUTE_COPY_THREADS
-#define SFMOE_PERMUTE_COPY_THREADS 128
-#endif
-#ifndef SFMOE_PERMUTE_COPY_UNROLL
-#define SFMOE_PERMUTE_COPY_UNROLL 8
-#endif
-constexpr int kRowCopyThreads = SFMOE_PERMUTE_COPY_THREADS;
+// The vector row copy's block and the vectors each thread keeps in flight.
+constexpr int kRowCopyThreads = 128;
+constexpr int kRowCopyUnroll = 8;
 static_assert(kRowCopyThreads >= kMaxDevicePermuteTopK, "a thread per slot places the rows");
 constexpr int kMaxDeviceSlots = kMaxDevicePermuteTopK;
 constexpr int kPaddingSplit = 8;  // blocks per expert that write its padding rows
@@ -212,7 +206,7 @@ __device__ __forceinline__ uint32_t warp_max(uint32_t v) {
 template <class Vec>
 __device__ __forceinline__ void copy_row_to(const Vec* source, Vec* const* destinations, int count,
                                             int64_t vectors) {
-  constexpr int kUnroll = SFMOE_PERMUTE_COPY_UNROLL;
+  constexpr int kUnroll = kRowCopyUnroll;
   for (int64_t first = threadIdx.x; first < vectors; first += blockDim.x * kUnroll) {
     Vec value[kUnroll];
 #pragma unroll
@@ -299,8 +293,8 @@ static_assert(kChunkTokens == 2 * kBulkThreads, "a lane reads two tokens of a ra
 constexpr int kBulkSlotsPerLane = (kMaxDeviceSlots + kBulkThreads - 1) / kBulkThreads;
 constexpr int64_t kBulkSegmentBytes = 32768;
 
-// With kPlaces, the block also does permute_place_kernel's work for its token (the place kernel
-// is then not launched): before waiting for the scan it finds each slot's expert and its rank among
+// The block also does permute_place_kernel's work for its token (the place kernel is not
+// launched before it): before waiting for the scan it finds each slot's expert and its rank among
 // the chunk's earlier tokens (lane l reads tokens l and l + 32 of the chunk and marks which slots'
 // experts they name; a ballot per slot counts them), and after it adds the chunk's base rank and
 // the expert's offset, writes the row map and reports bad ids, as the place kernel does.
@@ -312,13 +306,12 @@ struct PlaceArgs {
   sfmoe_fault_report* word;
 };
 
-template <bool kPlaces>
 __global__ void __launch_bounds__(kBulkThreads)
     permute_bulk_copy_kernel(const uint8_t* tokens, int64_t num_tokens, int64_t top_k,
                              int64_t row_bytes, int64_t segment_bytes, int64_t row_capacity,
                              const int64_t* offsets, const int64_t* tokens_per_expert,
-                             const int64_t* row_map, uint8_t* permuted, PlaceArgs place,
-                             sfmoe_dtype dtype, float* group_amax) {
+                             uint8_t* permuted, PlaceArgs place, sfmoe_dtype dtype,
+                             float* group_amax) {
   extern __shared__ __align__(128) uint8_t staged[];
   __shared__ uint64_t loaded;
   __shared__ int32_t slot_expert[kMaxDeviceSlots];
@@ -333,73 +326,63 @@ __global__ void __launch_bounds__(kBulkThreads)
       bulk_load_to_shared(staged, tokens + b * row_bytes, bytes, &loaded);
     }
     int64_t rows[kBulkSlotsPerLane];
-    int32_t expert[kBulkSlotsPerLane];  // the slots' experts (placing, or folding the amax)
+    int32_t expert[kBulkSlotsPerLane];  // the slots' experts
     bool stores = false;
 #pragma unroll
     for (int i = 0; i < kBulkSlotsPerLane; ++i) {
       const int64_t slot = lane + i * kBulkThreads;
-      expert[i] =
-          (kPlaces || group_amax != nullptr) && slot < top_k ? place.ids[b * top_k + slot] : -1;
+      expert[i] = slot < top_k ? place.ids[b * top_k + slot] : -1;
     }
-    if constexpr (kPlaces) {
-      // Each slot's expert, whether it counts (in [0, E) and not named by an earlier slot), and
-      // its rank among the chunk's earlier tokens that name it.
+    // Each slot's expert, whether it counts (in [0, E) and not named by an earlier slot), and
+    // its rank among the chunk's earlier tokens that name it.
 #pragma unroll
-      for (int i = 0; i < kBulkSlotsPerLane; ++i) {
-        const int64_t slot = lane + i * kBulkThreads;
-        if (slot < top_k) slot_expert[slot] = expert[i];
-      }
-      __syncwarp();
-      bool valid[kBulkSlotsPerLane];
+    for (int i = 0; i < kBulkSlotsPerLane; ++i) {
+      const int64_t slot = lane + i * kBulkThreads;
+      if (slot < top_k) slot_expert[slot] = expert[i];
+    }
+    __syncwarp();
+    bool valid[kBulkSlotsPerLane];
 #pragma unroll
-      for (int i = 0; i < kBulkSlotsPerLane; ++i) {
-        const int64_t slot = lane + i * kBulkThreads;
-        valid[i] = slot < top_k && expert[i] >= 0 && expert[i] < place.experts;
-        for (int64_t j = 0; valid[i] && j < slot; ++j) valid[i] = slot_expert[j] != expert[i];
-      }
-      const int64_t chunk = b / kChunkTokens, chunk_first = chunk * kChunkTokens;
-      uint64_t names[2] = {0u, 0u};  // bit s: the lane's token names slot s's expert (s < 64)
+    for (int i = 0; i < kBulkSlotsPerLane; ++i) {
+      const int64_t slot = lane + i * kBulkThreads;
+      valid[i] = slot < top_k && expert[i] >= 0 && expert[i] < place.experts;
+      for (int64_t j = 0; valid[i] && j < slot; ++j) valid[i] = slot_expert[j] != expert[i];
+    }
+    const int64_t chunk = b / kChunkTokens, chunk_first = chunk * kChunkTokens;
+    uint64_t names[2] = {0u, 0u};  // bit s: the lane's token names slot s's expert (s < 64)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t other = chunk_first + lane + h * kBulkThreads;
-        if (other >= b) continue;
-        for (int64_t j = 0; j < top_k; ++j) {
-          const int32_t id = place.ids[other * top_k + j];
-          for (int64_t s = 0; s < top_k; ++s) {
-            if (slot_expert[s] == id) names[h] |= uint64_t{1} << s;
-          }
+    for (int h = 0; h < 2; ++h) {
+      const int64_t other = chunk_first + lane + h * kBulkThreads;
+      if (other >= b) continue;
+      for (int64_t j = 0; j < top_k; ++j) {
+        const int32_t id = place.ids[other * top_k + j];
+        for (int64_t s = 0; s < top_k; ++s) {
+          if (slot_expert[s] == id) names[h] |= uint64_t{1} << s;
         }
       }
-      int32_t rank[kBulkSlotsPerLane] = {};
-      for (int64_t s = 0; s < top_k; ++s) {
-        const int count = __popc(__ballot_sync(0xFFFFFFFFu, (names[0] >> s) & 1u)) +
-                          __popc(__ballot_sync(0xFFFFFFFFu, (names[1] >> s) & 1u));
-#pragma unroll
-        for (int i = 0; i < kBulkSlotsPerLane; ++i) {
-          if (s == lane + i * kBulkThreads) rank[i] = count;
-        }
-      }
-      wait_for_previous_kernel();  // the chunk bases and offsets
+    }
+    int32_t rank[kBulkSlotsPerLane] = {};
+    for (int64_t s = 0; s < top_k; ++s) {
+      const int count = __popc(__ballot_sync(0xFFFFFFFFu, (names[0] >> s) & 1u)) +
+                        __popc(__ballot_sync(0xFFFFFFFFu, (names[1] >> s) & 1u));
 #pragma unroll
       for (int i = 0; i < kBulkSlotsPerLane; ++i) {
-        const int64_t slot = lane + i * kBulkThreads;
-        rows[i] = -1;
-        if (slot >= top_k) continue;
-        if (valid[i]) {
-          const int64_t r = place.chunk_bases[chunk * place.experts + expert[i]] + rank[i];
-          rows[i] = slot_row(offsets, expert[i], r, place.expert_capacity);
-        } else if (place.word != nullptr) {
-          raise_fault(place.word, SFMOE_FAULT_BAD_INDEX, b, expert[i]);
-        }
-        place.row_map[b * top_k + slot] = rows[i];
+        if (s == lane + i * kBulkThreads) rank[i] = count;
       }
-    } else {
-      wait_for_previous_kernel();  // the row map
+    }
+    wait_for_previous_kernel();  // the chunk bases and offsets
 #pragma unroll
-      for (int i = 0; i < kBulkSlotsPerLane; ++i) {
-        const int64_t slot = lane + i * kBulkThreads;
-        rows[i] = slot < top_k ? row_map[b * top_k + slot] : -1;
+    for (int i = 0; i < kBulkSlotsPerLane; ++i) {
+      const int64_t slot = lane + i * kBulkThreads;
+      rows[i] = -1;
+      if (slot >= top_k) continue;
+      if (valid[i]) {
+        const int64_t r = place.chunk_bases[chunk * place.experts + expert[i]] + rank[i];
+        rows[i] = slot_row(offsets, expert[i], r, place.expert_capacity);
+      } else if (place.word != nullptr) {
+        raise_fault(place.word, SFMOE_FAULT_BAD_INDEX, b, expert[i]);
       }
+      place.row_map[b * top_k + slot] = rows[i];
     }
 #pragma unroll
     for (int i = 0; i < kBulkSlotsPerLane; ++i) {
@@ -463,14 +446,6 @@ __global__ void __launch_bounds__(kBulkThreads)
     bulk_commit();
   }
   bulk_wait_source_read();
-}
-
-// The bulk form unless SFMOE_PERMUTE_COPY=vector asks for the vector form (for comparisons).
-bool permute_copy_by_bulk(const void* tokens, const void* permuted, int64_t row_bytes) {
-  const char* forced = getenv("SFMOE_PERMUTE_COPY");
-  if (forced != nullptr && strcmp(forced, "vector") == 0) return false;
-  return row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(tokens) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(permuted) % 16 == 0;
 }
 
 // ---- fused quantization ----------------------------------------------------------------------
@@ -726,13 +701,10 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
                                               a.dropped_per_expert, a.expert_offsets, group_amax));
   SFMOE_RETURN_IF_ERROR(check_launch("permute_scan_kernel"));
   const int64_t row_bytes = a.hidden * (sfmoe_dtype_bits(a.dtype) / 8);
+  // The bulk copy places its own token's slots; the vector copy and the fused quantizations
+  // read the place kernel's row map.
   const bool bulk = a.quantized == nullptr && permute_copy_by_bulk(a.tokens, a.permuted, row_bytes);
-  // The bulk copy places its own token's slots (no place kernel) unless
-  // SFMOE_PERMUTE_FUSED_PLACE=0 (for comparisons).
-  const char* fused_place_setting = getenv("SFMOE_PERMUTE_FUSED_PLACE");
-  const bool copy_places =
-      bulk && (fused_place_setting == nullptr || strcmp(fused_place_setting, "0") != 0);
-  if (chunks > 0 && !copy_places) {
+  if (chunks > 0 && !bulk) {
     SFMOE_CUDA_RETURN_IF_ERROR(launch_dependent(
         permute_place_kernel, dim3(static_cast<unsigned>(chunks)), dim3(kChunkTokens), bitmap_bytes,
         stream, a.topk_ids, a.num_tokens, a.top_k, a.num_experts, a.expert_capacity, a.workspace,
@@ -769,10 +741,9 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
     const PlaceArgs place{a.topk_ids,  a.num_experts, a.expert_capacity,
                           a.workspace, a.row_map,     a.word};
     SFMOE_CUDA_RETURN_IF_ERROR(launch_dependent(
-        copy_places ? permute_bulk_copy_kernel<true> : permute_bulk_copy_kernel<false>,
-        dim3(static_cast<unsigned>(blocks)), dim3(kBulkThreads), static_cast<size_t>(segment),
-        stream, static_cast<const uint8_t*>(a.tokens), a.num_tokens, a.top_k, row_bytes, segment,
-        a.row_capacity, a.expert_offsets, a.tokens_per_expert, a.row_map,
+        permute_bulk_copy_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kBulkThreads),
+        static_cast<size_t>(segment), stream, static_cast<const uint8_t*>(a.tokens), a.num_tokens,
+        a.top_k, row_bytes, segment, a.row_capacity, a.expert_offsets, a.tokens_per_expert,
         static_cast<uint8_t*>(a.permuted), place, a.dtype, group_amax));
     return check_launch("permute_bulk_copy_kernel");
   }

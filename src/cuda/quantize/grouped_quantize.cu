@@ -36,6 +36,8 @@
 #include "src/cuda/common/cp_async.h"
 #include "src/cuda/common/cuda_check.h"
 #include "src/cuda/common/raw_amax.h"
+#include "src/cuda/heuristics/launch_overrides.h"
+#include "src/cuda/heuristics/quantize_launch.h"
 
 // nvcc reports static constexpr members of class templates that a given instantiation's
 // discarded `if constexpr` branches skip as "declared but never referenced" (177).
@@ -1144,7 +1146,7 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
             };
             if (a.scale_layout == SFMOE_SCALE_LAYOUT_COMPACT && !kBanded) {
               // Compact scales stored straight from the kernel (one band per unit: capacities off
-              // the 32-byte sectors, or SFMOE_QUANTIZE_UNIT_BANDS=1): every lane makes both scales
+              // the 32-byte sectors): every lane makes both scales
               // and the block's first segment stores them (MXFP8: the block-first lanes of a column
               // store its four neighbouring scales in one instruction).
 #pragma unroll
@@ -1429,29 +1431,11 @@ template <sfmoe_dtype In>
 sfmoe_status launch_amax_rows(const GroupedQuantizeArgs& a, cudaStream_t stream) {
   auto kernel = quantize_amax_rows_kernel<In>;
   const int64_t wave = resident_wave(reinterpret_cast<const void*>(kernel), kAmaxThreads, 0);
-  // Two runs per resident warp; each warp's run length comes from the real rows on the device.
-  const int64_t blocks_for_rows = (a.row_capacity + kAmaxThreads / 32 - 1) / (kAmaxThreads / 32);
-  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(2 * wave, blocks_for_rows));
-  // (Tests force other run lengths, so that runs cross group boundaries.)
-  const char* forced = getenv("SFMOE_QUANTIZE_AMAX_ROWS_PER_WARP");
-  const int64_t forced_rows = forced != nullptr ? std::max<int64_t>(0, atoll(forced)) : 0;
-  const int64_t forced_blocks = forced_rows > 0
-                                    ? (a.row_capacity + forced_rows * (kAmaxThreads / 32) - 1) /
-                                          (forced_rows * (kAmaxThreads / 32))
-                                    : 0;
-  kernel<<<static_cast<unsigned>(forced_rows > 0 ? std::max<int64_t>(1, forced_blocks) : blocks),
-           kAmaxThreads, 0, stream>>>(a, forced_rows);
+  // (Tests set the run length, so that runs cross group boundaries.)
+  const int64_t rows_per_warp = launch_overrides().amax_rows_per_warp;
+  const int64_t blocks = amax_rows_blocks(a.row_capacity, wave, kAmaxThreads / 32, rows_per_warp);
+  kernel<<<static_cast<unsigned>(blocks), kAmaxThreads, 0, stream>>>(a, rows_per_warp);
   return check_launch("quantize_amax_rows_kernel");
-}
-
-// The group amax before the codes (no Hadamard transform): the row stream, or the tile kernel's
-// amax pass when SFMOE_QUANTIZE_AMAX=tiles (kept for comparisons).
-template <sfmoe_dtype In, sfmoe_scaling S>
-sfmoe_status amax_pass(const GroupedQuantizeArgs& a, cudaStream_t stream) {
-  const char* form = getenv("SFMOE_QUANTIZE_AMAX");
-  if (form != nullptr && strcmp(form, "tiles") == 0)
-    return launch_tiles<In, S, true, false>(a, stream);
-  return launch_amax_rows<In>(a, stream);
 }
 
 // The codes kernel for the request's copies (and, NVFP4, its rounding).
@@ -1465,17 +1449,12 @@ sfmoe_status launch_codes(const GroupedQuantizeArgs& a, cudaStream_t stream) {
     }
   }
   if constexpr (S == SFMOE_SCALING_MX_1X32 || S == SFMOE_SCALING_BLOCK_1X128) {
-    // Compact columnwise scales: banded units (kUnitBands) when each column's scales start on a
-    // 32-byte sector (the capacity a multiple of 1024 rows), so that a unit writes whole sectors;
-    // unless SFMOE_QUANTIZE_UNIT_BANDS=1 (kept for comparisons). Off the sectors the staging
-    // measured no gain.
-    const char* bands = getenv("SFMOE_QUANTIZE_UNIT_BANDS");
-    const int64_t column_bytes =
-        a.row_capacity / Recipe<S>::kBlock * (S == SFMOE_SCALING_BLOCK_1X128 ? 4 : 1);
-    const bool sectors =
-        column_bytes % 32 == 0 && reinterpret_cast<uintptr_t>(a.columnwise_scale_inv) % 32 == 0;
-    if (columnwise && a.scale_layout == SFMOE_SCALE_LAYOUT_COMPACT && sectors &&
-        !(bands != nullptr && atoll(bands) == 1))
+    // Compact columnwise scales: banded units where they write whole sectors
+    // (heuristics/quantize_launch.h).
+    if (columnwise && a.scale_layout == SFMOE_SCALE_LAYOUT_COMPACT &&
+        columnwise_scales_in_unit_bands(a.row_capacity, Recipe<S>::kBlock,
+                                        S == SFMOE_SCALING_BLOCK_1X128 ? 4 : 1,
+                                        a.columnwise_scale_inv))
       return launch_tiles<In, S, false, true, false, true>(a, stream);
   }
   return columnwise ? launch_tiles<In, S, false, true>(a, stream)
@@ -1509,10 +1488,10 @@ sfmoe_status run_recipe(const GroupedQuantizeArgs& a, cudaStream_t stream) {
       if (a.config.hadamard_columnwise && a.columnwise != nullptr) {
         SFMOE_RETURN_IF_ERROR((launch_tiles<In, S, true, true>(a, stream)));
       } else {
-        SFMOE_RETURN_IF_ERROR((amax_pass<In, S>(a, stream)));
+        SFMOE_RETURN_IF_ERROR((launch_amax_rows<In>(a, stream)));
       }
     } else {
-      SFMOE_RETURN_IF_ERROR((amax_pass<In, S>(a, stream)));
+      SFMOE_RETURN_IF_ERROR((launch_amax_rows<In>(a, stream)));
     }
   }
   return launch_codes<In, S>(a, stream);

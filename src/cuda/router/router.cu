@@ -9,8 +9,6 @@
 // kernel that sums the partials in block order (deterministic: no float atomics anywhere).
 // Backward: one kernel, d logits per token.
 #include <cuda_bf16.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include <type_traits>
 
@@ -20,6 +18,7 @@
 #include "src/cuda/backend.h"
 #include "src/cuda/common/cuda_check.h"
 #include "src/cuda/common/dependent_launch.h"
+#include "src/cuda/heuristics/router_launch.h"
 
 namespace sfmoe {
 namespace cuda {
@@ -965,12 +964,9 @@ sfmoe_status router_forward(const RouterForwardArgs& args, void* stream_pointer)
   SFMOE_RETURN_IF_ERROR(check_launch("router_clear_counts_kernel"));
   const int64_t blocks = router_blocks(a.tokens);
   RouterShape shape = router_shape(c, a.tokens, blocks);
-  // Sigmoid scores with no bias, groups or losses, k < 32 (SFMOE_ROUTER_LOGIT_ORDER=0 turns it off,
-  // for comparisons): the top k from the logits' order, one sigmoid per lane.
-  const char* logit_order = getenv("SFMOE_ROUTER_LOGIT_ORDER");
-  shape.logit_order = c.sigmoid && !c.softmax_after_topk && a.bias == nullptr &&
-                      c.num_groups <= 1 && a.aux_loss == nullptr && a.z_loss == nullptr &&
-                      c.top_k < kLanes && (logit_order == nullptr || strcmp(logit_order, "0") != 0);
+  // The top k from the logits' order where the scores keep it (heuristics/router_launch.h).
+  shape.logit_order =
+      router_takes_logit_order(c, a.bias != nullptr, a.aux_loss != nullptr || a.z_loss != nullptr);
   if (a.tokens > 0) {
     SFMOE_RETURN_IF_ERROR(by_chunk(shape.chunk_size, [&](auto v) -> sfmoe_status {
       constexpr int kV = decltype(v)::value;

@@ -29,14 +29,15 @@
 // x 128 cooperative in 2 x 2 clusters (behind 128 x 256 on every case of both recipes) and 128 x
 // 128 ping-pong in 2 x 1 (chosen above for FP8 fast accumulation; for BF16 within 2% of 128 x 256
 // on 6 of the 12 cases and up to 24% behind on the others).
-// SFMOE_GEMM_TILE=coop128|coop256|pingpong64|coop256x128|pingpong128 overrides the choice
-// (benchmark sweeps);
-// a tile the recipe is not compiled for falls back to the recipe's default.
+// The choice is a pure function of the host's bounds; SFMOE_GEMM_TILE (read once at load,
+// launch_overrides.h) replaces it in grouped_gemm.cu, and a tile the recipe is not compiled for
+// falls back to the recipe's default there.
 #pragma once
 
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
+
+#include <optional>
 
 #include "src/common/grouped_gemm_args.h"
 
@@ -58,16 +59,16 @@ enum class GemmRecipe {
   kFp8Blockwise,   // 1x128 x 128x128 scales applied per K block
 };
 
-// The tile SFMOE_GEMM_TILE names, or `fallback` when unset or unknown.
-inline GemmTile forced_gemm_tile(GemmTile fallback) {
-  const char* forced = getenv("SFMOE_GEMM_TILE");
-  if (forced == nullptr) return fallback;
-  if (strcmp(forced, "coop128") == 0) return GemmTile::kCooperative128x128;
-  if (strcmp(forced, "coop256") == 0) return GemmTile::kCooperative128x256;
-  if (strcmp(forced, "pingpong64") == 0) return GemmTile::kPingpong64x128;
-  if (strcmp(forced, "coop256x128") == 0) return GemmTile::kCooperative256x128;
-  if (strcmp(forced, "pingpong128") == 0) return GemmTile::kPingpong128x128;
-  return fallback;
+// The tile a SFMOE_GEMM_TILE value names (coop128, coop256, pingpong64, coop256x128,
+// pingpong128); none for another value.
+inline std::optional<GemmTile> gemm_tile_named(const char* name) {
+  if (name == nullptr) return std::nullopt;
+  if (strcmp(name, "coop128") == 0) return GemmTile::kCooperative128x128;
+  if (strcmp(name, "coop256") == 0) return GemmTile::kCooperative128x256;
+  if (strcmp(name, "pingpong64") == 0) return GemmTile::kPingpong64x128;
+  if (strcmp(name, "coop256x128") == 0) return GemmTile::kCooperative256x128;
+  if (strcmp(name, "pingpong128") == 0) return GemmTile::kPingpong128x128;
+  return std::nullopt;
 }
 
 // The measured families differ by recipe, by the GEMM's M per group (the rows' bound over the
@@ -92,7 +93,7 @@ inline GemmTile choose_gemm_tile(GemmRecipe recipe, int64_t gemm_m_bound_per_gro
         gemm_k <= kFastAccumulationPingpongMaxK && gemm_n >= kFastAccumulationPingpongMinN;
     chosen = pingpong ? GemmTile::kPingpong128x128 : GemmTile::kCooperative128x256;
   }
-  return forced_gemm_tile(chosen);
+  return chosen;
 }
 
 // The choice for a call: the GEMM's M bound per group, N and K of the form (fprop Y [M, n] = X
@@ -113,7 +114,7 @@ inline GemmTile choose_gemm_tile_for(GroupedGemmForm form, GemmRecipe recipe, in
   // BF16 wgrad, a short reduction into a wide output: ping-pong where 128 x 256 would run.
   if (recipe == GemmRecipe::kBf16 && chosen == GemmTile::kCooperative128x256 &&
       rows_per_group <= kBf16WgradPingpongMaxK && k >= kBf16WgradPingpongMinN) {
-    return forced_gemm_tile(GemmTile::kPingpong128x128);
+    return GemmTile::kPingpong128x128;
   }
   return chosen;
 }

@@ -1,0 +1,25 @@
+#include "src/cuda/heuristics/launch_overrides.h"
+
+#include <stdlib.h>
+
+namespace sfmoe {
+namespace cuda {
+namespace {
+
+LaunchOverrides from_environment() {
+  LaunchOverrides o;
+  o.gemm_tile = gemm_tile_named(getenv("SFMOE_GEMM_TILE"));
+  return o;
+}
+
+// Initialized when the library is loaded (static initialization of this object file).
+LaunchOverrides loaded = from_environment();
+
+}  // namespace
+
+const LaunchOverrides& launch_overrides() { return loaded; }
+
+LaunchOverrides& launch_overrides_for_tests() { return loaded; }
+
+}  // namespace cuda
+}  // namespace sfmoe

@@ -1,0 +1,35 @@
+// The launch choices that something other than the heuristics may make. They are read once, when
+// the library is loaded, never per call: a call's launches depend on its arguments alone (a
+// captured graph replays what the call chose), and getenv is not free on a hot path.
+//
+// - SFMOE_GEMM_TILE=coop128|coop256|pingpong64|coop256x128|pingpong128 (docs/grouped_gemm.md):
+//   every grouped GEMM runs that tile configuration instead of the heuristic's (tile studies); an
+//   unknown value is ignored, a tile the recipe is not compiled for falls back to its default.
+//
+// The test suites (linked statically) force the paths they cover through
+// launch_overrides_for_tests(); nothing else changes them after load.
+#pragma once
+
+#include <stdint.h>
+
+#include <optional>
+
+#include "src/cuda/heuristics/gemm_tiles.h"
+
+namespace sfmoe {
+namespace cuda {
+
+struct LaunchOverrides {
+  std::optional<GemmTile> gemm_tile;  // SFMOE_GEMM_TILE
+  // Tests only: the rows each warp of the amax row stream walks (0: the grid's share), so that
+  // runs cross group boundaries.
+  int64_t amax_rows_per_warp = 0;
+};
+
+const LaunchOverrides& launch_overrides();
+
+// Tests only, between calls (not synchronized with calls running on other threads).
+LaunchOverrides& launch_overrides_for_tests();
+
+}  // namespace cuda
+}  // namespace sfmoe
