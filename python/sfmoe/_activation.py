@@ -66,11 +66,7 @@ def grouped_activation(
     offsets, counts = _groups(group_offsets, group_rows)
     num_groups = int(len(group_rows))
     out_type = dtype if out_dtype is None else as_dtype(out_dtype, "out_dtype")
-    rows_format = (
-        _quantize.fused_rows_format(quantize, fmt, scale_layout, out_cols)
-        if quantize is not None
-        else dict(dtype=int(out_type), scaling=0, scale_layout=0)
-    )
+    rows_format = _quantize.fused_rows_format(quantize, fmt, scale_layout, out_cols, out_type)
     plan = _C.plan_grouped_activation(
         dict(
             kind=kind,

@@ -69,7 +69,7 @@ def permute(
     experts, alignment, capacity = int(num_experts), int(alignment), int(expert_capacity)
     if amax and quantize is not None:
         raise ValueError("permute: amax=True is for unquantized rows (quantize=None)")
-    rows_format = _quantize.fused_rows_format(quantize, fmt, scale_layout, hidden) if quantize is not None else None
+    rows_format = _quantize.fused_rows_format(quantize, fmt, scale_layout, hidden, dtype)
     plan = _C.plan_permute(
         dict(
             num_tokens=t_count,
@@ -79,7 +79,7 @@ def permute(
             row_alignment=alignment,
             expert_capacity=capacity,
             group_amax=bool(amax),
-            **(rows_format or dict(dtype=int(dtype), scaling=0, scale_layout=0)),
+            **rows_format,
         )
     )
     offsets = _arrays.empty_planned(adapter, plan["permuted"]["buffers"]["group_offsets"], x, "group_offsets")

@@ -211,6 +211,8 @@ class GroupedQuantizedTensor:
         "columnwise_amax",
         "group_offsets",
     )
+    # The config's scalar options, in the order flatten() puts them in its metadata.
+    _CONFIG_OPTIONS = ("power_of_two_scales", "stochastic_rounding", "seed", "offset", "hadamard", "trap_nan_amax")
 
     def flatten(self):
         """(arrays, metadata): the arrays present, in ARRAY_FIELDS order, and a hashable tuple of
@@ -219,8 +221,7 @@ class GroupedQuantizedTensor:
         :meth:`unflatten` rebuilds the tensor. The config's tensor_scales and group_amax (inputs of
         the quantization that made the tensor) do not travel."""
         present = tuple(name for name in self.ARRAY_FIELDS if getattr(self, name) is not None)
-        c = self.config
-        options = (c.power_of_two_scales, c.stochastic_rounding, c.seed, c.offset, c.hadamard, c.trap_nan_amax)
+        options = tuple(getattr(self.config, name) for name in self._CONFIG_OPTIONS)
         metadata = (
             present,
             self.recipe,
@@ -245,15 +246,7 @@ class GroupedQuantizedTensor:
             raise ValueError(f"unflatten: {len(present)} arrays ({', '.join(present)}) expected, got {len(arrays)}")
         fields = dict.fromkeys(cls.ARRAY_FIELDS)
         fields.update(zip(present, arrays))
-        power_of_two, stochastic, seed, offset, hadamard, trap = options
-        config = QuantizeConfig(
-            power_of_two_scales=power_of_two,
-            stochastic_rounding=stochastic,
-            seed=seed,
-            offset=offset,
-            hadamard=hadamard,
-            trap_nan_amax=trap,
-        )
+        config = QuantizeConfig(**dict(zip(cls._CONFIG_OPTIONS, options, strict=True)))
         return cls(
             **fields,
             recipe=recipe,
@@ -557,9 +550,12 @@ def with_group_amax(config, scaling, group_amax, num_groups, columnwise):
     return dataclasses.replace(config, group_amax=amax, _amax_adapter=adapter)
 
 
-def fused_rows_format(recipe, fmt, scale_layout, cols):
-    """The planning fields (dtype, scaling, scale_layout) of rows an op quantizes on the fly
-    (permute's and the activations' fused quantization) into `recipe`."""
+def fused_rows_format(recipe, fmt, scale_layout, cols, dtype):
+    """The planning fields (dtype, scaling, scale_layout) of the rows an op writes (permute's and
+    the activations'): quantized on the fly into `recipe`, or plain rows of `dtype` when recipe is
+    None."""
+    if recipe is None:
+        return dict(dtype=int(dtype), scaling=int(Scaling.NONE), scale_layout=int(ScaleLayout.COMPACT))
     scaling = _recipe_scaling(recipe)
     block = _C.scaling_block_size(int(scaling)) or (8 if scaling == Scaling.TENSOR else 0)
     if block and cols % block:

@@ -76,10 +76,16 @@ def _as_codes(x, code_type, what):
     raise TypeError(f"{what}: expected {target} codes, got {a.dtype}")
 
 
-def _map(function, x, out_type):
+def _map(function, x, out_type, *parameters):
+    """out[i] = function(x[i], *parameters), by the extension's element map `function`."""
     out = np.empty(x.shape, out_type)
-    function(x, out)
+    function(x, out, *parameters)
     return out
+
+
+def _f32_scalar(value):
+    """A scalar parameter as the float32 the C function takes, handed over as a Python float."""
+    return float(np.float32(value))
 
 
 def f32_to_e4m3(x):
@@ -142,9 +148,7 @@ def fp8_scale_from_amax(amax, fp8_max=E4M3_MAX, power_of_two=False):
     """FP8 per-tensor / blockwise scale: fp8_max / amax (FP32, RN); amax 0, Inf or NaN -> 1; an
     infinite quotient -> FLT_MAX; power_of_two clears the mantissa."""
     a = _as_f32(amax, "amax")
-    out = np.empty(a.shape, np.float32)
-    _C.fp8_scale_from_amax(a, out, float(np.float32(fp8_max)), bool(power_of_two))
-    return out
+    return _map(_C.fp8_scale_from_amax, a, np.float32, _f32_scalar(fp8_max), bool(power_of_two))
 
 
 def scale_inverse(scale):
@@ -155,9 +159,7 @@ def scale_inverse(scale):
 def mx_scale_from_amax(amax, fp8_max=E4M3_MAX):
     """MXFP8 E8M0 block scale codes: to_e8m0(amax * (1 / fp8_max)), rounding up."""
     a = _as_f32(amax, "amax")
-    out = np.empty(a.shape, np.uint8)
-    _C.mx_scale_from_amax(a, out, float(np.float32(fp8_max)))
-    return out
+    return _map(_C.mx_scale_from_amax, a, np.uint8, _f32_scalar(fp8_max))
 
 
 def mx_multiplier(codes):
@@ -173,17 +175,13 @@ def nvfp4_global_encode_scale(global_amax):
 def nvfp4_block_scale(block_amax, global_encode_scale):
     """E4M3 codes of the NVFP4 block scales e4m3(block_amax * (S_enc / 6))."""
     a = _as_f32(block_amax, "block_amax")
-    out = np.empty(a.shape, np.uint8)
-    _C.nvfp4_block_scale(a, out, float(np.float32(global_encode_scale)))
-    return out
+    return _map(_C.nvfp4_block_scale, a, np.uint8, _f32_scalar(global_encode_scale))
 
 
 def nvfp4_block_multiplier(block_scale_codes, global_encode_scale):
     """NVFP4 element multipliers min(1 / (float(s_b) * (1 / S_enc)), FLT_MAX)."""
     c = _as_codes(block_scale_codes, np.uint8, "block_scale_codes")
-    out = np.empty(c.shape, np.float32)
-    _C.nvfp4_block_multiplier(c, out, float(np.float32(global_encode_scale)))
-    return out
+    return _map(_C.nvfp4_block_multiplier, c, np.float32, _f32_scalar(global_encode_scale))
 
 
 def _uint64(value, what):

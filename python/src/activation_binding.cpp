@@ -38,11 +38,8 @@ void grouped_activation(nb::ndarray<nb::ro> input, int32_t input_dtype,
                         int32_t output_dtype, nb::object amax, uint64_t stream) {
   const ActivationInput in(input, input_dtype, group_offsets, group_rows);
   sfmoe_grouped_tensor g_out = in.like(describe_array("output", output, output_dtype));
-  nb::ndarray<> amax_array;
-  if (!amax.is_none()) {
-    amax_array = nb::cast<nb::ndarray<>>(amax);
-    g_out.amax = static_cast<float*>(describe_array("amax", amax_array, SFMOE_DTYPE_FP32).data);
-  }
+  const OptionalArray<nb::ndarray<>> group_amax("amax", amax, SFMOE_DTYPE_FP32);
+  if (group_amax.given) g_out.amax = static_cast<float*>(group_amax.tensor.data);
   const sfmoe_activation_config c = activation_config(kind, limit, alpha);
   call_released([&] {
     return sfmoe_grouped_activation(&in.input, &in.rows, &c, &g_out, nullptr,
@@ -56,18 +53,12 @@ void grouped_activation_quantized(nb::ndarray<nb::ro> input, int32_t input_dtype
                                   nb::ndarray<nb::ro> group_offsets, nb::ndarray<nb::ro> group_rows,
                                   int32_t kind, double limit, double alpha, nb::dict output,
                                   nb::object config, uint64_t stream) {
-  const char* function = "grouped_activation";
   const ActivationInput in(input, input_dtype, group_offsets, group_rows);
-  std::vector<nb::ndarray<>> keep;
-  Placement placement;
-  sfmoe_grouped_tensor g_out = describe_grouped(function, "output", output, &keep, &placement);
-  place(&g_out, placement);
-  std::vector<nb::ndarray<nb::ro>> keep_config;
-  const sfmoe_quantize_config q = describe_config(function, config, &keep_config);
+  const QuantizedOutput quantized("grouped_activation", output, config);
   sfmoe_activation_config c = activation_config(kind, limit, alpha);
-  c.quantize = &q;
+  c.quantize = &quantized.config;
   call_released([&] {
-    return sfmoe_grouped_activation(&in.input, &in.rows, &c, &g_out, nullptr,
+    return sfmoe_grouped_activation(&in.input, &in.rows, &c, &quantized.out, nullptr,
                                     stream_pointer(stream));
   });
 }

@@ -329,6 +329,47 @@ bool set_grouped_integer_field(sfmoe_grouped_tensor& t, const std::string& key, 
   return true;
 }
 
+// The array (pointer) fields of a grouped-tensor descriptor, in the order describe_grouped checks
+// them; set_grouped_array stores field i. Shared by the op wrappers and validate_grouped_tensor.
+constexpr int kGroupedArrayCount = 7;
+inline constexpr const char* kGroupedArrayNames[kGroupedArrayCount] = {
+    "group_offsets",        "rowwise_data", "rowwise_scale_inv", "columnwise_data",
+    "columnwise_scale_inv", "amax",         "columnwise_amax"};
+
+// The index of `key` in kGroupedArrayNames, or -1.
+inline int grouped_array_index(const std::string& key) {
+  for (int i = 0; i < kGroupedArrayCount; ++i) {
+    if (key == kGroupedArrayNames[i]) return i;
+  }
+  return -1;
+}
+
+inline void set_grouped_array(sfmoe_grouped_tensor& t, int i, void* pointer) {
+  switch (i) {
+    case 0:
+      t.group_offsets = static_cast<int64_t*>(pointer);
+      break;
+    case 1:
+      t.rowwise_data = pointer;
+      break;
+    case 2:
+      t.rowwise_scale_inv = pointer;
+      break;
+    case 3:
+      t.columnwise_data = pointer;
+      break;
+    case 4:
+      t.columnwise_scale_inv = pointer;
+      break;
+    case 5:
+      t.amax = static_cast<float*>(pointer);
+      break;
+    default:
+      t.columnwise_amax = static_cast<float*>(pointer);
+      break;
+  }
+}
+
 // A grouped-tensor descriptor built from a dict (see above). `Array` is nb::ndarray<nb::ro> for
 // tensors the op reads and nb::ndarray<> for those it writes; the imported arrays are kept in
 // `keep` so that the pointers stay valid during the call.
@@ -338,24 +379,18 @@ sfmoe_grouped_tensor describe_grouped(const char* function, const std::string& w
                                       Placement* placement) {
   sfmoe_grouped_tensor t = sfmoe_grouped_tensor_init();
   t.row_alignment = 1;
-  nb::handle arrays[7] = {};
-  static const char* const kArrayNames[7] = {
-      "group_offsets",        "rowwise_data", "rowwise_scale_inv", "columnwise_data",
-      "columnwise_scale_inv", "amax",         "columnwise_amax"};
+  nb::handle arrays[kGroupedArrayCount] = {};
   for (auto item : fields) {
     const std::string key = nb::cast<std::string>(nb::str(item.first));
     const nb::handle value = item.second;
     const std::string field = what + "." + key;
     auto i32 = [&]() { return integer_field<int32_t>(function, field, value); };
     auto i64 = [&]() { return integer_field<int64_t>(function, field, value); };
-    bool is_array = false;
-    for (int i = 0; i < 7; ++i) {
-      if (key == kArrayNames[i]) {
-        arrays[i] = value;
-        is_array = true;
-      }
+    const int array_index = grouped_array_index(key);
+    if (array_index >= 0) {
+      arrays[array_index] = value;
+      continue;
     }
-    if (is_array) continue;
     if (!set_grouped_integer_field(t, key, i32, i64)) {
       throw nb::type_error((std::string(function) + ": unknown field '" + field + "'").c_str());
     }
@@ -364,9 +399,9 @@ sfmoe_grouped_tensor describe_grouped(const char* function, const std::string& w
   const int32_t dtype = static_cast<int32_t>(t.dtype);
   const int32_t layout = static_cast<int32_t>(t.scale_layout);
   const int64_t data_elements = size_mul(t.row_capacity, t.cols);
-  for (int i = 0; i < 7; ++i) {
+  for (int i = 0; i < kGroupedArrayCount; ++i) {
     if (!arrays[i].is_valid() || arrays[i].is_none()) continue;
-    const std::string name = std::string(function) + ": " + what + "." + kArrayNames[i];
+    const std::string name = std::string(function) + ": " + what + "." + kGroupedArrayNames[i];
     Array array;
     if (!nb::try_cast(arrays[i], array)) {
       throw nb::type_error((name + ": expected a " + (Array::ReadOnly ? "" : "writable ") +
@@ -404,31 +439,8 @@ sfmoe_grouped_tensor describe_grouped(const char* function, const std::string& w
         break;
     }
     const sfmoe_tensor d = describe_field(name, array, field_dtype, required);
-    placement->add(what + "." + kArrayNames[i], d);
-    void* pointer = d.data;
-    switch (i) {
-      case 0:
-        t.group_offsets = static_cast<int64_t*>(pointer);
-        break;
-      case 1:
-        t.rowwise_data = pointer;
-        break;
-      case 2:
-        t.rowwise_scale_inv = pointer;
-        break;
-      case 3:
-        t.columnwise_data = pointer;
-        break;
-      case 4:
-        t.columnwise_scale_inv = pointer;
-        break;
-      case 5:
-        t.amax = static_cast<float*>(pointer);
-        break;
-      default:
-        t.columnwise_amax = static_cast<float*>(pointer);
-        break;
-    }
+    placement->add(what + "." + kGroupedArrayNames[i], d);
+    set_grouped_array(t, i, d.data);
     keep->push_back(std::move(array));
   }
   return t;
@@ -477,6 +489,39 @@ inline sfmoe_quantize_config describe_config(const char* function, nb::handle co
   }
   return c;
 }
+
+// A quantized grouped output, described from its dict (see above) in its own placement, with the
+// quantize options that produce it; the arrays stay referenced for the call.
+struct QuantizedOutput {
+  std::vector<nb::ndarray<>> keep_output;
+  std::vector<nb::ndarray<nb::ro>> keep_config;
+  sfmoe_grouped_tensor out;
+  sfmoe_quantize_config config;
+
+  QuantizedOutput(const char* function, nb::dict output, nb::handle options) {
+    Placement placement;
+    out = describe_grouped(function, "output", output, &keep_output, &placement);
+    place(&out, placement);
+    config = describe_config(function, options, &keep_config);
+  }
+};
+
+// An array argument that may be None, described as a tensor of `dtype` when given; the array stays
+// referenced for the call. get() is what the C API takes for it: NULL for None.
+template <class Array>
+struct OptionalArray {
+  Array array;
+  sfmoe_tensor tensor{};
+  bool given = false;
+
+  OptionalArray(const char* what, nb::handle value, int32_t dtype) {
+    if (value.is_none()) return;
+    array = nb::cast<Array>(value);
+    tensor = describe_array(what, array, dtype);
+    given = true;
+  }
+  const sfmoe_tensor* get() const { return given ? &tensor : nullptr; }
+};
 
 // The status word (sfmoe_status_word), owned by a Python object.
 class StatusWord {

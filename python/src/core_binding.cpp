@@ -61,10 +61,7 @@ void validate_grouped_tensor(nb::kwargs fields) {
     const nb::handle value = item.second;
     auto i32 = [&]() { return integer_field<int32_t>(function, key, value); };
     auto i64 = [&]() { return integer_field<int64_t>(function, key, value); };
-    auto pointer = [&]() {
-      return reinterpret_cast<void*>(
-          static_cast<uintptr_t>(integer_field<uint64_t>(function, key, value)));
-    };
+    const int array_index = grouped_array_index(key);
     if (key == "struct_size") {
       t.struct_size = integer_field<uint64_t>(function, key, value);
     } else if (key == "memory") {
@@ -73,20 +70,9 @@ void validate_grouped_tensor(nb::kwargs fields) {
       t.device = i32();
     } else if (set_grouped_integer_field(t, key, i32, i64)) {
       continue;
-    } else if (key == "group_offsets") {
-      t.group_offsets = static_cast<int64_t*>(pointer());
-    } else if (key == "rowwise_data") {
-      t.rowwise_data = pointer();
-    } else if (key == "rowwise_scale_inv") {
-      t.rowwise_scale_inv = pointer();
-    } else if (key == "columnwise_data") {
-      t.columnwise_data = pointer();
-    } else if (key == "columnwise_scale_inv") {
-      t.columnwise_scale_inv = pointer();
-    } else if (key == "amax") {
-      t.amax = static_cast<float*>(pointer());
-    } else if (key == "columnwise_amax") {
-      t.columnwise_amax = static_cast<float*>(pointer());
+    } else if (array_index >= 0) {  // pointers arrive as integers here, not as arrays
+      const uint64_t address = integer_field<uint64_t>(function, key, value);
+      set_grouped_array(t, array_index, reinterpret_cast<void*>(static_cast<uintptr_t>(address)));
     } else if (key == "name") {
       name = nb::cast<std::string>(nb::str(value));
     } else if (key == "null") {
@@ -106,14 +92,24 @@ std::string bounded_string(const char* chars, size_t capacity) {
   return std::string(chars, length);
 }
 
-nb::dict build_info() {
-  sfmoe_build_info info;
+std::string version_string(int major, int minor, int patch) {
+  return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
+}
+
+// The struct an sfmoe_get_*_info query fills: zeroed, with struct_size set, as the query needs.
+template <class Info>
+Info queried(sfmoe_status (*query)(Info*)) {
+  Info info;
   memset(&info, 0, sizeof(info));
   info.struct_size = sizeof(info);
-  check(sfmoe_get_build_info(&info));
+  check(query(&info));
+  return info;
+}
+
+nb::dict build_info() {
+  const sfmoe_build_info info = queried(sfmoe_get_build_info);
   nb::dict d;
-  d["version"] = std::to_string(info.version_major) + "." + std::to_string(info.version_minor) +
-                 "." + std::to_string(info.version_patch);
+  d["version"] = version_string(info.version_major, info.version_minor, info.version_patch);
   d["version_major"] = info.version_major;
   d["version_minor"] = info.version_minor;
   d["version_patch"] = info.version_patch;
@@ -122,17 +118,13 @@ nb::dict build_info() {
   d["cuda_archs"] = bounded_string(info.cuda_archs, sizeof(info.cuda_archs));
   d["compiler"] = bounded_string(info.compiler, sizeof(info.compiler));
   // The headers this extension was compiled against (a mismatch with the library is a bug).
-  d["binding_header_version"] = std::to_string(SFMOE_VERSION_MAJOR) + "." +
-                                std::to_string(SFMOE_VERSION_MINOR) + "." +
-                                std::to_string(SFMOE_VERSION_PATCH);
+  d["binding_header_version"] =
+      version_string(SFMOE_VERSION_MAJOR, SFMOE_VERSION_MINOR, SFMOE_VERSION_PATCH);
   return d;
 }
 
 nb::dict device_info() {
-  sfmoe_device_info info;
-  memset(&info, 0, sizeof(info));
-  info.struct_size = sizeof(info);
-  check(sfmoe_get_device_info(&info));
+  const sfmoe_device_info info = queried(sfmoe_get_device_info);
   nb::dict d;
   d["device_count"] = info.device_count;
   d["runtime_version"] = info.runtime_version;

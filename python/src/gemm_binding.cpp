@@ -20,20 +20,15 @@ void grouped_gemm(int32_t form, nb::dict a, nb::dict b, nb::dict out, bool accum
   place(&ga, placement);
   place(&gb, placement);
   place(&go, placement);
-  nb::ndarray<> workspace_array;
-  sfmoe_tensor t_workspace{};
-  if (!workspace.is_none()) {
-    workspace_array = nb::cast<nb::ndarray<>>(workspace);
-    t_workspace = describe_array("workspace", workspace_array, SFMOE_DTYPE_INT64);
-  }
+  const OptionalArray<nb::ndarray<>> t_workspace("workspace", workspace, SFMOE_DTYPE_INT64);
   sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
   config.form = to_enum<sfmoe_gemm_form>(form);
   config.accumulate = accumulate ? 1 : 0;
   config.hadamard_columnwise = hadamard ? 1 : 0;
   config.fp8_fast_accumulation = fast_accumulation ? 1 : 0;
   call_released([&] {
-    return sfmoe_grouped_gemm(&ga, &gb, &config, &go, workspace.is_none() ? nullptr : &t_workspace,
-                              nullptr, stream_pointer(stream));
+    return sfmoe_grouped_gemm(&ga, &gb, &config, &go, t_workspace.get(), nullptr,
+                              stream_pointer(stream));
   });
 }
 

@@ -32,11 +32,18 @@ void map_elements(const char* function, HostIn<In> in, HostOut<Out> out, F f) {
   for (size_t i = 0; i < n; ++i) dst[i] = f(src[i]);
 }
 
-template <class In, class Out, class F>
-void def_map(nb::module_& m, const char* name, F f, const char* doc) {
+// Registers `name`: out[i] = f(input[i], parameters...). The input array's keyword is `input`; the
+// scalar parameters (of types Params, named by `keywords`) follow `out`.
+template <class In, class Out, class... Params, class F, class... Keywords>
+void def_map(nb::module_& m, const char* name, F f, const char* doc, nb::arg input = "x"_a,
+             Keywords... keywords) {
+  static_assert(sizeof...(Params) == sizeof...(Keywords), "one keyword per parameter");
   m.def(
-      name, [name, f](HostIn<In> in, HostOut<Out> out) { map_elements<In, Out>(name, in, out, f); },
-      "x"_a.noconvert(), "out"_a.noconvert(), doc);
+      name,
+      [name, f](HostIn<In> in, HostOut<Out> out, Params... parameters) {
+        map_elements<In, Out>(name, in, out, [&](In x) { return f(x, parameters...); });
+      },
+      input.noconvert(), "out"_a.noconvert(), keywords..., doc);
 }
 
 }  // namespace
@@ -90,41 +97,27 @@ void register_numerics(nb::module_& m) {
       [](float amax) { return num::nvfp4_global_encode_scale(amax); },
       "out[i] = the NVFP4 global encode scale S_enc for global amax[i].");
 
-  m.def(
-      "fp8_scale_from_amax",
-      [](HostIn<float> amax, HostOut<float> out, float fp8_max, bool power_of_two) {
-        map_elements<float, float>("fp8_scale_from_amax", amax, out, [=](float a) {
-          return num::fp8_scale_from_amax(a, fp8_max, power_of_two);
-        });
+  def_map<float, float, float, bool>(
+      m, "fp8_scale_from_amax",
+      [](float amax, float fp8_max, bool power_of_two) {
+        return num::fp8_scale_from_amax(amax, fp8_max, power_of_two);
       },
-      "amax"_a.noconvert(), "out"_a.noconvert(), "fp8_max"_a, "power_of_two"_a,
-      "out[i] = the FP8 per-tensor / blockwise scale for amax[i].");
-  m.def(
-      "mx_scale_from_amax",
-      [](HostIn<float> amax, HostOut<uint8_t> out, float fp8_max) {
-        map_elements<float, uint8_t>("mx_scale_from_amax", amax, out,
-                                     [=](float a) { return num::mx_scale_from_amax(a, fp8_max); });
-      },
-      "amax"_a.noconvert(), "out"_a.noconvert(), "fp8_max"_a,
-      "out[i] = the MXFP8 E8M0 block scale for block amax[i].");
-  m.def(
-      "nvfp4_block_scale",
-      [](HostIn<float> amax, HostOut<uint8_t> out, float global_encode_scale) {
-        map_elements<float, uint8_t>("nvfp4_block_scale", amax, out, [=](float a) {
-          return num::nvfp4_block_scale(a, global_encode_scale);
-        });
-      },
-      "amax"_a.noconvert(), "out"_a.noconvert(), "global_encode_scale"_a,
-      "out[i] = the E4M3 NVFP4 block scale code for block amax[i].");
-  m.def(
-      "nvfp4_block_multiplier",
-      [](HostIn<uint8_t> code, HostOut<float> out, float global_encode_scale) {
-        map_elements<uint8_t, float>("nvfp4_block_multiplier", code, out, [=](uint8_t c) {
-          return num::nvfp4_block_multiplier(c, global_encode_scale);
-        });
-      },
-      "code"_a.noconvert(), "out"_a.noconvert(), "global_encode_scale"_a,
-      "out[i] = the NVFP4 element multiplier for block scale code[i].");
+      "out[i] = the FP8 per-tensor / blockwise scale for amax[i].", "amax"_a, "fp8_max"_a,
+      "power_of_two"_a);
+  def_map<float, uint8_t, float>(
+      m, "mx_scale_from_amax",
+      [](float amax, float fp8_max) { return num::mx_scale_from_amax(amax, fp8_max); },
+      "out[i] = the MXFP8 E8M0 block scale for block amax[i].", "amax"_a, "fp8_max"_a);
+  def_map<float, uint8_t, float>(
+      m, "nvfp4_block_scale",
+      [](float amax, float s_enc) { return num::nvfp4_block_scale(amax, s_enc); },
+      "out[i] = the E4M3 NVFP4 block scale code for block amax[i].", "amax"_a,
+      "global_encode_scale"_a);
+  def_map<uint8_t, float, float>(
+      m, "nvfp4_block_multiplier",
+      [](uint8_t code, float s_enc) { return num::nvfp4_block_multiplier(code, s_enc); },
+      "out[i] = the NVFP4 element multiplier for block scale code[i].", "code"_a,
+      "global_encode_scale"_a);
   m.def(
       "philox_random_bits",
       [](uint64_t seed, uint64_t offset, HostIn<uint64_t> index, HostOut<uint32_t> out) {

@@ -38,13 +38,12 @@ void permute(nb::ndarray<nb::ro> tokens, int32_t dtype, nb::ndarray<nb::ro> topk
   const sfmoe_tensor t_rows = describe_array("permuted", permuted, dtype);
   const sfmoe_tensor t_offsets = describe_array("group_offsets", group_offsets, SFMOE_DTYPE_INT64);
   sfmoe_grouped_tensor g = rows_descriptor(t_rows, num_experts, alignment, t_offsets);
-  nb::ndarray<> amax_array;
-  if (!amax.is_none()) {  // each expert's amax of its kept rows
-    amax_array = nb::cast<nb::ndarray<>>(amax);
-    const sfmoe_tensor t_amax = describe_array("amax", amax_array, SFMOE_DTYPE_FP32);
-    if (t_amax.ndim != 1 || t_amax.shape[0] != num_experts)
+  // Each expert's amax of its kept rows.
+  const OptionalArray<nb::ndarray<>> group_amax("amax", amax, SFMOE_DTYPE_FP32);
+  if (group_amax.given) {
+    if (group_amax.tensor.ndim != 1 || group_amax.tensor.shape[0] != num_experts)
       throw nb::value_error("permute: amax must be float32 [num_experts]");
-    g.amax = static_cast<float*>(t_amax.data);
+    g.amax = static_cast<float*>(group_amax.tensor.data);
   }
   sfmoe_permute_config config = sfmoe_permute_config_init();
   config.expert_capacity = expert_capacity;
@@ -57,19 +56,13 @@ void permute_quantized(nb::ndarray<nb::ro> tokens, int32_t dtype, nb::ndarray<nb
                        int64_t expert_capacity, nb::dict output, nb::object config,
                        nb::ndarray<> row_map, nb::ndarray<> tokens_per_expert,
                        nb::ndarray<> dropped_per_expert, nb::ndarray<> workspace, uint64_t stream) {
-  const char* function = "permute";
   const PermuteArrays arrays(tokens, dtype, topk_ids, row_map, tokens_per_expert,
                              dropped_per_expert, workspace);
-  std::vector<nb::ndarray<>> keep;
-  Placement placement;
-  sfmoe_grouped_tensor out = describe_grouped(function, "output", output, &keep, &placement);
-  place(&out, placement);
-  std::vector<nb::ndarray<nb::ro>> keep_config;
-  const sfmoe_quantize_config q = describe_config(function, config, &keep_config);
+  const QuantizedOutput quantized("permute", output, config);
   sfmoe_permute_config c = sfmoe_permute_config_init();
   c.expert_capacity = expert_capacity;
-  c.quantize = &q;
-  call_released([&] { return arrays.run(c, out, stream); });
+  c.quantize = &quantized.config;
+  call_released([&] { return arrays.run(c, quantized.out, stream); });
 }
 
 void unpermute(nb::ndarray<nb::ro> rows, int32_t rows_dtype, nb::ndarray<nb::ro> group_offsets,
@@ -81,15 +74,9 @@ void unpermute(nb::ndarray<nb::ro> rows, int32_t rows_dtype, nb::ndarray<nb::ro>
   const sfmoe_tensor t_out = describe_array("out", out, out_dtype);
   const sfmoe_grouped_tensor g =
       rows_descriptor(t_rows, t_offsets.ndim == 1 ? t_offsets.shape[0] - 1 : 0, 1, t_offsets);
-  nb::ndarray<nb::ro> probs_array;
-  sfmoe_tensor t_probs{};
-  if (!probs.is_none()) {
-    probs_array = nb::cast<nb::ndarray<nb::ro>>(probs);
-    t_probs = describe_array("probs", probs_array, SFMOE_DTYPE_FP32);
-  }
+  const OptionalArray<nb::ndarray<nb::ro>> t_probs("probs", probs, SFMOE_DTYPE_FP32);
   call_released([&] {
-    return sfmoe_unpermute(&g, &t_map, probs.is_none() ? nullptr : &t_probs, &t_out, nullptr,
-                           stream_pointer(stream));
+    return sfmoe_unpermute(&g, &t_map, t_probs.get(), &t_out, nullptr, stream_pointer(stream));
   });
 }
 

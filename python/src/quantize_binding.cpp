@@ -57,18 +57,38 @@ void grouped_dequantize(nb::dict input, nb::dict output, int32_t source, nb::obj
   });
 }
 
-// The scale swizzle in either direction; the library checks both arrays' sizes itself.
-void swizzle(bool inverse, nb::ndarray<nb::ro> from, int32_t from_dtype, int64_t rows,
-             int64_t scale_cols, nb::ndarray<> to, int32_t to_dtype, uint64_t stream) {
-  const char* function = inverse ? "unswizzle_scales" : "swizzle_scales";
-  const sfmoe_tensor a = describe_array(inverse ? "swizzled" : "compact", from, from_dtype);
-  const sfmoe_tensor b = describe_array(inverse ? "compact" : "swizzled", to, to_dtype);
+// The scale swizzle's two directions: one call with the arrays' roles swapped. Each array is named
+// for the layout it holds, in the keywords and in the error messages alike.
+struct SwizzleDirection {
+  const char* function;
+  const char* from;
+  const char* from_dtype;
+  const char* to;
+  const char* to_dtype;
+  const char* doc;
+  bool inverse;
+};
+constexpr SwizzleDirection kSwizzleDirections[] = {
+    {"swizzle_scales", "compact", "compact_dtype", "swizzled", "swizzled_dtype",
+     "sfmoe_swizzle_scales.", false},
+    {"unswizzle_scales", "swizzled", "swizzled_dtype", "compact", "compact_dtype",
+     "sfmoe_unswizzle_scales.", true},
+};
+
+// The library checks both arrays' sizes itself.
+void swizzle(const SwizzleDirection& direction, nb::ndarray<nb::ro> from, int32_t from_dtype,
+             int64_t rows, int64_t scale_cols, nb::ndarray<> to, int32_t to_dtype,
+             uint64_t stream) {
+  const std::string function = direction.function;
+  const sfmoe_tensor a = describe_array(direction.from, from, from_dtype);
+  const sfmoe_tensor b = describe_array(direction.to, to, to_dtype);
   Placement placement;
-  placement.add(std::string(function) + ": " + (inverse ? "swizzled" : "compact"), a);
-  placement.add(std::string(function) + ": " + (inverse ? "compact" : "swizzled"), b);
+  placement.add(function + ": " + direction.from, a);
+  placement.add(function + ": " + direction.to, b);
   call_released([&] {
-    return inverse ? sfmoe_unswizzle_scales(&a, rows, scale_cols, &b, stream_pointer(stream))
-                   : sfmoe_swizzle_scales(&a, rows, scale_cols, &b, stream_pointer(stream));
+    return direction.inverse
+               ? sfmoe_unswizzle_scales(&a, rows, scale_cols, &b, stream_pointer(stream))
+               : sfmoe_swizzle_scales(&a, rows, scale_cols, &b, stream_pointer(stream));
   });
 }
 
@@ -91,22 +111,17 @@ void register_quantize(nb::module_& m) {
         "config"_a = nb::none(), "stream"_a = 0,
         "sfmoe_grouped_dequantize; dicts as for grouped_quantize (the output: scaling 0, its\n"
         "rowwise_data the [row_capacity, cols] result).");
-  m.def(
-      "swizzle_scales",
-      [](nb::ndarray<nb::ro> compact, int32_t compact_dtype, int64_t rows, int64_t scale_cols,
-         nb::ndarray<> swizzled, int32_t swizzled_dtype, uint64_t stream) {
-        swizzle(false, compact, compact_dtype, rows, scale_cols, swizzled, swizzled_dtype, stream);
-      },
-      "compact"_a.noconvert(), "compact_dtype"_a, "rows"_a, "scale_cols"_a,
-      "swizzled"_a.noconvert(), "swizzled_dtype"_a, "stream"_a = 0, "sfmoe_swizzle_scales.");
-  m.def(
-      "unswizzle_scales",
-      [](nb::ndarray<nb::ro> swizzled, int32_t swizzled_dtype, int64_t rows, int64_t scale_cols,
-         nb::ndarray<> compact, int32_t compact_dtype, uint64_t stream) {
-        swizzle(true, swizzled, swizzled_dtype, rows, scale_cols, compact, compact_dtype, stream);
-      },
-      "swizzled"_a.noconvert(), "swizzled_dtype"_a, "rows"_a, "scale_cols"_a,
-      "compact"_a.noconvert(), "compact_dtype"_a, "stream"_a = 0, "sfmoe_unswizzle_scales.");
+  for (const SwizzleDirection& direction : kSwizzleDirections) {
+    m.def(
+        direction.function,
+        [d = &direction](nb::ndarray<nb::ro> from, int32_t from_dtype, int64_t rows,
+                         int64_t scale_cols, nb::ndarray<> to, int32_t to_dtype, uint64_t stream) {
+          swizzle(*d, from, from_dtype, rows, scale_cols, to, to_dtype, stream);
+        },
+        nb::arg(direction.from).noconvert(), nb::arg(direction.from_dtype), "rows"_a,
+        "scale_cols"_a, nb::arg(direction.to).noconvert(), nb::arg(direction.to_dtype),
+        "stream"_a = 0, direction.doc);
+  }
   m.def(
       "scale_shape",
       [](int32_t scaling, int32_t scale_layout, int64_t num_groups, int64_t copy_rows,

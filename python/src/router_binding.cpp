@@ -33,30 +33,13 @@ void router_forward(nb::ndarray<nb::ro> logits, int32_t logits_dtype, nb::object
   const sfmoe_tensor t_probs = describe_array("probs", probs, SFMOE_DTYPE_FP32);
   const sfmoe_tensor t_counts =
       describe_array("tokens_per_expert", tokens_per_expert, SFMOE_DTYPE_INT64);
-  nb::ndarray<nb::ro> bias_array;
-  nb::ndarray<> aux_array, z_array, workspace_array;
-  sfmoe_tensor t_bias{}, t_aux{}, t_z{}, t_workspace{};
-  if (!workspace.is_none()) {
-    workspace_array = nb::cast<nb::ndarray<>>(workspace);
-    t_workspace = describe_array("workspace", workspace_array, SFMOE_DTYPE_FP32);
-  }
-  if (!expert_bias.is_none()) {
-    bias_array = nb::cast<nb::ndarray<nb::ro>>(expert_bias);
-    t_bias = describe_array("expert_bias", bias_array, SFMOE_DTYPE_FP32);
-  }
-  if (!aux_loss.is_none()) {
-    aux_array = nb::cast<nb::ndarray<>>(aux_loss);
-    t_aux = describe_array("aux_loss", aux_array, SFMOE_DTYPE_FP32);
-  }
-  if (!z_loss.is_none()) {
-    z_array = nb::cast<nb::ndarray<>>(z_loss);
-    t_z = describe_array("z_loss", z_array, SFMOE_DTYPE_FP32);
-  }
+  const OptionalArray<nb::ndarray<>> t_workspace("workspace", workspace, SFMOE_DTYPE_FP32);
+  const OptionalArray<nb::ndarray<nb::ro>> t_bias("expert_bias", expert_bias, SFMOE_DTYPE_FP32);
+  const OptionalArray<nb::ndarray<>> t_aux("aux_loss", aux_loss, SFMOE_DTYPE_FP32);
+  const OptionalArray<nb::ndarray<>> t_z("z_loss", z_loss, SFMOE_DTYPE_FP32);
   call_released([&] {
-    return sfmoe_router_forward(
-        &t_logits, expert_bias.is_none() ? nullptr : &t_bias, &c, &t_ids, &t_probs, &t_counts,
-        aux_loss.is_none() ? nullptr : &t_aux, z_loss.is_none() ? nullptr : &t_z,
-        workspace.is_none() ? nullptr : &t_workspace, stream_pointer(stream));
+    return sfmoe_router_forward(&t_logits, t_bias.get(), &c, &t_ids, &t_probs, &t_counts,
+                                t_aux.get(), t_z.get(), t_workspace.get(), stream_pointer(stream));
   });
 }
 
@@ -69,15 +52,9 @@ void router_backward(nb::ndarray<nb::ro> logits, int32_t logits_dtype, nb::ndarr
   const sfmoe_tensor t_counts =
       describe_array("tokens_per_expert", tokens_per_expert, SFMOE_DTYPE_INT64);
   const sfmoe_tensor t_dlogits = describe_array("d_logits", d_logits, SFMOE_DTYPE_FP32);
-  nb::ndarray<nb::ro> dp_array;
-  sfmoe_tensor t_dprobs{};
-  if (!d_probs.is_none()) {
-    dp_array = nb::cast<nb::ndarray<nb::ro>>(d_probs);
-    t_dprobs = describe_array("d_probs", dp_array, SFMOE_DTYPE_FP32);
-  }
+  const OptionalArray<nb::ndarray<nb::ro>> t_dprobs("d_probs", d_probs, SFMOE_DTYPE_FP32);
   call_released([&] {
-    return sfmoe_router_backward(&t_logits, &t_ids, &t_counts, &c,
-                                 d_probs.is_none() ? nullptr : &t_dprobs,
+    return sfmoe_router_backward(&t_logits, &t_ids, &t_counts, &c, t_dprobs.get(),
                                  static_cast<float>(d_aux_loss), static_cast<float>(d_z_loss),
                                  &t_dlogits, nullptr, stream_pointer(stream));
   });

@@ -3,6 +3,8 @@
 // functions and turns a failed status into a Python exception that carries the library's own
 // message. Framework handling (allocation, dtype mapping, streams) belongs to the Python package
 // (python/sfmoe/).
+#include <ctype.h>
+
 #include "binding.h"
 #include "plan_binding.h"
 
@@ -33,6 +35,15 @@ void raise_c_api_error(const CApiError& error) {
   Py_XDECREF(module);
 }
 
+// "DTYPE_" + "fp8_e4m3" -> "DTYPE_FP8_E4M3".
+std::string constant_name(const char* prefix, const char* name) {
+  std::string constant = prefix;
+  for (const char* c = name; *c != '\0'; ++c) {
+    constant += static_cast<char>(toupper(static_cast<unsigned char>(*c)));
+  }
+  return constant;
+}
+
 void translate_exception(const std::exception_ptr& exception, void*) {
   try {
     std::rethrow_exception(exception);
@@ -49,23 +60,17 @@ NB_MODULE(_C, m) {
   sfmoe_binding::register_planning(m);
 
   // Enum values and struct sizes, as the headers this extension was compiled with define them.
-  m.attr("DTYPE_FP32") = static_cast<int>(SFMOE_DTYPE_FP32);
-  m.attr("DTYPE_BF16") = static_cast<int>(SFMOE_DTYPE_BF16);
-  m.attr("DTYPE_FP16") = static_cast<int>(SFMOE_DTYPE_FP16);
-  m.attr("DTYPE_FP8_E4M3") = static_cast<int>(SFMOE_DTYPE_FP8_E4M3);
-  m.attr("DTYPE_FP8_E5M2") = static_cast<int>(SFMOE_DTYPE_FP8_E5M2);
-  m.attr("DTYPE_FP4_E2M1") = static_cast<int>(SFMOE_DTYPE_FP4_E2M1);
-  m.attr("DTYPE_E8M0") = static_cast<int>(SFMOE_DTYPE_E8M0);
-  m.attr("DTYPE_INT32") = static_cast<int>(SFMOE_DTYPE_INT32);
-  m.attr("DTYPE_INT64") = static_cast<int>(SFMOE_DTYPE_INT64);
+  // DTYPE_<NAME> and SCALING_<NAME> for every value below the header's count, named after the
+  // library's own names (sfmoe_dtype_name "fp8_e4m3": DTYPE_FP8_E4M3) as STATUS_CODES is below, so
+  // that the list of values is written once, in the header.
+  for (int dtype = 0; dtype < SFMOE_DTYPE_COUNT; ++dtype) {
+    m.attr(constant_name("DTYPE_", sfmoe_dtype_name(to_enum<sfmoe_dtype>(dtype))).c_str()) = dtype;
+  }
   m.attr("DTYPE_COUNT") = SFMOE_DTYPE_COUNT;
-  m.attr("SCALING_NONE") = static_cast<int>(SFMOE_SCALING_NONE);
-  m.attr("SCALING_TENSOR") = static_cast<int>(SFMOE_SCALING_TENSOR);
-  m.attr("SCALING_BLOCK_1X128") = static_cast<int>(SFMOE_SCALING_BLOCK_1X128);
-  m.attr("SCALING_BLOCK_128X128") = static_cast<int>(SFMOE_SCALING_BLOCK_128X128);
-  m.attr("SCALING_MX_1X32") = static_cast<int>(SFMOE_SCALING_MX_1X32);
-  m.attr("SCALING_NV_1X16") = static_cast<int>(SFMOE_SCALING_NV_1X16);
-  m.attr("SCALING_NV_16X16") = static_cast<int>(SFMOE_SCALING_NV_16X16);
+  for (int scaling = 0; scaling < SFMOE_SCALING_COUNT; ++scaling) {
+    m.attr(constant_name("SCALING_", sfmoe_scaling_name(to_enum<sfmoe_scaling>(scaling))).c_str()) =
+        scaling;
+  }
   m.attr("SCALING_COUNT") = SFMOE_SCALING_COUNT;
   m.attr("SCALE_LAYOUT_COMPACT") = static_cast<int>(SFMOE_SCALE_LAYOUT_COMPACT);
   m.attr("SCALE_LAYOUT_SWIZZLED") = static_cast<int>(SFMOE_SCALE_LAYOUT_SWIZZLED);
