@@ -14,8 +14,8 @@
 #include "src/common/group_offsets.h"
 #include "src/cuda/backend.h"
 #include "src/cuda/common/cuda_check.h"
-#include "src/cuda/common/rowwise_quantize.h"
 #include "src/cuda/common/vector_io.h"
+#include "src/cuda/quantize/fused_rowwise.cuh"
 
 namespace sfmoe {
 namespace cuda {
@@ -135,7 +135,7 @@ __device__ __forceinline__ void decode_gate_up(const StepInput<kVec>& in, sfmoe_
 // 0 writes values, kAmaxOnly writes nothing (the group amax before an NVFP4 output), 1 (TENSOR
 // with given scales: the row's group scale), 16 (NVFP4 1x16, from the group amax in q.amax), 32
 // (MX_1X32) or 128 (BLOCK_1X128) quantizes them on the fly
-// (src/cuda/common/rowwise_quantize.h; a quantization block spans 2, 4 or 16 lanes of the row's
+// (src/cuda/quantize/fused_rowwise.cuh; a quantization block spans 2, 4 or 16 lanes of the row's
 // warp).
 // With a.amax, each group's amax of the FP32 activations is gathered per block in shared memory
 // (the bit patterns' max: order-free) and added to the output by one atomic max per group and

@@ -30,8 +30,8 @@
 // 128 ping-pong in 2 x 1 (chosen above for FP8 fast accumulation; for BF16 within 2% of 128 x 256
 // on 6 of the 12 cases and up to 24% behind on the others).
 // The choice is a pure function of the host's bounds; SFMOE_GEMM_TILE (read once at load,
-// launch_overrides.h) replaces it in grouped_gemm.cu, and a tile the recipe is not compiled for
-// falls back to the recipe's default there.
+// launch_overrides.h) replaces it in sm90_grouped_gemm.cu, and a tile the recipe is not compiled
+// for falls back to the recipe's default there.
 #pragma once
 
 #include <stdint.h>

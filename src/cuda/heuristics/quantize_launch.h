@@ -9,6 +9,15 @@
 namespace sfmoe {
 namespace cuda {
 
+// The tile kernel's compiled tunables; docs/KERNEL_NOTES.md has what other settings measured.
+constexpr int kTileRingStages = 3;         // shared tiles of the columnwise ring (q8: 4, no faster)
+constexpr int kRowwiseMinBlocks = 3;       // blocks per SM the registers allow (q8, q12: 2, slower)
+constexpr int kNvfp4RowwiseMinBlocks = 2;  // NVFP4's encoding needs more registers (q17: 3 spills)
+constexpr int kColumnwiseMinBlocks = 1;    // 512 threads at 128 registers
+constexpr int kAmaxPassMinBlocks = 4;      // the tile kernel's amax pass, no spills (q7)
+constexpr int kRowwiseUnitsPerBlock = 32;  // work units per resident block (q16)
+constexpr int kColumnwiseUnitsPerBlock = 16;  // (q16)
+
 // The amax row stream's grid: two runs of rows per resident warp (each warp's run length comes
 // from the real rows on the device), or, with `rows_per_warp` > 0 (tests), as many blocks as
 // runs of that length take.

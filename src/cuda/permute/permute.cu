@@ -11,11 +11,11 @@
 //            one instruction and stored to each destination by one more per slot), others by
 //            16-, 4- or 2-byte vectors.
 // The scan, place and copy kernels are programmatic dependents of the kernel before them
-// (src/cuda/common/dependent_launch.h): each starts while its predecessor runs, does what needs
-// only the inputs (place builds its chunk's bitmap from the ids, the bulk copy loads its token
-// row), and waits for the predecessor before it reads what that one writes.
-// Unpermute: one block per token gathers its k rows, FP32 sums in slot order. Its backward: one
-// block per token scatters probs * d_out and reduces d_probs; padding blocks write zeros.
+// (src/cuda/common/sm90_dependent_launch.h): each starts while its predecessor runs, does what
+// needs only the inputs (place builds its chunk's bitmap from the ids, the bulk copy loads its
+// token row), and waits for the predecessor before it reads what that one writes. Unpermute: one
+// block per token gathers its k rows, FP32 sums in slot order. Its backward: one block per token
+// scatters probs * d_out and reduces d_probs; padding blocks write zeros.
 #include <stdint.h>
 
 #include "sfmoe/numerics/float_formats.h"
@@ -24,13 +24,13 @@
 #include "src/common/fault.h"
 #include "src/common/group_offsets.h"
 #include "src/cuda/backend.h"
-#include "src/cuda/common/bulk_copy.h"
 #include "src/cuda/common/cuda_check.h"
-#include "src/cuda/common/dependent_launch.h"
 #include "src/cuda/common/raw_amax.h"
-#include "src/cuda/common/rowwise_quantize.h"
+#include "src/cuda/common/sm90_bulk_copy.h"
+#include "src/cuda/common/sm90_dependent_launch.h"
 #include "src/cuda/common/vector_io.h"
 #include "src/cuda/heuristics/permute_launch.h"
+#include "src/cuda/quantize/fused_rowwise.cuh"
 
 namespace sfmoe {
 namespace cuda {
@@ -451,7 +451,7 @@ __global__ void __launch_bounds__(kBulkThreads)
 // ---- fused quantization ----------------------------------------------------------------------
 //
 // Permute followed by sfmoe_grouped_quantize of the permuted rows, in one pass, for the rowwise
-// recipes whose blocks lie within a row (src/cuda/common/rowwise_quantize.h): a token's codes and
+// recipes whose blocks lie within a row (src/cuda/quantize/fused_rowwise.cuh): a token's codes and
 // scales are the same in each of its k rows, so they are computed once from its row and written
 // k times.
 

@@ -17,7 +17,7 @@
 #include "src/common/fault.h"
 #include "src/cuda/backend.h"
 #include "src/cuda/common/cuda_check.h"
-#include "src/cuda/common/dependent_launch.h"
+#include "src/cuda/common/sm90_dependent_launch.h"
 #include "src/cuda/heuristics/router_launch.h"
 
 namespace sfmoe {

@@ -14,7 +14,7 @@
 //          columnwise scales in the columnwise-transposed layout [rows / 128, n or k], read
 //          M/N-major from block row offsets[g] / 128 (the compact [n or k, rows / 128] layout
 //          has no per-group leading dimension the mainloop could use).
-#include "src/cuda/gemm/grouped_gemm_kernels.cuh"
+#include "src/cuda/gemm/sm90_grouped_gemm_kernels.cuh"
 
 namespace sfmoe {
 namespace cuda {

@@ -5,7 +5,7 @@
 // NVFP4 1x16 once the group amax is known (the grouped activations compute it first). A
 // block of B elements is B / 8 neighbouring lanes, whose amax is reduced by xor shuffles (the
 // propagating max of the numerics headers, which does not depend on the order); the scale and the
-// codes are the grouped quantization's (docs/quantization.md), so the bytes equal
+// codes come from the grouped quantization's own encoder (recipe_encoder.cuh), so the bytes equal
 // sfmoe_grouped_quantize of the same FP32 values.
 #pragma once
 
@@ -15,6 +15,7 @@
 #include "sfmoe/numerics/scale_swizzle.h"
 #include "sfmoe/numerics/scaling.h"
 #include "src/common/quantize_args.h"
+#include "src/cuda/quantize/recipe_encoder.cuh"
 
 namespace sfmoe {
 namespace cuda {
@@ -48,44 +49,32 @@ __device__ __forceinline__ int64_t byte_scale_offset(const FusedQuantization& q,
                       block_col, scale_cols);
 }
 
+// A block's scale (MXFP8: kBlock 32, E8M0; FP8 1x128: kBlock 128, FP32 scale_inv) by the
+// encoder's rule, and where the fused kernels store it.
 template <int kBlock>
 struct BlockScales {
-  float multiplier, scale_inv;
-  uint8_t code;
+  static constexpr sfmoe_scaling kScaling =
+      kBlock == 32 ? SFMOE_SCALING_MX_1X32 : SFMOE_SCALING_BLOCK_1X128;
+  encoding::BlockScale scale;
+  float multiplier;
   static __device__ __forceinline__ BlockScales of(float amax, bool e5m2, bool power_of_two) {
-    const float fp8_max = e5m2 ? numerics::kE5M2Max : numerics::kE4M3Max;
     BlockScales s;
-    if constexpr (kBlock == 32) {
-      s.code = numerics::mx_scale_from_amax(amax, fp8_max);
-      s.multiplier = numerics::mx_multiplier(s.code);
-      s.scale_inv = 0.0f;
-    } else {
-      s.multiplier = numerics::fp8_scale_from_amax(amax, fp8_max, power_of_two);
-      s.scale_inv = numerics::scale_inverse(s.multiplier);
-      s.code = 0;
-    }
+    s.scale =
+        encoding::block_scale<kScaling>(amax, encoding::fp8_limits(e5m2), power_of_two, 1.0f, 1.0f);
+    s.multiplier = s.scale.multiplier;
     return s;
   }
   __device__ __forceinline__ void store(const FusedQuantization& q, int64_t row, int64_t block_col,
                                         int64_t scale_cols) const {
-    if constexpr (kBlock == 32) {
-      static_cast<uint8_t*>(q.scales)[byte_scale_offset(q, row, block_col, scale_cols)] = code;
-    } else {
-      static_cast<float*>(q.scales)[row * scale_cols + block_col] = scale_inv;
-    }
+    const int64_t offset = kBlock == 32 ? byte_scale_offset(q, row, block_col, scale_cols)
+                                        : row * scale_cols + block_col;
+    encoding::store_scale<kScaling>(q.scales, offset, scale);
   }
 };
 
 // Eight codes, packed in element order.
 __device__ __forceinline__ uint2 encode_eight(const float (&v)[8], float multiplier, bool e5m2) {
-  uint32_t words[2] = {0u, 0u};
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const float x = numerics::mul_rn(v[i], multiplier);
-    const uint32_t code = e5m2 ? numerics::f32_to_e5m2(x) : numerics::f32_to_e4m3(x);
-    words[i / 4] |= code << (8 * (i % 4));
-  }
-  return make_uint2(words[0], words[1]);
+  return encoding::encode_eight_fp8(v, multiplier, e5m2);
 }
 
 // The swizzled layout's padding columns of a written row (scale_cols not a multiple of 4) are 0.
@@ -132,12 +121,15 @@ __device__ __forceinline__ uint32_t quantize_eight_nvfp4(const float (&v)[8], Nv
 #pragma unroll
   for (int i = 0; i < 8; ++i) amax = numerics::amax_accumulate(amax, v[i]);
   amax = numerics::amax_accumulate(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
-  *scale_code = numerics::nvfp4_block_scale(amax, g.encode);
-  const float multiplier = numerics::nvfp4_block_multiplier_from_decode(*scale_code, g.decode);
-  float scaled[8];
+  const encoding::BlockScale s = encoding::block_scale<SFMOE_SCALING_NV_1X16>(
+      amax, encoding::Fp8Limits{0.0f, 0.0f}, false, g.encode, g.decode);
+  *scale_code = s.stored_u8;
+  float mult[8];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) scaled[i] = numerics::mul_rn(v[i], multiplier);  // canonical NaNs
-  return numerics::pack_e2m1x8_canonical_nan(scaled);
+  for (int i = 0; i < 8; ++i) mult[i] = s.multiplier;
+  uint32_t word;
+  encoding::encode_packed<true, 8>(v, mult, false, false, 0, 0, 0, &word);
+  return word;
 }
 
 // The fused form of a rowwise quantization from its backend arguments.

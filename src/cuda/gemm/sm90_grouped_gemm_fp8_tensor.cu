@@ -1,10 +1,10 @@
 // Grouped GEMM with FP8 per-tensor operands on Hopper (docs/grouped_gemm.md): one scale per group
 // and operand, alpha_g = scale_inv_a[g] scale_inv_b[g] applied in the epilogue. Every form reads
-// K-major copies (grouped_gemm_kernels.cuh); A is E4M3 (activations) or E5M2 (gradients), B E4M3.
-// Two accumulations: the accurate one (CUTLASS promotes the tensor cores' partial sums into a
+// K-major copies (sm90_grouped_gemm_kernels.cuh); A is E4M3 (activations) or E5M2 (gradients), B
+// E4M3. Two accumulations: the accurate one (CUTLASS promotes the tensor cores' partial sums into a
 // second FP32 accumulator every 4 MMAs) and, when the caller asks, the fast one (the tensor
 // cores' own accumulation over all of K: fewer instructions and registers, less precise sums).
-#include "src/cuda/gemm/grouped_gemm_kernels.cuh"
+#include "src/cuda/gemm/sm90_grouped_gemm_kernels.cuh"
 
 namespace sfmoe {
 namespace cuda {

@@ -1,6 +1,7 @@
 // The grouped GEMM's shared machinery on Hopper (docs/grouped_gemm.md), included by the
-// translation units that instantiate kernels (grouped_gemm.cu: BF16 and FP8 per-tensor;
-// grouped_gemm_blockwise.cu: FP8 blockwise), so each compiles in parallel with the others.
+// translation units that instantiate kernels (sm90_grouped_gemm.cu: BF16;
+// sm90_grouped_gemm_fp8_tensor.cu: FP8 per-tensor; sm90_grouped_gemm_fp8_blockwise.cu: FP8
+// blockwise), so each compiles in parallel with the others.
 //
 // CUTLASS's persistent ptr-array kernels (TMA loads, warp-specialized cooperative GMMA) run over
 // problem shapes that exist only on the device. A setup kernel turns the group offsets into each

@@ -1,8 +1,8 @@
 // Grouped GEMM on Hopper (docs/grouped_gemm.md): the BF16 kernels, the dispatch by recipe, output
 // dtype and tile (heuristics/gemm_tiles.h), and the workspace size. The FP8 recipes compile in
-// their own translation units (grouped_gemm_fp8_tensor.cu, grouped_gemm_blockwise.cu); the
-// machinery all share is in grouped_gemm_kernels.cuh.
-#include "src/cuda/gemm/grouped_gemm_kernels.cuh"
+// their own translation units (sm90_grouped_gemm_fp8_tensor.cu,
+// sm90_grouped_gemm_fp8_blockwise.cu); the machinery all share is in sm90_grouped_gemm_kernels.cuh.
+#include "src/cuda/gemm/sm90_grouped_gemm_kernels.cuh"
 
 namespace sfmoe {
 namespace cuda {
