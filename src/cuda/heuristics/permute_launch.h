@@ -17,5 +17,13 @@ inline bool permute_copy_by_bulk(const void* tokens, const void* permuted, int64
          reinterpret_cast<uintptr_t>(permuted) % 16 == 0;
 }
 
+// The vector copy's width: the widest of 16, 4 and 2 bytes that divides the row and both
+// buffers' addresses (rows are whole 2-byte elements at least).
+inline int permute_vector_bytes(const void* tokens, const void* permuted, int64_t row_bytes) {
+  const uint64_t common = static_cast<uint64_t>(row_bytes) | reinterpret_cast<uintptr_t>(tokens) |
+                          reinterpret_cast<uintptr_t>(permuted);
+  return common % 16 == 0 ? 16 : common % 4 == 0 ? 4 : 2;
+}
+
 }  // namespace cuda
 }  // namespace sfmoe

@@ -756,9 +756,10 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
                             a.tokens_per_expert, a.row_map, static_cast<Vec*>(a.permuted), a.dtype,
                             a.hidden, a.topk_ids, group_amax);
   };
-  const cudaError_t launched = row_bytes % 16 == 0  ? launch(uint4{})
-                               : row_bytes % 4 == 0 ? launch(uint32_t{})
-                                                    : launch(uint16_t{});
+  const int vector_bytes = permute_vector_bytes(a.tokens, a.permuted, row_bytes);
+  const cudaError_t launched = vector_bytes == 16  ? launch(uint4{})
+                               : vector_bytes == 4 ? launch(uint32_t{})
+                                                   : launch(uint16_t{});
   SFMOE_CUDA_RETURN_IF_ERROR(launched);
   return check_launch("permute_copy_kernel");
 }
