@@ -7,7 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CUTLASS_VERSION=4.2.0.0
-PY_PACKAGES=(nanobind==3.1.0 numpy==2.4.6 ml_dtypes==0.6.0 pytest==9.2.0 ruff==0.17.6)
+# torch (about 3 GB with its CUDA libraries, kept in .venv): the torch module's tests and the demo
+# run on the CPU backend in CI.
+PY_PACKAGES=(nanobind==3.1.0 numpy==2.4.6 ml_dtypes==0.6.0 pytest==9.2.0 ruff==0.17.6 torch==2.15.0)
 
 have_network() { [ "${SFMOE_OFFLINE:-0}" != 1 ]; }
 PIP_OPTS=(-q --disable-pip-version-check --root-user-action=ignore --retries 1 --timeout 20)

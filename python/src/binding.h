@@ -30,6 +30,7 @@
 #include "sfmoe/activation.h"
 #include "sfmoe/cast.h"
 #include "sfmoe/grouped_gemm.h"
+#include "sfmoe/moe_layer.h"
 #include "sfmoe/numerics.h"
 #include "sfmoe/permute.h"
 #include "sfmoe/quantize.h"
@@ -590,6 +591,9 @@ inline sfmoe_grouped_tensor rows_descriptor(const sfmoe_tensor& data, int64_t nu
   return g;
 }
 
+// The sfmoe_router_config fields from the dict python/sfmoe/_router.py builds (router_binding.cpp).
+sfmoe_router_config router_config(const nb::dict& config);
+
 // Runs a C API call with the GIL released (the host backend's loops can be long; a device call
 // only enqueues) and raises its failure as sfmoe.Error.
 template <class Call>
@@ -610,5 +614,6 @@ void register_router(nb::module_& m);
 void register_permute(nb::module_& m);
 void register_activation(nb::module_& m);
 void register_gemm(nb::module_& m);
+void register_layer(nb::module_& m);
 
 }  // namespace sfmoe_binding

@@ -2,12 +2,7 @@
 #include "binding.h"
 
 namespace sfmoe_binding {
-namespace {
 
-// ---- router
-// ----------------------------------------------------------------
-
-// The sfmoe_router_config fields from the dict python/sfmoe/_router.py builds.
 sfmoe_router_config router_config(const nb::dict& config) {
   sfmoe_router_config c = sfmoe_router_config_init();
   c.top_k = nb::cast<int64_t>(config["top_k"]);
@@ -22,6 +17,8 @@ sfmoe_router_config router_config(const nb::dict& config) {
   c.z_loss_coeff = static_cast<float>(nb::cast<double>(config["z_loss_coeff"]));
   return c;
 }
+
+namespace {
 
 void router_forward(nb::ndarray<nb::ro> logits, int32_t logits_dtype, nb::object expert_bias,
                     nb::dict config, nb::ndarray<> topk_ids, nb::ndarray<> probs,

@@ -102,4 +102,5 @@ NB_MODULE(_C, m) {
   sfmoe_binding::register_permute(m);
   sfmoe_binding::register_activation(m);
   sfmoe_binding::register_gemm(m);
+  sfmoe_binding::register_layer(m);
 }

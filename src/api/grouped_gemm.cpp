@@ -14,6 +14,7 @@
 #include "src/common/error.h"
 #include "src/common/grouped_gemm_args.h"
 #include "src/ops/backend.h"
+#include "src/ops/layout_plan.h"
 #if defined(SFMOE_WITH_CUDA)
 #include "src/cuda/backend.h"
 #endif
@@ -87,13 +88,6 @@ sfmoe_status gemm_operand(const char* context, const char* name, const sfmoe_gro
   q.columnwise_amax = t->columnwise_amax;
   return SFMOE_SUCCESS;
 }
-
-#if defined(SFMOE_WITH_CUDA) && defined(SFMOE_WITH_CUTE)
-// The kernels' per-group arguments, in whole 8-byte words.
-int64_t kernel_workspace_bytes(int64_t groups) {
-  return (cuda::grouped_gemm_workspace_bytes(groups) + 7) / 8 * 8;
-}
-#endif
 
 // The operands and a's offsets of a validated call: the copy each form reads
 // (docs/grouped_gemm.md); in wgrad b's rows are grouped by a's offsets.
@@ -259,10 +253,10 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
   }
   // The kernels' per-group arguments; emulated operands' BF16 values after them.
   const int64_t workspace_bytes =
-      emulated ? gemm_emulation_workspace(kernel_workspace_bytes(a->num_groups), a->row_capacity,
-                                          a->cols, b->row_capacity, b->cols)
+      emulated ? gemm_emulation_workspace(ops::grouped_gemm_kernel_workspace_bytes(a->num_groups),
+                                          a->row_capacity, a->cols, b->row_capacity, b->cols)
                      .total_bytes()
-               : kernel_workspace_bytes(a->num_groups);
+               : ops::grouped_gemm_kernel_workspace_bytes(a->num_groups);
   SFMOE_RETURN_IF_ERROR(expect_workspace(context, workspace, workspace_bytes,
                                          "sfmoe_grouped_gemm_workspace_bytes", nullptr, nullptr));
   if (workspace->memory != SFMOE_MEMORY_CUDA || workspace->device != a->device) {
@@ -297,23 +291,8 @@ extern "C" {
 int64_t sfmoe_grouped_gemm_workspace_bytes(int64_t num_groups, sfmoe_scaling a_scaling,
                                            int64_t a_rows, int64_t a_cols, sfmoe_scaling b_scaling,
                                            int64_t b_rows, int64_t b_cols) {
-  if (num_groups < 0 || a_rows < 0 || a_cols < 0 || b_rows < 0 || b_cols < 0) return -1;
-  // (the BF16 copies' bytes, 2 per element, must fit in int64 with room for alignment)
-  const int64_t most = INT64_MAX / 8;
-  if ((a_cols > 0 && a_rows > most / a_cols) || (b_cols > 0 && b_rows > most / b_cols)) return -1;
-#if defined(SFMOE_WITH_CUDA) && defined(SFMOE_WITH_CUTE)
-  if (sfmoe::cuda::device_count() == 0) return 0;
-  if (!sfmoe::gemm_emulated_on_device(sfmoe::enum_value(a_scaling)) ||
-      !sfmoe::gemm_emulated_on_device(sfmoe::enum_value(b_scaling))) {
-    return sfmoe::kernel_workspace_bytes(num_groups);
-  }
-  return sfmoe::gemm_emulation_workspace(sfmoe::kernel_workspace_bytes(num_groups), a_rows, a_cols,
-                                         b_rows, b_cols)
-      .total_bytes();
-#else
-  (void)a_scaling, (void)b_scaling;
-  return 0;
-#endif
+  return sfmoe::ops::grouped_gemm_workspace_bytes(num_groups, a_scaling, a_rows, a_cols, b_scaling,
+                                                  b_rows, b_cols);
 }
 
 sfmoe_grouped_gemm_config sfmoe_grouped_gemm_config_init(void) {

@@ -7,6 +7,7 @@
 
 #include <vector>
 
+#include "src/api/router_config.h"
 #include "src/api/status_word_impl.h"
 #include "src/api/validate.h"
 #include "src/common/error.h"
@@ -15,10 +16,9 @@
 #include "src/ops/layout_plan.h"
 
 namespace sfmoe {
-namespace {
 
-sfmoe_status check_config(const char* context, const sfmoe_router_config* c, int64_t experts,
-                          RouterConfig* out) {
+sfmoe_status check_router_config(const char* context, const sfmoe_router_config* c, int64_t experts,
+                                 RouterConfig* out) {
   SFMOE_RETURN_IF_ERROR(check_struct(context, "config", c, "sfmoe_router_config_init()"));
   const int32_t score = enum_value(c->score);
   if (score != SFMOE_ROUTER_SCORE_SOFTMAX && score != SFMOE_ROUTER_SCORE_SIGMOID) {
@@ -83,7 +83,7 @@ sfmoe_status check_config(const char* context, const sfmoe_router_config* c, int
   return SFMOE_SUCCESS;
 }
 
-sfmoe_status check_logits(const char* context, const sfmoe_tensor* logits) {
+sfmoe_status check_router_logits(const char* context, const sfmoe_tensor* logits) {
   SFMOE_RETURN_IF_ERROR(validate_tensor(context, "logits", logits));
   if (logits->ndim != 2 || logits->shape[1] < 1) {
     return fail(SFMOE_ERROR_SHAPE_MISMATCH,
@@ -97,7 +97,7 @@ sfmoe_status check_logits(const char* context, const sfmoe_tensor* logits) {
 }
 
 // The CUDA router's bounds (registers and shared memory hold a token's scores and picks).
-sfmoe_status check_device_bounds(const char* context, const RouterConfig& c) {
+sfmoe_status check_router_device_bounds(const char* context, const RouterConfig& c) {
   if (c.num_experts > kMaxDeviceExperts || c.num_groups > kMaxDeviceGroups ||
       c.top_k > kMaxDeviceTopK) {
     return fail(SFMOE_ERROR_UNSUPPORTED,
@@ -110,9 +110,6 @@ sfmoe_status check_device_bounds(const char* context, const RouterConfig& c) {
   return SFMOE_SUCCESS;
 }
 
-// The logits as FP32 (BF16 widens exactly).
-
-}  // namespace
 }  // namespace sfmoe
 
 extern "C" {
@@ -132,10 +129,10 @@ sfmoe_status sfmoe_router_forward(const sfmoe_tensor* logits, const sfmoe_tensor
                                   const sfmoe_tensor* workspace, void* stream) {
   const char* context = "sfmoe_router_forward";
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
-    SFMOE_RETURN_IF_ERROR(sfmoe::check_logits(context, logits));
+    SFMOE_RETURN_IF_ERROR(sfmoe::check_router_logits(context, logits));
     const int64_t tokens = logits->shape[0], experts = logits->shape[1];
     sfmoe::RouterConfig c;
-    SFMOE_RETURN_IF_ERROR(sfmoe::check_config(context, config, experts, &c));
+    SFMOE_RETURN_IF_ERROR(sfmoe::check_router_config(context, config, experts, &c));
     if (expert_bias != nullptr) {
       SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "expert_bias", expert_bias,
                                                  {SFMOE_DTYPE_FP32}, {experts}, logits, "logits"));
@@ -171,7 +168,7 @@ sfmoe_status sfmoe_router_forward(const sfmoe_tensor* logits, const sfmoe_tensor
         z_loss ? static_cast<float*>(z_loss->data) : nullptr,
         nullptr};
     if (logits->memory == SFMOE_MEMORY_CUDA) {
-      SFMOE_RETURN_IF_ERROR(sfmoe::check_device_bounds(context, c));
+      SFMOE_RETURN_IF_ERROR(sfmoe::check_router_device_bounds(context, c));
       if (aux_loss != nullptr || z_loss != nullptr) {
         // A loss on the device needs the per-block partials' workspace.
         SFMOE_RETURN_IF_ERROR(sfmoe::expect_workspace(
@@ -191,10 +188,10 @@ sfmoe_status sfmoe_router_backward(const sfmoe_tensor* logits, const sfmoe_tenso
                                    sfmoe_status_word* word, void* stream) {
   const char* context = "sfmoe_router_backward";
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
-    SFMOE_RETURN_IF_ERROR(sfmoe::check_logits(context, logits));
+    SFMOE_RETURN_IF_ERROR(sfmoe::check_router_logits(context, logits));
     const int64_t tokens = logits->shape[0], experts = logits->shape[1];
     sfmoe::RouterConfig c;
-    SFMOE_RETURN_IF_ERROR(sfmoe::check_config(context, config, experts, &c));
+    SFMOE_RETURN_IF_ERROR(sfmoe::check_router_config(context, config, experts, &c));
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "topk_ids", topk_ids, {SFMOE_DTYPE_INT32},
                                                {tokens, c.top_k}, logits, "logits"));
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_tensor(context, "tokens_per_expert", tokens_per_expert,
@@ -225,7 +222,7 @@ sfmoe_status sfmoe_router_backward(const sfmoe_tensor* logits, const sfmoe_tenso
     if (logits->memory == SFMOE_MEMORY_CUDA) {
       // Ids are checked by the kernel: one outside [0, E) takes no part and raises
       // SFMOE_FAULT_BAD_INDEX.
-      SFMOE_RETURN_IF_ERROR(sfmoe::check_device_bounds(context, c));
+      SFMOE_RETURN_IF_ERROR(sfmoe::check_router_device_bounds(context, c));
       return sfmoe::ops::backend_for(logits->memory).router_backward(args, stream);
     }
     // The ids index the logits' rows: an id outside [0, E) (not a forward's output) is refused

@@ -36,21 +36,34 @@ sfmoe_status report(sfmoe_status status, const char* format, ...) {
   return status;
 }
 
+namespace {
+
+// Shifts the pending reason right in place behind "prefix: " (the tail is cut at the buffer's
+// end).
+void prefix_pending_reason(const char* prefix) {
+  const size_t room = strlen(prefix) + 2;
+  const size_t length = strlen(g_last_error);
+  if (room < sizeof(g_last_error)) {
+    const size_t kept =
+        length + room < sizeof(g_last_error) ? length : sizeof(g_last_error) - 1 - room;
+    memmove(g_last_error + room, g_last_error, kept);
+    g_last_error[room + kept] = '\0';
+    memcpy(g_last_error, prefix, room - 2);
+    g_last_error[room - 2] = ':';
+    g_last_error[room - 1] = ' ';
+  }
+}
+
+}  // namespace
+
 void word_reported_reason(const char* function) {
   if (!g_reason_pending) return;
-  // Shifted right in place behind "function: " (the tail is cut at the buffer's end).
-  const size_t prefix = strlen(function) + 2;
-  const size_t length = strlen(g_last_error);
-  if (prefix < sizeof(g_last_error)) {
-    const size_t kept =
-        length + prefix < sizeof(g_last_error) ? length : sizeof(g_last_error) - 1 - prefix;
-    memmove(g_last_error + prefix, g_last_error, kept);
-    g_last_error[prefix + kept] = '\0';
-    memcpy(g_last_error, function, prefix - 2);
-    g_last_error[prefix - 2] = ':';
-    g_last_error[prefix - 1] = ' ';
-  }
+  prefix_pending_reason(function);
   g_reason_pending = false;
+}
+
+void name_reported_step(const char* step) {
+  if (g_reason_pending) prefix_pending_reason(step);
 }
 
 const char* last_error_message() { return g_last_error; }

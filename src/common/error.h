@@ -24,6 +24,10 @@ sfmoe_status report(sfmoe_status status, const char* format, ...)
 // "function: reason".
 void word_reported_reason(const char* function);
 
+// Inside a composition (the MoE layer): a pending reason becomes "step: reason" and stays pending,
+// so that the public call still prefixes its name.
+void name_reported_step(const char* step);
+
 // This thread's last message, and clearing it (sfmoe_last_error, sfmoe_clear_last_error).
 const char* last_error_message();
 void clear_last_error_message();

@@ -5,9 +5,13 @@
 #include <string.h>
 
 #include "src/common/activation_args.h"
+#include "src/common/grouped_gemm_args.h"
 #include "src/common/permute_args.h"
 #include "src/common/quantize_args.h"
 #include "src/common/router_args.h"
+#if defined(SFMOE_WITH_CUDA)
+#include "src/cuda/backend.h"
+#endif
 
 namespace sfmoe {
 namespace ops {
@@ -410,6 +414,33 @@ int64_t permute_workspace_bytes(int64_t num_tokens, int64_t num_experts) {
 int64_t router_workspace_bytes(int64_t tokens, int64_t num_experts) {
   if (tokens < 0 || num_experts < 1) return -1;
   return router_workspace_floats(tokens, num_experts) * static_cast<int64_t>(sizeof(float));
+}
+
+int64_t grouped_gemm_kernel_workspace_bytes(int64_t num_groups) {
+#if defined(SFMOE_WITH_CUDA) && defined(SFMOE_WITH_CUTE)
+  return (cuda::grouped_gemm_workspace_bytes(num_groups) + 7) / 8 * 8;  // whole 8-byte words
+#else
+  (void)num_groups;
+  return 0;
+#endif
+}
+
+int64_t grouped_gemm_workspace_bytes(int64_t num_groups, sfmoe_scaling a_scaling, int64_t a_rows,
+                                     int64_t a_cols, sfmoe_scaling b_scaling, int64_t b_rows,
+                                     int64_t b_cols) {
+  if (num_groups < 0 || a_rows < 0 || a_cols < 0 || b_rows < 0 || b_cols < 0) return -1;
+  // (the BF16 copies' bytes, 2 per element, must fit in int64 with room for alignment)
+  const int64_t most = INT64_MAX / 8;
+  if ((a_cols > 0 && a_rows > most / a_cols) || (b_cols > 0 && b_rows > most / b_cols)) return -1;
+#if defined(SFMOE_WITH_CUDA) && defined(SFMOE_WITH_CUTE)
+  if (cuda::device_count() == 0) return 0;
+  const int64_t kernel = grouped_gemm_kernel_workspace_bytes(num_groups);
+  if (!gemm_emulated_on_device(a_scaling) || !gemm_emulated_on_device(b_scaling)) return kernel;
+  return gemm_emulation_workspace(kernel, a_rows, a_cols, b_rows, b_cols).total_bytes();
+#else
+  (void)a_scaling, (void)b_scaling;
+  return 0;
+#endif
 }
 
 Outcome permute_row_capacity_bound(int64_t num_tokens, int64_t topk, int64_t num_experts,

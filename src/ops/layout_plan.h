@@ -36,6 +36,12 @@ Outcome plan_grouped_activation(const sfmoe_activation_plan_request& request,
 // Bytes of the device workspaces (no workspace on the host).
 int64_t permute_workspace_bytes(int64_t num_tokens, int64_t num_experts);
 int64_t router_workspace_bytes(int64_t tokens, int64_t num_experts);
+// The grouped GEMM's device workspace: the kernels' per-group arguments, plus (MXFP8 / NVFP4, which
+// the device emulates) both operands decoded to BF16; 0 without a usable device; -1 for bad bounds.
+int64_t grouped_gemm_kernel_workspace_bytes(int64_t num_groups);
+int64_t grouped_gemm_workspace_bytes(int64_t num_groups, sfmoe_scaling a_scaling, int64_t a_rows,
+                                     int64_t a_cols, sfmoe_scaling b_scaling, int64_t b_rows,
+                                     int64_t b_cols);
 
 // Buffers of `plan` carved out of one SFMOE_PLAN_ALIGNMENT-aligned allocation of
 // plan.total_bytes.

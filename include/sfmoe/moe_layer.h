@@ -1,0 +1,123 @@
+/* The MoE layer: a whole MoE FFN (router top-k, permute, FC1 grouped GEMM, activation, FC2
+ * grouped GEMM, weighted combine), forward and backward, each enqueued as one sequence on one
+ * stream with no allocation and no device-to-host synchronization (docs/moe_layer.md).
+ *
+ * A layer is created once from host-known bounds; sfmoe_moe_layer_get_plan gives the bytes of
+ * its two buffers, which the caller allocates once: `saved` (what a forward leaves for its
+ * backward) and `workspace` (the temporaries of one call; forward and backward may share it when
+ * they do not run at the same time). The router's logits come from the caller (its gate GEMM);
+ * the backward returns their gradient.
+ *
+ * Recipes: SFMOE_MOE_RECIPE_BF16 (BF16 x, weights, rows and gradients, FP32 accumulation; on the
+ * host also FP32 throughout). The quantized recipes are not available yet.
+ * Backends: the CPU reference on host memory, the CUDA kernels on device memory (there H and F
+ * multiples of 8, for the grouped GEMM's 16-byte rows).
+ */
+#ifndef SFMOE_MOE_LAYER_H_
+#define SFMOE_MOE_LAYER_H_
+
+#include "sfmoe/activation.h"
+#include "sfmoe/router.h"
+#include "sfmoe/sfmoe.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum sfmoe_moe_recipe {
+  SFMOE_MOE_RECIPE_BF16 = 0, /* the layer's dtype throughout (BF16, or FP32 on the host) */
+} sfmoe_moe_recipe;
+
+typedef struct sfmoe_moe_layer_config {
+  size_t struct_size;
+  int64_t hidden;              /* H */
+  int64_t ffn_hidden;          /* F: FC1 writes 2F columns for gated activations, F otherwise */
+  int64_t num_experts;         /* E */
+  int64_t max_tokens;          /* every call's T is at most this */
+  sfmoe_router_config router;  /* top_k, score function, groups, scaling, the losses */
+  sfmoe_activation activation; /* SWIGLU by default */
+  float activation_limit, activation_alpha; /* clamped SwiGLU (7, 1.702) */
+  int64_t expert_capacity; /* > 0: an expert keeps at most this many tokens; 0: no limit */
+  int64_t row_alignment;   /* each expert's rows padded to a multiple of this: 1, 8, 16, 32, 64
+                              or 128 (16) */
+  sfmoe_dtype dtype;       /* x, W1, W2, y and their gradients: BF16 (FP32 on the host too) */
+  sfmoe_moe_recipe recipe;
+  int32_t accumulate_weight_grads; /* 1: d_w1 and d_w2 are FP32 buffers the backward adds to
+                                      (main gradients); 0: written in dtype */
+} sfmoe_moe_layer_config;
+
+SFMOE_API sfmoe_moe_layer_config sfmoe_moe_layer_config_init(void);
+
+typedef struct sfmoe_moe_layer sfmoe_moe_layer;
+
+/* Checks the configuration and plans the layer for tensors in `memory` on `device` (device
+ * workspaces are planned only for SFMOE_MEMORY_CUDA). */
+SFMOE_API sfmoe_status sfmoe_moe_layer_create(const sfmoe_moe_layer_config* config,
+                                              sfmoe_memory memory, int32_t device,
+                                              sfmoe_moe_layer** out);
+SFMOE_API sfmoe_status sfmoe_moe_layer_destroy(sfmoe_moe_layer* layer);
+
+typedef struct sfmoe_moe_layer_plan {
+  size_t struct_size;
+  int64_t saved_bytes;     /* the forward's state for the backward, at max_tokens */
+  int64_t workspace_bytes; /* one call's temporaries */
+  int64_t row_capacity;    /* expert rows: every kept slot plus each expert's padding */
+  int64_t fc1_cols;        /* W1 is [E, fc1_cols, H] */
+} sfmoe_moe_layer_plan;
+
+SFMOE_API sfmoe_moe_layer_plan sfmoe_moe_layer_plan_init(void);
+SFMOE_API sfmoe_status sfmoe_moe_layer_get_plan(const sfmoe_moe_layer* layer,
+                                                sfmoe_moe_layer_plan* plan);
+
+typedef struct sfmoe_moe_forward_args {
+  size_t struct_size;
+  const sfmoe_tensor* x;                  /* [T, H] dtype, T <= max_tokens */
+  const sfmoe_tensor* logits;             /* [T, E] FP32 or BF16 */
+  const sfmoe_tensor* expert_bias;        /* [E] FP32 (selection only), or NULL */
+  const sfmoe_tensor* w1;                 /* [E, fc1_cols, H] dtype: [gate; up] for gated kinds */
+  const sfmoe_tensor* w2;                 /* [E, H, F] dtype */
+  const sfmoe_tensor* y;                  /* [T, H] dtype, written */
+  const sfmoe_tensor* saved;              /* 1-D, at least saved_bytes */
+  const sfmoe_tensor* workspace;          /* 1-D, at least workspace_bytes */
+  const sfmoe_tensor* aux_loss;           /* [1] FP32, written when the router's aux_loss_coeff > 0;
+                                             else NULL */
+  const sfmoe_tensor* z_loss;             /* [1] FP32, likewise for z_loss_coeff */
+  const sfmoe_tensor* tokens_per_expert;  /* [E] INT64, written: tokens each expert kept, or NULL */
+  const sfmoe_tensor* dropped_per_expert; /* [E] INT64, written: dropped by the capacity, or NULL */
+  const sfmoe_tensor* routed_per_expert;  /* [E] INT64, written: slots the router gave each
+                                             expert before the capacity (what the load-balancing
+                                             loss counts), or NULL */
+  sfmoe_status_word* word;                /* device faults (bad ids, clamped offsets), or NULL */
+  void* stream;
+} sfmoe_moe_forward_args;
+
+typedef struct sfmoe_moe_backward_args {
+  size_t struct_size;
+  const sfmoe_tensor* d_y;    /* [T, H] dtype, the forward's T */
+  const sfmoe_tensor* logits; /* the forward's */
+  const sfmoe_tensor* w1;     /* the forward's */
+  const sfmoe_tensor* w2;
+  const sfmoe_tensor* saved; /* as the forward left it */
+  const sfmoe_tensor* workspace;
+  float d_aux_loss, d_z_loss;   /* upstream gradients of the losses (usually 1 or 0) */
+  const sfmoe_tensor* d_x;      /* [T, H] dtype, written */
+  const sfmoe_tensor* d_logits; /* [T, E] FP32, written */
+  const sfmoe_tensor* d_w1;     /* [E, fc1_cols, H]: dtype written, or FP32 added to */
+  const sfmoe_tensor* d_w2;     /* [E, H, F]: likewise */
+  sfmoe_status_word* word;
+  void* stream;
+} sfmoe_moe_backward_args;
+
+SFMOE_API sfmoe_moe_forward_args sfmoe_moe_forward_args_init(void);
+SFMOE_API sfmoe_moe_backward_args sfmoe_moe_backward_args_init(void);
+
+SFMOE_API sfmoe_status sfmoe_moe_layer_forward(const sfmoe_moe_layer* layer,
+                                               const sfmoe_moe_forward_args* args);
+SFMOE_API sfmoe_status sfmoe_moe_layer_backward(const sfmoe_moe_layer* layer,
+                                                const sfmoe_moe_backward_args* args);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SFMOE_MOE_LAYER_H_ */

@@ -1,0 +1,348 @@
+"""The MoE layer's torch module and its two custom ops (docs/torch.md)."""
+
+import atexit
+import dataclasses
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .. import _C, _arrays
+
+_ACTIVATIONS = {"swiglu": 0, "geglu": 1, "silu": 2, "gelu": 3, "squared_relu": 4, "clamped_swiglu": 5}
+_GATED = {"swiglu", "geglu", "clamped_swiglu"}
+_SCORES = {"softmax": 0, "sigmoid": 1}
+_RECIPES = {"bf16": 0}
+_DTYPES = {torch.bfloat16: _C.DTYPE_BF16, torch.float32: _C.DTYPE_FP32}
+_TORCH = _arrays._Torch(torch)
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEConfig:
+    """The layer's options. Names follow Megatron-Core's MoE flags (in brackets)."""
+
+    hidden_size: int
+    ffn_hidden_size: int  # [--moe-ffn-hidden-size]
+    num_experts: int  # [--num-experts]
+    topk: int  # [--moe-router-topk]
+    score_function: str = "softmax"  # [--moe-router-score-function] softmax or sigmoid
+    pre_softmax: bool = False  # [--moe-router-pre-softmax] softmax before the top-k (else after)
+    num_groups: int = 0  # [--moe-router-num-groups] group-limited routing
+    group_topk: int = 0  # [--moe-router-group-topk]
+    topk_scaling_factor: float = 1.0  # [--moe-router-topk-scaling-factor]
+    aux_loss_coeff: float = 0.0  # [--moe-aux-loss-coeff] Switch/GShard load balancing
+    z_loss_coeff: float = 0.0  # [--moe-z-loss-coeff]
+    expert_bias: bool = False  # [--moe-router-enable-expert-bias] aux-loss-free balancing
+    bias_update_rate: float = 1e-3  # [--moe-router-bias-update-rate]
+    capacity_factor: Optional[float] = None  # [--moe-expert-capacity-factor] None: no dropping
+    pad_expert_input_to_capacity: bool = False  # [--moe-pad-expert-input-to-capacity]
+    token_drop_policy: str = "position"  # [--moe-token-drop-policy] only "position"
+    activation: str = "swiglu"  # swiglu, geglu, silu, gelu, squared_relu, clamped_swiglu
+    row_alignment: int = 16  # each expert's rows padded to a multiple of this
+    recipe: str = "bf16"  # [--fp8-recipe]; the quantized recipes are not available yet
+
+    def __post_init__(self):
+        if self.score_function not in _SCORES:
+            raise ValueError(f"score_function: expected 'softmax' or 'sigmoid', got {self.score_function!r}")
+        if self.activation not in _ACTIVATIONS:
+            raise ValueError(f"activation: expected one of {sorted(_ACTIVATIONS)}, got {self.activation!r}")
+        if self.recipe not in _RECIPES:
+            raise ValueError(f"recipe: only 'bf16' is available, got {self.recipe!r}")
+        if self.pad_expert_input_to_capacity:
+            raise ValueError("pad_expert_input_to_capacity is not supported: experts take their rows as routed")
+        if self.token_drop_policy != "position":
+            raise ValueError("token_drop_policy: only 'position' (an expert keeps its earliest tokens)")
+        if self.capacity_factor is not None and not self.capacity_factor > 0:
+            raise ValueError(f"capacity_factor must be positive, got {self.capacity_factor}")
+
+    @property
+    def fc1_cols(self):
+        return 2 * self.ffn_hidden_size if self.activation in _GATED else self.ffn_hidden_size
+
+    def capacity(self, tokens):
+        """Tokens an expert keeps at most for a batch of `tokens` (0: no limit)."""
+        if self.capacity_factor is None:
+            return 0
+        return max(1, math.ceil(tokens * self.topk / self.num_experts * self.capacity_factor))
+
+    def router_fields(self):
+        """The sfmoe_router_config fields. The losses are computed by the module, not the layer."""
+        sigmoid = self.score_function == "sigmoid"
+        return dict(
+            top_k=self.topk,
+            score=_SCORES[self.score_function],
+            softmax_after_topk=not sigmoid and not self.pre_softmax,
+            num_groups=self.num_groups,
+            group_topk=self.group_topk,
+            group_score_topk=2,
+            scaling_factor=self.topk_scaling_factor,
+            normalize=sigmoid and self.topk > 1,
+            aux_loss_coeff=0.0,
+            z_loss_coeff=0.0,
+        )
+
+
+# The configurations the custom ops may name (an int key each: custom ops take plain values), and
+# the C layers made for them, one per (key, tokens, dtype, device).
+_CONFIGS: list = []
+_LAYERS: dict = {}
+# (released before the interpreter tears the extension down)
+atexit.register(_LAYERS.clear)
+
+
+def _register(config):
+    for key, known in enumerate(_CONFIGS):
+        if known == config:
+            return key
+    _CONFIGS.append(config)
+    return len(_CONFIGS) - 1
+
+
+def _layer(key, tokens, dtype, device):
+    index = (key, tokens, dtype, device.type, device.index)
+    layer = _LAYERS.get(index)
+    if layer is None:
+        c = _CONFIGS[key]
+        fields = dict(
+            hidden=c.hidden_size,
+            ffn_hidden=c.ffn_hidden_size,
+            num_experts=c.num_experts,
+            max_tokens=tokens,
+            router=c.router_fields(),
+            activation=_ACTIVATIONS[c.activation],
+            activation_limit=7.0,
+            activation_alpha=1.702,
+            expert_capacity=c.capacity(tokens),
+            row_alignment=c.row_alignment,
+            dtype=_DTYPES[dtype],
+            recipe=_RECIPES[c.recipe],
+            accumulate_weight_grads=False,
+        )
+        memory = _C.MEMORY_CUDA if device.type == "cuda" else _C.MEMORY_HOST
+        layer = _C.MoeLayer(fields, memory, device.index or 0)
+        _LAYERS[index] = (layer, layer.plan())
+    return _LAYERS[index]
+
+
+def _arg(t):
+    return None if t is None else _TORCH.for_binding(t)
+
+
+def _stream(t):
+    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else 0
+
+
+def _logits_dtype(logits):
+    return _C.DTYPE_FP32 if logits.dtype == torch.float32 else _C.DTYPE_BF16
+
+
+@torch.library.custom_op("sfmoe::moe_layer_forward", mutates_args=())
+def moe_layer_forward(
+    x: Tensor, logits: Tensor, expert_bias: Optional[Tensor], w1: Tensor, w2: Tensor, key: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """y, the saved state, and the experts' kept, dropped and routed token counts."""
+    layer, plan = _layer(key, x.shape[0], x.dtype, x.device)
+    experts = _CONFIGS[key].num_experts
+    y = torch.empty_like(x)
+    saved = torch.empty(plan["saved_bytes"], dtype=torch.uint8, device=x.device)
+    workspace = torch.empty(plan["workspace_bytes"], dtype=torch.uint8, device=x.device)
+    kept, dropped, routed = (torch.empty(experts, dtype=torch.int64, device=x.device) for _ in range(3))
+    layer.forward(
+        _arg(x),
+        _arg(logits),
+        _logits_dtype(logits),
+        _arg(expert_bias),
+        _arg(w1),
+        _arg(w2),
+        _arg(y),
+        _arg(saved),
+        _arg(workspace),
+        None,
+        None,
+        _arg(kept),
+        _arg(dropped),
+        _arg(routed),
+        None,
+        _stream(x),
+    )
+    return y, saved, kept, dropped, routed
+
+
+@moe_layer_forward.register_fake
+def _(x, logits, expert_bias, w1, w2, key):
+    _, plan = _layer(key, x.shape[0], x.dtype, x.device)
+    experts = _CONFIGS[key].num_experts
+    counts = [x.new_empty(experts, dtype=torch.int64) for _ in range(3)]
+    return (x.new_empty(x.shape), x.new_empty(plan["saved_bytes"], dtype=torch.uint8), *counts)
+
+
+@torch.library.custom_op("sfmoe::moe_layer_backward", mutates_args=())
+def moe_layer_backward(
+    d_y: Tensor, logits: Tensor, w1: Tensor, w2: Tensor, saved: Tensor, key: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """d x, d logits, d w1, d w2 of the forward that left `saved`."""
+    layer, plan = _layer(key, d_y.shape[0], d_y.dtype, d_y.device)
+    d_x = torch.empty_like(d_y)
+    d_logits = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    d_w1 = torch.empty_like(w1)
+    d_w2 = torch.empty_like(w2)
+    workspace = torch.empty(plan["workspace_bytes"], dtype=torch.uint8, device=d_y.device)
+    layer.backward(
+        _arg(d_y),
+        _arg(logits),
+        _logits_dtype(logits),
+        _arg(w1),
+        _arg(w2),
+        _arg(saved),
+        _arg(workspace),
+        0.0,
+        0.0,
+        _arg(d_x),
+        _arg(d_logits),
+        _arg(d_w1),
+        _arg(d_w2),
+        None,
+        _stream(d_y),
+    )
+    return d_x, d_logits, d_w1, d_w2
+
+
+@moe_layer_backward.register_fake
+def _(d_y, logits, w1, w2, saved, key):
+    return (
+        d_y.new_empty(d_y.shape),
+        logits.new_empty(logits.shape, dtype=torch.float32),
+        w1.new_empty(w1.shape),
+        w2.new_empty(w2.shape),
+    )
+
+
+def _setup_context(ctx, inputs, output):
+    x, logits, expert_bias, w1, w2, key = inputs
+    _, saved, kept, dropped, routed = output
+    ctx.save_for_backward(logits, w1, w2, saved)
+    ctx.key = key
+    ctx.mark_non_differentiable(saved, kept, dropped, routed)
+
+
+def _backward(ctx, d_y, d_saved, d_kept, d_dropped, d_routed):
+    logits, w1, w2, saved = ctx.saved_tensors
+    d_x, d_logits, d_w1, d_w2 = moe_layer_backward(d_y.contiguous(), logits, w1, w2, saved, ctx.key)
+    return d_x, d_logits.to(logits.dtype), None, d_w1, d_w2, None
+
+
+moe_layer_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _AttachAuxLoss(torch.autograd.Function):
+    """Returns y unchanged; in the backward gives the auxiliary loss the gradient 1, so that the
+    loss reaches the router without the caller adding it (Megatron's MoEAuxLossAutoScaler)."""
+
+    @staticmethod
+    def forward(ctx, y, aux_loss):
+        ctx.save_for_backward(aux_loss)
+        return y
+
+    @staticmethod
+    def backward(ctx, d_y):
+        (aux_loss,) = ctx.saved_tensors
+        return d_y, torch.ones_like(aux_loss)
+
+
+class MoE(torch.nn.Module):
+    """A MoE FFN: router gate (FP32) -> the sfmoe layer (top-k, permute, FC1, activation, FC2,
+    weighted combine). Input [..., hidden_size], output the same shape and dtype.
+
+    Parameters (the state-dict layout, docs/torch.md): ``router.weight`` [E, H] FP32,
+    ``experts.weight1`` [E, fc1_cols, H] (gate rows then up rows for gated activations),
+    ``experts.weight2`` [E, H, F], in `dtype` (bfloat16, or float32 on the CPU).
+    Buffers: ``expert_bias`` [E] (with ``expert_bias=True``), and after each forward
+    ``tokens_per_expert`` / ``dropped_per_expert`` (device tensors, readable without a sync by a
+    non-blocking copy). The auxiliary losses are attached to the output's gradient; their last
+    value is in ``aux_loss`` (detached).
+    """
+
+    def __init__(self, hidden_size, ffn_hidden_size, num_experts, topk, *, dtype=torch.bfloat16, device=None, **options):
+        super().__init__()
+        self.config = MoEConfig(hidden_size, ffn_hidden_size, num_experts, topk, **options)
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype: expected torch.bfloat16 or torch.float32, got {dtype}")
+        self._key = _register(self.config)
+        c = self.config
+        self.router = torch.nn.Linear(hidden_size, num_experts, bias=False, device=device, dtype=torch.float32)
+        self.experts = torch.nn.Module()
+        self.experts.weight1 = torch.nn.Parameter(
+            torch.empty(num_experts, c.fc1_cols, hidden_size, device=device, dtype=dtype)
+        )
+        self.experts.weight2 = torch.nn.Parameter(
+            torch.empty(num_experts, hidden_size, ffn_hidden_size, device=device, dtype=dtype)
+        )
+        if c.expert_bias:
+            self.register_buffer("expert_bias", torch.zeros(num_experts, device=device, dtype=torch.float32))
+            self.register_buffer(
+                "local_tokens_per_expert", torch.zeros(num_experts, device=device, dtype=torch.int64), persistent=False
+            )
+        else:
+            self.expert_bias = None
+        self.tokens_per_expert = None
+        self.dropped_per_expert = None
+        self.aux_loss = None
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """Each weight uniform in +-1 / sqrt(fan_in), as torch.nn.Linear initializes."""
+        with torch.no_grad():
+            for w in (self.router.weight, self.experts.weight1, self.experts.weight2):
+                bound = 1.0 / math.sqrt(w.shape[-1])
+                w.uniform_(-bound, bound)
+
+    def forward(self, x):
+        shape = x.shape
+        c = self.config
+        x = x.reshape(-1, c.hidden_size).to(self.experts.weight1.dtype).contiguous()
+        logits = torch.nn.functional.linear(x.float(), self.router.weight)
+        y, _, kept, dropped, routed = moe_layer_forward(
+            x, logits, self.expert_bias, self.experts.weight1, self.experts.weight2, self._key
+        )
+        self.tokens_per_expert, self.dropped_per_expert = kept, dropped
+        if self.expert_bias is not None and self.training:
+            with torch.no_grad():
+                self.local_tokens_per_expert += routed
+        aux = self._aux_losses(logits, routed)
+        if aux is not None:
+            self.aux_loss = aux.detach()
+            if torch.is_grad_enabled():
+                y = _AttachAuxLoss.apply(y, aux)
+        return y.reshape(shape)
+
+    def _aux_losses(self, logits, routed):
+        """The Switch/GShard load-balancing loss and the z-loss (docs/router.md) from the logits,
+        with torch ops: their gradients reach the gate through autograd."""
+        c = self.config
+        tokens = logits.shape[0]
+        if tokens == 0 or (c.aux_loss_coeff == 0 and c.z_loss_coeff == 0):
+            return None
+        total = logits.new_zeros(())
+        if c.aux_loss_coeff > 0:
+            if c.score_function == "sigmoid":
+                scores = torch.sigmoid(logits)
+                scores = scores / scores.sum(-1, keepdim=True)
+            else:
+                scores = torch.softmax(logits, -1)
+            factor = c.aux_loss_coeff * c.num_experts / (c.topk * tokens * tokens)
+            total = total + factor * (routed.to(scores.dtype) * scores.sum(0)).sum()
+        if c.z_loss_coeff > 0:
+            total = total + c.z_loss_coeff / tokens * torch.logsumexp(logits, -1).square().sum()
+        return total
+
+    @torch.no_grad()
+    def update_expert_bias(self):
+        """The aux-loss-free balancing step (DeepSeek-V3): each expert's bias moves by
+        bias_update_rate toward the mean load, from the routed counts since the last call; on the
+        device, no sync. Call it after the optimizer step."""
+        if self.expert_bias is None:
+            return
+        counts = self.local_tokens_per_expert.float()
+        self.expert_bias += self.config.bias_update_rate * torch.sign(counts.mean() - counts)
+        self.local_tokens_per_expert.zero_()

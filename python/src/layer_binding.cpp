@@ -1,0 +1,153 @@
+// The binding of the MoE layer (include/sfmoe/moe_layer.h): a Python object owning one
+// sfmoe_moe_layer, its plan as a dict, and its two calls over caller-allocated arrays.
+#include "binding.h"
+#include "sfmoe/moe_layer.h"
+
+namespace sfmoe_binding {
+namespace {
+
+// Plain byte buffers (saved state, workspace) are described with a one-byte dtype.
+constexpr int32_t kByteDtype = SFMOE_DTYPE_FP8_E4M3;
+
+sfmoe_moe_layer_config layer_config(const nb::dict& d) {
+  sfmoe_moe_layer_config c = sfmoe_moe_layer_config_init();
+  c.hidden = nb::cast<int64_t>(d["hidden"]);
+  c.ffn_hidden = nb::cast<int64_t>(d["ffn_hidden"]);
+  c.num_experts = nb::cast<int64_t>(d["num_experts"]);
+  c.max_tokens = nb::cast<int64_t>(d["max_tokens"]);
+  c.router = router_config(nb::cast<nb::dict>(d["router"]));
+  store_enum(&c.activation, nb::cast<int32_t>(d["activation"]));
+  c.activation_limit = static_cast<float>(nb::cast<double>(d["activation_limit"]));
+  c.activation_alpha = static_cast<float>(nb::cast<double>(d["activation_alpha"]));
+  c.expert_capacity = nb::cast<int64_t>(d["expert_capacity"]);
+  c.row_alignment = nb::cast<int64_t>(d["row_alignment"]);
+  store_enum(&c.dtype, nb::cast<int32_t>(d["dtype"]));
+  store_enum(&c.recipe, nb::cast<int32_t>(d["recipe"]));
+  c.accumulate_weight_grads = nb::cast<bool>(d["accumulate_weight_grads"]) ? 1 : 0;
+  return c;
+}
+
+class MoeLayer {
+ public:
+  MoeLayer(const nb::dict& config, int32_t memory, int32_t device) {
+    config_ = layer_config(config);
+    check(sfmoe_moe_layer_create(&config_, to_enum<sfmoe_memory>(memory), device, &layer_));
+    plan_ = sfmoe_moe_layer_plan_init();
+    check(sfmoe_moe_layer_get_plan(layer_, &plan_));
+  }
+  ~MoeLayer() { sfmoe_moe_layer_destroy(layer_); }
+  MoeLayer(const MoeLayer&) = delete;
+  MoeLayer& operator=(const MoeLayer&) = delete;
+
+  nb::dict plan() const {
+    nb::dict d;
+    d["saved_bytes"] = plan_.saved_bytes;
+    d["workspace_bytes"] = plan_.workspace_bytes;
+    d["row_capacity"] = plan_.row_capacity;
+    d["fc1_cols"] = plan_.fc1_cols;
+    return d;
+  }
+
+  void forward(nb::ndarray<nb::ro> x, nb::ndarray<nb::ro> logits, int32_t logits_dtype,
+               nb::object expert_bias, nb::ndarray<nb::ro> w1, nb::ndarray<nb::ro> w2,
+               nb::ndarray<> y, nb::ndarray<> saved, nb::ndarray<> workspace, nb::object aux_loss,
+               nb::object z_loss, nb::object tokens_per_expert, nb::object dropped_per_expert,
+               nb::object routed_per_expert, nb::object status_word, uint64_t stream) {
+    const int32_t dtype = static_cast<int32_t>(config_.dtype);
+    const sfmoe_tensor t_x = describe_array("x", x, dtype);
+    const sfmoe_tensor t_logits = describe_array("logits", logits, logits_dtype);
+    const sfmoe_tensor t_w1 = describe_array("w1", w1, dtype);
+    const sfmoe_tensor t_w2 = describe_array("w2", w2, dtype);
+    const sfmoe_tensor t_y = describe_array("y", y, dtype);
+    const sfmoe_tensor t_saved = describe_array("saved", saved, kByteDtype);
+    const sfmoe_tensor t_ws = describe_array("workspace", workspace, kByteDtype);
+    const OptionalArray<nb::ndarray<nb::ro>> t_bias("expert_bias", expert_bias, SFMOE_DTYPE_FP32);
+    const OptionalArray<nb::ndarray<>> t_aux("aux_loss", aux_loss, SFMOE_DTYPE_FP32);
+    const OptionalArray<nb::ndarray<>> t_z("z_loss", z_loss, SFMOE_DTYPE_FP32);
+    const OptionalArray<nb::ndarray<>> t_kept("tokens_per_expert", tokens_per_expert,
+                                              SFMOE_DTYPE_INT64);
+    const OptionalArray<nb::ndarray<>> t_dropped("dropped_per_expert", dropped_per_expert,
+                                                 SFMOE_DTYPE_INT64);
+    const OptionalArray<nb::ndarray<>> t_routed("routed_per_expert", routed_per_expert,
+                                                SFMOE_DTYPE_INT64);
+    sfmoe_moe_forward_args a = sfmoe_moe_forward_args_init();
+    a.x = &t_x;
+    a.logits = &t_logits;
+    a.expert_bias = t_bias.get();
+    a.w1 = &t_w1;
+    a.w2 = &t_w2;
+    a.y = &t_y;
+    a.saved = &t_saved;
+    a.workspace = &t_ws;
+    a.aux_loss = t_aux.get();
+    a.z_loss = t_z.get();
+    a.tokens_per_expert = t_kept.get();
+    a.dropped_per_expert = t_dropped.get();
+    a.routed_per_expert = t_routed.get();
+    a.word = word_of(status_word);
+    a.stream = stream_pointer(stream);
+    call_released([&] { return sfmoe_moe_layer_forward(layer_, &a); });
+  }
+
+  void backward(nb::ndarray<nb::ro> d_y, nb::ndarray<nb::ro> logits, int32_t logits_dtype,
+                nb::ndarray<nb::ro> w1, nb::ndarray<nb::ro> w2, nb::ndarray<nb::ro> saved,
+                nb::ndarray<> workspace, double d_aux_loss, double d_z_loss, nb::ndarray<> d_x,
+                nb::ndarray<> d_logits, nb::ndarray<> d_w1, nb::ndarray<> d_w2,
+                nb::object status_word, uint64_t stream) {
+    const int32_t dtype = static_cast<int32_t>(config_.dtype);
+    const int32_t grads = config_.accumulate_weight_grads ? SFMOE_DTYPE_FP32 : dtype;
+    const sfmoe_tensor t_dy = describe_array("d_y", d_y, dtype);
+    const sfmoe_tensor t_logits = describe_array("logits", logits, logits_dtype);
+    const sfmoe_tensor t_w1 = describe_array("w1", w1, dtype);
+    const sfmoe_tensor t_w2 = describe_array("w2", w2, dtype);
+    const sfmoe_tensor t_saved = describe_array("saved", saved, kByteDtype);
+    const sfmoe_tensor t_ws = describe_array("workspace", workspace, kByteDtype);
+    const sfmoe_tensor t_dx = describe_array("d_x", d_x, dtype);
+    const sfmoe_tensor t_dlogits = describe_array("d_logits", d_logits, SFMOE_DTYPE_FP32);
+    const sfmoe_tensor t_dw1 = describe_array("d_w1", d_w1, grads);
+    const sfmoe_tensor t_dw2 = describe_array("d_w2", d_w2, grads);
+    sfmoe_moe_backward_args a = sfmoe_moe_backward_args_init();
+    a.d_y = &t_dy;
+    a.logits = &t_logits;
+    a.w1 = &t_w1;
+    a.w2 = &t_w2;
+    a.saved = &t_saved;
+    a.workspace = &t_ws;
+    a.d_aux_loss = static_cast<float>(d_aux_loss);
+    a.d_z_loss = static_cast<float>(d_z_loss);
+    a.d_x = &t_dx;
+    a.d_logits = &t_dlogits;
+    a.d_w1 = &t_dw1;
+    a.d_w2 = &t_dw2;
+    a.word = word_of(status_word);
+    a.stream = stream_pointer(stream);
+    call_released([&] { return sfmoe_moe_layer_backward(layer_, &a); });
+  }
+
+ private:
+  sfmoe_moe_layer_config config_;
+  sfmoe_moe_layer* layer_ = nullptr;
+  sfmoe_moe_layer_plan plan_;
+};
+
+}  // namespace
+
+void register_layer(nb::module_& m) {
+  nb::class_<MoeLayer>(m, "MoeLayer",
+                       "sfmoe_moe_layer: created from a dict of the sfmoe_moe_layer_config "
+                       "fields for tensors in `memory` on `device`.")
+      .def(nb::init<const nb::dict&, int32_t, int32_t>(), "config"_a, "memory"_a, "device"_a = 0)
+      .def("plan", &MoeLayer::plan, "sfmoe_moe_layer_get_plan as a dict.")
+      .def("forward", &MoeLayer::forward, "x"_a, "logits"_a, "logits_dtype"_a,
+           "expert_bias"_a.none(), "w1"_a, "w2"_a, "y"_a.noconvert(), "saved"_a.noconvert(),
+           "workspace"_a.noconvert(), "aux_loss"_a.none(), "z_loss"_a.none(),
+           "tokens_per_expert"_a.none(), "dropped_per_expert"_a.none(),
+           "routed_per_expert"_a.none(), "status_word"_a.none() = nb::none(), "stream"_a = 0,
+           "sfmoe_moe_layer_forward.")
+      .def("backward", &MoeLayer::backward, "d_y"_a, "logits"_a, "logits_dtype"_a, "w1"_a, "w2"_a,
+           "saved"_a, "workspace"_a.noconvert(), "d_aux_loss"_a, "d_z_loss"_a, "d_x"_a.noconvert(),
+           "d_logits"_a.noconvert(), "d_w1"_a.noconvert(), "d_w2"_a.noconvert(),
+           "status_word"_a.none() = nb::none(), "stream"_a = 0, "sfmoe_moe_layer_backward.");
+}
+
+}  // namespace sfmoe_binding

@@ -1,0 +1,367 @@
+// sfmoe_moe_layer_*: validate once, then the layer's sequences (src/layer/moe_layer.h,
+// docs/moe_layer.md).
+#include "sfmoe/moe_layer.h"
+
+#include <math.h>
+#include <string.h>
+
+#include <new>
+
+#include "src/api/router_config.h"
+#include "src/api/status_word_impl.h"
+#include "src/api/validate.h"
+#include "src/common/error.h"
+#include "src/common/permute_args.h"
+#include "src/layer/moe_layer.h"
+#include "src/ops/backend.h"
+
+struct sfmoe_moe_layer {
+  sfmoe::layer::MoeLayerShape shape;
+  sfmoe::layer::MoeLayerPlan plan;
+  sfmoe_memory memory;
+  int32_t device;
+};
+
+namespace sfmoe {
+namespace {
+
+bool alignment_is_valid(int64_t a) {
+  return a == 1 || a == 8 || a == 16 || a == 32 || a == 64 || a == 128;
+}
+
+sfmoe_status check_config(const char* context, const sfmoe_moe_layer_config* c, sfmoe_memory memory,
+                          int32_t device, layer::MoeLayerShape* s) {
+  SFMOE_RETURN_IF_ERROR(check_struct(context, "config", c, "sfmoe_moe_layer_config_init()"));
+  SFMOE_RETURN_IF_ERROR(validate_memory(context, "the layer", memory, device));
+  if (c->hidden < 1 || c->ffn_hidden < 1 || c->num_experts < 1 || c->max_tokens < 0) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                "%s: hidden, ffn_hidden and num_experts must be >= 1 and max_tokens >= 0 (got "
+                "%lld, %lld, %lld, %lld)",
+                context, static_cast<long long>(c->hidden), static_cast<long long>(c->ffn_hidden),
+                static_cast<long long>(c->num_experts), static_cast<long long>(c->max_tokens));
+  }
+  SFMOE_RETURN_IF_ERROR(check_router_config(context, &c->router, c->num_experts, &s->router));
+  const int32_t kind = enum_value(c->activation);
+  if (kind < SFMOE_ACTIVATION_SWIGLU || kind > SFMOE_ACTIVATION_CLAMPED_SWIGLU) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: unknown activation %d", context,
+                static_cast<int>(kind));
+  }
+  if (!(isfinite(c->activation_limit) && c->activation_limit > 0.0f &&
+        isfinite(c->activation_alpha))) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                "%s: activation_limit must be positive and finite, activation_alpha finite",
+                context);
+  }
+  if (c->expert_capacity < 0 || !alignment_is_valid(c->row_alignment)) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                "%s: expert_capacity must be >= 0 and row_alignment 1, 8, 16, 32, 64 or 128 (got "
+                "%lld, %lld)",
+                context, static_cast<long long>(c->expert_capacity),
+                static_cast<long long>(c->row_alignment));
+  }
+  if (enum_value(c->recipe) != SFMOE_MOE_RECIPE_BF16) {
+    return fail(SFMOE_ERROR_UNSUPPORTED,
+                "%s: recipe %d is not available; the layer runs SFMOE_MOE_RECIPE_BF16", context,
+                static_cast<int>(enum_value(c->recipe)));
+  }
+  const bool on_device = memory == SFMOE_MEMORY_CUDA;
+  if (c->dtype != SFMOE_DTYPE_BF16 && !(c->dtype == SFMOE_DTYPE_FP32 && !on_device)) {
+    return fail(SFMOE_ERROR_DTYPE_MISMATCH,
+                "%s: the layer's dtype must be bf16 (or fp32 on the host), not '%s'", context,
+                sfmoe_dtype_name(c->dtype));
+  }
+  if (on_device) {
+    SFMOE_RETURN_IF_ERROR(check_router_device_bounds(context, s->router));
+    if (c->router.top_k > kMaxDevicePermuteTopK || c->num_experts > kMaxDevicePermuteExperts) {
+      return fail(SFMOE_ERROR_UNSUPPORTED,
+                  "%s: the CUDA permute handles top_k up to %d and %d experts", context,
+                  kMaxDevicePermuteTopK, kMaxDevicePermuteExperts);
+    }
+    if (c->hidden % 8 != 0 || c->ffn_hidden % 8 != 0) {
+      return fail(SFMOE_ERROR_UNSUPPORTED,
+                  "%s: on the device hidden and ffn_hidden must be multiples of 8 (the grouped "
+                  "GEMM's 16-byte rows; got %lld, %lld)",
+                  context, static_cast<long long>(c->hidden),
+                  static_cast<long long>(c->ffn_hidden));
+    }
+  }
+  s->hidden = c->hidden;
+  s->ffn = c->ffn_hidden;
+  s->experts = c->num_experts;
+  s->top_k = c->router.top_k;
+  s->max_tokens = c->max_tokens;
+  s->expert_capacity = c->expert_capacity;
+  s->row_alignment = c->row_alignment;
+  s->activation.kind = static_cast<ActivationKind>(kind);
+  s->activation.limit = c->activation_limit;
+  s->activation.alpha = c->activation_alpha;
+  s->dtype = c->dtype;
+  s->accumulate_weight_grads = c->accumulate_weight_grads != 0;
+  return SFMOE_SUCCESS;
+}
+
+// A 1-D buffer of at least `bytes` in the layer's memory.
+sfmoe_status expect_buffer(const char* context, const char* name, const sfmoe_tensor* t,
+                           int64_t bytes, const sfmoe_moe_layer* layer) {
+  if (t == nullptr) {
+    return fail(SFMOE_ERROR_NULL_POINTER,
+                "%s: %s is NULL; the layer needs %lld bytes there (sfmoe_moe_layer_get_plan)",
+                context, name, static_cast<long long>(bytes));
+  }
+  SFMOE_RETURN_IF_ERROR(validate_tensor(context, name, t));
+  const int64_t held = tensor_element_count(t) * (sfmoe_dtype_bits(t->dtype) / 8);
+  if (t->ndim != 1 || held < bytes) {
+    return fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                "%s: %s must be a 1-D tensor of at least %lld bytes (sfmoe_moe_layer_get_plan), "
+                "got %lld",
+                context, name, static_cast<long long>(bytes), static_cast<long long>(held));
+  }
+  if (t->memory != layer->memory || t->device != layer->device) {
+    return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: %s is not in the layer's memory space", context,
+                name);
+  }
+  return SFMOE_SUCCESS;
+}
+
+// A tensor in the layer's memory: `dtypes`, exactly `shape`.
+sfmoe_status expect_layer_tensor(const char* context, const char* name, const sfmoe_tensor* t,
+                                 std::initializer_list<sfmoe_dtype> dtypes,
+                                 std::initializer_list<int64_t> shape,
+                                 const sfmoe_moe_layer* layer) {
+  SFMOE_RETURN_IF_ERROR(expect_tensor(context, name, t, dtypes, shape, nullptr, nullptr));
+  if (t->memory != layer->memory || t->device != layer->device) {
+    return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: %s is not in the layer's memory space", context,
+                name);
+  }
+  return SFMOE_SUCCESS;
+}
+
+// The call's token count: x's (or d_y's) rows, at most the layer's bound.
+sfmoe_status tokens_of(const char* context, const char* name, const sfmoe_tensor* t,
+                       const sfmoe_moe_layer* layer, int64_t* tokens) {
+  SFMOE_RETURN_IF_ERROR(validate_tensor(context, name, t));
+  if (t->ndim != 2 || t->shape[0] > layer->shape.max_tokens) {
+    return fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                "%s: %s must be [T, H] with T at most the layer's max_tokens = %lld", context, name,
+                static_cast<long long>(layer->shape.max_tokens));
+  }
+  *tokens = t->shape[0];
+  return SFMOE_SUCCESS;
+}
+
+sfmoe_fault_report* word_of(const sfmoe_status_word* word) {
+  return word != nullptr ? word->word : nullptr;
+}
+
+}  // namespace
+}  // namespace sfmoe
+
+extern "C" {
+
+sfmoe_moe_layer_config sfmoe_moe_layer_config_init(void) {
+  sfmoe_moe_layer_config c = sfmoe::sized_zero_config<sfmoe_moe_layer_config>();
+  c.router = sfmoe_router_config_init();
+  c.activation = SFMOE_ACTIVATION_SWIGLU;
+  c.activation_limit = 7.0f;
+  c.activation_alpha = 1.702f;
+  c.row_alignment = 16;
+  c.dtype = SFMOE_DTYPE_BF16;
+  c.recipe = SFMOE_MOE_RECIPE_BF16;
+  return c;
+}
+
+sfmoe_moe_layer_plan sfmoe_moe_layer_plan_init(void) {
+  return sfmoe::sized_zero_config<sfmoe_moe_layer_plan>();
+}
+
+sfmoe_moe_forward_args sfmoe_moe_forward_args_init(void) {
+  return sfmoe::sized_zero_config<sfmoe_moe_forward_args>();
+}
+
+sfmoe_moe_backward_args sfmoe_moe_backward_args_init(void) {
+  sfmoe_moe_backward_args a = sfmoe::sized_zero_config<sfmoe_moe_backward_args>();
+  a.d_aux_loss = 1.0f;
+  a.d_z_loss = 1.0f;
+  return a;
+}
+
+sfmoe_status sfmoe_moe_layer_create(const sfmoe_moe_layer_config* config, sfmoe_memory memory,
+                                    int32_t device, sfmoe_moe_layer** out) {
+  const char* context = "sfmoe_moe_layer_create";
+  return sfmoe::guarded(context, [&]() -> sfmoe_status {
+    if (out == nullptr) return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: out is NULL", context);
+    *out = nullptr;
+    sfmoe::layer::MoeLayerShape shape;
+    SFMOE_RETURN_IF_ERROR(sfmoe::check_config(context, config, memory, device, &shape));
+    sfmoe::layer::MoeLayerPlan plan;
+    const sfmoe::Outcome planned = sfmoe::layer::plan_moe_layer(shape, memory, &plan);
+    if (!planned.ok()) return sfmoe::fail_with(context, planned);
+    *out = new sfmoe_moe_layer{shape, plan, memory, device};
+    return SFMOE_SUCCESS;
+  });
+}
+
+sfmoe_status sfmoe_moe_layer_destroy(sfmoe_moe_layer* layer) {
+  delete layer;
+  return SFMOE_SUCCESS;
+}
+
+sfmoe_status sfmoe_moe_layer_get_plan(const sfmoe_moe_layer* layer, sfmoe_moe_layer_plan* plan) {
+  const char* context = "sfmoe_moe_layer_get_plan";
+  return sfmoe::guarded(context, [&]() -> sfmoe_status {
+    if (layer == nullptr)
+      return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: layer is NULL", context);
+    SFMOE_RETURN_IF_ERROR(
+        sfmoe::check_struct(context, "plan", plan, "sfmoe_moe_layer_plan_init()"));
+    plan->saved_bytes = layer->plan.saved_bytes;
+    plan->workspace_bytes = layer->plan.workspace_bytes;
+    plan->row_capacity = layer->plan.row_capacity;
+    plan->fc1_cols = layer->plan.fc1_cols;
+    return SFMOE_SUCCESS;
+  });
+}
+
+sfmoe_status sfmoe_moe_layer_forward(const sfmoe_moe_layer* layer,
+                                     const sfmoe_moe_forward_args* a) {
+  const char* context = "sfmoe_moe_layer_forward";
+  using sfmoe::expect_layer_tensor;
+  return sfmoe::guarded(context, [&]() -> sfmoe_status {
+    if (layer == nullptr)
+      return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: layer is NULL", context);
+    SFMOE_RETURN_IF_ERROR(sfmoe::check_struct(context, "args", a, "sfmoe_moe_forward_args_init()"));
+    const sfmoe::layer::MoeLayerShape& s = layer->shape;
+    const sfmoe::layer::MoeLayerPlan& p = layer->plan;
+    int64_t T = 0;
+    SFMOE_RETURN_IF_ERROR(sfmoe::tokens_of(context, "x", a->x, layer, &T));
+    const int64_t E = s.experts, H = s.hidden;
+    SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "x", a->x, {s.dtype}, {T, H}, layer));
+    SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "logits", a->logits,
+                                              {SFMOE_DTYPE_FP32, SFMOE_DTYPE_BF16}, {T, E}, layer));
+    if (a->expert_bias != nullptr) {
+      SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "expert_bias", a->expert_bias,
+                                                {SFMOE_DTYPE_FP32}, {E}, layer));
+    }
+    SFMOE_RETURN_IF_ERROR(
+        expect_layer_tensor(context, "w1", a->w1, {s.dtype}, {E, p.fc1_cols, H}, layer));
+    SFMOE_RETURN_IF_ERROR(
+        expect_layer_tensor(context, "w2", a->w2, {s.dtype}, {E, H, s.ffn}, layer));
+    SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "y", a->y, {s.dtype}, {T, H}, layer));
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_buffer(context, "saved", a->saved, p.saved_bytes, layer));
+    SFMOE_RETURN_IF_ERROR(
+        sfmoe::expect_buffer(context, "workspace", a->workspace, p.workspace_bytes, layer));
+    const bool aux = s.router.aux_loss_coeff > 0.0f, z = s.router.z_loss_coeff > 0.0f;
+    if ((a->aux_loss != nullptr) != aux || (a->z_loss != nullptr) != z) {
+      return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                         "%s: aux_loss (z_loss) is written exactly when the router's "
+                         "aux_loss_coeff (z_loss_coeff) is > 0: pass it then, NULL otherwise",
+                         context);
+    }
+    if (aux) {
+      SFMOE_RETURN_IF_ERROR(
+          expect_layer_tensor(context, "aux_loss", a->aux_loss, {SFMOE_DTYPE_FP32}, {1}, layer));
+    }
+    if (z) {
+      SFMOE_RETURN_IF_ERROR(
+          expect_layer_tensor(context, "z_loss", a->z_loss, {SFMOE_DTYPE_FP32}, {1}, layer));
+    }
+    const char* count_names[] = {"tokens_per_expert", "dropped_per_expert", "routed_per_expert"};
+    const sfmoe_tensor* counts[] = {a->tokens_per_expert, a->dropped_per_expert,
+                                    a->routed_per_expert};
+    const int64_t count_offsets[] = {p.kept.offset, p.dropped.offset, p.router_counts.offset};
+    for (int i = 0; i < 3; ++i) {
+      if (counts[i] == nullptr) continue;
+      SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, count_names[i], counts[i],
+                                                {SFMOE_DTYPE_INT64}, {E}, layer));
+    }
+    SFMOE_RETURN_IF_ERROR(sfmoe::check_word(context, a->word, layer->memory, layer->device));
+
+    sfmoe::layer::MoeForwardCall call;
+    call.tokens = T;
+    call.x = a->x->data;
+    call.logits = a->logits->data;
+    call.logits_dtype = a->logits->dtype;
+    call.expert_bias =
+        a->expert_bias != nullptr ? static_cast<const float*>(a->expert_bias->data) : nullptr;
+    call.w1 = a->w1->data;
+    call.w2 = a->w2->data;
+    call.y = a->y->data;
+    call.aux_loss = aux ? static_cast<float*>(a->aux_loss->data) : nullptr;
+    call.z_loss = z ? static_cast<float*>(a->z_loss->data) : nullptr;
+    call.saved = static_cast<uint8_t*>(a->saved->data);
+    call.workspace = static_cast<uint8_t*>(a->workspace->data);
+    call.memory = layer->memory;
+    call.word = sfmoe::word_of(a->word);
+    call.stream = a->stream;
+    SFMOE_RETURN_IF_ERROR(sfmoe::layer::moe_layer_forward(s, p, call));
+    const sfmoe::ops::Backend& backend = sfmoe::ops::backend_for(layer->memory);
+    // (the counts copied out of the saved state, ordered after the forward on the stream)
+    for (int i = 0; i < 3; ++i) {
+      if (counts[i] == nullptr) continue;
+      SFMOE_RETURN_IF_ERROR(backend.copy(counts[i]->data, call.saved + count_offsets[i],
+                                         static_cast<size_t>(E) * 8, a->stream));
+    }
+    return SFMOE_SUCCESS;
+  });
+}
+
+sfmoe_status sfmoe_moe_layer_backward(const sfmoe_moe_layer* layer,
+                                      const sfmoe_moe_backward_args* a) {
+  const char* context = "sfmoe_moe_layer_backward";
+  using sfmoe::expect_layer_tensor;
+  return sfmoe::guarded(context, [&]() -> sfmoe_status {
+    if (layer == nullptr)
+      return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: layer is NULL", context);
+    SFMOE_RETURN_IF_ERROR(
+        sfmoe::check_struct(context, "args", a, "sfmoe_moe_backward_args_init()"));
+    const sfmoe::layer::MoeLayerShape& s = layer->shape;
+    const sfmoe::layer::MoeLayerPlan& p = layer->plan;
+    int64_t T = 0;
+    SFMOE_RETURN_IF_ERROR(sfmoe::tokens_of(context, "d_y", a->d_y, layer, &T));
+    const int64_t E = s.experts, H = s.hidden;
+    SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "d_y", a->d_y, {s.dtype}, {T, H}, layer));
+    SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "logits", a->logits,
+                                              {SFMOE_DTYPE_FP32, SFMOE_DTYPE_BF16}, {T, E}, layer));
+    SFMOE_RETURN_IF_ERROR(
+        expect_layer_tensor(context, "w1", a->w1, {s.dtype}, {E, p.fc1_cols, H}, layer));
+    SFMOE_RETURN_IF_ERROR(
+        expect_layer_tensor(context, "w2", a->w2, {s.dtype}, {E, H, s.ffn}, layer));
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_buffer(context, "saved", a->saved, p.saved_bytes, layer));
+    SFMOE_RETURN_IF_ERROR(
+        sfmoe::expect_buffer(context, "workspace", a->workspace, p.workspace_bytes, layer));
+    if (!(isfinite(a->d_aux_loss) && isfinite(a->d_z_loss))) {
+      return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: d_aux_loss and d_z_loss must be finite",
+                         context);
+    }
+    SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "d_x", a->d_x, {s.dtype}, {T, H}, layer));
+    SFMOE_RETURN_IF_ERROR(
+        expect_layer_tensor(context, "d_logits", a->d_logits, {SFMOE_DTYPE_FP32}, {T, E}, layer));
+    const sfmoe_dtype grads = s.accumulate_weight_grads ? SFMOE_DTYPE_FP32 : s.dtype;
+    SFMOE_RETURN_IF_ERROR(
+        expect_layer_tensor(context, "d_w1", a->d_w1, {grads}, {E, p.fc1_cols, H}, layer));
+    SFMOE_RETURN_IF_ERROR(
+        expect_layer_tensor(context, "d_w2", a->d_w2, {grads}, {E, H, s.ffn}, layer));
+    SFMOE_RETURN_IF_ERROR(sfmoe::check_word(context, a->word, layer->memory, layer->device));
+
+    sfmoe::layer::MoeBackwardCall call;
+    call.tokens = T;
+    call.d_y = a->d_y->data;
+    call.logits = a->logits->data;
+    call.logits_dtype = a->logits->dtype;
+    call.w1 = a->w1->data;
+    call.w2 = a->w2->data;
+    call.d_aux_loss = a->d_aux_loss;
+    call.d_z_loss = a->d_z_loss;
+    call.d_x = a->d_x->data;
+    call.d_logits = static_cast<float*>(a->d_logits->data);
+    call.d_w1 = a->d_w1->data;
+    call.d_w2 = a->d_w2->data;
+    call.saved = static_cast<const uint8_t*>(a->saved->data);
+    call.workspace = static_cast<uint8_t*>(a->workspace->data);
+    call.memory = layer->memory;
+    call.word = sfmoe::word_of(a->word);
+    call.stream = a->stream;
+    return sfmoe::layer::moe_layer_backward(s, p, call);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,228 @@
+// The MoE layer on the CPU backend against the dense double-precision reference
+// (tests/cpp/moe_layer_reference.h): output, every gradient, the expert counts; and its refusals.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <random>
+
+#include "sfmoe/moe_layer.h"
+#include "tests/cpp/moe_layer_reference.h"
+#include "tests/cpp/numerics_cases.h"
+
+namespace sfmoe {
+namespace testing {
+namespace {
+
+constexpr sfmoe_dtype kBytes = SFMOE_DTYPE_FP8_E4M3;  // a one-byte dtype for plain buffers
+
+struct HostLayerRun {
+  std::vector<uint8_t> y, d_x, d_w1, d_w2;
+  std::vector<float> d_logits, aux;
+  std::vector<int64_t> kept, dropped;
+  std::vector<double> d_w1_start, d_w2_start;  // accumulate: the main gradients before
+};
+
+// Forward and backward of `p` on the host; false (with the message) when a call fails.
+bool run_on_host(const LayerProblem& p, std::mt19937_64& rng, HostLayerRun* run) {
+  const LayerCase& c = p.c;
+  const int64_t T = c.tokens, H = c.hidden, E = c.experts;
+  sfmoe_moe_layer_config config = layer_config(c);
+  sfmoe_moe_layer* layer = nullptr;
+  EXPECT_EQ(sfmoe_moe_layer_create(&config, SFMOE_MEMORY_HOST, 0, &layer), SFMOE_SUCCESS)
+      << sfmoe_last_error();
+  if (layer == nullptr) return false;
+  sfmoe_moe_layer_plan plan = sfmoe_moe_layer_plan_init();
+  EXPECT_EQ(sfmoe_moe_layer_get_plan(layer, &plan), SFMOE_SUCCESS);
+  EXPECT_EQ(plan.fc1_cols, p.fc1_cols);
+  std::vector<uint8_t> saved(plan.saved_bytes, 0xA5), workspace(plan.workspace_bytes, 0x5A);
+  const int64_t act = c.dtype == SFMOE_DTYPE_BF16 ? 2 : 4;
+  run->y.assign(T * H * act, 0xEE);
+  run->aux.assign(1, -1.0f);
+  run->kept.assign(E, -1);
+  run->dropped.assign(E, -1);
+  Stored x = p.x, w1 = p.w1, w2 = p.w2, d_y = p.d_y;
+  std::vector<float> logits = p.logits, bias = p.bias;
+  sfmoe_tensor t_x = host_tensor(x.bytes.data(), c.dtype, {T, H});
+  sfmoe_tensor t_logits = host_tensor(logits.data(), SFMOE_DTYPE_FP32, {T, E});
+  sfmoe_tensor t_bias = host_tensor(bias.data(), SFMOE_DTYPE_FP32, {E});
+  sfmoe_tensor t_w1 = host_tensor(w1.bytes.data(), c.dtype, {E, p.fc1_cols, H});
+  sfmoe_tensor t_w2 = host_tensor(w2.bytes.data(), c.dtype, {E, H, c.ffn});
+  sfmoe_tensor t_y = host_tensor(run->y.data(), c.dtype, {T, H});
+  sfmoe_tensor t_saved = host_tensor(saved.data(), kBytes, {plan.saved_bytes});
+  sfmoe_tensor t_ws = host_tensor(workspace.data(), kBytes, {plan.workspace_bytes});
+  sfmoe_tensor t_aux = host_tensor(run->aux.data(), SFMOE_DTYPE_FP32, {1});
+  sfmoe_tensor t_kept = host_tensor(run->kept.data(), SFMOE_DTYPE_INT64, {E});
+  sfmoe_tensor t_dropped = host_tensor(run->dropped.data(), SFMOE_DTYPE_INT64, {E});
+  sfmoe_moe_forward_args f = sfmoe_moe_forward_args_init();
+  f.x = &t_x;
+  f.logits = &t_logits;
+  f.expert_bias = bias.empty() ? nullptr : &t_bias;
+  f.w1 = &t_w1;
+  f.w2 = &t_w2;
+  f.y = &t_y;
+  f.saved = &t_saved;
+  f.workspace = &t_ws;
+  f.aux_loss = c.aux_loss_coeff > 0 ? &t_aux : nullptr;
+  f.tokens_per_expert = &t_kept;
+  f.dropped_per_expert = &t_dropped;
+  bool ok = sfmoe_moe_layer_forward(layer, &f) == SFMOE_SUCCESS;
+  EXPECT_TRUE(ok) << sfmoe_last_error();
+
+  const sfmoe_dtype grads = c.accumulate ? SFMOE_DTYPE_FP32 : c.dtype;
+  const int64_t gbytes = c.accumulate ? 4 : act;
+  run->d_x.assign(T * H * act, 0xEE);
+  run->d_logits.assign(T * E, -7.0f);
+  run->d_w1.assign(E * p.fc1_cols * H * gbytes, 0xEE);
+  run->d_w2.assign(E * H * c.ffn * gbytes, 0xEE);
+  if (c.accumulate) {  // main gradients that already hold something
+    const std::vector<float> a = LayerProblem::normal(rng, E * p.fc1_cols * H, 0.1);
+    const std::vector<float> b = LayerProblem::normal(rng, E * H * c.ffn, 0.1);
+    memcpy(run->d_w1.data(), a.data(), a.size() * 4);
+    memcpy(run->d_w2.data(), b.data(), b.size() * 4);
+    run->d_w1_start.assign(a.begin(), a.end());
+    run->d_w2_start.assign(b.begin(), b.end());
+  }
+  sfmoe_tensor t_dy = host_tensor(d_y.bytes.data(), c.dtype, {T, H});
+  sfmoe_tensor t_dx = host_tensor(run->d_x.data(), c.dtype, {T, H});
+  sfmoe_tensor t_dlogits = host_tensor(run->d_logits.data(), SFMOE_DTYPE_FP32, {T, E});
+  sfmoe_tensor t_dw1 = host_tensor(run->d_w1.data(), grads, {E, p.fc1_cols, H});
+  sfmoe_tensor t_dw2 = host_tensor(run->d_w2.data(), grads, {E, H, c.ffn});
+  sfmoe_moe_backward_args b = sfmoe_moe_backward_args_init();
+  b.d_y = &t_dy;
+  b.logits = &t_logits;
+  b.w1 = &t_w1;
+  b.w2 = &t_w2;
+  b.saved = &t_saved;
+  b.workspace = &t_ws;
+  b.d_x = &t_dx;
+  b.d_logits = &t_dlogits;
+  b.d_w1 = &t_dw1;
+  b.d_w2 = &t_dw2;
+  const bool backward_ok = sfmoe_moe_layer_backward(layer, &b) == SFMOE_SUCCESS;
+  EXPECT_TRUE(backward_ok) << sfmoe_last_error();
+  sfmoe_moe_layer_destroy(layer);
+  return ok && backward_ok;
+}
+
+std::vector<double> plus(std::vector<double> a, const std::vector<double>& b) {
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) a[i] += b[i];
+  return a;
+}
+
+TEST(MoeLayer, ForwardAndBackwardMatchTheDenseReferenceOnTheHost) {
+  std::mt19937_64 rng(session_test_seed() + 101);
+  std::vector<LayerCase> cases;
+  cases.push_back({"fp32 softmax swiglu", 37, 50, 24, 16, 6, 2, 0, 8, SFMOE_DTYPE_FP32});
+  {
+    LayerCase c{"fp32 sigmoid squared-relu, odd H, capacity drops, skewed bias, aux loss",
+                41,
+                41,
+                13,
+                7,
+                5,
+                3,
+                9,
+                1,
+                SFMOE_DTYPE_FP32,
+                SFMOE_ACTIVATION_SQUARED_RELU,
+                true,
+                true,
+                0.01f};
+    cases.push_back(c);
+  }
+  {
+    LayerCase c{"bf16 softmax swiglu, main grads", 64, 80, 40, 24, 8, 2, 0, 16, SFMOE_DTYPE_BF16};
+    c.accumulate = true;
+    cases.push_back(c);
+  }
+  cases.push_back({"bf16 silu, alignment 128, empty experts", 29, 29, 16, 8, 7, 1, 0, 128,
+                   SFMOE_DTYPE_BF16, SFMOE_ACTIVATION_SILU, false, true});
+  cases.push_back({"no tokens", 0, 16, 16, 8, 4, 2, 0, 16, SFMOE_DTYPE_BF16});
+  for (const LayerCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const LayerProblem p(c, rng);
+    const LayerReference r = reference_layer(p);
+    HostLayerRun run;
+    ASSERT_TRUE(run_on_host(p, rng, &run));
+    const double tol = c.dtype == SFMOE_DTYPE_FP32 ? 1e-9 : 2e-4;
+    const int64_t T = c.tokens, H = c.hidden;
+    const sfmoe_dtype grads = c.accumulate ? SFMOE_DTYPE_FP32 : c.dtype;
+    EXPECT_LT(mismatch(r.y, values_of(c.dtype, run.y.data(), T * H)), tol) << "y";
+    EXPECT_LT(mismatch(r.d_x, values_of(c.dtype, run.d_x.data(), T * H)), tol) << "d_x";
+    std::vector<double> want_w1 = r.d_w1, want_w2 = r.d_w2;
+    if (c.accumulate) {
+      want_w1 = plus(want_w1, run.d_w1_start);
+      want_w2 = plus(want_w2, run.d_w2_start);
+    }
+    EXPECT_LT(mismatch(want_w1, values_of(grads, run.d_w1.data(), want_w1.size())), tol) << "d_w1";
+    EXPECT_LT(mismatch(want_w2, values_of(grads, run.d_w2.data(), want_w2.size())), tol) << "d_w2";
+    std::vector<double> d_logits(run.d_logits.begin(), run.d_logits.end());
+    EXPECT_LT(mismatch(r.d_logits, d_logits), c.dtype == SFMOE_DTYPE_FP32 ? 1e-8 : 1e-3)
+        << "d_logits";
+    EXPECT_EQ(run.kept, r.kept) << "tokens_per_expert";
+    EXPECT_EQ(run.dropped, r.dropped) << "dropped_per_expert";
+    if (c.aux_loss_coeff > 0) {
+      EXPECT_EQ(run.aux[0], r.aux_loss) << "aux loss";
+    }
+  }
+  std::printf("[ moe layer ] %zu host cases: y, d_x, d_w1, d_w2, d_logits vs the dense reference\n",
+              cases.size());
+}
+
+TEST(MoeLayer, RefusesBadConfigurationsAndCallsWithoutWriting) {
+  sfmoe_moe_layer_config config = sfmoe_moe_layer_config_init();
+  config.hidden = 16;
+  config.ffn_hidden = 8;
+  config.num_experts = 4;
+  config.max_tokens = 8;
+  config.router.top_k = 2;
+  sfmoe_moe_layer* layer = nullptr;
+  sfmoe_moe_layer_config bad = config;
+  bad.row_alignment = 3;
+  EXPECT_EQ(sfmoe_moe_layer_create(&bad, SFMOE_MEMORY_HOST, 0, &layer),
+            SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(sfmoe_last_error()).find("row_alignment"), std::string::npos);
+  bad = config;
+  bad.router.top_k = 5;
+  EXPECT_EQ(sfmoe_moe_layer_create(&bad, SFMOE_MEMORY_HOST, 0, &layer),
+            SFMOE_ERROR_INVALID_ARGUMENT);
+  bad = config;
+  bad.recipe = static_cast<sfmoe_moe_recipe>(7);
+  EXPECT_EQ(sfmoe_moe_layer_create(&bad, SFMOE_MEMORY_HOST, 0, &layer), SFMOE_ERROR_UNSUPPORTED);
+  EXPECT_EQ(layer, nullptr);
+
+  ASSERT_EQ(sfmoe_moe_layer_create(&config, SFMOE_MEMORY_HOST, 0, &layer), SFMOE_SUCCESS);
+  sfmoe_moe_layer_plan plan = sfmoe_moe_layer_plan_init();
+  ASSERT_EQ(sfmoe_moe_layer_get_plan(layer, &plan), SFMOE_SUCCESS);
+  std::vector<uint16_t> x(9 * 16, 0), w1(4 * 16 * 16, 0), w2(4 * 16 * 8, 0), y(9 * 16, 0x7777);
+  std::vector<float> logits(9 * 4, 0.0f);
+  std::vector<uint8_t> saved(plan.saved_bytes), workspace(plan.workspace_bytes);
+  sfmoe_tensor t_x = host_tensor(x.data(), SFMOE_DTYPE_BF16, {9, 16});  // 9 > max_tokens
+  sfmoe_tensor t_logits = host_tensor(logits.data(), SFMOE_DTYPE_FP32, {9, 4});
+  sfmoe_tensor t_w1 = host_tensor(w1.data(), SFMOE_DTYPE_BF16, {4, 16, 16});
+  sfmoe_tensor t_w2 = host_tensor(w2.data(), SFMOE_DTYPE_BF16, {4, 16, 8});
+  sfmoe_tensor t_y = host_tensor(y.data(), SFMOE_DTYPE_BF16, {9, 16});
+  sfmoe_tensor t_saved = host_tensor(saved.data(), kBytes, {plan.saved_bytes});
+  sfmoe_tensor t_ws = host_tensor(workspace.data(), kBytes, {plan.workspace_bytes - 1});
+  sfmoe_moe_forward_args f = sfmoe_moe_forward_args_init();
+  f.x = &t_x;
+  f.logits = &t_logits;
+  f.w1 = &t_w1;
+  f.w2 = &t_w2;
+  f.y = &t_y;
+  f.saved = &t_saved;
+  f.workspace = &t_ws;
+  EXPECT_EQ(sfmoe_moe_layer_forward(layer, &f), SFMOE_ERROR_SHAPE_MISMATCH);
+  EXPECT_NE(std::string(sfmoe_last_error()).find("max_tokens"), std::string::npos)
+      << sfmoe_last_error();
+  t_x.shape[0] = t_logits.shape[0] = t_y.shape[0] = 8;
+  EXPECT_EQ(sfmoe_moe_layer_forward(layer, &f), SFMOE_ERROR_SHAPE_MISMATCH);
+  EXPECT_NE(std::string(sfmoe_last_error()).find("workspace"), std::string::npos)
+      << sfmoe_last_error();
+  for (uint16_t v : y) ASSERT_EQ(v, 0x7777) << "a refused call wrote y";
+  sfmoe_moe_layer_destroy(layer);
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace sfmoe

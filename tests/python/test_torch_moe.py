@@ -1,0 +1,176 @@
+"""sfmoe.torch.MoE against a plain-PyTorch MoE layer with the same weights and routing: output and
+every gradient (through autograd on both sides), the auxiliary losses, expert-bias balancing,
+capacity drops, torch.compile tracing, and (on a GPU) one CUDA graph of a training step."""
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed; the torch tests need it")
+
+from sfmoe.torch import MoE  # noqa: E402
+
+
+def plain_moe(module, x):
+    """The layer written as a PyTorch user writes it (../shared/peers/layer_baseline.py's form),
+    in float64, on module's weights; returns (y, aux)."""
+    c = module.config
+    wr = module.router.weight.double()
+    w1 = module.experts.weight1.double()
+    w2 = module.experts.weight2.double()
+    x = x.double()
+    logits = x @ wr.t()
+    if c.score_function == "sigmoid":
+        scores = torch.sigmoid(logits)
+        chosen = scores + (module.expert_bias.double() if module.expert_bias is not None else 0)
+        ids = chosen.topk(c.topk, -1).indices
+        probs = scores.gather(-1, ids)
+        if c.topk > 1:
+            probs = probs / probs.sum(-1, keepdim=True)
+    elif c.pre_softmax:
+        probs, ids = torch.softmax(logits, -1).topk(c.topk, -1)
+    else:
+        values, ids = logits.topk(c.topk, -1)
+        probs = torch.softmax(values, -1)
+    probs = probs * c.topk_scaling_factor
+    y = torch.zeros_like(x)
+    capacity = c.capacity(x.shape[0])
+    counts = torch.zeros(c.num_experts, dtype=torch.int64)
+    for e in range(c.num_experts):
+        token, slot = (ids == e).nonzero(as_tuple=True)
+        order = torch.argsort(token)
+        token, slot = token[order], slot[order]
+        counts[e] = token.numel()
+        if capacity:
+            token, slot = token[:capacity], slot[:capacity]
+        h = x[token] @ w1[e].t()
+        if c.activation == "swiglu":
+            g, u = h.chunk(2, -1)
+            a = torch.nn.functional.silu(g) * u
+        else:
+            a = torch.relu(h).square()
+        y.index_add_(0, token, (a @ w2[e].t()) * probs[token, slot, None])
+    aux = None
+    if c.aux_loss_coeff > 0:
+        all_scores = torch.softmax(logits, -1)
+        aux = c.aux_loss_coeff * c.num_experts / (c.topk * x.shape[0] ** 2) * (counts.double() * all_scores.sum(0)).sum()
+    return y, aux
+
+
+def mismatch(want, got):
+    """1 - 2 sum(x y) / sum(x^2 + y^2): 0 when equal."""
+    want, got = want.detach().double().flatten(), got.detach().double().flatten()
+    return float(1 - 2 * (want * got).sum() / (want.square().sum() + got.square().sum()))
+
+
+def grads(module, x, dy, forward):
+    module.zero_grad(set_to_none=True)
+    x = x.clone().requires_grad_(True)
+    y = forward(x)
+    y = y[0] if isinstance(y, tuple) else y
+    loss = (y.double() * dy.double()).sum()
+    return y, torch.autograd.grad(loss, [x, module.router.weight, module.experts.weight1, module.experts.weight2])
+
+
+def compare(module, x, dy, tol, with_aux=False):
+    y, (dx, dwr, dw1, dw2) = grads(module, x, dy, module)
+    ref_module = module
+
+    def reference(x):
+        y, aux = plain_moe(ref_module, x)
+        if with_aux:
+            y = y + 0 * aux  # the loss below adds aux separately
+        return y, aux
+
+    module.zero_grad(set_to_none=True)
+    xr = x.clone().requires_grad_(True)
+    yr, aux = plain_moe(module, xr)
+    loss = (yr * dy.double()).sum() + (aux if aux is not None else 0)
+    rx, rwr, rw1, rw2 = torch.autograd.grad(
+        loss, [xr, module.router.weight, module.experts.weight1, module.experts.weight2]
+    )
+    for name, want, got in (("y", yr, y), ("d x", rx, dx), ("d router", rwr, dwr), ("d w1", rw1, dw1), ("d w2", rw2, dw2)):
+        assert torch.isfinite(got).all(), name
+        assert mismatch(want, got) < tol, f"{name}: mismatch {mismatch(want, got):.3g}"
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-9), (torch.bfloat16, 3e-4)])
+def test_moe_matches_the_plain_layer(dtype, tol):
+    torch.manual_seed(torch.seed() % 2**31)
+    module = MoE(24, 16, 6, 2, dtype=dtype)
+    x = torch.randn(37, 24).to(dtype)
+    dy = torch.randn(37, 24)
+    compare(module, x, dy, tol)
+
+
+def test_sigmoid_routing_with_capacity_and_the_aux_loss():
+    module = MoE(16, 8, 5, 3, dtype=torch.float32, score_function="sigmoid", capacity_factor=0.75, activation="squared_relu")
+    x, dy = torch.randn(41, 16), torch.randn(41, 16)
+    compare(module, x, dy, 1e-9)
+    module(x)
+    assert int(module.dropped_per_expert.sum()) > 0, "capacity 0.75 drops some slots"
+    module = MoE(16, 8, 5, 2, dtype=torch.float32, aux_loss_coeff=0.01)
+    compare(module, torch.randn(33, 16), torch.randn(33, 16), 1e-9, with_aux=True)
+    assert module.aux_loss is not None and float(module.aux_loss) > 0
+
+
+def test_expert_bias_moves_toward_balance():
+    module = MoE(16, 8, 4, 1, dtype=torch.float32, score_function="sigmoid", expert_bias=True, bias_update_rate=0.1)
+    with torch.no_grad():
+        module.router.weight.zero_()
+        module.router.weight[0] = 1.0  # expert 0 takes every token whose features sum positive
+    x = torch.randn(64, 16).abs()
+    module(x)
+    counts = module.local_tokens_per_expert.clone()
+    module.update_expert_bias()
+    assert counts[0] == 64
+    assert module.expert_bias[0] < 0 and (module.expert_bias[1:] > 0).all()
+    assert int(module.local_tokens_per_expert.sum()) == 0
+
+
+def test_torch_compile_traces_the_module_without_graph_breaks():
+    module = MoE(16, 8, 4, 2, dtype=torch.float32)
+    x = torch.randn(20, 16, requires_grad=True)
+    explanation = torch._dynamo.explain(module)(x)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
+    y = compiled(x)
+    y.sum().backward()
+    assert torch.allclose(y, module(x))
+    assert x.grad is not None and module.experts.weight1.grad is not None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the graph test needs one")
+def test_a_training_step_captures_in_one_cuda_graph():
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    module = MoE(64, 32, 8, 2, device=dev)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.0)  # weights unchanged: replays comparable
+    x = torch.randn(128, 64, device=dev, dtype=torch.bfloat16)
+    dy = torch.randn(128, 64, device=dev, dtype=torch.bfloat16)
+
+    def step():
+        optimizer.zero_grad(set_to_none=False)
+        y = module(x)
+        y.backward(dy)
+        optimizer.step()
+        return y
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y_graph = step()
+    for _ in range(10):
+        x.copy_(torch.randn_like(x))
+        dy.copy_(torch.randn_like(dy))
+        graph.replay()
+        torch.cuda.synchronize()
+        w1_graph = module.experts.weight1.grad.clone()
+        y_graph_now = y_graph.clone()
+        y_eager = step()
+        torch.cuda.synchronize()
+        assert torch.equal(y_graph_now, y_eager)
+        assert torch.equal(w1_graph, module.experts.weight1.grad)
