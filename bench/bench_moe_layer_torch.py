@@ -6,7 +6,7 @@ Shapes (H, F, E, k, T): Qwen3-30B-A3B, DeepSeek-V3 EP8-local (32 experts), Mixtr
 Qwen3 at T = 2048 (a short-sequence step). Each step sets the gradients to None first (as
 SonicMoE's benchmark does). Figures: eager step time (median of CUDA-event timings), sfmoe's step
 replayed as one CUDA graph, the plain layer under torch.compile (SFMOE_BENCH_COMPILE=1), peak
-memory of a step, and TFLOP/s of the six GEMMs as a fraction of the GPU notes' BF16 dense ceiling
+memory of a step (what it allocates above the weights and inputs it starts with), and TFLOP/s of the six GEMMs as a fraction of the GPU notes' BF16 dense ceiling
 (742 TFLOP/s). Writes JSON to $OUT/bench_moe_layer_torch.json when OUT is set.
 """
 
@@ -64,12 +64,15 @@ def step_of(module, x, dy):
 
 
 def peak_gib(step):
+    """What a step allocates at its peak above what was held before it (the weights, the input,
+    the upstream gradient): activations, saved state, gradients and temporaries."""
     step()
     torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     step()
     torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() / 2**30
+    return (torch.cuda.max_memory_allocated() - held) / 2**30
 
 
 def graph_ms(module, x, dy):
@@ -105,7 +108,10 @@ def main():
         f"{'fwd+bwd, BF16 (ms)':28s} {'plain':>7s} {'compiled':>8s} {'sfmoe':>7s} {'graph':>7s} {'x plain':>7s} "
         f"{'x graph':>7s} {'TFLOP/s':>7s} {'ceil':>5s} {'peak GiB sfmoe / plain':>22s}"
     )
+    only = os.environ.get("SFMOE_BENCH_SHAPES")  # a comma-separated subset of SHAPES' names
     for name, (H, F, E, k, T) in SHAPES.items():
+        if only and name not in only.split(","):
+            continue
         x = torch.randn(T, H, device=DEV, dtype=torch.bfloat16, requires_grad=True)
         dy = torch.randn(T, H, device=DEV, dtype=torch.bfloat16)
         plain = PlainMoE(H, F, E, k)
@@ -116,7 +122,9 @@ def main():
         if compile_plain:
             compiled = torch.compile(plain)
             compiled_ms = median_ms(step_of(compiled, x, dy), runs=10, warmup=3, batch=1)
-        del plain
+        del plain, plain_step
+        if compile_plain:
+            del compiled
         torch.cuda.empty_cache()
         ours = MoE(H, F, E, k, device=DEV, pre_softmax=True)
         ours_step = step_of(ours, x, dy)
@@ -143,7 +151,7 @@ def main():
             f"{ours_peak:8.2f} / {plain_peak:5.2f} ({ours_peak / plain_peak:.2f}x)",
             flush=True,
         )
-        del ours, x, dy
+        del ours, ours_step, x, dy
         torch.cuda.empty_cache()
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "bench_moe_layer_torch.json"), "w") as f:

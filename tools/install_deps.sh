@@ -8,17 +8,20 @@ cd "$(dirname "$0")/.."
 
 CUTLASS_VERSION=4.2.0.0
 # torch (about 3 GB with its CUDA libraries, kept in .venv): the torch module's tests and the demo
-# run on the CPU backend in CI.
-PY_PACKAGES=(nanobind==3.1.0 numpy==2.4.6 ml_dtypes==0.6.0 pytest==9.2.0 ruff==0.17.6 torch==2.15.0)
+# run on the CPU backend in CI; tqdm and matplotlib: the demo's progress bar and loss plot.
+PY_PACKAGES=(nanobind==3.1.0 numpy==2.4.6 ml_dtypes==0.6.0 pytest==9.2.0 ruff==0.17.6 torch==2.15.0
+             tqdm==4.70.1 matplotlib==3.11.2)
 
 have_network() { [ "${SFMOE_OFFLINE:-0}" != 1 ]; }
 PIP_OPTS=(-q --disable-pip-version-check --root-user-action=ignore --retries 1 --timeout 20)
 
-# System tools: cmake, a C++ compiler, GoogleTest. Installed from Debian's packages when missing.
+# System tools: cmake, a C++ compiler, GoogleTest, ccache (which CMake picks up: fast rebuilds).
+# Installed from Debian's packages when missing.
 missing=()
 command -v cmake >/dev/null || missing+=(cmake)
 command -v g++ >/dev/null || missing+=(g++)
 [ -f /usr/include/gtest/gtest.h ] || missing+=(libgtest-dev)
+command -v ccache >/dev/null || missing+=(ccache)
 if [ ${#missing[@]} -gt 0 ] && have_network && command -v apt-get >/dev/null; then
   echo "install_deps: apt-get install ${missing[*]}"
   { timeout 300 apt-get update -qq &&
