@@ -270,8 +270,8 @@ sfmoe_status sfmoe_moe_layer_forward(const sfmoe_moe_layer* layer,
     const int64_t count_offsets[] = {p.kept.offset, p.dropped.offset, p.router_counts.offset};
     for (int i = 0; i < 3; ++i) {
       if (counts[i] == nullptr) continue;
-      SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, count_names[i], counts[i],
-                                                {SFMOE_DTYPE_INT64}, {E}, layer));
+      SFMOE_RETURN_IF_ERROR(
+          expect_layer_tensor(context, count_names[i], counts[i], {SFMOE_DTYPE_INT64}, {E}, layer));
     }
     SFMOE_RETURN_IF_ERROR(sfmoe::check_word(context, a->word, layer->memory, layer->device));
 

@@ -51,7 +51,9 @@ def plain_moe(module, x):
     aux = None
     if c.aux_loss_coeff > 0:
         all_scores = torch.softmax(logits, -1)
-        aux = c.aux_loss_coeff * c.num_experts / (c.topk * x.shape[0] ** 2) * (counts.double() * all_scores.sum(0)).sum()
+        aux = (
+            c.aux_loss_coeff * c.num_experts / (c.topk * x.shape[0] ** 2) * (counts.double() * all_scores.sum(0)).sum()
+        )
     return y, aux
 
 
@@ -87,7 +89,13 @@ def compare(module, x, dy, tol, with_aux=False):
     rx, rwr, rw1, rw2 = torch.autograd.grad(
         loss, [xr, module.router.weight, module.experts.weight1, module.experts.weight2]
     )
-    for name, want, got in (("y", yr, y), ("d x", rx, dx), ("d router", rwr, dwr), ("d w1", rw1, dw1), ("d w2", rw2, dw2)):
+    for name, want, got in (
+        ("y", yr, y),
+        ("d x", rx, dx),
+        ("d router", rwr, dwr),
+        ("d w1", rw1, dw1),
+        ("d w2", rw2, dw2),
+    ):
         assert torch.isfinite(got).all(), name
         assert mismatch(want, got) < tol, f"{name}: mismatch {mismatch(want, got):.3g}"
 
@@ -102,7 +110,9 @@ def test_moe_matches_the_plain_layer(dtype, tol):
 
 
 def test_sigmoid_routing_with_capacity_and_the_aux_loss():
-    module = MoE(16, 8, 5, 3, dtype=torch.float32, score_function="sigmoid", capacity_factor=0.75, activation="squared_relu")
+    module = MoE(
+        16, 8, 5, 3, dtype=torch.float32, score_function="sigmoid", capacity_factor=0.75, activation="squared_relu"
+    )
     x, dy = torch.randn(41, 16), torch.randn(41, 16)
     compare(module, x, dy, 1e-9)
     module(x)

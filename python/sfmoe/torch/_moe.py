@@ -263,7 +263,9 @@ class MoE(torch.nn.Module):
     value is in ``aux_loss`` (detached).
     """
 
-    def __init__(self, hidden_size, ffn_hidden_size, num_experts, topk, *, dtype=torch.bfloat16, device=None, **options):
+    def __init__(
+        self, hidden_size, ffn_hidden_size, num_experts, topk, *, dtype=torch.bfloat16, device=None, **options
+    ):
         super().__init__()
         self.config = MoEConfig(hidden_size, ffn_hidden_size, num_experts, topk, **options)
         if dtype not in _DTYPES:
