@@ -8,9 +8,10 @@ cd "$(dirname "$0")/.."
 
 CUTLASS_VERSION=4.2.0.0
 # torch (about 3 GB with its CUDA libraries, kept in .venv): the torch module's tests and the demo
-# run on the CPU backend in CI; tqdm and matplotlib: the demo's progress bar and loss plot.
+# run on the CPU backend in CI; tqdm and matplotlib: the demo's progress bar and loss plot;
+# safetensors: checkpoints in the torch module.
 PY_PACKAGES=(nanobind==3.1.0 numpy==2.4.6 ml_dtypes==0.6.0 pytest==9.2.0 ruff==0.17.6 torch==2.15.0
-             tqdm==4.70.1 matplotlib==3.11.2)
+             tqdm==4.70.1 matplotlib==3.11.2 safetensors==0.8.0)
 
 have_network() { [ "${SFMOE_OFFLINE:-0}" != 1 ]; }
 PIP_OPTS=(-q --disable-pip-version-check --root-user-action=ignore --retries 1 --timeout 20)

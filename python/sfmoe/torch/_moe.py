@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from .. import _C, _arrays
+from . import _checkpoint
 
 _ACTIVATIONS = {"swiglu": 0, "geglu": 1, "silu": 2, "gelu": 3, "squared_relu": 4, "clamped_swiglu": 5}
 _GATED = {"swiglu", "geglu", "clamped_swiglu"}
@@ -291,6 +292,63 @@ class MoE(torch.nn.Module):
         self.dropped_per_expert = None
         self.aux_loss = None
         self.reset_parameters()
+        # A state dict in another layout (Hugging Face, Mixtral, Megatron, TE) loads through
+        # load_state_dict too: converted to sfmoe's keys first.
+        self._register_load_state_dict_pre_hook(self._convert_foreign_layout, with_module=False)
+
+    _OWN_KEYS = ("router.weight", "experts.weight1", "experts.weight2")
+
+    def _convert_foreign_layout(self, state, prefix, *args):
+        if all(prefix + k in state for k in self._OWN_KEYS) and state[prefix + "experts.weight1"].dim() == 3:
+            return
+        try:
+            layout = _checkpoint.detect_layout(state, prefix)
+        except ValueError:
+            return  # load_state_dict reports the missing keys
+        converted = _checkpoint.to_sfmoe(state, self.config, layout, prefix, self.expert_bias is not None)
+        for key in _checkpoint.owned_keys(state, layout, prefix):
+            del state[key]
+        state.update({prefix + k: v for k, v in converted.items()})
+
+    def checkpoint(self, layout="sfmoe"):
+        """The module's parameters (and expert bias) in `layout` (see sfmoe.torch._checkpoint)."""
+        own = {k: v.detach() for k, v in self.state_dict().items()}
+        return _checkpoint.from_sfmoe(own, self.config, layout)
+
+    def save_checkpoint(self, path, layout="sfmoe"):
+        """Writes checkpoint(layout) as a safetensors file."""
+        _checkpoint.write_safetensors(self.checkpoint(layout), path)
+
+    def load_checkpoint(self, source, layout="auto", prefix=""):
+        """Loads a state dict or a safetensors file in any known layout (keys under `prefix`); a
+        file is read as safetensors only, never unpickled. Shapes are checked before anything is
+        copied."""
+        if not isinstance(source, dict):
+            path = str(source)
+            if not path.endswith(".safetensors"):
+                raise ValueError(f"{path}: only safetensors files are read (no pickled checkpoints)")
+            source = _checkpoint.read_safetensors(path)
+        converted = _checkpoint.to_sfmoe(source, self.config, layout, prefix, self.expert_bias is not None)
+        self.load_state_dict(converted, strict=True)
+
+    def load_optimizer_state(self, optimizer, named_state, layout="auto", prefix=""):
+        """Moves an optimizer's per-parameter state from a checkpoint in another layout onto this
+        module's parameters: `named_state` maps parameter names (as in that layout) to their state
+        dicts (Adam's exp_avg, exp_avg_sq, step); each tensor field is converted as its parameter
+        is, the scalar fields are taken from the first parameter."""
+        layout = _checkpoint.detect_layout(named_state, prefix) if layout == "auto" else layout
+        first = next(iter(named_state.values()))
+        params = dict(self.named_parameters())
+        fields = [k for k, v in first.items() if torch.is_tensor(v) and v.dim() > 0]
+        converted = {
+            f: _checkpoint.to_sfmoe({k: v[f] for k, v in named_state.items()}, self.config, layout, prefix)
+            for f in fields
+        }
+        for name in self._OWN_KEYS:
+            # (scalar tensors copied per parameter: optimizers step them in place)
+            state = {k: v.clone() if torch.is_tensor(v) else v for k, v in first.items() if k not in fields}
+            state.update({f: converted[f][name].to(params[name].device).clone() for f in fields})
+            optimizer.state[params[name]] = state
 
     def reset_parameters(self):
         """Each weight uniform in +-1 / sqrt(fan_in), as torch.nn.Linear initializes."""
