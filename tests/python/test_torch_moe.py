@@ -184,3 +184,28 @@ def test_a_training_step_captures_in_one_cuda_graph():
         torch.cuda.synchronize()
         assert torch.equal(y_graph_now, y_eager)
         assert torch.equal(w1_graph, module.experts.weight1.grad)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-9), (torch.bfloat16, 3e-4)])
+def test_grouped_linear_matches_per_group_linear_maps(dtype, tol):
+    from sfmoe.torch import GroupedLinear
+
+    sizes = [5, 0, 9, 3]
+    offsets = torch.tensor([0, 5, 5, 14, 17], dtype=torch.int64)
+    layer = GroupedLinear(4, 12, 7, dtype=dtype)
+    x = torch.randn(17, 12).to(dtype).requires_grad_(True)
+    dy = torch.randn(17, 7)
+    y = layer(x, offsets)
+    (y.double() * dy.double()).sum().backward()
+    xr = x.detach().double().requires_grad_(True)
+    wr = layer.weight.detach().double().requires_grad_(True)
+    parts, start = [], 0
+    for g, n in enumerate(sizes):
+        parts.append(xr[start : start + n] @ wr[g].t())
+        start += n
+    yr = torch.cat(parts)
+    (yr * dy.double()).sum().backward()
+    for name, want, got in (("y", yr, y), ("d x", xr.grad, x.grad), ("d w", wr.grad, layer.weight.grad)):
+        assert mismatch(want, got) < tol, f"{name}: {mismatch(want, got):.3g}"
+    explanation = torch._dynamo.explain(lambda a: layer(a, offsets))(x)
+    assert explanation.graph_break_count == 0, explanation.break_reasons

@@ -9,6 +9,7 @@ computed from those logits with torch ops, so their gradients reach the gate thr
 (also under loss scaling) without a device-to-host copy.
 """
 
+from ._grouped_linear import GroupedLinear, grouped_linear
 from ._moe import MoE, MoEConfig
 
-__all__ = ["MoE", "MoEConfig"]
+__all__ = ["GroupedLinear", "MoE", "MoEConfig", "grouped_linear"]
