@@ -149,6 +149,26 @@ sfmoe_status tokens_of(const char* context, const char* name, const sfmoe_tensor
   return SFMOE_SUCCESS;
 }
 
+// What both calls take: the token count from `rows` ([T, H]: x or d_y), the logits, the weights
+// and the two buffers, checked against the layer.
+sfmoe_status expect_step(const char* context, const char* rows_name, const sfmoe_tensor* rows,
+                         const sfmoe_tensor* logits, const sfmoe_tensor* w1, const sfmoe_tensor* w2,
+                         const sfmoe_tensor* saved, const sfmoe_tensor* workspace,
+                         const sfmoe_moe_layer* layer, int64_t* tokens) {
+  const layer::MoeLayerShape& s = layer->shape;
+  const layer::MoeLayerPlan& p = layer->plan;
+  SFMOE_RETURN_IF_ERROR(tokens_of(context, rows_name, rows, layer, tokens));
+  const int64_t T = *tokens, E = s.experts, H = s.hidden;
+  SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, rows_name, rows, {s.dtype}, {T, H}, layer));
+  SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "logits", logits,
+                                            {SFMOE_DTYPE_FP32, SFMOE_DTYPE_BF16}, {T, E}, layer));
+  SFMOE_RETURN_IF_ERROR(
+      expect_layer_tensor(context, "w1", w1, {s.dtype}, {E, p.fc1_cols, H}, layer));
+  SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "w2", w2, {s.dtype}, {E, H, s.ffn}, layer));
+  SFMOE_RETURN_IF_ERROR(expect_buffer(context, "saved", saved, p.saved_bytes, layer));
+  return expect_buffer(context, "workspace", workspace, p.workspace_bytes, layer);
+}
+
 sfmoe_fault_report* word_of(const sfmoe_status_word* word) {
   return word != nullptr ? word->word : nullptr;
 }
@@ -232,23 +252,14 @@ sfmoe_status sfmoe_moe_layer_forward(const sfmoe_moe_layer* layer,
     const sfmoe::layer::MoeLayerShape& s = layer->shape;
     const sfmoe::layer::MoeLayerPlan& p = layer->plan;
     int64_t T = 0;
-    SFMOE_RETURN_IF_ERROR(sfmoe::tokens_of(context, "x", a->x, layer, &T));
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_step(context, "x", a->x, a->logits, a->w1, a->w2, a->saved,
+                                             a->workspace, layer, &T));
     const int64_t E = s.experts, H = s.hidden;
-    SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "x", a->x, {s.dtype}, {T, H}, layer));
-    SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "logits", a->logits,
-                                              {SFMOE_DTYPE_FP32, SFMOE_DTYPE_BF16}, {T, E}, layer));
     if (a->expert_bias != nullptr) {
       SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "expert_bias", a->expert_bias,
                                                 {SFMOE_DTYPE_FP32}, {E}, layer));
     }
-    SFMOE_RETURN_IF_ERROR(
-        expect_layer_tensor(context, "w1", a->w1, {s.dtype}, {E, p.fc1_cols, H}, layer));
-    SFMOE_RETURN_IF_ERROR(
-        expect_layer_tensor(context, "w2", a->w2, {s.dtype}, {E, H, s.ffn}, layer));
     SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "y", a->y, {s.dtype}, {T, H}, layer));
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_buffer(context, "saved", a->saved, p.saved_bytes, layer));
-    SFMOE_RETURN_IF_ERROR(
-        sfmoe::expect_buffer(context, "workspace", a->workspace, p.workspace_bytes, layer));
     const bool aux = s.router.aux_loss_coeff > 0.0f, z = s.router.z_loss_coeff > 0.0f;
     if ((a->aux_loss != nullptr) != aux || (a->z_loss != nullptr) != z) {
       return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT,
@@ -316,18 +327,9 @@ sfmoe_status sfmoe_moe_layer_backward(const sfmoe_moe_layer* layer,
     const sfmoe::layer::MoeLayerShape& s = layer->shape;
     const sfmoe::layer::MoeLayerPlan& p = layer->plan;
     int64_t T = 0;
-    SFMOE_RETURN_IF_ERROR(sfmoe::tokens_of(context, "d_y", a->d_y, layer, &T));
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_step(context, "d_y", a->d_y, a->logits, a->w1, a->w2,
+                                             a->saved, a->workspace, layer, &T));
     const int64_t E = s.experts, H = s.hidden;
-    SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "d_y", a->d_y, {s.dtype}, {T, H}, layer));
-    SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "logits", a->logits,
-                                              {SFMOE_DTYPE_FP32, SFMOE_DTYPE_BF16}, {T, E}, layer));
-    SFMOE_RETURN_IF_ERROR(
-        expect_layer_tensor(context, "w1", a->w1, {s.dtype}, {E, p.fc1_cols, H}, layer));
-    SFMOE_RETURN_IF_ERROR(
-        expect_layer_tensor(context, "w2", a->w2, {s.dtype}, {E, H, s.ffn}, layer));
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_buffer(context, "saved", a->saved, p.saved_bytes, layer));
-    SFMOE_RETURN_IF_ERROR(
-        sfmoe::expect_buffer(context, "workspace", a->workspace, p.workspace_bytes, layer));
     if (!(isfinite(a->d_aux_loss) && isfinite(a->d_z_loss))) {
       return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: d_aux_loss and d_z_loss must be finite",
                          context);

@@ -134,8 +134,41 @@ struct Gemm {
   }
 };
 
-GroupRowsView expert_rows(const int64_t* offsets, const int64_t* kept, int64_t experts) {
-  return GroupRowsView{offsets, kept, experts};
+// The activation over each expert's rows of FC1's output (forward, and again in the backward).
+ActivationArgs activation_args(const MoeLayerShape& s, const MoeLayerPlan& plan,
+                               const int64_t* offsets, const int64_t* kept, const void* fc1_rows,
+                               void* act_rows, sfmoe_fault_report* word) {
+  ActivationArgs a{};
+  a.config = s.activation;
+  a.groups = GroupRowsView{offsets, kept, s.experts};
+  a.cols = s.ffn;
+  a.input = fc1_rows;
+  a.input_dtype = s.dtype;
+  a.output = act_rows;
+  a.output_dtype = s.dtype;
+  a.row_capacity = plan.row_capacity;
+  a.word = word;
+  return a;
+}
+
+// Expert rows back to token rows: out[t] = sum_i weight[t, i] rows[row_map[t, i]] (weight 1
+// without probabilities: permute's backward).
+UnpermuteArgs combine_args(const MoeLayerShape& s, const MoeLayerPlan& plan, int64_t tokens,
+                           const void* rows, const int64_t* row_map, const float* probs, void* out,
+                           sfmoe_fault_report* word) {
+  UnpermuteArgs a{};
+  a.rows = rows;
+  a.rows_dtype = s.dtype;
+  a.num_tokens = tokens;
+  a.hidden = s.hidden;
+  a.top_k = s.top_k;
+  a.row_map = row_map;
+  a.probs = probs;
+  a.out = out;
+  a.out_dtype = s.dtype;
+  a.row_capacity = plan.row_capacity;
+  a.word = word;
+  return a;
 }
 
 }  // namespace
@@ -250,34 +283,17 @@ sfmoe_status moe_layer_forward(const MoeLayerShape& s, const MoeLayerPlan& plan,
   SFMOE_RETURN_IF_ERROR(step(
       "fc1", backend.grouped_gemm(gemm.fprop(x_rows, c.w1, plan.fc1_cols, H, fc1_rows), c.stream)));
 
-  ActivationArgs activation{};
-  activation.config = s.activation;
-  activation.groups = expert_rows(offsets, kept, E);
-  activation.cols = s.ffn;
-  activation.input = fc1_rows;
-  activation.input_dtype = s.dtype;
-  activation.output = act_rows;
-  activation.output_dtype = s.dtype;
-  activation.row_capacity = R;
-  activation.word = c.word;
-  SFMOE_RETURN_IF_ERROR(step("activation", backend.activation_forward(activation, c.stream)));
+  SFMOE_RETURN_IF_ERROR(
+      step("activation",
+           backend.activation_forward(
+               activation_args(s, plan, offsets, kept, fc1_rows, act_rows, c.word), c.stream)));
 
   SFMOE_RETURN_IF_ERROR(
       step("fc2", backend.grouped_gemm(gemm.fprop(act_rows, c.w2, H, s.ffn, fc2_rows), c.stream)));
 
-  UnpermuteArgs combine{};
-  combine.rows = fc2_rows;
-  combine.rows_dtype = s.dtype;
-  combine.num_tokens = T;
-  combine.hidden = H;
-  combine.top_k = s.top_k;
-  combine.row_map = row_map;
-  combine.probs = probs;
-  combine.out = c.y;
-  combine.out_dtype = s.dtype;
-  combine.row_capacity = R;
-  combine.word = c.word;
-  return step("unpermute", backend.unpermute(combine, c.stream));
+  return step(
+      "unpermute",
+      backend.unpermute(combine_args(s, plan, T, fc2_rows, row_map, probs, c.y, c.word), c.stream));
 }
 
 sfmoe_status moe_layer_backward(const MoeLayerShape& s, const MoeLayerPlan& plan,
@@ -326,25 +342,17 @@ sfmoe_status moe_layer_backward(const MoeLayerShape& s, const MoeLayerPlan& plan
            backend.grouped_gemm(gemm.dgrad(d_fc2_rows, c.w2, H, s.ffn, d_act_rows), c.stream)));
 
   // The activation again from FC1's saved rows (its output is not kept between the calls).
-  ActivationArgs activation{};
-  activation.config = s.activation;
-  activation.groups = expert_rows(offsets, kept, E);
-  activation.cols = s.ffn;
-  activation.input = fc1_rows;
-  activation.input_dtype = s.dtype;
-  activation.output = act_rows;
-  activation.output_dtype = s.dtype;
-  activation.row_capacity = R;
-  activation.word = c.word;
   SFMOE_RETURN_IF_ERROR(
-      step("activation recompute", backend.activation_forward(activation, c.stream)));
+      step("activation recompute",
+           backend.activation_forward(
+               activation_args(s, plan, offsets, kept, fc1_rows, act_rows, c.word), c.stream)));
   SFMOE_RETURN_IF_ERROR(
       step("fc2 wgrad",
            backend.grouped_gemm(gemm.wgrad(d_fc2_rows, act_rows, H, s.ffn, c.d_w2), c.stream)));
 
   ActivationBackwardArgs d_activation{};
   d_activation.config = s.activation;
-  d_activation.groups = expert_rows(offsets, kept, E);
+  d_activation.groups = GroupRowsView{offsets, kept, E};
   d_activation.cols = s.ffn;
   d_activation.input = fc1_rows;
   d_activation.input_dtype = s.dtype;
@@ -365,19 +373,10 @@ sfmoe_status moe_layer_backward(const MoeLayerShape& s, const MoeLayerPlan& plan
       backend.grouped_gemm(gemm.wgrad(d_fc1_rows, x_rows, plan.fc1_cols, H, c.d_w1), c.stream)));
 
   // Permute's backward: each token's k rows summed (weight 1).
-  UnpermuteArgs gather{};
-  gather.rows = d_x_rows;
-  gather.rows_dtype = s.dtype;
-  gather.num_tokens = T;
-  gather.hidden = H;
-  gather.top_k = s.top_k;
-  gather.row_map = row_map;
-  gather.probs = nullptr;
-  gather.out = c.d_x;
-  gather.out_dtype = s.dtype;
-  gather.row_capacity = R;
-  gather.word = c.word;
-  SFMOE_RETURN_IF_ERROR(step("permute backward", backend.unpermute(gather, c.stream)));
+  SFMOE_RETURN_IF_ERROR(
+      step("permute backward",
+           backend.unpermute(combine_args(s, plan, T, d_x_rows, row_map, nullptr, c.d_x, c.word),
+                             c.stream)));
 
   RouterBackwardArgs router{};
   router.logits = c.logits;
