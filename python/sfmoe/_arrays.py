@@ -221,8 +221,14 @@ class _Torch:
     def shape(x):
         return tuple(x.shape)
 
-    @staticmethod
-    def prepare_input(x):
+    def prepare_input(self, x):
+        if x.requires_grad and self.torch.is_grad_enabled():
+            # Reading it through detach() would cut the autograd graph without a word.
+            raise TypeError(
+                "a tensor that requires grad reached a functional sfmoe op, which records no autograd: "
+                "use the sfmoe.torch modules (MoE, GroupedLinear), or pass x.detach() or call it under "
+                "torch.no_grad() to compute without gradients"
+            )
         x = x.detach()
         if not x.is_contiguous():
             x = x.contiguous()

@@ -140,11 +140,15 @@ def test_cuda_layouts_and_out(rng):
     x_host = random_values(rng, (24, 40))
     x = torch.from_numpy(x_host).cuda().requires_grad_(True)
     want = sfmoe.cast(x_host, "e4m3")
-    assert same_result(sfmoe.cast(x, "e4m3"), want)  # requires_grad: read through detach()
+    with pytest.raises(TypeError, match="requires grad"):
+        sfmoe.cast(x, "e4m3")  # a functional op records no autograd: refused, not detached
+    with torch.no_grad():
+        assert same_result(sfmoe.cast(x, "e4m3"), want)
     assert same_result(sfmoe.cast(x.detach().t(), "e4m3"), np.ascontiguousarray(want.T))
     flat = x.detach().reshape(-1)
     assert same_result(sfmoe.cast(flat[1:], "e4m3"), want.reshape(-1)[1:])  # misaligned view
     out = torch.empty((24, 40), dtype=torch.float8_e4m3fn, device="cuda")
+    x = x.detach()
     assert sfmoe.cast(x, "e4m3", out=out) is out and same_result(out, want)
     with pytest.raises(sfmoe.Error) as error_info:
         sfmoe.cast(x, "e4m3", out=torch.empty(7, dtype=torch.uint8, device="cuda"))

@@ -141,7 +141,7 @@ def test_torch_compile_traces_the_module_without_graph_breaks():
     x = torch.randn(20, 16, requires_grad=True)
     explanation = torch._dynamo.explain(module)(x)
     assert explanation.graph_break_count == 0, explanation.break_reasons
-    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(module, fullgraph=True)  # inductor
     y = compiled(x)
     y.sum().backward()
     assert torch.allclose(y, module(x))
@@ -209,3 +209,14 @@ def test_grouped_linear_matches_per_group_linear_maps(dtype, tol):
         assert mismatch(want, got) < tol, f"{name}: {mismatch(want, got):.3g}"
     explanation = torch._dynamo.explain(lambda a: layer(a, offsets))(x)
     assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
+def test_a_functional_op_refuses_a_tensor_that_requires_grad():
+    import sfmoe
+
+    x = torch.randn(8, 16, requires_grad=True)
+    with pytest.raises(TypeError, match="requires grad"):
+        sfmoe.cast(x, "e4m3")
+    with torch.no_grad():
+        sfmoe.cast(x, "e4m3")
+    sfmoe.cast(x.detach(), "e4m3")

@@ -14,7 +14,7 @@ def grouped_linear(x: Tensor, weight: Tensor, group_offsets: Tensor) -> Tensor:
     """x [R, K], weight [G, N, K], group_offsets int64 [G + 1] -> y [R, N] in x's dtype; rows at
     and beyond group_offsets[G] are zero."""
     y = torch.zeros(x.shape[0], weight.shape[1], dtype=x.dtype, device=x.device)
-    _gemm.grouped_gemm("fprop", x, weight, group_offsets, out=y)
+    _gemm.grouped_gemm("fprop", x.detach(), weight.detach(), group_offsets, out=y)
     return y
 
 
@@ -26,6 +26,7 @@ def _(x, weight, group_offsets):
 @torch.library.custom_op("sfmoe::grouped_linear_backward", mutates_args=())
 def grouped_linear_backward(d_y: Tensor, x: Tensor, weight: Tensor, group_offsets: Tensor) -> tuple[Tensor, Tensor]:
     d_x = torch.zeros_like(x)
+    d_y, x, weight = d_y.detach(), x.detach(), weight.detach()
     _gemm.grouped_gemm("dgrad", d_y, weight, group_offsets, out=d_x)
     d_w = torch.empty_like(weight)
     _gemm.grouped_gemm("wgrad", d_y, x, group_offsets, out=d_w)
