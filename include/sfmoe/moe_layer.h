@@ -4,9 +4,9 @@
  *
  * A layer is created once from host-known bounds; sfmoe_moe_layer_get_plan gives the bytes of
  * its two buffers, which the caller allocates once: `saved` (what a forward leaves for its
- * backward) and `workspace` (the temporaries of one call; forward and backward may share it when
- * they do not run at the same time). The router's logits come from the caller (its gate GEMM);
- * the backward returns their gradient.
+ * backward) and `workspace` (the temporaries of one call: forward_workspace_bytes for a forward,
+ * workspace_bytes for a backward; the two may share one buffer when they do not overlap). The
+ * router's logits come from the caller (its gate GEMM); the backward returns their gradient.
  *
  * Recipes: SFMOE_MOE_RECIPE_BF16 (BF16 x, weights, rows and gradients, FP32 accumulation; on the
  * host also FP32 throughout). The quantized recipes are not available yet.
@@ -59,10 +59,12 @@ SFMOE_API sfmoe_status sfmoe_moe_layer_destroy(sfmoe_moe_layer* layer);
 
 typedef struct sfmoe_moe_layer_plan {
   size_t struct_size;
-  int64_t saved_bytes;     /* the forward's state for the backward, at max_tokens */
-  int64_t workspace_bytes; /* one call's temporaries */
-  int64_t row_capacity;    /* expert rows: every kept slot plus each expert's padding */
-  int64_t fc1_cols;        /* W1 is [E, fc1_cols, H] */
+  int64_t saved_bytes;             /* the forward's state for the backward, at max_tokens */
+  int64_t workspace_bytes;         /* the temporaries of a backward, which also serve a forward */
+  int64_t forward_workspace_bytes; /* what a forward's workspace needs at least (its
+                                      temporaries are the first part of the backward's) */
+  int64_t row_capacity;            /* expert rows: every kept slot plus each expert's padding */
+  int64_t fc1_cols;                /* W1 is [E, fc1_cols, H] */
 } sfmoe_moe_layer_plan;
 
 SFMOE_API sfmoe_moe_layer_plan sfmoe_moe_layer_plan_init(void);

@@ -43,6 +43,7 @@ class MoeLayer {
     nb::dict d;
     d["saved_bytes"] = plan_.saved_bytes;
     d["workspace_bytes"] = plan_.workspace_bytes;
+    d["forward_workspace_bytes"] = plan_.forward_workspace_bytes;
     d["row_capacity"] = plan_.row_capacity;
     d["fc1_cols"] = plan_.fc1_cols;
     return d;

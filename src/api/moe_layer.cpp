@@ -154,7 +154,7 @@ sfmoe_status tokens_of(const char* context, const char* name, const sfmoe_tensor
 sfmoe_status expect_step(const char* context, const char* rows_name, const sfmoe_tensor* rows,
                          const sfmoe_tensor* logits, const sfmoe_tensor* w1, const sfmoe_tensor* w2,
                          const sfmoe_tensor* saved, const sfmoe_tensor* workspace,
-                         const sfmoe_moe_layer* layer, int64_t* tokens) {
+                         int64_t workspace_bytes, const sfmoe_moe_layer* layer, int64_t* tokens) {
   const layer::MoeLayerShape& s = layer->shape;
   const layer::MoeLayerPlan& p = layer->plan;
   SFMOE_RETURN_IF_ERROR(tokens_of(context, rows_name, rows, layer, tokens));
@@ -166,7 +166,7 @@ sfmoe_status expect_step(const char* context, const char* rows_name, const sfmoe
       expect_layer_tensor(context, "w1", w1, {s.dtype}, {E, p.fc1_cols, H}, layer));
   SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "w2", w2, {s.dtype}, {E, H, s.ffn}, layer));
   SFMOE_RETURN_IF_ERROR(expect_buffer(context, "saved", saved, p.saved_bytes, layer));
-  return expect_buffer(context, "workspace", workspace, p.workspace_bytes, layer);
+  return expect_buffer(context, "workspace", workspace, workspace_bytes, layer);
 }
 
 sfmoe_fault_report* word_of(const sfmoe_status_word* word) {
@@ -235,6 +235,7 @@ sfmoe_status sfmoe_moe_layer_get_plan(const sfmoe_moe_layer* layer, sfmoe_moe_la
         sfmoe::check_struct(context, "plan", plan, "sfmoe_moe_layer_plan_init()"));
     plan->saved_bytes = layer->plan.saved_bytes;
     plan->workspace_bytes = layer->plan.workspace_bytes;
+    plan->forward_workspace_bytes = layer->plan.forward_workspace_bytes;
     plan->row_capacity = layer->plan.row_capacity;
     plan->fc1_cols = layer->plan.fc1_cols;
     return SFMOE_SUCCESS;
@@ -253,7 +254,7 @@ sfmoe_status sfmoe_moe_layer_forward(const sfmoe_moe_layer* layer,
     const sfmoe::layer::MoeLayerPlan& p = layer->plan;
     int64_t T = 0;
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_step(context, "x", a->x, a->logits, a->w1, a->w2, a->saved,
-                                             a->workspace, layer, &T));
+                                             a->workspace, p.forward_workspace_bytes, layer, &T));
     const int64_t E = s.experts, H = s.hidden;
     if (a->expert_bias != nullptr) {
       SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "expert_bias", a->expert_bias,
@@ -328,7 +329,7 @@ sfmoe_status sfmoe_moe_layer_backward(const sfmoe_moe_layer* layer,
     const sfmoe::layer::MoeLayerPlan& p = layer->plan;
     int64_t T = 0;
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_step(context, "d_y", a->d_y, a->logits, a->w1, a->w2,
-                                             a->saved, a->workspace, layer, &T));
+                                             a->saved, a->workspace, p.workspace_bytes, layer, &T));
     const int64_t E = s.experts, H = s.hidden;
     if (!(isfinite(a->d_aux_loss) && isfinite(a->d_z_loss))) {
       return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: d_aux_loss and d_z_loss must be finite",

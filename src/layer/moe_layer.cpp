@@ -215,6 +215,7 @@ Outcome plan_moe_layer(const MoeLayerShape& s, sfmoe_memory memory, MoeLayerPlan
   SFMOE_RETURN_IF_REFUSED(place(gemm, total, &plan->gemm_workspace));
   SFMOE_RETURN_IF_REFUSED(matrix_bytes(R, s.ffn, act, &bytes));
   SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->act_rows));
+  plan->forward_workspace_bytes = plan->workspace_bytes;
   SFMOE_RETURN_IF_REFUSED(matrix_bytes(T, k, sizeof(float), &bytes));
   SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->d_probs));
   // d FC2 rows [R, H], later reused for d x rows (FC1's dgrad, [R, H] too).

@@ -52,10 +52,12 @@ struct MoeLayerPlan {
   Region topk_ids, probs, router_counts, row_map, offsets, kept, dropped, x_rows, fc1_rows,
       fc2_rows;
   int64_t saved_bytes = 0;
-  // workspace (the forward uses the first five; the backward all but act_rows's first use)
+  // workspace: the forward's regions first (its call needs only forward_workspace_bytes), then
+  // the backward's
   Region permute_workspace, router_workspace, gemm_workspace, act_rows, d_probs, d_fc2_rows,
       d_act_rows, d_fc1_rows;
-  int64_t workspace_bytes = 0;
+  int64_t forward_workspace_bytes = 0;
+  int64_t workspace_bytes = 0;  // the backward's, which covers the forward's
 };
 
 // The plan of `shape` for the backend of `memory` (device workspaces only on the device).

@@ -34,7 +34,10 @@ bool run_on_host(const LayerProblem& p, std::mt19937_64& rng, HostLayerRun* run)
   sfmoe_moe_layer_plan plan = sfmoe_moe_layer_plan_init();
   EXPECT_EQ(sfmoe_moe_layer_get_plan(layer, &plan), SFMOE_SUCCESS);
   EXPECT_EQ(plan.fc1_cols, p.fc1_cols);
-  std::vector<uint8_t> saved(plan.saved_bytes, 0xA5), workspace(plan.workspace_bytes, 0x5A);
+  // The forward takes a workspace of its own size, the backward one of the full size.
+  EXPECT_LE(plan.forward_workspace_bytes, plan.workspace_bytes);
+  std::vector<uint8_t> saved(plan.saved_bytes, 0xA5), workspace(plan.workspace_bytes, 0x5A),
+      forward_workspace(plan.forward_workspace_bytes, 0x5A);
   const int64_t act = c.dtype == SFMOE_DTYPE_BF16 ? 2 : 4;
   run->y.assign(T * H * act, 0xEE);
   run->aux.assign(1, -1.0f);
@@ -50,6 +53,8 @@ bool run_on_host(const LayerProblem& p, std::mt19937_64& rng, HostLayerRun* run)
   sfmoe_tensor t_y = host_tensor(run->y.data(), c.dtype, {T, H});
   sfmoe_tensor t_saved = host_tensor(saved.data(), kBytes, {plan.saved_bytes});
   sfmoe_tensor t_ws = host_tensor(workspace.data(), kBytes, {plan.workspace_bytes});
+  sfmoe_tensor t_forward_ws =
+      host_tensor(forward_workspace.data(), kBytes, {plan.forward_workspace_bytes});
   sfmoe_tensor t_aux = host_tensor(run->aux.data(), SFMOE_DTYPE_FP32, {1});
   sfmoe_tensor t_kept = host_tensor(run->kept.data(), SFMOE_DTYPE_INT64, {E});
   sfmoe_tensor t_dropped = host_tensor(run->dropped.data(), SFMOE_DTYPE_INT64, {E});
@@ -61,7 +66,7 @@ bool run_on_host(const LayerProblem& p, std::mt19937_64& rng, HostLayerRun* run)
   f.w2 = &t_w2;
   f.y = &t_y;
   f.saved = &t_saved;
-  f.workspace = &t_ws;
+  f.workspace = &t_forward_ws;
   f.aux_loss = c.aux_loss_coeff > 0 ? &t_aux : nullptr;
   f.tokens_per_expert = &t_kept;
   f.dropped_per_expert = &t_dropped;
@@ -203,7 +208,7 @@ TEST(MoeLayer, RefusesBadConfigurationsAndCallsWithoutWriting) {
   sfmoe_tensor t_w2 = host_tensor(w2.data(), SFMOE_DTYPE_BF16, {4, 16, 8});
   sfmoe_tensor t_y = host_tensor(y.data(), SFMOE_DTYPE_BF16, {9, 16});
   sfmoe_tensor t_saved = host_tensor(saved.data(), kBytes, {plan.saved_bytes});
-  sfmoe_tensor t_ws = host_tensor(workspace.data(), kBytes, {plan.workspace_bytes - 1});
+  sfmoe_tensor t_ws = host_tensor(workspace.data(), kBytes, {plan.forward_workspace_bytes - 1});
   sfmoe_moe_forward_args f = sfmoe_moe_forward_args_init();
   f.x = &t_x;
   f.logits = &t_logits;

@@ -147,7 +147,7 @@ def moe_layer_forward(
     experts = _CONFIGS[key].num_experts
     y = torch.empty_like(x)
     saved = torch.empty(plan["saved_bytes"], dtype=torch.uint8, device=x.device)
-    workspace = torch.empty(plan["workspace_bytes"], dtype=torch.uint8, device=x.device)
+    workspace = torch.empty(plan["forward_workspace_bytes"], dtype=torch.uint8, device=x.device)
     kept, dropped, routed = (torch.empty(experts, dtype=torch.int64, device=x.device) for _ in range(3))
     layer.forward(
         _arg(x),
