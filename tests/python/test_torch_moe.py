@@ -220,3 +220,18 @@ def test_a_functional_op_refuses_a_tensor_that_requires_grad():
     with torch.no_grad():
         sfmoe.cast(x, "e4m3")
     sfmoe.cast(x.detach(), "e4m3")
+
+
+def test_gradient_accumulation_fusion_adds_into_main_grad():
+    torch.manual_seed(torch.seed() % 2**31)
+    fused = MoE(16, 8, 4, 2, dtype=torch.float32, gradient_accumulation_fusion=True)
+    plain = MoE(16, 8, 4, 2, dtype=torch.float32)
+    plain.load_state_dict(fused.state_dict())
+    for step in range(2):
+        x, dy = torch.randn(12, 16), torch.randn(12, 16)
+        for module in (fused, plain):
+            (module(x) * dy).sum().backward()
+    assert fused.experts.weight1.grad is None and fused.experts.weight2.grad is None
+    assert fused.router.weight.grad is not None
+    assert mismatch(plain.experts.weight1.grad, fused.experts.weight1.main_grad) < 1e-12
+    assert mismatch(plain.experts.weight2.grad, fused.experts.weight2.main_grad) < 1e-12

@@ -42,6 +42,10 @@ class MoEConfig:
     activation: str = "swiglu"  # swiglu, geglu, silu, gelu, squared_relu, clamped_swiglu
     row_alignment: int = 16  # each expert's rows padded to a multiple of this
     recipe: str = "bf16"  # [--fp8-recipe]; the quantized recipes are not available yet
+    # [--gradient-accumulation-fusion] the experts' weight gradients added by the layer to FP32
+    # `main_grad` buffers on the weights (Megatron's DDP sets them; else the module makes them);
+    # the weights' .grad stays None.
+    gradient_accumulation_fusion: bool = False
 
     def __post_init__(self):
         if self.score_function not in _SCORES:
@@ -118,7 +122,7 @@ def _layer(key, tokens, dtype, device):
             row_alignment=c.row_alignment,
             dtype=_DTYPES[dtype],
             recipe=_RECIPES[c.recipe],
-            accumulate_weight_grads=False,
+            accumulate_weight_grads=c.gradient_accumulation_fusion,
         )
         memory = _C.MEMORY_CUDA if device.type == "cuda" else _C.MEMORY_HOST
         layer = _C.MoeLayer(fields, memory, device.index or 0)
@@ -209,6 +213,40 @@ def moe_layer_backward(
     return d_x, d_logits, d_w1, d_w2
 
 
+@torch.library.custom_op("sfmoe::moe_layer_backward_main_grad", mutates_args=("main_grad1", "main_grad2"))
+def moe_layer_backward_main_grad(
+    d_y: Tensor, logits: Tensor, w1: Tensor, w2: Tensor, saved: Tensor, main_grad1: Tensor, main_grad2: Tensor, key: int
+) -> tuple[Tensor, Tensor]:
+    """d x and d logits; the weight gradients added to the FP32 main gradients."""
+    layer, plan = _layer(key, d_y.shape[0], d_y.dtype, d_y.device)
+    d_x = torch.empty_like(d_y)
+    d_logits = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    workspace = torch.empty(plan["workspace_bytes"], dtype=torch.uint8, device=d_y.device)
+    layer.backward(
+        _arg(d_y),
+        _arg(logits),
+        _logits_dtype(logits),
+        _arg(w1),
+        _arg(w2),
+        _arg(saved),
+        _arg(workspace),
+        0.0,
+        0.0,
+        _arg(d_x),
+        _arg(d_logits),
+        _arg(main_grad1),
+        _arg(main_grad2),
+        None,
+        _stream(d_y),
+    )
+    return d_x, d_logits
+
+
+@moe_layer_backward_main_grad.register_fake
+def _(d_y, logits, w1, w2, saved, main_grad1, main_grad2, key):
+    return d_y.new_empty(d_y.shape), logits.new_empty(logits.shape, dtype=torch.float32)
+
+
 @moe_layer_backward.register_fake
 def _(d_y, logits, w1, w2, saved, key):
     return (
@@ -224,13 +262,27 @@ def _setup_context(ctx, inputs, output):
     _, saved, kept, dropped, routed = output
     ctx.save_for_backward(logits, w1, w2, saved)
     ctx.key = key
+    # (taken from the weights themselves: the tensors saved for the backward need not be them)
+    ctx.main_grads = (main_grad_of(w1), main_grad_of(w2)) if _CONFIGS[key].gradient_accumulation_fusion else None
     ctx.mark_non_differentiable(saved, kept, dropped, routed)
 
 
 def _backward(ctx, d_y, d_saved, d_kept, d_dropped, d_routed):
     logits, w1, w2, saved = ctx.saved_tensors
+    if _CONFIGS[ctx.key].gradient_accumulation_fusion:
+        d_x, d_logits = moe_layer_backward_main_grad(d_y.contiguous(), logits, w1, w2, saved, *ctx.main_grads, ctx.key)
+        return d_x, d_logits.to(logits.dtype), None, None, None, None
     d_x, d_logits, d_w1, d_w2 = moe_layer_backward(d_y.contiguous(), logits, w1, w2, saved, ctx.key)
     return d_x, d_logits.to(logits.dtype), None, d_w1, d_w2, None
+
+
+def main_grad_of(weight):
+    """The weight's FP32 main gradient (Megatron's `param.main_grad`), made at zero when absent."""
+    grad = getattr(weight, "main_grad", None)
+    if grad is None:
+        grad = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        weight.main_grad = grad
+    return grad
 
 
 moe_layer_forward.register_autograd(_backward, setup_context=_setup_context)
