@@ -235,3 +235,21 @@ def test_gradient_accumulation_fusion_adds_into_main_grad():
     assert fused.router.weight.grad is not None
     assert mismatch(plain.experts.weight1.grad, fused.experts.weight1.main_grad) < 1e-12
     assert mismatch(plain.experts.weight2.grad, fused.experts.weight2.main_grad) < 1e-12
+
+
+def test_the_shared_expert_adds_a_dense_swiglu_and_survives_checkpoints(tmp_path):
+    torch.manual_seed(torch.seed() % 2**31)
+    module = MoE(16, 8, 4, 2, dtype=torch.float32, shared_expert_ffn_hidden_size=12, shared_expert_gate=True)
+    routed_only = MoE(16, 8, 4, 2, dtype=torch.float32)
+    routed_only.load_state_dict({k: v for k, v in module.state_dict().items() if not k.startswith("shared")})
+    x = torch.randn(10, 16)
+    e = module.shared_expert
+    dense = e.down_proj(torch.nn.functional.silu(e.gate_proj(x)) * e.up_proj(x))
+    want = routed_only(x) + torch.sigmoid(module.shared_expert_gate(x)) * dense
+    assert mismatch(want, module(x)) < 1e-12
+    for layout in ("sfmoe", "hf", "megatron"):
+        again = MoE(16, 8, 4, 2, dtype=torch.float32, shared_expert_ffn_hidden_size=12, shared_expert_gate=True)
+        path = tmp_path / f"{layout}.safetensors"
+        module.save_checkpoint(path, layout)
+        again.load_checkpoint(path)
+        assert torch.equal(again(x), module(x)), layout

@@ -31,7 +31,7 @@ LAYOUTS = ("sfmoe", "hf", "mixtral", "megatron", "te")
 KEY_PATTERNS = {
     "sfmoe": r"router\.weight|experts\.weight[12]|expert_bias",
     "hf": r"gate\.weight|gate\.e_score_correction_bias|experts\.\d+\.(gate|up|down)_proj\.weight",
-    "mixtral": r"gate\.weight|experts\.\d+\.w[123]\.weight",
+    "mixtral": r"gate\.weight|gate\.e_score_correction_bias|experts\.\d+\.w[123]\.weight",
     "megatron": r"router\.weight|router\.expert_bias|experts\.weight[12]",
     "te": r"router\.weight|router\.expert_bias|experts\.linear_fc[12]\.weight\d+",
 }
@@ -160,6 +160,9 @@ def from_sfmoe(state, config, layout, prefix=""):
             out["router.expert_bias"] = bias
     else:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    # The rest (a shared expert: Hugging Face's Qwen2-MoE names in every layout) as it is.
+    own = ("router.weight", "experts.weight1", "experts.weight2", "expert_bias")
+    out.update({k: v for k, v in state.items() if k not in own})
     return {prefix + k: v.contiguous().clone() for k, v in out.items()}
 
 

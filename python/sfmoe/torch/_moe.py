@@ -46,6 +46,11 @@ class MoEConfig:
     # `main_grad` buffers on the weights (Megatron's DDP sets them; else the module makes them);
     # the weights' .grad stays None.
     gradient_accumulation_fusion: bool = False
+    # [--moe-shared-expert-intermediate-size] a dense SwiGLU expert every token goes through
+    # (DeepSeek-V3, Qwen2-MoE); 0: none. shared_expert_gate: its output scaled by
+    # sigmoid(x w_g), as Qwen2-MoE does [--moe-shared-expert-gate].
+    shared_expert_ffn_hidden_size: int = 0
+    shared_expert_gate: bool = False
 
     def __post_init__(self):
         if self.score_function not in _SCORES:
@@ -333,6 +338,23 @@ class MoE(torch.nn.Module):
         self.experts.weight2 = torch.nn.Parameter(
             torch.empty(num_experts, hidden_size, ffn_hidden_size, device=device, dtype=dtype)
         )
+        if c.shared_expert_ffn_hidden_size:
+            S = c.shared_expert_ffn_hidden_size
+            self.shared_expert = torch.nn.Module()
+            for name, (rows, cols) in (
+                ("gate_proj", (S, hidden_size)),
+                ("up_proj", (S, hidden_size)),
+                ("down_proj", (hidden_size, S)),
+            ):
+                setattr(self.shared_expert, name, torch.nn.Linear(cols, rows, bias=False, device=device, dtype=dtype))
+            self.shared_expert_gate = (
+                torch.nn.Linear(hidden_size, 1, bias=False, device=device, dtype=dtype)
+                if c.shared_expert_gate
+                else None
+            )
+        else:
+            self.shared_expert = None
+            self.shared_expert_gate = None
         if c.expert_bias:
             self.register_buffer("expert_bias", torch.zeros(num_experts, device=device, dtype=torch.float32))
             self.register_buffer(
@@ -380,7 +402,11 @@ class MoE(torch.nn.Module):
             if not path.endswith(".safetensors"):
                 raise ValueError(f"{path}: only safetensors files are read (no pickled checkpoints)")
             source = _checkpoint.read_safetensors(path)
+        layout = _checkpoint.detect_layout(source, prefix) if layout == "auto" else layout
         converted = _checkpoint.to_sfmoe(source, self.config, layout, prefix, self.expert_bias is not None)
+        owned = set(_checkpoint.owned_keys(source, layout, prefix))
+        # The keys the layout does not own (a shared expert's) load under their own names.
+        converted.update({k[len(prefix) :]: v for k, v in source.items() if k.startswith(prefix) and k not in owned})
         self.load_state_dict(converted, strict=True)
 
     def load_optimizer_state(self, optimizer, named_state, layout="auto", prefix=""):
@@ -421,6 +447,12 @@ class MoE(torch.nn.Module):
         if self.expert_bias is not None and self.training:
             with torch.no_grad():
                 self.local_tokens_per_expert += routed
+        if self.shared_expert is not None:
+            e = self.shared_expert
+            shared = e.down_proj(torch.nn.functional.silu(e.gate_proj(x)) * e.up_proj(x))
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
+            y = y + shared
         aux = self._aux_losses(logits, routed)
         if aux is not None:
             self.aux_loss = aux.detach()
