@@ -253,3 +253,16 @@ def test_the_shared_expert_adds_a_dense_swiglu_and_survives_checkpoints(tmp_path
         module.save_checkpoint(path, layout)
         again.load_checkpoint(path)
         assert torch.equal(again(x), module(x)), layout
+
+
+def test_expert_load_is_read_a_step_later():
+    module = MoE(16, 8, 4, 2, dtype=torch.float32, capacity_factor=0.5, log_expert_load=True)
+    assert module.expert_load() is None
+    x1, x2 = torch.randn(20, 16), torch.randn(20, 16)
+    module(x1)
+    first = (module.tokens_per_expert.clone(), module.dropped_per_expert.clone())
+    assert module.expert_load() is None  # one forward: nothing a step old yet
+    module(x2)
+    kept, dropped = module.expert_load()
+    assert torch.equal(kept, first[0]) and torch.equal(dropped, first[1])
+    assert int(kept.sum() + dropped.sum()) == 20 * 2

@@ -51,6 +51,9 @@ class MoEConfig:
     # sigmoid(x w_g), as Qwen2-MoE does [--moe-shared-expert-gate].
     shared_expert_ffn_hidden_size: int = 0
     shared_expert_gate: bool = False
+    # Each forward queues a copy of the experts' kept and dropped counts into pinned host memory
+    # (two buffers, alternating), which expert_load() reads a step later without a sync.
+    log_expert_load: bool = False
 
     def __post_init__(self):
         if self.score_function not in _SCORES:
@@ -444,6 +447,8 @@ class MoE(torch.nn.Module):
             x, logits, self.expert_bias, self.experts.weight1, self.experts.weight2, self._key
         )
         self.tokens_per_expert, self.dropped_per_expert = kept, dropped
+        if c.log_expert_load:
+            self._queue_expert_load(kept, dropped)
         if self.expert_bias is not None and self.training:
             with torch.no_grad():
                 self.local_tokens_per_expert += routed
@@ -479,6 +484,39 @@ class MoE(torch.nn.Module):
         if c.z_loss_coeff > 0:
             total = total + c.z_loss_coeff / tokens * torch.logsumexp(logits, -1).square().sum()
         return total
+
+    @torch.no_grad()
+    def _queue_expert_load(self, kept, dropped):
+        if not hasattr(self, "_load_buffers"):
+            pinned = kept.is_cuda
+            self._load_buffers = [
+                torch.zeros(2, self.config.num_experts, dtype=torch.int64, pin_memory=pinned) for _ in range(2)
+            ]
+            self._load_events = [None, None]
+            self._load_turn = 0
+            self._load_count = 0
+        turn = self._load_turn
+        self._load_buffers[turn][0].copy_(kept, non_blocking=True)
+        self._load_buffers[turn][1].copy_(dropped, non_blocking=True)
+        if kept.is_cuda:
+            event = torch.cuda.Event()
+            event.record()
+            self._load_events[turn] = event
+        self._load_turn = 1 - turn
+        self._load_count += 1
+
+    def expert_load(self):
+        """(tokens_per_expert, dropped_per_expert) of the forward before the last one, as host
+        tensors, with log_expert_load=True: the copy was queued a step ago, so reading it does not
+        wait for the device (None before two forwards)."""
+        if getattr(self, "_load_count", 0) < 2:
+            return None
+        older = self._load_turn  # the buffer the next forward will overwrite: the older one
+        event = self._load_events[older]
+        if event is not None:
+            event.synchronize()  # (complete a step ago in a running training loop)
+        counts = self._load_buffers[older].clone()
+        return counts[0], counts[1]
 
     @torch.no_grad()
     def update_expert_bias(self):
