@@ -97,6 +97,9 @@ if [ "${SFMOE_SKIP_PYTHON:-0}" != 1 ]; then
     SFMOE_BENCH_GEMM=${SFMOE_BENCH_GEMM:-quick} PYTHONPATH="$ROOT/build-py/python:$ROOT/bench" OUT="$OUT" \
       python3 bench/bench_grouped_gemm_torch.py > "$OUT/bench_grouped_gemm_torch.log" 2>&1
     status_line bench_grouped_gemm_torch "rc $?"
+    PYTHONPATH="$ROOT/build-py/python:$ROOT/bench" OUT="$OUT" python3 bench/bench_moe_layer_torch.py \
+      > "$OUT/bench_moe_layer_torch.log" 2>&1
+    status_line bench_moe_layer_torch "rc $?"
   else
     status_line pytest "extension build failed (see python_build.log)"
     tail -20 "$OUT/python_build.log"
@@ -105,7 +108,7 @@ fi
 
 echo
 echo "================================ sfmoe GPU check ================================"
-for k in build selfcheck cpu_tests gpu_tests sanitizer_memcheck sanitizer_racecheck bench_memory bench_quantize pytest bench_cast_torch bench_quantize_torch bench_moe_ops_torch bench_grouped_gemm_torch; do
+for k in build selfcheck cpu_tests gpu_tests sanitizer_memcheck sanitizer_racecheck bench_memory bench_quantize pytest bench_cast_torch bench_quantize_torch bench_moe_ops_torch bench_grouped_gemm_torch bench_moe_layer_torch; do
   [ -n "${RESULT[$k]:-}" ] && printf "%-20s %s\n" "$k" "${RESULT[$k]}"
 done
 echo
@@ -115,3 +118,4 @@ tail -8 "$OUT/bench_memory.log"
 [ -f "$OUT/bench_quantize.log" ] && { echo; tail -14 "$OUT/bench_quantize.log"; }
 [ -f "$OUT/bench_moe_ops_torch.log" ] && { echo; tail -14 "$OUT/bench_moe_ops_torch.log"; }
 [ -f "$OUT/bench_grouped_gemm_torch.log" ] && { echo; cat "$OUT/bench_grouped_gemm_torch.log"; }
+[ -f "$OUT/bench_moe_layer_torch.log" ] && { echo; cat "$OUT/bench_moe_layer_torch.log"; }
