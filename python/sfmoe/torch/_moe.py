@@ -190,16 +190,12 @@ def _(x, logits, expert_bias, w1, w2, key):
     return (x.new_empty(x.shape), x.new_empty(plan["saved_bytes"], dtype=torch.uint8), *counts)
 
 
-@torch.library.custom_op("sfmoe::moe_layer_backward", mutates_args=())
-def moe_layer_backward(
-    d_y: Tensor, logits: Tensor, w1: Tensor, w2: Tensor, saved: Tensor, key: int
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """d x, d logits, d w1, d w2 of the forward that left `saved`."""
+def _layer_backward(d_y, logits, w1, w2, saved, key, d_w1, d_w2):
+    """The layer's backward into new d x and d logits and the given weight gradients (written in
+    the weights' dtype, or added to FP32 main gradients, as the layer was made)."""
     layer, plan = _layer(key, d_y.shape[0], d_y.dtype, d_y.device)
     d_x = torch.empty_like(d_y)
     d_logits = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
-    d_w1 = torch.empty_like(w1)
-    d_w2 = torch.empty_like(w2)
     workspace = torch.empty(plan["workspace_bytes"], dtype=torch.uint8, device=d_y.device)
     layer.backward(
         _arg(d_y),
@@ -218,6 +214,16 @@ def moe_layer_backward(
         None,
         _stream(d_y),
     )
+    return d_x, d_logits
+
+
+@torch.library.custom_op("sfmoe::moe_layer_backward", mutates_args=())
+def moe_layer_backward(
+    d_y: Tensor, logits: Tensor, w1: Tensor, w2: Tensor, saved: Tensor, key: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """d x, d logits, d w1, d w2 of the forward that left `saved`."""
+    d_w1, d_w2 = torch.empty_like(w1), torch.empty_like(w2)
+    d_x, d_logits = _layer_backward(d_y, logits, w1, w2, saved, key, d_w1, d_w2)
     return d_x, d_logits, d_w1, d_w2
 
 
@@ -226,28 +232,7 @@ def moe_layer_backward_main_grad(
     d_y: Tensor, logits: Tensor, w1: Tensor, w2: Tensor, saved: Tensor, main_grad1: Tensor, main_grad2: Tensor, key: int
 ) -> tuple[Tensor, Tensor]:
     """d x and d logits; the weight gradients added to the FP32 main gradients."""
-    layer, plan = _layer(key, d_y.shape[0], d_y.dtype, d_y.device)
-    d_x = torch.empty_like(d_y)
-    d_logits = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
-    workspace = torch.empty(plan["workspace_bytes"], dtype=torch.uint8, device=d_y.device)
-    layer.backward(
-        _arg(d_y),
-        _arg(logits),
-        _logits_dtype(logits),
-        _arg(w1),
-        _arg(w2),
-        _arg(saved),
-        _arg(workspace),
-        0.0,
-        0.0,
-        _arg(d_x),
-        _arg(d_logits),
-        _arg(main_grad1),
-        _arg(main_grad2),
-        None,
-        _stream(d_y),
-    )
-    return d_x, d_logits
+    return _layer_backward(d_y, logits, w1, w2, saved, key, main_grad1, main_grad2)
 
 
 @moe_layer_backward_main_grad.register_fake
