@@ -1,6 +1,7 @@
 """The MoE layer's torch module and its two custom ops (docs/torch.md)."""
 
 import atexit
+import collections
 import dataclasses
 import math
 from typing import Optional
@@ -99,7 +100,11 @@ class MoEConfig:
 # The configurations the custom ops may name (an int key each: custom ops take plain values), and
 # the C layers made for them, one per (key, tokens, dtype, device).
 _CONFIGS: list = []
-_LAYERS: dict = {}
+_LAYERS = collections.OrderedDict()
+# Token counts that vary from call to call make a layer each: the least recently used go beyond
+# this many (a layer's plan depends on its configuration alone, so a forward's saved state stays
+# valid for a backward that makes its layer again).
+_MAX_LAYERS = 64
 # (released before the interpreter tears the extension down)
 atexit.register(_LAYERS.clear)
 
@@ -114,8 +119,9 @@ def _register(config):
 
 def _layer(key, tokens, dtype, device):
     index = (key, tokens, dtype, device.type, device.index)
-    layer = _LAYERS.get(index)
-    if layer is None:
+    if index in _LAYERS:
+        _LAYERS.move_to_end(index)
+    else:
         c = _CONFIGS[key]
         fields = dict(
             hidden=c.hidden_size,
@@ -135,6 +141,8 @@ def _layer(key, tokens, dtype, device):
         memory = _C.MEMORY_CUDA if device.type == "cuda" else _C.MEMORY_HOST
         layer = _C.MoeLayer(fields, memory, device.index or 0)
         _LAYERS[index] = (layer, layer.plan())
+        while len(_LAYERS) > _MAX_LAYERS:
+            _LAYERS.popitem(last=False)
     return _LAYERS[index]
 
 
