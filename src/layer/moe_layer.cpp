@@ -50,6 +50,11 @@ template <class T>
 const T* at(const uint8_t* base, const Region& r) {
   return reinterpret_cast<const T*>(base + r.offset);
 }
+// A region the backend may not need (the device workspaces on the host): NULL when empty.
+template <class T>
+T* at_or_null(uint8_t* base, const Region& r) {
+  return r.bytes > 0 ? at<T>(base, r) : nullptr;
+}
 
 // A step's failure: its reason named by the step.
 sfmoe_status step(const char* name, sfmoe_status status) {
@@ -106,8 +111,7 @@ struct Gemm {
     g.out_dtype = out_dtype;
     g.accumulate = accumulate;
     g.fast_accumulation = false;
-    g.workspace =
-        plan.gemm_workspace.bytes > 0 ? at<uint8_t>(workspace, plan.gemm_workspace) : nullptr;
+    g.workspace = at_or_null<uint8_t>(workspace, plan.gemm_workspace);
     g.workspace_bytes = plan.gemm_workspace.bytes;
     g.word = word;
     return g;
@@ -255,8 +259,7 @@ sfmoe_status moe_layer_forward(const MoeLayerShape& s, const MoeLayerPlan& plan,
   router.tokens_per_expert = router_counts;
   router.aux_loss = c.aux_loss;
   router.z_loss = c.z_loss;
-  router.aux_partials =
-      plan.router_workspace.bytes > 0 ? at<float>(c.workspace, plan.router_workspace) : nullptr;
+  router.aux_partials = at_or_null<float>(c.workspace, plan.router_workspace);
   SFMOE_RETURN_IF_ERROR(step("router", backend.router_forward(router, c.stream)));
 
   PermuteArgs permute{};
@@ -276,8 +279,7 @@ sfmoe_status moe_layer_forward(const MoeLayerShape& s, const MoeLayerPlan& plan,
   permute.tokens_per_expert = kept;
   permute.dropped_per_expert = dropped;
   permute.word = c.word;
-  permute.workspace =
-      plan.permute_workspace.bytes > 0 ? at<int32_t>(c.workspace, plan.permute_workspace) : nullptr;
+  permute.workspace = at_or_null<int32_t>(c.workspace, plan.permute_workspace);
   SFMOE_RETURN_IF_ERROR(step("permute", backend.permute(permute, c.stream)));
 
   const Gemm gemm{s, plan, offsets, c.workspace, c.word};

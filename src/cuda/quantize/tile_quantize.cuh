@@ -294,6 +294,10 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
   const bool pow2 = a.config.power_of_two_scales != 0;
   const bool hadamard = R::kNv && a.config.hadamard_columnwise && a.columnwise != nullptr;
   static_assert(!kStochastic || (R::kNv && !kAmaxPass), "stochastic rounding: NVFP4 codes only");
+  // The row stream (amax_rows.cuh) is the amax pass of every other request; this one serves NVFP4
+  // with the Hadamard transform only, whose transformed columnwise amax needs the tile.
+  static_assert(!kAmaxPass || (kColumnwise && S == SFMOE_SCALING_NV_1X16),
+                "the tile amax pass: NVFP4 with the Hadamard transform only");
   constexpr bool stochastic = kStochastic;
   const uint64_t seed = a.config.seed, stream_rowwise = 2 * a.config.offset;
   // TENSOR with given scales (delayed scaling): no amax pass runs before this kernel; it folds
