@@ -7,7 +7,9 @@ Qwen3 at T = 2048 (a short-sequence step). Each step sets the gradients to None 
 SonicMoE's benchmark does). Figures: eager step time (median of CUDA-event timings), sfmoe's step
 replayed as one CUDA graph, the plain layer under torch.compile (SFMOE_BENCH_COMPILE=1), peak
 memory of a step (what it allocates above the weights and inputs it starts with), and TFLOP/s of the six GEMMs as a fraction of the GPU notes' BF16 dense ceiling
-(742 TFLOP/s). Writes JSON to $OUT/bench_moe_layer_torch.json when OUT is set.
+(742 TFLOP/s). SFMOE_BENCH_RECIPES (comma-separated: tensorwise, blockwise, mxfp8, nvfp4) adds
+sfmoe's quantized recipes at each shape, eager, beside the same plain layer. Writes JSON to
+$OUT/bench_moe_layer_torch.json when OUT is set.
 """
 
 import json
@@ -65,7 +67,8 @@ def step_of(module, x, dy):
 
 def peak_gib(step):
     """What a step allocates at its peak above what was held before it (the weights, the input,
-    the upstream gradient): activations, saved state, gradients and temporaries."""
+    the upstream gradient and the previous step's gradients, which the step sets to None first):
+    activations, saved state and temporaries alive when the new gradients are."""
     step()
     torch.cuda.synchronize()
     held = torch.cuda.memory_allocated()
@@ -109,6 +112,7 @@ def main():
         f"{'x graph':>7s} {'TFLOP/s':>7s} {'ceil':>5s} {'peak GiB sfmoe / plain':>22s}"
     )
     only = os.environ.get("SFMOE_BENCH_SHAPES")  # a comma-separated subset of SHAPES' names
+    recipes = [r for r in os.environ.get("SFMOE_BENCH_RECIPES", "").split(",") if r]
     for name, (H, F, E, k, T) in SHAPES.items():
         if only and name not in only.split(","):
             continue
@@ -151,8 +155,23 @@ def main():
             f"{ours_peak:8.2f} / {plain_peak:5.2f} ({ours_peak / plain_peak:.2f}x)",
             flush=True,
         )
-        del ours, ours_step, x, dy
+        del ours, ours_step
         torch.cuda.empty_cache()
+        for recipe in recipes:
+            quantized = MoE(H, F, E, k, device=DEV, pre_softmax=True, recipe=recipe)
+            step = step_of(quantized, x, dy)
+            q_ms = median_ms(step, runs=10, warmup=3, batch=1)
+            q_peak = peak_gib(step)
+            results.append(dict(case=name, recipe=recipe, plain_ms=plain_ms, sfmoe_ms=q_ms, sfmoe_peak_gib=q_peak))
+            print(
+                f"{'  ' + recipe:28s} {plain_ms:7.2f} {'-':>8s} {q_ms:7.2f} {'-':>7s} {plain_ms / q_ms:6.2f}x "
+                f"{'-':>7s} {flops / (q_ms * 1e-3) / 1e12:7.0f} {'':5s} {q_peak:8.2f} / {plain_peak:5.2f} "
+                f"({q_peak / plain_peak:.2f}x); {ours_ms / q_ms:.2f}x bf16",
+                flush=True,
+            )
+            del quantized, step
+            torch.cuda.empty_cache()
+        del x, dy
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "bench_moe_layer_torch.json"), "w") as f:
             json.dump(results, f, indent=1)

@@ -7,9 +7,17 @@
  * backward) and `workspace` (the temporaries of one call: forward_workspace_bytes for a forward,
  * workspace_bytes for a backward; the two may share one buffer when they do not overlap). The
  * router's logits come from the caller (its gate GEMM); the backward returns their gradient.
+ * `saved` holds the routing and FC1's output only (saved_bytes per token is about
+ * top_k * fc1_cols * dtype bytes): the activation is recomputed, d probs come from FC2's dgrad
+ * and the activations, and x is gathered again in the backward, which therefore takes x too.
  *
- * Recipes: SFMOE_MOE_RECIPE_BF16 (BF16 x, weights, rows and gradients, FP32 accumulation; on the
- * host also FP32 throughout). The quantized recipes are not available yet.
+ * Recipes (docs/moe_layer.md, "Recipes"): BF16 (BF16 x, weights, rows and gradients, FP32
+ * accumulation; on the host also FP32 throughout), and four quantized ones in which each grouped
+ * GEMM reads its operands quantized from the layer's BF16 rows and weights: FP8 per-tensor
+ * (current scaling, one scale per expert, gradients in E5M2), FP8 blockwise (DeepSeek-V3: 1x128
+ * rows, 128x128 weights), MXFP8, and NVFP4 (stochastic rounding on gradients, the random
+ * Hadamard transform on the wgrad operands). On Hopper MXFP8 and NVFP4 run emulated (their
+ * operands decoded to BF16 for the BF16 kernels; sfmoe_moe_layer_plan.emulated says so).
  * Backends: the CPU reference on host memory, the CUDA kernels on device memory (there H and F
  * multiples of 8, for the grouped GEMM's 16-byte rows).
  */
@@ -25,7 +33,11 @@ extern "C" {
 #endif
 
 typedef enum sfmoe_moe_recipe {
-  SFMOE_MOE_RECIPE_BF16 = 0, /* the layer's dtype throughout (BF16, or FP32 on the host) */
+  SFMOE_MOE_RECIPE_BF16 = 0,       /* the layer's dtype throughout (BF16, or FP32 on the host) */
+  SFMOE_MOE_RECIPE_FP8_TENSOR = 1, /* H, F multiples of 16 and row_alignment of 16 on the device */
+  SFMOE_MOE_RECIPE_FP8_BLOCKWISE = 2, /* H, F multiples of 128, row_alignment 128 */
+  SFMOE_MOE_RECIPE_MXFP8 = 3,         /* H, F multiples of 32, row_alignment 32 or more */
+  SFMOE_MOE_RECIPE_NVFP4 = 4          /* H, F multiples of 16, row_alignment 16 or more */
 } sfmoe_moe_recipe;
 
 typedef struct sfmoe_moe_layer_config {
@@ -44,6 +56,7 @@ typedef struct sfmoe_moe_layer_config {
   sfmoe_moe_recipe recipe;
   int32_t accumulate_weight_grads; /* 1: d_w1 and d_w2 are FP32 buffers the backward adds to
                                       (main gradients); 0: written in dtype */
+  uint64_t seed;                   /* NVFP4: the Philox key of the gradients' stochastic rounding */
 } sfmoe_moe_layer_config;
 
 SFMOE_API sfmoe_moe_layer_config sfmoe_moe_layer_config_init(void);
@@ -59,12 +72,15 @@ SFMOE_API sfmoe_status sfmoe_moe_layer_destroy(sfmoe_moe_layer* layer);
 
 typedef struct sfmoe_moe_layer_plan {
   size_t struct_size;
-  int64_t saved_bytes;             /* the forward's state for the backward, at max_tokens */
-  int64_t workspace_bytes;         /* the temporaries of a backward, which also serve a forward */
-  int64_t forward_workspace_bytes; /* what a forward's workspace needs at least (its
-                                      temporaries are the first part of the backward's) */
-  int64_t row_capacity;            /* expert rows: every kept slot plus each expert's padding */
-  int64_t fc1_cols;                /* W1 is [E, fc1_cols, H] */
+  int64_t saved_bytes;     /* the forward's state for the backward, at max_tokens */
+  int64_t workspace_bytes; /* the temporaries of a backward, which also serve a forward */
+  int64_t fc1_backward_workspace_bytes; /* what the backward's FC1 part needs (a prefix of the
+                                           rest): see sfmoe_moe_backward_part */
+  int64_t forward_workspace_bytes;      /* what a forward's workspace needs at least (its
+                                           temporaries are the first part of the backward's) */
+  int64_t row_capacity; /* expert rows: every kept slot plus each expert's padding */
+  int64_t fc1_cols;     /* W1 is [E, fc1_cols, H] */
+  int32_t emulated;     /* the recipe's GEMMs run emulated on this device */
 } sfmoe_moe_layer_plan;
 
 SFMOE_API sfmoe_moe_layer_plan sfmoe_moe_layer_plan_init(void);
@@ -93,15 +109,33 @@ typedef struct sfmoe_moe_forward_args {
   void* stream;
 } sfmoe_moe_forward_args;
 
+/* The backward whole, or in its two parts, called in this order on the same saved state: FC2
+ * (d y through FC2's dgrad and wgrad and the activation's backward; writes d_w2 and leaves d FC1
+ * rows and d probs in `saved`) then FC1 (x gathered again, FC1's wgrad and dgrad, permute's and
+ * the router's backward; writes d_w1, d_x, d_logits). Two calls let a framework allocate d_w1
+ * only after the FC2 part's workspace (its [R, F] rows) is free, as autograd frees activations
+ * during a backward. Each part reads only the arguments it names below; the others may be NULL. */
+typedef enum sfmoe_moe_backward_part {
+  SFMOE_MOE_BACKWARD_ALL = 0,
+  SFMOE_MOE_BACKWARD_FC2 = 1, /* d_y, w2, saved, workspace (workspace_bytes), d_w2 */
+  SFMOE_MOE_BACKWARD_FC1 = 2  /* x, logits, w1, saved, workspace (fc1_backward_workspace_bytes),
+                                 d_x, d_logits, d_w1, d_aux_loss, d_z_loss */
+} sfmoe_moe_backward_part;
+
 typedef struct sfmoe_moe_backward_args {
   size_t struct_size;
-  const sfmoe_tensor* d_y;    /* [T, H] dtype, the forward's T */
-  const sfmoe_tensor* logits; /* the forward's */
-  const sfmoe_tensor* w1;     /* the forward's */
+  sfmoe_moe_backward_part part; /* SFMOE_MOE_BACKWARD_ALL by default */
+  const sfmoe_tensor* x;        /* the forward's [T, H] (gathered into expert rows again) */
+  const sfmoe_tensor* d_y;      /* [T, H] dtype, the forward's T */
+  const sfmoe_tensor* logits;   /* the forward's */
+  const sfmoe_tensor* w1;       /* the forward's */
   const sfmoe_tensor* w2;
-  const sfmoe_tensor* saved; /* as the forward left it */
+  const sfmoe_tensor* saved; /* as the forward left it; the backward overwrites part of it (FC1's
+                                output with its gradient), so a forward has one backward */
   const sfmoe_tensor* workspace;
-  float d_aux_loss, d_z_loss;   /* upstream gradients of the losses (usually 1 or 0) */
+  float d_aux_loss, d_z_loss; /* upstream gradients of the losses (usually 1 or 0) */
+  uint64_t rng_offset; /* NVFP4: the Philox offset of this step's stochastic rounding (advance it
+                          each step; a captured graph replays the value it was captured with) */
   const sfmoe_tensor* d_x;      /* [T, H] dtype, written */
   const sfmoe_tensor* d_logits; /* [T, E] FP32, written */
   const sfmoe_tensor* d_w1;     /* [E, fc1_cols, H]: dtype written, or FP32 added to */

@@ -24,6 +24,7 @@ sfmoe_moe_layer_config layer_config(const nb::dict& d) {
   store_enum(&c.dtype, nb::cast<int32_t>(d["dtype"]));
   store_enum(&c.recipe, nb::cast<int32_t>(d["recipe"]));
   c.accumulate_weight_grads = nb::cast<bool>(d["accumulate_weight_grads"]) ? 1 : 0;
+  if (d.contains("seed")) c.seed = nb::cast<uint64_t>(d["seed"]);
   return c;
 }
 
@@ -44,8 +45,10 @@ class MoeLayer {
     d["saved_bytes"] = plan_.saved_bytes;
     d["workspace_bytes"] = plan_.workspace_bytes;
     d["forward_workspace_bytes"] = plan_.forward_workspace_bytes;
+    d["fc1_backward_workspace_bytes"] = plan_.fc1_backward_workspace_bytes;
     d["row_capacity"] = plan_.row_capacity;
     d["fc1_cols"] = plan_.fc1_cols;
+    d["emulated"] = plan_.emulated != 0;
     return d;
   }
 
@@ -90,36 +93,39 @@ class MoeLayer {
     call_released([&] { return sfmoe_moe_layer_forward(layer_, &a); });
   }
 
-  void backward(nb::ndarray<nb::ro> d_y, nb::ndarray<nb::ro> logits, int32_t logits_dtype,
-                nb::ndarray<nb::ro> w1, nb::ndarray<nb::ro> w2, nb::ndarray<nb::ro> saved,
-                nb::ndarray<> workspace, double d_aux_loss, double d_z_loss, nb::ndarray<> d_x,
-                nb::ndarray<> d_logits, nb::ndarray<> d_w1, nb::ndarray<> d_w2,
+  // The backward whole (part 0) or one of its parts (sfmoe_moe_backward_part): the arrays a part
+  // does not read may be None.
+  void backward(nb::object x, nb::object d_y, nb::object logits, int32_t logits_dtype,
+                nb::object w1, nb::object w2, nb::ndarray<> saved, nb::ndarray<> workspace,
+                double d_aux_loss, double d_z_loss, nb::object d_x, nb::object d_logits,
+                nb::object d_w1, nb::object d_w2, uint64_t rng_offset, int32_t part,
                 nb::object status_word, uint64_t stream) {
+    using In = OptionalArray<nb::ndarray<nb::ro>>;
+    using Out = OptionalArray<nb::ndarray<>>;
     const int32_t dtype = static_cast<int32_t>(config_.dtype);
     const int32_t grads = config_.accumulate_weight_grads ? SFMOE_DTYPE_FP32 : dtype;
-    const sfmoe_tensor t_dy = describe_array("d_y", d_y, dtype);
-    const sfmoe_tensor t_logits = describe_array("logits", logits, logits_dtype);
-    const sfmoe_tensor t_w1 = describe_array("w1", w1, dtype);
-    const sfmoe_tensor t_w2 = describe_array("w2", w2, dtype);
+    const In t_x("x", x, dtype), t_dy("d_y", d_y, dtype), t_logits("logits", logits, logits_dtype);
+    const In t_w1("w1", w1, dtype), t_w2("w2", w2, dtype);
     const sfmoe_tensor t_saved = describe_array("saved", saved, kByteDtype);
     const sfmoe_tensor t_ws = describe_array("workspace", workspace, kByteDtype);
-    const sfmoe_tensor t_dx = describe_array("d_x", d_x, dtype);
-    const sfmoe_tensor t_dlogits = describe_array("d_logits", d_logits, SFMOE_DTYPE_FP32);
-    const sfmoe_tensor t_dw1 = describe_array("d_w1", d_w1, grads);
-    const sfmoe_tensor t_dw2 = describe_array("d_w2", d_w2, grads);
+    const Out t_dx("d_x", d_x, dtype), t_dlogits("d_logits", d_logits, SFMOE_DTYPE_FP32);
+    const Out t_dw1("d_w1", d_w1, grads), t_dw2("d_w2", d_w2, grads);
     sfmoe_moe_backward_args a = sfmoe_moe_backward_args_init();
-    a.d_y = &t_dy;
-    a.logits = &t_logits;
-    a.w1 = &t_w1;
-    a.w2 = &t_w2;
+    store_enum(&a.part, part);
+    a.x = t_x.get();
+    a.d_y = t_dy.get();
+    a.logits = t_logits.get();
+    a.w1 = t_w1.get();
+    a.w2 = t_w2.get();
     a.saved = &t_saved;
     a.workspace = &t_ws;
     a.d_aux_loss = static_cast<float>(d_aux_loss);
     a.d_z_loss = static_cast<float>(d_z_loss);
-    a.d_x = &t_dx;
-    a.d_logits = &t_dlogits;
-    a.d_w1 = &t_dw1;
-    a.d_w2 = &t_dw2;
+    a.rng_offset = rng_offset;
+    a.d_x = t_dx.get();
+    a.d_logits = t_dlogits.get();
+    a.d_w1 = t_dw1.get();
+    a.d_w2 = t_dw2.get();
     a.word = word_of(status_word);
     a.stream = stream_pointer(stream);
     call_released([&] { return sfmoe_moe_layer_backward(layer_, &a); });
@@ -145,9 +151,10 @@ void register_layer(nb::module_& m) {
            "tokens_per_expert"_a.none(), "dropped_per_expert"_a.none(),
            "routed_per_expert"_a.none(), "status_word"_a.none() = nb::none(), "stream"_a = 0,
            "sfmoe_moe_layer_forward.")
-      .def("backward", &MoeLayer::backward, "d_y"_a, "logits"_a, "logits_dtype"_a, "w1"_a, "w2"_a,
-           "saved"_a, "workspace"_a.noconvert(), "d_aux_loss"_a, "d_z_loss"_a, "d_x"_a.noconvert(),
-           "d_logits"_a.noconvert(), "d_w1"_a.noconvert(), "d_w2"_a.noconvert(),
+      .def("backward", &MoeLayer::backward, "x"_a.none(), "d_y"_a.none(), "logits"_a.none(),
+           "logits_dtype"_a, "w1"_a.none(), "w2"_a.none(), "saved"_a.noconvert(),
+           "workspace"_a.noconvert(), "d_aux_loss"_a, "d_z_loss"_a, "d_x"_a.none(),
+           "d_logits"_a.none(), "d_w1"_a.none(), "d_w2"_a.none(), "rng_offset"_a = 0, "part"_a = 0,
            "status_word"_a.none() = nb::none(), "stream"_a = 0, "sfmoe_moe_layer_backward.");
 }
 

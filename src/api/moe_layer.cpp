@@ -59,12 +59,30 @@ sfmoe_status check_config(const char* context, const sfmoe_moe_layer_config* c, 
                 context, static_cast<long long>(c->expert_capacity),
                 static_cast<long long>(c->row_alignment));
   }
-  if (enum_value(c->recipe) != SFMOE_MOE_RECIPE_BF16) {
-    return fail(SFMOE_ERROR_UNSUPPORTED,
-                "%s: recipe %d is not available; the layer runs SFMOE_MOE_RECIPE_BF16", context,
+  const bool on_device = memory == SFMOE_MEMORY_CUDA;
+  if (!layer::recipe_is_known(enum_value(c->recipe))) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: unknown recipe %d", context,
                 static_cast<int>(enum_value(c->recipe)));
   }
-  const bool on_device = memory == SFMOE_MEMORY_CUDA;
+  const sfmoe_moe_recipe recipe = c->recipe;
+  if (recipe != SFMOE_MOE_RECIPE_BF16) {
+    const int64_t cols = layer::recipe_column_multiple(recipe, on_device);
+    const int64_t rows = layer::recipe_row_alignment(recipe, on_device);
+    if (c->hidden % cols != 0 || c->ffn_hidden % cols != 0) {
+      return fail(SFMOE_ERROR_UNSUPPORTED,
+                  "%s: the %s recipe needs hidden and ffn_hidden to be multiples of %lld (its "
+                  "blocks along the columns; got %lld, %lld)",
+                  context, layer::recipe_name(recipe), static_cast<long long>(cols),
+                  static_cast<long long>(c->hidden), static_cast<long long>(c->ffn_hidden));
+    }
+    if (c->row_alignment % rows != 0) {
+      return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                  "%s: the %s recipe needs row_alignment to be a multiple of %lld (its blocks "
+                  "down each expert's rows; got %lld)",
+                  context, layer::recipe_name(recipe), static_cast<long long>(rows),
+                  static_cast<long long>(c->row_alignment));
+    }
+  }
   if (c->dtype != SFMOE_DTYPE_BF16 && !(c->dtype == SFMOE_DTYPE_FP32 && !on_device)) {
     return fail(SFMOE_ERROR_DTYPE_MISMATCH,
                 "%s: the layer's dtype must be bf16 (or fp32 on the host), not '%s'", context,
@@ -97,6 +115,8 @@ sfmoe_status check_config(const char* context, const sfmoe_moe_layer_config* c, 
   s->activation.alpha = c->activation_alpha;
   s->dtype = c->dtype;
   s->accumulate_weight_grads = c->accumulate_weight_grads != 0;
+  s->recipe = recipe;
+  s->seed = c->seed;
   return SFMOE_SUCCESS;
 }
 
@@ -236,8 +256,11 @@ sfmoe_status sfmoe_moe_layer_get_plan(const sfmoe_moe_layer* layer, sfmoe_moe_la
     plan->saved_bytes = layer->plan.saved_bytes;
     plan->workspace_bytes = layer->plan.workspace_bytes;
     plan->forward_workspace_bytes = layer->plan.forward_workspace_bytes;
+    plan->fc1_backward_workspace_bytes = layer->plan.fc1_backward_workspace_bytes;
     plan->row_capacity = layer->plan.row_capacity;
     plan->fc1_cols = layer->plan.fc1_cols;
+    plan->emulated = layer->memory == SFMOE_MEMORY_CUDA &&
+                     sfmoe::layer::recipe_emulated_on_device(layer->shape.recipe);
     return SFMOE_SUCCESS;
   });
 }
@@ -327,38 +350,68 @@ sfmoe_status sfmoe_moe_layer_backward(const sfmoe_moe_layer* layer,
         sfmoe::check_struct(context, "args", a, "sfmoe_moe_backward_args_init()"));
     const sfmoe::layer::MoeLayerShape& s = layer->shape;
     const sfmoe::layer::MoeLayerPlan& p = layer->plan;
-    int64_t T = 0;
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_step(context, "d_y", a->d_y, a->logits, a->w1, a->w2,
-                                             a->saved, a->workspace, p.workspace_bytes, layer, &T));
+    const int32_t part = sfmoe::enum_value(a->part);
+    if (part < SFMOE_MOE_BACKWARD_ALL || part > SFMOE_MOE_BACKWARD_FC1) {
+      return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: unknown backward part %d", context,
+                         static_cast<int>(part));
+    }
+    const bool fc2 = part != SFMOE_MOE_BACKWARD_FC1, fc1 = part != SFMOE_MOE_BACKWARD_FC2;
     const int64_t E = s.experts, H = s.hidden;
-    if (!(isfinite(a->d_aux_loss) && isfinite(a->d_z_loss))) {
+    // The token count from d y (the FC2 part) or x (the FC1 part); the other must agree.
+    int64_t T = 0;
+    SFMOE_RETURN_IF_ERROR(
+        sfmoe::tokens_of(context, fc2 ? "d_y" : "x", fc2 ? a->d_y : a->x, layer, &T));
+    if (fc2) {
+      SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "d_y", a->d_y, {s.dtype}, {T, H}, layer));
+      SFMOE_RETURN_IF_ERROR(
+          expect_layer_tensor(context, "w2", a->w2, {s.dtype}, {E, H, s.ffn}, layer));
+    }
+    if (fc1) {
+      SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "x", a->x, {s.dtype}, {T, H}, layer));
+      SFMOE_RETURN_IF_ERROR(expect_layer_tensor(
+          context, "logits", a->logits, {SFMOE_DTYPE_FP32, SFMOE_DTYPE_BF16}, {T, E}, layer));
+      SFMOE_RETURN_IF_ERROR(
+          expect_layer_tensor(context, "w1", a->w1, {s.dtype}, {E, p.fc1_cols, H}, layer));
+    }
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_buffer(context, "saved", a->saved, p.saved_bytes, layer));
+    SFMOE_RETURN_IF_ERROR(
+        sfmoe::expect_buffer(context, "workspace", a->workspace,
+                             fc2 ? p.workspace_bytes : p.fc1_backward_workspace_bytes, layer));
+    if (fc1 && !(isfinite(a->d_aux_loss) && isfinite(a->d_z_loss))) {
       return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: d_aux_loss and d_z_loss must be finite",
                          context);
     }
-    SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "d_x", a->d_x, {s.dtype}, {T, H}, layer));
-    SFMOE_RETURN_IF_ERROR(
-        expect_layer_tensor(context, "d_logits", a->d_logits, {SFMOE_DTYPE_FP32}, {T, E}, layer));
     const sfmoe_dtype grads = s.accumulate_weight_grads ? SFMOE_DTYPE_FP32 : s.dtype;
-    SFMOE_RETURN_IF_ERROR(
-        expect_layer_tensor(context, "d_w1", a->d_w1, {grads}, {E, p.fc1_cols, H}, layer));
-    SFMOE_RETURN_IF_ERROR(
-        expect_layer_tensor(context, "d_w2", a->d_w2, {grads}, {E, H, s.ffn}, layer));
+    if (fc1) {
+      SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "d_x", a->d_x, {s.dtype}, {T, H}, layer));
+      SFMOE_RETURN_IF_ERROR(
+          expect_layer_tensor(context, "d_logits", a->d_logits, {SFMOE_DTYPE_FP32}, {T, E}, layer));
+      SFMOE_RETURN_IF_ERROR(
+          expect_layer_tensor(context, "d_w1", a->d_w1, {grads}, {E, p.fc1_cols, H}, layer));
+    }
+    if (fc2) {
+      SFMOE_RETURN_IF_ERROR(
+          expect_layer_tensor(context, "d_w2", a->d_w2, {grads}, {E, H, s.ffn}, layer));
+    }
     SFMOE_RETURN_IF_ERROR(sfmoe::check_word(context, a->word, layer->memory, layer->device));
 
-    sfmoe::layer::MoeBackwardCall call;
+    sfmoe::layer::MoeBackwardCall call{};
+    call.part = static_cast<sfmoe_moe_backward_part>(part);
     call.tokens = T;
-    call.d_y = a->d_y->data;
-    call.logits = a->logits->data;
-    call.logits_dtype = a->logits->dtype;
-    call.w1 = a->w1->data;
-    call.w2 = a->w2->data;
+    call.x = fc1 ? a->x->data : nullptr;
+    call.d_y = fc2 ? a->d_y->data : nullptr;
+    call.logits = fc1 ? a->logits->data : nullptr;
+    call.logits_dtype = fc1 ? a->logits->dtype : SFMOE_DTYPE_FP32;
+    call.w1 = fc1 ? a->w1->data : nullptr;
+    call.w2 = fc2 ? a->w2->data : nullptr;
     call.d_aux_loss = a->d_aux_loss;
     call.d_z_loss = a->d_z_loss;
-    call.d_x = a->d_x->data;
-    call.d_logits = static_cast<float*>(a->d_logits->data);
-    call.d_w1 = a->d_w1->data;
-    call.d_w2 = a->d_w2->data;
-    call.saved = static_cast<const uint8_t*>(a->saved->data);
+    call.rng_offset = a->rng_offset;
+    call.d_x = fc1 ? a->d_x->data : nullptr;
+    call.d_logits = fc1 ? static_cast<float*>(a->d_logits->data) : nullptr;
+    call.d_w1 = fc1 ? a->d_w1->data : nullptr;
+    call.d_w2 = fc2 ? a->d_w2->data : nullptr;
+    call.saved = static_cast<uint8_t*>(a->saved->data);
     call.workspace = static_cast<uint8_t*>(a->workspace->data);
     call.memory = layer->memory;
     call.word = sfmoe::word_of(a->word);

@@ -67,6 +67,17 @@ struct ActivationBackwardArgs {
   sfmoe_dtype d_input_dtype;
   int64_t row_capacity = 0;            // device: rows of input and output (bounds the grid)
   sfmoe_fault_report* word = nullptr;  // device: clamped offsets and row counts reported (or NULL)
+  // Weighted rows (the MoE layer's backward, where each expert row's output is scaled by its
+  // routing probability): with row_weights [row_capacity], d_output is the gradient g of the
+  // weighted output w_r act(x_r); the rule's upstream gradient is w_r g (FP32), and the call
+  // also writes weighted_output [row_capacity, F] = w_r act(x_r) in d_output_dtype (the FC2
+  // wgrad operand) and d_row_weights [row_capacity] = sum_j g_rj act(x_r)_j (FP32, column order
+  // on the host; padding rows 0 in both). Elementwise in place: d_input may be input and
+  // weighted_output may be d_output (each element is read before it is written, by the same
+  // thread). NULL: unweighted.
+  const float* row_weights = nullptr;
+  float* d_row_weights = nullptr;
+  void* weighted_output = nullptr;
 };
 
 }  // namespace sfmoe

@@ -65,21 +65,38 @@ struct UnpermuteArgs {
 // Unpermute's backward: d_rows[row_map[t, i]] = probs[t, i] * d_out[t], each group's padding rows
 // (after its group_rows real rows) zero, rows beyond the groups untouched; and
 // d_probs[t, i] = sum_h d_out[t, h] * rows[row_map[t, i], h].
+// Internal forms (the MoE layer): probs NULL is weight 1 and rows NULL with d_probs NULL writes
+// no d probs, so the call gathers token rows into expert rows under an existing row map.
 struct UnpermuteBackwardArgs {
   const void* d_out;  // [num_tokens, hidden]
   sfmoe_dtype d_out_dtype;
-  const void* rows;  // [row_capacity, hidden], the forward's input
+  const void* rows;  // [row_capacity, hidden], the forward's input (or NULL, internal)
   sfmoe_dtype rows_dtype;
   int64_t num_tokens, hidden, top_k, row_capacity;
   const int64_t* row_map;
-  const float* probs;
-  void* d_rows;  // [row_capacity, hidden], every row written
+  const float* probs;  // or NULL (internal): weight 1
+  void* d_rows;        // [row_capacity, hidden], every row written
   sfmoe_dtype d_rows_dtype;
-  float* d_probs;             // [num_tokens, top_k]
+  float* d_probs;             // [num_tokens, top_k] (or NULL, internal)
   const int64_t* offsets;     // [num_groups + 1], the rows' group offsets
   const int64_t* group_rows;  // [num_groups], real rows of each group (permute's tokens_per_expert)
   int64_t num_groups;
   sfmoe_fault_report* word;  // device: rows outside the capacity are skipped and reported here
+};
+
+// Values moved between a permute's slots and its rows under its row map (internal: the MoE
+// layer's routing probabilities as row weights, and their gradients back). To rows:
+// rows[row_map[s]] = slots[s] for every kept slot, other rows untouched; to slots:
+// slots[s] = rows[row_map[s]], 0 for a dropped slot. A row outside [-1, row_capacity) is
+// skipped (a dropped slot's 0) and reported in `word` on the device.
+struct SlotValuesArgs {
+  const int64_t* row_map;  // [slots], from permute
+  int64_t slots;           // num_tokens * top_k
+  int64_t row_capacity;
+  bool to_rows;
+  const float* in;  // [slots] (to rows) or [row_capacity]
+  float* out;       // [row_capacity] (to rows) or [slots]
+  sfmoe_fault_report* word = nullptr;
 };
 
 }  // namespace sfmoe

@@ -91,21 +91,38 @@ void activation_forward(const ActivationArgs& a) {
 void activation_backward(const ActivationBackwardArgs& a) {
   const bool gated = activation_is_gated(a.config.kind);
   const int64_t in_cols = gated ? 2 * a.cols : a.cols;
+  const bool weighted = a.row_weights != nullptr;
   for_each_row(
       a.groups,
       [&](int64_t r, int64_t) {
+        const float weight = weighted ? a.row_weights[r] : 1.0f;
+        float d_weight = 0.0f;
         for (int64_t j = 0; j < a.cols; ++j) {
+          // Both reads come before the writes: d_input may be input, weighted_output d_output.
           const GateUp x = gate_up(a.input, a.input_dtype, gated, a.cols, r, j);
-          const float d = load_value(a.d_output, a.d_output_dtype, r * a.cols + j);
+          float d = load_value(a.d_output, a.d_output_dtype, r * a.cols + j);
+          if (weighted) {
+            const float y = Activation<float>::forward(a.config, x.gate, x.up);
+            d_weight = numerics::add_rn(d_weight, numerics::mul_rn(d, y));
+            store_value(a.weighted_output, a.d_output_dtype, r * a.cols + j,
+                        numerics::mul_rn(weight, y));
+            d = numerics::mul_rn(weight, d);
+          }
           float dg = 0.0f, du = 0.0f;
           Activation<float>::backward(a.config, x.gate, x.up, d, &dg, &du);
           store_value(a.d_input, a.d_input_dtype, r * in_cols + j, dg);
           if (gated) store_value(a.d_input, a.d_input_dtype, r * in_cols + a.cols + j, du);
         }
+        if (weighted) a.d_row_weights[r] = d_weight;
       },
       [&](int64_t r) {
         for (int64_t j = 0; j < in_cols; ++j)
           store_value(a.d_input, a.d_input_dtype, r * in_cols + j, 0.0f);
+        if (weighted) {
+          for (int64_t j = 0; j < a.cols; ++j)
+            store_value(a.weighted_output, a.d_output_dtype, r * a.cols + j, 0.0f);
+          a.d_row_weights[r] = 0.0f;
+        }
       });
 }
 

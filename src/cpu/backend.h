@@ -37,6 +37,7 @@ void router_backward(const RouterBackwardArgs& args);
 void permute(const PermuteArgs& args);
 void unpermute(const UnpermuteArgs& args);
 void unpermute_backward(const UnpermuteBackwardArgs& args);
+void slot_values(const SlotValuesArgs& args);
 
 // Grouped GEMM (docs/grouped_gemm.md): the reference the device GEMMs are checked against, over
 // FP32 operands; grouped_gemm decodes quantized operands from the copy each form reads first.

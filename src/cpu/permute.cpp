@@ -117,18 +117,32 @@ void unpermute_backward(const UnpermuteBackwardArgs& a) {
     for (int64_t i = 0; i < a.top_k; ++i) {
       const int64_t slot = t * a.top_k + i, row = a.row_map[slot];
       if (row < 0) {
-        a.d_probs[slot] = 0.0f;
+        if (a.d_probs != nullptr) a.d_probs[slot] = 0.0f;
         continue;
       }
+      const float weight = a.probs != nullptr ? a.probs[slot] : 1.0f;
       float dot = 0.0f;
       for (int64_t h = 0; h < a.hidden; ++h) {
         const float d = load_value(a.d_out, a.d_out_dtype, t * a.hidden + h);
-        dot = numerics::add_rn(
-            dot, numerics::mul_rn(d, load_value(a.rows, a.rows_dtype, row * a.hidden + h)));
-        store_value(a.d_rows, a.d_rows_dtype, row * a.hidden + h,
-                    numerics::mul_rn(a.probs[slot], d));
+        if (a.rows != nullptr) {
+          dot = numerics::add_rn(
+              dot, numerics::mul_rn(d, load_value(a.rows, a.rows_dtype, row * a.hidden + h)));
+        }
+        store_value(a.d_rows, a.d_rows_dtype, row * a.hidden + h, numerics::mul_rn(weight, d));
       }
-      a.d_probs[slot] = dot;
+      if (a.d_probs != nullptr) a.d_probs[slot] = dot;
+    }
+  }
+}
+
+void slot_values(const SlotValuesArgs& a) {
+  for (int64_t s = 0; s < a.slots; ++s) {
+    const int64_t row = a.row_map[s];
+    const bool kept = row >= 0 && row < a.row_capacity;
+    if (a.to_rows) {
+      if (kept) a.out[row] = a.in[s];
+    } else {
+      a.out[s] = kept ? a.in[row] : 0.0f;
     }
   }
 }

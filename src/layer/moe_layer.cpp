@@ -62,6 +62,60 @@ sfmoe_status step(const char* name, sfmoe_status status) {
   return status;
 }
 
+// The shape of one of the six GEMMs: its form, each group's weight [n, k], and operand b, which
+// is a weight ([E, n, k]: uniform groups of n rows) except in wgrad (rows [R, k]).
+struct StepShape {
+  GroupedGemmForm form;
+  int64_t n, k;
+  int64_t a_cols;
+  bool b_is_weight;
+};
+
+StepShape step_shape(const MoeLayerShape& s, int64_t fc1_cols, GemmStep step) {
+  const int64_t H = s.hidden, F = s.ffn;
+  switch (step) {
+    case GemmStep::kFc1Fprop:
+      return {GroupedGemmForm::kFprop, fc1_cols, H, H, true};
+    case GemmStep::kFc2Fprop:
+      return {GroupedGemmForm::kFprop, H, F, F, true};
+    case GemmStep::kFc2Dgrad:
+      return {GroupedGemmForm::kDgrad, H, F, H, true};
+    case GemmStep::kFc2Wgrad:
+      return {GroupedGemmForm::kWgrad, H, F, H, false};
+    case GemmStep::kFc1Dgrad:
+      return {GroupedGemmForm::kDgrad, fc1_cols, H, fc1_cols, true};
+    case GemmStep::kFc1Wgrad:
+      return {GroupedGemmForm::kWgrad, fc1_cols, H, fc1_cols, false};
+  }
+  return {GroupedGemmForm::kFprop, 0, 0, 0, true};
+}
+
+// The quantize request of a recipe operand: expert rows [R, cols] at the layer's offsets, or a
+// weight of uniform groups of `n` rows.
+sfmoe_quantize_plan_request operand_request(const OperandFormat& f, const MoeLayerShape& s,
+                                            int64_t row_capacity, bool weight, int64_t n,
+                                            int64_t cols) {
+  sfmoe_quantize_plan_request r = sfmoe_quantize_plan_request_init();
+  r.dtype = f.dtype;
+  r.scaling = f.scaling;
+  r.scale_layout = f.layout;
+  r.rowwise = !f.columnwise || f.rowwise_too;
+  r.columnwise = f.columnwise;
+  r.hadamard_columnwise = f.hadamard && f.columnwise;
+  r.num_groups = s.experts;
+  r.cols = cols;
+  if (weight) {
+    r.input_rows = s.experts * n;
+    r.uniform_group_rows = n;
+  } else {
+    r.input_rows = row_capacity;
+    r.input_row_alignment = s.row_alignment;
+    r.row_alignment = s.row_alignment;
+    r.row_capacity = row_capacity;
+  }
+  return r;
+}
+
 // Unquantized expert rows [row_capacity, cols] grouped by the permute's offsets, as a GEMM
 // operand.
 GemmOperand rows_operand(const void* data, sfmoe_dtype dtype, const int64_t* offsets,
@@ -81,60 +135,87 @@ GemmOperand rows_operand(const void* data, sfmoe_dtype dtype, const int64_t* off
   return o;
 }
 
-// Expert weights [E, n, k] as a GEMM operand (E uniform groups of n rows).
-GemmOperand weights_operand(const void* data, sfmoe_dtype dtype, int64_t experts, int64_t n,
-                            int64_t k) {
-  GemmOperand o = rows_operand(data, dtype, nullptr, experts, experts * n, k);
-  o.tensor.uniform_rows = n;
-  return o;
-}
-
+// The GEMMs of one call: each operand in the layer's dtype, quantized first under a quantized
+// recipe (into its workspace region), then the grouped GEMM.
 struct Gemm {
   const MoeLayerShape& shape;
   const MoeLayerPlan& plan;
+  const ops::Backend& backend;
   const int64_t* offsets;
   uint8_t* workspace;
+  sfmoe_memory memory;
   sfmoe_fault_report* word;
+  void* stream;
+  uint64_t rng_offset;
 
-  GroupedGemmArgs args(GroupedGemmForm form, int64_t n, int64_t k, GemmOperand a, GemmOperand b,
-                       void* out, sfmoe_dtype out_dtype, bool accumulate) const {
-    GroupedGemmArgs g{};
-    g.form = form;
-    g.num_groups = shape.experts;
-    g.offsets = offsets;
-    g.row_capacity = plan.row_capacity;
-    g.n = n;
-    g.k = k;
-    g.a = a;
-    g.b = b;
-    g.out = out;
-    g.out_dtype = out_dtype;
-    g.accumulate = accumulate;
-    g.fast_accumulation = false;
-    g.workspace = at_or_null<uint8_t>(workspace, plan.gemm_workspace);
-    g.workspace_bytes = plan.gemm_workspace.bytes;
-    g.word = word;
-    return g;
+  // Operand b (or a) of `step` from `data` (rows [R, cols] or a weight [E, n, cols]).
+  sfmoe_status operand(GemmStep step, bool b, const void* data, bool weight, int64_t n,
+                       int64_t cols, GemmOperand* out) const {
+    const OperandFormat f = operand_format(shape.recipe, step, b);
+    const int64_t R = plan.row_capacity, E = shape.experts;
+    if (!f.quantized) {
+      *out =
+          rows_operand(data, shape.dtype, weight ? nullptr : offsets, E, weight ? E * n : R, cols);
+      if (weight) out->tensor.uniform_rows = n;
+      return SFMOE_SUCCESS;
+    }
+    const sfmoe_grouped_tensor_plan& p = plan.operands[static_cast<int>(step)][b ? 1 : 0];
+    const sfmoe_grouped_tensor t = ops::carve_grouped_tensor(
+        p, memory, 0, workspace + (b ? plan.quantized_b : plan.quantized_a).offset);
+    GroupedQuantizeArgs q{};
+    q.input = GroupedInput{data, shape.dtype, weight ? E * n : R, weight ? nullptr : offsets,
+                           weight ? n : 0};
+    q.num_groups = E;
+    q.cols = cols;
+    q.dtype = t.dtype;
+    q.scaling = t.scaling;
+    q.scale_layout = t.scale_layout;
+    q.row_capacity = t.row_capacity;
+    q.row_alignment = t.row_alignment;
+    q.offsets = t.group_offsets;
+    q.uniform_rows = t.group_offsets ? 0 : t.uniform_group_rows;
+    q.rowwise = t.rowwise_data;
+    q.rowwise_scale_inv = t.rowwise_scale_inv;
+    q.columnwise = t.columnwise_data;
+    q.columnwise_scale_inv = t.columnwise_scale_inv;
+    q.amax = t.amax;
+    q.columnwise_amax = t.columnwise_amax;
+    q.config = sfmoe_quantize_config_init();
+    q.config.power_of_two_scales = f.power_of_two_scales ? 1 : 0;
+    q.config.hadamard_columnwise = f.hadamard && f.columnwise ? 1 : 0;
+    if (f.stochastic_rounding) {
+      // A stream of its own for each GEMM's gradient operand.
+      q.config.stochastic_rounding = 1;
+      q.config.seed = shape.seed + 0x9E3779B97F4A7C15ull * (static_cast<uint64_t>(step) + 1);
+      q.config.offset = rng_offset;
+    }
+    q.word = word;
+    SFMOE_RETURN_IF_ERROR(backend.grouped_quantize(q, stream));
+    *out = GemmOperand{q, f.columnwise};
+    return SFMOE_SUCCESS;
   }
-  // Y [R, n] = X [R, k] W^T, W [E, n, k].
-  GroupedGemmArgs fprop(const void* x, const void* w, int64_t n, int64_t k, void* y) const {
-    return args(GroupedGemmForm::kFprop, n, k,
-                rows_operand(x, shape.dtype, offsets, shape.experts, plan.row_capacity, k),
-                weights_operand(w, shape.dtype, shape.experts, n, k), y, shape.dtype, false);
-  }
-  // dX [R, k] = dY [R, n] W, W [E, n, k].
-  GroupedGemmArgs dgrad(const void* dy, const void* w, int64_t n, int64_t k, void* dx) const {
-    return args(GroupedGemmForm::kDgrad, n, k,
-                rows_operand(dy, shape.dtype, offsets, shape.experts, plan.row_capacity, n),
-                weights_operand(w, shape.dtype, shape.experts, n, k), dx, shape.dtype, false);
-  }
-  // dW [E, n, k] (+)= dY_e^T X_e over each expert's rows.
-  GroupedGemmArgs wgrad(const void* dy, const void* x, int64_t n, int64_t k, void* dw) const {
-    return args(GroupedGemmForm::kWgrad, n, k,
-                rows_operand(dy, shape.dtype, offsets, shape.experts, plan.row_capacity, n),
-                rows_operand(x, shape.dtype, offsets, shape.experts, plan.row_capacity, k), dw,
-                shape.accumulate_weight_grads ? SFMOE_DTYPE_FP32 : shape.dtype,
-                shape.accumulate_weight_grads);
+
+  // `step` with a = rows [R, a_cols] and b = the weight (or, in wgrad, rows [R, k]).
+  sfmoe_status run(GemmStep step, const void* a, const void* b, void* out) const {
+    const StepShape g = step_shape(shape, plan.fc1_cols, step);
+    GroupedGemmArgs args{};
+    SFMOE_RETURN_IF_ERROR(operand(step, false, a, false, 0, g.a_cols, &args.a));
+    SFMOE_RETURN_IF_ERROR(operand(step, true, b, g.b_is_weight, g.n, g.k, &args.b));
+    const bool wgrad = g.form == GroupedGemmForm::kWgrad;
+    args.form = g.form;
+    args.num_groups = shape.experts;
+    args.offsets = offsets;
+    args.row_capacity = plan.row_capacity;
+    args.n = g.n;
+    args.k = g.k;
+    args.out = out;
+    args.out_dtype = wgrad && shape.accumulate_weight_grads ? SFMOE_DTYPE_FP32 : shape.dtype;
+    args.accumulate = wgrad && shape.accumulate_weight_grads;
+    args.fast_accumulation = false;
+    args.workspace = at_or_null<uint8_t>(workspace, plan.gemm_workspace);
+    args.workspace_bytes = plan.gemm_workspace.bytes;
+    args.word = word;
+    return backend.grouped_gemm(args, stream);
   }
 };
 
@@ -175,6 +256,42 @@ UnpermuteArgs combine_args(const MoeLayerShape& s, const MoeLayerPlan& plan, int
   return a;
 }
 
+// A quantized recipe's operand plans (plan->operands), with the row capacity raised where a
+// columnwise copy runs its blocks down the rows (a multiple of the block, or of 1024 rows for the
+// long compact copies: the quantize planner's default capacity).
+Outcome plan_recipe_operands(const MoeLayerShape& s, MoeLayerPlan* plan) {
+  for (auto& step : plan->operands) {
+    for (sfmoe_grouped_tensor_plan& p : step) p = sfmoe_grouped_tensor_plan{};
+  }
+  if (s.recipe == SFMOE_MOE_RECIPE_BF16) return Outcome{};
+  for (int pass = 0; pass < 2; ++pass) {  // the capacity first, then the plans at it
+    for (int i = 0; i < kGemmSteps; ++i) {
+      const GemmStep step = static_cast<GemmStep>(i);
+      const StepShape g = step_shape(s, plan->fc1_cols, step);
+      for (int b = 0; b < 2; ++b) {
+        const bool weight = b == 1 && g.b_is_weight;
+        const int64_t cols = b == 1 ? g.k : g.a_cols;
+        const OperandFormat f = operand_format(s.recipe, step, b == 1);
+        sfmoe_quantize_plan_request r =
+            operand_request(f, s, plan->row_capacity, weight, g.n, cols);
+        if (pass == 0) {
+          if (weight) continue;
+          r.row_capacity = 0;  // the planner's default: the smallest the quantizer accepts
+          sfmoe_grouped_tensor_plan smallest{};
+          smallest.struct_size = sizeof(smallest);
+          SFMOE_RETURN_IF_REFUSED(ops::plan_grouped_quantize(r, &smallest));
+          if (smallest.row_capacity > plan->row_capacity)
+            plan->row_capacity = smallest.row_capacity;
+          continue;
+        }
+        plan->operands[i][b].struct_size = sizeof(sfmoe_grouped_tensor_plan);
+        SFMOE_RETURN_IF_REFUSED(ops::plan_grouped_quantize(r, &plan->operands[i][b]));
+      }
+    }
+  }
+  return Outcome{};
+}
+
 }  // namespace
 
 Outcome plan_moe_layer(const MoeLayerShape& s, sfmoe_memory memory, MoeLayerPlan* plan) {
@@ -182,8 +299,9 @@ Outcome plan_moe_layer(const MoeLayerShape& s, sfmoe_memory memory, MoeLayerPlan
   const bool device = memory == SFMOE_MEMORY_CUDA;
   SFMOE_RETURN_IF_REFUSED(ops::permute_row_capacity_bound(
       s.max_tokens, s.top_k, s.experts, s.row_alignment, s.expert_capacity, &plan->row_capacity));
-  const int64_t R = plan->row_capacity, T = s.max_tokens, E = s.experts, k = s.top_k;
   plan->fc1_cols = activation_is_gated(s.activation.kind) ? 2 * s.ffn : s.ffn;
+  SFMOE_RETURN_IF_REFUSED(plan_recipe_operands(s, plan));
+  const int64_t R = plan->row_capacity, T = s.max_tokens, E = s.experts, k = s.top_k;
   const int64_t act = element_bytes(s.dtype);
   int64_t bytes = 0;
   int64_t* total = &plan->saved_bytes;
@@ -197,13 +315,12 @@ Outcome plan_moe_layer(const MoeLayerShape& s, sfmoe_memory memory, MoeLayerPlan
   SFMOE_RETURN_IF_REFUSED(place((E + 1) * 8, total, &plan->offsets));
   SFMOE_RETURN_IF_REFUSED(place(E * 8, total, &plan->kept));
   SFMOE_RETURN_IF_REFUSED(place(E * 8, total, &plan->dropped));
-  SFMOE_RETURN_IF_REFUSED(matrix_bytes(R, s.hidden, act, &bytes));
-  SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->x_rows));
+  // FC1's output: the activation is recomputed from it, and its gradient written over it.
   SFMOE_RETURN_IF_REFUSED(matrix_bytes(R, plan->fc1_cols, act, &bytes));
   SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->fc1_rows));
-  // FC2's rows: unpermute's backward takes d probs as their dot products with d y.
-  SFMOE_RETURN_IF_REFUSED(matrix_bytes(R, s.hidden, act, &bytes));
-  SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->fc2_rows));
+  // d probs: written by the backward's FC2 part, read by its FC1 part (the router's backward).
+  SFMOE_RETURN_IF_REFUSED(matrix_bytes(T, k, sizeof(float), &bytes));
+  SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->d_probs));
 
   total = &plan->workspace_bytes;
   SFMOE_RETURN_IF_REFUSED(
@@ -211,24 +328,39 @@ Outcome plan_moe_layer(const MoeLayerShape& s, sfmoe_memory memory, MoeLayerPlan
   const bool losses = s.router.aux_loss_coeff > 0.0f || s.router.z_loss_coeff > 0.0f;
   SFMOE_RETURN_IF_REFUSED(place(device && losses ? ops::router_workspace_bytes(T, E) : 0, total,
                                 &plan->router_workspace));
-  const int64_t gemm =
-      device ? ops::grouped_gemm_workspace_bytes(E, SFMOE_SCALING_NONE, R, s.hidden,
-                                                 SFMOE_SCALING_NONE, E * plan->fc1_cols, s.hidden)
-             : 0;
-  if (gemm < 0) return refuse(SFMOE_ERROR_SHAPE_MISMATCH, "the GEMM workspace overflows int64");
+  // The GEMM workspace: the largest of the six calls' (the emulated recipes decode both
+  // operands into it).
+  int64_t gemm = 0;
+  for (int i = 0; device && i < kGemmSteps; ++i) {
+    const GemmStep step = static_cast<GemmStep>(i);
+    const StepShape g = step_shape(s, plan->fc1_cols, step);
+    const OperandFormat fa = operand_format(s.recipe, step, false);
+    const OperandFormat fb = operand_format(s.recipe, step, true);
+    const int64_t bytes_i = ops::grouped_gemm_workspace_bytes(
+        E, fa.scaling, R, g.a_cols, fb.scaling, g.b_is_weight ? E * g.n : R, g.k);
+    if (bytes_i < 0)
+      return refuse(SFMOE_ERROR_SHAPE_MISMATCH, "the GEMM workspace overflows int64");
+    gemm = bytes_i > gemm ? bytes_i : gemm;
+  }
   SFMOE_RETURN_IF_REFUSED(place(gemm, total, &plan->gemm_workspace));
-  SFMOE_RETURN_IF_REFUSED(matrix_bytes(R, s.ffn, act, &bytes));
-  SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->act_rows));
-  plan->forward_workspace_bytes = plan->workspace_bytes;
-  SFMOE_RETURN_IF_REFUSED(matrix_bytes(T, k, sizeof(float), &bytes));
-  SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->d_probs));
-  // d FC2 rows [R, H], later reused for d x rows (FC1's dgrad, [R, H] too).
   SFMOE_RETURN_IF_REFUSED(matrix_bytes(R, s.hidden, act, &bytes));
-  SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->d_fc2_rows));
+  SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->hidden_rows));
+  int64_t quantized[2] = {0, 0};
+  for (int i = 0; i < kGemmSteps; ++i) {
+    for (int b = 0; b < 2; ++b) {
+      const int64_t need = plan->operands[i][b].total_bytes;
+      quantized[b] = need > quantized[b] ? need : quantized[b];
+    }
+  }
+  SFMOE_RETURN_IF_REFUSED(place(quantized[0], total, &plan->quantized_a));
+  SFMOE_RETURN_IF_REFUSED(place(quantized[1], total, &plan->quantized_b));
+  plan->fc1_backward_workspace_bytes = plan->workspace_bytes;
   SFMOE_RETURN_IF_REFUSED(matrix_bytes(R, s.ffn, act, &bytes));
-  SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->d_act_rows));
-  SFMOE_RETURN_IF_REFUSED(matrix_bytes(R, plan->fc1_cols, act, &bytes));
-  SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->d_fc1_rows));
+  SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->ffn_rows));
+  plan->forward_workspace_bytes = plan->workspace_bytes;
+  SFMOE_RETURN_IF_REFUSED(matrix_bytes(R, 1, sizeof(float), &bytes));
+  SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->row_probs));
+  SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->d_row_probs));
   return Outcome{};
 }
 
@@ -243,10 +375,10 @@ sfmoe_status moe_layer_forward(const MoeLayerShape& s, const MoeLayerPlan& plan,
   int64_t* offsets = at<int64_t>(c.saved, plan.offsets);
   int64_t* kept = at<int64_t>(c.saved, plan.kept);
   int64_t* dropped = at<int64_t>(c.saved, plan.dropped);
-  void* x_rows = at<uint8_t>(c.saved, plan.x_rows);
   void* fc1_rows = at<uint8_t>(c.saved, plan.fc1_rows);
-  void* fc2_rows = at<uint8_t>(c.saved, plan.fc2_rows);
-  void* act_rows = at<uint8_t>(c.workspace, plan.act_rows);
+  void* x_rows = at<uint8_t>(c.workspace, plan.hidden_rows);
+  void* fc2_rows = x_rows;  // FC2 writes there once FC1 has read the x rows
+  void* act_rows = at<uint8_t>(c.workspace, plan.ffn_rows);
 
   RouterForwardArgs router{};
   router.logits = c.logits;
@@ -282,103 +414,154 @@ sfmoe_status moe_layer_forward(const MoeLayerShape& s, const MoeLayerPlan& plan,
   permute.workspace = at_or_null<int32_t>(c.workspace, plan.permute_workspace);
   SFMOE_RETURN_IF_ERROR(step("permute", backend.permute(permute, c.stream)));
 
-  const Gemm gemm{s, plan, offsets, c.workspace, c.word};
-  SFMOE_RETURN_IF_ERROR(step(
-      "fc1", backend.grouped_gemm(gemm.fprop(x_rows, c.w1, plan.fc1_cols, H, fc1_rows), c.stream)));
+  const Gemm gemm{s, plan, backend, offsets, c.workspace, c.memory, c.word, c.stream, 0};
+  SFMOE_RETURN_IF_ERROR(step("fc1", gemm.run(GemmStep::kFc1Fprop, x_rows, c.w1, fc1_rows)));
 
   SFMOE_RETURN_IF_ERROR(
       step("activation",
            backend.activation_forward(
                activation_args(s, plan, offsets, kept, fc1_rows, act_rows, c.word), c.stream)));
 
-  SFMOE_RETURN_IF_ERROR(
-      step("fc2", backend.grouped_gemm(gemm.fprop(act_rows, c.w2, H, s.ffn, fc2_rows), c.stream)));
+  SFMOE_RETURN_IF_ERROR(step("fc2", gemm.run(GemmStep::kFc2Fprop, act_rows, c.w2, fc2_rows)));
 
   return step(
       "unpermute",
       backend.unpermute(combine_args(s, plan, T, fc2_rows, row_map, probs, c.y, c.word), c.stream));
 }
 
-sfmoe_status moe_layer_backward(const MoeLayerShape& s, const MoeLayerPlan& plan,
-                                const MoeBackwardCall& c) {
-  const ops::Backend& backend = ops::backend_for(c.memory);
-  const int64_t T = c.tokens, E = s.experts, H = s.hidden, R = plan.row_capacity;
-  const int32_t* topk_ids = at<int32_t>(c.saved, plan.topk_ids);
+// Token rows [T, H] into expert rows under the forward's row map (weight 1, padding rows zero):
+// unpermute's backward without probabilities.
+static UnpermuteBackwardArgs gather_args(const MoeLayerShape& s, const MoeLayerPlan& plan,
+                                         int64_t tokens, const void* token_rows,
+                                         const int64_t* row_map, const int64_t* offsets,
+                                         const int64_t* kept, void* rows,
+                                         sfmoe_fault_report* word) {
+  UnpermuteBackwardArgs a{};
+  a.d_out = token_rows;
+  a.d_out_dtype = s.dtype;
+  a.rows = nullptr;
+  a.rows_dtype = s.dtype;
+  a.num_tokens = tokens;
+  a.hidden = s.hidden;
+  a.top_k = s.top_k;
+  a.row_capacity = plan.row_capacity;
+  a.row_map = row_map;
+  a.probs = nullptr;
+  a.d_rows = rows;
+  a.d_rows_dtype = s.dtype;
+  a.d_probs = nullptr;
+  a.offsets = offsets;
+  a.group_rows = kept;
+  a.num_groups = s.experts;
+  a.word = word;
+  return a;
+}
+
+static SlotValuesArgs slot_values_args(const MoeLayerPlan& plan, int64_t slots,
+                                       const int64_t* row_map, bool to_rows, const float* in,
+                                       float* out, sfmoe_fault_report* word) {
+  SlotValuesArgs a{};
+  a.row_map = row_map;
+  a.slots = slots;
+  a.row_capacity = plan.row_capacity;
+  a.to_rows = to_rows;
+  a.in = in;
+  a.out = out;
+  a.word = word;
+  return a;
+}
+
+namespace {
+
+// The backward's FC2 part: d y rows -> FC2 dgrad -> the weighted activation backward (d FC1 over
+// FC1's saved rows) -> FC2 wgrad -> d probs into the saved state.
+sfmoe_status backward_fc2(const MoeLayerShape& s, const MoeLayerPlan& plan,
+                          const MoeBackwardCall& c, const ops::Backend& backend) {
+  const int64_t T = c.tokens, E = s.experts, R = plan.row_capacity;
   const float* probs = at<float>(c.saved, plan.probs);
-  const int64_t* router_counts = at<int64_t>(c.saved, plan.router_counts);
   const int64_t* row_map = at<int64_t>(c.saved, plan.row_map);
   const int64_t* offsets = at<int64_t>(c.saved, plan.offsets);
   const int64_t* kept = at<int64_t>(c.saved, plan.kept);
-  const void* x_rows = at<uint8_t>(c.saved, plan.x_rows);
-  const void* fc1_rows = at<uint8_t>(c.saved, plan.fc1_rows);
-  const void* fc2_rows = at<uint8_t>(c.saved, plan.fc2_rows);
-  void* act_rows = at<uint8_t>(c.workspace, plan.act_rows);
-  float* d_probs = at<float>(c.workspace, plan.d_probs);
-  void* d_fc2_rows = at<uint8_t>(c.workspace, plan.d_fc2_rows);
-  void* d_x_rows = d_fc2_rows;  // FC1's dgrad writes here once FC2's wgrad has read d_fc2_rows
-  void* d_act_rows = at<uint8_t>(c.workspace, plan.d_act_rows);
-  void* d_fc1_rows = at<uint8_t>(c.workspace, plan.d_fc1_rows);
+  void* fc1_rows = at<uint8_t>(c.saved, plan.fc1_rows);
+  void* d_fc1_rows = fc1_rows;  // the activation's backward writes in place
+  float* d_probs = at<float>(c.saved, plan.d_probs);
+  void* hidden_rows = at<uint8_t>(c.workspace, plan.hidden_rows);
+  void* ffn_rows = at<uint8_t>(c.workspace, plan.ffn_rows);
+  float* row_probs = at<float>(c.workspace, plan.row_probs);
+  float* d_row_probs = at<float>(c.workspace, plan.d_row_probs);
+  const int64_t slots = T * s.top_k;
 
-  UnpermuteBackwardArgs combine{};
-  combine.d_out = c.d_y;
-  combine.d_out_dtype = s.dtype;
-  combine.rows = fc2_rows;
-  combine.rows_dtype = s.dtype;
-  combine.num_tokens = T;
-  combine.hidden = H;
-  combine.top_k = s.top_k;
-  combine.row_capacity = R;
-  combine.row_map = row_map;
-  combine.probs = probs;
-  combine.d_rows = d_fc2_rows;
-  combine.d_rows_dtype = s.dtype;
-  combine.d_probs = d_probs;
-  combine.offsets = offsets;
-  combine.group_rows = kept;
-  combine.num_groups = E;
-  combine.word = c.word;
-  SFMOE_RETURN_IF_ERROR(step("unpermute backward", backend.unpermute_backward(combine, c.stream)));
-
-  const Gemm gemm{s, plan, offsets, c.workspace, c.word};
+  // d y into expert rows, unweighted: the probabilities scale the activations instead (below),
+  // so that d probs come from FC2's dgrad and the activations, not from FC2's saved output.
+  SFMOE_RETURN_IF_ERROR(step(
+      "d y gather",
+      backend.unpermute_backward(
+          gather_args(s, plan, T, c.d_y, row_map, offsets, kept, hidden_rows, c.word), c.stream)));
   SFMOE_RETURN_IF_ERROR(
-      step("fc2 dgrad",
-           backend.grouped_gemm(gemm.dgrad(d_fc2_rows, c.w2, H, s.ffn, d_act_rows), c.stream)));
+      step("row probabilities",
+           backend.slot_values(
+               slot_values_args(plan, slots, row_map, true, probs, row_probs, c.word), c.stream)));
 
-  // The activation again from FC1's saved rows (its output is not kept between the calls).
+  const Gemm gemm{s, plan, backend, offsets, c.workspace, c.memory, c.word, c.stream, c.rng_offset};
   SFMOE_RETURN_IF_ERROR(
-      step("activation recompute",
-           backend.activation_forward(
-               activation_args(s, plan, offsets, kept, fc1_rows, act_rows, c.word), c.stream)));
-  SFMOE_RETURN_IF_ERROR(
-      step("fc2 wgrad",
-           backend.grouped_gemm(gemm.wgrad(d_fc2_rows, act_rows, H, s.ffn, c.d_w2), c.stream)));
+      step("fc2 dgrad", gemm.run(GemmStep::kFc2Dgrad, hidden_rows, c.w2, ffn_rows)));
 
+  // With y_r = p_r act(h_r) W2: d act = p_r g_r and d p_r = <g_r, act(h_r)> for g = d y_r W2
+  // (FC2's dgrad); the weighted activations p_r act(h_r) replace g as FC2's wgrad operand.
   ActivationBackwardArgs d_activation{};
   d_activation.config = s.activation;
   d_activation.groups = GroupRowsView{offsets, kept, E};
   d_activation.cols = s.ffn;
   d_activation.input = fc1_rows;
   d_activation.input_dtype = s.dtype;
-  d_activation.d_output = d_act_rows;
+  d_activation.d_output = ffn_rows;
   d_activation.d_output_dtype = s.dtype;
   d_activation.d_input = d_fc1_rows;
   d_activation.d_input_dtype = s.dtype;
   d_activation.row_capacity = R;
   d_activation.word = c.word;
+  d_activation.row_weights = row_probs;
+  d_activation.d_row_weights = d_row_probs;
+  d_activation.weighted_output = ffn_rows;
   SFMOE_RETURN_IF_ERROR(
       step("activation backward", backend.activation_backward(d_activation, c.stream)));
+  SFMOE_RETURN_IF_ERROR(
+      step("fc2 wgrad", gemm.run(GemmStep::kFc2Wgrad, hidden_rows, ffn_rows, c.d_w2)));
+  return step("d probs", backend.slot_values(slot_values_args(plan, slots, row_map, false,
+                                                              d_row_probs, d_probs, c.word),
+                                             c.stream));
+}
 
+// The backward's FC1 part: x rows again -> FC1 wgrad -> FC1 dgrad -> permute backward -> router
+// backward (from the d probs the FC2 part left in the saved state).
+sfmoe_status backward_fc1(const MoeLayerShape& s, const MoeLayerPlan& plan,
+                          const MoeBackwardCall& c, const ops::Backend& backend) {
+  const int64_t T = c.tokens;
+  const int32_t* topk_ids = at<int32_t>(c.saved, plan.topk_ids);
+  const int64_t* router_counts = at<int64_t>(c.saved, plan.router_counts);
+  const int64_t* row_map = at<int64_t>(c.saved, plan.row_map);
+  const int64_t* offsets = at<int64_t>(c.saved, plan.offsets);
+  const int64_t* kept = at<int64_t>(c.saved, plan.kept);
+  const void* d_fc1_rows = at<uint8_t>(c.saved, plan.fc1_rows);
+  const float* d_probs = at<float>(c.saved, plan.d_probs);
+  void* hidden_rows = at<uint8_t>(c.workspace, plan.hidden_rows);
+
+  // x into expert rows again (cheaper to gather than to keep between the calls), then FC1's
+  // wgrad reads them before its dgrad overwrites them with d x rows.
   SFMOE_RETURN_IF_ERROR(step(
-      "fc1 dgrad",
-      backend.grouped_gemm(gemm.dgrad(d_fc1_rows, c.w1, plan.fc1_cols, H, d_x_rows), c.stream)));
-  SFMOE_RETURN_IF_ERROR(step(
-      "fc1 wgrad",
-      backend.grouped_gemm(gemm.wgrad(d_fc1_rows, x_rows, plan.fc1_cols, H, c.d_w1), c.stream)));
+      "x gather",
+      backend.unpermute_backward(
+          gather_args(s, plan, T, c.x, row_map, offsets, kept, hidden_rows, c.word), c.stream)));
+  const Gemm gemm{s, plan, backend, offsets, c.workspace, c.memory, c.word, c.stream, c.rng_offset};
+  SFMOE_RETURN_IF_ERROR(
+      step("fc1 wgrad", gemm.run(GemmStep::kFc1Wgrad, d_fc1_rows, hidden_rows, c.d_w1)));
+  SFMOE_RETURN_IF_ERROR(
+      step("fc1 dgrad", gemm.run(GemmStep::kFc1Dgrad, d_fc1_rows, c.w1, hidden_rows)));
 
   // Permute's backward: each token's k rows summed (weight 1).
   SFMOE_RETURN_IF_ERROR(
       step("permute backward",
-           backend.unpermute(combine_args(s, plan, T, d_x_rows, row_map, nullptr, c.d_x, c.word),
+           backend.unpermute(combine_args(s, plan, T, hidden_rows, row_map, nullptr, c.d_x, c.word),
                              c.stream)));
 
   RouterBackwardArgs router{};
@@ -394,6 +577,16 @@ sfmoe_status moe_layer_backward(const MoeLayerShape& s, const MoeLayerPlan& plan
   router.d_logits = c.d_logits;
   router.word = c.word;
   return step("router backward", backend.router_backward(router, c.stream));
+}
+
+}  // namespace
+
+sfmoe_status moe_layer_backward(const MoeLayerShape& s, const MoeLayerPlan& plan,
+                                const MoeBackwardCall& c) {
+  const ops::Backend& backend = ops::backend_for(c.memory);
+  if (c.part != SFMOE_MOE_BACKWARD_FC1) SFMOE_RETURN_IF_ERROR(backward_fc2(s, plan, c, backend));
+  if (c.part != SFMOE_MOE_BACKWARD_FC2) SFMOE_RETURN_IF_ERROR(backward_fc1(s, plan, c, backend));
+  return SFMOE_SUCCESS;
 }
 
 }  // namespace layer

@@ -6,10 +6,14 @@
 // Forward:  router (top-k of the caller's logits) -> permute (expert-sorted rows, padding,
 //           capacity) -> FC1 (grouped GEMM, W1 [E, 2F or F, H]) -> activation -> FC2 (grouped
 //           GEMM, W2 [E, H, F]) -> unpermute (probability-weighted combine).
-// Backward: unpermute backward (d rows, d probs) -> FC2 dgrad and wgrad (the activation
-//           recomputed from FC1's saved output) -> activation backward -> FC1 dgrad and wgrad ->
+// Backward: d y gathered into expert rows (unweighted) -> FC2 dgrad -> the activation's
+//           backward with each row's probability as its weight (the activation recomputed from
+//           FC1's saved output; it also yields d probs and the weighted activations for FC2's
+//           wgrad) -> FC2 wgrad -> x gathered into expert rows again -> FC1 wgrad and dgrad ->
 //           permute backward (each token's k slots summed) -> router backward (d logits, the
 //           loss gradients).
+// Saved between the two: the routing (ids, probs, row map, offsets, counts) and FC1's output
+// only; the backward overwrites FC1's output with its gradient, so one forward has one backward.
 #pragma once
 
 #include <stdint.h>
@@ -18,6 +22,7 @@
 #include "src/common/activation_args.h"
 #include "src/common/outcome.h"
 #include "src/common/router_args.h"
+#include "src/layer/layer_recipe.h"
 
 namespace sfmoe {
 namespace layer {
@@ -33,8 +38,10 @@ struct MoeLayerShape {
   int64_t row_alignment = 1;    // each expert's rows padded to a multiple of this
   RouterConfig router;
   ActivationConfig activation;
-  sfmoe_dtype dtype = SFMOE_DTYPE_BF16;  // x, W1, W2, y and the rows between them
-  bool accumulate_weight_grads = false;  // dW1, dW2 are FP32 buffers added to
+  sfmoe_dtype dtype = SFMOE_DTYPE_BF16;             // x, W1, W2, y and the rows between them
+  bool accumulate_weight_grads = false;             // dW1, dW2 are FP32 buffers added to
+  sfmoe_moe_recipe recipe = SFMOE_MOE_RECIPE_BF16;  // the GEMM operands' formats
+  uint64_t seed = 0;                                // NVFP4's stochastic rounding
 };
 
 // A part of one of the layer's two buffers: [offset, offset + bytes).
@@ -48,14 +55,20 @@ struct Region {
 struct MoeLayerPlan {
   int64_t row_capacity = 0;  // expert rows: every kept slot plus each expert's padding
   int64_t fc1_cols = 0;      // 2F (gated activations) or F
-  // saved
-  Region topk_ids, probs, router_counts, row_map, offsets, kept, dropped, x_rows, fc1_rows,
-      fc2_rows;
+  // saved (fc1_rows holds d FC1 rows once the backward's FC2 part has run, d_probs its d probs)
+  Region topk_ids, probs, router_counts, row_map, offsets, kept, dropped, fc1_rows, d_probs;
   int64_t saved_bytes = 0;
-  // workspace: the forward's regions first (its call needs only forward_workspace_bytes), then
-  // the backward's
-  Region permute_workspace, router_workspace, gemm_workspace, act_rows, d_probs, d_fc2_rows,
-      d_act_rows, d_fc1_rows;
+  // workspace, in three nested prefixes: the backward's FC1 part's (fc1_backward_workspace_bytes),
+  // then the forward's (forward_workspace_bytes), then the whole backward's. hidden_rows [R, H]
+  // holds, in turn, x rows and FC2 rows (forward), d y rows (backward, FC2 part), x rows again and
+  // d x rows (FC1 part); ffn_rows [R, F] the activations (forward), then FC2's dgrad and, over it,
+  // the weighted activations (backward, FC2 part).
+  Region permute_workspace, router_workspace, gemm_workspace, hidden_rows, quantized_a, quantized_b,
+      ffn_rows, row_probs, d_row_probs;
+  // A quantized recipe's operands of each GEMM (a, b), each bound in quantized_a / quantized_b
+  // when its GEMM runs (total_bytes 0: the layer's rows as they are).
+  sfmoe_grouped_tensor_plan operands[kGemmSteps][2];
+  int64_t fc1_backward_workspace_bytes = 0;
   int64_t forward_workspace_bytes = 0;
   int64_t workspace_bytes = 0;  // the backward's, which covers the forward's
 };
@@ -82,18 +95,21 @@ struct MoeForwardCall {
 };
 
 struct MoeBackwardCall {
-  int64_t tokens;      // the forward's T
-  const void* d_y;     // [T, H], shape.dtype
-  const void* logits;  // the forward's
+  sfmoe_moe_backward_part part;  // all of it, or its FC2 part then its FC1 part
+  int64_t tokens;                // the forward's T
+  const void* x;                 // the forward's [T, H]
+  const void* d_y;               // [T, H], shape.dtype
+  const void* logits;            // the forward's
   sfmoe_dtype logits_dtype;
   const void* w1;
   const void* w2;
   float d_aux_loss, d_z_loss;  // upstream gradients of the losses
+  uint64_t rng_offset;         // NVFP4's stochastic rounding: the Philox offset of this step
   void* d_x;                   // [T, H], written
   float* d_logits;             // [T, E] FP32, written
   void* d_w1;                  // [E, fc1_cols, H]: shape.dtype, or FP32 added to
   void* d_w2;                  // [E, H, F]: likewise
-  const uint8_t* saved;        // the forward's
+  uint8_t* saved;              // the forward's; its FC1 rows are overwritten
   uint8_t* workspace;
   sfmoe_memory memory;
   sfmoe_fault_report* word;

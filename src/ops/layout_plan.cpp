@@ -544,6 +544,12 @@ Outcome bind_grouped_tensor(const sfmoe_grouped_tensor_plan& plan, sfmoe_memory 
   if (base == nullptr && plan.total_bytes > 0) {
     return refuse(SFMOE_ERROR_NULL_POINTER, "base is NULL");
   }
+  *out = carve_grouped_tensor(plan, memory, device, base);
+  return Outcome{};
+}
+
+sfmoe_grouped_tensor carve_grouped_tensor(const sfmoe_grouped_tensor_plan& plan,
+                                          sfmoe_memory memory, int32_t device, void* base) {
   sfmoe_grouped_tensor_plan copy = plan;
   sfmoe_buffer_plan* list[kPlanBuffers];
   buffers_of(&copy, list);
@@ -572,8 +578,7 @@ Outcome bind_grouped_tensor(const sfmoe_grouped_tensor_plan& plan, sfmoe_memory 
   t.columnwise_scale_inv = pointers[4];
   t.amax = static_cast<float*>(pointers[5]);
   t.columnwise_amax = static_cast<float*>(pointers[6]);
-  *out = t;
-  return Outcome{};
+  return t;
 }
 
 }  // namespace ops

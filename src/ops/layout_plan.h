@@ -47,6 +47,10 @@ int64_t grouped_gemm_workspace_bytes(int64_t num_groups, sfmoe_scaling a_scaling
 // plan.total_bytes.
 Outcome bind_grouped_tensor(const sfmoe_grouped_tensor_plan& plan, sfmoe_memory memory,
                             int32_t device, void* base, sfmoe_grouped_tensor* out);
+// The same carving without the checks, for internal callers whose `base` is an offset of
+// SFMOE_PLAN_ALIGNMENT into a buffer aligned as its memory requires (the MoE layer's workspace).
+sfmoe_grouped_tensor carve_grouped_tensor(const sfmoe_grouped_tensor_plan& plan,
+                                          sfmoe_memory memory, int32_t device, void* base);
 
 }  // namespace ops
 }  // namespace sfmoe

@@ -315,5 +315,81 @@ TEST(ActivationApi, GroupAmaxAndFusedQuantizationRefusals) {
   }
 }
 
+// The weighted form (the MoE layer's backward): with row weights w, the rule runs on w g, the
+// weighted activations and each row's <g, act> come out too; in place (d_input over input,
+// weighted_output over d_output) it writes the same bits.
+TEST(ActivationCpu, WeightedRowsBackwardInPlaceEqualsTheRuleOnScaledGradients) {
+  std::mt19937_64 rng(testing::session_test_seed() + 22);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  const int64_t cols = 19, row_capacity = 90;
+  const std::vector<int64_t> offsets = {0, 16, 16, 48, 80};
+  const std::vector<int64_t> rows = {3, 0, 32, 29};
+  const GroupRowsView groups{offsets.data(), rows.data(), 4};
+  for (size_t k = 0; k < 6; ++k) {
+    SCOPED_TRACE(kNames[k]);
+    const ActivationConfig c = config_of(kKinds[k]);
+    const bool gated = activation_is_gated(c.kind);
+    const int64_t in_cols = gated ? 2 * cols : cols;
+    std::vector<float> input(row_capacity * in_cols), g(row_capacity * cols), w(row_capacity);
+    for (size_t i = 0; i < input.size(); ++i) input[i] = i % 37 == 0 ? -0.0f : normal(rng);
+    for (float& v : g) v = normal(rng);
+    for (size_t r = 0; r < w.size(); ++r) w[r] = r % 11 == 0 ? 0.0f : std::abs(normal(rng)) / 4;
+    std::vector<float> d_in(row_capacity * in_cols, 1234.0f), weighted(row_capacity * cols, 99.0f),
+        d_w(row_capacity, 77.0f);
+    ActivationBackwardArgs a{
+        c,        groups,           cols,        input.data(),    SFMOE_DTYPE_FP32,
+        g.data(), SFMOE_DTYPE_FP32, d_in.data(), SFMOE_DTYPE_FP32};
+    a.row_weights = w.data();
+    a.d_row_weights = d_w.data();
+    a.weighted_output = weighted.data();
+    cpu::activation_backward(a);
+    for (int64_t q = 0; q < 4; ++q) {
+      for (int64_t r = offsets[q]; r < offsets[q + 1]; ++r) {
+        const bool real = r < offsets[q] + rows[q];
+        float dot = 0.0f;
+        for (int64_t j = 0; j < cols; ++j) {
+          const float gv = input[r * in_cols + j], uv = gated ? input[r * in_cols + cols + j] : 0;
+          const float y = real ? Activation<float>::forward(c, gv, uv) : 0.0f;
+          float dg = 0.0f, du = 0.0f;
+          if (real) {
+            Activation<float>::backward(c, gv, uv, numerics::mul_rn(w[r], g[r * cols + j]), &dg,
+                                        &du);
+            dot = numerics::add_rn(dot, numerics::mul_rn(g[r * cols + j], y));
+          }
+          ASSERT_EQ(numerics::f32_to_bits(d_in[r * in_cols + j]), numerics::f32_to_bits(dg))
+              << "row " << r;
+          if (gated) {
+            ASSERT_EQ(numerics::f32_to_bits(d_in[r * in_cols + cols + j]),
+                      numerics::f32_to_bits(du));
+          }
+          ASSERT_EQ(numerics::f32_to_bits(weighted[r * cols + j]),
+                    numerics::f32_to_bits(real ? numerics::mul_rn(w[r], y) : 0.0f))
+              << "row " << r;
+        }
+        ASSERT_EQ(numerics::f32_to_bits(d_w[r]), numerics::f32_to_bits(dot)) << "row " << r;
+      }
+    }
+    for (int64_t r = offsets[4]; r < row_capacity; ++r) {  // beyond the groups: untouched
+      ASSERT_EQ(d_w[r], 77.0f);
+      ASSERT_EQ(weighted[r * cols], 99.0f);
+      ASSERT_EQ(d_in[r * in_cols], 1234.0f);
+    }
+    // In place: the same bits.
+    std::vector<float> in_place = input, g_in_place = g, d_w_in_place(row_capacity, 77.0f);
+    ActivationBackwardArgs b = a;
+    b.input = in_place.data();
+    b.d_input = in_place.data();
+    b.d_output = g_in_place.data();
+    b.weighted_output = g_in_place.data();
+    b.d_row_weights = d_w_in_place.data();
+    cpu::activation_backward(b);
+    for (int64_t r = 0; r < offsets[4]; ++r) {
+      ASSERT_EQ(0, std::memcmp(&in_place[r * in_cols], &d_in[r * in_cols], in_cols * 4)) << r;
+      ASSERT_EQ(0, std::memcmp(&g_in_place[r * cols], &weighted[r * cols], cols * 4)) << r;
+    }
+    ASSERT_EQ(0, std::memcmp(d_w_in_place.data(), d_w.data(), offsets[4] * 4));
+  }
+}
+
 }  // namespace
 }  // namespace sfmoe

@@ -23,7 +23,10 @@ struct HostLayerRun {
 };
 
 // Forward and backward of `p` on the host; false (with the message) when a call fails.
-bool run_on_host(const LayerProblem& p, std::mt19937_64& rng, HostLayerRun* run) {
+// split: the backward as its two parts (FC2 then FC1), the FC1 part on a fresh workspace of its
+// own size (so it cannot lean on what the FC2 part left there).
+bool run_on_host(const LayerProblem& p, std::mt19937_64& rng, HostLayerRun* run,
+                 bool split = false) {
   const LayerCase& c = p.c;
   const int64_t T = c.tokens, H = c.hidden, E = c.experts;
   sfmoe_moe_layer_config config = layer_config(c);
@@ -93,6 +96,7 @@ bool run_on_host(const LayerProblem& p, std::mt19937_64& rng, HostLayerRun* run)
   sfmoe_tensor t_dw1 = host_tensor(run->d_w1.data(), grads, {E, p.fc1_cols, H});
   sfmoe_tensor t_dw2 = host_tensor(run->d_w2.data(), grads, {E, H, c.ffn});
   sfmoe_moe_backward_args b = sfmoe_moe_backward_args_init();
+  b.x = &t_x;
   b.d_y = &t_dy;
   b.logits = &t_logits;
   b.w1 = &t_w1;
@@ -103,7 +107,21 @@ bool run_on_host(const LayerProblem& p, std::mt19937_64& rng, HostLayerRun* run)
   b.d_logits = &t_dlogits;
   b.d_w1 = &t_dw1;
   b.d_w2 = &t_dw2;
-  const bool backward_ok = sfmoe_moe_layer_backward(layer, &b) == SFMOE_SUCCESS;
+  bool backward_ok = true;
+  if (!split) {
+    backward_ok = sfmoe_moe_layer_backward(layer, &b) == SFMOE_SUCCESS;
+  } else {
+    b.part = SFMOE_MOE_BACKWARD_FC2;
+    backward_ok = sfmoe_moe_layer_backward(layer, &b) == SFMOE_SUCCESS;
+    std::vector<uint8_t> fc1_workspace(plan.fc1_backward_workspace_bytes, 0x3C);
+    sfmoe_tensor t_fc1_ws =
+        host_tensor(fc1_workspace.data(), kBytes, {plan.fc1_backward_workspace_bytes});
+    b.part = SFMOE_MOE_BACKWARD_FC1;
+    b.workspace = &t_fc1_ws;
+    b.d_y = nullptr;  // the FC1 part reads neither
+    b.w2 = nullptr;
+    backward_ok = backward_ok && sfmoe_moe_layer_backward(layer, &b) == SFMOE_SUCCESS;
+  }
   EXPECT_TRUE(backward_ok) << sfmoe_last_error();
   sfmoe_moe_layer_destroy(layer);
   return ok && backward_ok;
@@ -169,9 +187,76 @@ TEST(MoeLayer, ForwardAndBackwardMatchTheDenseReferenceOnTheHost) {
     if (c.aux_loss_coeff > 0) {
       EXPECT_EQ(run.aux[0], r.aux_loss) << "aux loss";
     }
+    // The backward in its two parts: the same bits (the same rng for the same problem).
+    std::mt19937_64 again = rng;
+    HostLayerRun whole, parts;
+    ASSERT_TRUE(run_on_host(p, rng, &whole));
+    ASSERT_TRUE(run_on_host(p, again, &parts, true));
+    EXPECT_EQ(whole.d_x, parts.d_x);
+    EXPECT_EQ(whole.d_w1, parts.d_w1);
+    EXPECT_EQ(whole.d_w2, parts.d_w2);
+    EXPECT_EQ(whole.d_logits, parts.d_logits);
   }
   std::printf("[ moe layer ] %zu host cases: y, d_x, d_w1, d_w2, d_logits vs the dense reference\n",
               cases.size());
+}
+
+// The quantized recipes on the host (the CPU grouped GEMM over the operands' decoded codes):
+// every output and gradient within the recipe's tolerance of the dense reference, the counts
+// exact; odd token counts, empty experts and a capacity in the mix.
+TEST(MoeLayer, QuantizedRecipesStayWithinTheirTolerancesOfTheReference) {
+  std::mt19937_64 rng(session_test_seed() + 102);
+  const sfmoe_moe_recipe recipes[] = {SFMOE_MOE_RECIPE_FP8_TENSOR, SFMOE_MOE_RECIPE_FP8_BLOCKWISE,
+                                      SFMOE_MOE_RECIPE_MXFP8, SFMOE_MOE_RECIPE_NVFP4};
+  for (sfmoe_moe_recipe recipe : recipes) {
+    for (int shape = 0; shape < 2; ++shape) {
+      LayerCase c = shape == 0 ? LayerCase{"swiglu", 77, 90, 256, 128, 6, 2, 0, 128}
+                               : LayerCase{"squared relu, capacity, skewed bias",
+                                           50,
+                                           50,
+                                           128,
+                                           256,
+                                           5,
+                                           3,
+                                           20,
+                                           128,
+                                           SFMOE_DTYPE_BF16,
+                                           SFMOE_ACTIVATION_SQUARED_RELU,
+                                           true,
+                                           true};
+      c.recipe = recipe;
+      c.accumulate = shape == 1;
+      SCOPED_TRACE(c.name + " recipe " + std::to_string(static_cast<int>(recipe)));
+      const LayerProblem p(c, rng);
+      const LayerReference r = reference_layer(p);
+      HostLayerRun run;
+      ASSERT_TRUE(run_on_host(p, rng, &run));
+      const double tol = recipe_tolerance(recipe);
+      const int64_t T = c.tokens, H = c.hidden;
+      const sfmoe_dtype grads = c.accumulate ? SFMOE_DTYPE_FP32 : c.dtype;
+      std::vector<double> want_w1 = r.d_w1, want_w2 = r.d_w2;
+      if (c.accumulate) {
+        want_w1 = plus(want_w1, run.d_w1_start);
+        want_w2 = plus(want_w2, run.d_w2_start);
+      }
+      const double e[] = {mismatch(r.y, values_of(c.dtype, run.y.data(), T * H)),
+                          mismatch(r.d_x, values_of(c.dtype, run.d_x.data(), T * H)),
+                          mismatch(want_w1, values_of(grads, run.d_w1.data(), want_w1.size())),
+                          mismatch(want_w2, values_of(grads, run.d_w2.data(), want_w2.size()))};
+      EXPECT_LT(e[0], tol) << "y";
+      EXPECT_LT(e[1], tol) << "d_x";
+      EXPECT_LT(e[2], tol) << "d_w1";
+      EXPECT_LT(e[3], tol) << "d_w2";
+      std::vector<double> d_logits(run.d_logits.begin(), run.d_logits.end());
+      EXPECT_LT(mismatch(r.d_logits, d_logits), 10 * tol) << "d_logits";
+      EXPECT_EQ(run.kept, r.kept);
+      EXPECT_EQ(run.dropped, r.dropped);
+      // (a quantized recipe that silently ran in BF16 would sit below the BF16 bound)
+      EXPECT_GT(e[0] + e[1] + e[2] + e[3], 2e-5) << "no quantization error at all";
+      std::printf("[ moe layer ] recipe %d %-36s mismatch y %.1e d_x %.1e d_w1 %.1e d_w2 %.1e\n",
+                  static_cast<int>(recipe), c.name.c_str(), e[0], e[1], e[2], e[3]);
+    }
+  }
 }
 
 TEST(MoeLayer, RefusesBadConfigurationsAndCallsWithoutWriting) {
@@ -193,7 +278,19 @@ TEST(MoeLayer, RefusesBadConfigurationsAndCallsWithoutWriting) {
             SFMOE_ERROR_INVALID_ARGUMENT);
   bad = config;
   bad.recipe = static_cast<sfmoe_moe_recipe>(7);
+  EXPECT_EQ(sfmoe_moe_layer_create(&bad, SFMOE_MEMORY_HOST, 0, &layer),
+            SFMOE_ERROR_INVALID_ARGUMENT);
+  bad = config;
+  bad.recipe = SFMOE_MOE_RECIPE_FP8_BLOCKWISE;  // H 16: not a whole 128-column block
+  bad.row_alignment = 128;
   EXPECT_EQ(sfmoe_moe_layer_create(&bad, SFMOE_MEMORY_HOST, 0, &layer), SFMOE_ERROR_UNSUPPORTED);
+  EXPECT_NE(std::string(sfmoe_last_error()).find("multiples of 128"), std::string::npos);
+  bad.hidden = 256;
+  bad.ffn_hidden = 128;
+  bad.row_alignment = 16;  // the blocks down the rows need 128
+  EXPECT_EQ(sfmoe_moe_layer_create(&bad, SFMOE_MEMORY_HOST, 0, &layer),
+            SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(sfmoe_last_error()).find("row_alignment"), std::string::npos);
   EXPECT_EQ(layer, nullptr);
 
   ASSERT_EQ(sfmoe_moe_layer_create(&config, SFMOE_MEMORY_HOST, 0, &layer), SFMOE_SUCCESS);

@@ -269,6 +269,36 @@ TEST(PermuteCpu, UnpermuteAndItsBackward) {
       }
     }
   }
+
+  // The internal gather form (no probabilities, no rows, no d probs): the tokens gathered under
+  // permute's row map are permute's rows, bit for bit, padding zeros included.
+  std::vector<uint16_t> again(row_capacity * hidden, kPoison);
+  cpu::unpermute_backward(UnpermuteBackwardArgs{
+      tokens.data(), SFMOE_DTYPE_BF16, nullptr, SFMOE_DTYPE_BF16, tokens_count, hidden, k,
+      row_capacity, p.row_map.data(), nullptr, again.data(), SFMOE_DTYPE_BF16, nullptr,
+      p.offsets.data(), p.kept.data(), experts, nullptr});
+  EXPECT_EQ(again, p.rows);
+
+  // Slot values to rows and back: each kept slot's value at its row, dropped slots 0, rows no
+  // slot names untouched.
+  std::vector<float> slot_in(tokens_count * k), row_values(row_capacity, -5.0f),
+      slot_out(tokens_count * k, NAN);
+  for (float& v : slot_in) v = uniform(rng);
+  cpu::slot_values(SlotValuesArgs{p.row_map.data(), tokens_count * k, row_capacity, true,
+                                  slot_in.data(), row_values.data()});
+  cpu::slot_values(SlotValuesArgs{p.row_map.data(), tokens_count * k, row_capacity, false,
+                                  row_values.data(), slot_out.data()});
+  for (int64_t s = 0; s < tokens_count * k; ++s) {
+    const int64_t row = p.row_map[s];
+    ASSERT_EQ(slot_out[s], row >= 0 ? slot_in[s] : 0.0f) << "slot " << s;
+  }
+  for (int64_t row = 0; row < row_capacity; ++row) {
+    bool written = false;
+    for (int64_t s = 0; s < tokens_count * k; ++s) written = written || p.row_map[s] == row;
+    if (!written) {
+      ASSERT_EQ(row_values[row], -5.0f) << "row " << row;
+    }
+  }
 }
 
 }  // namespace

@@ -14,6 +14,8 @@
 #include "sfmoe/numerics.h"
 #include "sfmoe/permute.h"
 #include "sfmoe/router.h"
+#include "src/cpu/activation_math.h"
+#include "src/ops/backend.h"
 #include "tests/cpp/host_descriptors.h"
 #include "tests/cpp/numerics_cases.h"
 #include "tests/cuda/gpu_test_util.h"
@@ -840,6 +842,162 @@ TEST(CudaActivation, EveryKindForwardAndBackwardEqualsTheCpuBackend) {
   }
   std::printf("[ activation ] %d kind/dtype/width cases, forward and backward bit-exact vs CPU\n",
               checked);
+}
+
+// The MoE layer's internal forms, through the backend table on both backends: the weighted,
+// in-place activation backward (d input over the input, the weighted activations over d output:
+// bit-exact; each row's d weight, a sum whose order differs, within a tolerance), the gather form
+// of unpermute's backward and the slot values (bit-exact).
+TEST(CudaActivation, WeightedInPlaceBackwardEqualsTheCpuBackend) {
+  SFMOE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(session_test_seed() + 17);
+  const ActivationKind kinds[] = {ActivationKind::kSwiGLU,      ActivationKind::kGeGLU,
+                                  ActivationKind::kSiLU,        ActivationKind::kGeLU,
+                                  ActivationKind::kSquaredReLU, ActivationKind::kClampedSwiGLU};
+  int checked = 0;
+  for (ActivationKind kind : kinds) {
+    for (int64_t F : {264, 37, 768}) {
+      const bool gated = activation_is_gated(kind);
+      const int64_t G = 9, a = 16, in_cols = gated ? 2 * F : F;
+      std::vector<int64_t> offsets(G + 1, 0), real(G);
+      const int64_t fixed[] = {0, 1, 31, 33};
+      for (int64_t g = 0; g < G; ++g) {
+        real[g] = g < 4 ? fixed[g] : static_cast<int64_t>(rng() % 70);
+        offsets[g + 1] = offsets[g] + (real[g] + a - 1) / a * a;
+      }
+      const int64_t capacity = offsets[G] + 5;
+      Twin<uint8_t> fc1(make_rows(rng, capacity * in_cols, SFMOE_DTYPE_BF16));
+      Twin<uint8_t> g_rows(make_rows(rng, capacity * F, SFMOE_DTYPE_BF16));
+      std::vector<float> w(capacity);
+      for (float& v : w) v = static_cast<float>(rng() % 1000) / 997.0f;
+      Twin<float> weights(w), d_weights(static_cast<size_t>(capacity), -9.0f);
+      Twin<int64_t> t_offsets(offsets), rows(real);
+      // |g| . |act| per row, for the sum's tolerance (the inputs before they are overwritten).
+      std::vector<double> magnitude(capacity, 0.0);
+      ActivationConfig config{};
+      config.kind = kind;
+      for (int64_t r = 0; r < capacity; ++r) {
+        for (int64_t j = 0; j < F; ++j) {
+          uint16_t gate, up = 0, d;
+          std::memcpy(&gate, &fc1.host[(r * in_cols + j) * 2], 2);
+          if (gated) std::memcpy(&up, &fc1.host[(r * in_cols + F + j) * 2], 2);
+          std::memcpy(&d, &g_rows.host[(r * F + j) * 2], 2);
+          const float y = cpu::Activation<float>::forward(config, numerics::bf16_to_f32(gate),
+                                                          numerics::bf16_to_f32(up));
+          magnitude[r] += std::fabs(double(y) * numerics::bf16_to_f32(d));
+        }
+      }
+      for (sfmoe_memory m : kBoth) {
+        ActivationBackwardArgs b{};
+        b.config = config;
+        b.groups = GroupRowsView{t_offsets.on(m), rows.on(m), G};
+        b.cols = F;
+        b.input = fc1.on(m);
+        b.input_dtype = SFMOE_DTYPE_BF16;
+        b.d_output = g_rows.on(m);
+        b.d_output_dtype = SFMOE_DTYPE_BF16;
+        b.d_input = fc1.on(m);
+        b.d_input_dtype = SFMOE_DTYPE_BF16;
+        b.row_capacity = capacity;
+        b.row_weights = weights.on(m);
+        b.d_row_weights = d_weights.on(m);
+        b.weighted_output = g_rows.on(m);
+        ASSERT_EQ(ops::backend_for(m).activation_backward(b, nullptr), SFMOE_SUCCESS);
+      }
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::string what =
+          "kind " + std::to_string(static_cast<int>(kind)) + " F=" + std::to_string(F);
+      EXPECT_TRUE(fc1.same((what + " d input in place").c_str()));
+      EXPECT_TRUE(g_rows.same((what + " weighted activations in place").c_str()));
+      const std::vector<float> got = d_weights.device.download();
+      for (int64_t r = 0; r < capacity; ++r) {
+        const float want = d_weights.host[r];
+        if (!std::isfinite(want) || !std::isfinite(magnitude[r])) {  // NaN / Inf inputs
+          EXPECT_EQ(std::isnan(got[r]), std::isnan(want)) << what << " row " << r;
+          continue;
+        }
+        ASSERT_NEAR(got[r], want, 1e-5 * magnitude[r] + 1e-30) << what << " row " << r;
+      }
+      ++checked;
+    }
+  }
+  std::printf("[ activation ] %d weighted in-place backward cases vs CPU\n", checked);
+}
+
+TEST(CudaPermute, GatherFormAndSlotValuesEqualTheCpuBackend) {
+  SFMOE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(session_test_seed() + 18);
+  const int64_t tokens = 3001, E = 64, k = 6, alignment = 16;
+  for (int64_t H : {264, 41}) {
+    // A row map from the CPU permute (routing of distinct experts per token, some dropped by
+    // a capacity), shared by both backends.
+    std::vector<int32_t> ids(tokens * k);
+    for (int64_t t = 0; t < tokens; ++t) {
+      std::vector<int32_t> experts(E);
+      for (int32_t e = 0; e < E; ++e) experts[e] = e;
+      std::shuffle(experts.begin(), experts.end(), rng);
+      for (int64_t i = 0; i < k; ++i) ids[t * k + i] = experts[i] % (i < 2 ? 8 : E);
+      if (ids[t * k + 1] == ids[t * k]) ids[t * k + 1] = (ids[t * k] + 1) % 8;
+    }
+    const int64_t R = tokens * k + E * (alignment - 1);
+    std::vector<uint8_t> x = make_rows(rng, tokens * H, SFMOE_DTYPE_BF16);
+    std::vector<uint8_t> rows(R * H * 2, 0xA5);
+    std::vector<int64_t> offsets(E + 1), row_map(tokens * k), kept(E), dropped(E);
+    PermuteArgs p{};
+    p.tokens = x.data();
+    p.dtype = SFMOE_DTYPE_BF16;
+    p.num_tokens = tokens;
+    p.hidden = H;
+    p.top_k = k;
+    p.num_experts = E;
+    p.topk_ids = ids.data();
+    p.alignment = alignment;
+    p.expert_capacity = 700;
+    p.row_capacity = R;
+    p.permuted = rows.data();
+    p.expert_offsets = offsets.data();
+    p.row_map = row_map.data();
+    p.tokens_per_expert = kept.data();
+    p.dropped_per_expert = dropped.data();
+    ASSERT_EQ(ops::backend_for(SFMOE_MEMORY_HOST).permute(p, nullptr), SFMOE_SUCCESS);
+    Twin<uint8_t> tokens_in(x), gathered(static_cast<size_t>(R * H * 2), 0x5A);
+    Twin<int64_t> t_map(row_map), t_offsets(offsets), t_kept(kept);
+    std::vector<float> slots(tokens * k);
+    for (float& v : slots) v = static_cast<float>(rng() % 4096) / 64.0f - 32.0f;
+    Twin<float> t_slots(slots), row_values(static_cast<size_t>(R), -3.0f),
+        back(static_cast<size_t>(tokens * k), NAN);
+    for (sfmoe_memory m : kBoth) {
+      UnpermuteBackwardArgs g{};
+      g.d_out = tokens_in.on(m);
+      g.d_out_dtype = SFMOE_DTYPE_BF16;
+      g.rows_dtype = SFMOE_DTYPE_BF16;
+      g.num_tokens = tokens;
+      g.hidden = H;
+      g.top_k = k;
+      g.row_capacity = R;
+      g.row_map = t_map.on(m);
+      g.d_rows = gathered.on(m);
+      g.d_rows_dtype = SFMOE_DTYPE_BF16;
+      g.offsets = t_offsets.on(m);
+      g.group_rows = t_kept.on(m);
+      g.num_groups = E;
+      ASSERT_EQ(ops::backend_for(m).unpermute_backward(g, nullptr), SFMOE_SUCCESS);
+      ASSERT_EQ(ops::backend_for(m).slot_values(SlotValuesArgs{t_map.on(m), tokens * k, R, true,
+                                                               t_slots.on(m), row_values.on(m)},
+                                                nullptr),
+                SFMOE_SUCCESS);
+      ASSERT_EQ(ops::backend_for(m).slot_values(
+                    SlotValuesArgs{t_map.on(m), tokens * k, R, false, row_values.on(m), back.on(m)},
+                    nullptr),
+                SFMOE_SUCCESS);
+    }
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_TRUE(gathered.same("gathered rows"));
+    EXPECT_TRUE(row_values.same("slot values to rows"));
+    EXPECT_TRUE(back.same("row values to slots"));
+    // The gather is permute, bit for bit, over the groups' rows.
+    EXPECT_EQ(0, std::memcmp(gathered.host.data(), rows.data(), offsets[E] * H * 2)) << H;
+  }
 }
 
 // The activation quantized on the fly (MXFP8 and NVFP4 with both scale layouts, FP8 1x128, FP8

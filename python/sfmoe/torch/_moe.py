@@ -15,7 +15,10 @@ from . import _checkpoint
 _ACTIVATIONS = {"swiglu": 0, "geglu": 1, "silu": 2, "gelu": 3, "squared_relu": 4, "clamped_swiglu": 5}
 _GATED = {"swiglu", "geglu", "clamped_swiglu"}
 _SCORES = {"softmax": 0, "sigmoid": 1}
-_RECIPES = {"bf16": 0}
+# Megatron's --fp8-recipe names (tensorwise, blockwise, mxfp8) and --fp4-recipe nvfp4; each with
+# the row alignment its blocks need down an expert's rows.
+_RECIPES = {"bf16": 0, "tensorwise": 1, "blockwise": 2, "mxfp8": 3, "nvfp4": 4}
+_RECIPE_ALIGNMENT = {"bf16": 1, "tensorwise": 16, "blockwise": 128, "mxfp8": 32, "nvfp4": 16}
 _DTYPES = {torch.bfloat16: _C.DTYPE_BF16, torch.float32: _C.DTYPE_FP32}
 _TORCH = _arrays._Torch(torch)
 
@@ -41,8 +44,15 @@ class MoEConfig:
     pad_expert_input_to_capacity: bool = False  # [--moe-pad-expert-input-to-capacity]
     token_drop_policy: str = "position"  # [--moe-token-drop-policy] only "position"
     activation: str = "swiglu"  # swiglu, geglu, silu, gelu, squared_relu, clamped_swiglu
-    row_alignment: int = 16  # each expert's rows padded to a multiple of this
-    recipe: str = "bf16"  # [--fp8-recipe]; the quantized recipes are not available yet
+    # each expert's rows padded to a multiple of this, raised to the recipe's need (128 for
+    # blockwise, 32 for mxfp8, 16 for tensorwise and nvfp4); BF16 needs none, and padding costs
+    # the layer E (a - 1) rows of every buffer
+    row_alignment: int = 1
+    # [--fp8-recipe / --fp4-recipe] the experts' GEMM operands: bf16, tensorwise (FP8 current
+    # scaling per expert), blockwise (FP8 1x128 / 128x128), mxfp8, nvfp4 (the last two emulated
+    # on Hopper)
+    recipe: str = "bf16"
+    seed: int = 0  # nvfp4: the key of the gradients' stochastic rounding
     # [--gradient-accumulation-fusion] the experts' weight gradients added by the layer to FP32
     # `main_grad` buffers on the weights (Megatron's DDP sets them; else the module makes them);
     # the weights' .grad stays None.
@@ -62,7 +72,7 @@ class MoEConfig:
         if self.activation not in _ACTIVATIONS:
             raise ValueError(f"activation: expected one of {sorted(_ACTIVATIONS)}, got {self.activation!r}")
         if self.recipe not in _RECIPES:
-            raise ValueError(f"recipe: only 'bf16' is available, got {self.recipe!r}")
+            raise ValueError(f"recipe: expected one of {sorted(_RECIPES)}, got {self.recipe!r}")
         if self.pad_expert_input_to_capacity:
             raise ValueError("pad_expert_input_to_capacity is not supported: experts take their rows as routed")
         if self.token_drop_policy != "position":
@@ -105,6 +115,7 @@ _LAYERS = collections.OrderedDict()
 # this many (a layer's plan depends on its configuration alone, so a forward's saved state stays
 # valid for a backward that makes its layer again).
 _MAX_LAYERS = 64
+_BACKWARDS: dict = {}  # backward calls per configuration key
 # (released before the interpreter tears the extension down)
 atexit.register(_LAYERS.clear)
 
@@ -133,10 +144,11 @@ def _layer(key, tokens, dtype, device):
             activation_limit=7.0,
             activation_alpha=1.702,
             expert_capacity=c.capacity(tokens),
-            row_alignment=c.row_alignment,
+            row_alignment=max(c.row_alignment, _RECIPE_ALIGNMENT[c.recipe]),
             dtype=_DTYPES[dtype],
             recipe=_RECIPES[c.recipe],
             accumulate_weight_grads=c.gradient_accumulation_fusion,
+            seed=c.seed,
         )
         memory = _C.MEMORY_CUDA if device.type == "cuda" else _C.MEMORY_HOST
         layer = _C.MoeLayer(fields, memory, device.index or 0)
@@ -144,6 +156,12 @@ def _layer(key, tokens, dtype, device):
         while len(_LAYERS) > _MAX_LAYERS:
             _LAYERS.popitem(last=False)
     return _LAYERS[index]
+
+
+@torch.compiler.assume_constant_result
+def _saved_bytes(key, tokens, dtype, device):
+    """The plan's saved bytes: a constant of the traced graph (the C layer is made outside it)."""
+    return _layer(key, tokens, dtype, device)[1]["saved_bytes"]
 
 
 def _arg(t):
@@ -158,12 +176,17 @@ def _logits_dtype(logits):
     return _C.DTYPE_FP32 if logits.dtype == torch.float32 else _C.DTYPE_BF16
 
 
+# saved_bytes (the C planner's, passed by the module) puts the saved state's size into the traced
+# graph as a constant, so that a compiled graph cached on disk by an earlier build with another
+# plan is not reused.
 @torch.library.custom_op("sfmoe::moe_layer_forward", mutates_args=())
 def moe_layer_forward(
-    x: Tensor, logits: Tensor, expert_bias: Optional[Tensor], w1: Tensor, w2: Tensor, key: int
+    x: Tensor, logits: Tensor, expert_bias: Optional[Tensor], w1: Tensor, w2: Tensor, key: int, saved_bytes: int
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """y, the saved state, and the experts' kept, dropped and routed token counts."""
     layer, plan = _layer(key, x.shape[0], x.dtype, x.device)
+    if plan["saved_bytes"] != saved_bytes:
+        raise RuntimeError(f"sfmoe: the layer's saved state is {plan['saved_bytes']} bytes, not {saved_bytes}")
     experts = _CONFIGS[key].num_experts
     y = torch.empty_like(x)
     saved = torch.empty(plan["saved_bytes"], dtype=torch.uint8, device=x.device)
@@ -191,90 +214,134 @@ def moe_layer_forward(
 
 
 @moe_layer_forward.register_fake
-def _(x, logits, expert_bias, w1, w2, key):
-    _, plan = _layer(key, x.shape[0], x.dtype, x.device)
+def _(x, logits, expert_bias, w1, w2, key, saved_bytes):
     experts = _CONFIGS[key].num_experts
     counts = [x.new_empty(experts, dtype=torch.int64) for _ in range(3)]
-    return (x.new_empty(x.shape), x.new_empty(plan["saved_bytes"], dtype=torch.uint8), *counts)
+    return (x.new_empty(x.shape), x.new_empty(saved_bytes, dtype=torch.uint8), *counts)
 
 
-def _layer_backward(d_y, logits, w1, w2, saved, key, d_w1, d_w2):
-    """The layer's backward into new d x and d logits and the given weight gradients (written in
-    the weights' dtype, or added to FP32 main gradients, as the layer was made)."""
-    layer, plan = _layer(key, d_y.shape[0], d_y.dtype, d_y.device)
-    d_x = torch.empty_like(d_y)
-    d_logits = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
-    workspace = torch.empty(plan["workspace_bytes"], dtype=torch.uint8, device=d_y.device)
+# The layer's backward runs as two ops, its FC2 part then its FC1 part (sfmoe_moe_backward_part),
+# so that d w1 and the FC1 part's smaller workspace are allocated after the FC2 part's workspace
+# is free, as autograd frees a plain layer's activations during its backward.
+_FC2, _FC1 = 1, 2
+
+
+def _backward_part(part, key, tokens, like, saved, *, x=None, d_y=None, logits=None, w1=None, w2=None, **outputs):
+    """One part of the layer's backward into the given outputs (d_x, d_logits, d_w1 / d_w2: in the
+    weights' dtype, or FP32 main gradients added to, as the layer was made)."""
+    layer, plan = _layer(key, tokens, like.dtype, like.device)
+    size = plan["workspace_bytes"] if part == _FC2 else plan["fc1_backward_workspace_bytes"]
+    workspace = torch.empty(size, dtype=torch.uint8, device=like.device)
+    if part == _FC2:  # (NVFP4's rounding stream advances each backward; a captured graph replays its capture's)
+        _BACKWARDS[key] = _BACKWARDS.get(key, 0) + 1
     layer.backward(
+        _arg(x),
         _arg(d_y),
         _arg(logits),
-        _logits_dtype(logits),
+        _logits_dtype(logits) if logits is not None else _C.DTYPE_FP32,
         _arg(w1),
         _arg(w2),
         _arg(saved),
         _arg(workspace),
         0.0,
         0.0,
-        _arg(d_x),
-        _arg(d_logits),
-        _arg(d_w1),
-        _arg(d_w2),
+        _arg(outputs.get("d_x")),
+        _arg(outputs.get("d_logits")),
+        _arg(outputs.get("d_w1")),
+        _arg(outputs.get("d_w2")),
+        _BACKWARDS.get(key, 0),
+        part,
         None,
-        _stream(d_y),
+        _stream(like),
+    )
+
+
+# The FC2 part writes d FC1 rows and d probs into `saved` (declared, so autograd's version check
+# refuses a second backward through the same forward, as with retain_graph=True, instead of
+# reading a gradient where FC1's output was); the FC1 part reads them.
+@torch.library.custom_op("sfmoe::moe_layer_backward_fc2", mutates_args=("saved",))
+def moe_layer_backward_fc2(d_y: Tensor, w2: Tensor, saved: Tensor, key: int) -> Tensor:
+    """d w2 of the forward that left `saved` (and d FC1 rows, d probs into `saved`)."""
+    d_w2 = torch.empty_like(w2)
+    _backward_part(_FC2, key, d_y.shape[0], d_y, saved, d_y=d_y, w2=w2, d_w2=d_w2)
+    return d_w2
+
+
+@torch.library.custom_op("sfmoe::moe_layer_backward_fc1", mutates_args=())
+def moe_layer_backward_fc1(
+    x: Tensor, logits: Tensor, w1: Tensor, saved: Tensor, key: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """d x, d logits and d w1, after the FC2 part ran on `saved`."""
+    d_x = torch.empty_like(x)
+    d_logits = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    d_w1 = torch.empty_like(w1)
+    _backward_part(_FC1, key, x.shape[0], x, saved, x=x, logits=logits, w1=w1, d_x=d_x, d_logits=d_logits, d_w1=d_w1)
+    return d_x, d_logits, d_w1
+
+
+@torch.library.custom_op("sfmoe::moe_layer_backward_fc2_main_grad", mutates_args=("saved", "main_grad2"))
+def moe_layer_backward_fc2_main_grad(d_y: Tensor, w2: Tensor, saved: Tensor, main_grad2: Tensor, key: int) -> None:
+    """The FC2 part with d w2 added to the FP32 main gradient."""
+    _backward_part(_FC2, key, d_y.shape[0], d_y, saved, d_y=d_y, w2=w2, d_w2=main_grad2)
+
+
+@torch.library.custom_op("sfmoe::moe_layer_backward_fc1_main_grad", mutates_args=("main_grad1",))
+def moe_layer_backward_fc1_main_grad(
+    x: Tensor, logits: Tensor, w1: Tensor, saved: Tensor, main_grad1: Tensor, key: int
+) -> tuple[Tensor, Tensor]:
+    """The FC1 part with d w1 added to the FP32 main gradient: d x and d logits."""
+    d_x = torch.empty_like(x)
+    d_logits = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    _backward_part(
+        _FC1, key, x.shape[0], x, saved, x=x, logits=logits, w1=w1, d_x=d_x, d_logits=d_logits, d_w1=main_grad1
     )
     return d_x, d_logits
 
 
-@torch.library.custom_op("sfmoe::moe_layer_backward", mutates_args=())
-def moe_layer_backward(
-    d_y: Tensor, logits: Tensor, w1: Tensor, w2: Tensor, saved: Tensor, key: int
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """d x, d logits, d w1, d w2 of the forward that left `saved`."""
-    d_w1, d_w2 = torch.empty_like(w1), torch.empty_like(w2)
-    d_x, d_logits = _layer_backward(d_y, logits, w1, w2, saved, key, d_w1, d_w2)
-    return d_x, d_logits, d_w1, d_w2
+@moe_layer_backward_fc2.register_fake
+def _(d_y, w2, saved, key):
+    return w2.new_empty(w2.shape)
 
 
-@torch.library.custom_op("sfmoe::moe_layer_backward_main_grad", mutates_args=("main_grad1", "main_grad2"))
-def moe_layer_backward_main_grad(
-    d_y: Tensor, logits: Tensor, w1: Tensor, w2: Tensor, saved: Tensor, main_grad1: Tensor, main_grad2: Tensor, key: int
-) -> tuple[Tensor, Tensor]:
-    """d x and d logits; the weight gradients added to the FP32 main gradients."""
-    return _layer_backward(d_y, logits, w1, w2, saved, key, main_grad1, main_grad2)
+@moe_layer_backward_fc1.register_fake
+def _(x, logits, w1, saved, key):
+    return x.new_empty(x.shape), logits.new_empty(logits.shape, dtype=torch.float32), w1.new_empty(w1.shape)
 
 
-@moe_layer_backward_main_grad.register_fake
-def _(d_y, logits, w1, w2, saved, main_grad1, main_grad2, key):
-    return d_y.new_empty(d_y.shape), logits.new_empty(logits.shape, dtype=torch.float32)
+@moe_layer_backward_fc2_main_grad.register_fake
+def _(d_y, w2, saved, main_grad2, key):
+    return None
 
 
-@moe_layer_backward.register_fake
-def _(d_y, logits, w1, w2, saved, key):
-    return (
-        d_y.new_empty(d_y.shape),
-        logits.new_empty(logits.shape, dtype=torch.float32),
-        w1.new_empty(w1.shape),
-        w2.new_empty(w2.shape),
-    )
+@moe_layer_backward_fc1_main_grad.register_fake
+def _(x, logits, w1, saved, main_grad1, key):
+    return x.new_empty(x.shape), logits.new_empty(logits.shape, dtype=torch.float32)
 
 
 def _setup_context(ctx, inputs, output):
-    x, logits, expert_bias, w1, w2, key = inputs
+    x, logits, expert_bias, w1, w2, key, _ = inputs
     _, saved, kept, dropped, routed = output
-    ctx.save_for_backward(logits, w1, w2, saved)
+    ctx.save_for_backward(x, logits, w1, w2, saved)
     ctx.key = key
     # (taken from the weights themselves: the tensors saved for the backward need not be them)
     ctx.main_grads = (main_grad_of(w1), main_grad_of(w2)) if _CONFIGS[key].gradient_accumulation_fusion else None
     ctx.mark_non_differentiable(saved, kept, dropped, routed)
+    # (else autograd hands the backward a zero-filled gradient for each of those outputs: the
+    # saved state's size in zeros, written at the start of every backward)
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, d_y, d_saved, d_kept, d_dropped, d_routed):
-    logits, w1, w2, saved = ctx.saved_tensors
+    x, logits, w1, w2, saved = ctx.saved_tensors
+    d_y = torch.zeros_like(x) if d_y is None else d_y.contiguous()
     if _CONFIGS[ctx.key].gradient_accumulation_fusion:
-        d_x, d_logits = moe_layer_backward_main_grad(d_y.contiguous(), logits, w1, w2, saved, *ctx.main_grads, ctx.key)
-        return d_x, d_logits.to(logits.dtype), None, None, None, None
-    d_x, d_logits, d_w1, d_w2 = moe_layer_backward(d_y.contiguous(), logits, w1, w2, saved, ctx.key)
-    return d_x, d_logits.to(logits.dtype), None, d_w1, d_w2, None
+        main1, main2 = ctx.main_grads
+        moe_layer_backward_fc2_main_grad(d_y, w2, saved, main2, ctx.key)
+        d_x, d_logits = moe_layer_backward_fc1_main_grad(x, logits, w1, saved, main1, ctx.key)
+        return d_x, d_logits.to(logits.dtype), None, None, None, None, None
+    d_w2 = moe_layer_backward_fc2(d_y, w2, saved, ctx.key)
+    d_x, d_logits, d_w1 = moe_layer_backward_fc1(x, logits, w1, saved, ctx.key)
+    return d_x, d_logits.to(logits.dtype), None, d_w1, d_w2, None, None
 
 
 def main_grad_of(weight):
@@ -287,6 +354,24 @@ def main_grad_of(weight):
 
 
 moe_layer_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _Fp32Gate(torch.autograd.Function):
+    """The router's logits x W_r^T in FP32 from the layer's tokens, saving the tokens as they are
+    (the layer keeps them anyway) rather than the FP32 copy autograd would keep through the whole
+    layer; the backward widens them again once the layer's backward has freed its buffers."""
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.save_for_backward(x, weight)
+        return torch.nn.functional.linear(x.float(), weight)
+
+    @staticmethod
+    def backward(ctx, d_logits):
+        x, weight = ctx.saved_tensors
+        d_x = (d_logits @ weight).to(x.dtype) if ctx.needs_input_grad[0] else None
+        d_weight = d_logits.t() @ x.float() if ctx.needs_input_grad[1] else None
+        return d_x, d_weight
 
 
 class _AttachAuxLoss(torch.autograd.Function):
@@ -435,9 +520,10 @@ class MoE(torch.nn.Module):
         shape = x.shape
         c = self.config
         x = x.reshape(-1, c.hidden_size).to(self.experts.weight1.dtype).contiguous()
-        logits = torch.nn.functional.linear(x.float(), self.router.weight)
+        logits = _Fp32Gate.apply(x, self.router.weight)
+        saved_bytes = _saved_bytes(self._key, x.shape[0], x.dtype, x.device)
         y, _, kept, dropped, routed = moe_layer_forward(
-            x, logits, self.expert_bias, self.experts.weight1, self.experts.weight2, self._key
+            x, logits, self.expert_bias, self.experts.weight1, self.experts.weight2, self._key, saved_bytes
         )
         self.tokens_per_expert, self.dropped_per_expert = kept, dropped
         if c.log_expert_load:

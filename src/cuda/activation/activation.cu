@@ -253,7 +253,10 @@ __global__ void __launch_bounds__(kThreads, kQuantBlock <= kTensorQuantBlock ? 4
   }
 }
 
-template <int kVec, ActivationKind kKind>
+// kWeighted: the rows' weights (ActivationBackwardArgs::row_weights) scale the upstream gradient,
+// and the weighted activations and each row's d weight (a warp sum at the row's last step) are
+// written too. Each lane reads its chunk before writing it, so the in-place forms are safe.
+template <int kVec, ActivationKind kKind, bool kWeighted>
 __global__ void __launch_bounds__(kThreads)  // (at 64 registers, SwiGLU's would spill)
     activation_backward_kernel(ActivationBackwardArgs a, int64_t row_capacity,
                                sfmoe_fault_report* word) {
@@ -264,32 +267,59 @@ __global__ void __launch_bounds__(kThreads)  // (at 64 registers, SwiGLU's would
   const int64_t end = rows_end(a.groups, row_capacity);
   const int64_t in_cols = gated ? 2 * a.cols : a.cols;
   const int64_t chunks = (a.cols + kVec - 1) / kVec;
+  const int lane = threadIdx.x % 32;
   WarpStep next = first_step(a.groups, offsets, end, word);
   StepInput<kVec> next_in = load_step<kVec, gated, true>(next, chunks, end, a.input, a.input_dtype,
                                                          a.d_output, a.d_output_dtype, a.cols);
+  float d_weight = 0.0f;  // this lane's part of the row's d weight
   while (next.row < end) {
     const WarpStep step = next;
     const StepInput<kVec> in = next_in;
     next = next_step(next, chunks, a.groups, offsets, end, word);
     next_in = load_step<kVec, gated, true>(next, chunks, end, a.input, a.input_dtype, a.d_output,
                                            a.d_output_dtype, a.cols);
-    const int64_t c = step.first + threadIdx.x % 32, j = c * kVec;
-    if (c >= chunks) continue;
-    float dg[kVec], du[kVec];
-    if (step.real) {
+    const int64_t c = step.first + lane, j = c * kVec;
+    const bool active = c < chunks;
+    if constexpr (!kWeighted) {
+      if (!active) continue;
+    }
+    float dg[kVec], du[kVec], weighted[kVec];
+    if (step.real && active) {
       float gate[kVec], up[kVec], d[kVec];
       decode_gate_up<kVec, gated>(in, a.input_dtype, gate, up);
       decode_raw_vector<kVec>(in.d, a.d_output_dtype, d);
+      if constexpr (kWeighted) {
+        const float w = a.row_weights[step.row];
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+          const float y = Rules::forward(a.config, gate[i], up[i]);
+          d_weight = numerics::add_rn(d_weight, numerics::mul_rn(d[i], y));
+          weighted[i] = numerics::mul_rn(w, y);
+          d[i] = numerics::mul_rn(w, d[i]);
+        }
+      }
 #pragma unroll
       for (int i = 0; i < kVec; ++i)
         Rules::backward(a.config, gate[i], up[i], d[i], &dg[i], &du[i]);
     } else {
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) dg[i] = du[i] = 0.0f;
+      for (int i = 0; i < kVec; ++i) dg[i] = du[i] = weighted[i] = 0.0f;
     }
-    store_vector<kVec>(a.d_input, a.d_input_dtype, step.row * in_cols + j, dg);
-    if constexpr (gated)
-      store_vector<kVec>(a.d_input, a.d_input_dtype, step.row * in_cols + a.cols + j, du);
+    if (active) {
+      store_vector<kVec>(a.d_input, a.d_input_dtype, step.row * in_cols + j, dg);
+      if constexpr (gated)
+        store_vector<kVec>(a.d_input, a.d_input_dtype, step.row * in_cols + a.cols + j, du);
+      if constexpr (kWeighted)
+        store_vector<kVec>(a.weighted_output, a.d_output_dtype, step.row * a.cols + j, weighted);
+    }
+    if constexpr (kWeighted) {
+      if (step.first + 32 < chunks) continue;
+      // The row's last step: its d weight (0 for a padding row).
+      for (int width = 16; width >= 1; width /= 2)
+        d_weight += __shfl_xor_sync(0xFFFFFFFFu, d_weight, width);
+      if (lane == 0) a.d_row_weights[step.row] = d_weight;
+      d_weight = 0.0f;
+    }
   }
 }
 
@@ -379,7 +409,8 @@ template <int kVec, ActivationKind kKind>
 struct LaunchBackward {
   static sfmoe_status run(const ActivationBackwardArgs& a, int64_t row_capacity,
                           sfmoe_fault_report* word, cudaStream_t stream) {
-    const auto kernel = activation_backward_kernel<kVec, kKind>;
+    const auto kernel = a.row_weights != nullptr ? activation_backward_kernel<kVec, kKind, true>
+                                                 : activation_backward_kernel<kVec, kKind, false>;
     kernel<<<activation_grid(reinterpret_cast<const void*>(kernel), row_capacity), kThreads, 0,
              stream>>>(a, row_capacity, word);
     return check_launch("activation_backward_kernel");

@@ -660,25 +660,42 @@ __global__ void __launch_bounds__(kCopyThreads) unpermute_backward_kernel(Unperm
     float dot = 0.0f;
     if (row >= 0) {
       for (int64_t first = threadIdx.x * kVec; first < a.hidden; first += kCopyThreads * kVec) {
-        float d[kVec], v[kVec], g[kVec];
+        float d[kVec], g[kVec];
         load_vector<kVec>(a.d_out, a.d_out_dtype, t * a.hidden + first, d);
-        load_vector<kVec>(a.rows, a.rows_dtype, row * a.hidden + first, v);
+        if (a.rows != nullptr) {
+          float v[kVec];
+          load_vector<kVec>(a.rows, a.rows_dtype, row * a.hidden + first, v);
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) {
-          dot += d[j] * v[j];
-          g[j] = numerics::mul_rn(slots.weight[i], d[j]);
+          for (int j = 0; j < kVec; ++j) dot += d[j] * v[j];
         }
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) g[j] = numerics::mul_rn(slots.weight[i], d[j]);
         store_vector<kVec>(a.d_rows, a.d_rows_dtype, row * a.hidden + first, g);
       }
     }
+    if (a.d_probs == nullptr) continue;
     for (int width = 16; width >= 1; width /= 2) dot += __shfl_xor_sync(0xFFFFFFFFu, dot, width);
     if (lane == 0) partial[i][warp] = dot;
   }
+  if (a.d_probs == nullptr) return;
   __syncthreads();
   if (threadIdx.x < a.top_k) {
     float total = 0.0f;
     for (int w = 0; w < kCopyThreads / 32; ++w) total += partial[threadIdx.x][w];
     a.d_probs[t * a.top_k + threadIdx.x] = slots.row[threadIdx.x] >= 0 ? total : 0.0f;
+  }
+}
+
+__global__ void slot_values_kernel(SlotValuesArgs a) {
+  const int64_t s = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (s >= a.slots) return;
+  const int64_t row = a.row_map[s];
+  const bool kept = row >= 0 && row < a.row_capacity;
+  if (!kept && row != -1 && a.word != nullptr) raise_fault(a.word, SFMOE_FAULT_BAD_INDEX, s, row);
+  if (a.to_rows) {
+    if (kept) a.out[row] = a.in[s];
+  } else {
+    a.out[s] = kept ? a.in[row] : 0.0f;
   }
 }
 
@@ -786,6 +803,15 @@ sfmoe_status unpermute_backward(const UnpermuteBackwardArgs& a, void* stream_poi
     unpermute_backward_kernel<1><<<static_cast<unsigned>(blocks), kCopyThreads, 0, stream>>>(a);
   }
   return check_launch("unpermute_backward_kernel");
+}
+
+sfmoe_status slot_values(const SlotValuesArgs& a, void* stream_pointer) {
+  if (a.slots == 0) return SFMOE_SUCCESS;
+  constexpr int kThreads = 256;
+  const int64_t blocks = (a.slots + kThreads - 1) / kThreads;
+  slot_values_kernel<<<static_cast<unsigned>(blocks), kThreads, 0,
+                       static_cast<cudaStream_t>(stream_pointer)>>>(a);
+  return check_launch("slot_values_kernel");
 }
 
 }  // namespace cuda
