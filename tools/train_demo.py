@@ -120,7 +120,7 @@ def train(recipe, args, device):
     return dict(
         recipe=recipe,
         device=str(device),
-        final_loss=held_out_loss(model, device),
+        final_loss=held_out_loss(model, device, length),
         last_train_loss=losses[-1][1],
         tokens_per_s=args.steps * size * (length - 1) / seconds,
         peak_memory_mib=torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None,
@@ -131,9 +131,10 @@ def train(recipe, args, device):
     )
 
 
-def held_out_loss(model, device, sequences=256, length=64):
-    """The trained model's loss on one fixed held-out set (the same for every recipe, drawn apart
-    from the training batches), in batches of 32: the figure the recipes are compared by."""
+def held_out_loss(model, device, length, sequences=256):
+    """The trained model's loss on one fixed held-out set of sequences as long as the training
+    ones (the same for every recipe, drawn apart from the training batches), in batches of 32: the
+    figure the recipes are compared by."""
     generator = torch.Generator().manual_seed(12345)
     total, count = 0.0, 0
     with torch.no_grad():

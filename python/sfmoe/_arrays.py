@@ -226,8 +226,9 @@ class _Torch:
             # Reading it through detach() would cut the autograd graph without a word.
             raise TypeError(
                 "a tensor that requires grad reached a functional sfmoe op, which records no autograd: "
-                "use the sfmoe.torch modules (MoE, GroupedLinear), or pass x.detach() or call it under "
-                "torch.no_grad() to compute without gradients"
+                "use sfmoe.torch (the MoE and GroupedLinear modules, or its router, permute, unpermute, "
+                "grouped_activation and grouped_linear ops, which carry autograd), or pass x.detach() or "
+                "call it under torch.no_grad() to compute without gradients"
             )
         x = x.detach()
         if not x.is_contiguous():
