@@ -6,6 +6,7 @@
 
 #include "sfmoe/sfmoe.h"
 #include "src/common/activation_args.h"
+#include "src/common/ep_args.h"
 #include "src/common/grouped_gemm_args.h"
 #include "src/common/permute_args.h"
 #include "src/common/quantize_args.h"
@@ -38,6 +39,11 @@ void permute(const PermuteArgs& args);
 void unpermute(const UnpermuteArgs& args);
 void unpermute_backward(const UnpermuteBackwardArgs& args);
 void slot_values(const SlotValuesArgs& args);
+
+// Expert parallelism over the ranks this process holds (docs/ep.md).
+void ep_route(const EpRouteArgs& args);
+void ep_scatter(const EpScatterArgs& args);
+void ep_gather(const EpGatherArgs& args);
 
 // Grouped GEMM (docs/grouped_gemm.md): the reference the device GEMMs are checked against, over
 // FP32 operands; grouped_gemm decodes quantized operands from the copy each form reads first.

@@ -7,6 +7,7 @@
 #include "sfmoe/cast.h"
 #include "sfmoe/sfmoe.h"
 #include "src/common/activation_args.h"
+#include "src/common/ep_args.h"
 #include "src/common/grouped_gemm_args.h"
 #include "src/common/permute_args.h"
 #include "src/common/quantize_args.h"
@@ -56,6 +57,11 @@ sfmoe_status permute(const PermuteArgs& args, void* stream);
 sfmoe_status unpermute(const UnpermuteArgs& args, void* stream);
 sfmoe_status unpermute_backward(const UnpermuteBackwardArgs& args, void* stream);
 sfmoe_status slot_values(const SlotValuesArgs& args, void* stream);
+
+// Expert parallelism's loopback transport (docs/ep.md).
+sfmoe_status ep_route(const EpRouteArgs& args, void* stream);
+sfmoe_status ep_scatter(const EpScatterArgs& args, void* stream);
+sfmoe_status ep_gather(const EpGatherArgs& args, void* stream);
 
 // Grouped activations (docs/activations.md).
 sfmoe_status activation_forward(const ActivationArgs& args, void* stream);

@@ -61,6 +61,9 @@ const Backend kCpu = {
     on_host<ActivationArgs, cpu::activation_forward>,
     on_host<ActivationBackwardArgs, cpu::activation_backward>,
     on_host<GroupedGemmArgs, cpu::grouped_gemm>,
+    on_host<EpRouteArgs, cpu::ep_route>,
+    on_host<EpScatterArgs, cpu::ep_scatter>,
+    on_host<EpGatherArgs, cpu::ep_gather>,
 };
 
 #if defined(SFMOE_WITH_CUDA)
@@ -97,6 +100,9 @@ const Backend kCuda = {
     cuda::activation_forward,
     cuda::activation_backward,
     cuda::grouped_gemm,
+    cuda::ep_route,
+    cuda::ep_scatter,
+    cuda::ep_gather,
 };
 #else
 // Validation refuses CUDA memory in a build without the CUDA backend; a caller that reaches this
@@ -128,6 +134,9 @@ const Backend kNotBuilt = {
     not_built<ActivationArgs>,
     not_built<ActivationBackwardArgs>,
     not_built<GroupedGemmArgs>,
+    not_built<EpRouteArgs>,
+    not_built<EpScatterArgs>,
+    not_built<EpGatherArgs>,
 };
 #endif
 

@@ -10,6 +10,7 @@
 #include "sfmoe/sfmoe.h"
 #include "src/common/activation_args.h"
 #include "src/common/cast_args.h"
+#include "src/common/ep_args.h"
 #include "src/common/group_offsets.h"
 #include "src/common/grouped_gemm_args.h"
 #include "src/common/permute_args.h"
@@ -38,6 +39,10 @@ struct Backend {
   sfmoe_status (*activation_forward)(const ActivationArgs&, void* stream);
   sfmoe_status (*activation_backward)(const ActivationBackwardArgs&, void* stream);
   sfmoe_status (*grouped_gemm)(const GroupedGemmArgs&, void* stream);
+  // Expert parallelism over the ranks this process holds (the loopback transport).
+  sfmoe_status (*ep_route)(const EpRouteArgs&, void* stream);
+  sfmoe_status (*ep_scatter)(const EpScatterArgs&, void* stream);
+  sfmoe_status (*ep_gather)(const EpGatherArgs&, void* stream);
 };
 
 // The backend of tensors in `memory` (validated: HOST or CUDA).

@@ -16,14 +16,18 @@ def mismatch(want, got):
     return float(1 - 2 * (want * got).sum() / (want.square().sum() + got.square().sum()))
 
 
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("activation", ["swiglu", "squared_relu"])
 @pytest.mark.parametrize("capacity", [0, 5])
-def test_a_layer_composed_by_hand_matches_float64_autograd(activation, capacity):
-    T, H, E, k, coeff = 29, 12, 6, 2, 0.01
+def test_a_layer_composed_by_hand_matches_float64_autograd(activation, capacity, device):
+    T, H, E, k, coeff = 29, 16, 6, 2, 0.01
     cols = 2 * H if activation == "swiglu" else H
-    x = torch.randn(T, cols, requires_grad=True)
-    logits = torch.randn(T, E, requires_grad=True)
-    dy = torch.randn(T, H)
+    x = torch.randn(T, cols, device=device, requires_grad=True)
+    logits = torch.randn(T, E, device=device, requires_grad=True)
+    dy = torch.randn(T, H, device=device)
     probs, ids, counts, aux, _ = st.router(logits, k, aux_loss_coeff=coeff)
     rows, offsets, row_map, kept, dropped = st.permute(x, ids, E, alignment=8, expert_capacity=capacity)
     act = st.grouped_activation(rows, offsets, kept, activation)
@@ -44,6 +48,7 @@ def test_a_layer_composed_by_hand_matches_float64_autograd(activation, capacity)
         a = torch.relu(xr).square()
     yr = p.sum(1, keepdim=True) * a
     routed = torch.bincount(ids.long().flatten(), minlength=E).double()
+    # (sums in float64 on the device too; the tolerance covers FP32 rounding either way)
     aux_r = coeff * E / (k * T * T) * (routed * scores.sum(0)).sum()
     ((yr * dy.double()).sum() + aux_r).backward()
     assert mismatch(yr, y) < 1e-10

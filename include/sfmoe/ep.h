@@ -1,0 +1,149 @@
+/* Expert parallelism (docs/ep.md): R ranks own disjoint sets of experts (rank r owns the global
+ * experts [r E_l, (r + 1) E_l)); `dispatch` moves each token's row to the rank of each of its
+ * top-k experts, where the rows arrive grouped by local expert, padded, ready for FC1; `combine`
+ * brings the experts' outputs back and sums them per token, weighted by the routing
+ * probabilities. Each has its backward (dispatch's is a combine of the gradients with weight 1;
+ * combine's scatters the weighted gradient and gives d probs).
+ *
+ * Receive capacity: a rank keeps at most `receive_capacity` rows (token, expert pairs), so its
+ * buffers are bounded and sized on the host. The rows a rank is sent are ordered by source rank,
+ * then token index, then top-k slot; the first receive_capacity are kept, the rest dropped, and
+ * counted exactly (per source rank and global expert, and per destination rank and local expert
+ * before and after the capacity). A dropped row contributes zero in combine. Overflow policies:
+ * DROP carries on; TRAP also raises SFMOE_FAULT_EP_OVERFLOW in the status word. Within a local
+ * expert, rows are ordered by source rank, then token index: the layout, the combine's slot-order
+ * FP32 sums, and hence every output bit, do not depend on arrival order.
+ *
+ * Transports: LOOPBACK holds every rank in one process (each call takes an array of `world`
+ * descriptors, rank by rank): the test bed of the EP logic, on the CPU backend or on one GPU (up
+ * to 64 ranks there; the same bits). On the host the expert ids are checked before anything is
+ * written; on the device a bad id is skipped and reported (SFMOE_FAULT_BAD_INDEX). NCCL (one
+ * process per GPU) and the SPILL policy are refused with SFMOE_ERROR_UNSUPPORTED in this build.
+ */
+#ifndef SFMOE_EP_H_
+#define SFMOE_EP_H_
+
+#include "sfmoe/sfmoe.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum sfmoe_ep_transport {
+  SFMOE_EP_TRANSPORT_LOOPBACK = 0, /* every rank in this process */
+  SFMOE_EP_TRANSPORT_NCCL = 1      /* one rank per process (not built yet) */
+} sfmoe_ep_transport;
+
+typedef enum sfmoe_ep_overflow {
+  SFMOE_EP_OVERFLOW_DROP = 0, /* rows beyond the capacity dropped, counted */
+  SFMOE_EP_OVERFLOW_TRAP = 1, /* as DROP, and SFMOE_FAULT_EP_OVERFLOW raised in the word */
+  SFMOE_EP_OVERFLOW_SPILL = 2 /* a second round for the rows that did not fit (not built yet) */
+} sfmoe_ep_overflow;
+
+/* receive_capacity: every row any rank could be sent (world * max_tokens_per_rank * top_k). */
+#define SFMOE_EP_CAPACITY_WORST_CASE (-1)
+
+typedef struct sfmoe_ep_config {
+  size_t struct_size;
+  sfmoe_ep_transport transport;
+  int32_t world_size;          /* R >= 1 */
+  int32_t rank;                /* this process's rank (NCCL); 0 with LOOPBACK */
+  int64_t experts_per_rank;    /* E_l >= 1; global experts E = R E_l */
+  int64_t max_tokens_per_rank; /* every rank's T is at most this */
+  int64_t top_k;               /* 1 <= k <= E; a token names an expert at most once */
+  int64_t hidden;              /* H: the dispatched rows' width */
+  sfmoe_dtype payload;         /* the dispatched rows: BF16, FP16 or FP32 */
+  int64_t row_alignment;       /* each local expert's rows padded to a multiple of this: 1, 8, 16,
+                                  32, 64 or 128 (1) */
+  int64_t receive_capacity;    /* rows a rank keeps at most, >= 1 (typically capacity_factor T k
+                                  / R), or SFMOE_EP_CAPACITY_WORST_CASE (the default) */
+  sfmoe_ep_overflow overflow;
+} sfmoe_ep_config;
+
+/* struct_size set, LOOPBACK, world 1, row_alignment 1, BF16, DROP, the worst-case capacity,
+ * everything else 0. */
+SFMOE_API sfmoe_ep_config sfmoe_ep_config_init(void);
+
+typedef struct sfmoe_ep_group sfmoe_ep_group;
+
+SFMOE_API sfmoe_status sfmoe_ep_group_create(const sfmoe_ep_config* config, sfmoe_memory memory,
+                                             int32_t device, sfmoe_ep_group** out);
+SFMOE_API sfmoe_status sfmoe_ep_group_destroy(sfmoe_ep_group* group);
+
+typedef struct sfmoe_ep_plan {
+  size_t struct_size;
+  int32_t local_ranks;      /* descriptors each call takes: world_size (LOOPBACK) or 1 */
+  int64_t receive_capacity; /* the rows a rank keeps at most (the worst case resolved) */
+  int64_t receive_rows;     /* rows of a rank's received buffer: capacity + E_l (a - 1) */
+  int64_t handle_bytes;     /* a rank's routing, written by dispatch, read by the other calls */
+} sfmoe_ep_plan;
+
+SFMOE_API sfmoe_ep_plan sfmoe_ep_plan_init(void);
+SFMOE_API sfmoe_status sfmoe_ep_group_get_plan(const sfmoe_ep_group* group, sfmoe_ep_plan* plan);
+
+/* Every array below has local_ranks entries, rank by rank; an optional output is NULL as a whole
+ * or present for every rank. T_r is rank r's token count (tokens[r]'s rows). */
+typedef struct sfmoe_ep_dispatch_args {
+  size_t struct_size;
+  const sfmoe_tensor* const* tokens;        /* [T_r, H] payload dtype */
+  const sfmoe_tensor* const* topk_ids;      /* [T_r, k] INT32 global expert ids */
+  const sfmoe_tensor* const* received;      /* [receive_rows, H] payload dtype, written: each local
+                                               expert's rows at group_offsets[e], its padding rows
+                                               zero, rows past the last expert untouched */
+  const sfmoe_tensor* const* group_offsets; /* [E_l + 1] INT64, written */
+  const sfmoe_tensor* const* handle;        /* 1-D, handle_bytes, written */
+  const sfmoe_tensor* const* tokens_per_expert;  /* [E_l] INT64: rows kept per local expert, or
+                                                    NULL */
+  const sfmoe_tensor* const* routed_per_expert;  /* [E_l] INT64: rows sent to each local expert
+                                                    before the capacity (size it from these), or
+                                                    NULL */
+  const sfmoe_tensor* const* dropped_per_expert; /* [E] INT64: the source rank's rows dropped, by
+                                                    global expert, or NULL */
+  sfmoe_status_word* word;                       /* TRAP's overflow; or NULL */
+  void* stream;
+} sfmoe_ep_dispatch_args;
+
+/* Combine: out_r[t] = sum_i probs_r[t, i] rows_d[row of (r, t, i)] over the kept slots (FP32 sums
+ * in slot order), d the rank of expert topk_ids_r[t, i]. With probs NULL the weight is 1: that is
+ * dispatch's backward (d tokens from d received rows). */
+typedef struct sfmoe_ep_combine_args {
+  size_t struct_size;
+  const sfmoe_tensor* const* rows;   /* [receive_rows, H'] laid out as dispatch received them */
+  const sfmoe_tensor* const* probs;  /* [T_r, k] FP32, or NULL */
+  const sfmoe_tensor* const* handle; /* the dispatch's */
+  const sfmoe_tensor* const* out;    /* [T_r, H'], written */
+  sfmoe_status_word* word;
+  void* stream;
+} sfmoe_ep_combine_args;
+
+/* Combine's backward: d_rows_d[row of (r, t, i)] = probs_r[t, i] d_out_r[t] (each local expert's
+ * padding rows zero, rows past the last expert untouched); d_probs_r[t, i] = <d_out_r[t], the
+ * forward's rows_d[row]> (0 for a dropped slot). */
+typedef struct sfmoe_ep_combine_backward_args {
+  size_t struct_size;
+  const sfmoe_tensor* const* d_out; /* [T_r, H'] */
+  const sfmoe_tensor* const* rows;  /* the forward's [receive_rows, H'] */
+  const sfmoe_tensor* const* probs; /* [T_r, k] FP32 */
+  const sfmoe_tensor* const* handle;
+  const sfmoe_tensor* const* d_rows;  /* [receive_rows, H'], written */
+  const sfmoe_tensor* const* d_probs; /* [T_r, k] FP32, written */
+  sfmoe_status_word* word;
+  void* stream;
+} sfmoe_ep_combine_backward_args;
+
+SFMOE_API sfmoe_ep_dispatch_args sfmoe_ep_dispatch_args_init(void);
+SFMOE_API sfmoe_ep_combine_args sfmoe_ep_combine_args_init(void);
+SFMOE_API sfmoe_ep_combine_backward_args sfmoe_ep_combine_backward_args_init(void);
+
+SFMOE_API sfmoe_status sfmoe_ep_dispatch(const sfmoe_ep_group* group,
+                                         const sfmoe_ep_dispatch_args* args);
+SFMOE_API sfmoe_status sfmoe_ep_combine(const sfmoe_ep_group* group,
+                                        const sfmoe_ep_combine_args* args);
+SFMOE_API sfmoe_status sfmoe_ep_combine_backward(const sfmoe_ep_group* group,
+                                                 const sfmoe_ep_combine_backward_args* args);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SFMOE_EP_H_ */

@@ -1,0 +1,78 @@
+// Expert parallelism as the backends see it (docs/ep.md): the routing of every source rank's
+// slots to destination ranks and rows, and the two row movements over it, for `ranks` ranks
+// held by one process (the loopback transport: every rank; a multi-process transport: one).
+#pragma once
+
+#include <stdint.h>
+
+#include "sfmoe/sfmoe.h"
+
+namespace sfmoe {
+
+// The device loopback passes every rank's pointers by value: up to this many ranks.
+constexpr int64_t kMaxDeviceEpRanks = 64;
+
+// One rank's routing: what dispatch writes and the other calls read (the handle).
+struct EpRankRouting {
+  int32_t* send_rank;  // [T, k]: the destination rank of each slot, -1 dropped or invalid
+  int64_t* send_row;   // [T, k]: its row there, -1 likewise
+  int64_t* offsets;    // [E_l + 1]: this rank's received local-expert blocks (padded)
+  int64_t* kept;       // [E_l]: rows kept per local expert
+  int64_t* routed;     // [E_l]: rows sent to each local expert before the capacity
+  int64_t* dropped;    // [E]: this rank's rows dropped, by global expert
+};
+
+struct EpShape {
+  int64_t world;             // R
+  int64_t experts_per_rank;  // E_l
+  int64_t top_k;
+  int64_t row_alignment;
+  int64_t receive_capacity;  // rows a rank keeps at most
+  int64_t receive_rows;      // rows of a rank's received buffer
+};
+
+// The routing of all R ranks (the loopback holds them all): each source rank's slots in order
+// (source rank, token, slot); a destination keeps its first receive_capacity rows; within a
+// local expert, rows by (source rank, token).
+struct EpRouteArgs {
+  EpShape shape;
+  const int64_t* tokens;           // [R]: T of each source rank
+  const int32_t* const* topk_ids;  // [R] -> [T_r, k]
+  const EpRankRouting* routing;    // [R], written
+  bool trap;                       // raise SFMOE_FAULT_EP_OVERFLOW on a drop
+  sfmoe_fault_report* word;        // or NULL: bad ids and overflow
+};
+
+// Rows from the sources' token rows to the destinations' received rows (dispatch: weights NULL,
+// rows NULL, d_probs NULL), or the weighted gradient to them with d probs (combine's backward).
+struct EpScatterArgs {
+  EpShape shape;
+  int64_t hidden;
+  const int64_t* tokens;          // [R]
+  const void* const* token_rows;  // [R] -> [T_r, hidden]
+  sfmoe_dtype token_dtype;
+  const float* const* probs;  // [R] -> [T_r, k], or NULL: weight 1
+  const void* const* rows;    // [R] -> [receive_rows, hidden] (combine's forward rows), or
+                              // NULL: no d probs
+  sfmoe_dtype rows_dtype;
+  float* const* d_probs;         // [R] -> [T_r, k], or NULL
+  const EpRankRouting* routing;  // [R]
+  void* const* out_rows;         // [R] -> [receive_rows, hidden]
+  sfmoe_dtype out_dtype;
+};
+
+// Rows from the destinations back to the sources' tokens: out[t] = sum_i w[t, i] rows[slot],
+// FP32 in slot order (combine; dispatch's backward with weights NULL).
+struct EpGatherArgs {
+  EpShape shape;
+  int64_t hidden;
+  const int64_t* tokens;    // [R]
+  const void* const* rows;  // [R] -> [receive_rows, hidden]
+  sfmoe_dtype rows_dtype;
+  const float* const* probs;     // [R] -> [T_r, k], or NULL
+  const EpRankRouting* routing;  // [R]
+  void* const* out;              // [R] -> [T_r, hidden]
+  sfmoe_dtype out_dtype;
+};
+
+}  // namespace sfmoe

@@ -1,0 +1,127 @@
+// Expert parallelism, CPU reference (docs/ep.md): the routing and the two row movements of every
+// rank held by this process, with the rules of src/common/ep_args.h. It is the definition the
+// device transports are checked against, bit for bit.
+#include <vector>
+
+#include "sfmoe/numerics/bits.h"
+#include "src/common/fault.h"
+#include "src/cpu/backend.h"
+#include "src/cpu/element_access.h"
+
+namespace sfmoe {
+namespace cpu {
+
+void ep_route(const EpRouteArgs& a) {
+  const EpShape& s = a.shape;
+  const int64_t R = s.world, El = s.experts_per_rank, E = R * El, k = s.top_k;
+  for (int64_t r = 0; r < R; ++r) {
+    const EpRankRouting& q = a.routing[r];
+    for (int64_t e = 0; e < El; ++e) q.kept[e] = q.routed[e] = 0;
+    for (int64_t e = 0; e < E; ++e) q.dropped[e] = 0;
+  }
+  // Keep or drop, in (source rank, token, slot) order: each destination keeps its first
+  // receive_capacity rows. send_row holds the local expert for now.
+  std::vector<int64_t> received(static_cast<size_t>(R), 0);
+  for (int64_t r = 0; r < R; ++r) {
+    const EpRankRouting& q = a.routing[r];
+    for (int64_t slot = 0; slot < a.tokens[r] * k; ++slot) {
+      const int32_t e = a.topk_ids[r][slot];
+      q.send_rank[slot] = -1;
+      q.send_row[slot] = -1;
+      if (e < 0 || e >= E) {
+        if (a.word != nullptr) raise_fault(a.word, SFMOE_FAULT_BAD_INDEX, r, e);
+        continue;
+      }
+      const int64_t d = e / El, local = e % El;
+      ++a.routing[d].routed[local];
+      if (received[d] >= s.receive_capacity) {
+        ++q.dropped[e];
+        if (a.trap && a.word != nullptr) raise_fault(a.word, SFMOE_FAULT_EP_OVERFLOW, d, e);
+        continue;
+      }
+      ++received[d];
+      ++a.routing[d].kept[local];
+      q.send_rank[slot] = static_cast<int32_t>(d);
+      q.send_row[slot] = local;
+    }
+  }
+  // Each destination's padded blocks, then the rows in the same order (so, within a local
+  // expert, by source rank and token).
+  std::vector<std::vector<int64_t>> cursor(static_cast<size_t>(R));
+  for (int64_t d = 0; d < R; ++d) {
+    const EpRankRouting& q = a.routing[d];
+    q.offsets[0] = 0;
+    for (int64_t e = 0; e < El; ++e) {
+      const int64_t block = (q.kept[e] + s.row_alignment - 1) / s.row_alignment * s.row_alignment;
+      q.offsets[e + 1] = q.offsets[e] + block;
+    }
+    cursor[d].assign(q.offsets, q.offsets + El);
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    const EpRankRouting& q = a.routing[r];
+    for (int64_t slot = 0; slot < a.tokens[r] * k; ++slot) {
+      if (q.send_rank[slot] < 0) continue;
+      q.send_row[slot] = cursor[q.send_rank[slot]][q.send_row[slot]]++;
+    }
+  }
+}
+
+void ep_scatter(const EpScatterArgs& a) {
+  const EpShape& s = a.shape;
+  const int64_t R = s.world, El = s.experts_per_rank, k = s.top_k, H = a.hidden;
+  // Each destination's padding rows (after each local expert's kept rows) are zeros.
+  for (int64_t d = 0; d < R; ++d) {
+    const EpRankRouting& q = a.routing[d];
+    for (int64_t e = 0; e < El; ++e) {
+      for (int64_t row = q.offsets[e] + q.kept[e]; row < q.offsets[e + 1]; ++row) {
+        for (int64_t h = 0; h < H; ++h) store_value(a.out_rows[d], a.out_dtype, row * H + h, 0.0f);
+      }
+    }
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    const EpRankRouting& q = a.routing[r];
+    for (int64_t slot = 0; slot < a.tokens[r] * k; ++slot) {
+      const int64_t t = slot / k, d = q.send_rank[slot], row = q.send_row[slot];
+      if (d < 0) {
+        if (a.d_probs != nullptr) a.d_probs[r][slot] = 0.0f;
+        continue;
+      }
+      const float weight = a.probs != nullptr ? a.probs[r][slot] : 1.0f;
+      float dot = 0.0f;
+      for (int64_t h = 0; h < H; ++h) {
+        const float v = load_value(a.token_rows[r], a.token_dtype, t * H + h);
+        if (a.rows != nullptr) {
+          dot = numerics::add_rn(
+              dot, numerics::mul_rn(v, load_value(a.rows[d], a.rows_dtype, row * H + h)));
+        }
+        store_value(a.out_rows[d], a.out_dtype, row * H + h,
+                    a.probs != nullptr ? numerics::mul_rn(weight, v) : v);
+      }
+      if (a.d_probs != nullptr) a.d_probs[r][slot] = dot;
+    }
+  }
+}
+
+void ep_gather(const EpGatherArgs& a) {
+  const int64_t R = a.shape.world, k = a.shape.top_k, H = a.hidden;
+  std::vector<float> sum(static_cast<size_t>(H));
+  for (int64_t r = 0; r < R; ++r) {
+    const EpRankRouting& q = a.routing[r];
+    for (int64_t t = 0; t < a.tokens[r]; ++t) {
+      for (float& v : sum) v = 0.0f;
+      for (int64_t i = 0; i < k; ++i) {
+        const int64_t slot = t * k + i, d = q.send_rank[slot], row = q.send_row[slot];
+        if (d < 0) continue;
+        for (int64_t h = 0; h < H; ++h) {
+          const float v = load_value(a.rows[d], a.rows_dtype, row * H + h);
+          sum[h] = numerics::add_rn(sum[h],
+                                    a.probs != nullptr ? numerics::mul_rn(a.probs[r][slot], v) : v);
+        }
+      }
+      for (int64_t h = 0; h < H; ++h) store_value(a.out[r], a.out_dtype, t * H + h, sum[h]);
+    }
+  }
+}
+
+}  // namespace cpu
+}  // namespace sfmoe

@@ -1,0 +1,525 @@
+// Expert parallelism on the CPU backend through the C API (include/sfmoe/ep.h), loopback with
+// R = 1, 2, 4, 8 ranks: dispatch, combine and their backward passes against an independent
+// all-to-all written from the documented rules (each destination's candidate rows listed in
+// (source rank, token, slot) order, the first receive_capacity kept, each local expert's rows
+// by source rank and token), bit for bit; the counts exactly; R = 1 against permute; TRAP's
+// fault; the refusals. Random inputs each run (seed printed), special values in the payload.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "sfmoe/ep.h"
+#include "sfmoe/numerics.h"
+#include "sfmoe/permute.h"
+#include "src/common/permute_args.h"
+#include "src/cpu/backend.h"
+#include "tests/cpp/host_descriptors.h"
+#include "tests/cpp/numerics_cases.h"
+
+namespace sfmoe {
+namespace testing {
+namespace {
+
+constexpr sfmoe_dtype kBytes = SFMOE_DTYPE_FP8_E4M3;
+
+struct EpCase {
+  std::string name;
+  int32_t world;
+  int64_t experts_per_rank, max_tokens, top_k, hidden, alignment;
+  int64_t capacity;  // SFMOE_EP_CAPACITY_WORST_CASE or rows
+  enum Routing { kRandom, kAllToOneExpert, kSkewed } routing = kRandom;
+  bool empty_ranks = false;  // some ranks have no tokens
+  sfmoe_ep_overflow overflow = SFMOE_EP_OVERFLOW_DROP;
+};
+
+// One rank's inputs and outputs, in host memory.
+struct Rank {
+  int64_t tokens = 0;
+  std::vector<float> x;  // [T, H] FP32 payload (exact moves)
+  std::vector<int32_t> ids;
+  std::vector<float> probs;
+  std::vector<float> received;
+  std::vector<int64_t> offsets, kept, routed, dropped;
+  std::vector<uint8_t> handle;
+  std::vector<float> out, d_out, d_rows, d_probs, back;
+};
+
+// The documented rules written out independently: per destination, the candidate list.
+struct Expected {
+  std::vector<std::vector<float>> received;
+  std::vector<std::vector<int64_t>> offsets, kept, routed, dropped;
+  // row of each (rank, slot) at its destination, or -1
+  std::vector<std::vector<int64_t>> row;
+  std::vector<std::vector<int64_t>> dest;
+};
+
+Expected expected_dispatch(const EpCase& c, const std::vector<Rank>& ranks, int64_t capacity,
+                           int64_t receive_rows) {
+  const int64_t R = c.world, El = c.experts_per_rank, E = R * El, k = c.top_k, H = c.hidden;
+  Expected x;
+  x.received.assign(R, std::vector<float>(receive_rows * H, NAN));
+  x.offsets.assign(R, std::vector<int64_t>(El + 1, 0));
+  x.kept.assign(R, std::vector<int64_t>(El, 0));
+  x.routed.assign(R, std::vector<int64_t>(El, 0));
+  x.dropped.assign(R, std::vector<int64_t>(E, 0));
+  x.row.assign(R, {});
+  x.dest.assign(R, {});
+  for (int64_t r = 0; r < R; ++r) {
+    x.row[r].assign(ranks[r].tokens * k, -1);
+    x.dest[r].assign(ranks[r].tokens * k, -1);
+  }
+  struct Candidate {
+    int64_t source, token, slot, local;
+  };
+  for (int64_t d = 0; d < R; ++d) {
+    std::vector<Candidate> list;
+    for (int64_t s = 0; s < R; ++s) {
+      for (int64_t t = 0; t < ranks[s].tokens; ++t) {
+        for (int64_t i = 0; i < k; ++i) {
+          const int32_t e = ranks[s].ids[t * k + i];
+          if (e / El == d) list.push_back({s, t, i, e % El});
+        }
+      }
+    }
+    // (already in (source, token, slot) order by construction; sorted again to say so)
+    std::stable_sort(list.begin(), list.end(), [](const Candidate& a, const Candidate& b) {
+      return std::tie(a.source, a.token, a.slot) < std::tie(b.source, b.token, b.slot);
+    });
+    std::vector<Candidate> kept;
+    for (size_t n = 0; n < list.size(); ++n) {
+      ++x.routed[d][list[n].local];
+      if (static_cast<int64_t>(n) < capacity) {
+        kept.push_back(list[n]);
+      } else {
+        ++x.dropped[list[n].source][d * El + list[n].local];
+      }
+    }
+    int64_t row = 0;
+    for (int64_t e = 0; e < El; ++e) {
+      x.offsets[d][e] = row;
+      for (const Candidate& q : kept) {
+        if (q.local != e) continue;
+        x.row[q.source][q.token * k + q.slot] = row;
+        x.dest[q.source][q.token * k + q.slot] = d;
+        std::memcpy(&x.received[d][row * H], &ranks[q.source].x[q.token * H], H * 4);
+        ++row;
+        ++x.kept[d][e];
+      }
+      while (row % c.alignment != 0) {
+        for (int64_t h = 0; h < H; ++h) x.received[d][row * H + h] = 0.0f;
+        ++row;
+      }
+    }
+    x.offsets[d][El] = row;
+  }
+  return x;
+}
+
+std::vector<int32_t> routing(const EpCase& c, int64_t tokens, int64_t rank, std::mt19937_64& rng) {
+  const int64_t E = c.world * c.experts_per_rank, k = c.top_k;
+  std::vector<int32_t> ids(tokens * k);
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<int32_t> experts(E);
+    for (int32_t e = 0; e < E; ++e) experts[e] = e;
+    if (c.routing == EpCase::kAllToOneExpert) {
+      std::swap(experts[0], experts[E - 1]);  // everyone's first choice: expert E - 1
+      std::shuffle(experts.begin() + 1, experts.end(), rng);
+    } else if (c.routing == EpCase::kSkewed) {
+      // Zipf-like: expert e drawn with weight 1 / (e + 1), k distinct ones.
+      std::vector<double> weight(E);
+      for (int32_t e = 0; e < E; ++e) weight[e] = 1.0 / (e + 1);
+      for (int64_t i = 0; i < k; ++i) {
+        std::discrete_distribution<int32_t> pick(weight.begin(), weight.end());
+        const int32_t e = pick(rng);
+        experts[i] = e;
+        weight[e] = 0.0;
+      }
+    } else {
+      std::shuffle(experts.begin(), experts.end(), rng);
+    }
+    (void)rank;
+    for (int64_t i = 0; i < k; ++i) ids[t * k + i] = experts[i];
+  }
+  return ids;
+}
+
+std::vector<const sfmoe_tensor*> pointers(std::vector<sfmoe_tensor>& list) {
+  std::vector<const sfmoe_tensor*> out;
+  for (sfmoe_tensor& t : list) out.push_back(&t);
+  return out;
+}
+
+std::vector<EpCase> cases() {
+  std::vector<EpCase> out;
+  out.push_back({"R 1, worst-case capacity", 1, 8, 37, 2, 24, 8, SFMOE_EP_CAPACITY_WORST_CASE});
+  out.push_back({"R 2, capacity below demand", 2, 3, 50, 2, 17, 1, 40});
+  EpCase all_one{"R 4, every token's first choice one expert, tight capacity",
+                 4,
+                 2,
+                 33,
+                 3,
+                 8,
+                 16,
+                 30,
+                 EpCase::kAllToOneExpert};
+  all_one.overflow = SFMOE_EP_OVERFLOW_TRAP;
+  out.push_back(all_one);
+  EpCase empty{"R 8, empty ranks, skewed", 8, 2, 21, 4, 5, 32, 25, EpCase::kSkewed, true};
+  out.push_back(empty);
+  out.push_back({"R 8, one expert per rank, k 8", 8, 1, 19, 8, 3, 1, SFMOE_EP_CAPACITY_WORST_CASE});
+  return out;
+}
+
+TEST(EpLoopbackCpu, DispatchCombineAndBackwardEqualTheAllToAllBitForBit) {
+  std::mt19937_64 rng(session_test_seed() + 501);
+  const std::vector<uint32_t> special = special_f32_bits();
+  int checked = 0;
+  for (const EpCase& c : cases()) {
+    SCOPED_TRACE(c.name);
+    sfmoe_ep_config config = sfmoe_ep_config_init();
+    config.world_size = c.world;
+    config.experts_per_rank = c.experts_per_rank;
+    config.max_tokens_per_rank = c.max_tokens;
+    config.top_k = c.top_k;
+    config.hidden = c.hidden;
+    config.payload = SFMOE_DTYPE_FP32;
+    config.row_alignment = c.alignment;
+    config.receive_capacity = c.capacity;
+    config.overflow = c.overflow;
+    sfmoe_ep_group* group = nullptr;
+    ASSERT_EQ(sfmoe_ep_group_create(&config, SFMOE_MEMORY_HOST, 0, &group), SFMOE_SUCCESS)
+        << sfmoe_last_error();
+    sfmoe_ep_plan plan = sfmoe_ep_plan_init();
+    ASSERT_EQ(sfmoe_ep_group_get_plan(group, &plan), SFMOE_SUCCESS);
+    ASSERT_EQ(plan.local_ranks, c.world);
+    const int64_t R = c.world, H = c.hidden, k = c.top_k, El = c.experts_per_rank, E = R * El;
+    if (c.capacity == SFMOE_EP_CAPACITY_WORST_CASE) {
+      EXPECT_EQ(plan.receive_capacity, R * c.max_tokens * k);
+    }
+    EXPECT_EQ(plan.receive_rows, plan.receive_capacity + El * (c.alignment - 1));
+
+    std::vector<Rank> ranks(R);
+    for (int64_t r = 0; r < R; ++r) {
+      Rank& q = ranks[r];
+      q.tokens = c.empty_ranks && r % 3 == 1 ? 0 : static_cast<int64_t>(rng() % (c.max_tokens + 1));
+      if (r == 0) q.tokens = c.max_tokens;
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      q.x.resize(q.tokens * H);
+      for (size_t i = 0; i < q.x.size(); ++i) {
+        q.x[i] =
+            i % 29 == 3 ? numerics::bits_to_f32(special[(i / 29) % special.size()]) : normal(rng);
+      }
+      q.ids = routing(c, q.tokens, r, rng);
+      q.probs.resize(q.tokens * k);
+      for (float& p : q.probs) p = static_cast<float>(rng() % 1000) / 999.0f;
+      q.received.assign(plan.receive_rows * H, -77.0f);
+      q.offsets.assign(El + 1, -1);
+      q.kept.assign(El, -1);
+      q.routed.assign(El, -1);
+      q.dropped.assign(E, -1);
+      q.handle.assign(plan.handle_bytes, 0xCD);
+    }
+    std::vector<sfmoe_tensor> t_x, t_ids, t_received, t_offsets, t_handle, t_kept, t_routed,
+        t_dropped;
+    for (Rank& q : ranks) {
+      t_x.push_back(host_tensor(q.x.data(), SFMOE_DTYPE_FP32, {q.tokens, H}));
+      t_ids.push_back(host_tensor(q.ids.data(), SFMOE_DTYPE_INT32, {q.tokens, k}));
+      t_received.push_back(
+          host_tensor(q.received.data(), SFMOE_DTYPE_FP32, {plan.receive_rows, H}));
+      t_offsets.push_back(host_tensor(q.offsets.data(), SFMOE_DTYPE_INT64, {El + 1}));
+      t_handle.push_back(host_tensor(q.handle.data(), kBytes, {plan.handle_bytes}));
+      t_kept.push_back(host_tensor(q.kept.data(), SFMOE_DTYPE_INT64, {El}));
+      t_routed.push_back(host_tensor(q.routed.data(), SFMOE_DTYPE_INT64, {El}));
+      t_dropped.push_back(host_tensor(q.dropped.data(), SFMOE_DTYPE_INT64, {E}));
+    }
+    const auto p_x = pointers(t_x), p_ids = pointers(t_ids), p_received = pointers(t_received),
+               p_offsets = pointers(t_offsets), p_handle = pointers(t_handle),
+               p_kept = pointers(t_kept), p_routed = pointers(t_routed),
+               p_dropped = pointers(t_dropped);
+    sfmoe_status_word* word = nullptr;
+    ASSERT_EQ(sfmoe_status_word_create(SFMOE_MEMORY_HOST, 0, &word), SFMOE_SUCCESS);
+    sfmoe_ep_dispatch_args d = sfmoe_ep_dispatch_args_init();
+    d.tokens = p_x.data();
+    d.topk_ids = p_ids.data();
+    d.received = p_received.data();
+    d.group_offsets = p_offsets.data();
+    d.handle = p_handle.data();
+    d.tokens_per_expert = p_kept.data();
+    d.routed_per_expert = p_routed.data();
+    d.dropped_per_expert = p_dropped.data();
+    d.word = word;
+    ASSERT_EQ(sfmoe_ep_dispatch(group, &d), SFMOE_SUCCESS) << sfmoe_last_error();
+
+    const Expected want = expected_dispatch(c, ranks, plan.receive_capacity, plan.receive_rows);
+    int64_t dropped_total = 0;
+    for (int64_t r = 0; r < R; ++r) {
+      EXPECT_EQ(ranks[r].offsets, want.offsets[r]) << "rank " << r;
+      EXPECT_EQ(ranks[r].kept, want.kept[r]) << "rank " << r;
+      EXPECT_EQ(ranks[r].routed, want.routed[r]) << "rank " << r;
+      EXPECT_EQ(ranks[r].dropped, want.dropped[r]) << "rank " << r;
+      for (int64_t e = 0; e < E; ++e) dropped_total += want.dropped[r][e];
+      // Rows past the last expert untouched; the others equal bit for bit (NaN payloads too).
+      const int64_t end = want.offsets[r][El];
+      for (int64_t i = end * H; i < plan.receive_rows * H; ++i) {
+        ASSERT_EQ(ranks[r].received[i], -77.0f) << "rank " << r << " beyond the experts";
+      }
+      ASSERT_EQ(0, std::memcmp(ranks[r].received.data(), want.received[r].data(), end * H * 4))
+          << "rank " << r;
+    }
+    sfmoe_fault_report report{};
+    ASSERT_EQ(sfmoe_status_word_snapshot(word, nullptr), SFMOE_SUCCESS);
+    ASSERT_EQ(sfmoe_status_word_read(word, &report), SFMOE_SUCCESS);
+    const bool trapped = (report.flags & SFMOE_FAULT_EP_OVERFLOW) != 0;
+    EXPECT_EQ(trapped, c.overflow == SFMOE_EP_OVERFLOW_TRAP && dropped_total > 0);
+    if (c.capacity != SFMOE_EP_CAPACITY_WORST_CASE) {
+      EXPECT_GT(dropped_total, 0) << "the capacity is meant to bind";
+    }
+
+    // Combine of expert outputs (here: the received rows scaled by their row index + 1, a
+    // function of the row alone) with the probabilities, and the backward passes.
+    std::vector<std::vector<float>> y(R);
+    for (int64_t r = 0; r < R; ++r) {
+      y[r] = ranks[r].received;
+      for (int64_t row = 0; row < plan.receive_rows; ++row) {
+        for (int64_t h = 0; h < H; ++h) y[r][row * H + h] *= static_cast<float>(row % 7 + 1);
+      }
+      ranks[r].out.assign(ranks[r].tokens * H, NAN);
+      ranks[r].back.assign(ranks[r].tokens * H, NAN);
+      ranks[r].d_out.resize(ranks[r].tokens * H);
+      for (float& v : ranks[r].d_out) v = static_cast<float>(rng() % 64) / 8.0f - 4.0f;
+      ranks[r].d_rows.assign(plan.receive_rows * H, -55.0f);
+      ranks[r].d_probs.assign(ranks[r].tokens * k, NAN);
+    }
+    std::vector<sfmoe_tensor> t_y, t_probs, t_out, t_back, t_dout, t_drows, t_dprobs;
+    for (int64_t r = 0; r < R; ++r) {
+      Rank& q = ranks[r];
+      t_y.push_back(host_tensor(y[r].data(), SFMOE_DTYPE_FP32, {plan.receive_rows, H}));
+      t_probs.push_back(host_tensor(q.probs.data(), SFMOE_DTYPE_FP32, {q.tokens, k}));
+      t_out.push_back(host_tensor(q.out.data(), SFMOE_DTYPE_FP32, {q.tokens, H}));
+      t_back.push_back(host_tensor(q.back.data(), SFMOE_DTYPE_FP32, {q.tokens, H}));
+      t_dout.push_back(host_tensor(q.d_out.data(), SFMOE_DTYPE_FP32, {q.tokens, H}));
+      t_drows.push_back(host_tensor(q.d_rows.data(), SFMOE_DTYPE_FP32, {plan.receive_rows, H}));
+      t_dprobs.push_back(host_tensor(q.d_probs.data(), SFMOE_DTYPE_FP32, {q.tokens, k}));
+    }
+    const auto p_y = pointers(t_y), p_probs = pointers(t_probs), p_out = pointers(t_out),
+               p_back = pointers(t_back), p_dout = pointers(t_dout), p_drows = pointers(t_drows),
+               p_dprobs = pointers(t_dprobs);
+    sfmoe_ep_combine_args cb = sfmoe_ep_combine_args_init();
+    cb.rows = p_y.data();
+    cb.probs = p_probs.data();
+    cb.handle = p_handle.data();
+    cb.out = p_out.data();
+    ASSERT_EQ(sfmoe_ep_combine(group, &cb), SFMOE_SUCCESS) << sfmoe_last_error();
+    // Dispatch's backward: the combine of the received rows' gradients with weight 1.
+    sfmoe_ep_combine_args db = cb;
+    db.rows = p_received.data();
+    db.probs = nullptr;
+    db.out = p_back.data();
+    ASSERT_EQ(sfmoe_ep_combine(group, &db), SFMOE_SUCCESS) << sfmoe_last_error();
+    sfmoe_ep_combine_backward_args bb = sfmoe_ep_combine_backward_args_init();
+    bb.d_out = p_dout.data();
+    bb.rows = p_y.data();
+    bb.probs = p_probs.data();
+    bb.handle = p_handle.data();
+    bb.d_rows = p_drows.data();
+    bb.d_probs = p_dprobs.data();
+    ASSERT_EQ(sfmoe_ep_combine_backward(group, &bb), SFMOE_SUCCESS) << sfmoe_last_error();
+
+    for (int64_t r = 0; r < R; ++r) {
+      const Rank& q = ranks[r];
+      for (int64_t t = 0; t < q.tokens; ++t) {
+        for (int64_t h = 0; h < H; ++h) {
+          float sum = 0.0f, plain = 0.0f;
+          for (int64_t i = 0; i < k; ++i) {
+            const int64_t slot = t * k + i, dest = want.dest[r][slot], row = want.row[r][slot];
+            if (dest < 0) continue;
+            sum = numerics::add_rn(sum, numerics::mul_rn(q.probs[slot], y[dest][row * H + h]));
+            plain = numerics::add_rn(plain, ranks[dest].received[row * H + h]);
+          }
+          ASSERT_EQ(numerics::f32_to_bits(q.out[t * H + h]), numerics::f32_to_bits(sum))
+              << "combine, rank " << r << " token " << t;
+          ASSERT_EQ(numerics::f32_to_bits(q.back[t * H + h]), numerics::f32_to_bits(plain))
+              << "dispatch backward, rank " << r << " token " << t;
+        }
+        for (int64_t i = 0; i < k; ++i) {
+          const int64_t slot = t * k + i, dest = want.dest[r][slot], row = want.row[r][slot];
+          float dot = 0.0f;
+          for (int64_t h = 0; dest >= 0 && h < H; ++h) {
+            dot = numerics::add_rn(dot, numerics::mul_rn(q.d_out[t * H + h], y[dest][row * H + h]));
+            ASSERT_EQ(numerics::f32_to_bits(ranks[dest].d_rows[row * H + h]),
+                      numerics::f32_to_bits(numerics::mul_rn(q.probs[slot], q.d_out[t * H + h])))
+                << "combine backward d rows";
+          }
+          ASSERT_EQ(numerics::f32_to_bits(q.d_probs[slot]), numerics::f32_to_bits(dot))
+              << "d probs, rank " << r << " slot " << slot;
+        }
+      }
+      // d rows: padding zero, past the experts untouched.
+      for (int64_t e = 0; e < El; ++e) {
+        for (int64_t row = want.offsets[r][e] + want.kept[r][e]; row < want.offsets[r][e + 1];
+             ++row) {
+          for (int64_t h = 0; h < H; ++h) ASSERT_EQ(q.d_rows[row * H + h], 0.0f);
+        }
+      }
+      for (int64_t i = want.offsets[r][El] * H; i < plan.receive_rows * H; ++i) {
+        ASSERT_EQ(q.d_rows[i], -55.0f);
+      }
+    }
+    sfmoe_status_word_destroy(word);
+    sfmoe_ep_group_destroy(group);
+    ++checked;
+  }
+  std::printf("[ ep ] %d loopback cases (R 1-8): dispatch, combine, backward bit-exact\n", checked);
+}
+
+// One rank with the worst-case capacity is permute: the same rows, offsets and row map.
+TEST(EpLoopbackCpu, OneRankIsPermute) {
+  std::mt19937_64 rng(session_test_seed() + 502);
+  const int64_t T = 45, H = 12, El = 7, k = 3, a = 16;
+  sfmoe_ep_config config = sfmoe_ep_config_init();
+  config.experts_per_rank = El;
+  config.max_tokens_per_rank = T;
+  config.top_k = k;
+  config.hidden = H;
+  config.payload = SFMOE_DTYPE_BF16;
+  config.row_alignment = a;
+  sfmoe_ep_group* group = nullptr;
+  ASSERT_EQ(sfmoe_ep_group_create(&config, SFMOE_MEMORY_HOST, 0, &group), SFMOE_SUCCESS);
+  sfmoe_ep_plan plan = sfmoe_ep_plan_init();
+  ASSERT_EQ(sfmoe_ep_group_get_plan(group, &plan), SFMOE_SUCCESS);
+  std::vector<uint16_t> x(T * H);
+  for (uint16_t& v : x) v = numerics::f32_to_bf16(static_cast<float>(rng() % 512) / 16.0f - 16.0f);
+  std::vector<int32_t> ids(T * k);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int32_t> e(El);
+    for (int32_t i = 0; i < El; ++i) e[i] = i;
+    std::shuffle(e.begin(), e.end(), rng);
+    for (int64_t i = 0; i < k; ++i) ids[t * k + i] = e[i];
+  }
+  std::vector<uint16_t> received(plan.receive_rows * H, 0xBEEF),
+      permuted(plan.receive_rows * H, 0xBEEF);
+  std::vector<int64_t> offsets(El + 1), p_offsets(El + 1), row_map(T * k), kept(El), dropped(El);
+  std::vector<uint8_t> handle(plan.handle_bytes);
+  sfmoe_tensor t_x = host_tensor(x.data(), SFMOE_DTYPE_BF16, {T, H});
+  sfmoe_tensor t_ids = host_tensor(ids.data(), SFMOE_DTYPE_INT32, {T, k});
+  sfmoe_tensor t_rec = host_tensor(received.data(), SFMOE_DTYPE_BF16, {plan.receive_rows, H});
+  sfmoe_tensor t_off = host_tensor(offsets.data(), SFMOE_DTYPE_INT64, {El + 1});
+  sfmoe_tensor t_handle = host_tensor(handle.data(), kBytes, {plan.handle_bytes});
+  const sfmoe_tensor *px = &t_x, *pids = &t_ids, *prec = &t_rec, *poff = &t_off,
+                     *phandle = &t_handle;
+  sfmoe_ep_dispatch_args d = sfmoe_ep_dispatch_args_init();
+  d.tokens = &px;
+  d.topk_ids = &pids;
+  d.received = &prec;
+  d.group_offsets = &poff;
+  d.handle = &phandle;
+  ASSERT_EQ(sfmoe_ep_dispatch(group, &d), SFMOE_SUCCESS) << sfmoe_last_error();
+  cpu::permute(PermuteArgs{x.data(), SFMOE_DTYPE_BF16, T, H, k, El, ids.data(), a, 0,
+                           plan.receive_rows, permuted.data(), p_offsets.data(), row_map.data(),
+                           kept.data(), dropped.data(), nullptr, nullptr, nullptr, nullptr});
+  EXPECT_EQ(offsets, p_offsets);
+  EXPECT_EQ(received, permuted);
+  sfmoe_ep_group_destroy(group);
+}
+
+TEST(EpLoopbackCpu, BadConfigurationsAndCallsAreRefusedWithoutWriting) {
+  sfmoe_ep_config c = sfmoe_ep_config_init();
+  c.world_size = 4;
+  c.experts_per_rank = 2;
+  c.max_tokens_per_rank = 16;
+  c.top_k = 2;
+  c.hidden = 8;
+  sfmoe_ep_group* group = nullptr;
+  auto refused = [&](sfmoe_ep_config bad, sfmoe_status status, const char* words) {
+    group = nullptr;
+    EXPECT_EQ(sfmoe_ep_group_create(&bad, SFMOE_MEMORY_HOST, 0, &group), status);
+    EXPECT_NE(std::string(sfmoe_last_error()).find(words), std::string::npos) << sfmoe_last_error();
+    EXPECT_EQ(group, nullptr);
+  };
+  sfmoe_ep_config bad = c;
+  bad.receive_capacity = 0;
+  refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "receive_capacity");
+  bad = c;
+  bad.rank = 4;
+  refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "outside the world");
+  bad = c;
+  bad.rank = 1;  // a loopback group is every rank
+  refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "loopback");
+  bad = c;
+  bad.top_k = 9;
+  refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "top_k");
+  bad = c;
+  bad.payload = SFMOE_DTYPE_FP8_E4M3;
+  refused(bad, SFMOE_ERROR_DTYPE_MISMATCH, "payload");
+  bad = c;
+  bad.overflow = SFMOE_EP_OVERFLOW_SPILL;
+  refused(bad, SFMOE_ERROR_UNSUPPORTED, "spill");
+  bad = c;
+  bad.transport = SFMOE_EP_TRANSPORT_NCCL;
+  refused(bad, SFMOE_ERROR_UNSUPPORTED, "NCCL");
+
+  ASSERT_EQ(sfmoe_ep_group_create(&c, SFMOE_MEMORY_HOST, 0, &group), SFMOE_SUCCESS);
+  sfmoe_ep_plan plan = sfmoe_ep_plan_init();
+  ASSERT_EQ(sfmoe_ep_group_get_plan(group, &plan), SFMOE_SUCCESS);
+  const int64_t T = 5, H = 8, k = 2;
+  std::vector<uint16_t> x(T * H, 0x3F80), wide(T * (H + 1), 0x3F80);
+  std::vector<int32_t> ids = {0, 1, 2, 3, 4, 5, 6, 7, 1, 1};  // the last token names 1 twice
+  std::vector<std::vector<uint16_t>> received(4,
+                                              std::vector<uint16_t>(plan.receive_rows * H, 0xBEEF));
+  std::vector<std::vector<int64_t>> offsets(4, std::vector<int64_t>(3, -1));
+  std::vector<std::vector<uint8_t>> handle(4, std::vector<uint8_t>(plan.handle_bytes, 0xCD));
+  std::vector<sfmoe_tensor> t_x(4), t_ids(4), t_rec(4), t_off(4), t_handle(4);
+  for (int r = 0; r < 4; ++r) {
+    t_x[r] = host_tensor(x.data(), SFMOE_DTYPE_BF16, {T, H});
+    t_ids[r] = host_tensor(ids.data(), SFMOE_DTYPE_INT32, {T, k});
+    t_rec[r] = host_tensor(received[r].data(), SFMOE_DTYPE_BF16, {plan.receive_rows, H});
+    t_off[r] = host_tensor(offsets[r].data(), SFMOE_DTYPE_INT64, {3});
+    t_handle[r] = host_tensor(handle[r].data(), kBytes, {plan.handle_bytes});
+  }
+  auto px = pointers(t_x), pids = pointers(t_ids), prec = pointers(t_rec), poff = pointers(t_off),
+       phandle = pointers(t_handle);
+  sfmoe_ep_dispatch_args d = sfmoe_ep_dispatch_args_init();
+  d.tokens = px.data();
+  d.topk_ids = pids.data();
+  d.received = prec.data();
+  d.group_offsets = poff.data();
+  d.handle = phandle.data();
+  EXPECT_EQ(sfmoe_ep_dispatch(group, &d), SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(sfmoe_last_error()).find("twice"), std::string::npos);
+  ids[9] = 8;  // outside the 8 experts
+  EXPECT_EQ(sfmoe_ep_dispatch(group, &d), SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(sfmoe_last_error()).find("experts are [0, 8)"), std::string::npos);
+  ids[9] = 0;
+  t_x[2] = host_tensor(wide.data(), SFMOE_DTYPE_BF16, {T, H + 1});  // a mismatched hidden size
+  EXPECT_EQ(sfmoe_ep_dispatch(group, &d), SFMOE_ERROR_SHAPE_MISMATCH);
+  EXPECT_NE(std::string(sfmoe_last_error()).find("tokens[2]"), std::string::npos);
+  t_x[2] = host_tensor(x.data(), SFMOE_DTYPE_FP16, {T, H});  // not the payload dtype
+  EXPECT_EQ(sfmoe_ep_dispatch(group, &d), SFMOE_ERROR_SHAPE_MISMATCH);
+  t_x[2] = host_tensor(x.data(), SFMOE_DTYPE_BF16, {T, H});
+  d.handle = nullptr;
+  EXPECT_EQ(sfmoe_ep_dispatch(group, &d), SFMOE_ERROR_NULL_POINTER);
+  t_handle[3] = t_handle[1];  // two ranks' routing in one buffer
+  EXPECT_EQ(sfmoe_ep_dispatch(group, &d), SFMOE_ERROR_NULL_POINTER);
+  d.handle = phandle.data();
+  EXPECT_EQ(sfmoe_ep_dispatch(group, &d), SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(sfmoe_last_error()).find("overlap"), std::string::npos);
+  t_handle[3] = host_tensor(handle[3].data(), kBytes, {plan.handle_bytes});
+  // Nothing was written by the refused calls.
+  for (int r = 0; r < 4; ++r) {
+    for (uint16_t v : received[r]) ASSERT_EQ(v, 0xBEEF);
+    for (int64_t v : offsets[r]) ASSERT_EQ(v, -1);
+    for (uint8_t v : handle[r]) ASSERT_EQ(v, 0xCD);
+  }
+  EXPECT_EQ(sfmoe_ep_dispatch(group, &d), SFMOE_SUCCESS) << sfmoe_last_error();
+  sfmoe_ep_group_destroy(group);
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace sfmoe
