@@ -26,7 +26,7 @@ BUILD=${SFMOE_BUILD:-build}
 # (The CPU suite is optional here: it runs on the CPU machines, and carrying it as well can exceed
 # what travels to this machine.)
 needed=("$BUILD/sfmoe" "$BUILD/tests/sfmoe_gpu_tests" "$BUILD/bench/sfmoe_bench_memory"
-        "$BUILD/bench/sfmoe_bench_quantize")
+        "$BUILD/bench/sfmoe_bench_quantize" "$BUILD/bench/sfmoe_bench_ep")
 prebuilt=1
 for b in "${needed[@]}"; do
   if [ ! -x "$b" ] || ldd "$b" 2>/dev/null | grep -q "not found"; then prebuilt=0; fi
@@ -80,6 +80,8 @@ SFMOE_BENCH_JSON="$OUT/bench_memory.json" "$BUILD/bench/sfmoe_bench_memory" > "$
 status_line bench_memory "rc $?"
 SFMOE_BENCH_JSON="$OUT/bench_quantize.json" "$BUILD/bench/sfmoe_bench_quantize" > "$OUT/bench_quantize.log" 2>&1
 status_line bench_quantize "rc $?"
+SFMOE_BENCH_JSON="$OUT/bench_ep.json" "$BUILD/bench/sfmoe_bench_ep" > "$OUT/bench_ep.log" 2>&1
+status_line bench_ep "rc $?"
 
 # ---- Python extension (built here: the GPU machine's Python differs from the CPU machines') ------
 if [ "${SFMOE_SKIP_PYTHON:-0}" != 1 ]; then

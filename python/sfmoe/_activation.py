@@ -18,10 +18,10 @@ def _input(x, what):
     return _arrays.checked_input(x, what, (DType.FP32, DType.BF16, DType.FP16), ndim=2)
 
 
-def _groups(group_offsets, group_rows):
+def _groups(group_offsets, group_rows, adapter, x):
     return (
-        _arrays.bound_input(group_offsets, "group_offsets", DType.INT64),
-        _arrays.bound_input(group_rows, "group_rows", DType.INT64),
+        _arrays.index_array(group_offsets, "group_offsets", adapter, x),
+        _arrays.index_array(group_rows, "group_rows", adapter, x),
     )
 
 
@@ -63,7 +63,7 @@ def grouped_activation(
     out_cols = cols // 2 if activation in GATED else cols
     if activation in GATED and cols % 2:
         raise ValueError(f"x: a gated activation needs an even number of columns, got {cols}")
-    offsets, counts = _groups(group_offsets, group_rows)
+    offsets, counts = _groups(group_offsets, group_rows, adapter, x)
     num_groups = int(len(group_rows))
     out_type = dtype if out_dtype is None else as_dtype(out_dtype, "out_dtype")
     rows_format = _quantize.fused_rows_format(quantize, fmt, scale_layout, out_cols, out_type)
@@ -109,7 +109,7 @@ def grouped_activation_backward(
     _, d, d_dtype = _input(d_out, "d_out")
     d_type = DType.FP32 if out_dtype is None else as_dtype(out_dtype, "out_dtype")
     d_x = adapter.empty(adapter.shape(x), d_type, x)
-    offsets, counts = _groups(group_offsets, group_rows)
+    offsets, counts = _groups(group_offsets, group_rows, adapter, x)
     _C.grouped_activation_backward(
         adapter.for_binding(x),
         int(dtype),

@@ -17,6 +17,8 @@ import numpy as np
 from . import _C
 from ._dtypes import _FRAMEWORK_NAMES, DType, as_dtype, numpy_container, torch_container
 
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
 ALIGNMENT = 16  # bytes: every sfmoe tensor's data must be aligned to this
 FLT_MAX = float(np.finfo(np.float32).max)
 
@@ -57,16 +59,19 @@ def _check_holds(dtype_name, itemsize, dtype, what):
     raise TypeError(f"{what}: a {dtype_name} array cannot hold {dtype.c_name}; expected {need}")
 
 
-def resolve_dtype(adapter, x, claimed, what):
-    """The sfmoe dtype of `x`: `claimed` if given (checked against the array), else its own."""
+def resolve_dtype(adapter, x, claimed, what, raw_codes_option=None, expected=None):
+    """The sfmoe dtype of `x`: `claimed` if given (checked against the array), else its own.
+    When the array's own dtype is not an sfmoe one, the message suggests raw_codes_option (the
+    caller's keyword for naming raw codes' dtype) if the caller has one, else what it expects."""
     name = adapter.dtype_name(x)
     if claimed is None:
         native = _FRAMEWORK_NAMES.get(name)
         if native is None:
-            raise TypeError(
-                f"{what}: {name} arrays are not an sfmoe dtype; for raw codes say which dtype they "
-                "hold (input_dtype=...)"
-            )
+            if raw_codes_option:
+                hint = f"; for raw codes say which dtype they hold ({raw_codes_option}=...)"
+            else:
+                hint = f"; expected {expected} values" if expected else ""
+            raise TypeError(f"{what}: {name} arrays are not an sfmoe dtype{hint}")
         return native
     dtype = as_dtype(claimed, what)
     _check_holds(name, adapter.itemsize(x), dtype, what)
@@ -138,6 +143,10 @@ class _NumPy(_NumPyLike):
         out = aligned_empty((len(values),), np.int64)
         out[...] = values
         return out
+
+    @staticmethod
+    def int64_to_int32_ids(x):
+        return np.where((x < _INT32_MIN) | (x > _INT32_MAX), -1, x).astype(np.int32)
 
     @staticmethod
     def one_group_offsets(rows, like):
@@ -266,6 +275,10 @@ class _Torch:
     def int64_from_values(self, values, like):  # host tensors only
         return self.torch.tensor(values, dtype=self.torch.int64, device=like.device)
 
+    def int64_to_int32_ids(self, x):
+        x = x.detach()
+        return self.torch.where((x < _INT32_MIN) | (x > _INT32_MAX), -1, x).to(self.torch.int32)
+
     def one_group_offsets(self, rows, like):
         # [0, rows] computed on the device (no host-to-device copy): capturable in a CUDA graph.
         return self.torch.arange(2, dtype=self.torch.int64, device=like.device) * rows
@@ -371,6 +384,10 @@ class _CuPy(_NumPyLike):
     def one_group_offsets(self, rows, like):
         with like.device:
             return self.cupy.arange(2, dtype=np.int64) * rows
+
+    def int64_to_int32_ids(self, x):
+        with x.device:
+            return self.cupy.where((x < _INT32_MIN) | (x > _INT32_MAX), -1, x).astype(np.int32)
 
     @staticmethod
     def for_binding(x):
@@ -502,9 +519,9 @@ def checked_input(x, what, dtypes, ndim=None):
     """(adapter, x ready for the library, sfmoe dtype) of an input array whose dtype is one of
     `dtypes` and, when given, with `ndim` dimensions; TypeError / ValueError otherwise."""
     adapter, x = adapt(x, what)
-    dtype = resolve_dtype(adapter, x, None, what)
+    names = " or ".join(d.c_name for d in dtypes)
+    dtype = resolve_dtype(adapter, x, None, what, expected=names)
     if dtype not in dtypes:
-        names = " or ".join(d.c_name for d in dtypes)
         raise TypeError(f"{what}: expected {names} values, got {dtype.c_name}")
     if ndim is not None and len(adapter.shape(x)) != ndim:
         raise ValueError(f"{what}: expected a {ndim}-D array, got shape {adapter.shape(x)}")
@@ -516,3 +533,34 @@ def bound_input(x, what, dtype):
     only the element width, so an int32 array would pass as float32)."""
     adapter, x, _ = checked_input(x, what, (dtype,))
     return adapter.for_binding(x)
+
+
+def expert_ids(x, what):
+    """Expert ids as the ops take them (int32), from int32 or int64 arrays (what torch.topk and
+    NumPy's argsort give). An int64 id outside int32 becomes -1, which the ops treat as the bad id
+    it is (refused on the host, skipped and reported on the device) rather than a wrapped,
+    plausible one; no value is read back to the host."""
+    adapter, array = adapt(x, what)
+    name = adapter.dtype_name(array)
+    if name == "int64":
+        array = adapter.int64_to_int32_ids(array)
+    elif name != "int32":
+        raise TypeError(f"{what}: expected int32 or int64 expert ids, got {name}")
+    return bound_input(array, what, DType.INT32)
+
+
+def index_array(values, what, like_adapter, like, dtype=DType.INT64):
+    """An index input (offsets, counts) as the binding takes it: an array of `dtype`, or on the host
+    a Python sequence of integers (as everywhere else in the package); a sequence beside device
+    data is refused (it would need a copy to the device)."""
+    if isinstance(values, (list, tuple)):
+        if not like_adapter.is_host(like):
+            raise TypeError(
+                f"{what}: pass an {dtype.c_name} array on the data's device (a Python sequence "
+                "would need a copy to the device)"
+            )
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"{what}: expected integers, got {type(v).__name__}")
+        values = np.asarray(values, dtype=np.int64 if dtype == DType.INT64 else np.int32)
+    return bound_input(values, what, dtype)

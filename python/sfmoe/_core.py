@@ -88,7 +88,7 @@ def cast(x, dtype, scale=1.0, out=None, *, input_dtype=None):
     Returns the output, on the same device as `x`; CUDA work runs on the current stream.
     """
     adapter, x = _arrays.adapt(x, "x")
-    in_dtype = _arrays.resolve_dtype(adapter, x, input_dtype, "x")
+    in_dtype = _arrays.resolve_dtype(adapter, x, input_dtype, "x", raw_codes_option="input_dtype")
     out_dtype = as_dtype(dtype, "dtype")
     x = adapter.prepare_input(x)
     logical = _arrays.logical_shape(adapter.shape(x), in_dtype, "x")
@@ -145,7 +145,7 @@ def quantize_fp8(x, scale=None, fmt="e4m3", *, input_dtype=None, power_of_two=Fa
     """
     dtype = _fp8_dtype(fmt)
     adapter, x = _arrays.adapt(x, "x")
-    in_dtype = _arrays.resolve_dtype(adapter, x, input_dtype, "x")
+    in_dtype = _arrays.resolve_dtype(adapter, x, input_dtype, "x", raw_codes_option="input_dtype")
     x = adapter.prepare_input(x)
     if scale is None:
         if in_dtype == DType.FP32:

@@ -77,6 +77,14 @@ def grouped_gemm(
     offsets = None
     groups = 0
     if group_offsets is not None:
+        if isinstance(group_offsets, (list, tuple)):  # (host data only, as everywhere)
+            a_adapter, a_array = _arrays.adapt(a.data if isinstance(a, GroupedQuantizedTensor) else a, "a")
+            if not a_adapter.is_host(a_array):
+                raise TypeError(
+                    "group_offsets: pass an int64 array on the data's device (a Python sequence "
+                    "would need a copy to the device)"
+                )
+            group_offsets = _arrays.NUMPY.int64_from_values([int(v) for v in group_offsets], None)
         off_adapter, off, _ = _arrays.checked_input(group_offsets, "group_offsets", (DType.INT64,), ndim=1)
         offsets = lambda: off_adapter.for_binding(off)  # noqa: E731 (one binding per descriptor)
         groups = off_adapter.shape(off)[0] - 1

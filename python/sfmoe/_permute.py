@@ -45,8 +45,8 @@ def permute(
 ):
     """Sorts token rows by expert (docs/permute.md).
 
-    tokens: [T, H] float32 / bfloat16 / float16. topk_ids: [T, k] int32 (the router's), each token
-    naming an expert at most once. alignment: 1, 8, 16, 32, 64 or 128 rows per block step.
+    tokens: [T, H] float32 / bfloat16 / float16. topk_ids: [T, k] int32 (the router's) or int64
+    (torch.topk's), each token naming an expert at most once. alignment: 1, 8, 16, 32, 64 or 128 rows per block step.
     expert_capacity: > 0 keeps at most that many tokens per expert (the lowest token indices).
     quantize: None, or "mxfp8" / "fp8_block_1x128" / "fp8_tensor" for the fused quantization of
     the rows (the same bytes as :func:`sfmoe.quantize` of the permuted rows with these offsets),
@@ -89,7 +89,7 @@ def permute(
     # The device ranks tokens in chunks through a workspace (the host ignores it).
     workspace = _arrays.empty_planned(adapter, plan["workspace"], x, "workspace")
     bind = adapter.for_binding
-    ids_bound = _arrays.bound_input(topk_ids, "topk_ids", DType.INT32)
+    ids_bound = _arrays.expert_ids(topk_ids, "topk_ids")
     if quantize is not None:
         rows = _quantize.quantized_rows(
             adapter, x, quantize, power_of_two_scales, plan["permuted"], offsets, tensor_scales

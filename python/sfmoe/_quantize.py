@@ -649,7 +649,7 @@ def grouped_amax(x, group_offsets=None, *, uniform_group_rows=None, status_word=
 
 def _scale_input(scales, dtype, what):
     adapter, scales = _arrays.adapt(scales, what)
-    dtype = _arrays.resolve_dtype(adapter, scales, dtype, what)
+    dtype = _arrays.resolve_dtype(adapter, scales, dtype, what, raw_codes_option="dtype")
     if dtype not in (DType.E8M0, DType.FP8_E4M3):
         raise ValueError(f"{what}: scales are e8m0 or fp8_e4m3 bytes, got {dtype.c_name}")
     return adapter, adapter.prepare_input(scales), dtype

@@ -87,7 +87,9 @@ def router(
             z_loss_coeff=z_loss_coeff,
         )
     )
-    k = config["top_k"]
+    # (a top_k below 1 is the library's to refuse, with its message: the outputs' shapes must not
+    # fail before it can)
+    k = max(config["top_k"], 1)
     ids = adapter.empty((tokens, k), DType.INT32, x)
     probs = adapter.empty((tokens, k), DType.FP32, x)
     counts = adapter.empty((experts,), DType.INT64, x)

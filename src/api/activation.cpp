@@ -184,7 +184,17 @@ sfmoe_status sfmoe_grouped_activation_backward(const sfmoe_grouped_tensor* input
     if (d_output == nullptr)
       return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: d_output is NULL", context);
     const int64_t cols = d_output->cols;
-    const int64_t in_cols = sfmoe::activation_is_gated(c.kind) ? 2 * cols : cols;
+    const bool gated = sfmoe::activation_is_gated(c.kind);
+    const int64_t in_cols = gated ? 2 * cols : cols;
+    if (input != nullptr && input->cols != in_cols) {
+      // Either may be the one at fault: both are named.
+      return sfmoe::fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                         "%s: d_output has %lld cols, so input must have %lld (%s), but input has "
+                         "%lld",
+                         context, static_cast<long long>(cols), static_cast<long long>(in_cols),
+                         gated ? "[gate | up]: twice d_output's" : "as many as d_output",
+                         static_cast<long long>(input->cols));
+    }
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_grouped_rows(context, "input", input, in_cols, nullptr));
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_grouped_rows(context, "d_output", d_output, cols, input));
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_grouped_rows(context, "d_input", d_input, in_cols, input));

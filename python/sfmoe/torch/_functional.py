@@ -300,7 +300,12 @@ def permute(tokens, topk_ids, num_experts, *, alignment=1, expert_capacity=0):
     """:func:`sfmoe.permute` with autograd (unquantized rows): returns (rows, group_offsets,
     row_map, tokens_per_expert, dropped_per_expert); d tokens is each token's kept slots' d rows
     summed."""
-    ids = topk_ids.to(torch.int32).contiguous()
+    # (an int64 id outside int32 becomes -1, a bad id, not a wrapped plausible one)
+    if topk_ids.dtype != torch.int32:
+        outside = (topk_ids < -(2**31)) | (topk_ids > 2**31 - 1)
+        topk_ids = torch.where(outside, -1, topk_ids)
+    ids = topk_ids
+    ids = ids.to(torch.int32).contiguous()
     return _permute_op(tokens.contiguous(), ids, int(num_experts), int(alignment), int(expert_capacity))
 
 
