@@ -43,6 +43,14 @@ struct EpRouteArgs {
   sfmoe_fault_report* word;        // or NULL: bad ids and overflow
 };
 
+// The order of combine's backward d probs, <d_out[t], rows[row]> over h, on both backends: the
+// device's summation, written down so that the host gives the same bits. Element h belongs to
+// lane (h / V) mod kEpDotLanes (V = 8 when hidden is a multiple of 8, else 1); each lane sums its
+// elements' FP32 products in increasing h; then the lanes pairwise, halving: for w = 128, ..., 1,
+// lane j < w adds lane j + w. Rounding once per product and per sum, no fused multiply-add.
+constexpr int64_t kEpDotLanes = 256;
+inline int64_t ep_dot_vector(int64_t hidden) { return hidden % 8 == 0 ? 8 : 1; }
+
 // Rows from the sources' token rows to the destinations' received rows (dispatch: weights NULL,
 // rows NULL, d_probs NULL), or the weighted gradient to them with d probs (combine's backward).
 struct EpScatterArgs {

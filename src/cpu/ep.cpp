@@ -87,17 +87,27 @@ void ep_scatter(const EpScatterArgs& a) {
         continue;
       }
       const float weight = a.probs != nullptr ? a.probs[r][slot] : 1.0f;
-      float dot = 0.0f;
       for (int64_t h = 0; h < H; ++h) {
         const float v = load_value(a.token_rows[r], a.token_dtype, t * H + h);
-        if (a.rows != nullptr) {
-          dot = numerics::add_rn(
-              dot, numerics::mul_rn(v, load_value(a.rows[d], a.rows_dtype, row * H + h)));
-        }
         store_value(a.out_rows[d], a.out_dtype, row * H + h,
                     a.probs != nullptr ? numerics::mul_rn(weight, v) : v);
       }
-      if (a.d_probs != nullptr) a.d_probs[r][slot] = dot;
+      if (a.d_probs == nullptr) continue;
+      // d probs in the lanes' order (src/common/ep_args.h).
+      float lane[kEpDotLanes] = {};
+      if (a.rows != nullptr) {
+        const int64_t V = ep_dot_vector(H);
+        for (int64_t h = 0; h < H; ++h) {
+          const float v = load_value(a.token_rows[r], a.token_dtype, t * H + h);
+          const float y = load_value(a.rows[d], a.rows_dtype, row * H + h);
+          float& sum = lane[(h / V) % kEpDotLanes];
+          sum = numerics::add_rn(sum, numerics::mul_rn(v, y));
+        }
+      }
+      for (int64_t w = kEpDotLanes / 2; w >= 1; w /= 2) {
+        for (int64_t j = 0; j < w; ++j) lane[j] = numerics::add_rn(lane[j], lane[j + w]);
+      }
+      a.d_probs[r][slot] = lane[0];
     }
   }
 }

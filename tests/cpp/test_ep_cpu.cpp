@@ -121,6 +121,22 @@ Expected expected_dispatch(const EpCase& c, const std::vector<Rank>& ranks, int6
   return x;
 }
 
+// The documented order of combine's backward d probs (docs/ep.md): element h in lane
+// (h / V) mod 256, V = 8 for a hidden size that is a multiple of 8, else 1; each lane's products
+// summed in increasing h; then the lanes pairwise, halving.
+float lane_dot(const float* a, const float* b, int64_t hidden) {
+  const int64_t V = hidden % 8 == 0 ? 8 : 1;
+  std::vector<float> lane(256, 0.0f);
+  for (int64_t h = 0; h < hidden; ++h) {
+    float& sum = lane[(h / V) % 256];
+    sum = numerics::add_rn(sum, numerics::mul_rn(a[h], b[h]));
+  }
+  for (int64_t w = 128; w >= 1; w /= 2) {
+    for (int64_t j = 0; j < w; ++j) lane[j] = numerics::add_rn(lane[j], lane[j + w]);
+  }
+  return lane[0];
+}
+
 std::vector<int32_t> routing(const EpCase& c, int64_t tokens, int64_t rank, std::mt19937_64& rng) {
   const int64_t E = c.world * c.experts_per_rank, k = c.top_k;
   std::vector<int32_t> ids(tokens * k);
@@ -349,13 +365,12 @@ TEST(EpLoopbackCpu, DispatchCombineAndBackwardEqualTheAllToAllBitForBit) {
         }
         for (int64_t i = 0; i < k; ++i) {
           const int64_t slot = t * k + i, dest = want.dest[r][slot], row = want.row[r][slot];
-          float dot = 0.0f;
           for (int64_t h = 0; dest >= 0 && h < H; ++h) {
-            dot = numerics::add_rn(dot, numerics::mul_rn(q.d_out[t * H + h], y[dest][row * H + h]));
             ASSERT_EQ(numerics::f32_to_bits(ranks[dest].d_rows[row * H + h]),
                       numerics::f32_to_bits(numerics::mul_rn(q.probs[slot], q.d_out[t * H + h])))
                 << "combine backward d rows";
           }
+          const float dot = dest >= 0 ? lane_dot(&q.d_out[t * H], &y[dest][row * H], H) : 0.0f;
           ASSERT_EQ(numerics::f32_to_bits(q.d_probs[slot]), numerics::f32_to_bits(dot))
               << "d probs, rank " << r << " slot " << slot;
         }

@@ -3,8 +3,9 @@
 // bits. The routing is written for correctness first: a block per destination rank walks every
 // slot in (source rank, token, slot) order with block scans to find the kept ones, then a block
 // per global expert walks them again for the rows (work R N and E N over N slots; the moves are
-// what a step spends its time on). The moves are a block per token over its k slots, FP32 sums
-// in slot order, and d probs one thread per slot in increasing h: the CPU's bits everywhere.
+// what a step spends its time on). The moves are a block per token over its k slots in 16-byte
+// vectors, FP32 sums in slot order, and d probs in the lanes' order the CPU follows too: the CPU's
+// bits everywhere.
 #include <stdint.h>
 
 #include <cub/block/block_scan.cuh>
@@ -200,12 +201,16 @@ __device__ __forceinline__ int64_t token_source(const EpMovePointers& m, int64_t
   return lo;
 }
 
-// Blocks [0, N tokens): each token's kept slots written at their destinations (weighted, with
-// the d prob dot product when rows are given). Blocks after: each (rank, local expert)'s padding
-// rows zeroed.
+// Blocks [0, N tokens): each token's kept slots written at their destinations (weighted), and,
+// with rows, each slot's d prob in the lanes' order of src/common/ep_args.h (a thread per lane,
+// kVec-element chunks, then the halving tree in shared memory). Blocks after: each (rank, local
+// expert)'s padding rows zeroed.
+static_assert(kMoveThreads == kEpDotLanes, "a thread per d-prob lane");
+template <int kVec>
 __global__ void __launch_bounds__(kMoveThreads)
     ep_scatter_kernel(EpMovePointers m, sfmoe_dtype in_dtype, sfmoe_dtype rows_dtype,
                       sfmoe_dtype out_dtype) {
+  __shared__ float lanes[kMoveThreads];
   const int64_t b = blockIdx.x, tokens = m.token_start[m.world], H = m.hidden, k = m.top_k;
   if (b >= tokens) {
     const int64_t pad = b - tokens, d = pad / m.experts_per_rank, e = pad % m.experts_per_rank;
@@ -218,54 +223,71 @@ __global__ void __launch_bounds__(kMoveThreads)
   int64_t t = 0;
   const int64_t s = token_source(m, b, &t);
   const bool weighted = m.probs[s] != nullptr;
+  const int64_t chunks = H / kVec;
   for (int64_t i = 0; i < k; ++i) {
     const int64_t slot = t * k + i, d = m.send_rank[s][slot];
     if (d < 0) continue;
     const int64_t row = m.send_row[s][slot];
     const float w = weighted ? m.probs[s][slot] : 1.0f;
-    for (int64_t h = threadIdx.x; h < H; h += kMoveThreads) {
-      float v[1];
-      load_vector<1>(m.token_rows[s], in_dtype, t * H + h, v);
-      store_element(m.out_rows[d], out_dtype, row * H + h,
-                    weighted ? numerics::mul_rn(w, v[0]) : v[0]);
+    for (int64_t c = threadIdx.x; c < chunks; c += kMoveThreads) {
+      float v[kVec];
+      load_vector<kVec>(m.token_rows[s], in_dtype, t * H + c * kVec, v);
+      if (weighted) {
+#pragma unroll
+        for (int q = 0; q < kVec; ++q) v[q] = numerics::mul_rn(w, v[q]);
+      }
+      store_vector<kVec>(m.out_rows[d], out_dtype, row * H + c * kVec, v);
     }
   }
-  // d probs: each slot's dot product in increasing h, one thread per slot (the CPU's order, so
-  // the same bits).
   if (m.d_probs[s] == nullptr) return;
-  for (int64_t i = threadIdx.x; i < k; i += kMoveThreads) {
+  for (int64_t i = 0; i < k; ++i) {  // (the block agrees on every branch below: one token)
     const int64_t slot = t * k + i, d = m.send_rank[s][slot];
-    float dot = 0.0f;
+    float lane = 0.0f;
     if (d >= 0 && m.rows[d] != nullptr) {
       const int64_t row = m.send_row[s][slot];
-      for (int64_t h = 0; h < H; ++h) {
-        float v[1], y[1];
-        load_vector<1>(m.token_rows[s], in_dtype, t * H + h, v);
-        load_vector<1>(m.rows[d], rows_dtype, row * H + h, y);
-        dot = numerics::add_rn(dot, numerics::mul_rn(v[0], y[0]));
+      for (int64_t c = threadIdx.x; c < chunks; c += kMoveThreads) {
+        float v[kVec], y[kVec];
+        load_vector<kVec>(m.token_rows[s], in_dtype, t * H + c * kVec, v);
+        load_vector<kVec>(m.rows[d], rows_dtype, row * H + c * kVec, y);
+#pragma unroll
+        for (int q = 0; q < kVec; ++q) lane = numerics::add_rn(lane, numerics::mul_rn(v[q], y[q]));
       }
     }
-    m.d_probs[s][slot] = dot;
+    lanes[threadIdx.x] = lane;
+    __syncthreads();
+    for (int w = kMoveThreads / 2; w >= 1; w /= 2) {
+      if (threadIdx.x < w)
+        lanes[threadIdx.x] = numerics::add_rn(lanes[threadIdx.x], lanes[threadIdx.x + w]);
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) m.d_probs[s][slot] = d >= 0 ? lanes[0] : 0.0f;
+    __syncthreads();
   }
 }
 
-// A block per token: the sum of its kept slots' rows, in slot order.
+// A block per token: the sum of its kept slots' rows, per element in slot order.
+template <int kVec>
 __global__ void __launch_bounds__(kMoveThreads)
     ep_gather_kernel(EpMovePointers m, sfmoe_dtype rows_dtype, sfmoe_dtype out_dtype) {
-  const int64_t b = blockIdx.x, H = m.hidden, k = m.top_k;
+  const int64_t b = blockIdx.x, H = m.hidden, k = m.top_k, chunks = H / kVec;
   int64_t t = 0;
   const int64_t s = token_source(m, b, &t);
-  for (int64_t h = threadIdx.x; h < H; h += kMoveThreads) {
-    float sum = 0.0f;
+  for (int64_t c = threadIdx.x; c < chunks; c += kMoveThreads) {
+    float sum[kVec];
+#pragma unroll
+    for (int q = 0; q < kVec; ++q) sum[q] = 0.0f;
     for (int64_t i = 0; i < k; ++i) {
       const int64_t slot = t * k + i, d = m.send_rank[s][slot];
       if (d < 0) continue;
-      float v[1];
-      load_vector<1>(m.rows[d], rows_dtype, m.send_row[s][slot] * H + h, v);
-      sum = numerics::add_rn(
-          sum, m.probs[s] != nullptr ? numerics::mul_rn(m.probs[s][slot], v[0]) : v[0]);
+      float v[kVec];
+      load_vector<kVec>(m.rows[d], rows_dtype, m.send_row[s][slot] * H + c * kVec, v);
+      const float p = m.probs[s] != nullptr ? m.probs[s][slot] : 1.0f;
+#pragma unroll
+      for (int q = 0; q < kVec; ++q) {
+        sum[q] = numerics::add_rn(sum[q], m.probs[s] != nullptr ? numerics::mul_rn(p, v[q]) : v[q]);
+      }
     }
-    store_element(m.token_out[s], out_dtype, t * H + h, sum);
+    store_vector<kVec>(m.token_out[s], out_dtype, t * H + c * kVec, sum);
   }
 }
 
@@ -315,9 +337,10 @@ sfmoe_status ep_scatter(const EpScatterArgs& a, void* stream_pointer) {
     m.out_rows[q] = a.out_rows[q];
   }
   const int64_t blocks = m.token_start[a.shape.world] + a.shape.world * a.shape.experts_per_rank;
-  ep_scatter_kernel<<<static_cast<unsigned>(blocks), kMoveThreads, 0,
-                      static_cast<cudaStream_t>(stream_pointer)>>>(m, a.token_dtype, a.rows_dtype,
-                                                                   a.out_dtype);
+  const auto kernel = ep_dot_vector(a.hidden) == 8 ? ep_scatter_kernel<8> : ep_scatter_kernel<1>;
+  kernel<<<static_cast<unsigned>(blocks), kMoveThreads, 0,
+           static_cast<cudaStream_t>(stream_pointer)>>>(m, a.token_dtype, a.rows_dtype,
+                                                        a.out_dtype);
   return check_launch("ep_scatter_kernel");
 }
 
@@ -330,8 +353,9 @@ sfmoe_status ep_gather(const EpGatherArgs& a, void* stream_pointer) {
   }
   const int64_t blocks = m.token_start[a.shape.world];
   if (blocks == 0) return SFMOE_SUCCESS;
-  ep_gather_kernel<<<static_cast<unsigned>(blocks), kMoveThreads, 0,
-                     static_cast<cudaStream_t>(stream_pointer)>>>(m, a.rows_dtype, a.out_dtype);
+  const auto kernel = a.hidden % 8 == 0 ? ep_gather_kernel<8> : ep_gather_kernel<1>;
+  kernel<<<static_cast<unsigned>(blocks), kMoveThreads, 0,
+           static_cast<cudaStream_t>(stream_pointer)>>>(m, a.rows_dtype, a.out_dtype);
   return check_launch("ep_gather_kernel");
 }
 
