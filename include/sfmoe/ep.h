@@ -119,7 +119,9 @@ typedef struct sfmoe_ep_combine_args {
 /* Combine's backward: d_rows_d[row of (r, t, i)] = probs_r[t, i] d_out_r[t] (each local expert's
  * padding rows zero, rows past the last expert untouched); d_probs_r[t, i] = <d_out_r[t], the
  * forward's rows_d[row]> (0 for a dropped slot), summed in the order docs/ep.md gives (the same
- * bits on every backend). */
+ * bits on every backend). Combine and combine's backward read the handle a dispatch of this
+ * group wrote for the same token counts; a handle that none wrote gives wrong rows, but every slot
+ * is bounds-checked: no access outside the buffers. */
 typedef struct sfmoe_ep_combine_backward_args {
   size_t struct_size;
   const sfmoe_tensor* const* d_out; /* [T_r, H'] */

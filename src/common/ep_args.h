@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 
+#include "sfmoe/numerics/bits.h"
 #include "sfmoe/sfmoe.h"
 
 namespace sfmoe {
@@ -42,6 +43,13 @@ struct EpRouteArgs {
   bool trap;                       // raise SFMOE_FAULT_EP_OVERFLOW on a drop
   sfmoe_fault_report* word;        // or NULL: bad ids and overflow
 };
+
+// Whether a handle's slot names a row inside a rank's buffer: the moves skip any other, so a
+// handle that no dispatch of this group wrote can give wrong rows but never an access outside
+// the buffers.
+SFMOE_HD bool ep_slot_sent(int64_t rank, int64_t row, int64_t world, int64_t receive_rows) {
+  return rank >= 0 && rank < world && row >= 0 && row < receive_rows;
+}
 
 // The order of combine's backward d probs, <d_out[t], rows[row]> over h, on both backends: the
 // device's summation, written down so that the host gives the same bits. Element h belongs to

@@ -82,7 +82,7 @@ void ep_scatter(const EpScatterArgs& a) {
     const EpRankRouting& q = a.routing[r];
     for (int64_t slot = 0; slot < a.tokens[r] * k; ++slot) {
       const int64_t t = slot / k, d = q.send_rank[slot], row = q.send_row[slot];
-      if (d < 0) {
+      if (!ep_slot_sent(d, row, R, s.receive_rows)) {
         if (a.d_probs != nullptr) a.d_probs[r][slot] = 0.0f;
         continue;
       }
@@ -121,7 +121,7 @@ void ep_gather(const EpGatherArgs& a) {
       for (float& v : sum) v = 0.0f;
       for (int64_t i = 0; i < k; ++i) {
         const int64_t slot = t * k + i, d = q.send_rank[slot], row = q.send_row[slot];
-        if (d < 0) continue;
+        if (!ep_slot_sent(d, row, R, a.shape.receive_rows)) continue;
         for (int64_t h = 0; h < H; ++h) {
           const float v = load_value(a.rows[d], a.rows_dtype, row * H + h);
           sum[h] = numerics::add_rn(sum[h],

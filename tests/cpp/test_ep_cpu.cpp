@@ -532,6 +532,22 @@ TEST(EpLoopbackCpu, BadConfigurationsAndCallsAreRefusedWithoutWriting) {
     for (uint8_t v : handle[r]) ASSERT_EQ(v, 0xCD);
   }
   EXPECT_EQ(sfmoe_ep_dispatch(group, &d), SFMOE_SUCCESS) << sfmoe_last_error();
+
+  // A handle no dispatch wrote (here: bytes of 0x7F, rows far outside every buffer): combine
+  // writes zeros for its tokens and reads nothing outside the buffers.
+  for (auto& h : handle) std::fill(h.begin(), h.end(), 0x7F);
+  std::vector<std::vector<uint16_t>> out(4, std::vector<uint16_t>(T * H, 0xBEEF));
+  std::vector<sfmoe_tensor> t_out(4);
+  for (int r = 0; r < 4; ++r) t_out[r] = host_tensor(out[r].data(), SFMOE_DTYPE_BF16, {T, H});
+  auto pout = pointers(t_out);
+  sfmoe_ep_combine_args cb = sfmoe_ep_combine_args_init();
+  cb.rows = prec.data();
+  cb.handle = phandle.data();
+  cb.out = pout.data();
+  EXPECT_EQ(sfmoe_ep_combine(group, &cb), SFMOE_SUCCESS) << sfmoe_last_error();
+  for (int r = 0; r < 4; ++r) {
+    for (uint16_t v : out[r]) ASSERT_EQ(v, 0) << "rank " << r;
+  }
   sfmoe_ep_group_destroy(group);
 }
 

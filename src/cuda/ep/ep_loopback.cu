@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(kRouteThreads) ep_rows_kernel(EpRanks r) {
 
 // The moves' per-rank pointers.
 struct EpMovePointers {
-  int64_t world, top_k, hidden, experts_per_rank;
+  int64_t world, top_k, hidden, experts_per_rank, receive_rows;
   int64_t token_start[kMaxDeviceEpRanks + 1];  // source r's tokens are blocks [start[r], ...)
   const void* token_rows[kMaxDeviceEpRanks];
   void* token_out[kMaxDeviceEpRanks];
@@ -225,9 +225,8 @@ __global__ void __launch_bounds__(kMoveThreads)
   const bool weighted = m.probs[s] != nullptr;
   const int64_t chunks = H / kVec;
   for (int64_t i = 0; i < k; ++i) {
-    const int64_t slot = t * k + i, d = m.send_rank[s][slot];
-    if (d < 0) continue;
-    const int64_t row = m.send_row[s][slot];
+    const int64_t slot = t * k + i, d = m.send_rank[s][slot], row = m.send_row[s][slot];
+    if (!ep_slot_sent(d, row, m.world, m.receive_rows)) continue;
     const float w = weighted ? m.probs[s][slot] : 1.0f;
     for (int64_t c = threadIdx.x; c < chunks; c += kMoveThreads) {
       float v[kVec];
@@ -241,10 +240,10 @@ __global__ void __launch_bounds__(kMoveThreads)
   }
   if (m.d_probs[s] == nullptr) return;
   for (int64_t i = 0; i < k; ++i) {  // (the block agrees on every branch below: one token)
-    const int64_t slot = t * k + i, d = m.send_rank[s][slot];
+    const int64_t slot = t * k + i, d = m.send_rank[s][slot], row = m.send_row[s][slot];
+    const bool sent = ep_slot_sent(d, row, m.world, m.receive_rows);
     float lane = 0.0f;
-    if (d >= 0 && m.rows[d] != nullptr) {
-      const int64_t row = m.send_row[s][slot];
+    if (sent && m.rows[d] != nullptr) {
       for (int64_t c = threadIdx.x; c < chunks; c += kMoveThreads) {
         float v[kVec], y[kVec];
         load_vector<kVec>(m.token_rows[s], in_dtype, t * H + c * kVec, v);
@@ -260,7 +259,7 @@ __global__ void __launch_bounds__(kMoveThreads)
         lanes[threadIdx.x] = numerics::add_rn(lanes[threadIdx.x], lanes[threadIdx.x + w]);
       __syncthreads();
     }
-    if (threadIdx.x == 0) m.d_probs[s][slot] = d >= 0 ? lanes[0] : 0.0f;
+    if (threadIdx.x == 0) m.d_probs[s][slot] = sent ? lanes[0] : 0.0f;
     __syncthreads();
   }
 }
@@ -277,10 +276,10 @@ __global__ void __launch_bounds__(kMoveThreads)
 #pragma unroll
     for (int q = 0; q < kVec; ++q) sum[q] = 0.0f;
     for (int64_t i = 0; i < k; ++i) {
-      const int64_t slot = t * k + i, d = m.send_rank[s][slot];
-      if (d < 0) continue;
+      const int64_t slot = t * k + i, d = m.send_rank[s][slot], row = m.send_row[s][slot];
+      if (!ep_slot_sent(d, row, m.world, m.receive_rows)) continue;
       float v[kVec];
-      load_vector<kVec>(m.rows[d], rows_dtype, m.send_row[s][slot] * H + c * kVec, v);
+      load_vector<kVec>(m.rows[d], rows_dtype, row * H + c * kVec, v);
       const float p = m.probs[s] != nullptr ? m.probs[s][slot] : 1.0f;
 #pragma unroll
       for (int q = 0; q < kVec; ++q) {
@@ -298,6 +297,7 @@ EpMovePointers move_pointers(const EpShape& s, int64_t hidden, const int64_t* to
   m.top_k = s.top_k;
   m.hidden = hidden;
   m.experts_per_rank = s.experts_per_rank;
+  m.receive_rows = s.receive_rows;
   m.token_start[0] = 0;
   for (int64_t q = 0; q < s.world; ++q) {
     m.token_start[q + 1] = m.token_start[q] + tokens[q];
