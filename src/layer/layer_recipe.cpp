@@ -98,22 +98,10 @@ bool recipe_emulated_on_device(sfmoe_moe_recipe recipe) {
   return recipe == SFMOE_MOE_RECIPE_MXFP8 || recipe == SFMOE_MOE_RECIPE_NVFP4;
 }
 
-int64_t recipe_column_multiple(sfmoe_moe_recipe recipe, bool on_device) {
-  switch (recipe) {
-    case SFMOE_MOE_RECIPE_FP8_TENSOR:
-      return on_device ? 16 : 1;
-    case SFMOE_MOE_RECIPE_FP8_BLOCKWISE:
-      return 128;
-    case SFMOE_MOE_RECIPE_MXFP8:
-      return 32;
-    case SFMOE_MOE_RECIPE_NVFP4:
-      return 16;
-    default:
-      return on_device ? 8 : 1;
-  }
-}
-
-int64_t recipe_row_alignment(sfmoe_moe_recipe recipe, bool on_device) {
+// A recipe's block: H and F must be whole blocks of it along the columns, and each expert's rows
+// whole blocks of it down the rows (the columnwise copies' blocks; FP8 per-tensor: the device
+// kernels' 16-byte rows and 16-row wgrad steps, nothing on the host).
+int64_t recipe_block(sfmoe_moe_recipe recipe, bool on_device) {
   switch (recipe) {
     case SFMOE_MOE_RECIPE_FP8_TENSOR:
       return on_device ? 16 : 1;
@@ -126,6 +114,15 @@ int64_t recipe_row_alignment(sfmoe_moe_recipe recipe, bool on_device) {
     default:
       return 1;
   }
+}
+
+int64_t recipe_column_multiple(sfmoe_moe_recipe recipe, bool on_device) {
+  // BF16 on the device: the grouped GEMM's 16-byte rows.
+  return recipe == SFMOE_MOE_RECIPE_BF16 ? (on_device ? 8 : 1) : recipe_block(recipe, on_device);
+}
+
+int64_t recipe_row_alignment(sfmoe_moe_recipe recipe, bool on_device) {
+  return recipe_block(recipe, on_device);
 }
 
 }  // namespace layer

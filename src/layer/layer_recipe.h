@@ -46,8 +46,10 @@ bool recipe_is_known(int32_t recipe);
 const char* recipe_name(sfmoe_moe_recipe recipe);
 // The recipe's GEMMs run emulated on Hopper (MXFP8, NVFP4: their operands decoded to BF16).
 bool recipe_emulated_on_device(sfmoe_moe_recipe recipe);
+// The recipe's block size (1 for BF16), which both rules below follow.
+int64_t recipe_block(sfmoe_moe_recipe recipe, bool on_device);
 // H and F must be multiples of this (the recipe's block along the columns; on the device also
-// the FP8 kernels' 16-byte rows).
+// the kernels' 16-byte rows).
 int64_t recipe_column_multiple(sfmoe_moe_recipe recipe, bool on_device);
 // row_alignment must be a multiple of this (blocks that run down the rows stay inside an
 // expert's rows; FP8 wgrad on the device reads 16-row steps).
