@@ -13,6 +13,7 @@
 #include "src/api/validate.h"
 #include "src/common/ep_args.h"
 #include "src/common/error.h"
+#include "src/common/permute_args.h"
 #include "src/ops/backend.h"
 
 namespace sfmoe {
@@ -40,10 +41,6 @@ constexpr int64_t kMaxWorld = 1 << 16;
 
 int64_t aligned(int64_t bytes) {
   return (bytes + SFMOE_PLAN_ALIGNMENT - 1) / SFMOE_PLAN_ALIGNMENT * SFMOE_PLAN_ALIGNMENT;
-}
-
-bool alignment_is_valid(int64_t a) {
-  return a == 1 || a == 8 || a == 16 || a == 32 || a == 64 || a == 128;
 }
 
 // The configuration checked, and the shape and handle layout it gives (sizes overflow-checked).
@@ -105,7 +102,7 @@ sfmoe_status check_config(const char* context, const sfmoe_ep_config* c, sfmoe_m
                 "yet), got '%s'",
                 context, sfmoe_dtype_name(c->payload));
   }
-  if (!alignment_is_valid(c->row_alignment)) {
+  if (!permute_alignment_is_valid(c->row_alignment)) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT,
                 "%s: row_alignment must be 1, 8, 16, 32, 64 or 128, got %lld", context,
                 static_cast<long long>(c->row_alignment));

@@ -25,10 +25,6 @@ struct sfmoe_moe_layer {
 namespace sfmoe {
 namespace {
 
-bool alignment_is_valid(int64_t a) {
-  return a == 1 || a == 8 || a == 16 || a == 32 || a == 64 || a == 128;
-}
-
 sfmoe_status check_config(const char* context, const sfmoe_moe_layer_config* c, sfmoe_memory memory,
                           int32_t device, layer::MoeLayerShape* s) {
   SFMOE_RETURN_IF_ERROR(check_struct(context, "config", c, "sfmoe_moe_layer_config_init()"));
@@ -52,7 +48,7 @@ sfmoe_status check_config(const char* context, const sfmoe_moe_layer_config* c, 
                 "%s: activation_limit must be positive and finite, activation_alpha finite",
                 context);
   }
-  if (c->expert_capacity < 0 || !alignment_is_valid(c->row_alignment)) {
+  if (c->expert_capacity < 0 || !permute_alignment_is_valid(c->row_alignment)) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT,
                 "%s: expert_capacity must be >= 0 and row_alignment 1, 8, 16, 32, 64 or 128 (got "
                 "%lld, %lld)",

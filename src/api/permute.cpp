@@ -111,7 +111,7 @@ sfmoe_status sfmoe_permute(const sfmoe_tensor* tokens, const sfmoe_tensor* topk_
     // space were checked with the descriptor.
     float* const group_amax = fused ? nullptr : permuted->amax;
     const int64_t experts = permuted->num_groups, a = permuted->row_alignment;
-    if (a != 1 && a != 8 && a != 16 && a != 32 && a != 64 && a != 128) {
+    if (!sfmoe::permute_alignment_is_valid(a)) {
       return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT,
                          "%s: permuted.row_alignment must be 1, 8, 16, 32, 64 or 128", context);
     }

@@ -23,6 +23,11 @@ inline int64_t permute_workspace_elements(int64_t num_tokens, int64_t num_expert
   return elements > 0 ? elements : 1;
 }
 
+// The block alignments permute (and everything that pads rows like it: the MoE layer, EP) takes.
+inline bool permute_alignment_is_valid(int64_t a) {
+  return a == 1 || a == 8 || a == 16 || a == 32 || a == 64 || a == 128;
+}
+
 // Token rows -> expert-sorted rows, each expert's block padded to `alignment` rows with zeros.
 struct PermuteArgs {
   const void* tokens;  // [num_tokens, hidden]

@@ -475,7 +475,7 @@ Outcome plan_permute(const sfmoe_permute_plan_request& r, sfmoe_permute_plan* pl
                   static_cast<long long>(r.hidden));
   }
   const int64_t a = r.row_alignment;
-  if (a != 1 && a != 8 && a != 16 && a != 32 && a != 64 && a != 128) {
+  if (!permute_alignment_is_valid(a)) {
     return refuse(SFMOE_ERROR_INVALID_ARGUMENT,
                   "row_alignment must be 1, 8, 16, 32, 64 or 128 (got %lld)",
                   static_cast<long long>(a));
