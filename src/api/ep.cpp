@@ -213,23 +213,10 @@ sfmoe_status expect_handles(const char* context, const sfmoe_tensor* const* list
                 context, static_cast<long long>(g->handle.bytes));
   }
   for (int64_t r = 0; r < ranks_of(g); ++r) {
-    const sfmoe_tensor* t = list[r];
-    if (t == nullptr)
-      return fail(SFMOE_ERROR_NULL_POINTER, "%s: handle[%lld] is NULL", context,
-                  static_cast<long long>(r));
-    SFMOE_RETURN_IF_ERROR(validate_tensor(context, "handle", t));
-    const int64_t held = tensor_element_count(t) * (sfmoe_dtype_bits(t->dtype) / 8);
-    if (t->ndim != 1 || held < g->handle.bytes) {
-      return fail(SFMOE_ERROR_SHAPE_MISMATCH,
-                  "%s: handle[%lld] must be a 1-D tensor of at least %lld bytes "
-                  "(sfmoe_ep_group_get_plan), got %lld",
-                  context, static_cast<long long>(r), static_cast<long long>(g->handle.bytes),
-                  static_cast<long long>(held));
-    }
-    if (t->memory != g->memory || t->device != g->device) {
-      return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: handle[%lld] is not in the group's memory space",
-                  context, static_cast<long long>(r));
-    }
+    char label[32];
+    snprintf(label, sizeof(label), "handle[%lld]", static_cast<long long>(r));
+    SFMOE_RETURN_IF_ERROR(expect_planned_buffer(context, label, list[r], g->handle.bytes,
+                                                "sfmoe_ep_group_get_plan", g->memory, g->device));
   }
   // Each rank's routing in a buffer of its own: shared ones would mix the ranks' counts and send
   // rows past a rank's capacity.

@@ -117,26 +117,11 @@ sfmoe_status check_config(const char* context, const sfmoe_moe_layer_config* c, 
 }
 
 // A 1-D buffer of at least `bytes` in the layer's memory.
+// A buffer the layer's plan sizes (saved, workspace), in the layer's memory.
 sfmoe_status expect_buffer(const char* context, const char* name, const sfmoe_tensor* t,
                            int64_t bytes, const sfmoe_moe_layer* layer) {
-  if (t == nullptr) {
-    return fail(SFMOE_ERROR_NULL_POINTER,
-                "%s: %s is NULL; the layer needs %lld bytes there (sfmoe_moe_layer_get_plan)",
-                context, name, static_cast<long long>(bytes));
-  }
-  SFMOE_RETURN_IF_ERROR(validate_tensor(context, name, t));
-  const int64_t held = tensor_element_count(t) * (sfmoe_dtype_bits(t->dtype) / 8);
-  if (t->ndim != 1 || held < bytes) {
-    return fail(SFMOE_ERROR_SHAPE_MISMATCH,
-                "%s: %s must be a 1-D tensor of at least %lld bytes (sfmoe_moe_layer_get_plan), "
-                "got %lld",
-                context, name, static_cast<long long>(bytes), static_cast<long long>(held));
-  }
-  if (t->memory != layer->memory || t->device != layer->device) {
-    return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: %s is not in the layer's memory space", context,
-                name);
-  }
-  return SFMOE_SUCCESS;
+  return expect_planned_buffer(context, name, t, bytes, "sfmoe_moe_layer_get_plan", layer->memory,
+                               layer->device);
 }
 
 // A tensor in the layer's memory: `dtypes`, exactly `shape`.

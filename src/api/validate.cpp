@@ -428,6 +428,27 @@ sfmoe_status expect_workspace(const char* context, const sfmoe_tensor* workspace
   return SFMOE_SUCCESS;
 }
 
+sfmoe_status expect_planned_buffer(const char* context, const char* name, const sfmoe_tensor* t,
+                                   int64_t bytes, const char* plan_function, sfmoe_memory memory,
+                                   int32_t device) {
+  if (t == nullptr) {
+    return fail(SFMOE_ERROR_NULL_POINTER, "%s: %s is NULL; it takes %lld bytes (%s)", context, name,
+                static_cast<long long>(bytes), plan_function);
+  }
+  SFMOE_RETURN_IF_ERROR(validate_tensor(context, name, t));
+  const int64_t held = checked_bytes(tensor_element_count(t), 1, sfmoe_dtype_bits(t->dtype));
+  if (t->ndim != 1 || held < bytes) {
+    return fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                "%s: %s must be a 1-D tensor of at least %lld bytes (%s), got %lld", context, name,
+                static_cast<long long>(bytes), plan_function, static_cast<long long>(held));
+  }
+  if (t->memory != memory || t->device != device) {
+    return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: %s is not in the memory space of the call", context,
+                name);
+  }
+  return SFMOE_SUCCESS;
+}
+
 sfmoe_status check_offsets_on_stream(const sfmoe_grouped_tensor* t, sfmoe_status_word* word,
                                      void* stream) {
   if (word == nullptr || t->group_offsets == nullptr) return SFMOE_SUCCESS;

@@ -74,6 +74,12 @@ sfmoe_status check_host_group_offsets(const char* context, const char* name,
 sfmoe_status expect_workspace(const char* context, const sfmoe_tensor* workspace, int64_t bytes,
                               const char* size_function, const sfmoe_tensor* home,
                               const char* home_name);
+// A buffer the caller allocated from a plan in bytes (the MoE layer's saved state and workspace, an
+// EP handle): a valid 1-D tensor of any dtype holding at least `bytes`, in `memory` on `device`;
+// a NULL or short one is refused naming `plan_function`, which gives the size.
+sfmoe_status expect_planned_buffer(const char* context, const char* name, const sfmoe_tensor* t,
+                                   int64_t bytes, const char* plan_function, sfmoe_memory memory,
+                                   int32_t device);
 // With a status word, a tensor's group offsets checked by its backend (on the device on the stream:
 // faults go to the word, nothing is read back, sync-free); nothing to do without one.
 sfmoe_status check_offsets_on_stream(const sfmoe_grouped_tensor* t, sfmoe_status_word* word,

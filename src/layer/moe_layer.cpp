@@ -429,13 +429,14 @@ sfmoe_status moe_layer_forward(const MoeLayerShape& s, const MoeLayerPlan& plan,
       backend.unpermute(combine_args(s, plan, T, fc2_rows, row_map, probs, c.y, c.word), c.stream));
 }
 
+namespace {
+
 // Token rows [T, H] into expert rows under the forward's row map (weight 1, padding rows zero):
 // unpermute's backward without probabilities.
-static UnpermuteBackwardArgs gather_args(const MoeLayerShape& s, const MoeLayerPlan& plan,
-                                         int64_t tokens, const void* token_rows,
-                                         const int64_t* row_map, const int64_t* offsets,
-                                         const int64_t* kept, void* rows,
-                                         sfmoe_fault_report* word) {
+UnpermuteBackwardArgs gather_args(const MoeLayerShape& s, const MoeLayerPlan& plan, int64_t tokens,
+                                  const void* token_rows, const int64_t* row_map,
+                                  const int64_t* offsets, const int64_t* kept, void* rows,
+                                  sfmoe_fault_report* word) {
   UnpermuteBackwardArgs a{};
   a.d_out = token_rows;
   a.d_out_dtype = s.dtype;
@@ -457,9 +458,9 @@ static UnpermuteBackwardArgs gather_args(const MoeLayerShape& s, const MoeLayerP
   return a;
 }
 
-static SlotValuesArgs slot_values_args(const MoeLayerPlan& plan, int64_t slots,
-                                       const int64_t* row_map, bool to_rows, const float* in,
-                                       float* out, sfmoe_fault_report* word) {
+SlotValuesArgs slot_values_args(const MoeLayerPlan& plan, int64_t slots, const int64_t* row_map,
+                                bool to_rows, const float* in, float* out,
+                                sfmoe_fault_report* word) {
   SlotValuesArgs a{};
   a.row_map = row_map;
   a.slots = slots;
@@ -470,8 +471,6 @@ static SlotValuesArgs slot_values_args(const MoeLayerPlan& plan, int64_t slots,
   a.word = word;
   return a;
 }
-
-namespace {
 
 // The backward's FC2 part: d y rows -> FC2 dgrad -> the weighted activation backward (d FC1 over
 // FC1's saved rows) -> FC2 wgrad -> d probs into the saved state.
