@@ -10,15 +10,24 @@
  * then token index, then top-k slot; the first receive_capacity are kept, the rest dropped, and
  * counted exactly (per source rank and global expert, and per destination rank and local expert
  * before and after the capacity). A dropped row contributes zero in combine. Overflow policies:
- * DROP carries on; TRAP also raises SFMOE_FAULT_EP_OVERFLOW in the status word. Within a local
- * expert, rows are ordered by source rank, then token index: the layout, the combine's slot-order
- * FP32 sums, and hence every output bit, do not depend on arrival order.
+ * DROP carries on; TRAP also raises SFMOE_FAULT_EP_OVERFLOW in the status word; SPILL keeps the
+ * next `spill_capacity` rows in a second round (a second grouped tensor of the received buffer,
+ * after the first round's rows, with offsets of its own), so combine gives the bits of an
+ * unlimited capacity; rows past both are dropped, counted and raise SFMOE_FAULT_EP_OVERFLOW.
+ * Within a local expert, rows are ordered by source rank, then token index: the layout, the
+ * combine's slot-order FP32 sums, and hence every output bit, do not depend on arrival order.
+ *
+ * Payloads: BF16, FP16, FP32 rows, or FP8 codes (E4M3, E5M2) with their scales travelling beside
+ * the rows (`payload_scaling`): TENSOR, the source rank's FP32 scale_inv repeated on each row (one
+ * column; received rows come from ranks of different scales); BLOCK_1X128, the rows' FP32
+ * scale_inv per 128 columns; MX_1X32, their E8M0 scales per 32 columns, unswizzled. Dispatch
+ * moves bytes: the received codes and scales are the sent ones.
  *
  * Transports: LOOPBACK holds every rank in one process (each call takes an array of `world`
  * descriptors, rank by rank): the test bed of the EP logic, on the CPU backend or on one GPU (up
  * to 64 ranks there; the same bits). On the host the expert ids are checked before anything is
  * written; on the device a bad id is skipped and reported (SFMOE_FAULT_BAD_INDEX). NCCL (one
- * process per GPU) and the SPILL policy are refused with SFMOE_ERROR_UNSUPPORTED in this build.
+ * process per GPU) is refused with SFMOE_ERROR_UNSUPPORTED in this build.
  */
 #ifndef SFMOE_EP_H_
 #define SFMOE_EP_H_
@@ -37,10 +46,11 @@ typedef enum sfmoe_ep_transport {
 typedef enum sfmoe_ep_overflow {
   SFMOE_EP_OVERFLOW_DROP = 0, /* rows beyond the capacity dropped, counted */
   SFMOE_EP_OVERFLOW_TRAP = 1, /* as DROP, and SFMOE_FAULT_EP_OVERFLOW raised in the word */
-  SFMOE_EP_OVERFLOW_SPILL = 2 /* a second round for the rows that did not fit (not built yet) */
+  SFMOE_EP_OVERFLOW_SPILL = 2 /* a second round of spill_capacity rows for those that did not fit */
 } sfmoe_ep_overflow;
 
-/* receive_capacity: every row any rank could be sent (world * max_tokens_per_rank * top_k). */
+/* receive_capacity: every row any rank could be sent (world * max_tokens_per_rank * top_k);
+ * spill_capacity: every row that can overflow the receive capacity (worst case - capacity). */
 #define SFMOE_EP_CAPACITY_WORST_CASE (-1)
 
 typedef struct sfmoe_ep_config {
@@ -52,16 +62,20 @@ typedef struct sfmoe_ep_config {
   int64_t max_tokens_per_rank; /* every rank's T is at most this */
   int64_t top_k;               /* 1 <= k <= E; a token names an expert at most once */
   int64_t hidden;              /* H: the dispatched rows' width */
-  sfmoe_dtype payload;         /* the dispatched rows: BF16, FP16 or FP32 */
+  sfmoe_dtype payload;         /* the dispatched rows: BF16, FP16, FP32, FP8_E4M3 or FP8_E5M2 */
   int64_t row_alignment;       /* each local expert's rows padded to a multiple of this: 1, 8, 16,
                                   32, 64 or 128 (1) */
   int64_t receive_capacity;    /* rows a rank keeps at most, >= 1 (typically capacity_factor T k
                                   / R), or SFMOE_EP_CAPACITY_WORST_CASE (the default) */
   sfmoe_ep_overflow overflow;
+  sfmoe_scaling payload_scaling; /* NONE for BF16 / FP16 / FP32; TENSOR, BLOCK_1X128 or MX_1X32
+                                    for FP8 codes */
+  int64_t spill_capacity;        /* SPILL: rows of the second round, >= 1, or
+                                    SFMOE_EP_CAPACITY_WORST_CASE; 0 otherwise */
 } sfmoe_ep_config;
 
-/* struct_size set, LOOPBACK, world 1, row_alignment 1, BF16, DROP, the worst-case capacity,
- * everything else 0. */
+/* struct_size set, LOOPBACK, world 1, row_alignment 1, BF16 (scaling NONE), DROP, the worst-case
+ * capacity, everything else 0. */
 SFMOE_API sfmoe_ep_config sfmoe_ep_config_init(void);
 
 typedef struct sfmoe_ep_group sfmoe_ep_group;
@@ -73,34 +87,50 @@ SFMOE_API sfmoe_status sfmoe_ep_group_destroy(sfmoe_ep_group* group);
 typedef struct sfmoe_ep_plan {
   size_t struct_size;
   int32_t local_ranks;      /* descriptors each call takes: world_size (LOOPBACK) or 1 */
-  int64_t receive_capacity; /* the rows a rank keeps at most (the worst case resolved) */
-  int64_t receive_rows;     /* rows of a rank's received buffer: capacity + E_l (a - 1) */
+  int64_t receive_capacity; /* the rows a rank keeps at most in the first round (the worst case
+                               resolved) */
+  int64_t receive_rows;     /* rows of a rank's received buffer: capacity + E_l (a - 1), plus
+                               spill_rows */
   int64_t handle_bytes;     /* a rank's routing, written by dispatch, read by the other calls */
+  int32_t rounds;           /* 2 with SPILL, else 1: the grouped tensors in the received buffer */
+  int64_t spill_capacity;   /* SPILL: the second round's rows at most (resolved); else 0 */
+  int64_t spill_row_base;   /* SPILL: the second round's first row (capacity + E_l (a - 1)) */
+  int64_t spill_rows;       /* SPILL: spill_capacity + E_l (a - 1); else 0 */
+  int64_t scale_columns;    /* columns of the scales beside each row (0 without them) */
+  sfmoe_dtype scale_dtype;  /* FP32 (TENSOR, BLOCK_1X128) or E8M0 (MX_1X32) */
 } sfmoe_ep_plan;
 
 SFMOE_API sfmoe_ep_plan sfmoe_ep_plan_init(void);
 SFMOE_API sfmoe_status sfmoe_ep_group_get_plan(const sfmoe_ep_group* group, sfmoe_ep_plan* plan);
 
 /* Every array below has local_ranks entries, rank by rank; an optional output is NULL as a whole
- * or present for every rank. T_r is rank r's token count (tokens[r]'s rows). */
+ * or present for every rank. T_r is rank r's token count (tokens[r]'s rows). G = rounds E_l
+ * groups: the first round's local experts, then (SPILL) the second round's; group_offsets holds
+ * rounds (E_l + 1) entries, each round's offsets counted from its first row (0, then
+ * spill_row_base). */
 typedef struct sfmoe_ep_dispatch_args {
   size_t struct_size;
-  const sfmoe_tensor* const* tokens;        /* [T_r, H] payload dtype */
-  const sfmoe_tensor* const* topk_ids;      /* [T_r, k] INT32 global expert ids */
-  const sfmoe_tensor* const* received;      /* [receive_rows, H] payload dtype, written: each local
-                                               expert's rows at group_offsets[e], its padding rows
-                                               zero, rows past the last expert untouched */
-  const sfmoe_tensor* const* group_offsets; /* [E_l + 1] INT64, written */
-  const sfmoe_tensor* const* handle;        /* 1-D, handle_bytes, written */
-  const sfmoe_tensor* const* tokens_per_expert;  /* [E_l] INT64: rows kept per local expert, or
-                                                    NULL */
+  const sfmoe_tensor* const* tokens;   /* [T_r, H] payload dtype */
+  const sfmoe_tensor* const* topk_ids; /* [T_r, k] INT32 global expert ids */
+  const sfmoe_tensor* const* received; /* [receive_rows, H] payload dtype, written: each group's
+                                          rows at its round's first row + its offset, its
+                                          padding rows zero, rows past each round's last group
+                                          untouched */
+  const sfmoe_tensor* const* group_offsets;      /* [rounds (E_l + 1)] INT64, written */
+  const sfmoe_tensor* const* handle;             /* 1-D, handle_bytes, written */
+  const sfmoe_tensor* const* tokens_per_expert;  /* [G] INT64: rows kept per group, or NULL */
   const sfmoe_tensor* const* routed_per_expert;  /* [E_l] INT64: rows sent to each local expert
                                                     before the capacity (size it from these), or
                                                     NULL */
   const sfmoe_tensor* const* dropped_per_expert; /* [E] INT64: the source rank's rows dropped, by
                                                     global expert, or NULL */
-  sfmoe_status_word* word;                       /* TRAP's overflow; or NULL */
+  sfmoe_status_word* word;                       /* TRAP's and SPILL's overflow; or NULL */
   void* stream;
+  const sfmoe_tensor* const* token_scales;    /* FP8 payloads: [T_r, scale_columns] scale_dtype;
+                                                 else NULL */
+  const sfmoe_tensor* const* received_scales; /* FP8 payloads: [receive_rows, scale_columns],
+                                                 written beside the received rows (padding rows'
+                                                 scales zero); else NULL */
 } sfmoe_ep_dispatch_args;
 
 /* Combine: out_r[t] = sum_i probs_r[t, i] rows_d[row of (r, t, i)] over the kept slots (FP32 sums

@@ -30,6 +30,8 @@ struct sfmoe_ep_group {
   sfmoe_ep_config config;
   sfmoe::EpShape shape;
   sfmoe::EpHandleLayout handle;
+  int64_t scale_columns;  // beside each dispatched row (FP8 payloads), else 0
+  sfmoe_dtype scale_dtype;
   sfmoe_memory memory;
   int32_t device;
 };
@@ -95,12 +97,30 @@ sfmoe_status check_config(const char* context, const sfmoe_ep_config* c, sfmoe_m
                 "%s: top_k must be in [1, world_size * experts_per_rank = %lld], got %lld", context,
                 static_cast<long long>(experts), static_cast<long long>(c->top_k));
   }
-  if (c->payload != SFMOE_DTYPE_BF16 && c->payload != SFMOE_DTYPE_FP16 &&
-      c->payload != SFMOE_DTYPE_FP32) {
+  const int32_t payload = enum_value(c->payload), scaling = enum_value(c->payload_scaling);
+  const bool fp8 = payload == SFMOE_DTYPE_FP8_E4M3 || payload == SFMOE_DTYPE_FP8_E5M2;
+  if (payload != SFMOE_DTYPE_BF16 && payload != SFMOE_DTYPE_FP16 && payload != SFMOE_DTYPE_FP32 &&
+      !fp8) {
     return fail(SFMOE_ERROR_DTYPE_MISMATCH,
-                "%s: payload must be bf16, fp16 or fp32 (the quantized payloads are not built "
-                "yet), got '%s'",
-                context, sfmoe_dtype_name(c->payload));
+                "%s: payload must be bf16, fp16, fp32, fp8_e4m3 or fp8_e5m2, got '%s'", context,
+                sfmoe_dtype_name(c->payload));
+  }
+  if (fp8 != (scaling == SFMOE_SCALING_TENSOR || scaling == SFMOE_SCALING_BLOCK_1X128 ||
+              scaling == SFMOE_SCALING_MX_1X32)) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                "%s: payload_scaling must be TENSOR, BLOCK_1X128 or MX_1X32 for FP8 codes and "
+                "NONE for bf16, fp16 or fp32 rows; got scaling %d with '%s'",
+                context, static_cast<int>(scaling), sfmoe_dtype_name(c->payload));
+  }
+  const bool spill = overflow == SFMOE_EP_OVERFLOW_SPILL;
+  if (spill ? c->spill_capacity < 1 && c->spill_capacity != SFMOE_EP_CAPACITY_WORST_CASE
+            : c->spill_capacity != 0) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                spill ? "%s: with SPILL, spill_capacity must be >= 1 rows (or "
+                        "SFMOE_EP_CAPACITY_WORST_CASE), got %lld"
+                      : "%s: spill_capacity is the SPILL policy's second round: it must be 0 "
+                        "with DROP or TRAP, got %lld",
+                context, static_cast<long long>(c->spill_capacity));
   }
   if (!permute_alignment_is_valid(c->row_alignment)) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT,
@@ -110,13 +130,16 @@ sfmoe_status check_config(const char* context, const sfmoe_ep_config* c, sfmoe_m
   if (transport == SFMOE_EP_TRANSPORT_NCCL) {
     return fail(SFMOE_ERROR_UNSUPPORTED, "%s: the NCCL transport is not built yet", context);
   }
-  if (overflow == SFMOE_EP_OVERFLOW_SPILL) {
-    return fail(SFMOE_ERROR_UNSUPPORTED, "%s: the spill policy is not built yet", context);
-  }
   if (memory == SFMOE_MEMORY_CUDA && c->world_size > kMaxDeviceEpRanks) {
     return fail(SFMOE_ERROR_UNSUPPORTED, "%s: the device loopback holds up to %lld ranks, got %d",
                 context, static_cast<long long>(kMaxDeviceEpRanks),
                 static_cast<int>(c->world_size));
+  }
+  // (the device routing counts a round's rows in 32 bits)
+  if (memory == SFMOE_MEMORY_CUDA && worst >= (int64_t{1} << 31)) {
+    return fail(SFMOE_ERROR_UNSUPPORTED,
+                "%s: the device loopback routes fewer than 2^31 rows in all, got %lld", context,
+                static_cast<long long>(worst));
   }
   EpShape& s = g->shape;
   s.world = c->world_size;
@@ -126,12 +149,29 @@ sfmoe_status check_config(const char* context, const sfmoe_ep_config* c, sfmoe_m
   // (a capacity above the worst case holds nothing more)
   s.receive_capacity =
       c->receive_capacity > 0 && c->receive_capacity < worst ? c->receive_capacity : worst;
-  // Rows: the kept ones plus each local expert's padding, a multiple of nothing more.
-  int64_t padding = 0;
+  s.rounds = spill ? 2 : 1;
+  s.spill_capacity = 0;
+  if (spill) {
+    const int64_t left = worst - s.receive_capacity;
+    s.spill_capacity = c->spill_capacity > 0 && c->spill_capacity < left ? c->spill_capacity : left;
+  }
+  // Rows: each round's kept ones plus each local expert's padding, a multiple of nothing more.
+  int64_t padding = 0, spill_rows = 0;
   if (__builtin_mul_overflow(c->experts_per_rank, c->row_alignment - 1, &padding) ||
-      __builtin_add_overflow(s.receive_capacity, padding, &s.receive_rows) ||
+      __builtin_add_overflow(s.receive_capacity, padding, &s.spill_row_base) ||
+      __builtin_add_overflow(s.spill_capacity, spill ? padding : 0, &spill_rows) ||
+      __builtin_add_overflow(s.spill_row_base, spill_rows, &s.receive_rows) ||
       slots > INT64_MAX / 16) {
     return fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: the group's sizes overflow", context);
+  }
+  if (!spill) s.spill_row_base = 0;
+  g->scale_columns = 0;
+  g->scale_dtype = SFMOE_DTYPE_FP32;
+  if (scaling == SFMOE_SCALING_TENSOR) g->scale_columns = 1;
+  if (scaling == SFMOE_SCALING_BLOCK_1X128) g->scale_columns = (c->hidden + 127) / 128;
+  if (scaling == SFMOE_SCALING_MX_1X32) {
+    g->scale_columns = (c->hidden + 31) / 32;
+    g->scale_dtype = SFMOE_DTYPE_E8M0;
   }
   EpHandleLayout& h = g->handle;
   int64_t at = 0;
@@ -141,8 +181,8 @@ sfmoe_status check_config(const char* context, const sfmoe_ep_config* c, sfmoe_m
   };
   place(slots * 4, &h.send_rank);
   place(slots * 8, &h.send_row);
-  place((c->experts_per_rank + 1) * 8, &h.offsets);
-  place(c->experts_per_rank * 8, &h.kept);
+  place(s.rounds * (c->experts_per_rank + 1) * 8, &h.offsets);
+  place(s.rounds * c->experts_per_rank * 8, &h.kept);
   place(c->experts_per_rank * 8, &h.routed);
   place(experts * 8, &h.dropped);
   h.bytes = at;
@@ -364,6 +404,14 @@ sfmoe_status sfmoe_ep_group_get_plan(const sfmoe_ep_group* group, sfmoe_ep_plan*
     plan->receive_capacity = group->shape.receive_capacity;
     plan->receive_rows = group->shape.receive_rows;
     plan->handle_bytes = group->handle.bytes;
+    plan->rounds = static_cast<int32_t>(group->shape.rounds);
+    plan->spill_capacity = group->shape.spill_capacity;
+    plan->spill_row_base = group->shape.spill_row_base;
+    plan->spill_rows =
+        group->shape.receive_rows -
+        (group->shape.rounds > 1 ? group->shape.spill_row_base : group->shape.receive_rows);
+    plan->scale_columns = group->scale_columns;
+    plan->scale_dtype = group->scale_dtype;
     return SFMOE_SUCCESS;
   });
 }
@@ -384,16 +432,35 @@ sfmoe_status sfmoe_ep_dispatch(const sfmoe_ep_group* g, const sfmoe_ep_dispatch_
     auto slots_shape = [&](int64_t r) { return std::vector<int64_t>{T[r], k}; };
     auto rows_shape = [&](int64_t) { return std::vector<int64_t>{s.receive_rows, H}; };
     auto local_shape = [&](int64_t) { return std::vector<int64_t>{El}; };
+    const int64_t groups = s.rounds * El, S = g->scale_columns;
     SFMOE_RETURN_IF_ERROR(expect_ranks(context, "tokens", a->tokens, g, {payload}, tokens_shape));
     SFMOE_RETURN_IF_ERROR(
         expect_ranks(context, "topk_ids", a->topk_ids, g, {SFMOE_DTYPE_INT32}, slots_shape));
     SFMOE_RETURN_IF_ERROR(expect_ranks(context, "received", a->received, g, {payload}, rows_shape));
-    SFMOE_RETURN_IF_ERROR(expect_ranks(context, "group_offsets", a->group_offsets, g,
-                                       {SFMOE_DTYPE_INT64},
-                                       [&](int64_t) { return std::vector<int64_t>{El + 1}; }));
+    SFMOE_RETURN_IF_ERROR(
+        expect_ranks(context, "group_offsets", a->group_offsets, g, {SFMOE_DTYPE_INT64},
+                     [&](int64_t) { return std::vector<int64_t>{s.rounds * (El + 1)}; }));
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_handles(context, a->handle, g));
-    SFMOE_RETURN_IF_ERROR(expect_ranks(context, "tokens_per_expert", a->tokens_per_expert, g,
-                                       {SFMOE_DTYPE_INT64}, local_shape, true));
+    SFMOE_RETURN_IF_ERROR(expect_ranks(
+        context, "tokens_per_expert", a->tokens_per_expert, g, {SFMOE_DTYPE_INT64},
+        [&](int64_t) { return std::vector<int64_t>{groups}; }, true));
+    if (S == 0 && (a->token_scales != nullptr || a->received_scales != nullptr)) {
+      return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                         "%s: token_scales and received_scales are for FP8 payloads; this group "
+                         "moves '%s' rows without scales",
+                         context, sfmoe_dtype_name(payload));
+    }
+    if (S > 0) {
+      const sfmoe_dtype sd = g->scale_dtype;
+      SFMOE_RETURN_IF_ERROR(
+          expect_ranks(context, "token_scales", a->token_scales, g, {sd}, [&](int64_t r) {
+            return std::vector<int64_t>{T[r], S};
+          }));
+      SFMOE_RETURN_IF_ERROR(
+          expect_ranks(context, "received_scales", a->received_scales, g, {sd}, [&](int64_t) {
+            return std::vector<int64_t>{s.receive_rows, S};
+          }));
+    }
     SFMOE_RETURN_IF_ERROR(expect_ranks(context, "routed_per_expert", a->routed_per_expert, g,
                                        {SFMOE_DTYPE_INT64}, local_shape, true));
     SFMOE_RETURN_IF_ERROR(expect_ranks(
@@ -410,22 +477,36 @@ sfmoe_status sfmoe_ep_dispatch(const sfmoe_ep_group* g, const sfmoe_ep_dispatch_
     const std::vector<const int32_t*> ids = sfmoe::data_of<const int32_t*>(a->topk_ids, R);
     sfmoe_fault_report* word = a->word != nullptr ? a->word->word : nullptr;
     sfmoe::EpRouteArgs route{
-        s,   T.data(), ids.data(), routing.data(), g->config.overflow == SFMOE_EP_OVERFLOW_TRAP,
+        s,   T.data(), ids.data(), routing.data(), g->config.overflow != SFMOE_EP_OVERFLOW_DROP,
         word};
     SFMOE_RETURN_IF_ERROR(backend.ep_route(route, a->stream));
     const std::vector<const void*> tokens = sfmoe::data_of<const void*>(a->tokens, R);
     const std::vector<void*> received = sfmoe::data_of<void*>(a->received, R);
-    sfmoe::EpScatterArgs scatter{
-        s,       H,       T.data(), tokens.data(),  payload,         nullptr,
-        nullptr, payload, nullptr,  routing.data(), received.data(), payload};
+    const std::vector<const void*> token_scales = sfmoe::data_of<const void*>(a->token_scales, R);
+    const std::vector<void*> received_scales = sfmoe::data_of<void*>(a->received_scales, R);
+    sfmoe::EpScatterArgs scatter{s,
+                                 H,
+                                 T.data(),
+                                 tokens.data(),
+                                 payload,
+                                 nullptr,
+                                 nullptr,
+                                 payload,
+                                 nullptr,
+                                 routing.data(),
+                                 received.data(),
+                                 payload,
+                                 S * sfmoe_dtype_bits(g->scale_dtype) / 8,
+                                 S > 0 ? token_scales.data() : nullptr,
+                                 S > 0 ? received_scales.data() : nullptr};
     SFMOE_RETURN_IF_ERROR(backend.ep_scatter(scatter, a->stream));
     // The routing's counts out of the handles, ordered after the routing on the stream.
     for (int64_t r = 0; r < R; ++r) {
       SFMOE_RETURN_IF_ERROR(backend.copy(a->group_offsets[r]->data, routing[r].offsets,
-                                         static_cast<size_t>(El + 1) * 8, a->stream));
+                                         static_cast<size_t>(s.rounds * (El + 1)) * 8, a->stream));
       if (a->tokens_per_expert != nullptr) {
         SFMOE_RETURN_IF_ERROR(backend.copy(a->tokens_per_expert[r]->data, routing[r].kept,
-                                           static_cast<size_t>(El) * 8, a->stream));
+                                           static_cast<size_t>(groups) * 8, a->stream));
       }
       if (a->routed_per_expert != nullptr) {
         SFMOE_RETURN_IF_ERROR(backend.copy(a->routed_per_expert[r]->data, routing[r].routed,
@@ -528,8 +609,9 @@ sfmoe_status sfmoe_ep_combine_backward(const sfmoe_ep_group* g,
     std::vector<float*> d_probs = sfmoe::data_of<float*>(a->d_probs, R);
     const std::vector<void*> d_rows = sfmoe::data_of<void*>(a->d_rows, R);
     sfmoe::EpScatterArgs scatter{
-        s,           cols,  T.data(),       d_out.data(),   dtype,         probs.data(),
-        rows.data(), dtype, d_probs.data(), routing.data(), d_rows.data(), dtype};
+        s,           cols,    T.data(),       d_out.data(),   dtype,         probs.data(),
+        rows.data(), dtype,   d_probs.data(), routing.data(), d_rows.data(), dtype,
+        0,           nullptr, nullptr};
     return sfmoe::ops::backend_for(g->memory).ep_scatter(scatter, a->stream);
   });
 }

@@ -17,8 +17,9 @@ constexpr int64_t kMaxDeviceEpRanks = 64;
 struct EpRankRouting {
   int32_t* send_rank;  // [T, k]: the destination rank of each slot, -1 dropped or invalid
   int64_t* send_row;   // [T, k]: its row there, -1 likewise
-  int64_t* offsets;    // [E_l + 1]: this rank's received local-expert blocks (padded)
-  int64_t* kept;       // [E_l]: rows kept per local expert
+  int64_t* offsets;    // [rounds (E_l + 1)]: each round's local-expert blocks (padded), counted
+                       // from the round's first row
+  int64_t* kept;       // [rounds E_l]: rows kept per group (round-major)
   int64_t* routed;     // [E_l]: rows sent to each local expert before the capacity
   int64_t* dropped;    // [E]: this rank's rows dropped, by global expert
 };
@@ -28,9 +29,33 @@ struct EpShape {
   int64_t experts_per_rank;  // E_l
   int64_t top_k;
   int64_t row_alignment;
-  int64_t receive_capacity;  // rows a rank keeps at most
-  int64_t receive_rows;      // rows of a rank's received buffer
+  int64_t receive_capacity;  // rows a rank keeps at most in the first round
+  int64_t receive_rows;      // rows of a rank's received buffer (both rounds)
+  int64_t rounds;            // 2 with SPILL, else 1
+  int64_t spill_capacity;    // the second round's rows at most (0 with one round)
+  int64_t spill_row_base;    // the second round's first row
 };
+
+// Group g = round * E_l + local expert; its offsets start at offsets[round (E_l + 1)], counted
+// from the round's first row.
+SFMOE_HD int64_t ep_round_base(const EpShape& s, int64_t round) {
+  return round == 0 ? 0 : s.spill_row_base;
+}
+SFMOE_HD int64_t ep_group_begin(const EpShape& s, const int64_t* offsets, int64_t group) {
+  const int64_t round = group / s.experts_per_rank, e = group % s.experts_per_rank;
+  return ep_round_base(s, round) + offsets[round * (s.experts_per_rank + 1) + e];
+}
+SFMOE_HD int64_t ep_group_end(const EpShape& s, const int64_t* offsets, int64_t group) {
+  const int64_t round = group / s.experts_per_rank, e = group % s.experts_per_rank;
+  return ep_round_base(s, round) + offsets[round * (s.experts_per_rank + 1) + e + 1];
+}
+// The round of the row at position p of a destination's (source, token, slot) list: 0, 1, or -1
+// (dropped).
+SFMOE_HD int64_t ep_round_of(const EpShape& s, int64_t position) {
+  if (position < s.receive_capacity) return 0;
+  if (s.rounds > 1 && position - s.receive_capacity < s.spill_capacity) return 1;
+  return -1;
+}
 
 // The routing of all R ranks (the loopback holds them all): each source rank's slots in order
 // (source rank, token, slot); a destination keeps its first receive_capacity rows; within a
@@ -40,7 +65,7 @@ struct EpRouteArgs {
   const int64_t* tokens;           // [R]: T of each source rank
   const int32_t* const* topk_ids;  // [R] -> [T_r, k]
   const EpRankRouting* routing;    // [R], written
-  bool trap;                       // raise SFMOE_FAULT_EP_OVERFLOW on a drop
+  bool trap;                       // raise SFMOE_FAULT_EP_OVERFLOW on a drop (TRAP, SPILL)
   sfmoe_fault_report* word;        // or NULL: bad ids and overflow
 };
 
@@ -60,7 +85,8 @@ constexpr int64_t kEpDotLanes = 256;
 inline int64_t ep_dot_vector(int64_t hidden) { return hidden % 8 == 0 ? 8 : 1; }
 
 // Rows from the sources' token rows to the destinations' received rows (dispatch: weights NULL,
-// rows NULL, d_probs NULL), or the weighted gradient to them with d probs (combine's backward).
+// rows NULL, d_probs NULL; the bytes moved as they are, and scale_bytes of scales beside each
+// row), or the weighted gradient to them with d probs (combine's backward).
 struct EpScatterArgs {
   EpShape shape;
   int64_t hidden;
@@ -75,6 +101,9 @@ struct EpScatterArgs {
   const EpRankRouting* routing;  // [R]
   void* const* out_rows;         // [R] -> [receive_rows, hidden]
   sfmoe_dtype out_dtype;
+  int64_t scale_bytes;              // dispatch: bytes of scales beside each row, or 0
+  const void* const* token_scales;  // [R] -> [T_r, scale_bytes], or NULL
+  void* const* out_scales;          // [R] -> [receive_rows, scale_bytes], or NULL
 };
 
 // Rows from the destinations back to the sources' tokens: out[t] = sum_i w[t, i] rows[slot],

@@ -1,6 +1,7 @@
 // Expert parallelism, CPU reference (docs/ep.md): the routing and the two row movements of every
 // rank held by this process, with the rules of src/common/ep_args.h. It is the definition the
 // device transports are checked against, bit for bit.
+#include <cstring>
 #include <vector>
 
 #include "sfmoe/numerics/bits.h"
@@ -14,13 +15,16 @@ namespace cpu {
 void ep_route(const EpRouteArgs& a) {
   const EpShape& s = a.shape;
   const int64_t R = s.world, El = s.experts_per_rank, E = R * El, k = s.top_k;
+  const int64_t groups = s.rounds * El;
   for (int64_t r = 0; r < R; ++r) {
     const EpRankRouting& q = a.routing[r];
-    for (int64_t e = 0; e < El; ++e) q.kept[e] = q.routed[e] = 0;
+    for (int64_t g = 0; g < groups; ++g) q.kept[g] = 0;
+    for (int64_t e = 0; e < El; ++e) q.routed[e] = 0;
     for (int64_t e = 0; e < E; ++e) q.dropped[e] = 0;
   }
   // Keep or drop, in (source rank, token, slot) order: each destination keeps its first
-  // receive_capacity rows. send_row holds the local expert for now.
+  // receive_capacity rows in the first round, (SPILL) the next spill_capacity in the second.
+  // send_row holds the group for now.
   std::vector<int64_t> received(static_cast<size_t>(R), 0);
   for (int64_t r = 0; r < R; ++r) {
     const EpRankRouting& q = a.routing[r];
@@ -34,28 +38,33 @@ void ep_route(const EpRouteArgs& a) {
       }
       const int64_t d = e / El, local = e % El;
       ++a.routing[d].routed[local];
-      if (received[d] >= s.receive_capacity) {
+      const int64_t round = ep_round_of(s, received[d]++);
+      if (round < 0) {
         ++q.dropped[e];
         if (a.trap && a.word != nullptr) raise_fault(a.word, SFMOE_FAULT_EP_OVERFLOW, d, e);
         continue;
       }
-      ++received[d];
-      ++a.routing[d].kept[local];
+      ++a.routing[d].kept[round * El + local];
       q.send_rank[slot] = static_cast<int32_t>(d);
-      q.send_row[slot] = local;
+      q.send_row[slot] = round * El + local;
     }
   }
-  // Each destination's padded blocks, then the rows in the same order (so, within a local
-  // expert, by source rank and token).
+  // Each destination's padded blocks, round by round, then the rows in the same order (so, within
+  // a group, by source rank and token).
   std::vector<std::vector<int64_t>> cursor(static_cast<size_t>(R));
   for (int64_t d = 0; d < R; ++d) {
     const EpRankRouting& q = a.routing[d];
-    q.offsets[0] = 0;
-    for (int64_t e = 0; e < El; ++e) {
-      const int64_t block = (q.kept[e] + s.row_alignment - 1) / s.row_alignment * s.row_alignment;
-      q.offsets[e + 1] = q.offsets[e] + block;
+    cursor[d].assign(static_cast<size_t>(groups), 0);
+    for (int64_t round = 0; round < s.rounds; ++round) {
+      int64_t* offsets = q.offsets + round * (El + 1);
+      offsets[0] = 0;
+      for (int64_t e = 0; e < El; ++e) {
+        const int64_t kept = q.kept[round * El + e];
+        offsets[e + 1] =
+            offsets[e] + (kept + s.row_alignment - 1) / s.row_alignment * s.row_alignment;
+      }
     }
-    cursor[d].assign(q.offsets, q.offsets + El);
+    for (int64_t g = 0; g < groups; ++g) cursor[d][g] = ep_group_begin(s, q.offsets, g);
   }
   for (int64_t r = 0; r < R; ++r) {
     const EpRankRouting& q = a.routing[r];
@@ -69,12 +78,21 @@ void ep_route(const EpRouteArgs& a) {
 void ep_scatter(const EpScatterArgs& a) {
   const EpShape& s = a.shape;
   const int64_t R = s.world, El = s.experts_per_rank, k = s.top_k, H = a.hidden;
-  // Each destination's padding rows (after each local expert's kept rows) are zeros.
+  // Dispatch moves the bytes as they are (FP8 codes and their scales among them).
+  const bool bytes = a.probs == nullptr && a.token_dtype == a.out_dtype;
+  const size_t row_bytes = static_cast<size_t>(H) * sfmoe_dtype_bits(a.out_dtype) / 8;
+  const size_t scale_bytes = static_cast<size_t>(a.scale_bytes);
+  // Each destination's padding rows (after each group's kept rows) are zeros, their scales too.
   for (int64_t d = 0; d < R; ++d) {
     const EpRankRouting& q = a.routing[d];
-    for (int64_t e = 0; e < El; ++e) {
-      for (int64_t row = q.offsets[e] + q.kept[e]; row < q.offsets[e + 1]; ++row) {
-        for (int64_t h = 0; h < H; ++h) store_value(a.out_rows[d], a.out_dtype, row * H + h, 0.0f);
+    for (int64_t g = 0; g < s.rounds * El; ++g) {
+      for (int64_t row = ep_group_begin(s, q.offsets, g) + q.kept[g];
+           row < ep_group_end(s, q.offsets, g); ++row) {
+        if (!ep_slot_sent(d, row, R, s.receive_rows)) break;
+        std::memset(static_cast<uint8_t*>(a.out_rows[d]) + row * row_bytes, 0, row_bytes);
+        if (scale_bytes > 0) {
+          std::memset(static_cast<uint8_t*>(a.out_scales[d]) + row * scale_bytes, 0, scale_bytes);
+        }
       }
     }
   }
@@ -84,6 +102,16 @@ void ep_scatter(const EpScatterArgs& a) {
       const int64_t t = slot / k, d = q.send_rank[slot], row = q.send_row[slot];
       if (!ep_slot_sent(d, row, R, s.receive_rows)) {
         if (a.d_probs != nullptr) a.d_probs[r][slot] = 0.0f;
+        continue;
+      }
+      if (bytes) {
+        std::memcpy(static_cast<uint8_t*>(a.out_rows[d]) + row * row_bytes,
+                    static_cast<const uint8_t*>(a.token_rows[r]) + t * row_bytes, row_bytes);
+        if (scale_bytes > 0) {
+          std::memcpy(static_cast<uint8_t*>(a.out_scales[d]) + row * scale_bytes,
+                      static_cast<const uint8_t*>(a.token_scales[r]) + t * scale_bytes,
+                      scale_bytes);
+        }
         continue;
       }
       const float weight = a.probs != nullptr ? a.probs[r][slot] : 1.0f;

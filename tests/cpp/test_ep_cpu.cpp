@@ -36,6 +36,7 @@ struct EpCase {
   enum Routing { kRandom, kAllToOneExpert, kSkewed } routing = kRandom;
   bool empty_ranks = false;  // some ranks have no tokens
   sfmoe_ep_overflow overflow = SFMOE_EP_OVERFLOW_DROP;
+  int64_t spill = 0;  // SPILL's second round: rows, or SFMOE_EP_CAPACITY_WORST_CASE
 };
 
 // One rank's inputs and outputs, in host memory.
@@ -50,29 +51,36 @@ struct Rank {
   std::vector<float> out, d_out, d_rows, d_probs, back;
 };
 
-// The documented rules written out independently: per destination, the candidate list.
+// The documented rules written out independently: per destination, the candidate list; the
+// first `capacity` kept in the first round, the next `spill` (SPILL) in the second, whose rows
+// start at `spill_base`; each round's groups by local expert, padded.
 struct Expected {
-  std::vector<std::vector<float>> received;
   std::vector<std::vector<int64_t>> offsets, kept, routed, dropped;
   // row of each (rank, slot) at its destination, or -1
   std::vector<std::vector<int64_t>> row;
   std::vector<std::vector<int64_t>> dest;
+  // each rank's padding rows, and the rows past each round's last group
+  std::vector<std::vector<int64_t>> padding, unused;
 };
 
-Expected expected_dispatch(const EpCase& c, const std::vector<Rank>& ranks, int64_t capacity,
+Expected expected_dispatch(int64_t R, int64_t El, int64_t k, int64_t alignment,
+                           const std::vector<int64_t>& tokens,
+                           const std::vector<std::vector<int32_t>>& ids, int64_t capacity,
+                           int64_t rounds, int64_t spill, int64_t spill_base,
                            int64_t receive_rows) {
-  const int64_t R = c.world, El = c.experts_per_rank, E = R * El, k = c.top_k, H = c.hidden;
+  const int64_t E = R * El;
   Expected x;
-  x.received.assign(R, std::vector<float>(receive_rows * H, NAN));
-  x.offsets.assign(R, std::vector<int64_t>(El + 1, 0));
-  x.kept.assign(R, std::vector<int64_t>(El, 0));
+  x.offsets.assign(R, std::vector<int64_t>(rounds * (El + 1), 0));
+  x.kept.assign(R, std::vector<int64_t>(rounds * El, 0));
   x.routed.assign(R, std::vector<int64_t>(El, 0));
   x.dropped.assign(R, std::vector<int64_t>(E, 0));
   x.row.assign(R, {});
   x.dest.assign(R, {});
+  x.padding.assign(R, {});
+  x.unused.assign(R, {});
   for (int64_t r = 0; r < R; ++r) {
-    x.row[r].assign(ranks[r].tokens * k, -1);
-    x.dest[r].assign(ranks[r].tokens * k, -1);
+    x.row[r].assign(tokens[r] * k, -1);
+    x.dest[r].assign(tokens[r] * k, -1);
   }
   struct Candidate {
     int64_t source, token, slot, local;
@@ -80,9 +88,9 @@ Expected expected_dispatch(const EpCase& c, const std::vector<Rank>& ranks, int6
   for (int64_t d = 0; d < R; ++d) {
     std::vector<Candidate> list;
     for (int64_t s = 0; s < R; ++s) {
-      for (int64_t t = 0; t < ranks[s].tokens; ++t) {
+      for (int64_t t = 0; t < tokens[s]; ++t) {
         for (int64_t i = 0; i < k; ++i) {
-          const int32_t e = ranks[s].ids[t * k + i];
+          const int32_t e = ids[s][t * k + i];
           if (e / El == d) list.push_back({s, t, i, e % El});
         }
       }
@@ -91,32 +99,43 @@ Expected expected_dispatch(const EpCase& c, const std::vector<Rank>& ranks, int6
     std::stable_sort(list.begin(), list.end(), [](const Candidate& a, const Candidate& b) {
       return std::tie(a.source, a.token, a.slot) < std::tie(b.source, b.token, b.slot);
     });
-    std::vector<Candidate> kept;
+    std::vector<std::vector<Candidate>> kept(rounds);
     for (size_t n = 0; n < list.size(); ++n) {
       ++x.routed[d][list[n].local];
-      if (static_cast<int64_t>(n) < capacity) {
-        kept.push_back(list[n]);
+      const int64_t position = static_cast<int64_t>(n);
+      if (position < capacity) {
+        kept[0].push_back(list[n]);
+      } else if (rounds > 1 && position < capacity + spill) {
+        kept[1].push_back(list[n]);
       } else {
         ++x.dropped[list[n].source][d * El + list[n].local];
       }
     }
-    int64_t row = 0;
-    for (int64_t e = 0; e < El; ++e) {
-      x.offsets[d][e] = row;
-      for (const Candidate& q : kept) {
-        if (q.local != e) continue;
-        x.row[q.source][q.token * k + q.slot] = row;
-        x.dest[q.source][q.token * k + q.slot] = d;
-        std::memcpy(&x.received[d][row * H], &ranks[q.source].x[q.token * H], H * 4);
-        ++row;
-        ++x.kept[d][e];
+    std::vector<char> used(receive_rows, 0);
+    for (int64_t round = 0; round < rounds; ++round) {
+      const int64_t base = round == 0 ? 0 : spill_base;
+      int64_t row = base;
+      for (int64_t e = 0; e < El; ++e) {
+        x.offsets[d][round * (El + 1) + e] = row - base;
+        for (const Candidate& q : kept[round]) {
+          if (q.local != e) continue;
+          x.row[q.source][q.token * k + q.slot] = row;
+          x.dest[q.source][q.token * k + q.slot] = d;
+          used[row] = 1;
+          ++row;
+          ++x.kept[d][round * El + e];
+        }
+        while ((row - base) % alignment != 0) {
+          x.padding[d].push_back(row);
+          used[row] = 1;
+          ++row;
+        }
       }
-      while (row % c.alignment != 0) {
-        for (int64_t h = 0; h < H; ++h) x.received[d][row * H + h] = 0.0f;
-        ++row;
-      }
+      x.offsets[d][round * (El + 1) + El] = row - base;
     }
-    x.offsets[d][El] = row;
+    for (int64_t row = 0; row < receive_rows; ++row) {
+      if (!used[row]) x.unused[d].push_back(row);
+    }
   }
   return x;
 }
@@ -189,6 +208,22 @@ std::vector<EpCase> cases() {
   EpCase empty{"R 8, empty ranks, skewed", 8, 2, 21, 4, 5, 32, 25, EpCase::kSkewed, true};
   out.push_back(empty);
   out.push_back({"R 8, one expert per rank, k 8", 8, 1, 19, 8, 3, 1, SFMOE_EP_CAPACITY_WORST_CASE});
+  EpCase spill{"R 4, spill, both rounds bind", 4, 3, 40, 3, 9, 8, 20, EpCase::kSkewed};
+  spill.overflow = SFMOE_EP_OVERFLOW_SPILL;
+  spill.spill = 11;
+  out.push_back(spill);
+  EpCase spill_all{"R 2, spill of the worst case, one-row first round",
+                   2,
+                   4,
+                   30,
+                   2,
+                   16,
+                   16,
+                   1,
+                   EpCase::kAllToOneExpert};
+  spill_all.overflow = SFMOE_EP_OVERFLOW_SPILL;
+  spill_all.spill = SFMOE_EP_CAPACITY_WORST_CASE;
+  out.push_back(spill_all);
   return out;
 }
 
@@ -208,6 +243,7 @@ TEST(EpLoopbackCpu, DispatchCombineAndBackwardEqualTheAllToAllBitForBit) {
     config.row_alignment = c.alignment;
     config.receive_capacity = c.capacity;
     config.overflow = c.overflow;
+    config.spill_capacity = c.spill;
     sfmoe_ep_group* group = nullptr;
     ASSERT_EQ(sfmoe_ep_group_create(&config, SFMOE_MEMORY_HOST, 0, &group), SFMOE_SUCCESS)
         << sfmoe_last_error();
@@ -215,10 +251,23 @@ TEST(EpLoopbackCpu, DispatchCombineAndBackwardEqualTheAllToAllBitForBit) {
     ASSERT_EQ(sfmoe_ep_group_get_plan(group, &plan), SFMOE_SUCCESS);
     ASSERT_EQ(plan.local_ranks, c.world);
     const int64_t R = c.world, H = c.hidden, k = c.top_k, El = c.experts_per_rank, E = R * El;
+    const bool spill = c.overflow == SFMOE_EP_OVERFLOW_SPILL;
+    const int64_t worst = R * c.max_tokens * k, rounds = spill ? 2 : 1, G = rounds * El;
     if (c.capacity == SFMOE_EP_CAPACITY_WORST_CASE) {
-      EXPECT_EQ(plan.receive_capacity, R * c.max_tokens * k);
+      EXPECT_EQ(plan.receive_capacity, worst);
     }
-    EXPECT_EQ(plan.receive_rows, plan.receive_capacity + El * (c.alignment - 1));
+    EXPECT_EQ(plan.rounds, rounds);
+    const int64_t padding = El * (c.alignment - 1);
+    if (spill) {
+      EXPECT_EQ(plan.spill_capacity,
+                c.spill == SFMOE_EP_CAPACITY_WORST_CASE ? worst - plan.receive_capacity : c.spill);
+      EXPECT_EQ(plan.spill_row_base, plan.receive_capacity + padding);
+      EXPECT_EQ(plan.spill_rows, plan.spill_capacity + padding);
+    } else {
+      EXPECT_EQ(plan.spill_capacity, 0);
+      EXPECT_EQ(plan.spill_rows, 0);
+    }
+    EXPECT_EQ(plan.receive_rows, plan.receive_capacity + padding + plan.spill_rows);
 
     std::vector<Rank> ranks(R);
     for (int64_t r = 0; r < R; ++r) {
@@ -235,8 +284,8 @@ TEST(EpLoopbackCpu, DispatchCombineAndBackwardEqualTheAllToAllBitForBit) {
       q.probs.resize(q.tokens * k);
       for (float& p : q.probs) p = static_cast<float>(rng() % 1000) / 999.0f;
       q.received.assign(plan.receive_rows * H, -77.0f);
-      q.offsets.assign(El + 1, -1);
-      q.kept.assign(El, -1);
+      q.offsets.assign(rounds * (El + 1), -1);
+      q.kept.assign(G, -1);
       q.routed.assign(El, -1);
       q.dropped.assign(E, -1);
       q.handle.assign(plan.handle_bytes, 0xCD);
@@ -248,9 +297,9 @@ TEST(EpLoopbackCpu, DispatchCombineAndBackwardEqualTheAllToAllBitForBit) {
       t_ids.push_back(host_tensor(q.ids.data(), SFMOE_DTYPE_INT32, {q.tokens, k}));
       t_received.push_back(
           host_tensor(q.received.data(), SFMOE_DTYPE_FP32, {plan.receive_rows, H}));
-      t_offsets.push_back(host_tensor(q.offsets.data(), SFMOE_DTYPE_INT64, {El + 1}));
+      t_offsets.push_back(host_tensor(q.offsets.data(), SFMOE_DTYPE_INT64, {rounds * (El + 1)}));
       t_handle.push_back(host_tensor(q.handle.data(), kBytes, {plan.handle_bytes}));
-      t_kept.push_back(host_tensor(q.kept.data(), SFMOE_DTYPE_INT64, {El}));
+      t_kept.push_back(host_tensor(q.kept.data(), SFMOE_DTYPE_INT64, {G}));
       t_routed.push_back(host_tensor(q.routed.data(), SFMOE_DTYPE_INT64, {El}));
       t_dropped.push_back(host_tensor(q.dropped.data(), SFMOE_DTYPE_INT64, {E}));
     }
@@ -272,29 +321,56 @@ TEST(EpLoopbackCpu, DispatchCombineAndBackwardEqualTheAllToAllBitForBit) {
     d.word = word;
     ASSERT_EQ(sfmoe_ep_dispatch(group, &d), SFMOE_SUCCESS) << sfmoe_last_error();
 
-    const Expected want = expected_dispatch(c, ranks, plan.receive_capacity, plan.receive_rows);
-    int64_t dropped_total = 0;
+    std::vector<int64_t> tokens;
+    std::vector<std::vector<int32_t>> all_ids;
+    for (const Rank& q : ranks) {
+      tokens.push_back(q.tokens);
+      all_ids.push_back(q.ids);
+    }
+    const Expected want =
+        expected_dispatch(R, El, k, c.alignment, tokens, all_ids, plan.receive_capacity, rounds,
+                          plan.spill_capacity, plan.spill_row_base, plan.receive_rows);
+    int64_t dropped_total = 0, spilled = 0;
     for (int64_t r = 0; r < R; ++r) {
       EXPECT_EQ(ranks[r].offsets, want.offsets[r]) << "rank " << r;
       EXPECT_EQ(ranks[r].kept, want.kept[r]) << "rank " << r;
       EXPECT_EQ(ranks[r].routed, want.routed[r]) << "rank " << r;
       EXPECT_EQ(ranks[r].dropped, want.dropped[r]) << "rank " << r;
       for (int64_t e = 0; e < E; ++e) dropped_total += want.dropped[r][e];
-      // Rows past the last expert untouched; the others equal bit for bit (NaN payloads too).
-      const int64_t end = want.offsets[r][El];
-      for (int64_t i = end * H; i < plan.receive_rows * H; ++i) {
-        ASSERT_EQ(ranks[r].received[i], -77.0f) << "rank " << r << " beyond the experts";
+      for (int64_t g = El; g < G; ++g) spilled += want.kept[r][g];
+      // Each kept slot's row bit for bit (NaN payloads too), padding zero, the rest untouched.
+      for (int64_t row : want.padding[r]) {
+        for (int64_t h = 0; h < H; ++h) {
+          ASSERT_EQ(numerics::f32_to_bits(ranks[r].received[row * H + h]), 0u) << "padding";
+        }
       }
-      ASSERT_EQ(0, std::memcmp(ranks[r].received.data(), want.received[r].data(), end * H * 4))
-          << "rank " << r;
+      for (int64_t row : want.unused[r]) {
+        for (int64_t h = 0; h < H; ++h) {
+          ASSERT_EQ(ranks[r].received[row * H + h], -77.0f) << "rank " << r << " unused row";
+        }
+      }
+    }
+    for (int64_t r = 0; r < R; ++r) {
+      for (int64_t slot = 0; slot < ranks[r].tokens * k; ++slot) {
+        const int64_t d = want.dest[r][slot], row = want.row[r][slot];
+        if (d < 0) continue;
+        ASSERT_EQ(0, std::memcmp(&ranks[d].received[row * H], &ranks[r].x[(slot / k) * H], H * 4))
+            << "rank " << r << " slot " << slot;
+      }
+    }
+    if (spill && c.capacity < worst) {
+      EXPECT_GT(spilled, 0) << "the second round is meant to run";
     }
     sfmoe_fault_report report{};
     ASSERT_EQ(sfmoe_status_word_snapshot(word, nullptr), SFMOE_SUCCESS);
     ASSERT_EQ(sfmoe_status_word_read(word, &report), SFMOE_SUCCESS);
     const bool trapped = (report.flags & SFMOE_FAULT_EP_OVERFLOW) != 0;
-    EXPECT_EQ(trapped, c.overflow == SFMOE_EP_OVERFLOW_TRAP && dropped_total > 0);
-    if (c.capacity != SFMOE_EP_CAPACITY_WORST_CASE) {
+    EXPECT_EQ(trapped, c.overflow != SFMOE_EP_OVERFLOW_DROP && dropped_total > 0);
+    if (c.capacity != SFMOE_EP_CAPACITY_WORST_CASE && c.spill != SFMOE_EP_CAPACITY_WORST_CASE) {
       EXPECT_GT(dropped_total, 0) << "the capacity is meant to bind";
+    }
+    if (c.spill == SFMOE_EP_CAPACITY_WORST_CASE) {
+      EXPECT_EQ(dropped_total, 0);
     }
 
     // Combine of expert outputs (here: the received rows scaled by their row index + 1, a
@@ -375,15 +451,12 @@ TEST(EpLoopbackCpu, DispatchCombineAndBackwardEqualTheAllToAllBitForBit) {
               << "d probs, rank " << r << " slot " << slot;
         }
       }
-      // d rows: padding zero, past the experts untouched.
-      for (int64_t e = 0; e < El; ++e) {
-        for (int64_t row = want.offsets[r][e] + want.kept[r][e]; row < want.offsets[r][e + 1];
-             ++row) {
-          for (int64_t h = 0; h < H; ++h) ASSERT_EQ(q.d_rows[row * H + h], 0.0f);
-        }
+      // d rows: padding zero, the unused rows untouched.
+      for (int64_t row : want.padding[r]) {
+        for (int64_t h = 0; h < H; ++h) ASSERT_EQ(q.d_rows[row * H + h], 0.0f);
       }
-      for (int64_t i = want.offsets[r][El] * H; i < plan.receive_rows * H; ++i) {
-        ASSERT_EQ(q.d_rows[i], -55.0f);
+      for (int64_t row : want.unused[r]) {
+        for (int64_t h = 0; h < H; ++h) ASSERT_EQ(q.d_rows[row * H + h], -55.0f);
       }
     }
     sfmoe_status_word_destroy(word);
@@ -443,6 +516,321 @@ TEST(EpLoopbackCpu, OneRankIsPermute) {
   sfmoe_ep_group_destroy(group);
 }
 
+// The buffers of one loopback group's ranks, in host memory, as byte vectors.
+struct HostEpRanks {
+  sfmoe_ep_plan plan = sfmoe_ep_plan_init();
+  std::vector<std::vector<uint8_t>> received, scales, handle;
+  std::vector<std::vector<int64_t>> offsets, kept;
+  std::vector<sfmoe_tensor> t_received, t_scales, t_handle, t_offsets, t_kept;
+};
+
+sfmoe_status host_dispatch(const sfmoe_ep_group* group, int64_t R, int64_t H, sfmoe_dtype payload,
+                           std::vector<sfmoe_tensor>& t_x, std::vector<sfmoe_tensor>& t_ids,
+                           std::vector<sfmoe_tensor>* t_token_scales, HostEpRanks* h) {
+  EXPECT_EQ(sfmoe_ep_group_get_plan(group, &h->plan), SFMOE_SUCCESS);
+  const sfmoe_ep_plan& p = h->plan;
+  const int elem = sfmoe_dtype_bits(payload) / 8;
+  const int scale_elem = sfmoe_dtype_bits(p.scale_dtype) / 8;
+  h->received.assign(R, std::vector<uint8_t>(p.receive_rows * H * elem, 0xA5));
+  h->scales.assign(R, std::vector<uint8_t>(p.receive_rows * p.scale_columns * scale_elem, 0xA5));
+  h->handle.assign(R, std::vector<uint8_t>(p.handle_bytes, 0xA5));
+  h->t_received.clear();
+  h->t_scales.clear();
+  h->t_handle.clear();
+  h->t_offsets.clear();
+  h->t_kept.clear();
+  for (int64_t r = 0; r < R; ++r) {
+    h->t_received.push_back(host_tensor(h->received[r].data(), payload, {p.receive_rows, H}));
+    h->t_scales.push_back(
+        host_tensor(h->scales[r].data(), p.scale_dtype, {p.receive_rows, p.scale_columns}));
+    h->t_handle.push_back(host_tensor(h->handle[r].data(), kBytes, {p.handle_bytes}));
+  }
+  const int64_t offsets_size = h->offsets.empty() ? 0 : static_cast<int64_t>(h->offsets[0].size());
+  const int64_t kept_size = h->kept.empty() ? 0 : static_cast<int64_t>(h->kept[0].size());
+  for (int64_t r = 0; r < R; ++r) {
+    h->t_offsets.push_back(host_tensor(h->offsets[r].data(), SFMOE_DTYPE_INT64, {offsets_size}));
+    h->t_kept.push_back(host_tensor(h->kept[r].data(), SFMOE_DTYPE_INT64, {kept_size}));
+  }
+  auto px = pointers(t_x), pids = pointers(t_ids), prec = pointers(h->t_received),
+       pscales = pointers(h->t_scales), phandle = pointers(h->t_handle),
+       poff = pointers(h->t_offsets), pkept = pointers(h->t_kept);
+  std::vector<const sfmoe_tensor*> ptoken_scales;
+  if (t_token_scales != nullptr) ptoken_scales = pointers(*t_token_scales);
+  sfmoe_ep_dispatch_args d = sfmoe_ep_dispatch_args_init();
+  d.tokens = px.data();
+  d.topk_ids = pids.data();
+  d.received = prec.data();
+  d.group_offsets = poff.data();
+  d.handle = phandle.data();
+  d.tokens_per_expert = pkept.data();
+  if (t_token_scales != nullptr) {
+    d.token_scales = ptoken_scales.data();
+    d.received_scales = pscales.data();
+  }
+  return sfmoe_ep_dispatch(group, &d);
+}
+
+sfmoe_ep_group* loopback_group(int32_t R, int64_t El, int64_t T, int64_t k, int64_t H,
+                               int64_t alignment, sfmoe_dtype payload, sfmoe_scaling scaling,
+                               int64_t capacity, sfmoe_ep_overflow overflow, int64_t spill) {
+  sfmoe_ep_config c = sfmoe_ep_config_init();
+  c.world_size = R;
+  c.experts_per_rank = El;
+  c.max_tokens_per_rank = T;
+  c.top_k = k;
+  c.hidden = H;
+  c.payload = payload;
+  c.payload_scaling = scaling;
+  c.row_alignment = alignment;
+  c.receive_capacity = capacity;
+  c.overflow = overflow;
+  c.spill_capacity = spill;
+  sfmoe_ep_group* g = nullptr;
+  EXPECT_EQ(sfmoe_ep_group_create(&c, SFMOE_MEMORY_HOST, 0, &g), SFMOE_SUCCESS)
+      << sfmoe_last_error();
+  return g;
+}
+
+// SPILL with a first round far below demand gives the bits of an unlimited capacity: the combine
+// (weighted), dispatch's backward, and combine's backward (d probs, and the token gradient its d
+// rows give through dispatch's backward).
+TEST(EpLoopbackCpu, SpillGivesTheBitsOfAnUnlimitedCapacity) {
+  std::mt19937_64 rng(session_test_seed() + 503);
+  const int32_t R = 4;
+  const int64_t El = 3, T = 37, k = 4, H = 40, a = 8;
+  EpCase shape{"spill", R, El, T, k, H, a, 0, EpCase::kSkewed};
+  std::vector<std::vector<uint16_t>> x(R), d_out(R);
+  std::vector<std::vector<int32_t>> ids(R);
+  std::vector<std::vector<float>> probs(R);
+  std::vector<int64_t> tokens(R);
+  const std::vector<uint32_t> special = special_f32_bits();
+  for (int64_t r = 0; r < R; ++r) {
+    tokens[r] = r == 2 ? 0 : T - static_cast<int64_t>(rng() % 5);
+    x[r].resize(tokens[r] * H);
+    d_out[r].resize(tokens[r] * H);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (size_t i = 0; i < x[r].size(); ++i) {
+      x[r][i] = numerics::f32_to_bf16(
+          i % 23 == 4 ? numerics::bits_to_f32(special[(i / 23) % special.size()]) : normal(rng));
+      d_out[r][i] = numerics::f32_to_bf16(normal(rng));
+    }
+    ids[r] = routing(shape, tokens[r], r, rng);
+    probs[r].resize(tokens[r] * k);
+    for (float& p : probs[r]) p = static_cast<float>(rng() % 1000) / 999.0f;
+  }
+  struct Outputs {
+    std::vector<std::vector<uint16_t>> out, back, token_grad;
+    std::vector<std::vector<float>> d_probs;
+    int64_t spilled = 0;
+  };
+  auto run = [&](sfmoe_ep_group* group, int64_t rounds) {
+    Outputs o;
+    HostEpRanks h;
+    EXPECT_EQ(sfmoe_ep_group_get_plan(group, &h.plan), SFMOE_SUCCESS);
+    h.offsets.assign(R, std::vector<int64_t>(rounds * (El + 1), -1));
+    h.kept.assign(R, std::vector<int64_t>(rounds * El, -1));
+    std::vector<sfmoe_tensor> t_x, t_ids;
+    for (int64_t r = 0; r < R; ++r) {
+      t_x.push_back(host_tensor(x[r].data(), SFMOE_DTYPE_BF16, {tokens[r], H}));
+      t_ids.push_back(host_tensor(ids[r].data(), SFMOE_DTYPE_INT32, {tokens[r], k}));
+    }
+    EXPECT_EQ(host_dispatch(group, R, H, SFMOE_DTYPE_BF16, t_x, t_ids, nullptr, &h), SFMOE_SUCCESS)
+        << sfmoe_last_error();
+    const int64_t rows = h.plan.receive_rows;
+    // Expert outputs: each received row scaled by its local expert's factor (a function of the
+    // row and its expert, not of where it lies).
+    std::vector<std::vector<uint16_t>> y(R, std::vector<uint16_t>(rows * H, 0));
+    for (int64_t r = 0; r < R; ++r) {
+      const uint16_t* rec = reinterpret_cast<const uint16_t*>(h.received[r].data());
+      for (int64_t g = 0; g < rounds * El; ++g) {
+        const int64_t round = g / El, e = g % El, base = round == 0 ? 0 : h.plan.spill_row_base;
+        const int64_t begin = base + h.offsets[r][round * (El + 1) + e];
+        if (round == 1) o.spilled += h.kept[r][g];
+        for (int64_t row = begin; row < begin + h.kept[r][g]; ++row) {
+          for (int64_t j = 0; j < H; ++j) {
+            y[r][row * H + j] = numerics::f32_to_bf16(numerics::mul_rn(
+                numerics::bf16_to_f32(rec[row * H + j]), static_cast<float>(e + 1) * 0.75f));
+          }
+        }
+      }
+    }
+    o.out.assign(R, {});
+    o.back.assign(R, {});
+    o.token_grad.assign(R, {});
+    o.d_probs.assign(R, {});
+    std::vector<std::vector<uint16_t>> d_rows(R, std::vector<uint16_t>(rows * H, 0));
+    std::vector<sfmoe_tensor> t_y, t_rec, t_probs, t_out, t_back, t_dout, t_drows, t_dprobs, t_grad;
+    for (int64_t r = 0; r < R; ++r) {
+      o.out[r].assign(tokens[r] * H, 0xBEEF);
+      o.back[r].assign(tokens[r] * H, 0xBEEF);
+      o.token_grad[r].assign(tokens[r] * H, 0xBEEF);
+      o.d_probs[r].assign(tokens[r] * k, NAN);
+      t_y.push_back(host_tensor(y[r].data(), SFMOE_DTYPE_BF16, {rows, H}));
+      t_rec.push_back(host_tensor(h.received[r].data(), SFMOE_DTYPE_BF16, {rows, H}));
+      t_probs.push_back(host_tensor(probs[r].data(), SFMOE_DTYPE_FP32, {tokens[r], k}));
+      t_out.push_back(host_tensor(o.out[r].data(), SFMOE_DTYPE_BF16, {tokens[r], H}));
+      t_back.push_back(host_tensor(o.back[r].data(), SFMOE_DTYPE_BF16, {tokens[r], H}));
+      t_grad.push_back(host_tensor(o.token_grad[r].data(), SFMOE_DTYPE_BF16, {tokens[r], H}));
+      t_dout.push_back(host_tensor(d_out[r].data(), SFMOE_DTYPE_BF16, {tokens[r], H}));
+      t_drows.push_back(host_tensor(d_rows[r].data(), SFMOE_DTYPE_BF16, {rows, H}));
+      t_dprobs.push_back(host_tensor(o.d_probs[r].data(), SFMOE_DTYPE_FP32, {tokens[r], k}));
+    }
+    auto py = pointers(t_y), prec = pointers(t_rec), pprobs = pointers(t_probs),
+         pout = pointers(t_out), pback = pointers(t_back), pgrad = pointers(t_grad),
+         pdout = pointers(t_dout), pdrows = pointers(t_drows), pdprobs = pointers(t_dprobs),
+         phandle = pointers(h.t_handle);
+    sfmoe_ep_combine_args cb = sfmoe_ep_combine_args_init();
+    cb.rows = py.data();
+    cb.probs = pprobs.data();
+    cb.handle = phandle.data();
+    cb.out = pout.data();
+    EXPECT_EQ(sfmoe_ep_combine(group, &cb), SFMOE_SUCCESS) << sfmoe_last_error();
+    cb.rows = prec.data();
+    cb.probs = nullptr;
+    cb.out = pback.data();
+    EXPECT_EQ(sfmoe_ep_combine(group, &cb), SFMOE_SUCCESS) << sfmoe_last_error();
+    sfmoe_ep_combine_backward_args bb = sfmoe_ep_combine_backward_args_init();
+    bb.d_out = pdout.data();
+    bb.rows = py.data();
+    bb.probs = pprobs.data();
+    bb.handle = phandle.data();
+    bb.d_rows = pdrows.data();
+    bb.d_probs = pdprobs.data();
+    EXPECT_EQ(sfmoe_ep_combine_backward(group, &bb), SFMOE_SUCCESS) << sfmoe_last_error();
+    cb.rows = pdrows.data();
+    cb.out = pgrad.data();
+    EXPECT_EQ(sfmoe_ep_combine(group, &cb), SFMOE_SUCCESS) << sfmoe_last_error();
+    return o;
+  };
+  sfmoe_ep_group* unlimited =
+      loopback_group(R, El, T, k, H, a, SFMOE_DTYPE_BF16, SFMOE_SCALING_NONE,
+                     SFMOE_EP_CAPACITY_WORST_CASE, SFMOE_EP_OVERFLOW_DROP, 0);
+  sfmoe_ep_group* spill =
+      loopback_group(R, El, T, k, H, a, SFMOE_DTYPE_BF16, SFMOE_SCALING_NONE, T * k / R,
+                     SFMOE_EP_OVERFLOW_SPILL, SFMOE_EP_CAPACITY_WORST_CASE);
+  ASSERT_NE(unlimited, nullptr);
+  ASSERT_NE(spill, nullptr);
+  const Outputs want = run(unlimited, 1), got = run(spill, 2);
+  EXPECT_GT(got.spilled, 0) << "the second round is meant to run";
+  EXPECT_EQ(want.spilled, 0);
+  for (int64_t r = 0; r < R; ++r) {
+    EXPECT_EQ(got.out[r], want.out[r]) << "combine, rank " << r;
+    EXPECT_EQ(got.back[r], want.back[r]) << "dispatch backward, rank " << r;
+    EXPECT_EQ(got.token_grad[r], want.token_grad[r]) << "token gradient, rank " << r;
+    EXPECT_EQ(
+        0, std::memcmp(got.d_probs[r].data(), want.d_probs[r].data(), want.d_probs[r].size() * 4))
+        << "d probs, rank " << r;
+  }
+  sfmoe_ep_group_destroy(unlimited);
+  sfmoe_ep_group_destroy(spill);
+}
+
+// FP8 payloads: the codes and the scales beside them arrive as they were sent, byte for byte,
+// for each scaling (per-tensor: one FP32 per row; 1x128: FP32 per 128 columns; MXFP8: E8M0 per
+// 32), at a hidden size that is a multiple of neither, with SPILL binding; padding rows' codes and
+// scales zero, other rows untouched; scales missing, or given to rows without them, refused.
+TEST(EpLoopbackCpu, Fp8PayloadsTravelWithTheirScales) {
+  std::mt19937_64 rng(session_test_seed() + 504);
+  const int32_t R = 4;
+  const int64_t El = 3, T = 29, k = 3, H = 200, a = 16;
+  EpCase shape{"fp8", R, El, T, k, H, a, 0, EpCase::kSkewed};
+  int checked = 0;
+  for (sfmoe_dtype payload : {SFMOE_DTYPE_FP8_E4M3, SFMOE_DTYPE_FP8_E5M2}) {
+    for (sfmoe_scaling scaling :
+         {SFMOE_SCALING_TENSOR, SFMOE_SCALING_BLOCK_1X128, SFMOE_SCALING_MX_1X32}) {
+      SCOPED_TRACE(std::string(sfmoe_dtype_name(payload)) + " scaling " +
+                   std::to_string(static_cast<int>(scaling)));
+      sfmoe_ep_group* group =
+          loopback_group(R, El, T, k, H, a, payload, scaling, 20, SFMOE_EP_OVERFLOW_SPILL, 9);
+      ASSERT_NE(group, nullptr);
+      sfmoe_ep_plan plan = sfmoe_ep_plan_init();
+      ASSERT_EQ(sfmoe_ep_group_get_plan(group, &plan), SFMOE_SUCCESS);
+      const int64_t S = scaling == SFMOE_SCALING_TENSOR    ? 1
+                        : scaling == SFMOE_SCALING_MX_1X32 ? (H + 31) / 32
+                                                           : (H + 127) / 128;
+      ASSERT_EQ(plan.scale_columns, S);
+      ASSERT_EQ(plan.scale_dtype,
+                scaling == SFMOE_SCALING_MX_1X32 ? SFMOE_DTYPE_E8M0 : SFMOE_DTYPE_FP32);
+      const int64_t sb = S * (scaling == SFMOE_SCALING_MX_1X32 ? 1 : 4);
+      std::vector<int64_t> tokens(R);
+      std::vector<std::vector<uint8_t>> x(R), scales(R);
+      std::vector<std::vector<int32_t>> ids(R);
+      std::vector<sfmoe_tensor> t_x, t_ids, t_scales;
+      for (int64_t r = 0; r < R; ++r) {
+        tokens[r] = r == 3 ? 0 : T - static_cast<int64_t>(rng() % 4);
+        x[r].resize(tokens[r] * H);
+        for (uint8_t& b : x[r]) b = static_cast<uint8_t>(rng());  // every code, NaNs among them
+        scales[r].resize(tokens[r] * sb);
+        for (uint8_t& b : scales[r]) b = static_cast<uint8_t>(rng());
+        ids[r] = routing(shape, tokens[r], r, rng);
+        t_x.push_back(host_tensor(x[r].data(), payload, {tokens[r], H}));
+        t_ids.push_back(host_tensor(ids[r].data(), SFMOE_DTYPE_INT32, {tokens[r], k}));
+        t_scales.push_back(host_tensor(scales[r].data(), plan.scale_dtype, {tokens[r], S}));
+      }
+      HostEpRanks h;
+      h.offsets.assign(R, std::vector<int64_t>(2 * (El + 1), -1));
+      h.kept.assign(R, std::vector<int64_t>(2 * El, -1));
+      // Refused: the scales missing.
+      EXPECT_EQ(host_dispatch(group, R, H, payload, t_x, t_ids, nullptr, &h),
+                SFMOE_ERROR_NULL_POINTER);
+      EXPECT_NE(std::string(sfmoe_last_error()).find("token_scales"), std::string::npos)
+          << sfmoe_last_error();
+      for (const auto& rec : h.received) {
+        for (uint8_t v : rec) ASSERT_EQ(v, 0xA5) << "a refused call wrote";
+      }
+      ASSERT_EQ(host_dispatch(group, R, H, payload, t_x, t_ids, &t_scales, &h), SFMOE_SUCCESS)
+          << sfmoe_last_error();
+      const Expected want =
+          expected_dispatch(R, El, k, a, tokens, ids, plan.receive_capacity, 2, plan.spill_capacity,
+                            plan.spill_row_base, plan.receive_rows);
+      int64_t spilled = 0;
+      for (int64_t r = 0; r < R; ++r) {
+        EXPECT_EQ(h.offsets[r], want.offsets[r]);
+        EXPECT_EQ(h.kept[r], want.kept[r]);
+        for (int64_t g = El; g < 2 * El; ++g) spilled += want.kept[r][g];
+        for (int64_t slot = 0; slot < tokens[r] * k; ++slot) {
+          const int64_t d = want.dest[r][slot], row = want.row[r][slot], t = slot / k;
+          if (d < 0) continue;
+          ASSERT_EQ(0, std::memcmp(&h.received[d][row * H], &x[r][t * H], H)) << "codes";
+          ASSERT_EQ(0, std::memcmp(&h.scales[d][row * sb], &scales[r][t * sb], sb)) << "scales";
+        }
+        for (int64_t row : want.padding[r]) {
+          for (int64_t j = 0; j < H; ++j) ASSERT_EQ(h.received[r][row * H + j], 0);
+          for (int64_t j = 0; j < sb; ++j) ASSERT_EQ(h.scales[r][row * sb + j], 0);
+        }
+        for (int64_t row : want.unused[r]) {
+          for (int64_t j = 0; j < H; ++j) ASSERT_EQ(h.received[r][row * H + j], 0xA5);
+          for (int64_t j = 0; j < sb; ++j) ASSERT_EQ(h.scales[r][row * sb + j], 0xA5);
+        }
+      }
+      EXPECT_GT(spilled, 0);
+      sfmoe_ep_group_destroy(group);
+      ++checked;
+    }
+  }
+  // Scales given to a group whose rows have none.
+  sfmoe_ep_group* plain = loopback_group(R, El, T, k, 8, 1, SFMOE_DTYPE_BF16, SFMOE_SCALING_NONE,
+                                         SFMOE_EP_CAPACITY_WORST_CASE, SFMOE_EP_OVERFLOW_DROP, 0);
+  std::vector<uint16_t> xs(T * 8, 0);
+  std::vector<int32_t> ids(T * k);
+  for (int64_t i = 0; i < T * k; ++i) ids[i] = static_cast<int32_t>(i % k);
+  std::vector<float> sc(T, 1.0f);
+  std::vector<sfmoe_tensor> t_x, t_ids, t_sc;
+  for (int64_t r = 0; r < R; ++r) {
+    t_x.push_back(host_tensor(xs.data(), SFMOE_DTYPE_BF16, {T, 8}));
+    t_ids.push_back(host_tensor(ids.data(), SFMOE_DTYPE_INT32, {T, k}));
+    t_sc.push_back(host_tensor(sc.data(), SFMOE_DTYPE_FP32, {T, 1}));
+  }
+  HostEpRanks h;
+  h.offsets.assign(R, std::vector<int64_t>(El + 1, -1));
+  h.kept.assign(R, std::vector<int64_t>(El, -1));
+  EXPECT_EQ(host_dispatch(plain, R, 8, SFMOE_DTYPE_BF16, t_x, t_ids, &t_sc, &h),
+            SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(sfmoe_last_error()).find("without scales"), std::string::npos);
+  sfmoe_ep_group_destroy(plain);
+  std::printf("[ ep ] %d FP8 payload cases: codes and scales byte-exact, spill binding\n", checked);
+}
+
 TEST(EpLoopbackCpu, BadConfigurationsAndCallsAreRefusedWithoutWriting) {
   sfmoe_ep_config c = sfmoe_ep_config_init();
   c.world_size = 4;
@@ -470,11 +858,24 @@ TEST(EpLoopbackCpu, BadConfigurationsAndCallsAreRefusedWithoutWriting) {
   bad.top_k = 9;
   refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "top_k");
   bad = c;
-  bad.payload = SFMOE_DTYPE_FP8_E4M3;
+  bad.payload = SFMOE_DTYPE_INT32;
   refused(bad, SFMOE_ERROR_DTYPE_MISMATCH, "payload");
   bad = c;
-  bad.overflow = SFMOE_EP_OVERFLOW_SPILL;
-  refused(bad, SFMOE_ERROR_UNSUPPORTED, "spill");
+  bad.payload = SFMOE_DTYPE_FP8_E4M3;  // codes without their scales
+  refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "payload_scaling");
+  bad = c;
+  bad.overflow = SFMOE_EP_OVERFLOW_SPILL;  // without a second round's capacity
+  refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "spill_capacity");
+  bad = c;
+  bad.spill_capacity = 8;  // a second round without SPILL
+  refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "spill_capacity");
+  bad = c;
+  bad.payload = SFMOE_DTYPE_FP8_E4M3;
+  bad.payload_scaling = SFMOE_SCALING_BLOCK_128X128;  // not a rows' scaling
+  refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "payload_scaling");
+  bad = c;
+  bad.payload_scaling = SFMOE_SCALING_TENSOR;  // scales for BF16 rows
+  refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "payload_scaling");
   bad = c;
   bad.transport = SFMOE_EP_TRANSPORT_NCCL;
   refused(bad, SFMOE_ERROR_UNSUPPORTED, "NCCL");

@@ -1,7 +1,8 @@
 // Expert parallelism's device loopback (include/sfmoe/ep.h) against the CPU backend, the
 // definition (tests/cpp/test_ep_cpu.cpp checks that against an independent all-to-all): the same
 // inputs through both, every output compared byte for byte over buffers poisoned alike; R = 1, 2,
-// 4, 8, skewed routings, empty ranks, capacities below demand, BF16 and FP32 payloads; and
+// 4, 8, skewed routings, empty ranks, capacities below demand, SPILL's second round, BF16 and FP32
+// payloads, FP8 codes with their scales (per-tensor, 1x128, MXFP8; dispatch only); and
 // dispatch -> combine -> combine's backward captured in one CUDA graph, replayed on new routings
 // and checked each replay.
 #include <algorithm>
@@ -30,6 +31,10 @@ struct DeviceEpCase {
   int64_t experts_per_rank, max_tokens, top_k, hidden, alignment, capacity;
   sfmoe_dtype payload;
   bool skewed, empty_ranks;
+  sfmoe_ep_overflow overflow = SFMOE_EP_OVERFLOW_DROP;
+  int64_t spill = 0;
+  sfmoe_scaling scaling = SFMOE_SCALING_NONE;  // FP8 payloads: dispatch only (with scales)
+  bool fp8() const { return scaling != SFMOE_SCALING_NONE; }
 };
 
 // One byte buffer on both sides.
@@ -81,11 +86,12 @@ struct EpRun {
   std::vector<int64_t> tokens;
   // (deques: a Both holds a device buffer and does not move)
   std::deque<Both> x, ids, probs, received, offsets, handle, kept, routed, dropped, y, out, back,
-      d_out, d_rows, d_probs;
+      d_out, d_rows, d_probs, token_scales, received_scales;
 
   EpRun(const DeviceEpCase& c_, const sfmoe_ep_plan& p, std::mt19937_64& rng) : c(c_), plan(p) {
     const int64_t R = c.world, H = c.hidden, k = c.top_k, El = c.experts_per_rank, E = R * El;
     const int elem = sfmoe_dtype_bits(c.payload) / 8;
+    const int64_t scale_row = plan.scale_columns * sfmoe_dtype_bits(plan.scale_dtype) / 8;
     const std::vector<uint32_t> special = special_f32_bits();
     for (int64_t r = 0; r < R; ++r) {
       int64_t T =
@@ -97,7 +103,9 @@ struct EpRun {
       for (int64_t i = 0; i < T * H; ++i) {
         const float v =
             i % 31 == 5 ? numerics::bits_to_f32(special[(i / 31) % special.size()]) : normal(rng);
-        if (c.payload == SFMOE_DTYPE_BF16) {
+        if (elem == 1) {
+          xs[i] = static_cast<uint8_t>(rng());  // every FP8 code, NaNs among them
+        } else if (c.payload == SFMOE_DTYPE_BF16) {
           const uint16_t code = numerics::f32_to_bf16(v);
           memcpy(&xs[i * 2], &code, 2);
         } else {
@@ -110,9 +118,13 @@ struct EpRun {
       for (float& v : p) v = static_cast<float>(rng() % 1000) / 999.0f;
       probs.emplace_back(bytes_of(p));
       received.emplace_back(std::vector<uint8_t>(plan.receive_rows * H * elem, 0xA5));
-      offsets.emplace_back(std::vector<uint8_t>((El + 1) * 8, 0xA5));
+      offsets.emplace_back(std::vector<uint8_t>(plan.rounds * (El + 1) * 8, 0xA5));
       handle.emplace_back(std::vector<uint8_t>(plan.handle_bytes, 0xA5));
-      kept.emplace_back(std::vector<uint8_t>(El * 8, 0xA5));
+      kept.emplace_back(std::vector<uint8_t>(plan.rounds * El * 8, 0xA5));
+      std::vector<uint8_t> ts(T * scale_row);
+      for (uint8_t& b : ts) b = static_cast<uint8_t>(rng());
+      token_scales.emplace_back(ts);
+      received_scales.emplace_back(std::vector<uint8_t>(plan.receive_rows * scale_row, 0xA5));
       routed.emplace_back(std::vector<uint8_t>(El * 8, 0xA5));
       dropped.emplace_back(std::vector<uint8_t>(E * 8, 0xA5));
       std::vector<uint8_t> ys(plan.receive_rows * H * elem);
@@ -154,10 +166,19 @@ struct EpRun {
       return std::vector<int64_t>{e.plan.receive_rows, e.c.hidden};
     };
     auto offsets_shape = [](const EpRun& e, int64_t) {
-      return std::vector<int64_t>{e.c.experts_per_rank + 1};
+      return std::vector<int64_t>{e.plan.rounds * (e.c.experts_per_rank + 1)};
     };
     auto local_shape = [](const EpRun& e, int64_t) {
       return std::vector<int64_t>{e.c.experts_per_rank};
+    };
+    auto groups_shape = [](const EpRun& e, int64_t) {
+      return std::vector<int64_t>{e.plan.rounds * e.c.experts_per_rank};
+    };
+    auto token_scales_shape = [](const EpRun& e, int64_t r) {
+      return std::vector<int64_t>{e.tokens[r], e.plan.scale_columns};
+    };
+    auto received_scales_shape = [](const EpRun& e, int64_t) {
+      return std::vector<int64_t>{e.plan.receive_rows, e.plan.scale_columns};
     };
     auto global_shape = [](const EpRun& e, int64_t) {
       return std::vector<int64_t>{e.c.world * e.c.experts_per_rank};
@@ -170,7 +191,11 @@ struct EpRun {
                               t_rec = list(received, m, pay, rows_shape),
                               t_off = list(offsets, m, SFMOE_DTYPE_INT64, offsets_shape),
                               t_handle = list(handle, m, kBytes, handle_shape),
-                              t_kept = list(kept, m, SFMOE_DTYPE_INT64, local_shape),
+                              t_kept = list(kept, m, SFMOE_DTYPE_INT64, groups_shape),
+                              t_tscales =
+                                  list(token_scales, m, plan.scale_dtype, token_scales_shape),
+                              t_rscales =
+                                  list(received_scales, m, plan.scale_dtype, received_scales_shape),
                               t_routed = list(routed, m, SFMOE_DTYPE_INT64, local_shape),
                               t_dropped = list(dropped, m, SFMOE_DTYPE_INT64, global_shape),
                               t_y = list(y, m, pay, rows_shape),
@@ -189,7 +214,7 @@ struct EpRun {
          p_handle = ptrs(t_handle), p_kept = ptrs(t_kept), p_routed = ptrs(t_routed),
          p_dropped = ptrs(t_dropped), p_y = ptrs(t_y), p_probs = ptrs(t_probs), p_out = ptrs(t_out),
          p_back = ptrs(t_back), p_dout = ptrs(t_dout), p_drows = ptrs(t_drows),
-         p_dprobs = ptrs(t_dprobs);
+         p_dprobs = ptrs(t_dprobs), p_tscales = ptrs(t_tscales), p_rscales = ptrs(t_rscales);
     sfmoe_ep_dispatch_args d = sfmoe_ep_dispatch_args_init();
     d.tokens = p_x.data();
     d.topk_ids = p_ids.data();
@@ -200,8 +225,12 @@ struct EpRun {
     d.routed_per_expert = p_routed.data();
     d.dropped_per_expert = p_dropped.data();
     d.stream = stream;
+    if (c.fp8()) {
+      d.token_scales = p_tscales.data();
+      d.received_scales = p_rscales.data();
+    }
     const sfmoe_status dispatched = sfmoe_ep_dispatch(group, &d);
-    if (dispatched != SFMOE_SUCCESS) return dispatched;
+    if (dispatched != SFMOE_SUCCESS || c.fp8()) return dispatched;
     sfmoe_ep_combine_args cb = sfmoe_ep_combine_args_init();
     cb.rows = p_y.data();
     cb.probs = p_probs.data();
@@ -231,6 +260,7 @@ struct EpRun {
     for (int64_t r = 0; r < c.world; ++r) {
       const std::string at = what + " rank " + std::to_string(r);
       EXPECT_TRUE(received[r].same()) << at << " received";
+      EXPECT_TRUE(received_scales[r].same()) << at << " received scales";
       EXPECT_TRUE(offsets[r].same()) << at << " offsets";
       EXPECT_TRUE(kept[r].same()) << at << " kept";
       EXPECT_TRUE(routed[r].same()) << at << " routed";
@@ -251,6 +281,16 @@ std::vector<DeviceEpCase> device_cases() {
       {"R 4 bf16, skewed, tight capacity", 4, 8, 257, 8, 72, 32, 300, SFMOE_DTYPE_BF16, true,
        false},
       {"R 8 bf16, empty ranks", 8, 4, 100, 6, 33, 8, 90, SFMOE_DTYPE_BF16, false, true},
+      {"R 4 bf16, spill, both rounds bind", 4, 6, 211, 4, 136, 16, 250, SFMOE_DTYPE_BF16, true,
+       false, SFMOE_EP_OVERFLOW_SPILL, 120},
+      {"R 8 bf16, spill of the worst case", 8, 2, 64, 3, 24, 1, 40, SFMOE_DTYPE_BF16, true, true,
+       SFMOE_EP_OVERFLOW_SPILL, SFMOE_EP_CAPACITY_WORST_CASE},
+      {"R 4 fp8 e4m3 1x128, spill", 4, 4, 150, 4, 200, 16, 160, SFMOE_DTYPE_FP8_E4M3, true, false,
+       SFMOE_EP_OVERFLOW_SPILL, 80, SFMOE_SCALING_BLOCK_1X128},
+      {"R 2 fp8 e4m3 per-tensor", 2, 8, 97, 2, 256, 32, 120, SFMOE_DTYPE_FP8_E4M3, false, false,
+       SFMOE_EP_OVERFLOW_DROP, 0, SFMOE_SCALING_TENSOR},
+      {"R 8 fp8 e5m2 mxfp8, odd H", 8, 2, 77, 4, 7 * 32 + 8, 32, SFMOE_EP_CAPACITY_WORST_CASE,
+       SFMOE_DTYPE_FP8_E5M2, true, true, SFMOE_EP_OVERFLOW_DROP, 0, SFMOE_SCALING_MX_1X32},
   };
 }
 
@@ -264,6 +304,9 @@ sfmoe_ep_group* make_group(const DeviceEpCase& c, sfmoe_memory m) {
   config.payload = c.payload;
   config.row_alignment = c.alignment;
   config.receive_capacity = c.capacity;
+  config.overflow = c.overflow;
+  config.spill_capacity = c.spill;
+  config.payload_scaling = c.scaling;
   sfmoe_ep_group* g = nullptr;
   EXPECT_EQ(sfmoe_ep_group_create(&config, m, 0, &g), SFMOE_SUCCESS) << sfmoe_last_error();
   return g;
@@ -286,13 +329,20 @@ TEST(CudaEpLoopback, DispatchCombineAndBackwardEqualTheCpuBackend) {
     ASSERT_EQ(run.step(device, SFMOE_MEMORY_CUDA, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
     CUDA_OK(cudaDeviceSynchronize());
     run.expect_same("eager");
-    int64_t dropped = 0;
+    int64_t dropped = 0, spilled = 0;
     for (int64_t r = 0; r < c.world; ++r) {
       std::vector<int64_t> v(c.world * c.experts_per_rank);
       memcpy(v.data(), run.dropped[r].host.data(), v.size() * 8);
       for (int64_t n : v) dropped += n;
+      std::vector<int64_t> kept(plan.rounds * c.experts_per_rank);
+      memcpy(kept.data(), run.kept[r].host.data(), kept.size() * 8);
+      for (size_t g = c.experts_per_rank; g < kept.size(); ++g) spilled += kept[g];
     }
-    if (c.capacity != SFMOE_EP_CAPACITY_WORST_CASE) EXPECT_GT(dropped, 0) << "the capacity binds";
+    if (c.capacity != SFMOE_EP_CAPACITY_WORST_CASE && c.spill != SFMOE_EP_CAPACITY_WORST_CASE) {
+      EXPECT_GT(dropped, 0) << "the capacity binds";
+    }
+    if (c.overflow == SFMOE_EP_OVERFLOW_SPILL) EXPECT_GT(spilled, 0) << "the second round runs";
+    if (c.spill == SFMOE_EP_CAPACITY_WORST_CASE) EXPECT_EQ(dropped, 0);
     sfmoe_ep_group_destroy(host);
     sfmoe_ep_group_destroy(device);
     ++checked;
@@ -304,7 +354,7 @@ TEST(CudaEpLoopback, DispatchCombineAndBackwardEqualTheCpuBackend) {
 TEST(CudaEpLoopback, OneGraphReplaysOnNewRoutings) {
   SFMOE_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(session_test_seed() + 602);
-  const DeviceEpCase c = device_cases()[2];
+  const DeviceEpCase c = device_cases()[4];  // SPILL: both rounds in the graph
   sfmoe_ep_group* host = make_group(c, SFMOE_MEMORY_HOST);
   sfmoe_ep_group* device = make_group(c, SFMOE_MEMORY_CUDA);
   sfmoe_ep_plan plan = sfmoe_ep_plan_init();

@@ -26,7 +26,7 @@ constexpr int kMoveThreads = 256;
 // Every rank's pointers, by value (the kernel parameter space holds them: no host array is read
 // at replay, so the calls capture in a graph).
 struct EpRanks {
-  int64_t world, experts_per_rank, top_k, row_alignment, receive_capacity;
+  EpShape s;
   int64_t slot_start[kMaxDeviceEpRanks + 1];  // source r's slots are [start[r], start[r + 1])
   const int32_t* ids[kMaxDeviceEpRanks];
   int32_t* send_rank[kMaxDeviceEpRanks];
@@ -40,11 +40,7 @@ struct EpRanks {
 EpRanks ranks_of(const EpShape& s, const int64_t* tokens, const int32_t* const* ids,
                  const EpRankRouting* routing) {
   EpRanks r{};
-  r.world = s.world;
-  r.experts_per_rank = s.experts_per_rank;
-  r.top_k = s.top_k;
-  r.row_alignment = s.row_alignment;
-  r.receive_capacity = s.receive_capacity;
+  r.s = s;
   r.slot_start[0] = 0;
   for (int64_t q = 0; q < s.world; ++q) {
     r.slot_start[q + 1] = r.slot_start[q] + tokens[q] * s.top_k;
@@ -61,7 +57,7 @@ EpRanks ranks_of(const EpShape& s, const int64_t* tokens, const int32_t* const* 
 
 // The source rank of global slot g, and its slot within that rank.
 __device__ __forceinline__ int64_t source_of(const EpRanks& r, int64_t g, int64_t* local) {
-  int64_t lo = 0, hi = r.world - 1;
+  int64_t lo = 0, hi = r.s.world - 1;
   while (lo < hi) {  // the last rank whose start is <= g (ranks without slots share starts)
     const int64_t mid = (lo + hi + 1) / 2;
     if (r.slot_start[mid] <= g) {
@@ -75,23 +71,24 @@ __device__ __forceinline__ int64_t source_of(const EpRanks& r, int64_t g, int64_
 }
 
 __global__ void ep_clear_kernel(EpRanks r) {
-  const int64_t d = blockIdx.x, E = r.world * r.experts_per_rank;
+  const int64_t d = blockIdx.x, E = r.s.world * r.s.experts_per_rank;
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x) r.dropped[d][e] = 0;
-  for (int64_t e = threadIdx.x; e < r.experts_per_rank; e += blockDim.x) {
-    r.kept[d][e] = 0;
-    r.routed[d][e] = 0;
+  for (int64_t e = threadIdx.x; e < r.s.experts_per_rank; e += blockDim.x) r.routed[d][e] = 0;
+  for (int64_t g = threadIdx.x; g < r.s.rounds * r.s.experts_per_rank; g += blockDim.x) {
+    r.kept[d][g] = 0;
   }
 }
 
-// Block d: the slots sent to rank d in order; the first receive_capacity kept (send_rank = d),
-// the others dropped and counted. Block 0 also marks the slots with invalid ids.
+// Block d: the slots sent to rank d in order; the first receive_capacity kept in the first
+// round, (SPILL) the next spill_capacity in the second (send_rank = d, send_row = the round for
+// now), the others dropped and counted. Block 0 also marks the slots with invalid ids.
 __global__ void __launch_bounds__(kRouteThreads)
     ep_keep_kernel(EpRanks r, bool trap, sfmoe_fault_report* word) {
   using Scan = cub::BlockScan<int64_t, kRouteThreads>;
   __shared__ typename Scan::TempStorage scan;
   __shared__ int64_t running;
-  const int64_t d = blockIdx.x, El = r.experts_per_rank, E = r.world * El;
-  const int64_t total = r.slot_start[r.world];
+  const int64_t d = blockIdx.x, El = r.s.experts_per_rank, E = r.s.world * El;
+  const int64_t total = r.slot_start[r.s.world];
   if (threadIdx.x == 0) running = 0;
   __syncthreads();
   for (int64_t first = 0; first < total; first += kRouteThreads) {
@@ -116,9 +113,12 @@ __global__ void __launch_bounds__(kRouteThreads)
     if (mine) {
       const int64_t local_expert = e % El;
       atomicAdd(reinterpret_cast<unsigned long long*>(&r.routed[d][local_expert]), 1ull);
-      if (running + position < r.receive_capacity) {
+      const int64_t round = ep_round_of(r.s, running + position);
+      if (round >= 0) {
         r.send_rank[s][slot] = static_cast<int32_t>(d);
-        atomicAdd(reinterpret_cast<unsigned long long*>(&r.kept[d][local_expert]), 1ull);
+        r.send_row[s][slot] = round;
+        atomicAdd(reinterpret_cast<unsigned long long*>(&r.kept[d][round * El + local_expert]),
+                  1ull);
       } else {
         r.send_rank[s][slot] = -1;
         r.send_row[s][slot] = -1;
@@ -132,38 +132,50 @@ __global__ void __launch_bounds__(kRouteThreads)
   }
 }
 
-// Block d: its local experts' padded blocks.
+// Block d: its groups' padded blocks, round by round.
 __global__ void ep_offsets_kernel(EpRanks r) {
   if (threadIdx.x != 0) return;
-  const int64_t d = blockIdx.x, a = r.row_alignment;
-  int64_t row = 0;
-  for (int64_t e = 0; e < r.experts_per_rank; ++e) {
-    r.offsets[d][e] = row;
-    row += (r.kept[d][e] + a - 1) / a * a;
+  const int64_t d = blockIdx.x, a = r.s.row_alignment, El = r.s.experts_per_rank;
+  for (int64_t round = 0; round < r.s.rounds; ++round) {
+    int64_t* offsets = r.offsets[d] + round * (El + 1);
+    int64_t row = 0;
+    for (int64_t e = 0; e < El; ++e) {
+      offsets[e] = row;
+      row += (r.kept[d][round * El + e] + a - 1) / a * a;
+    }
+    offsets[El] = row;
   }
-  r.offsets[d][r.experts_per_rank] = row;
 }
 
-// Block e (global expert): its kept slots in order get the rows of its block.
+// Block e (global expert): its kept slots in order get the rows of its blocks, both rounds in one
+// scan (the first round's count in the low 32 bits, the second's above: a rank's slots fit).
 __global__ void __launch_bounds__(kRouteThreads) ep_rows_kernel(EpRanks r) {
   using Scan = cub::BlockScan<int64_t, kRouteThreads>;
   __shared__ typename Scan::TempStorage scan;
   __shared__ int64_t running;
-  const int64_t e = blockIdx.x, El = r.experts_per_rank, d = e / El;
-  const int64_t total = r.slot_start[r.world], base = r.offsets[d][e % El];
+  constexpr int64_t kSecond = int64_t{1} << 32;
+  const int64_t e = blockIdx.x, El = r.s.experts_per_rank, d = e / El, local = e % El;
+  const int64_t total = r.slot_start[r.s.world];
+  const int64_t base0 = ep_group_begin(r.s, r.offsets[d], local);
+  const int64_t base1 = r.s.rounds > 1 ? ep_group_begin(r.s, r.offsets[d], El + local) : 0;
   if (threadIdx.x == 0) running = 0;
   __syncthreads();
   for (int64_t first = 0; first < total; first += kRouteThreads) {
     const int64_t g = first + threadIdx.x;
-    int64_t s = 0, slot = 0;
+    int64_t s = 0, slot = 0, round = 0;
     bool mine = false;
     if (g < total) {
       s = source_of(r, g, &slot);
       mine = r.ids[s][slot] == e && r.send_rank[s][slot] == d;
+      if (mine) round = r.send_row[s][slot];
     }
     int64_t position = 0, count = 0;
-    Scan(scan).ExclusiveSum(mine ? int64_t{1} : int64_t{0}, position, count);
-    if (mine) r.send_row[s][slot] = base + running + position;
+    Scan(scan).ExclusiveSum(mine ? (round == 0 ? int64_t{1} : kSecond) : int64_t{0}, position,
+                            count);
+    if (mine) {
+      const int64_t at = running + position;
+      r.send_row[s][slot] = round == 0 ? base0 + (at & (kSecond - 1)) : base1 + (at >> 32);
+    }
     __syncthreads();
     if (threadIdx.x == 0) running += count;
     __syncthreads();
@@ -172,7 +184,10 @@ __global__ void __launch_bounds__(kRouteThreads) ep_rows_kernel(EpRanks r) {
 
 // The moves' per-rank pointers.
 struct EpMovePointers {
-  int64_t world, top_k, hidden, experts_per_rank, receive_rows;
+  EpShape s;
+  int64_t hidden, row_bytes, scale_bytes;  // (row_bytes: scatter's output rows)
+  const void* token_scales[kMaxDeviceEpRanks];
+  void* out_scales[kMaxDeviceEpRanks];
   int64_t token_start[kMaxDeviceEpRanks + 1];  // source r's tokens are blocks [start[r], ...)
   const void* token_rows[kMaxDeviceEpRanks];
   void* token_out[kMaxDeviceEpRanks];
@@ -188,7 +203,7 @@ struct EpMovePointers {
 
 __device__ __forceinline__ int64_t token_source(const EpMovePointers& m, int64_t b,
                                                 int64_t* token) {
-  int64_t lo = 0, hi = m.world - 1;
+  int64_t lo = 0, hi = m.s.world - 1;
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
     if (m.token_start[mid] <= b) {
@@ -201,22 +216,54 @@ __device__ __forceinline__ int64_t token_source(const EpMovePointers& m, int64_t
   return lo;
 }
 
-// Blocks [0, N tokens): each token's kept slots written at their destinations (weighted), and,
-// with rows, each slot's d prob in the lanes' order of src/common/ep_args.h (a thread per lane,
-// kVec-element chunks, then the halving tree in shared memory). Blocks after: each (rank, local
-// expert)'s padding rows zeroed.
+// `bytes` bytes from src to dst (both 16-byte aligned at the row's start when the width
+// allows), by the block, in the widest unit the width divides into.
+__device__ __forceinline__ void copy_row_bytes(uint8_t* dst, const uint8_t* src, int64_t bytes) {
+  if (bytes % 16 == 0) {
+    for (int64_t i = threadIdx.x; i < bytes / 16; i += blockDim.x) {
+      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+    }
+  } else if (bytes % 4 == 0) {
+    for (int64_t i = threadIdx.x; i < bytes / 4; i += blockDim.x) {
+      reinterpret_cast<uint32_t*>(dst)[i] = reinterpret_cast<const uint32_t*>(src)[i];
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = src[i];
+  }
+}
+__device__ __forceinline__ void zero_row_bytes(uint8_t* dst, int64_t bytes) {
+  if (bytes % 16 == 0) {
+    for (int64_t i = threadIdx.x; i < bytes / 16; i += blockDim.x) {
+      reinterpret_cast<uint4*>(dst)[i] = make_uint4(0, 0, 0, 0);
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = 0;
+  }
+}
+
+// Blocks [0, N tokens): each token's kept slots written at their destinations (dispatch: the
+// bytes as they are, the scales beside them; combine's backward: weighted), and, with rows, each
+// slot's d prob in the lanes' order of src/common/ep_args.h (a thread per lane, kVec-element
+// chunks, then the halving tree in shared memory). Blocks after: each (rank, group)'s padding rows
+// zeroed, their scales too.
 static_assert(kMoveThreads == kEpDotLanes, "a thread per d-prob lane");
 template <int kVec>
 __global__ void __launch_bounds__(kMoveThreads)
     ep_scatter_kernel(EpMovePointers m, sfmoe_dtype in_dtype, sfmoe_dtype rows_dtype,
-                      sfmoe_dtype out_dtype) {
+                      sfmoe_dtype out_dtype, bool bytes) {
   __shared__ float lanes[kMoveThreads];
-  const int64_t b = blockIdx.x, tokens = m.token_start[m.world], H = m.hidden, k = m.top_k;
+  const int64_t b = blockIdx.x, tokens = m.token_start[m.s.world], H = m.hidden, k = m.s.top_k;
+  const int64_t row_bytes = m.row_bytes;
   if (b >= tokens) {
-    const int64_t pad = b - tokens, d = pad / m.experts_per_rank, e = pad % m.experts_per_rank;
-    const int64_t begin = m.offsets[d][e] + m.kept[d][e], end = m.offsets[d][e + 1];
-    for (int64_t i = begin * H + threadIdx.x; i < end * H; i += kMoveThreads) {
-      store_element(m.out_rows[d], out_dtype, i, 0.0f);
+    const int64_t groups = m.s.rounds * m.s.experts_per_rank;
+    const int64_t pad = b - tokens, d = pad / groups, g = pad % groups;
+    const int64_t begin = ep_group_begin(m.s, m.offsets[d], g) + m.kept[d][g];
+    const int64_t end = min(ep_group_end(m.s, m.offsets[d], g), m.s.receive_rows);
+    for (int64_t row = begin; row < end; ++row) {
+      zero_row_bytes(static_cast<uint8_t*>(m.out_rows[d]) + row * row_bytes, row_bytes);
+      if (m.scale_bytes > 0) {
+        zero_row_bytes(static_cast<uint8_t*>(m.out_scales[d]) + row * m.scale_bytes, m.scale_bytes);
+      }
     }
     return;
   }
@@ -226,7 +273,17 @@ __global__ void __launch_bounds__(kMoveThreads)
   const int64_t chunks = H / kVec;
   for (int64_t i = 0; i < k; ++i) {
     const int64_t slot = t * k + i, d = m.send_rank[s][slot], row = m.send_row[s][slot];
-    if (!ep_slot_sent(d, row, m.world, m.receive_rows)) continue;
+    if (!ep_slot_sent(d, row, m.s.world, m.s.receive_rows)) continue;
+    if (bytes) {
+      copy_row_bytes(static_cast<uint8_t*>(m.out_rows[d]) + row * row_bytes,
+                     static_cast<const uint8_t*>(m.token_rows[s]) + t * row_bytes, row_bytes);
+      if (m.scale_bytes > 0) {
+        copy_row_bytes(static_cast<uint8_t*>(m.out_scales[d]) + row * m.scale_bytes,
+                       static_cast<const uint8_t*>(m.token_scales[s]) + t * m.scale_bytes,
+                       m.scale_bytes);
+      }
+      continue;
+    }
     const float w = weighted ? m.probs[s][slot] : 1.0f;
     for (int64_t c = threadIdx.x; c < chunks; c += kMoveThreads) {
       float v[kVec];
@@ -241,7 +298,7 @@ __global__ void __launch_bounds__(kMoveThreads)
   if (m.d_probs[s] == nullptr) return;
   for (int64_t i = 0; i < k; ++i) {  // (the block agrees on every branch below: one token)
     const int64_t slot = t * k + i, d = m.send_rank[s][slot], row = m.send_row[s][slot];
-    const bool sent = ep_slot_sent(d, row, m.world, m.receive_rows);
+    const bool sent = ep_slot_sent(d, row, m.s.world, m.s.receive_rows);
     float lane = 0.0f;
     if (sent && m.rows[d] != nullptr) {
       for (int64_t c = threadIdx.x; c < chunks; c += kMoveThreads) {
@@ -268,7 +325,7 @@ __global__ void __launch_bounds__(kMoveThreads)
 template <int kVec>
 __global__ void __launch_bounds__(kMoveThreads)
     ep_gather_kernel(EpMovePointers m, sfmoe_dtype rows_dtype, sfmoe_dtype out_dtype) {
-  const int64_t b = blockIdx.x, H = m.hidden, k = m.top_k, chunks = H / kVec;
+  const int64_t b = blockIdx.x, H = m.hidden, k = m.s.top_k, chunks = H / kVec;
   int64_t t = 0;
   const int64_t s = token_source(m, b, &t);
   for (int64_t c = threadIdx.x; c < chunks; c += kMoveThreads) {
@@ -277,7 +334,7 @@ __global__ void __launch_bounds__(kMoveThreads)
     for (int q = 0; q < kVec; ++q) sum[q] = 0.0f;
     for (int64_t i = 0; i < k; ++i) {
       const int64_t slot = t * k + i, d = m.send_rank[s][slot], row = m.send_row[s][slot];
-      if (!ep_slot_sent(d, row, m.world, m.receive_rows)) continue;
+      if (!ep_slot_sent(d, row, m.s.world, m.s.receive_rows)) continue;
       float v[kVec];
       load_vector<kVec>(m.rows[d], rows_dtype, row * H + c * kVec, v);
       const float p = m.probs[s] != nullptr ? m.probs[s][slot] : 1.0f;
@@ -293,11 +350,8 @@ __global__ void __launch_bounds__(kMoveThreads)
 EpMovePointers move_pointers(const EpShape& s, int64_t hidden, const int64_t* tokens,
                              const EpRankRouting* routing) {
   EpMovePointers m{};
-  m.world = s.world;
-  m.top_k = s.top_k;
+  m.s = s;
   m.hidden = hidden;
-  m.experts_per_rank = s.experts_per_rank;
-  m.receive_rows = s.receive_rows;
   m.token_start[0] = 0;
   for (int64_t q = 0; q < s.world; ++q) {
     m.token_start[q + 1] = m.token_start[q] + tokens[q];
@@ -329,18 +383,24 @@ sfmoe_status ep_route(const EpRouteArgs& a, void* stream_pointer) {
 
 sfmoe_status ep_scatter(const EpScatterArgs& a, void* stream_pointer) {
   EpMovePointers m = move_pointers(a.shape, a.hidden, a.tokens, a.routing);
+  m.scale_bytes = a.scale_bytes;
+  m.row_bytes = a.hidden * sfmoe_dtype_bits(a.out_dtype) / 8;
   for (int64_t q = 0; q < a.shape.world; ++q) {
+    m.token_scales[q] = a.token_scales != nullptr ? a.token_scales[q] : nullptr;
+    m.out_scales[q] = a.out_scales != nullptr ? a.out_scales[q] : nullptr;
     m.token_rows[q] = a.token_rows[q];
     m.probs[q] = a.probs != nullptr ? a.probs[q] : nullptr;
     m.d_probs[q] = a.d_probs != nullptr ? a.d_probs[q] : nullptr;
     m.rows[q] = a.rows != nullptr ? a.rows[q] : nullptr;
     m.out_rows[q] = a.out_rows[q];
   }
-  const int64_t blocks = m.token_start[a.shape.world] + a.shape.world * a.shape.experts_per_rank;
+  const int64_t blocks =
+      m.token_start[a.shape.world] + a.shape.world * a.shape.rounds * a.shape.experts_per_rank;
+  const bool bytes = a.probs == nullptr && a.token_dtype == a.out_dtype;
   const auto kernel = ep_dot_vector(a.hidden) == 8 ? ep_scatter_kernel<8> : ep_scatter_kernel<1>;
   kernel<<<static_cast<unsigned>(blocks), kMoveThreads, 0,
-           static_cast<cudaStream_t>(stream_pointer)>>>(m, a.token_dtype, a.rows_dtype,
-                                                        a.out_dtype);
+           static_cast<cudaStream_t>(stream_pointer)>>>(m, a.token_dtype, a.rows_dtype, a.out_dtype,
+                                                        bytes);
   return check_launch("ep_scatter_kernel");
 }
 
