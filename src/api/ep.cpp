@@ -21,6 +21,7 @@ namespace sfmoe {
 // A rank's handle: its routing, each part on the planning alignment.
 struct EpHandleLayout {
   int64_t send_rank = 0, send_row = 0, offsets = 0, kept = 0, routed = 0, dropped = 0;
+  int64_t route_scratch = 0;  // the device routing's per-chunk counts (ep_args.h)
   int64_t bytes = 0;
 };
 
@@ -185,6 +186,8 @@ sfmoe_status check_config(const char* context, const sfmoe_ep_config* c, sfmoe_m
   place(s.rounds * c->experts_per_rank * 8, &h.kept);
   place(c->experts_per_rank * 8, &h.routed);
   place(experts * 8, &h.dropped);
+  // (the device routes every slot the process holds: all ranks' with the loopback)
+  place(memory == SFMOE_MEMORY_CUDA ? ep_route_scratch_bytes(s, worst) : 0, &h.route_scratch);
   h.bytes = at;
   g->config = *c;
   g->memory = memory;
@@ -198,7 +201,8 @@ EpRankRouting routing_of(const sfmoe_ep_group* g, const sfmoe_tensor* handle) {
   return EpRankRouting{
       reinterpret_cast<int32_t*>(base + h.send_rank), reinterpret_cast<int64_t*>(base + h.send_row),
       reinterpret_cast<int64_t*>(base + h.offsets),   reinterpret_cast<int64_t*>(base + h.kept),
-      reinterpret_cast<int64_t*>(base + h.routed),    reinterpret_cast<int64_t*>(base + h.dropped)};
+      reinterpret_cast<int64_t*>(base + h.routed),    reinterpret_cast<int64_t*>(base + h.dropped),
+      reinterpret_cast<int32_t*>(base + h.route_scratch)};
 }
 
 int64_t ranks_of(const sfmoe_ep_group* g) {

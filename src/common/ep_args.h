@@ -22,6 +22,7 @@ struct EpRankRouting {
   int64_t* kept;       // [rounds E_l]: rows kept per group (round-major)
   int64_t* routed;     // [E_l]: rows sent to each local expert before the capacity
   int64_t* dropped;    // [E]: this rank's rows dropped, by global expert
+  int32_t* route_scratch;  // the device routing's per-chunk counts (ep_route_scratch_bytes)
 };
 
 struct EpShape {
@@ -55,6 +56,15 @@ SFMOE_HD int64_t ep_round_of(const EpShape& s, int64_t position) {
   if (position < s.receive_capacity) return 0;
   if (s.rounds > 1 && position - s.receive_capacity < s.spill_capacity) return 1;
   return -1;
+}
+
+// The device routing takes the slots (source rank, token, slot) in chunks of kEpRouteChunk: for
+// each chunk, how many slots name each global expert and each destination rank (INT32, [E + R]
+// keys x chunks, in the first routing's handle), then each key's prefix over the chunks.
+constexpr int64_t kEpRouteChunk = 1024;
+inline int64_t ep_route_chunks(int64_t slots) { return (slots + kEpRouteChunk - 1) / kEpRouteChunk; }
+inline int64_t ep_route_scratch_bytes(const EpShape& s, int64_t slots) {
+  return (s.world * s.experts_per_rank + s.world) * ep_route_chunks(slots) * 4;
 }
 
 // The routing of all R ranks (the loopback holds them all): each source rank's slots in order

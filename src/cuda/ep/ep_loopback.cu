@@ -1,13 +1,16 @@
 // Expert parallelism, the loopback transport on the device (docs/ep.md): every rank's buffers on
 // one GPU, the routing and the row movements of src/common/ep_args.h with the CPU reference's
-// bits. The routing is written for correctness first: a block per destination rank walks every
-// slot in (source rank, token, slot) order with block scans to find the kept ones, then a block
-// per global expert walks them again for the rows (work R N and E N over N slots; the moves are
-// what a step spends its time on). The moves are a block per token over its k slots in 16-byte
-// vectors, FP32 sums in slot order, and d probs in the lanes' order the CPU follows too: the CPU's
-// bits everywhere.
+// bits. The routing takes the slots in (source rank, token, slot) order in chunks: each chunk
+// ranks its slots among its own by expert and by destination (stable block sorts) and counts
+// them; the counts' prefix over the chunks gives every slot its position in its destination's
+// list (kept or dropped, and the round) and in its expert's (its row): work proportional to the
+// slots, whatever the skew. The moves are a block per token over its k slots in 16-byte vectors,
+// FP32 sums in slot order, and d probs in the lanes' order the CPU follows too: the CPU's bits
+// everywhere.
 #include <stdint.h>
 
+#include <cub/block/block_discontinuity.cuh>
+#include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_scan.cuh>
 
 #include "src/common/ep_args.h"
@@ -20,7 +23,8 @@ namespace sfmoe {
 namespace cuda {
 namespace {
 
-constexpr int kRouteThreads = 1024;
+constexpr int kRouteThreads = 256, kRouteItems = 4;
+static_assert(kRouteThreads * kRouteItems == kEpRouteChunk, "a chunk per routing block");
 constexpr int kMoveThreads = 256;
 
 // Every rank's pointers, by value (the kernel parameter space holds them: no host array is read
@@ -79,57 +83,164 @@ __global__ void ep_clear_kernel(EpRanks r) {
   }
 }
 
-// Block d: the slots sent to rank d in order; the first receive_capacity kept in the first
-// round, (SPILL) the next spill_capacity in the second (send_rank = d, send_row = the round for
-// now), the others dropped and counted. Block 0 also marks the slots with invalid ids.
+// Chunk c (kEpRouteChunk slots, four per thread in order): each slot's rank among the chunk's
+// earlier slots naming the same global expert (into send_row) and the same destination rank (into
+// send_rank), by two stable block radix sorts; and the chunk's count of each key (experts, then
+// ranks) into the scratch's column c. Slots with invalid ids are marked and reported here.
+using RouteSort = cub::BlockRadixSort<uint32_t, kRouteThreads, kRouteItems, int32_t>;
+using RouteFlags = cub::BlockDiscontinuity<uint32_t, kRouteThreads>;
+using RouteScan = cub::BlockScan<int32_t, kRouteThreads>;
+union RouteTemp {
+  typename RouteSort::TempStorage sort;
+  struct {
+    typename RouteFlags::TempStorage flags;
+    typename RouteScan::TempStorage scan;
+  } after;
+};
+
+struct KeysDiffer {
+  __device__ bool operator()(uint32_t a, uint32_t b) const { return a != b; }
+};
+struct Larger {
+  __device__ int32_t operator()(int32_t a, int32_t b) const { return a > b ? a : b; }
+};
+
+// The keys' stable ranks (keys >= limit: padding) into rank_of[item], the counts of keys < limit
+// into counts[(first_key + key) chunks + c].
+__device__ void rank_chunk(RouteTemp& temp, uint32_t (&keys)[kRouteItems],
+                           int32_t (&items)[kRouteItems], uint32_t limit, int32_t bits,
+                           int32_t* rank_of, int32_t* counts, int64_t first_key, int64_t chunks,
+                           int64_t c) {
+  RouteSort(temp.sort).Sort(keys, items, 0, bits);
+  __syncthreads();
+  int32_t heads[kRouteItems], tails[kRouteItems], start[kRouteItems];
+  RouteFlags(temp.after.flags).FlagHeadsAndTails(heads, tails, keys, KeysDiffer());
+#pragma unroll
+  for (int i = 0; i < kRouteItems; ++i) {
+    start[i] = heads[i] ? static_cast<int32_t>(threadIdx.x) * kRouteItems + i : 0;
+  }
+  RouteScan(temp.after.scan).InclusiveScan(start, start, Larger());
+#pragma unroll
+  for (int i = 0; i < kRouteItems; ++i) {
+    const int32_t position = static_cast<int32_t>(threadIdx.x) * kRouteItems + i;
+    rank_of[items[i]] = position - start[i];
+    if (tails[i] && keys[i] < limit) {
+      counts[(first_key + keys[i]) * chunks + c] = position - start[i] + 1;
+    }
+  }
+  __syncthreads();
+}
+
 __global__ void __launch_bounds__(kRouteThreads)
-    ep_keep_kernel(EpRanks r, bool trap, sfmoe_fault_report* word) {
-  using Scan = cub::BlockScan<int64_t, kRouteThreads>;
-  __shared__ typename Scan::TempStorage scan;
-  __shared__ int64_t running;
-  const int64_t d = blockIdx.x, El = r.s.experts_per_rank, E = r.s.world * El;
-  const int64_t total = r.slot_start[r.s.world];
+    ep_rank_chunks_kernel(EpRanks r, int32_t* counts, int64_t chunks, sfmoe_fault_report* word) {
+  __shared__ RouteTemp temp;
+  __shared__ int32_t rank_of[kEpRouteChunk];
+  const int64_t c = blockIdx.x, El = r.s.experts_per_rank, R = r.s.world, E = R * El;
+  const int64_t total = r.slot_start[R], first = c * kEpRouteChunk;
+  for (int64_t key = threadIdx.x; key < E + R; key += kRouteThreads) counts[key * chunks + c] = 0;
+  uint32_t expert[kRouteItems], dest[kRouteItems];
+  int32_t items[kRouteItems];
+  int64_t source[kRouteItems], slot[kRouteItems];
+#pragma unroll
+  for (int i = 0; i < kRouteItems; ++i) {
+    items[i] = static_cast<int32_t>(threadIdx.x) * kRouteItems + i;
+    const int64_t g = first + items[i];
+    expert[i] = static_cast<uint32_t>(E);  // padding: sorts last, counted nowhere
+    dest[i] = static_cast<uint32_t>(R);
+    source[i] = -1;
+    if (g < total) {
+      source[i] = source_of(r, g, &slot[i]);
+      const int32_t e = r.ids[source[i]][slot[i]];
+      if (e < 0 || e >= E) {
+        r.send_rank[source[i]][slot[i]] = -1;
+        r.send_row[source[i]][slot[i]] = -1;
+        if (word != nullptr) raise_fault(word, SFMOE_FAULT_BAD_INDEX, source[i], e);
+        source[i] = -1;
+      } else {
+        expert[i] = static_cast<uint32_t>(e);
+        dest[i] = static_cast<uint32_t>(e / El);
+      }
+    }
+  }
+  int32_t bits = 1, dest_bits = 1;
+  while ((int64_t{1} << bits) <= E) ++bits;
+  while ((int64_t{1} << dest_bits) <= R) ++dest_bits;
+  __syncthreads();  // (the counts zeroed before the tails write theirs)
+  uint32_t keys[kRouteItems];
+  int32_t order[kRouteItems];
+#pragma unroll
+  for (int i = 0; i < kRouteItems; ++i) {
+    keys[i] = expert[i];
+    order[i] = items[i];
+  }
+  rank_chunk(temp, keys, order, static_cast<uint32_t>(E), bits, rank_of, counts, 0, chunks, c);
+#pragma unroll
+  for (int i = 0; i < kRouteItems; ++i) {
+    if (source[i] >= 0) r.send_row[source[i]][slot[i]] = rank_of[items[i]];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kRouteItems; ++i) {
+    keys[i] = dest[i];
+    order[i] = items[i];
+  }
+  rank_chunk(temp, keys, order, static_cast<uint32_t>(R), dest_bits, rank_of, counts, E, chunks,
+             c);
+#pragma unroll
+  for (int i = 0; i < kRouteItems; ++i) {
+    if (source[i] >= 0) r.send_rank[source[i]][slot[i]] = rank_of[items[i]];
+  }
+}
+
+// Block per key (experts, then ranks): its counts' exclusive prefix over the chunks, in place;
+// an expert's total is what its rank was sent (routed).
+__global__ void __launch_bounds__(kRouteThreads)
+    ep_scan_chunks_kernel(EpRanks r, int32_t* counts, int64_t chunks) {
+  __shared__ typename RouteScan::TempStorage scan;
+  __shared__ int32_t running;
+  const int64_t key = blockIdx.x, El = r.s.experts_per_rank, E = r.s.world * El;
+  int32_t* row = counts + key * chunks;
   if (threadIdx.x == 0) running = 0;
   __syncthreads();
-  for (int64_t first = 0; first < total; first += kRouteThreads) {
-    const int64_t g = first + threadIdx.x;
-    int64_t s = 0, slot = 0;
-    int32_t e = -1;
-    if (g < total) {
-      s = source_of(r, g, &slot);
-      e = r.ids[s][slot];
-      if (e < 0 || e >= E) {
-        if (d == 0) {
-          r.send_rank[s][slot] = -1;
-          r.send_row[s][slot] = -1;
-          if (word != nullptr) raise_fault(word, SFMOE_FAULT_BAD_INDEX, s, e);
-        }
-        e = -1;
-      }
-    }
-    const bool mine = e >= 0 && e / El == d;
-    int64_t position = 0, count = 0;
-    Scan(scan).ExclusiveSum(mine ? int64_t{1} : int64_t{0}, position, count);
-    if (mine) {
-      const int64_t local_expert = e % El;
-      atomicAdd(reinterpret_cast<unsigned long long*>(&r.routed[d][local_expert]), 1ull);
-      const int64_t round = ep_round_of(r.s, running + position);
-      if (round >= 0) {
-        r.send_rank[s][slot] = static_cast<int32_t>(d);
-        r.send_row[s][slot] = round;
-        atomicAdd(reinterpret_cast<unsigned long long*>(&r.kept[d][round * El + local_expert]),
-                  1ull);
-      } else {
-        r.send_rank[s][slot] = -1;
-        r.send_row[s][slot] = -1;
-        atomicAdd(reinterpret_cast<unsigned long long*>(&r.dropped[s][e]), 1ull);
-        if (trap && word != nullptr) raise_fault(word, SFMOE_FAULT_EP_OVERFLOW, d, e);
-      }
-    }
+  for (int64_t first = 0; first < chunks; first += kRouteThreads) {
+    const int64_t c = first + threadIdx.x;
+    const int32_t v = c < chunks ? row[c] : 0;
+    int32_t prefix = 0, sum = 0;
+    RouteScan(scan).ExclusiveSum(v, prefix, sum);
+    if (c < chunks) row[c] = running + prefix;
     __syncthreads();
-    if (threadIdx.x == 0) running += count;
+    if (threadIdx.x == 0) running += sum;
     __syncthreads();
   }
+  if (threadIdx.x == 0 && key < E) r.routed[key / El][key % El] = running;
+}
+
+// A thread per slot: its position in its destination's (source, token, slot) list and in its
+// expert's; kept in the round the position gives (send_rank = d, send_row = the expert position
+// for now) and counted, or dropped and counted.
+__global__ void ep_keep_kernel(EpRanks r, const int32_t* counts, int64_t chunks, bool trap,
+                               sfmoe_fault_report* word) {
+  const int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t El = r.s.experts_per_rank, E = r.s.world * El;
+  if (g >= r.slot_start[r.s.world]) return;
+  int64_t slot = 0;
+  const int64_t s = source_of(r, g, &slot);
+  const int32_t e = r.ids[s][slot];
+  if (e < 0 || e >= E) return;  // (marked by the chunk kernel)
+  const int64_t d = e / El, c = g / kEpRouteChunk;
+  const int64_t position = counts[(E + d) * chunks + c] + r.send_rank[s][slot];
+  const int64_t in_expert = counts[e * chunks + c] + r.send_row[s][slot];
+  const int64_t round = ep_round_of(r.s, position);
+  if (round < 0) {
+    r.send_rank[s][slot] = -1;
+    r.send_row[s][slot] = -1;
+    atomicAdd(reinterpret_cast<unsigned long long*>(&r.dropped[s][e]), 1ull);
+    if (trap && word != nullptr) raise_fault(word, SFMOE_FAULT_EP_OVERFLOW, d, e);
+    return;
+  }
+  r.send_rank[s][slot] = static_cast<int32_t>(d);
+  r.send_row[s][slot] = in_expert;
+  atomicAdd(reinterpret_cast<unsigned long long*>(&r.kept[d][round * El + e % El]), 1ull);
 }
 
 // Block d: its groups' padded blocks, round by round.
@@ -147,39 +258,21 @@ __global__ void ep_offsets_kernel(EpRanks r) {
   }
 }
 
-// Block e (global expert): its kept slots in order get the rows of its blocks, both rounds in one
-// scan (the first round's count in the low 32 bits, the second's above: a rank's slots fit).
-__global__ void __launch_bounds__(kRouteThreads) ep_rows_kernel(EpRanks r) {
-  using Scan = cub::BlockScan<int64_t, kRouteThreads>;
-  __shared__ typename Scan::TempStorage scan;
-  __shared__ int64_t running;
-  constexpr int64_t kSecond = int64_t{1} << 32;
-  const int64_t e = blockIdx.x, El = r.s.experts_per_rank, d = e / El, local = e % El;
-  const int64_t total = r.slot_start[r.s.world];
-  const int64_t base0 = ep_group_begin(r.s, r.offsets[d], local);
-  const int64_t base1 = r.s.rounds > 1 ? ep_group_begin(r.s, r.offsets[d], El + local) : 0;
-  if (threadIdx.x == 0) running = 0;
-  __syncthreads();
-  for (int64_t first = 0; first < total; first += kRouteThreads) {
-    const int64_t g = first + threadIdx.x;
-    int64_t s = 0, slot = 0, round = 0;
-    bool mine = false;
-    if (g < total) {
-      s = source_of(r, g, &slot);
-      mine = r.ids[s][slot] == e && r.send_rank[s][slot] == d;
-      if (mine) round = r.send_row[s][slot];
-    }
-    int64_t position = 0, count = 0;
-    Scan(scan).ExclusiveSum(mine ? (round == 0 ? int64_t{1} : kSecond) : int64_t{0}, position,
-                            count);
-    if (mine) {
-      const int64_t at = running + position;
-      r.send_row[s][slot] = round == 0 ? base0 + (at & (kSecond - 1)) : base1 + (at >> 32);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) running += count;
-    __syncthreads();
-  }
+// A thread per kept slot: its row. An expert's positions increase with its destination's, so its
+// first-round rows are the first kept[round 0] of its list, the second round's the next.
+__global__ void ep_rows_kernel(EpRanks r) {
+  const int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t El = r.s.experts_per_rank;
+  if (g >= r.slot_start[r.s.world]) return;
+  int64_t slot = 0;
+  const int64_t s = source_of(r, g, &slot);
+  const int64_t d = r.send_rank[s][slot];
+  if (d < 0) return;
+  const int64_t local = r.ids[s][slot] % El, j = r.send_row[s][slot];
+  const int64_t first_round = r.kept[d][local];
+  r.send_row[s][slot] = j < first_round ? ep_group_begin(r.s, r.offsets[d], local) + j
+                                        : ep_group_begin(r.s, r.offsets[d], El + local) + j -
+                                              first_round;
 }
 
 // The moves' per-rank pointers.
@@ -216,19 +309,41 @@ __device__ __forceinline__ int64_t token_source(const EpMovePointers& m, int64_t
   return lo;
 }
 
-// `bytes` bytes from src to dst (both 16-byte aligned at the row's start when the width
-// allows), by the block, in the widest unit the width divides into.
-__device__ __forceinline__ void copy_row_bytes(uint8_t* dst, const uint8_t* src, int64_t bytes) {
+// Dispatch's bytes: token t's row of `bytes` bytes (from `from[s]`) to each of its kept slots'
+// rows (in `to[d]`), each unit read once and stored k times, in the widest unit the width
+// divides into (rows are 16-byte aligned when the width is a multiple of 16).
+template <class Unit>
+__device__ __forceinline__ void scatter_units(const EpMovePointers& m, int64_t s, int64_t t,
+                                              const void* from, void* const* to, int64_t bytes) {
+  constexpr int kInFlight = 4;  // units loaded by a thread before its stores
+  const int64_t units = bytes / static_cast<int64_t>(sizeof(Unit)), k = m.s.top_k;
+  const int64_t step = blockDim.x;
+  const Unit* src = reinterpret_cast<const Unit*>(static_cast<const uint8_t*>(from) + t * bytes);
+  for (int64_t first = threadIdx.x; first < units; first += kInFlight * step) {
+    Unit v[kInFlight];
+#pragma unroll
+    for (int j = 0; j < kInFlight; ++j) {
+      if (first + j * step < units) v[j] = src[first + j * step];
+    }
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t slot = t * k + i, d = m.send_rank[s][slot], row = m.send_row[s][slot];
+      if (!ep_slot_sent(d, row, m.s.world, m.s.receive_rows)) continue;
+      Unit* dst = reinterpret_cast<Unit*>(static_cast<uint8_t*>(to[d]) + row * bytes);
+#pragma unroll
+      for (int j = 0; j < kInFlight; ++j) {
+        if (first + j * step < units) dst[first + j * step] = v[j];
+      }
+    }
+  }
+}
+__device__ __forceinline__ void scatter_bytes(const EpMovePointers& m, int64_t s, int64_t t,
+                                              const void* from, void* const* to, int64_t bytes) {
   if (bytes % 16 == 0) {
-    for (int64_t i = threadIdx.x; i < bytes / 16; i += blockDim.x) {
-      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
-    }
+    scatter_units<uint4>(m, s, t, from, to, bytes);
   } else if (bytes % 4 == 0) {
-    for (int64_t i = threadIdx.x; i < bytes / 4; i += blockDim.x) {
-      reinterpret_cast<uint32_t*>(dst)[i] = reinterpret_cast<const uint32_t*>(src)[i];
-    }
+    scatter_units<uint32_t>(m, s, t, from, to, bytes);
   } else {
-    for (int64_t i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = src[i];
+    scatter_units<uint8_t>(m, s, t, from, to, bytes);
   }
 }
 __device__ __forceinline__ void zero_row_bytes(uint8_t* dst, int64_t bytes) {
@@ -247,10 +362,12 @@ __device__ __forceinline__ void zero_row_bytes(uint8_t* dst, int64_t bytes) {
 // chunks, then the halving tree in shared memory). Blocks after: each (rank, group)'s padding rows
 // zeroed, their scales too.
 static_assert(kMoveThreads == kEpDotLanes, "a thread per d-prob lane");
-template <int kVec>
+// (kBytes: dispatch's form, compiled apart so that its registers do not bound the other's
+// occupancy: measured 10% on combine's backward when the two shared a kernel)
+template <int kVec, bool kBytes>
 __global__ void __launch_bounds__(kMoveThreads)
     ep_scatter_kernel(EpMovePointers m, sfmoe_dtype in_dtype, sfmoe_dtype rows_dtype,
-                      sfmoe_dtype out_dtype, bool bytes) {
+                      sfmoe_dtype out_dtype) {
   __shared__ float lanes[kMoveThreads];
   const int64_t b = blockIdx.x, tokens = m.token_start[m.s.world], H = m.hidden, k = m.s.top_k;
   const int64_t row_bytes = m.row_bytes;
@@ -269,21 +386,18 @@ __global__ void __launch_bounds__(kMoveThreads)
   }
   int64_t t = 0;
   const int64_t s = token_source(m, b, &t);
+  if (kBytes) {
+    scatter_bytes(m, s, t, m.token_rows[s], m.out_rows, row_bytes);
+    if (m.scale_bytes > 0) scatter_bytes(m, s, t, m.token_scales[s], m.out_scales, m.scale_bytes);
+    return;
+  }
+  // Each slot's weighted row, then (with rows) each slot's d prob. (Measured: one pass doing
+  // both was 3% slower at DeepSeek-V3 EP8, docs/KERNEL_NOTES.md.)
   const bool weighted = m.probs[s] != nullptr;
   const int64_t chunks = H / kVec;
   for (int64_t i = 0; i < k; ++i) {
     const int64_t slot = t * k + i, d = m.send_rank[s][slot], row = m.send_row[s][slot];
     if (!ep_slot_sent(d, row, m.s.world, m.s.receive_rows)) continue;
-    if (bytes) {
-      copy_row_bytes(static_cast<uint8_t*>(m.out_rows[d]) + row * row_bytes,
-                     static_cast<const uint8_t*>(m.token_rows[s]) + t * row_bytes, row_bytes);
-      if (m.scale_bytes > 0) {
-        copy_row_bytes(static_cast<uint8_t*>(m.out_scales[d]) + row * m.scale_bytes,
-                       static_cast<const uint8_t*>(m.token_scales[s]) + t * m.scale_bytes,
-                       m.scale_bytes);
-      }
-      continue;
-    }
     const float w = weighted ? m.probs[s][slot] : 1.0f;
     for (int64_t c = threadIdx.x; c < chunks; c += kMoveThreads) {
       float v[kVec];
@@ -370,14 +484,25 @@ sfmoe_status ep_route(const EpRouteArgs& a, void* stream_pointer) {
   const EpShape& s = a.shape;
   const EpRanks r = ranks_of(s, a.tokens, a.topk_ids, a.routing);
   const unsigned R = static_cast<unsigned>(s.world);
+  const int64_t slots = r.slot_start[s.world], chunks = ep_route_chunks(slots);
+  int32_t* counts = a.routing[0].route_scratch;
   ep_clear_kernel<<<R, 256, 0, stream>>>(r);
   SFMOE_RETURN_IF_ERROR(check_launch("ep_clear_kernel"));
-  ep_keep_kernel<<<R, kRouteThreads, 0, stream>>>(r, a.trap, a.word);
-  SFMOE_RETURN_IF_ERROR(check_launch("ep_keep_kernel"));
+  if (slots > 0) {
+    ep_rank_chunks_kernel<<<static_cast<unsigned>(chunks), kRouteThreads, 0, stream>>>(
+        r, counts, chunks, a.word);
+    SFMOE_RETURN_IF_ERROR(check_launch("ep_rank_chunks_kernel"));
+    ep_scan_chunks_kernel<<<static_cast<unsigned>(s.world * s.experts_per_rank + s.world),
+                            kRouteThreads, 0, stream>>>(r, counts, chunks);
+    SFMOE_RETURN_IF_ERROR(check_launch("ep_scan_chunks_kernel"));
+    const unsigned blocks = static_cast<unsigned>((slots + 255) / 256);
+    ep_keep_kernel<<<blocks, 256, 0, stream>>>(r, counts, chunks, a.trap, a.word);
+    SFMOE_RETURN_IF_ERROR(check_launch("ep_keep_kernel"));
+  }
   ep_offsets_kernel<<<R, 32, 0, stream>>>(r);
   SFMOE_RETURN_IF_ERROR(check_launch("ep_offsets_kernel"));
-  ep_rows_kernel<<<static_cast<unsigned>(s.world * s.experts_per_rank), kRouteThreads, 0, stream>>>(
-      r);
+  if (slots == 0) return SFMOE_SUCCESS;
+  ep_rows_kernel<<<static_cast<unsigned>((slots + 255) / 256), 256, 0, stream>>>(r);
   return check_launch("ep_rows_kernel");
 }
 
@@ -397,10 +522,12 @@ sfmoe_status ep_scatter(const EpScatterArgs& a, void* stream_pointer) {
   const int64_t blocks =
       m.token_start[a.shape.world] + a.shape.world * a.shape.rounds * a.shape.experts_per_rank;
   const bool bytes = a.probs == nullptr && a.token_dtype == a.out_dtype;
-  const auto kernel = ep_dot_vector(a.hidden) == 8 ? ep_scatter_kernel<8> : ep_scatter_kernel<1>;
+  const auto kernel = bytes                          ? ep_scatter_kernel<1, true>
+                      : ep_dot_vector(a.hidden) == 8 ? ep_scatter_kernel<8, false>
+                                                     : ep_scatter_kernel<1, false>;
   kernel<<<static_cast<unsigned>(blocks), kMoveThreads, 0,
-           static_cast<cudaStream_t>(stream_pointer)>>>(m, a.token_dtype, a.rows_dtype, a.out_dtype,
-                                                        bytes);
+           static_cast<cudaStream_t>(stream_pointer)>>>(m, a.token_dtype, a.rows_dtype,
+                                                        a.out_dtype);
   return check_launch("ep_scatter_kernel");
 }
 
