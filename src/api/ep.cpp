@@ -15,24 +15,11 @@
 #include "src/common/error.h"
 #include "src/common/permute_args.h"
 #include "src/ops/backend.h"
-
-namespace sfmoe {
-
-// A rank's handle: its routing, each part on the planning alignment.
-struct EpHandleLayout {
-  int64_t send_rank = 0, send_row = 0, offsets = 0, kept = 0, routed = 0, dropped = 0;
-  int64_t route_scratch = 0;  // the device routing's per-chunk counts (ep_args.h)
-  int64_t bytes = 0;
-};
-
-}  // namespace sfmoe
+#include "src/ops/layout_plan.h"
 
 struct sfmoe_ep_group {
   sfmoe_ep_config config;
-  sfmoe::EpShape shape;
-  sfmoe::EpHandleLayout handle;
-  int64_t scale_columns;  // beside each dispatched row (FP8 payloads), else 0
-  sfmoe_dtype scale_dtype;
+  sfmoe::ops::EpLayout layout;  // shape, handle layout, scales beside the rows
   sfmoe_memory memory;
   int32_t device;
 };
@@ -41,10 +28,6 @@ namespace sfmoe {
 namespace {
 
 constexpr int64_t kMaxWorld = 1 << 16;
-
-int64_t aligned(int64_t bytes) {
-  return (bytes + SFMOE_PLAN_ALIGNMENT - 1) / SFMOE_PLAN_ALIGNMENT * SFMOE_PLAN_ALIGNMENT;
-}
 
 // The configuration checked, and the shape and handle layout it gives (sizes overflow-checked).
 sfmoe_status check_config(const char* context, const sfmoe_ep_config* c, sfmoe_memory memory,
@@ -142,53 +125,8 @@ sfmoe_status check_config(const char* context, const sfmoe_ep_config* c, sfmoe_m
                 "%s: the device loopback routes fewer than 2^31 rows in all, got %lld", context,
                 static_cast<long long>(worst));
   }
-  EpShape& s = g->shape;
-  s.world = c->world_size;
-  s.experts_per_rank = c->experts_per_rank;
-  s.top_k = c->top_k;
-  s.row_alignment = c->row_alignment;
-  // (a capacity above the worst case holds nothing more)
-  s.receive_capacity =
-      c->receive_capacity > 0 && c->receive_capacity < worst ? c->receive_capacity : worst;
-  s.rounds = spill ? 2 : 1;
-  s.spill_capacity = 0;
-  if (spill) {
-    const int64_t left = worst - s.receive_capacity;
-    s.spill_capacity = c->spill_capacity > 0 && c->spill_capacity < left ? c->spill_capacity : left;
-  }
-  // Rows: each round's kept ones plus each local expert's padding, a multiple of nothing more.
-  int64_t padding = 0, spill_rows = 0;
-  if (__builtin_mul_overflow(c->experts_per_rank, c->row_alignment - 1, &padding) ||
-      __builtin_add_overflow(s.receive_capacity, padding, &s.spill_row_base) ||
-      __builtin_add_overflow(s.spill_capacity, spill ? padding : 0, &spill_rows) ||
-      __builtin_add_overflow(s.spill_row_base, spill_rows, &s.receive_rows) ||
-      slots > INT64_MAX / 16) {
-    return fail(SFMOE_ERROR_SHAPE_MISMATCH, "%s: the group's sizes overflow", context);
-  }
-  if (!spill) s.spill_row_base = 0;
-  g->scale_columns = 0;
-  g->scale_dtype = SFMOE_DTYPE_FP32;
-  if (scaling == SFMOE_SCALING_TENSOR) g->scale_columns = 1;
-  if (scaling == SFMOE_SCALING_BLOCK_1X128) g->scale_columns = (c->hidden + 127) / 128;
-  if (scaling == SFMOE_SCALING_MX_1X32) {
-    g->scale_columns = (c->hidden + 31) / 32;
-    g->scale_dtype = SFMOE_DTYPE_E8M0;
-  }
-  EpHandleLayout& h = g->handle;
-  int64_t at = 0;
-  auto place = [&](int64_t bytes, int64_t* offset) {
-    *offset = at;
-    at += aligned(bytes);
-  };
-  place(slots * 4, &h.send_rank);
-  place(slots * 8, &h.send_row);
-  place(s.rounds * (c->experts_per_rank + 1) * 8, &h.offsets);
-  place(s.rounds * c->experts_per_rank * 8, &h.kept);
-  place(c->experts_per_rank * 8, &h.routed);
-  place(experts * 8, &h.dropped);
-  // (the device routes every slot the process holds: all ranks' with the loopback)
-  place(memory == SFMOE_MEMORY_CUDA ? ep_route_scratch_bytes(s, worst) : 0, &h.route_scratch);
-  h.bytes = at;
+  const Outcome planned = ops::plan_ep(*c, memory, &g->layout);
+  if (!planned.ok()) return fail_with(context, planned);
   g->config = *c;
   g->memory = memory;
   g->device = device;
@@ -196,13 +134,7 @@ sfmoe_status check_config(const char* context, const sfmoe_ep_config* c, sfmoe_m
 }
 
 EpRankRouting routing_of(const sfmoe_ep_group* g, const sfmoe_tensor* handle) {
-  uint8_t* base = static_cast<uint8_t*>(handle->data);
-  const EpHandleLayout& h = g->handle;
-  return EpRankRouting{
-      reinterpret_cast<int32_t*>(base + h.send_rank), reinterpret_cast<int64_t*>(base + h.send_row),
-      reinterpret_cast<int64_t*>(base + h.offsets),   reinterpret_cast<int64_t*>(base + h.kept),
-      reinterpret_cast<int64_t*>(base + h.routed),    reinterpret_cast<int64_t*>(base + h.dropped),
-      reinterpret_cast<int32_t*>(base + h.route_scratch)};
+  return ops::ep_routing_at(g->layout, handle->data);
 }
 
 int64_t ranks_of(const sfmoe_ep_group* g) {
@@ -254,12 +186,12 @@ sfmoe_status expect_handles(const char* context, const sfmoe_tensor* const* list
                             const sfmoe_ep_group* g) {
   if (list == nullptr) {
     return fail(SFMOE_ERROR_NULL_POINTER, "%s: handle is NULL (one per rank, %lld bytes each)",
-                context, static_cast<long long>(g->handle.bytes));
+                context, static_cast<long long>(g->layout.handle.bytes));
   }
   for (int64_t r = 0; r < ranks_of(g); ++r) {
     char label[32];
     snprintf(label, sizeof(label), "handle[%lld]", static_cast<long long>(r));
-    SFMOE_RETURN_IF_ERROR(expect_planned_buffer(context, label, list[r], g->handle.bytes,
+    SFMOE_RETURN_IF_ERROR(expect_planned_buffer(context, label, list[r], g->layout.handle.bytes,
                                                 "sfmoe_ep_group_get_plan", g->memory, g->device));
   }
   // Each rank's routing in a buffer of its own: shared ones would mix the ranks' counts and send
@@ -270,7 +202,7 @@ sfmoe_status expect_handles(const char* context, const sfmoe_tensor* const* list
   }
   std::sort(spans.begin(), spans.end());
   for (size_t i = 1; i < spans.size(); ++i) {
-    if (spans[i].first - spans[i - 1].first < static_cast<uintptr_t>(g->handle.bytes)) {
+    if (spans[i].first - spans[i - 1].first < static_cast<uintptr_t>(g->layout.handle.bytes)) {
       return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: handle[%lld] and handle[%lld] overlap",
                   context, static_cast<long long>(spans[i - 1].second),
                   static_cast<long long>(spans[i].second));
@@ -307,7 +239,8 @@ sfmoe_status token_counts(const char* context, const char* name, const sfmoe_ten
 // Host ids: each in [0, E) and named at most once per token, checked before anything is written.
 sfmoe_status check_host_ids(const char* context, const sfmoe_tensor* const* ids,
                             const std::vector<int64_t>& tokens, const sfmoe_ep_group* g) {
-  const int64_t k = g->shape.top_k, E = g->shape.world * g->shape.experts_per_rank;
+  const int64_t k = g->layout.shape.top_k,
+                E = g->layout.shape.world * g->layout.shape.experts_per_rank;
   for (size_t r = 0; r < tokens.size(); ++r) {
     const int32_t* v = static_cast<const int32_t*>(ids[r]->data);
     for (int64_t t = 0; t < tokens[r]; ++t) {
@@ -405,17 +338,17 @@ sfmoe_status sfmoe_ep_group_get_plan(const sfmoe_ep_group* group, sfmoe_ep_plan*
     SFMOE_RETURN_IF_ERROR(sfmoe::check_ep_group(context, group));
     SFMOE_RETURN_IF_ERROR(sfmoe::check_struct(context, "plan", plan, "sfmoe_ep_plan_init()"));
     plan->local_ranks = static_cast<int32_t>(sfmoe::ranks_of(group));
-    plan->receive_capacity = group->shape.receive_capacity;
-    plan->receive_rows = group->shape.receive_rows;
-    plan->handle_bytes = group->handle.bytes;
-    plan->rounds = static_cast<int32_t>(group->shape.rounds);
-    plan->spill_capacity = group->shape.spill_capacity;
-    plan->spill_row_base = group->shape.spill_row_base;
-    plan->spill_rows =
-        group->shape.receive_rows -
-        (group->shape.rounds > 1 ? group->shape.spill_row_base : group->shape.receive_rows);
-    plan->scale_columns = group->scale_columns;
-    plan->scale_dtype = group->scale_dtype;
+    plan->receive_capacity = group->layout.shape.receive_capacity;
+    plan->receive_rows = group->layout.shape.receive_rows;
+    plan->handle_bytes = group->layout.handle.bytes;
+    plan->rounds = static_cast<int32_t>(group->layout.shape.rounds);
+    plan->spill_capacity = group->layout.shape.spill_capacity;
+    plan->spill_row_base = group->layout.shape.spill_row_base;
+    plan->spill_rows = group->layout.shape.receive_rows - (group->layout.shape.rounds > 1
+                                                               ? group->layout.shape.spill_row_base
+                                                               : group->layout.shape.receive_rows);
+    plan->scale_columns = group->layout.scale_columns;
+    plan->scale_dtype = group->layout.scale_dtype;
     return SFMOE_SUCCESS;
   });
 }
@@ -426,7 +359,7 @@ sfmoe_status sfmoe_ep_dispatch(const sfmoe_ep_group* g, const sfmoe_ep_dispatch_
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
     SFMOE_RETURN_IF_ERROR(sfmoe::check_ep_group(context, g));
     SFMOE_RETURN_IF_ERROR(sfmoe::check_struct(context, "args", a, "sfmoe_ep_dispatch_args_init()"));
-    const sfmoe::EpShape& s = g->shape;
+    const sfmoe::EpShape& s = g->layout.shape;
     const int64_t R = sfmoe::ranks_of(g), H = g->config.hidden, El = s.experts_per_rank;
     const int64_t E = s.world * El, k = s.top_k;
     const sfmoe_dtype payload = g->config.payload;
@@ -436,7 +369,7 @@ sfmoe_status sfmoe_ep_dispatch(const sfmoe_ep_group* g, const sfmoe_ep_dispatch_
     auto slots_shape = [&](int64_t r) { return std::vector<int64_t>{T[r], k}; };
     auto rows_shape = [&](int64_t) { return std::vector<int64_t>{s.receive_rows, H}; };
     auto local_shape = [&](int64_t) { return std::vector<int64_t>{El}; };
-    const int64_t groups = s.rounds * El, S = g->scale_columns;
+    const int64_t groups = s.rounds * El, S = g->layout.scale_columns;
     SFMOE_RETURN_IF_ERROR(expect_ranks(context, "tokens", a->tokens, g, {payload}, tokens_shape));
     SFMOE_RETURN_IF_ERROR(
         expect_ranks(context, "topk_ids", a->topk_ids, g, {SFMOE_DTYPE_INT32}, slots_shape));
@@ -455,7 +388,7 @@ sfmoe_status sfmoe_ep_dispatch(const sfmoe_ep_group* g, const sfmoe_ep_dispatch_
                          context, sfmoe_dtype_name(payload));
     }
     if (S > 0) {
-      const sfmoe_dtype sd = g->scale_dtype;
+      const sfmoe_dtype sd = g->layout.scale_dtype;
       SFMOE_RETURN_IF_ERROR(
           expect_ranks(context, "token_scales", a->token_scales, g, {sd}, [&](int64_t r) {
             return std::vector<int64_t>{T[r], S};
@@ -500,7 +433,7 @@ sfmoe_status sfmoe_ep_dispatch(const sfmoe_ep_group* g, const sfmoe_ep_dispatch_
                                  routing.data(),
                                  received.data(),
                                  payload,
-                                 S * sfmoe_dtype_bits(g->scale_dtype) / 8,
+                                 S * sfmoe_dtype_bits(g->layout.scale_dtype) / 8,
                                  S > 0 ? token_scales.data() : nullptr,
                                  S > 0 ? received_scales.data() : nullptr};
     SFMOE_RETURN_IF_ERROR(backend.ep_scatter(scatter, a->stream));
@@ -531,7 +464,7 @@ sfmoe_status sfmoe_ep_combine(const sfmoe_ep_group* g, const sfmoe_ep_combine_ar
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
     SFMOE_RETURN_IF_ERROR(sfmoe::check_ep_group(context, g));
     SFMOE_RETURN_IF_ERROR(sfmoe::check_struct(context, "args", a, "sfmoe_ep_combine_args_init()"));
-    const sfmoe::EpShape& s = g->shape;
+    const sfmoe::EpShape& s = g->layout.shape;
     const int64_t R = sfmoe::ranks_of(g), k = s.top_k;
     std::vector<int64_t> T;
     SFMOE_RETURN_IF_ERROR(sfmoe::token_counts(context, "out", a->out, g, &T));
@@ -584,7 +517,7 @@ sfmoe_status sfmoe_ep_combine_backward(const sfmoe_ep_group* g,
     SFMOE_RETURN_IF_ERROR(sfmoe::check_ep_group(context, g));
     SFMOE_RETURN_IF_ERROR(
         sfmoe::check_struct(context, "args", a, "sfmoe_ep_combine_backward_args_init()"));
-    const sfmoe::EpShape& s = g->shape;
+    const sfmoe::EpShape& s = g->layout.shape;
     const int64_t R = sfmoe::ranks_of(g), k = s.top_k;
     std::vector<int64_t> T;
     SFMOE_RETURN_IF_ERROR(sfmoe::token_counts(context, "d_out", a->d_out, g, &T));

@@ -15,13 +15,13 @@ constexpr int64_t kMaxDeviceEpRanks = 64;
 
 // One rank's routing: what dispatch writes and the other calls read (the handle).
 struct EpRankRouting {
-  int32_t* send_rank;  // [T, k]: the destination rank of each slot, -1 dropped or invalid
-  int64_t* send_row;   // [T, k]: its row there, -1 likewise
-  int64_t* offsets;    // [rounds (E_l + 1)]: each round's local-expert blocks (padded), counted
-                       // from the round's first row
-  int64_t* kept;       // [rounds E_l]: rows kept per group (round-major)
-  int64_t* routed;     // [E_l]: rows sent to each local expert before the capacity
-  int64_t* dropped;    // [E]: this rank's rows dropped, by global expert
+  int32_t* send_rank;      // [T, k]: the destination rank of each slot, -1 dropped or invalid
+  int64_t* send_row;       // [T, k]: its row there, -1 likewise
+  int64_t* offsets;        // [rounds (E_l + 1)]: each round's local-expert blocks (padded), counted
+                           // from the round's first row
+  int64_t* kept;           // [rounds E_l]: rows kept per group (round-major)
+  int64_t* routed;         // [E_l]: rows sent to each local expert before the capacity
+  int64_t* dropped;        // [E]: this rank's rows dropped, by global expert
   int32_t* route_scratch;  // the device routing's per-chunk counts (ep_route_scratch_bytes)
 };
 
@@ -62,7 +62,9 @@ SFMOE_HD int64_t ep_round_of(const EpShape& s, int64_t position) {
 // each chunk, how many slots name each global expert and each destination rank (INT32, [E + R]
 // keys x chunks, in the first routing's handle), then each key's prefix over the chunks.
 constexpr int64_t kEpRouteChunk = 1024;
-inline int64_t ep_route_chunks(int64_t slots) { return (slots + kEpRouteChunk - 1) / kEpRouteChunk; }
+inline int64_t ep_route_chunks(int64_t slots) {
+  return (slots + kEpRouteChunk - 1) / kEpRouteChunk;
+}
 inline int64_t ep_route_scratch_bytes(const EpShape& s, int64_t slots) {
   return (s.world * s.experts_per_rank + s.world) * ep_route_chunks(slots) * 4;
 }

@@ -581,5 +581,74 @@ sfmoe_grouped_tensor carve_grouped_tensor(const sfmoe_grouped_tensor_plan& plan,
   return t;
 }
 
+Outcome plan_ep(const sfmoe_ep_config& c, sfmoe_memory memory, EpLayout* layout) {
+  *layout = EpLayout{};
+  const bool spill = c.overflow == SFMOE_EP_OVERFLOW_SPILL;
+  int64_t experts = 0, slots = 0, worst = 0;
+  if (__builtin_mul_overflow(static_cast<int64_t>(c.world_size), c.experts_per_rank, &experts) ||
+      __builtin_mul_overflow(c.max_tokens_per_rank, c.top_k, &slots) ||
+      __builtin_mul_overflow(slots, static_cast<int64_t>(c.world_size), &worst) ||
+      slots > INT64_MAX / 16) {
+    return refuse(SFMOE_ERROR_SHAPE_MISMATCH, "the expert-parallel group's sizes overflow");
+  }
+  EpShape& s = layout->shape;
+  s.world = c.world_size;
+  s.experts_per_rank = c.experts_per_rank;
+  s.top_k = c.top_k;
+  s.row_alignment = c.row_alignment;
+  // (a capacity above the worst case holds nothing more)
+  s.receive_capacity =
+      c.receive_capacity > 0 && c.receive_capacity < worst ? c.receive_capacity : worst;
+  s.rounds = spill ? 2 : 1;
+  if (spill) {
+    const int64_t left = worst - s.receive_capacity;
+    s.spill_capacity = c.spill_capacity > 0 && c.spill_capacity < left ? c.spill_capacity : left;
+  }
+  // Rows: each round's kept ones plus each local expert's padding, a multiple of nothing more.
+  int64_t padding = 0, spill_rows = 0;
+  if (__builtin_mul_overflow(c.experts_per_rank, c.row_alignment - 1, &padding) ||
+      __builtin_add_overflow(s.receive_capacity, padding, &s.spill_row_base) ||
+      __builtin_add_overflow(s.spill_capacity, spill ? padding : 0, &spill_rows) ||
+      __builtin_add_overflow(s.spill_row_base, spill_rows, &s.receive_rows)) {
+    return refuse(SFMOE_ERROR_SHAPE_MISMATCH, "the expert-parallel group's sizes overflow");
+  }
+  if (!spill) s.spill_row_base = 0;
+  const int32_t scaling = static_cast<int32_t>(c.payload_scaling);
+  if (scaling == SFMOE_SCALING_TENSOR) layout->scale_columns = 1;
+  if (scaling == SFMOE_SCALING_BLOCK_1X128) layout->scale_columns = (c.hidden + 127) / 128;
+  if (scaling == SFMOE_SCALING_MX_1X32) {
+    layout->scale_columns = (c.hidden + 31) / 32;
+    layout->scale_dtype = SFMOE_DTYPE_E8M0;
+  }
+  EpHandleLayout& h = layout->handle;
+  int64_t at = 0;
+  auto place = [&](int64_t bytes, int64_t* offset) {
+    *offset = at;
+    at += (bytes + SFMOE_PLAN_ALIGNMENT - 1) / SFMOE_PLAN_ALIGNMENT * SFMOE_PLAN_ALIGNMENT;
+  };
+  place(slots * 4, &h.send_rank);
+  place(slots * 8, &h.send_row);
+  place(s.rounds * (c.experts_per_rank + 1) * 8, &h.offsets);
+  place(s.rounds * c.experts_per_rank * 8, &h.kept);
+  place(c.experts_per_rank * 8, &h.routed);
+  place(experts * 8, &h.dropped);
+  // (the device routes every slot the process holds: all ranks' with the loopback)
+  place(memory == SFMOE_MEMORY_CUDA ? ep_route_scratch_bytes(s, worst) : 0, &h.route_scratch);
+  h.bytes = at;
+  return Outcome{};
+}
+
+EpRankRouting ep_routing_at(const EpLayout& layout, void* handle) {
+  uint8_t* base = static_cast<uint8_t*>(handle);
+  const EpHandleLayout& h = layout.handle;
+  return EpRankRouting{reinterpret_cast<int32_t*>(base + h.send_rank),
+                       reinterpret_cast<int64_t*>(base + h.send_row),
+                       reinterpret_cast<int64_t*>(base + h.offsets),
+                       reinterpret_cast<int64_t*>(base + h.kept),
+                       reinterpret_cast<int64_t*>(base + h.routed),
+                       reinterpret_cast<int64_t*>(base + h.dropped),
+                       reinterpret_cast<int32_t*>(base + h.route_scratch)};
+}
+
 }  // namespace ops
 }  // namespace sfmoe

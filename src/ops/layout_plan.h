@@ -6,9 +6,11 @@
 #include <stdint.h>
 
 #include "sfmoe/activation.h"
+#include "sfmoe/ep.h"
 #include "sfmoe/permute.h"
 #include "sfmoe/quantize.h"
 #include "sfmoe/sfmoe.h"
+#include "src/common/ep_args.h"
 #include "src/common/outcome.h"
 
 namespace sfmoe {
@@ -32,6 +34,24 @@ Outcome plan_grouped_quantize(const sfmoe_quantize_plan_request& request,
 Outcome plan_permute(const sfmoe_permute_plan_request& request, sfmoe_permute_plan* plan);
 Outcome plan_grouped_activation(const sfmoe_activation_plan_request& request,
                                 sfmoe_grouped_tensor_plan* plan);
+
+// Expert parallelism (docs/ep.md): a group's shape, each rank's handle (its routing, each part on
+// the planning alignment) and the scales beside each dispatched row, from a configuration the
+// caller has checked (src/api/ep.cpp); sizes overflow-checked.
+struct EpHandleLayout {
+  int64_t send_rank = 0, send_row = 0, offsets = 0, kept = 0, routed = 0, dropped = 0;
+  int64_t route_scratch = 0;  // the device routing's per-chunk counts (ep_args.h)
+  int64_t bytes = 0;
+};
+struct EpLayout {
+  EpShape shape{};
+  EpHandleLayout handle;
+  int64_t scale_columns = 0;  // beside each dispatched row (FP8 payloads), else 0
+  sfmoe_dtype scale_dtype = SFMOE_DTYPE_FP32;
+};
+Outcome plan_ep(const sfmoe_ep_config& config, sfmoe_memory memory, EpLayout* layout);
+// A rank's routing inside its handle buffer.
+EpRankRouting ep_routing_at(const EpLayout& layout, void* handle);
 
 // Bytes of the device workspaces (no workspace on the host).
 int64_t permute_workspace_bytes(int64_t num_tokens, int64_t num_experts);

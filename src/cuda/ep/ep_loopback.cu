@@ -184,8 +184,7 @@ __global__ void __launch_bounds__(kRouteThreads)
     keys[i] = dest[i];
     order[i] = items[i];
   }
-  rank_chunk(temp, keys, order, static_cast<uint32_t>(R), dest_bits, rank_of, counts, E, chunks,
-             c);
+  rank_chunk(temp, keys, order, static_cast<uint32_t>(R), dest_bits, rank_of, counts, E, chunks, c);
 #pragma unroll
   for (int i = 0; i < kRouteItems; ++i) {
     if (source[i] >= 0) r.send_rank[source[i]][slot[i]] = rank_of[items[i]];
@@ -270,9 +269,9 @@ __global__ void ep_rows_kernel(EpRanks r) {
   if (d < 0) return;
   const int64_t local = r.ids[s][slot] % El, j = r.send_row[s][slot];
   const int64_t first_round = r.kept[d][local];
-  r.send_row[s][slot] = j < first_round ? ep_group_begin(r.s, r.offsets[d], local) + j
-                                        : ep_group_begin(r.s, r.offsets[d], El + local) + j -
-                                              first_round;
+  r.send_row[s][slot] = j < first_round
+                            ? ep_group_begin(r.s, r.offsets[d], local) + j
+                            : ep_group_begin(r.s, r.offsets[d], El + local) + j - first_round;
 }
 
 // The moves' per-rank pointers.
