@@ -132,4 +132,16 @@ struct EpGatherArgs {
   sfmoe_dtype out_dtype;
 };
 
+// One FP32 value per slot between the sources' slots and the destinations' rows (the layer's
+// row probabilities and d probs): to_rows: out[d][row] = in[s][slot] for each sent slot (other
+// rows untouched); else out[s][slot] = in[d][row], 0 for a slot not sent.
+struct EpSlotValuesArgs {
+  EpShape shape;
+  const int64_t* tokens;         // [R]
+  const EpRankRouting* routing;  // [R]
+  bool to_rows;
+  const float* const* in;  // [R] -> [T_r k] or [receive_rows]
+  float* const* out;       // [R] -> [receive_rows] or [T_r k]
+};
+
 }  // namespace sfmoe

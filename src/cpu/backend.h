@@ -44,6 +44,7 @@ void slot_values(const SlotValuesArgs& args);
 void ep_route(const EpRouteArgs& args);
 void ep_scatter(const EpScatterArgs& args);
 void ep_gather(const EpGatherArgs& args);
+void ep_slot_values(const EpSlotValuesArgs& args);
 
 // Grouped GEMM (docs/grouped_gemm.md): the reference the device GEMMs are checked against, over
 // FP32 operands; grouped_gemm decodes quantized operands from the copy each form reads first.

@@ -161,5 +161,21 @@ void ep_gather(const EpGatherArgs& a) {
   }
 }
 
+void ep_slot_values(const EpSlotValuesArgs& a) {
+  const int64_t R = a.shape.world, k = a.shape.top_k;
+  for (int64_t r = 0; r < R; ++r) {
+    const EpRankRouting& q = a.routing[r];
+    for (int64_t slot = 0; slot < a.tokens[r] * k; ++slot) {
+      const int64_t d = q.send_rank[slot], row = q.send_row[slot];
+      const bool sent = ep_slot_sent(d, row, R, a.shape.receive_rows);
+      if (a.to_rows) {
+        if (sent) a.out[d][row] = a.in[r][slot];
+      } else {
+        a.out[r][slot] = sent ? a.in[d][row] : 0.0f;
+      }
+    }
+  }
+}
+
 }  // namespace cpu
 }  // namespace sfmoe

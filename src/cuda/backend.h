@@ -62,6 +62,7 @@ sfmoe_status slot_values(const SlotValuesArgs& args, void* stream);
 sfmoe_status ep_route(const EpRouteArgs& args, void* stream);
 sfmoe_status ep_scatter(const EpScatterArgs& args, void* stream);
 sfmoe_status ep_gather(const EpGatherArgs& args, void* stream);
+sfmoe_status ep_slot_values(const EpSlotValuesArgs& args, void* stream);
 
 // Grouped activations (docs/activations.md).
 sfmoe_status activation_forward(const ActivationArgs& args, void* stream);

@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include <vector>
+
 #include "src/common/error.h"
 #include "src/common/grouped_gemm_args.h"
 #include "src/common/permute_args.h"
@@ -102,10 +104,10 @@ sfmoe_quantize_plan_request operand_request(const OperandFormat& f, const MoeLay
   r.rowwise = !f.columnwise || f.rowwise_too;
   r.columnwise = f.columnwise;
   r.hadamard_columnwise = f.hadamard && f.columnwise;
-  r.num_groups = s.experts;
+  r.num_groups = s.local_experts();
   r.cols = cols;
   if (weight) {
-    r.input_rows = s.experts * n;
+    r.input_rows = s.local_experts() * n;
     r.uniform_group_rows = n;
   } else {
     r.input_rows = row_capacity;
@@ -152,7 +154,7 @@ struct Gemm {
   sfmoe_status operand(GemmStep step, bool b, const void* data, bool weight, int64_t n,
                        int64_t cols, GemmOperand* out) const {
     const OperandFormat f = operand_format(shape.recipe, step, b);
-    const int64_t R = plan.row_capacity, E = shape.experts;
+    const int64_t R = plan.row_capacity, E = shape.local_experts();
     if (!f.quantized) {
       *out =
           rows_operand(data, shape.dtype, weight ? nullptr : offsets, E, weight ? E * n : R, cols);
@@ -203,7 +205,7 @@ struct Gemm {
     SFMOE_RETURN_IF_ERROR(operand(step, true, b, g.b_is_weight, g.n, g.k, &args.b));
     const bool wgrad = g.form == GroupedGemmForm::kWgrad;
     args.form = g.form;
-    args.num_groups = shape.experts;
+    args.num_groups = shape.local_experts();
     args.offsets = offsets;
     args.row_capacity = plan.row_capacity;
     args.n = g.n;
@@ -225,7 +227,7 @@ ActivationArgs activation_args(const MoeLayerShape& s, const MoeLayerPlan& plan,
                                void* act_rows, sfmoe_fault_report* word) {
   ActivationArgs a{};
   a.config = s.activation;
-  a.groups = GroupRowsView{offsets, kept, s.experts};
+  a.groups = GroupRowsView{offsets, kept, s.local_experts()};
   a.cols = s.ffn;
   a.input = fc1_rows;
   a.input_dtype = s.dtype;
@@ -292,17 +294,38 @@ Outcome plan_recipe_operands(const MoeLayerShape& s, MoeLayerPlan* plan) {
   return Outcome{};
 }
 
+// The expert-parallel group of an EP layer: its ranks, local experts, bounds and capacity.
+sfmoe_ep_config ep_config_of(const MoeLayerShape& s) {
+  sfmoe_ep_config c = sfmoe_ep_config_init();
+  c.world_size = static_cast<int32_t>(s.ep_world);
+  c.experts_per_rank = s.local_experts();
+  c.max_tokens_per_rank = s.max_tokens;
+  c.top_k = s.top_k;
+  c.hidden = s.hidden;
+  c.payload = s.dtype;
+  c.row_alignment = s.row_alignment;
+  c.receive_capacity = s.ep_receive_capacity;
+  c.overflow = s.ep_overflow;
+  return c;
+}
+
 }  // namespace
 
 Outcome plan_moe_layer(const MoeLayerShape& s, sfmoe_memory memory, MoeLayerPlan* plan) {
   *plan = MoeLayerPlan{};
   const bool device = memory == SFMOE_MEMORY_CUDA;
-  SFMOE_RETURN_IF_REFUSED(ops::permute_row_capacity_bound(
-      s.max_tokens, s.top_k, s.experts, s.row_alignment, s.expert_capacity, &plan->row_capacity));
+  const bool ep = s.ep_world > 1;
+  if (ep) {
+    SFMOE_RETURN_IF_REFUSED(ops::plan_ep(ep_config_of(s), memory, &plan->ep));
+    plan->row_capacity = plan->ep.shape.receive_rows;
+  } else {
+    SFMOE_RETURN_IF_REFUSED(ops::permute_row_capacity_bound(
+        s.max_tokens, s.top_k, s.experts, s.row_alignment, s.expert_capacity, &plan->row_capacity));
+  }
   plan->fc1_cols = activation_is_gated(s.activation.kind) ? 2 * s.ffn : s.ffn;
   SFMOE_RETURN_IF_REFUSED(plan_recipe_operands(s, plan));
   const int64_t R = plan->row_capacity, T = s.max_tokens, E = s.experts, k = s.top_k;
-  const int64_t act = element_bytes(s.dtype);
+  const int64_t El = s.local_experts(), act = element_bytes(s.dtype);
   int64_t bytes = 0;
   int64_t* total = &plan->saved_bytes;
   SFMOE_RETURN_IF_REFUSED(matrix_bytes(T, k, sizeof(int32_t), &bytes));
@@ -310,11 +333,15 @@ Outcome plan_moe_layer(const MoeLayerShape& s, sfmoe_memory memory, MoeLayerPlan
   SFMOE_RETURN_IF_REFUSED(matrix_bytes(T, k, sizeof(float), &bytes));
   SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->probs));
   SFMOE_RETURN_IF_REFUSED(place(E * 8, total, &plan->router_counts));
-  SFMOE_RETURN_IF_REFUSED(matrix_bytes(T, k, sizeof(int64_t), &bytes));
-  SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->row_map));
-  SFMOE_RETURN_IF_REFUSED(place((E + 1) * 8, total, &plan->offsets));
-  SFMOE_RETURN_IF_REFUSED(place(E * 8, total, &plan->kept));
-  SFMOE_RETURN_IF_REFUSED(place(E * 8, total, &plan->dropped));
+  if (ep) {  // the routing: the rank's EP handle
+    SFMOE_RETURN_IF_REFUSED(place(plan->ep.handle.bytes, total, &plan->ep_handle));
+  } else {
+    SFMOE_RETURN_IF_REFUSED(matrix_bytes(T, k, sizeof(int64_t), &bytes));
+    SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->row_map));
+    SFMOE_RETURN_IF_REFUSED(place((E + 1) * 8, total, &plan->offsets));
+    SFMOE_RETURN_IF_REFUSED(place(E * 8, total, &plan->kept));
+    SFMOE_RETURN_IF_REFUSED(place(E * 8, total, &plan->dropped));
+  }
   // FC1's output: the activation is recomputed from it, and its gradient written over it.
   SFMOE_RETURN_IF_REFUSED(matrix_bytes(R, plan->fc1_cols, act, &bytes));
   SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->fc1_rows));
@@ -323,8 +350,8 @@ Outcome plan_moe_layer(const MoeLayerShape& s, sfmoe_memory memory, MoeLayerPlan
   SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->d_probs));
 
   total = &plan->workspace_bytes;
-  SFMOE_RETURN_IF_REFUSED(
-      place(device ? ops::permute_workspace_bytes(T, E) : 0, total, &plan->permute_workspace));
+  SFMOE_RETURN_IF_REFUSED(place(device && !ep ? ops::permute_workspace_bytes(T, E) : 0, total,
+                                &plan->permute_workspace));
   const bool losses = s.router.aux_loss_coeff > 0.0f || s.router.z_loss_coeff > 0.0f;
   SFMOE_RETURN_IF_REFUSED(place(device && losses ? ops::router_workspace_bytes(T, E) : 0, total,
                                 &plan->router_workspace));
@@ -337,7 +364,7 @@ Outcome plan_moe_layer(const MoeLayerShape& s, sfmoe_memory memory, MoeLayerPlan
     const OperandFormat fa = operand_format(s.recipe, step, false);
     const OperandFormat fb = operand_format(s.recipe, step, true);
     const int64_t bytes_i = ops::grouped_gemm_workspace_bytes(
-        E, fa.scaling, R, g.a_cols, fb.scaling, g.b_is_weight ? E * g.n : R, g.k);
+        El, fa.scaling, R, g.a_cols, fb.scaling, g.b_is_weight ? El * g.n : R, g.k);
     if (bytes_i < 0)
       return refuse(SFMOE_ERROR_SHAPE_MISMATCH, "the GEMM workspace overflows int64");
     gemm = bytes_i > gemm ? bytes_i : gemm;
@@ -364,36 +391,63 @@ Outcome plan_moe_layer(const MoeLayerShape& s, sfmoe_memory memory, MoeLayerPlan
   return Outcome{};
 }
 
-sfmoe_status moe_layer_forward(const MoeLayerShape& s, const MoeLayerPlan& plan,
-                               const MoeForwardCall& c) {
-  const ops::Backend& backend = ops::backend_for(c.memory);
-  const int64_t T = c.tokens, E = s.experts, H = s.hidden, R = plan.row_capacity;
-  int32_t* topk_ids = at<int32_t>(c.saved, plan.topk_ids);
-  float* probs = at<float>(c.saved, plan.probs);
-  int64_t* router_counts = at<int64_t>(c.saved, plan.router_counts);
-  int64_t* row_map = at<int64_t>(c.saved, plan.row_map);
-  int64_t* offsets = at<int64_t>(c.saved, plan.offsets);
-  int64_t* kept = at<int64_t>(c.saved, plan.kept);
-  int64_t* dropped = at<int64_t>(c.saved, plan.dropped);
-  void* fc1_rows = at<uint8_t>(c.saved, plan.fc1_rows);
-  void* x_rows = at<uint8_t>(c.workspace, plan.hidden_rows);
-  void* fc2_rows = x_rows;  // FC2 writes there once FC1 has read the x rows
-  void* act_rows = at<uint8_t>(c.workspace, plan.ffn_rows);
+namespace {
 
+// Where a call's expert rows are grouped: permute's offsets and counts, or the rank's EP handle's.
+struct ExpertRows {
+  const int64_t* offsets;
+  const int64_t* kept;
+};
+ExpertRows expert_rows(const MoeLayerShape& s, const MoeLayerPlan& plan, uint8_t* saved) {
+  if (s.ep_world > 1) {
+    const EpRankRouting routing = ops::ep_routing_at(plan.ep, saved + plan.ep_handle.offset);
+    return ExpertRows{routing.offsets, routing.kept};
+  }
+  return ExpertRows{at<int64_t>(saved, plan.offsets), at<int64_t>(saved, plan.kept)};
+}
+
+sfmoe_status router_step(const MoeLayerShape& s, const MoeLayerPlan& plan, const MoeForwardCall& c,
+                         const ops::Backend& backend) {
   RouterForwardArgs router{};
   router.logits = c.logits;
   router.logits_dtype = c.logits_dtype;
   router.expert_bias = c.expert_bias;
-  router.tokens = T;
+  router.tokens = c.tokens;
   router.config = s.router;
-  router.topk_ids = topk_ids;
-  router.probs = probs;
-  router.tokens_per_expert = router_counts;
+  router.topk_ids = at<int32_t>(c.saved, plan.topk_ids);
+  router.probs = at<float>(c.saved, plan.probs);
+  router.tokens_per_expert = at<int64_t>(c.saved, plan.router_counts);
   router.aux_loss = c.aux_loss;
   router.z_loss = c.z_loss;
   router.aux_partials = at_or_null<float>(c.workspace, plan.router_workspace);
-  SFMOE_RETURN_IF_ERROR(step("router", backend.router_forward(router, c.stream)));
+  return step("router", backend.router_forward(router, c.stream));
+}
 
+// The experts' part of the forward on a call's expert rows (x rows in hidden_rows): FC1 ->
+// activation -> FC2 (its rows over the x rows, which FC1 has read).
+sfmoe_status ffn_forward(const MoeLayerShape& s, const MoeLayerPlan& plan, const MoeForwardCall& c,
+                         const ops::Backend& backend, const ExpertRows& rows,
+                         sfmoe_fault_report* word, void* stream) {
+  void* fc1_rows = at<uint8_t>(c.saved, plan.fc1_rows);
+  void* x_rows = at<uint8_t>(c.workspace, plan.hidden_rows);
+  void* act_rows = at<uint8_t>(c.workspace, plan.ffn_rows);
+  const Gemm gemm{s, plan, backend, rows.offsets, c.workspace, c.memory, word, stream, 0};
+  SFMOE_RETURN_IF_ERROR(step("fc1", gemm.run(GemmStep::kFc1Fprop, x_rows, c.w1, fc1_rows)));
+  ActivationArgs activation =
+      activation_args(s, plan, rows.offsets, rows.kept, fc1_rows, act_rows, word);
+  SFMOE_RETURN_IF_ERROR(step("activation", backend.activation_forward(activation, stream)));
+  return step("fc2", gemm.run(GemmStep::kFc2Fprop, act_rows, c.w2, x_rows));
+}
+
+}  // namespace
+
+sfmoe_status moe_layer_forward(const MoeLayerShape& s, const MoeLayerPlan& plan,
+                               const MoeForwardCall& c) {
+  if (s.ep_world > 1) return moe_layer_forward_ranks(s, plan, &c);
+  const ops::Backend& backend = ops::backend_for(c.memory);
+  const int64_t T = c.tokens, E = s.experts, H = s.hidden, R = plan.row_capacity;
+  SFMOE_RETURN_IF_ERROR(router_step(s, plan, c, backend));
+  const int64_t* row_map = at<int64_t>(c.saved, plan.row_map);
   PermuteArgs permute{};
   permute.tokens = c.x;
   permute.dtype = s.dtype;
@@ -401,32 +455,112 @@ sfmoe_status moe_layer_forward(const MoeLayerShape& s, const MoeLayerPlan& plan,
   permute.hidden = H;
   permute.top_k = s.top_k;
   permute.num_experts = E;
-  permute.topk_ids = topk_ids;
+  permute.topk_ids = at<int32_t>(c.saved, plan.topk_ids);
   permute.alignment = s.row_alignment;
   permute.expert_capacity = s.expert_capacity;
   permute.row_capacity = R;
-  permute.permuted = x_rows;
-  permute.expert_offsets = offsets;
-  permute.row_map = row_map;
-  permute.tokens_per_expert = kept;
-  permute.dropped_per_expert = dropped;
+  permute.permuted = at<uint8_t>(c.workspace, plan.hidden_rows);
+  permute.expert_offsets = at<int64_t>(c.saved, plan.offsets);
+  permute.row_map = at<int64_t>(c.saved, plan.row_map);
+  permute.tokens_per_expert = at<int64_t>(c.saved, plan.kept);
+  permute.dropped_per_expert = at<int64_t>(c.saved, plan.dropped);
   permute.word = c.word;
   permute.workspace = at_or_null<int32_t>(c.workspace, plan.permute_workspace);
   SFMOE_RETURN_IF_ERROR(step("permute", backend.permute(permute, c.stream)));
-
-  const Gemm gemm{s, plan, backend, offsets, c.workspace, c.memory, c.word, c.stream, 0};
-  SFMOE_RETURN_IF_ERROR(step("fc1", gemm.run(GemmStep::kFc1Fprop, x_rows, c.w1, fc1_rows)));
-
   SFMOE_RETURN_IF_ERROR(
-      step("activation",
-           backend.activation_forward(
-               activation_args(s, plan, offsets, kept, fc1_rows, act_rows, c.word), c.stream)));
+      ffn_forward(s, plan, c, backend, expert_rows(s, plan, c.saved), c.word, c.stream));
+  const void* fc2_rows = at<uint8_t>(c.workspace, plan.hidden_rows);
+  return step("unpermute",
+              backend.unpermute(combine_args(s, plan, T, fc2_rows, row_map,
+                                             at<float>(c.saved, plan.probs), c.y, c.word),
+                                c.stream));
+}
 
-  SFMOE_RETURN_IF_ERROR(step("fc2", gemm.run(GemmStep::kFc2Fprop, act_rows, c.w2, fc2_rows)));
+namespace {
 
-  return step(
-      "unpermute",
-      backend.unpermute(combine_args(s, plan, T, fc2_rows, row_map, probs, c.y, c.word), c.stream));
+// The ranks' calls as the EP moves take them (the loopback: every rank in this process).
+struct EpRanksOf {
+  std::vector<int64_t> tokens;
+  std::vector<EpRankRouting> routing;
+  std::vector<const int32_t*> ids;
+  std::vector<const float*> probs;
+};
+template <class Call>
+EpRanksOf ep_ranks_of(const MoeLayerShape& s, const MoeLayerPlan& plan, const Call* calls) {
+  EpRanksOf e;
+  for (int64_t r = 0; r < s.ep_world; ++r) {
+    e.tokens.push_back(calls[r].tokens);
+    e.routing.push_back(ops::ep_routing_at(plan.ep, calls[r].saved + plan.ep_handle.offset));
+    e.ids.push_back(at<int32_t>(calls[r].saved, plan.topk_ids));
+    e.probs.push_back(at<float>(calls[r].saved, plan.probs));
+  }
+  return e;
+}
+
+// Each rank's token rows (from `tokens_of(r)`) to its experts' ranks, as they are (unweighted;
+// padding rows zero), into each rank's hidden_rows.
+template <class Call, class Tokens>
+sfmoe_status ep_move_to_rows(const char* name, const MoeLayerShape& s, const MoeLayerPlan& plan,
+                             const Call* calls, const EpRanksOf& e, Tokens tokens_of,
+                             const ops::Backend& backend) {
+  std::vector<const void*> from;
+  std::vector<void*> to;
+  for (int64_t r = 0; r < s.ep_world; ++r) {
+    from.push_back(tokens_of(calls[r]));
+    to.push_back(at<uint8_t>(calls[r].workspace, plan.hidden_rows));
+  }
+  EpScatterArgs scatter{
+      plan.ep.shape, s.hidden, e.tokens.data(),  from.data(), s.dtype, nullptr, nullptr,
+      s.dtype,       nullptr,  e.routing.data(), to.data(),   s.dtype, 0,       nullptr,
+      nullptr};
+  return step(name, backend.ep_scatter(scatter, calls[0].stream));
+}
+
+// Each rank's hidden_rows back to its tokens: the sum over each token's slots, weighted by the
+// probabilities (combine) or not (dispatch's backward), into `out_of(r)`.
+template <class Call, class Out>
+sfmoe_status ep_move_to_tokens(const char* name, const MoeLayerShape& s, const MoeLayerPlan& plan,
+                               const Call* calls, const EpRanksOf& e, bool weighted, Out out_of,
+                               const ops::Backend& backend) {
+  std::vector<const void*> rows;
+  std::vector<void*> out;
+  for (int64_t r = 0; r < s.ep_world; ++r) {
+    rows.push_back(at<uint8_t>(calls[r].workspace, plan.hidden_rows));
+    out.push_back(out_of(calls[r]));
+  }
+  EpGatherArgs gather{plan.ep.shape,    s.hidden,   e.tokens.data(),
+                      rows.data(),      s.dtype,    weighted ? e.probs.data() : nullptr,
+                      e.routing.data(), out.data(), s.dtype};
+  return step(name, backend.ep_gather(gather, calls[0].stream));
+}
+
+}  // namespace
+
+sfmoe_status moe_layer_forward_ranks(const MoeLayerShape& s, const MoeLayerPlan& plan,
+                                     const MoeForwardCall* calls) {
+  if (s.ep_world == 1) return moe_layer_forward(s, plan, calls[0]);
+  const MoeForwardCall& first = calls[0];
+  const ops::Backend& backend = ops::backend_for(first.memory);
+  for (int64_t r = 0; r < s.ep_world; ++r) {
+    SFMOE_RETURN_IF_ERROR(router_step(s, plan, calls[r], backend));
+  }
+  const EpRanksOf e = ep_ranks_of(s, plan, calls);
+  EpRouteArgs route{plan.ep.shape,
+                    e.tokens.data(),
+                    e.ids.data(),
+                    e.routing.data(),
+                    s.ep_overflow == SFMOE_EP_OVERFLOW_TRAP,
+                    first.word};
+  SFMOE_RETURN_IF_ERROR(step("dispatch", backend.ep_route(route, first.stream)));
+  SFMOE_RETURN_IF_ERROR(ep_move_to_rows(
+      "dispatch", s, plan, calls, e, [](const MoeForwardCall& c) { return c.x; }, backend));
+  for (int64_t r = 0; r < s.ep_world; ++r) {
+    SFMOE_RETURN_IF_ERROR(ffn_forward(s, plan, calls[r], backend,
+                                      expert_rows(s, plan, calls[r].saved), first.word,
+                                      first.stream));
+  }
+  return ep_move_to_tokens(
+      "combine", s, plan, calls, e, true, [](const MoeForwardCall& c) { return c.y; }, backend);
 }
 
 namespace {
@@ -472,36 +606,18 @@ SlotValuesArgs slot_values_args(const MoeLayerPlan& plan, int64_t slots, const i
   return a;
 }
 
-// The backward's FC2 part: d y rows -> FC2 dgrad -> the weighted activation backward (d FC1 over
-// FC1's saved rows) -> FC2 wgrad -> d probs into the saved state.
-sfmoe_status backward_fc2(const MoeLayerShape& s, const MoeLayerPlan& plan,
-                          const MoeBackwardCall& c, const ops::Backend& backend) {
-  const int64_t T = c.tokens, E = s.experts, R = plan.row_capacity;
-  const float* probs = at<float>(c.saved, plan.probs);
-  const int64_t* row_map = at<int64_t>(c.saved, plan.row_map);
-  const int64_t* offsets = at<int64_t>(c.saved, plan.offsets);
-  const int64_t* kept = at<int64_t>(c.saved, plan.kept);
+// The experts' part of the backward's FC2 part, on a call's expert rows (d y rows in hidden_rows,
+// each row's probability in row_probs): FC2 dgrad -> the weighted activation backward (d FC1 over
+// FC1's saved rows, each row's d prob into d_row_probs) -> FC2 wgrad.
+sfmoe_status ffn_backward_fc2(const MoeLayerShape& s, const MoeLayerPlan& plan,
+                              const MoeBackwardCall& c, const ops::Backend& backend,
+                              const ExpertRows& rows, sfmoe_fault_report* word, void* stream) {
   void* fc1_rows = at<uint8_t>(c.saved, plan.fc1_rows);
   void* d_fc1_rows = fc1_rows;  // the activation's backward writes in place
-  float* d_probs = at<float>(c.saved, plan.d_probs);
   void* hidden_rows = at<uint8_t>(c.workspace, plan.hidden_rows);
   void* ffn_rows = at<uint8_t>(c.workspace, plan.ffn_rows);
-  float* row_probs = at<float>(c.workspace, plan.row_probs);
-  float* d_row_probs = at<float>(c.workspace, plan.d_row_probs);
-  const int64_t slots = T * s.top_k;
-
-  // d y into expert rows, unweighted: the probabilities scale the activations instead (below),
-  // so that d probs come from FC2's dgrad and the activations, not from FC2's saved output.
-  SFMOE_RETURN_IF_ERROR(step(
-      "d y gather",
-      backend.unpermute_backward(
-          gather_args(s, plan, T, c.d_y, row_map, offsets, kept, hidden_rows, c.word), c.stream)));
-  SFMOE_RETURN_IF_ERROR(
-      step("row probabilities",
-           backend.slot_values(
-               slot_values_args(plan, slots, row_map, true, probs, row_probs, c.word), c.stream)));
-
-  const Gemm gemm{s, plan, backend, offsets, c.workspace, c.memory, c.word, c.stream, c.rng_offset};
+  const Gemm gemm{s,        plan, backend, rows.offsets, c.workspace,
+                  c.memory, word, stream,  c.rng_offset};
   SFMOE_RETURN_IF_ERROR(
       step("fc2 dgrad", gemm.run(GemmStep::kFc2Dgrad, hidden_rows, c.w2, ffn_rows)));
 
@@ -509,7 +625,7 @@ sfmoe_status backward_fc2(const MoeLayerShape& s, const MoeLayerPlan& plan,
   // (FC2's dgrad); the weighted activations p_r act(h_r) replace g as FC2's wgrad operand.
   ActivationBackwardArgs d_activation{};
   d_activation.config = s.activation;
-  d_activation.groups = GroupRowsView{offsets, kept, E};
+  d_activation.groups = GroupRowsView{rows.offsets, rows.kept, s.local_experts()};
   d_activation.cols = s.ffn;
   d_activation.input = fc1_rows;
   d_activation.input_dtype = s.dtype;
@@ -517,60 +633,40 @@ sfmoe_status backward_fc2(const MoeLayerShape& s, const MoeLayerPlan& plan,
   d_activation.d_output_dtype = s.dtype;
   d_activation.d_input = d_fc1_rows;
   d_activation.d_input_dtype = s.dtype;
-  d_activation.row_capacity = R;
-  d_activation.word = c.word;
-  d_activation.row_weights = row_probs;
-  d_activation.d_row_weights = d_row_probs;
+  d_activation.row_capacity = plan.row_capacity;
+  d_activation.word = word;
+  d_activation.row_weights = at<float>(c.workspace, plan.row_probs);
+  d_activation.d_row_weights = at<float>(c.workspace, plan.d_row_probs);
   d_activation.weighted_output = ffn_rows;
   SFMOE_RETURN_IF_ERROR(
-      step("activation backward", backend.activation_backward(d_activation, c.stream)));
-  SFMOE_RETURN_IF_ERROR(
-      step("fc2 wgrad", gemm.run(GemmStep::kFc2Wgrad, hidden_rows, ffn_rows, c.d_w2)));
-  return step("d probs", backend.slot_values(slot_values_args(plan, slots, row_map, false,
-                                                              d_row_probs, d_probs, c.word),
-                                             c.stream));
+      step("activation backward", backend.activation_backward(d_activation, stream)));
+  return step("fc2 wgrad", gemm.run(GemmStep::kFc2Wgrad, hidden_rows, ffn_rows, c.d_w2));
 }
 
-// The backward's FC1 part: x rows again -> FC1 wgrad -> FC1 dgrad -> permute backward -> router
-// backward (from the d probs the FC2 part left in the saved state).
-sfmoe_status backward_fc1(const MoeLayerShape& s, const MoeLayerPlan& plan,
-                          const MoeBackwardCall& c, const ops::Backend& backend) {
-  const int64_t T = c.tokens;
-  const int32_t* topk_ids = at<int32_t>(c.saved, plan.topk_ids);
-  const int64_t* router_counts = at<int64_t>(c.saved, plan.router_counts);
-  const int64_t* row_map = at<int64_t>(c.saved, plan.row_map);
-  const int64_t* offsets = at<int64_t>(c.saved, plan.offsets);
-  const int64_t* kept = at<int64_t>(c.saved, plan.kept);
+// The experts' part of the backward's FC1 part (x rows in hidden_rows): FC1 wgrad, then FC1
+// dgrad over the x rows (d x rows).
+sfmoe_status ffn_backward_fc1(const MoeLayerShape& s, const MoeLayerPlan& plan,
+                              const MoeBackwardCall& c, const ops::Backend& backend,
+                              const ExpertRows& rows, sfmoe_fault_report* word, void* stream) {
   const void* d_fc1_rows = at<uint8_t>(c.saved, plan.fc1_rows);
-  const float* d_probs = at<float>(c.saved, plan.d_probs);
   void* hidden_rows = at<uint8_t>(c.workspace, plan.hidden_rows);
-
-  // x into expert rows again (cheaper to gather than to keep between the calls), then FC1's
-  // wgrad reads them before its dgrad overwrites them with d x rows.
-  SFMOE_RETURN_IF_ERROR(step(
-      "x gather",
-      backend.unpermute_backward(
-          gather_args(s, plan, T, c.x, row_map, offsets, kept, hidden_rows, c.word), c.stream)));
-  const Gemm gemm{s, plan, backend, offsets, c.workspace, c.memory, c.word, c.stream, c.rng_offset};
+  const Gemm gemm{s,        plan, backend, rows.offsets, c.workspace,
+                  c.memory, word, stream,  c.rng_offset};
   SFMOE_RETURN_IF_ERROR(
       step("fc1 wgrad", gemm.run(GemmStep::kFc1Wgrad, d_fc1_rows, hidden_rows, c.d_w1)));
-  SFMOE_RETURN_IF_ERROR(
-      step("fc1 dgrad", gemm.run(GemmStep::kFc1Dgrad, d_fc1_rows, c.w1, hidden_rows)));
+  return step("fc1 dgrad", gemm.run(GemmStep::kFc1Dgrad, d_fc1_rows, c.w1, hidden_rows));
+}
 
-  // Permute's backward: each token's k rows summed (weight 1).
-  SFMOE_RETURN_IF_ERROR(
-      step("permute backward",
-           backend.unpermute(combine_args(s, plan, T, hidden_rows, row_map, nullptr, c.d_x, c.word),
-                             c.stream)));
-
+sfmoe_status router_backward_step(const MoeLayerShape& s, const MoeLayerPlan& plan,
+                                  const MoeBackwardCall& c, const ops::Backend& backend) {
   RouterBackwardArgs router{};
   router.logits = c.logits;
   router.logits_dtype = c.logits_dtype;
-  router.topk_ids = topk_ids;
-  router.tokens_per_expert = router_counts;
-  router.tokens = T;
+  router.topk_ids = at<int32_t>(c.saved, plan.topk_ids);
+  router.tokens_per_expert = at<int64_t>(c.saved, plan.router_counts);
+  router.tokens = c.tokens;
   router.config = s.router;
-  router.d_probs = d_probs;
+  router.d_probs = at<float>(c.saved, plan.d_probs);
   router.d_aux_loss = c.d_aux_loss;
   router.d_z_loss = c.d_z_loss;
   router.d_logits = c.d_logits;
@@ -578,13 +674,122 @@ sfmoe_status backward_fc1(const MoeLayerShape& s, const MoeLayerPlan& plan,
   return step("router backward", backend.router_backward(router, c.stream));
 }
 
+// The backward's FC2 part: d y rows -> the experts' part -> d probs into the saved state.
+sfmoe_status backward_fc2(const MoeLayerShape& s, const MoeLayerPlan& plan,
+                          const MoeBackwardCall& c, const ops::Backend& backend) {
+  const int64_t T = c.tokens;
+  const float* probs = at<float>(c.saved, plan.probs);
+  const int64_t* row_map = at<int64_t>(c.saved, plan.row_map);
+  const ExpertRows rows = expert_rows(s, plan, c.saved);
+  float* d_probs = at<float>(c.saved, plan.d_probs);
+  void* hidden_rows = at<uint8_t>(c.workspace, plan.hidden_rows);
+  float* row_probs = at<float>(c.workspace, plan.row_probs);
+  float* d_row_probs = at<float>(c.workspace, plan.d_row_probs);
+  const int64_t slots = T * s.top_k;
+
+  // d y into expert rows, unweighted: the probabilities scale the activations instead (below),
+  // so that d probs come from FC2's dgrad and the activations, not from FC2's saved output.
+  SFMOE_RETURN_IF_ERROR(step(
+      "d y gather", backend.unpermute_backward(gather_args(s, plan, T, c.d_y, row_map, rows.offsets,
+                                                           rows.kept, hidden_rows, c.word),
+                                               c.stream)));
+  SFMOE_RETURN_IF_ERROR(
+      step("row probabilities",
+           backend.slot_values(
+               slot_values_args(plan, slots, row_map, true, probs, row_probs, c.word), c.stream)));
+  SFMOE_RETURN_IF_ERROR(ffn_backward_fc2(s, plan, c, backend, rows, c.word, c.stream));
+  return step("d probs", backend.slot_values(slot_values_args(plan, slots, row_map, false,
+                                                              d_row_probs, d_probs, c.word),
+                                             c.stream));
+}
+
+// The backward's FC1 part: x rows again -> the experts' part -> permute backward -> router
+// backward (from the d probs the FC2 part left in the saved state).
+sfmoe_status backward_fc1(const MoeLayerShape& s, const MoeLayerPlan& plan,
+                          const MoeBackwardCall& c, const ops::Backend& backend) {
+  const int64_t T = c.tokens;
+  const int64_t* row_map = at<int64_t>(c.saved, plan.row_map);
+  const ExpertRows rows = expert_rows(s, plan, c.saved);
+  void* hidden_rows = at<uint8_t>(c.workspace, plan.hidden_rows);
+
+  // x into expert rows again (cheaper to gather than to keep between the calls), then FC1's
+  // wgrad reads them before its dgrad overwrites them with d x rows.
+  SFMOE_RETURN_IF_ERROR(step(
+      "x gather", backend.unpermute_backward(gather_args(s, plan, T, c.x, row_map, rows.offsets,
+                                                         rows.kept, hidden_rows, c.word),
+                                             c.stream)));
+  SFMOE_RETURN_IF_ERROR(ffn_backward_fc1(s, plan, c, backend, rows, c.word, c.stream));
+  // Permute's backward: each token's k rows summed (weight 1).
+  SFMOE_RETURN_IF_ERROR(
+      step("permute backward",
+           backend.unpermute(combine_args(s, plan, T, hidden_rows, row_map, nullptr, c.d_x, c.word),
+                             c.stream)));
+  return router_backward_step(s, plan, c, backend);
+}
+
+// One value per slot between each rank's slots and its experts' rows (workspace regions).
+sfmoe_status ep_slot_values(const char* name, const MoeLayerShape& s, const MoeLayerPlan& plan,
+                            const MoeBackwardCall* calls, const EpRanksOf& e, bool to_rows,
+                            const ops::Backend& backend) {
+  std::vector<const float*> in;
+  std::vector<float*> out;
+  for (int64_t r = 0; r < s.ep_world; ++r) {
+    uint8_t* saved = calls[r].saved;
+    uint8_t* workspace = calls[r].workspace;
+    in.push_back(to_rows ? at<float>(saved, plan.probs) : at<float>(workspace, plan.d_row_probs));
+    out.push_back(to_rows ? at<float>(workspace, plan.row_probs) : at<float>(saved, plan.d_probs));
+  }
+  EpSlotValuesArgs a{plan.ep.shape, e.tokens.data(), e.routing.data(),
+                     to_rows,       in.data(),       out.data()};
+  return step(name, backend.ep_slot_values(a, calls[0].stream));
+}
+
 }  // namespace
 
 sfmoe_status moe_layer_backward(const MoeLayerShape& s, const MoeLayerPlan& plan,
                                 const MoeBackwardCall& c) {
+  if (s.ep_world > 1) return moe_layer_backward_ranks(s, plan, &c);
   const ops::Backend& backend = ops::backend_for(c.memory);
   if (c.part != SFMOE_MOE_BACKWARD_FC1) SFMOE_RETURN_IF_ERROR(backward_fc2(s, plan, c, backend));
   if (c.part != SFMOE_MOE_BACKWARD_FC2) SFMOE_RETURN_IF_ERROR(backward_fc1(s, plan, c, backend));
+  return SFMOE_SUCCESS;
+}
+
+sfmoe_status moe_layer_backward_ranks(const MoeLayerShape& s, const MoeLayerPlan& plan,
+                                      const MoeBackwardCall* calls) {
+  if (s.ep_world == 1) return moe_layer_backward(s, plan, calls[0]);
+  const MoeBackwardCall& first = calls[0];
+  const ops::Backend& backend = ops::backend_for(first.memory);
+  const EpRanksOf e = ep_ranks_of(s, plan, calls);
+  if (first.part != SFMOE_MOE_BACKWARD_FC1) {
+    // d y to the experts' rows as dispatch moved x, each row's probability beside it.
+    SFMOE_RETURN_IF_ERROR(ep_move_to_rows(
+        "d y dispatch", s, plan, calls, e, [](const MoeBackwardCall& c) { return c.d_y; },
+        backend));
+    SFMOE_RETURN_IF_ERROR(ep_slot_values("row probabilities", s, plan, calls, e, true, backend));
+    for (int64_t r = 0; r < s.ep_world; ++r) {
+      SFMOE_RETURN_IF_ERROR(ffn_backward_fc2(s, plan, calls[r], backend,
+                                             expert_rows(s, plan, calls[r].saved), first.word,
+                                             first.stream));
+    }
+    SFMOE_RETURN_IF_ERROR(ep_slot_values("d probs", s, plan, calls, e, false, backend));
+  }
+  if (first.part != SFMOE_MOE_BACKWARD_FC2) {
+    SFMOE_RETURN_IF_ERROR(ep_move_to_rows(
+        "x dispatch", s, plan, calls, e, [](const MoeBackwardCall& c) { return c.x; }, backend));
+    for (int64_t r = 0; r < s.ep_world; ++r) {
+      SFMOE_RETURN_IF_ERROR(ffn_backward_fc1(s, plan, calls[r], backend,
+                                             expert_rows(s, plan, calls[r].saved), first.word,
+                                             first.stream));
+    }
+    // Dispatch's backward: each token's slots' d x rows summed (weight 1).
+    SFMOE_RETURN_IF_ERROR(ep_move_to_tokens(
+        "dispatch backward", s, plan, calls, e, false,
+        [](const MoeBackwardCall& c) { return c.d_x; }, backend));
+    for (int64_t r = 0; r < s.ep_world; ++r) {
+      SFMOE_RETURN_IF_ERROR(router_backward_step(s, plan, calls[r], backend));
+    }
+  }
   return SFMOE_SUCCESS;
 }
 

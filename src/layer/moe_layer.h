@@ -14,6 +14,14 @@
 //           loss gradients).
 // Saved between the two: the routing (ids, probs, row map, offsets, counts) and FC1's output
 // only; the backward overwrites FC1's output with its gradient, so one forward has one backward.
+//
+// Expert parallelism (ep_world > 1; docs/ep.md): the experts are split evenly over the ranks, and
+// the expert-parallel moves replace permute's: the router on each rank's tokens -> dispatch (each
+// token's row to its experts' ranks, grouped by local expert) -> each rank's FFN on its received
+// rows and its local experts' weights -> combine (probability-weighted, back to the tokens); the
+// backward moves d y and x to the experts' rows again, each row's probability there and its d prob
+// back, and d x rows back to the tokens. The loopback transport holds every rank in this process:
+// the calls take one argument set per rank (moe_layer_forward_ranks).
 #pragma once
 
 #include <stdint.h>
@@ -23,6 +31,7 @@
 #include "src/common/outcome.h"
 #include "src/common/router_args.h"
 #include "src/layer/layer_recipe.h"
+#include "src/ops/layout_plan.h"
 
 namespace sfmoe {
 namespace layer {
@@ -42,6 +51,13 @@ struct MoeLayerShape {
   bool accumulate_weight_grads = false;             // dW1, dW2 are FP32 buffers added to
   sfmoe_moe_recipe recipe = SFMOE_MOE_RECIPE_BF16;  // the GEMM operands' formats
   uint64_t seed = 0;                                // NVFP4's stochastic rounding
+  // Expert parallelism: ranks (experts % ep_world == 0), each rank's receive capacity in rows
+  // (SFMOE_EP_CAPACITY_WORST_CASE: all it can be sent) and its overflow policy (DROP or TRAP).
+  int64_t ep_world = 1;
+  int64_t ep_receive_capacity = SFMOE_EP_CAPACITY_WORST_CASE;
+  sfmoe_ep_overflow ep_overflow = SFMOE_EP_OVERFLOW_DROP;
+
+  int64_t local_experts() const { return experts / ep_world; }  // each rank's FFN groups
 };
 
 // A part of one of the layer's two buffers: [offset, offset + bytes).
@@ -53,11 +69,16 @@ struct Region {
 // Every buffer of a step. `saved` lives from a forward to its backward; `workspace` holds the
 // temporaries of one call (forward or backward) and may be reused by the next.
 struct MoeLayerPlan {
-  int64_t row_capacity = 0;  // expert rows: every kept slot plus each expert's padding
+  int64_t row_capacity = 0;  // expert rows: every kept slot plus each expert's padding (with
+                             // expert parallelism: a rank's received rows, at least)
   int64_t fc1_cols = 0;      // 2F (gated activations) or F
   // saved (fc1_rows holds d FC1 rows once the backward's FC2 part has run, d_probs its d probs)
-  Region topk_ids, probs, router_counts, row_map, offsets, kept, dropped, fc1_rows, d_probs;
+  // (with expert parallelism the routing's row map, offsets and counts are the rank's EP handle,
+  // ep_handle, and row_map / offsets / kept / dropped are empty)
+  Region topk_ids, probs, router_counts, row_map, offsets, kept, dropped, fc1_rows, d_probs,
+      ep_handle;
   int64_t saved_bytes = 0;
+  ops::EpLayout ep;  // the expert-parallel group's layout (ep_world > 1)
   // workspace, in three nested prefixes: the backward's FC1 part's (fc1_backward_workspace_bytes),
   // then the forward's (forward_workspace_bytes), then the whole backward's. hidden_rows [R, H]
   // holds, in turn, x rows and FC2 rows (forward), d y rows (backward, FC2 part), x rows again and
@@ -122,6 +143,15 @@ sfmoe_status moe_layer_forward(const MoeLayerShape& shape, const MoeLayerPlan& p
                                const MoeForwardCall& call);
 sfmoe_status moe_layer_backward(const MoeLayerShape& shape, const MoeLayerPlan& plan,
                                 const MoeBackwardCall& call);
+
+// Expert parallelism over the loopback transport: calls[r] is rank r's call (its tokens and
+// logits, its local experts' weights [E_l, ...], its outputs, saved state and workspace), for
+// r < shape.ep_world; every step runs on calls[0]'s stream and reports to calls[0]'s word. With
+// ep_world 1, the same as the single calls above.
+sfmoe_status moe_layer_forward_ranks(const MoeLayerShape& shape, const MoeLayerPlan& plan,
+                                     const MoeForwardCall* calls);
+sfmoe_status moe_layer_backward_ranks(const MoeLayerShape& shape, const MoeLayerPlan& plan,
+                                      const MoeBackwardCall* calls);
 
 }  // namespace layer
 }  // namespace sfmoe

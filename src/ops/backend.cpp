@@ -64,6 +64,7 @@ const Backend kCpu = {
     on_host<EpRouteArgs, cpu::ep_route>,
     on_host<EpScatterArgs, cpu::ep_scatter>,
     on_host<EpGatherArgs, cpu::ep_gather>,
+    on_host<EpSlotValuesArgs, cpu::ep_slot_values>,
 };
 
 #if defined(SFMOE_WITH_CUDA)
@@ -103,6 +104,7 @@ const Backend kCuda = {
     cuda::ep_route,
     cuda::ep_scatter,
     cuda::ep_gather,
+    cuda::ep_slot_values,
 };
 #else
 // Validation refuses CUDA memory in a build without the CUDA backend; a caller that reaches this
@@ -137,6 +139,7 @@ const Backend kNotBuilt = {
     not_built<EpRouteArgs>,
     not_built<EpScatterArgs>,
     not_built<EpGatherArgs>,
+    not_built<EpSlotValuesArgs>,
 };
 #endif
 

@@ -43,6 +43,7 @@ struct Backend {
   sfmoe_status (*ep_route)(const EpRouteArgs&, void* stream);
   sfmoe_status (*ep_scatter)(const EpScatterArgs&, void* stream);
   sfmoe_status (*ep_gather)(const EpGatherArgs&, void* stream);
+  sfmoe_status (*ep_slot_values)(const EpSlotValuesArgs&, void* stream);
 };
 
 // The backend of tensors in `memory` (validated: HOST or CUDA).

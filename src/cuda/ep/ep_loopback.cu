@@ -476,6 +476,22 @@ EpMovePointers move_pointers(const EpShape& s, int64_t hidden, const int64_t* to
   return m;
 }
 
+// A thread per slot: one value between the slot and its row (EpSlotValuesArgs).
+__global__ void ep_slot_values_kernel(EpMovePointers m, bool to_rows) {
+  const int64_t k = m.s.top_k, slots = m.token_start[m.s.world] * k;
+  const int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (g >= slots) return;
+  int64_t t = 0;
+  const int64_t s = token_source(m, g / k, &t), slot = t * k + g % k;
+  const int64_t d = m.send_rank[s][slot], row = m.send_row[s][slot];
+  const bool sent = ep_slot_sent(d, row, m.s.world, m.s.receive_rows);
+  if (to_rows) {
+    if (sent) m.d_probs[d][row] = m.probs[s][slot];
+  } else {
+    m.d_probs[s][slot] = sent ? m.probs[d][row] : 0.0f;
+  }
+}
+
 }  // namespace
 
 sfmoe_status ep_route(const EpRouteArgs& a, void* stream_pointer) {
@@ -543,6 +559,20 @@ sfmoe_status ep_gather(const EpGatherArgs& a, void* stream_pointer) {
   kernel<<<static_cast<unsigned>(blocks), kMoveThreads, 0,
            static_cast<cudaStream_t>(stream_pointer)>>>(m, a.rows_dtype, a.out_dtype);
   return check_launch("ep_gather_kernel");
+}
+
+// (the values in through `probs`, out through `d_probs`: one float per slot or row)
+sfmoe_status ep_slot_values(const EpSlotValuesArgs& a, void* stream_pointer) {
+  EpMovePointers m = move_pointers(a.shape, 1, a.tokens, a.routing);
+  for (int64_t q = 0; q < a.shape.world; ++q) {
+    m.probs[q] = a.in[q];
+    m.d_probs[q] = a.out[q];
+  }
+  const int64_t slots = m.token_start[a.shape.world] * a.shape.top_k;
+  if (slots == 0) return SFMOE_SUCCESS;
+  ep_slot_values_kernel<<<static_cast<unsigned>((slots + 255) / 256), 256, 0,
+                          static_cast<cudaStream_t>(stream_pointer)>>>(m, a.to_rows);
+  return check_launch("ep_slot_values_kernel");
 }
 
 }  // namespace cuda

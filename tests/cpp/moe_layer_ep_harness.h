@@ -1,0 +1,249 @@
+// The MoE layer with expert parallelism over the loopback transport (src/layer/moe_layer.h)
+// against the layer without it, on the same global batch: each rank holds a slice of the tokens
+// and its local experts' weights; the outputs and every gradient, put back together, must equal
+// the single layer's bit for bit (every routed row is kept: a worst-case receive capacity). Shared
+// by the CPU suite and the GPU suite, which give it their memory.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmath>
+
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "sfmoe/numerics.h"
+#include "src/layer/moe_layer.h"
+
+namespace sfmoe {
+namespace testing {
+
+struct EpLayerCase {
+  std::string name;
+  std::vector<int64_t> tokens;  // each rank's T (the world is their count)
+  int64_t hidden, ffn, experts, top_k, alignment;
+  sfmoe_dtype dtype = SFMOE_DTYPE_BF16;
+  bool sigmoid = false;
+  bool accumulate = false;  // FP32 main-grad weight gradients, added to
+  ActivationKind activation = ActivationKind::kSwiGLU;
+};
+
+// Where the buffers live: allocation (filled with one byte), copies both ways, release, and a
+// wait for the stream.
+struct LayerMemory {
+  sfmoe_memory memory;
+  std::function<void*(size_t bytes, uint8_t fill)> alloc;
+  std::function<void(void* to, const void* from, size_t bytes)> upload;
+  std::function<void(void* to, const void* from, size_t bytes)> download;
+  std::function<void(void*)> release;
+  std::function<void()> wait;
+  void* stream = nullptr;
+};
+
+struct EpLayerRun {
+  const EpLayerCase& c;
+  LayerMemory& m;
+  int64_t world, total, fc1_cols, elem;
+  layer::MoeLayerShape single_shape, ep_shape;
+  layer::MoeLayerPlan single_plan, ep_plan;
+  std::vector<void*> owned;
+  // global buffers (the EP ranks read and write slices of them)
+  uint8_t *x, *logits, *w1, *w2, *d_y, *y[2], *d_x[2], *d_logits[2], *d_w1[2], *d_w2[2];
+  std::vector<uint8_t*> saved, workspace;  // [0]: the single layer's; then one per rank
+  std::vector<int64_t> start;              // each rank's first token
+
+  EpLayerRun(const EpLayerCase& lc, LayerMemory& mem, std::mt19937_64& rng) : c(lc), m(mem) {
+    world = static_cast<int64_t>(c.tokens.size());
+    total = 0;
+    int64_t most = 0;
+    for (int64_t t : c.tokens) {
+      start.push_back(total);
+      total += t;
+      most = t > most ? t : most;
+    }
+    fc1_cols = activation_is_gated(c.activation) ? 2 * c.ffn : c.ffn;
+    elem = sfmoe_dtype_bits(c.dtype) / 8;
+    layer::MoeLayerShape s;
+    s.hidden = c.hidden;
+    s.ffn = c.ffn;
+    s.experts = c.experts;
+    s.top_k = c.top_k;
+    s.row_alignment = c.alignment;
+    s.router.num_experts = c.experts;
+    s.router.top_k = c.top_k;
+    s.router.sigmoid = c.sigmoid;
+    s.router.normalize = c.sigmoid;
+    s.activation.kind = c.activation;
+    s.dtype = c.dtype;
+    s.accumulate_weight_grads = c.accumulate;
+    single_shape = s;
+    single_shape.max_tokens = total;
+    ep_shape = s;
+    ep_shape.max_tokens = most;
+    ep_shape.ep_world = world;
+    EXPECT_TRUE(layer::plan_moe_layer(single_shape, m.memory, &single_plan).ok());
+    const Outcome planned = layer::plan_moe_layer(ep_shape, m.memory, &ep_plan);
+    EXPECT_TRUE(planned.ok()) << planned.reason;
+
+    const int64_t E = c.experts, H = c.hidden, F = c.ffn;
+    x = upload_values(total * H, 1.0, rng);
+    d_y = upload_values(total * H, 1.0, rng);
+    w1 = upload_values(E * fc1_cols * H, 1.0 / std::sqrt(static_cast<double>(H)), rng);
+    w2 = upload_values(E * H * F, 1.0 / std::sqrt(static_cast<double>(F)), rng);
+    logits = upload_floats(total * E, rng);
+    const int64_t wbytes = c.accumulate ? 4 : elem;
+    std::vector<uint8_t> start_w1, start_w2;  // accumulate: the same main gradients before
+    if (c.accumulate) {
+      start_w1 = random_floats(E * fc1_cols * H, rng);
+      start_w2 = random_floats(E * H * F, rng);
+    }
+    for (int i = 0; i < 2; ++i) {
+      y[i] = alloc(total * H * elem, 0xEE);
+      d_x[i] = alloc(total * H * elem, 0xEE);
+      d_logits[i] = alloc(total * E * 4, 0xEE);
+      d_w1[i] = alloc(E * fc1_cols * H * wbytes, 0xEE);
+      d_w2[i] = alloc(E * H * F * wbytes, 0xEE);
+      if (c.accumulate) {
+        m.upload(d_w1[i], start_w1.data(), start_w1.size());
+        m.upload(d_w2[i], start_w2.data(), start_w2.size());
+      }
+    }
+    saved.push_back(alloc(single_plan.saved_bytes, 0xA5));
+    workspace.push_back(alloc(single_plan.workspace_bytes, 0x5A));
+    for (int64_t r = 0; r < world; ++r) {
+      saved.push_back(alloc(ep_plan.saved_bytes, 0xA5));
+      workspace.push_back(alloc(ep_plan.workspace_bytes, 0x5A));
+    }
+  }
+  ~EpLayerRun() {
+    for (void* p : owned) m.release(p);
+  }
+
+  uint8_t* alloc(int64_t bytes, uint8_t fill) {
+    void* p = m.alloc(static_cast<size_t>(bytes), fill);
+    owned.push_back(p);
+    return static_cast<uint8_t*>(p);
+  }
+  std::vector<uint8_t> random_floats(int64_t n, std::mt19937_64& rng) {
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    std::vector<uint8_t> b(static_cast<size_t>(n) * 4);
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = d(rng);
+      memcpy(&b[i * 4], &v, 4);
+    }
+    return b;
+  }
+  uint8_t* upload_floats(int64_t n, std::mt19937_64& rng) {
+    const std::vector<uint8_t> b = random_floats(n, rng);
+    uint8_t* p = alloc(n * 4, 0);
+    m.upload(p, b.data(), b.size());
+    return p;
+  }
+  // Values of the layer's dtype, normal with deviation sd.
+  uint8_t* upload_values(int64_t n, double sd, std::mt19937_64& rng) {
+    std::normal_distribution<float> d(0.0f, static_cast<float>(sd));
+    std::vector<uint8_t> b(static_cast<size_t>(n * elem));
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = d(rng);
+      if (elem == 2) {
+        const uint16_t code = numerics::f32_to_bf16(v);
+        memcpy(&b[i * 2], &code, 2);
+      } else {
+        memcpy(&b[i * 4], &v, 4);
+      }
+    }
+    uint8_t* p = alloc(n * elem, 0);
+    m.upload(p, b.data(), b.size());
+    return p;
+  }
+  void new_logits(std::mt19937_64& rng) {
+    const std::vector<uint8_t> b = random_floats(total * c.experts, rng);
+    m.upload(logits, b.data(), b.size());
+  }
+
+  // One forward and backward of the single layer (out = 0) or of the EP ranks (out = 1).
+  sfmoe_status step(int out) {
+    const int64_t E = c.experts, H = c.hidden, F = c.ffn, El = E / world;
+    const int64_t wbytes = c.accumulate ? 4 : elem;
+    const bool ep = out == 1;
+    const int64_t ranks = ep ? world : 1;
+    std::vector<layer::MoeForwardCall> fwd(static_cast<size_t>(ranks));
+    std::vector<layer::MoeBackwardCall> bwd(static_cast<size_t>(ranks));
+    for (int64_t r = 0; r < ranks; ++r) {
+      const int64_t t0 = ep ? start[r] : 0, T = ep ? c.tokens[r] : total;
+      const int64_t e0 = ep ? r * El : 0;
+      layer::MoeForwardCall& f = fwd[r];
+      f = layer::MoeForwardCall{};
+      f.tokens = T;
+      f.x = x + t0 * H * elem;
+      f.logits = logits + t0 * E * 4;
+      f.logits_dtype = SFMOE_DTYPE_FP32;
+      f.w1 = w1 + e0 * fc1_cols * H * elem;
+      f.w2 = w2 + e0 * H * F * elem;
+      f.y = y[out] + t0 * H * elem;
+      f.saved = saved[ep ? 1 + r : 0];
+      f.workspace = workspace[ep ? 1 + r : 0];
+      f.memory = m.memory;
+      f.stream = m.stream;
+      layer::MoeBackwardCall& b = bwd[r];
+      b = layer::MoeBackwardCall{};
+      b.part = SFMOE_MOE_BACKWARD_ALL;
+      b.tokens = T;
+      b.x = f.x;
+      b.d_y = d_y + t0 * H * elem;
+      b.logits = f.logits;
+      b.logits_dtype = SFMOE_DTYPE_FP32;
+      b.w1 = f.w1;
+      b.w2 = f.w2;
+      b.d_x = d_x[out] + t0 * H * elem;
+      b.d_logits = reinterpret_cast<float*>(d_logits[out] + t0 * E * 4);
+      b.d_w1 = d_w1[out] + e0 * fc1_cols * H * wbytes;
+      b.d_w2 = d_w2[out] + e0 * H * F * wbytes;
+      b.saved = f.saved;
+      b.workspace = f.workspace;
+      b.memory = m.memory;
+      b.stream = m.stream;
+    }
+    const layer::MoeLayerShape& s = ep ? ep_shape : single_shape;
+    const layer::MoeLayerPlan& p = ep ? ep_plan : single_plan;
+    const sfmoe_status forward = layer::moe_layer_forward_ranks(s, p, fwd.data());
+    if (forward != SFMOE_SUCCESS) return forward;
+    return layer::moe_layer_backward_ranks(s, p, bwd.data());
+  }
+
+  std::vector<uint8_t> bytes(const uint8_t* p, int64_t n) {
+    std::vector<uint8_t> b(static_cast<size_t>(n));
+    m.download(b.data(), p, b.size());
+    return b;
+  }
+  // The EP ranks' outputs against the single layer's, byte for byte.
+  void expect_equal(const std::string& what) {
+    m.wait();
+    const int64_t E = c.experts, H = c.hidden, F = c.ffn;
+    const int64_t wbytes = c.accumulate ? 4 : elem;
+    struct Pair {
+      const char* name;
+      uint8_t* const* p;
+      int64_t bytes;
+    };
+    const Pair pairs[] = {{"y", y, total * H * elem},
+                          {"d x", d_x, total * H * elem},
+                          {"d logits", d_logits, total * E * 4},
+                          {"d w1", d_w1, E * fc1_cols * H * wbytes},
+                          {"d w2", d_w2, E * H * F * wbytes}};
+    for (const Pair& q : pairs) {
+      const std::vector<uint8_t> want = bytes(q.p[0], q.bytes), got = bytes(q.p[1], q.bytes);
+      int64_t differ = 0;
+      for (size_t i = 0; i < want.size(); ++i) differ += want[i] != got[i];
+      EXPECT_EQ(differ, 0) << what << ": " << q.name << ", " << differ << " of " << q.bytes
+                           << " bytes differ";
+    }
+  }
+};
+
+}  // namespace testing
+}  // namespace sfmoe
