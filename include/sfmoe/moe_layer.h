@@ -25,6 +25,7 @@
 #define SFMOE_MOE_LAYER_H_
 
 #include "sfmoe/activation.h"
+#include "sfmoe/ep.h"
 #include "sfmoe/router.h"
 #include "sfmoe/sfmoe.h"
 
@@ -57,6 +58,14 @@ typedef struct sfmoe_moe_layer_config {
   int32_t accumulate_weight_grads; /* 1: d_w1 and d_w2 are FP32 buffers the backward adds to
                                       (main gradients); 0: written in dtype */
   uint64_t seed;                   /* NVFP4: the Philox key of the gradients' stochastic rounding */
+  /* Expert parallelism (docs/moe_layer.md, docs/ep.md): the experts split evenly over
+   * ep_world_size ranks (rank r owns [r E_l, (r + 1) E_l), E_l = E / ep_world_size); each rank
+   * receives at most ep_receive_capacity rows (SFMOE_EP_CAPACITY_WORST_CASE by default), DROP or
+   * TRAP beyond it. The loopback transport holds every rank in this process: the calls take each
+   * rank's arguments (sfmoe_moe_layer_forward_ranks). expert_capacity must be 0. */
+  int32_t ep_world_size; /* 1: no expert parallelism */
+  int64_t ep_receive_capacity;
+  sfmoe_ep_overflow ep_overflow;
 } sfmoe_moe_layer_config;
 
 SFMOE_API sfmoe_moe_layer_config sfmoe_moe_layer_config_init(void);
@@ -78,9 +87,11 @@ typedef struct sfmoe_moe_layer_plan {
                                            rest): see sfmoe_moe_backward_part */
   int64_t forward_workspace_bytes;      /* what a forward's workspace needs at least (its
                                            temporaries are the first part of the backward's) */
-  int64_t row_capacity; /* expert rows: every kept slot plus each expert's padding */
-  int64_t fc1_cols;     /* W1 is [E, fc1_cols, H] */
-  int32_t emulated;     /* the recipe's GEMMs run emulated on this device */
+  int64_t row_capacity;  /* expert rows: every kept slot plus each expert's padding */
+  int64_t fc1_cols;      /* W1 is [E, fc1_cols, H] */
+  int32_t emulated;      /* the recipe's GEMMs run emulated on this device */
+  int32_t local_ranks;   /* argument sets each call takes: ep_world_size (loopback) or 1 */
+  int64_t local_experts; /* E_l: each rank's W1 is [E_l, fc1_cols, H], W2 [E_l, H, F] */
 } sfmoe_moe_layer_plan;
 
 SFMOE_API sfmoe_moe_layer_plan sfmoe_moe_layer_plan_init(void);
@@ -151,6 +162,18 @@ SFMOE_API sfmoe_status sfmoe_moe_layer_forward(const sfmoe_moe_layer* layer,
                                                const sfmoe_moe_forward_args* args);
 SFMOE_API sfmoe_status sfmoe_moe_layer_backward(const sfmoe_moe_layer* layer,
                                                 const sfmoe_moe_backward_args* args);
+
+/* An expert-parallel layer over the loopback transport: args[r] is rank r's (local_ranks of them;
+ * its tokens, logits [T_r, E], its local experts' weights [E_l, ...], its outputs, saved state and
+ * workspace of the plan's sizes, each rank's own), every rank's work enqueued on args[0]'s stream
+ * and reported to args[0]'s word. The counts are each rank's: tokens_per_expert [E_l] (rows its
+ * local experts kept), dropped_per_expert [E] (its rows dropped, by global expert),
+ * routed_per_expert [E] (its router's slots per expert). The single-rank calls above refuse such a
+ * layer, these accept any (with local_ranks 1 they are the calls above). */
+SFMOE_API sfmoe_status sfmoe_moe_layer_forward_ranks(const sfmoe_moe_layer* layer,
+                                                     const sfmoe_moe_forward_args* const* args);
+SFMOE_API sfmoe_status sfmoe_moe_layer_backward_ranks(const sfmoe_moe_layer* layer,
+                                                      const sfmoe_moe_backward_args* const* args);
 
 #ifdef __cplusplus
 }

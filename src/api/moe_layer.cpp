@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include <new>
+#include <vector>
 
 #include "src/api/router_config.h"
 #include "src/api/status_word_impl.h"
@@ -99,6 +100,46 @@ sfmoe_status check_config(const char* context, const sfmoe_moe_layer_config* c, 
                   static_cast<long long>(c->ffn_hidden));
     }
   }
+  const int32_t overflow = enum_value(c->ep_overflow);
+  if (c->ep_world_size < 1 || c->num_experts % c->ep_world_size != 0) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                "%s: ep_world_size must be >= 1 and divide num_experts (got %d ranks, %lld "
+                "experts)",
+                context, static_cast<int>(c->ep_world_size),
+                static_cast<long long>(c->num_experts));
+  }
+  if (c->ep_world_size > 1) {
+    if (c->expert_capacity != 0) {
+      return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                  "%s: with expert parallelism the capacity is the ranks' receive capacity "
+                  "(ep_receive_capacity); expert_capacity must be 0, got %lld",
+                  context, static_cast<long long>(c->expert_capacity));
+    }
+    if (c->ep_receive_capacity < 1 && c->ep_receive_capacity != SFMOE_EP_CAPACITY_WORST_CASE) {
+      return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                  "%s: ep_receive_capacity must be >= 1 rows (or SFMOE_EP_CAPACITY_WORST_CASE), "
+                  "got %lld",
+                  context, static_cast<long long>(c->ep_receive_capacity));
+    }
+    if (overflow == SFMOE_EP_OVERFLOW_SPILL) {
+      return fail(SFMOE_ERROR_UNSUPPORTED,
+                  "%s: the layer runs SPILL's second round in a later version; use DROP or TRAP "
+                  "(the EP calls of sfmoe/ep.h have SPILL)",
+                  context);
+    }
+    if (overflow != SFMOE_EP_OVERFLOW_DROP && overflow != SFMOE_EP_OVERFLOW_TRAP) {
+      return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: unknown ep_overflow %d", context,
+                  static_cast<int>(overflow));
+    }
+    if (on_device && c->ep_world_size > kMaxDeviceEpRanks) {
+      return fail(SFMOE_ERROR_UNSUPPORTED, "%s: the device loopback holds up to %lld ranks",
+                  context, static_cast<long long>(kMaxDeviceEpRanks));
+    }
+  }
+  s->ep_world = c->ep_world_size;
+  s->ep_receive_capacity = c->ep_world_size > 1 ? c->ep_receive_capacity : 0;
+  s->ep_overflow =
+      c->ep_world_size > 1 ? static_cast<sfmoe_ep_overflow>(overflow) : SFMOE_EP_OVERFLOW_DROP;
   s->hidden = c->hidden;
   s->ffn = c->ffn_hidden;
   s->experts = c->num_experts;
@@ -159,19 +200,215 @@ sfmoe_status expect_step(const char* context, const char* rows_name, const sfmoe
   const layer::MoeLayerShape& s = layer->shape;
   const layer::MoeLayerPlan& p = layer->plan;
   SFMOE_RETURN_IF_ERROR(tokens_of(context, rows_name, rows, layer, tokens));
-  const int64_t T = *tokens, E = s.experts, H = s.hidden;
+  const int64_t T = *tokens, E = s.experts, El = s.local_experts(), H = s.hidden;
   SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, rows_name, rows, {s.dtype}, {T, H}, layer));
   SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "logits", logits,
                                             {SFMOE_DTYPE_FP32, SFMOE_DTYPE_BF16}, {T, E}, layer));
   SFMOE_RETURN_IF_ERROR(
-      expect_layer_tensor(context, "w1", w1, {s.dtype}, {E, p.fc1_cols, H}, layer));
-  SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "w2", w2, {s.dtype}, {E, H, s.ffn}, layer));
+      expect_layer_tensor(context, "w1", w1, {s.dtype}, {El, p.fc1_cols, H}, layer));
+  SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "w2", w2, {s.dtype}, {El, H, s.ffn}, layer));
   SFMOE_RETURN_IF_ERROR(expect_buffer(context, "saved", saved, p.saved_bytes, layer));
   return expect_buffer(context, "workspace", workspace, workspace_bytes, layer);
 }
 
 sfmoe_fault_report* word_of(const sfmoe_status_word* word) {
   return word != nullptr ? word->word : nullptr;
+}
+
+// Where the forward's counts come from in the saved state, and where they go.
+struct ForwardCounts {
+  const sfmoe_tensor* out[3] = {nullptr, nullptr, nullptr};
+  const void* from[3] = {nullptr, nullptr, nullptr};
+  int64_t size[3] = {0, 0, 0};
+};
+
+// A forward's arguments checked against the layer, and the call they give.
+sfmoe_status prepare_forward(const char* context, const sfmoe_moe_layer* layer,
+                             const sfmoe_moe_forward_args* a, layer::MoeForwardCall* call,
+                             ForwardCounts* counts) {
+  SFMOE_RETURN_IF_ERROR(check_struct(context, "args", a, "sfmoe_moe_forward_args_init()"));
+  const layer::MoeLayerShape& s = layer->shape;
+  const layer::MoeLayerPlan& p = layer->plan;
+  int64_t T = 0;
+  SFMOE_RETURN_IF_ERROR(expect_step(context, "x", a->x, a->logits, a->w1, a->w2, a->saved,
+                                    a->workspace, p.forward_workspace_bytes, layer, &T));
+  const int64_t E = s.experts, H = s.hidden;
+  if (a->expert_bias != nullptr) {
+    SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "expert_bias", a->expert_bias,
+                                              {SFMOE_DTYPE_FP32}, {E}, layer));
+  }
+  SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "y", a->y, {s.dtype}, {T, H}, layer));
+  const bool aux = s.router.aux_loss_coeff > 0.0f, z = s.router.z_loss_coeff > 0.0f;
+  if ((a->aux_loss != nullptr) != aux || (a->z_loss != nullptr) != z) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                "%s: aux_loss (z_loss) is written exactly when the router's "
+                "aux_loss_coeff (z_loss_coeff) is > 0: pass it then, NULL otherwise",
+                context);
+  }
+  if (aux) {
+    SFMOE_RETURN_IF_ERROR(
+        expect_layer_tensor(context, "aux_loss", a->aux_loss, {SFMOE_DTYPE_FP32}, {1}, layer));
+  }
+  if (z) {
+    SFMOE_RETURN_IF_ERROR(
+        expect_layer_tensor(context, "z_loss", a->z_loss, {SFMOE_DTYPE_FP32}, {1}, layer));
+  }
+  // The counts' sources in the saved state: permute's, or (EP) the rank's handle's and its
+  // router's.
+  const char* count_names[] = {"tokens_per_expert", "dropped_per_expert", "routed_per_expert"};
+  counts->out[0] = a->tokens_per_expert;
+  counts->out[1] = a->dropped_per_expert;
+  counts->out[2] = a->routed_per_expert;
+  uint8_t* saved = static_cast<uint8_t*>(a->saved->data);
+  if (s.ep_world > 1) {
+    const EpRankRouting routing = ops::ep_routing_at(p.ep, saved + p.ep_handle.offset);
+    counts->from[0] = routing.kept;
+    counts->from[1] = routing.dropped;
+    counts->size[0] = s.local_experts();
+  } else {
+    counts->from[0] = saved + p.kept.offset;
+    counts->from[1] = saved + p.dropped.offset;
+    counts->size[0] = E;
+  }
+  counts->from[2] = saved + p.router_counts.offset;
+  counts->size[1] = counts->size[2] = E;
+  for (int i = 0; i < 3; ++i) {
+    if (counts->out[i] == nullptr) continue;
+    SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, count_names[i], counts->out[i],
+                                              {SFMOE_DTYPE_INT64}, {counts->size[i]}, layer));
+  }
+  SFMOE_RETURN_IF_ERROR(check_word(context, a->word, layer->memory, layer->device));
+
+  call->tokens = T;
+  call->x = a->x->data;
+  call->logits = a->logits->data;
+  call->logits_dtype = a->logits->dtype;
+  call->expert_bias =
+      a->expert_bias != nullptr ? static_cast<const float*>(a->expert_bias->data) : nullptr;
+  call->w1 = a->w1->data;
+  call->w2 = a->w2->data;
+  call->y = a->y->data;
+  call->aux_loss = aux ? static_cast<float*>(a->aux_loss->data) : nullptr;
+  call->z_loss = z ? static_cast<float*>(a->z_loss->data) : nullptr;
+  call->saved = static_cast<uint8_t*>(a->saved->data);
+  call->workspace = static_cast<uint8_t*>(a->workspace->data);
+  call->memory = layer->memory;
+  call->word = word_of(a->word);
+  call->stream = a->stream;
+  return SFMOE_SUCCESS;
+}
+
+// The counts copied out of the saved state, ordered after the forward on the stream.
+sfmoe_status copy_counts(const sfmoe_moe_layer* layer, const ForwardCounts& counts, void* stream) {
+  const ops::Backend& backend = ops::backend_for(layer->memory);
+  for (int i = 0; i < 3; ++i) {
+    if (counts.out[i] == nullptr) continue;
+    SFMOE_RETURN_IF_ERROR(backend.copy(counts.out[i]->data, counts.from[i],
+                                       static_cast<size_t>(counts.size[i]) * 8, stream));
+  }
+  return SFMOE_SUCCESS;
+}
+
+// A backward's arguments checked against the layer, and the call they give.
+sfmoe_status prepare_backward(const char* context, const sfmoe_moe_layer* layer,
+                              const sfmoe_moe_backward_args* a, layer::MoeBackwardCall* call) {
+  SFMOE_RETURN_IF_ERROR(check_struct(context, "args", a, "sfmoe_moe_backward_args_init()"));
+  const layer::MoeLayerShape& s = layer->shape;
+  const layer::MoeLayerPlan& p = layer->plan;
+  const int32_t part = enum_value(a->part);
+  if (part < SFMOE_MOE_BACKWARD_ALL || part > SFMOE_MOE_BACKWARD_FC1) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: unknown backward part %d", context,
+                static_cast<int>(part));
+  }
+  const bool fc2 = part != SFMOE_MOE_BACKWARD_FC1, fc1 = part != SFMOE_MOE_BACKWARD_FC2;
+  const int64_t E = s.experts, El = s.local_experts(), H = s.hidden;
+  // The token count from d y (the FC2 part) or x (the FC1 part); the other must agree.
+  int64_t T = 0;
+  SFMOE_RETURN_IF_ERROR(tokens_of(context, fc2 ? "d_y" : "x", fc2 ? a->d_y : a->x, layer, &T));
+  if (fc2) {
+    SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "d_y", a->d_y, {s.dtype}, {T, H}, layer));
+    SFMOE_RETURN_IF_ERROR(
+        expect_layer_tensor(context, "w2", a->w2, {s.dtype}, {El, H, s.ffn}, layer));
+  }
+  if (fc1) {
+    SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "x", a->x, {s.dtype}, {T, H}, layer));
+    SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "logits", a->logits,
+                                              {SFMOE_DTYPE_FP32, SFMOE_DTYPE_BF16}, {T, E}, layer));
+    SFMOE_RETURN_IF_ERROR(
+        expect_layer_tensor(context, "w1", a->w1, {s.dtype}, {El, p.fc1_cols, H}, layer));
+  }
+  SFMOE_RETURN_IF_ERROR(expect_buffer(context, "saved", a->saved, p.saved_bytes, layer));
+  SFMOE_RETURN_IF_ERROR(expect_buffer(context, "workspace", a->workspace,
+                                      fc2 ? p.workspace_bytes : p.fc1_backward_workspace_bytes,
+                                      layer));
+  if (fc1 && !(isfinite(a->d_aux_loss) && isfinite(a->d_z_loss))) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: d_aux_loss and d_z_loss must be finite",
+                context);
+  }
+  const sfmoe_dtype grads = s.accumulate_weight_grads ? SFMOE_DTYPE_FP32 : s.dtype;
+  if (fc1) {
+    SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "d_x", a->d_x, {s.dtype}, {T, H}, layer));
+    SFMOE_RETURN_IF_ERROR(
+        expect_layer_tensor(context, "d_logits", a->d_logits, {SFMOE_DTYPE_FP32}, {T, E}, layer));
+    SFMOE_RETURN_IF_ERROR(
+        expect_layer_tensor(context, "d_w1", a->d_w1, {grads}, {El, p.fc1_cols, H}, layer));
+  }
+  if (fc2) {
+    SFMOE_RETURN_IF_ERROR(
+        expect_layer_tensor(context, "d_w2", a->d_w2, {grads}, {El, H, s.ffn}, layer));
+  }
+  SFMOE_RETURN_IF_ERROR(check_word(context, a->word, layer->memory, layer->device));
+
+  call->part = static_cast<sfmoe_moe_backward_part>(part);
+  call->tokens = T;
+  call->x = fc1 ? a->x->data : nullptr;
+  call->d_y = fc2 ? a->d_y->data : nullptr;
+  call->logits = fc1 ? a->logits->data : nullptr;
+  call->logits_dtype = fc1 ? a->logits->dtype : SFMOE_DTYPE_FP32;
+  call->w1 = fc1 ? a->w1->data : nullptr;
+  call->w2 = fc2 ? a->w2->data : nullptr;
+  call->d_aux_loss = a->d_aux_loss;
+  call->d_z_loss = a->d_z_loss;
+  call->rng_offset = a->rng_offset;
+  call->d_x = fc1 ? a->d_x->data : nullptr;
+  call->d_logits = fc1 ? static_cast<float*>(a->d_logits->data) : nullptr;
+  call->d_w1 = fc1 ? a->d_w1->data : nullptr;
+  call->d_w2 = fc2 ? a->d_w2->data : nullptr;
+  call->saved = static_cast<uint8_t*>(a->saved->data);
+  call->workspace = static_cast<uint8_t*>(a->workspace->data);
+  call->memory = layer->memory;
+  call->word = word_of(a->word);
+  call->stream = a->stream;
+  return SFMOE_SUCCESS;
+}
+
+// An EP layer's calls take every rank's arguments, the others one set.
+sfmoe_status expect_ranks_call(const char* context, const sfmoe_moe_layer* layer, bool ranks) {
+  if (layer == nullptr) return fail(SFMOE_ERROR_NULL_POINTER, "%s: layer is NULL", context);
+  if (!ranks && layer->shape.ep_world > 1) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                "%s: this layer is expert-parallel over %lld loopback ranks: call %s_ranks with "
+                "every rank's arguments",
+                context, static_cast<long long>(layer->shape.ep_world), context);
+  }
+  return SFMOE_SUCCESS;
+}
+
+// Each rank's saved state and workspace its own: ranks sharing one would overwrite each other's
+// routing and rows.
+template <class Call>
+sfmoe_status expect_distinct_buffers(const char* context, const std::vector<Call>& calls) {
+  for (size_t i = 0; i < calls.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (calls[i].saved == calls[j].saved || calls[i].workspace == calls[j].workspace) {
+        return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                    "%s: ranks %zu and %zu share a saved state or workspace; each rank needs its "
+                    "own",
+                    context, j, i);
+      }
+    }
+  }
+  return SFMOE_SUCCESS;
 }
 
 }  // namespace
@@ -188,6 +425,9 @@ sfmoe_moe_layer_config sfmoe_moe_layer_config_init(void) {
   c.row_alignment = 16;
   c.dtype = SFMOE_DTYPE_BF16;
   c.recipe = SFMOE_MOE_RECIPE_BF16;
+  c.ep_world_size = 1;
+  c.ep_receive_capacity = SFMOE_EP_CAPACITY_WORST_CASE;
+  c.ep_overflow = SFMOE_EP_OVERFLOW_DROP;
   return c;
 }
 
@@ -242,6 +482,8 @@ sfmoe_status sfmoe_moe_layer_get_plan(const sfmoe_moe_layer* layer, sfmoe_moe_la
     plan->fc1_cols = layer->plan.fc1_cols;
     plan->emulated = layer->memory == SFMOE_MEMORY_CUDA &&
                      sfmoe::layer::recipe_emulated_on_device(layer->shape.recipe);
+    plan->local_ranks = static_cast<int32_t>(layer->shape.ep_world);
+    plan->local_experts = layer->shape.local_experts();
     return SFMOE_SUCCESS;
   });
 }
@@ -249,155 +491,80 @@ sfmoe_status sfmoe_moe_layer_get_plan(const sfmoe_moe_layer* layer, sfmoe_moe_la
 sfmoe_status sfmoe_moe_layer_forward(const sfmoe_moe_layer* layer,
                                      const sfmoe_moe_forward_args* a) {
   const char* context = "sfmoe_moe_layer_forward";
-  using sfmoe::expect_layer_tensor;
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
-    if (layer == nullptr)
-      return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: layer is NULL", context);
-    SFMOE_RETURN_IF_ERROR(sfmoe::check_struct(context, "args", a, "sfmoe_moe_forward_args_init()"));
-    const sfmoe::layer::MoeLayerShape& s = layer->shape;
-    const sfmoe::layer::MoeLayerPlan& p = layer->plan;
-    int64_t T = 0;
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_step(context, "x", a->x, a->logits, a->w1, a->w2, a->saved,
-                                             a->workspace, p.forward_workspace_bytes, layer, &T));
-    const int64_t E = s.experts, H = s.hidden;
-    if (a->expert_bias != nullptr) {
-      SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "expert_bias", a->expert_bias,
-                                                {SFMOE_DTYPE_FP32}, {E}, layer));
-    }
-    SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "y", a->y, {s.dtype}, {T, H}, layer));
-    const bool aux = s.router.aux_loss_coeff > 0.0f, z = s.router.z_loss_coeff > 0.0f;
-    if ((a->aux_loss != nullptr) != aux || (a->z_loss != nullptr) != z) {
-      return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT,
-                         "%s: aux_loss (z_loss) is written exactly when the router's "
-                         "aux_loss_coeff (z_loss_coeff) is > 0: pass it then, NULL otherwise",
-                         context);
-    }
-    if (aux) {
-      SFMOE_RETURN_IF_ERROR(
-          expect_layer_tensor(context, "aux_loss", a->aux_loss, {SFMOE_DTYPE_FP32}, {1}, layer));
-    }
-    if (z) {
-      SFMOE_RETURN_IF_ERROR(
-          expect_layer_tensor(context, "z_loss", a->z_loss, {SFMOE_DTYPE_FP32}, {1}, layer));
-    }
-    const char* count_names[] = {"tokens_per_expert", "dropped_per_expert", "routed_per_expert"};
-    const sfmoe_tensor* counts[] = {a->tokens_per_expert, a->dropped_per_expert,
-                                    a->routed_per_expert};
-    const int64_t count_offsets[] = {p.kept.offset, p.dropped.offset, p.router_counts.offset};
-    for (int i = 0; i < 3; ++i) {
-      if (counts[i] == nullptr) continue;
-      SFMOE_RETURN_IF_ERROR(
-          expect_layer_tensor(context, count_names[i], counts[i], {SFMOE_DTYPE_INT64}, {E}, layer));
-    }
-    SFMOE_RETURN_IF_ERROR(sfmoe::check_word(context, a->word, layer->memory, layer->device));
-
-    sfmoe::layer::MoeForwardCall call;
-    call.tokens = T;
-    call.x = a->x->data;
-    call.logits = a->logits->data;
-    call.logits_dtype = a->logits->dtype;
-    call.expert_bias =
-        a->expert_bias != nullptr ? static_cast<const float*>(a->expert_bias->data) : nullptr;
-    call.w1 = a->w1->data;
-    call.w2 = a->w2->data;
-    call.y = a->y->data;
-    call.aux_loss = aux ? static_cast<float*>(a->aux_loss->data) : nullptr;
-    call.z_loss = z ? static_cast<float*>(a->z_loss->data) : nullptr;
-    call.saved = static_cast<uint8_t*>(a->saved->data);
-    call.workspace = static_cast<uint8_t*>(a->workspace->data);
-    call.memory = layer->memory;
-    call.word = sfmoe::word_of(a->word);
-    call.stream = a->stream;
-    SFMOE_RETURN_IF_ERROR(sfmoe::layer::moe_layer_forward(s, p, call));
-    const sfmoe::ops::Backend& backend = sfmoe::ops::backend_for(layer->memory);
-    // (the counts copied out of the saved state, ordered after the forward on the stream)
-    for (int i = 0; i < 3; ++i) {
-      if (counts[i] == nullptr) continue;
-      SFMOE_RETURN_IF_ERROR(backend.copy(counts[i]->data, call.saved + count_offsets[i],
-                                         static_cast<size_t>(E) * 8, a->stream));
-    }
-    return SFMOE_SUCCESS;
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_ranks_call(context, layer, false));
+    sfmoe::layer::MoeForwardCall call{};
+    sfmoe::ForwardCounts counts;
+    SFMOE_RETURN_IF_ERROR(sfmoe::prepare_forward(context, layer, a, &call, &counts));
+    SFMOE_RETURN_IF_ERROR(sfmoe::layer::moe_layer_forward(layer->shape, layer->plan, call));
+    return sfmoe::copy_counts(layer, counts, a->stream);
   });
 }
 
 sfmoe_status sfmoe_moe_layer_backward(const sfmoe_moe_layer* layer,
                                       const sfmoe_moe_backward_args* a) {
   const char* context = "sfmoe_moe_layer_backward";
-  using sfmoe::expect_layer_tensor;
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
-    if (layer == nullptr)
-      return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: layer is NULL", context);
-    SFMOE_RETURN_IF_ERROR(
-        sfmoe::check_struct(context, "args", a, "sfmoe_moe_backward_args_init()"));
-    const sfmoe::layer::MoeLayerShape& s = layer->shape;
-    const sfmoe::layer::MoeLayerPlan& p = layer->plan;
-    const int32_t part = sfmoe::enum_value(a->part);
-    if (part < SFMOE_MOE_BACKWARD_ALL || part > SFMOE_MOE_BACKWARD_FC1) {
-      return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: unknown backward part %d", context,
-                         static_cast<int>(part));
-    }
-    const bool fc2 = part != SFMOE_MOE_BACKWARD_FC1, fc1 = part != SFMOE_MOE_BACKWARD_FC2;
-    const int64_t E = s.experts, H = s.hidden;
-    // The token count from d y (the FC2 part) or x (the FC1 part); the other must agree.
-    int64_t T = 0;
-    SFMOE_RETURN_IF_ERROR(
-        sfmoe::tokens_of(context, fc2 ? "d_y" : "x", fc2 ? a->d_y : a->x, layer, &T));
-    if (fc2) {
-      SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "d_y", a->d_y, {s.dtype}, {T, H}, layer));
-      SFMOE_RETURN_IF_ERROR(
-          expect_layer_tensor(context, "w2", a->w2, {s.dtype}, {E, H, s.ffn}, layer));
-    }
-    if (fc1) {
-      SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "x", a->x, {s.dtype}, {T, H}, layer));
-      SFMOE_RETURN_IF_ERROR(expect_layer_tensor(
-          context, "logits", a->logits, {SFMOE_DTYPE_FP32, SFMOE_DTYPE_BF16}, {T, E}, layer));
-      SFMOE_RETURN_IF_ERROR(
-          expect_layer_tensor(context, "w1", a->w1, {s.dtype}, {E, p.fc1_cols, H}, layer));
-    }
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_buffer(context, "saved", a->saved, p.saved_bytes, layer));
-    SFMOE_RETURN_IF_ERROR(
-        sfmoe::expect_buffer(context, "workspace", a->workspace,
-                             fc2 ? p.workspace_bytes : p.fc1_backward_workspace_bytes, layer));
-    if (fc1 && !(isfinite(a->d_aux_loss) && isfinite(a->d_z_loss))) {
-      return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: d_aux_loss and d_z_loss must be finite",
-                         context);
-    }
-    const sfmoe_dtype grads = s.accumulate_weight_grads ? SFMOE_DTYPE_FP32 : s.dtype;
-    if (fc1) {
-      SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "d_x", a->d_x, {s.dtype}, {T, H}, layer));
-      SFMOE_RETURN_IF_ERROR(
-          expect_layer_tensor(context, "d_logits", a->d_logits, {SFMOE_DTYPE_FP32}, {T, E}, layer));
-      SFMOE_RETURN_IF_ERROR(
-          expect_layer_tensor(context, "d_w1", a->d_w1, {grads}, {E, p.fc1_cols, H}, layer));
-    }
-    if (fc2) {
-      SFMOE_RETURN_IF_ERROR(
-          expect_layer_tensor(context, "d_w2", a->d_w2, {grads}, {E, H, s.ffn}, layer));
-    }
-    SFMOE_RETURN_IF_ERROR(sfmoe::check_word(context, a->word, layer->memory, layer->device));
-
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_ranks_call(context, layer, false));
     sfmoe::layer::MoeBackwardCall call{};
-    call.part = static_cast<sfmoe_moe_backward_part>(part);
-    call.tokens = T;
-    call.x = fc1 ? a->x->data : nullptr;
-    call.d_y = fc2 ? a->d_y->data : nullptr;
-    call.logits = fc1 ? a->logits->data : nullptr;
-    call.logits_dtype = fc1 ? a->logits->dtype : SFMOE_DTYPE_FP32;
-    call.w1 = fc1 ? a->w1->data : nullptr;
-    call.w2 = fc2 ? a->w2->data : nullptr;
-    call.d_aux_loss = a->d_aux_loss;
-    call.d_z_loss = a->d_z_loss;
-    call.rng_offset = a->rng_offset;
-    call.d_x = fc1 ? a->d_x->data : nullptr;
-    call.d_logits = fc1 ? static_cast<float*>(a->d_logits->data) : nullptr;
-    call.d_w1 = fc1 ? a->d_w1->data : nullptr;
-    call.d_w2 = fc2 ? a->d_w2->data : nullptr;
-    call.saved = static_cast<uint8_t*>(a->saved->data);
-    call.workspace = static_cast<uint8_t*>(a->workspace->data);
-    call.memory = layer->memory;
-    call.word = sfmoe::word_of(a->word);
-    call.stream = a->stream;
-    return sfmoe::layer::moe_layer_backward(s, p, call);
+    SFMOE_RETURN_IF_ERROR(sfmoe::prepare_backward(context, layer, a, &call));
+    return sfmoe::layer::moe_layer_backward(layer->shape, layer->plan, call);
+  });
+}
+
+sfmoe_status sfmoe_moe_layer_forward_ranks(const sfmoe_moe_layer* layer,
+                                           const sfmoe_moe_forward_args* const* args) {
+  const char* context = "sfmoe_moe_layer_forward_ranks";
+  return sfmoe::guarded(context, [&]() -> sfmoe_status {
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_ranks_call(context, layer, true));
+    if (args == nullptr) {
+      return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: args is NULL (one per rank)", context);
+    }
+    const int64_t R = layer->shape.ep_world;
+    std::vector<sfmoe::layer::MoeForwardCall> calls(static_cast<size_t>(R));
+    std::vector<sfmoe::ForwardCounts> counts(static_cast<size_t>(R));
+    for (int64_t r = 0; r < R; ++r) {
+      char label[64];
+      snprintf(label, sizeof(label), "%s (rank %lld)", context, static_cast<long long>(r));
+      if (args[r] == nullptr) {
+        return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: args is NULL", label);
+      }
+      SFMOE_RETURN_IF_ERROR(sfmoe::prepare_forward(label, layer, args[r], &calls[r], &counts[r]));
+    }
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_distinct_buffers(context, calls));
+    SFMOE_RETURN_IF_ERROR(
+        sfmoe::layer::moe_layer_forward_ranks(layer->shape, layer->plan, calls.data()));
+    for (int64_t r = 0; r < R; ++r) {
+      SFMOE_RETURN_IF_ERROR(sfmoe::copy_counts(layer, counts[r], args[0]->stream));
+    }
+    return SFMOE_SUCCESS;
+  });
+}
+
+sfmoe_status sfmoe_moe_layer_backward_ranks(const sfmoe_moe_layer* layer,
+                                            const sfmoe_moe_backward_args* const* args) {
+  const char* context = "sfmoe_moe_layer_backward_ranks";
+  return sfmoe::guarded(context, [&]() -> sfmoe_status {
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_ranks_call(context, layer, true));
+    if (args == nullptr) {
+      return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: args is NULL (one per rank)", context);
+    }
+    const int64_t R = layer->shape.ep_world;
+    std::vector<sfmoe::layer::MoeBackwardCall> calls(static_cast<size_t>(R));
+    for (int64_t r = 0; r < R; ++r) {
+      char label[64];
+      snprintf(label, sizeof(label), "%s (rank %lld)", context, static_cast<long long>(r));
+      if (args[r] == nullptr) {
+        return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: args is NULL", label);
+      }
+      SFMOE_RETURN_IF_ERROR(sfmoe::prepare_backward(label, layer, args[r], &calls[r]));
+      if (calls[r].part != calls[0].part) {
+        return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                           "%s: every rank runs the same backward part", context);
+      }
+    }
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_distinct_buffers(context, calls));
+    return sfmoe::layer::moe_layer_backward_ranks(layer->shape, layer->plan, calls.data());
   });
 }
 

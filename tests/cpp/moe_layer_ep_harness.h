@@ -10,7 +10,6 @@
 #include <string.h>
 
 #include <cmath>
-
 #include <functional>
 #include <random>
 #include <string>

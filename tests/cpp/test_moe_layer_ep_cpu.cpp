@@ -4,11 +4,15 @@
 // counts among them.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 
+#include "sfmoe/moe_layer.h"
+#include "tests/cpp/host_descriptors.h"
 #include "tests/cpp/moe_layer_ep_harness.h"
 #include "tests/cpp/numerics_cases.h"
 
@@ -35,8 +39,17 @@ TEST(MoeLayerEp, LoopbackRanksEqualTheSingleLayerBitForBit) {
   std::mt19937_64 rng(session_test_seed() + 701);
   std::vector<EpLayerCase> cases;
   cases.push_back({"R 4, bf16, SwiGLU, an empty rank", {13, 0, 7, 21}, 24, 16, 8, 2, 8});
-  EpLayerCase fp32{"R 2, fp32, sigmoid, GeLU, accumulate", {9, 17}, 20, 12, 6, 3, 1,
-                   SFMOE_DTYPE_FP32, true, true, ActivationKind::kGeLU};
+  EpLayerCase fp32{"R 2, fp32, sigmoid, GeLU, accumulate",
+                   {9, 17},
+                   20,
+                   12,
+                   6,
+                   3,
+                   1,
+                   SFMOE_DTYPE_FP32,
+                   true,
+                   true,
+                   ActivationKind::kGeLU};
   cases.push_back(fp32);
   cases.push_back({"R 4, one expert per rank, k 3", {5, 11, 3, 8}, 16, 8, 4, 3, 16});
   LayerMemory m = host_memory();
@@ -49,6 +62,187 @@ TEST(MoeLayerEp, LoopbackRanksEqualTheSingleLayerBitForBit) {
   }
   std::printf("[ layer ep ] %zu loopback cases: outputs and gradients equal the single layer\n",
               cases.size());
+}
+
+// Through the C API: an expert-parallel layer's calls over every rank equal the single layer's
+// calls on the whole batch (output and d x bit for bit), and its misuses are refused with nothing
+// written.
+TEST(MoeLayerEp, CApiRanksEqualTheSingleLayerAndRefuseMisuse) {
+  std::mt19937_64 rng(session_test_seed() + 702);
+  const int32_t R = 2;
+  const int64_t H = 16, F = 8, E = 4, k = 2;
+  const int64_t T[R] = {6, 9}, total = T[0] + T[1];
+  auto config_for = [&](int32_t world, int64_t max_tokens) {
+    sfmoe_moe_layer_config c = sfmoe_moe_layer_config_init();
+    c.hidden = H;
+    c.ffn_hidden = F;
+    c.num_experts = E;
+    c.max_tokens = max_tokens;
+    c.router.top_k = k;
+    c.row_alignment = 8;
+    c.dtype = SFMOE_DTYPE_FP32;
+    c.ep_world_size = world;
+    return c;
+  };
+  sfmoe_moe_layer *single = nullptr, *ep = nullptr;
+  sfmoe_moe_layer_config sc = config_for(1, total), ec = config_for(R, 9);
+  ASSERT_EQ(sfmoe_moe_layer_create(&sc, SFMOE_MEMORY_HOST, 0, &single), SFMOE_SUCCESS);
+  ASSERT_EQ(sfmoe_moe_layer_create(&ec, SFMOE_MEMORY_HOST, 0, &ep), SFMOE_SUCCESS)
+      << sfmoe_last_error();
+  sfmoe_moe_layer_plan sp = sfmoe_moe_layer_plan_init(), ept = sfmoe_moe_layer_plan_init();
+  ASSERT_EQ(sfmoe_moe_layer_get_plan(single, &sp), SFMOE_SUCCESS);
+  ASSERT_EQ(sfmoe_moe_layer_get_plan(ep, &ept), SFMOE_SUCCESS);
+  EXPECT_EQ(ept.local_ranks, R);
+  EXPECT_EQ(ept.local_experts, E / R);
+  EXPECT_EQ(sp.local_ranks, 1);
+  const int64_t fc1 = sp.fc1_cols, El = E / R;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto values = [&](int64_t n) {
+    std::vector<float> v(n);
+    for (float& f : v) f = normal(rng);
+    return v;
+  };
+  std::vector<float> x = values(total * H), logits = values(total * E), w1 = values(E * fc1 * H),
+                     w2 = values(E * H * F), d_y = values(total * H);
+  std::vector<float> y(total * H, NAN), d_x(total * H, NAN), y_ep(total * H, NAN),
+      d_x_ep(total * H, NAN), d_logits(total * E), d_logits_ep(total * E), d_w1(E * fc1 * H),
+      d_w1_ep(E * fc1 * H), d_w2(E * H * F), d_w2_ep(E * H * F);
+  constexpr sfmoe_dtype kB = SFMOE_DTYPE_FP8_E4M3;
+  std::vector<uint8_t> saved(sp.saved_bytes), ws(sp.workspace_bytes);
+  std::vector<std::vector<uint8_t>> saved_r(R, std::vector<uint8_t>(ept.saved_bytes)),
+      ws_r(R, std::vector<uint8_t>(ept.workspace_bytes));
+  // The single layer on the whole batch.
+  {
+    sfmoe_tensor tx = host_tensor(x.data(), SFMOE_DTYPE_FP32, {total, H});
+    sfmoe_tensor tl = host_tensor(logits.data(), SFMOE_DTYPE_FP32, {total, E});
+    sfmoe_tensor tw1 = host_tensor(w1.data(), SFMOE_DTYPE_FP32, {E, fc1, H});
+    sfmoe_tensor tw2 = host_tensor(w2.data(), SFMOE_DTYPE_FP32, {E, H, F});
+    sfmoe_tensor ty = host_tensor(y.data(), SFMOE_DTYPE_FP32, {total, H});
+    sfmoe_tensor ts = host_tensor(saved.data(), kB, {sp.saved_bytes});
+    sfmoe_tensor tws = host_tensor(ws.data(), kB, {sp.workspace_bytes});
+    sfmoe_moe_forward_args f = sfmoe_moe_forward_args_init();
+    f.x = &tx;
+    f.logits = &tl;
+    f.w1 = &tw1;
+    f.w2 = &tw2;
+    f.y = &ty;
+    f.saved = &ts;
+    f.workspace = &tws;
+    ASSERT_EQ(sfmoe_moe_layer_forward(single, &f), SFMOE_SUCCESS) << sfmoe_last_error();
+    sfmoe_tensor tdy = host_tensor(d_y.data(), SFMOE_DTYPE_FP32, {total, H});
+    sfmoe_tensor tdx = host_tensor(d_x.data(), SFMOE_DTYPE_FP32, {total, H});
+    sfmoe_tensor tdl = host_tensor(d_logits.data(), SFMOE_DTYPE_FP32, {total, E});
+    sfmoe_tensor tdw1 = host_tensor(d_w1.data(), SFMOE_DTYPE_FP32, {E, fc1, H});
+    sfmoe_tensor tdw2 = host_tensor(d_w2.data(), SFMOE_DTYPE_FP32, {E, H, F});
+    sfmoe_moe_backward_args b = sfmoe_moe_backward_args_init();
+    b.x = &tx;
+    b.d_y = &tdy;
+    b.logits = &tl;
+    b.w1 = &tw1;
+    b.w2 = &tw2;
+    b.saved = &ts;
+    b.workspace = &tws;
+    b.d_x = &tdx;
+    b.d_logits = &tdl;
+    b.d_w1 = &tdw1;
+    b.d_w2 = &tdw2;
+    ASSERT_EQ(sfmoe_moe_layer_backward(single, &b), SFMOE_SUCCESS) << sfmoe_last_error();
+  }
+  // The EP layer, each rank its slice of the batch and its local experts.
+  std::vector<sfmoe_tensor> tx(R), tl(R), tw1(R), tw2(R), ty(R), ts(R), tws(R), tdy(R), tdx(R),
+      tdl(R), tdw1(R), tdw2(R), tkept(R);
+  std::vector<std::vector<int64_t>> kept(R, std::vector<int64_t>(El, -1));
+  std::vector<sfmoe_moe_forward_args> f(R, sfmoe_moe_forward_args_init());
+  std::vector<sfmoe_moe_backward_args> b(R, sfmoe_moe_backward_args_init());
+  std::vector<const sfmoe_moe_forward_args*> pf(R);
+  std::vector<const sfmoe_moe_backward_args*> pb(R);
+  for (int64_t r = 0, t0 = 0; r < R; t0 += T[r], ++r) {
+    tx[r] = host_tensor(&x[t0 * H], SFMOE_DTYPE_FP32, {T[r], H});
+    tl[r] = host_tensor(&logits[t0 * E], SFMOE_DTYPE_FP32, {T[r], E});
+    tw1[r] = host_tensor(&w1[r * El * fc1 * H], SFMOE_DTYPE_FP32, {El, fc1, H});
+    tw2[r] = host_tensor(&w2[r * El * H * F], SFMOE_DTYPE_FP32, {El, H, F});
+    ty[r] = host_tensor(&y_ep[t0 * H], SFMOE_DTYPE_FP32, {T[r], H});
+    ts[r] = host_tensor(saved_r[r].data(), kB, {ept.saved_bytes});
+    tws[r] = host_tensor(ws_r[r].data(), kB, {ept.workspace_bytes});
+    tdy[r] = host_tensor(&d_y[t0 * H], SFMOE_DTYPE_FP32, {T[r], H});
+    tdx[r] = host_tensor(&d_x_ep[t0 * H], SFMOE_DTYPE_FP32, {T[r], H});
+    tdl[r] = host_tensor(&d_logits_ep[t0 * E], SFMOE_DTYPE_FP32, {T[r], E});
+    tdw1[r] = host_tensor(&d_w1_ep[r * El * fc1 * H], SFMOE_DTYPE_FP32, {El, fc1, H});
+    tdw2[r] = host_tensor(&d_w2_ep[r * El * H * F], SFMOE_DTYPE_FP32, {El, H, F});
+    tkept[r] = host_tensor(kept[r].data(), SFMOE_DTYPE_INT64, {El});
+    f[r].x = &tx[r];
+    f[r].logits = &tl[r];
+    f[r].w1 = &tw1[r];
+    f[r].w2 = &tw2[r];
+    f[r].y = &ty[r];
+    f[r].saved = &ts[r];
+    f[r].workspace = &tws[r];
+    f[r].tokens_per_expert = &tkept[r];
+    b[r].x = &tx[r];
+    b[r].d_y = &tdy[r];
+    b[r].logits = &tl[r];
+    b[r].w1 = &tw1[r];
+    b[r].w2 = &tw2[r];
+    b[r].saved = &ts[r];
+    b[r].workspace = &tws[r];
+    b[r].d_x = &tdx[r];
+    b[r].d_logits = &tdl[r];
+    b[r].d_w1 = &tdw1[r];
+    b[r].d_w2 = &tdw2[r];
+    pf[r] = &f[r];
+    pb[r] = &b[r];
+  }
+  // Refused, nothing written: the single-rank call, a shared workspace, global-expert weights.
+  EXPECT_EQ(sfmoe_moe_layer_forward(ep, &f[0]), SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(sfmoe_last_error()).find("_ranks"), std::string::npos);
+  f[1].workspace = &tws[0];
+  EXPECT_EQ(sfmoe_moe_layer_forward_ranks(ep, pf.data()), SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(sfmoe_last_error()).find("share"), std::string::npos);
+  f[1].workspace = &tws[1];
+  sfmoe_tensor wide = host_tensor(w1.data(), SFMOE_DTYPE_FP32, {E, fc1, H});
+  f[1].w1 = &wide;
+  EXPECT_EQ(sfmoe_moe_layer_forward_ranks(ep, pf.data()), SFMOE_ERROR_SHAPE_MISMATCH);
+  EXPECT_NE(std::string(sfmoe_last_error()).find("rank 1"), std::string::npos)
+      << sfmoe_last_error();
+  f[1].w1 = &tw1[1];
+  for (float v : y_ep) ASSERT_TRUE(std::isnan(v)) << "a refused call wrote";
+
+  ASSERT_EQ(sfmoe_moe_layer_forward_ranks(ep, pf.data()), SFMOE_SUCCESS) << sfmoe_last_error();
+  ASSERT_EQ(sfmoe_moe_layer_backward_ranks(ep, pb.data()), SFMOE_SUCCESS) << sfmoe_last_error();
+  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+  };
+  EXPECT_TRUE(same(y, y_ep)) << "y";
+  EXPECT_TRUE(same(d_x, d_x_ep)) << "d x";
+  EXPECT_TRUE(same(d_logits, d_logits_ep)) << "d logits";
+  EXPECT_TRUE(same(d_w1, d_w1_ep)) << "d w1";
+  EXPECT_TRUE(same(d_w2, d_w2_ep)) << "d w2";
+  int64_t kept_total = 0;
+  for (const auto& v : kept) {
+    for (int64_t n : v) kept_total += n;
+  }
+  EXPECT_EQ(kept_total, total * k) << "every slot kept at the worst-case capacity";
+
+  // Bad configurations.
+  auto refused = [&](sfmoe_moe_layer_config c, sfmoe_status status, const char* words) {
+    sfmoe_moe_layer* l = nullptr;
+    EXPECT_EQ(sfmoe_moe_layer_create(&c, SFMOE_MEMORY_HOST, 0, &l), status);
+    EXPECT_NE(std::string(sfmoe_last_error()).find(words), std::string::npos) << sfmoe_last_error();
+    EXPECT_EQ(l, nullptr);
+  };
+  sfmoe_moe_layer_config bad = config_for(3, 9);  // 4 experts over 3 ranks
+  refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "divide");
+  bad = config_for(R, 9);
+  bad.expert_capacity = 4;
+  refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "expert_capacity");
+  bad = config_for(R, 9);
+  bad.ep_receive_capacity = 0;
+  refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "ep_receive_capacity");
+  bad = config_for(R, 9);
+  bad.ep_overflow = SFMOE_EP_OVERFLOW_SPILL;
+  refused(bad, SFMOE_ERROR_UNSUPPORTED, "SPILL");
+  sfmoe_moe_layer_destroy(single);
+  sfmoe_moe_layer_destroy(ep);
 }
 
 }  // namespace

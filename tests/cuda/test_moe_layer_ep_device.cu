@@ -39,10 +39,26 @@ LayerMemory device_memory(cudaStream_t stream) {
 std::vector<EpLayerCase> device_ep_cases() {
   return {
       {"R 4, bf16, SwiGLU, an empty rank", {300, 0, 131, 257}, 128, 96, 16, 4, 16},
-      {"R 8, sigmoid, k 8, uneven ranks", {200, 37, 1, 150, 64, 99, 255, 8}, 256, 64, 32, 8, 8,
-       SFMOE_DTYPE_BF16, true},
-      {"R 2, accumulate into FP32 main grads, SquaredReLU", {77, 190}, 64, 40, 8, 2, 32,
-       SFMOE_DTYPE_BF16, false, true, ActivationKind::kSquaredReLU},
+      {"R 8, sigmoid, k 8, uneven ranks",
+       {200, 37, 1, 150, 64, 99, 255, 8},
+       256,
+       64,
+       32,
+       8,
+       8,
+       SFMOE_DTYPE_BF16,
+       true},
+      {"R 2, accumulate into FP32 main grads, SquaredReLU",
+       {77, 190},
+       64,
+       40,
+       8,
+       2,
+       32,
+       SFMOE_DTYPE_BF16,
+       false,
+       true,
+       ActivationKind::kSquaredReLU},
   };
 }
 
@@ -62,8 +78,9 @@ TEST(CudaMoeLayerEp, LoopbackRanksEqualTheSingleLayerBitForBit) {
     ++checked;
   }
   CUDA_OK(cudaStreamDestroy(stream));
-  std::printf("[ layer ep ] %d device loopback cases: outputs and gradients equal the single layer\n",
-              checked);
+  std::printf(
+      "[ layer ep ] %d device loopback cases: outputs and gradients equal the single layer\n",
+      checked);
 }
 
 TEST(CudaMoeLayerEp, OneGraphReplaysOnNewRoutings) {
@@ -89,8 +106,9 @@ TEST(CudaMoeLayerEp, OneGraphReplaysOnNewRoutings) {
   CUDA_OK(cudaGraphExecDestroy(exec));
   CUDA_OK(cudaGraphDestroy(graph));
   CUDA_OK(cudaStreamDestroy(stream));
-  std::printf("[ graph ] layer with loopback EP (R 4), forward + backward: 4 replays on new "
-              "routings\n");
+  std::printf(
+      "[ graph ] layer with loopback EP (R 4), forward + backward: 4 replays on new "
+      "routings\n");
 }
 
 }  // namespace
