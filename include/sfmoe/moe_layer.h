@@ -60,12 +60,15 @@ typedef struct sfmoe_moe_layer_config {
   uint64_t seed;                   /* NVFP4: the Philox key of the gradients' stochastic rounding */
   /* Expert parallelism (docs/moe_layer.md, docs/ep.md): the experts split evenly over
    * ep_world_size ranks (rank r owns [r E_l, (r + 1) E_l), E_l = E / ep_world_size); each rank
-   * receives at most ep_receive_capacity rows (SFMOE_EP_CAPACITY_WORST_CASE by default), DROP or
-   * TRAP beyond it. The loopback transport holds every rank in this process: the calls take each
-   * rank's arguments (sfmoe_moe_layer_forward_ranks). expert_capacity must be 0. */
+   * receives at most ep_receive_capacity rows (SFMOE_EP_CAPACITY_WORST_CASE by default), DROP,
+   * TRAP or SPILL beyond it (SPILL: a second round of ep_spill_capacity rows through the experts;
+   * it needs accumulate_weight_grads and the BF16 recipe). The loopback transport holds every rank
+   * in this process: the calls take each rank's arguments (sfmoe_moe_layer_forward_ranks).
+   * expert_capacity must be 0. */
   int32_t ep_world_size; /* 1: no expert parallelism */
   int64_t ep_receive_capacity;
   sfmoe_ep_overflow ep_overflow;
+  int64_t ep_spill_capacity; /* SPILL: rows >= 1 or SFMOE_EP_CAPACITY_WORST_CASE; else 0 */
 } sfmoe_moe_layer_config;
 
 SFMOE_API sfmoe_moe_layer_config sfmoe_moe_layer_config_init(void);

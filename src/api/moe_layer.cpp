@@ -121,15 +121,19 @@ sfmoe_status check_config(const char* context, const sfmoe_moe_layer_config* c, 
                   "got %lld",
                   context, static_cast<long long>(c->ep_receive_capacity));
     }
-    if (overflow == SFMOE_EP_OVERFLOW_SPILL) {
-      return fail(SFMOE_ERROR_UNSUPPORTED,
-                  "%s: the layer runs SPILL's second round in a later version; use DROP or TRAP "
-                  "(the EP calls of sfmoe/ep.h have SPILL)",
-                  context);
-    }
-    if (overflow != SFMOE_EP_OVERFLOW_DROP && overflow != SFMOE_EP_OVERFLOW_TRAP) {
+    if (overflow < SFMOE_EP_OVERFLOW_DROP || overflow > SFMOE_EP_OVERFLOW_SPILL) {
       return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: unknown ep_overflow %d", context,
                   static_cast<int>(overflow));
+    }
+    const bool spill = overflow == SFMOE_EP_OVERFLOW_SPILL;
+    if (spill ? c->ep_spill_capacity < 1 && c->ep_spill_capacity != SFMOE_EP_CAPACITY_WORST_CASE
+              : c->ep_spill_capacity != 0) {
+      return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                  spill ? "%s: with SPILL, ep_spill_capacity must be >= 1 rows (or "
+                          "SFMOE_EP_CAPACITY_WORST_CASE), got %lld"
+                        : "%s: ep_spill_capacity is SPILL's second round: 0 with DROP or TRAP, "
+                          "got %lld",
+                  context, static_cast<long long>(c->ep_spill_capacity));
     }
     if (on_device && c->ep_world_size > kMaxDeviceEpRanks) {
       return fail(SFMOE_ERROR_UNSUPPORTED, "%s: the device loopback holds up to %lld ranks",

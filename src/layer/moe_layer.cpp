@@ -144,6 +144,7 @@ struct Gemm {
   const MoeLayerPlan& plan;
   const ops::Backend& backend;
   const int64_t* offsets;
+  int64_t rows;  // the expert rows' capacity in this call (a round's)
   uint8_t* workspace;
   sfmoe_memory memory;
   sfmoe_fault_report* word;
@@ -154,7 +155,7 @@ struct Gemm {
   sfmoe_status operand(GemmStep step, bool b, const void* data, bool weight, int64_t n,
                        int64_t cols, GemmOperand* out) const {
     const OperandFormat f = operand_format(shape.recipe, step, b);
-    const int64_t R = plan.row_capacity, E = shape.local_experts();
+    const int64_t R = rows, E = shape.local_experts();
     if (!f.quantized) {
       *out =
           rows_operand(data, shape.dtype, weight ? nullptr : offsets, E, weight ? E * n : R, cols);
@@ -207,7 +208,7 @@ struct Gemm {
     args.form = g.form;
     args.num_groups = shape.local_experts();
     args.offsets = offsets;
-    args.row_capacity = plan.row_capacity;
+    args.row_capacity = rows;
     args.n = g.n;
     args.k = g.k;
     args.out = out;
@@ -222,9 +223,9 @@ struct Gemm {
 };
 
 // The activation over each expert's rows of FC1's output (forward, and again in the backward).
-ActivationArgs activation_args(const MoeLayerShape& s, const MoeLayerPlan& plan,
-                               const int64_t* offsets, const int64_t* kept, const void* fc1_rows,
-                               void* act_rows, sfmoe_fault_report* word) {
+ActivationArgs activation_args(const MoeLayerShape& s, int64_t rows, const int64_t* offsets,
+                               const int64_t* kept, const void* fc1_rows, void* act_rows,
+                               sfmoe_fault_report* word) {
   ActivationArgs a{};
   a.config = s.activation;
   a.groups = GroupRowsView{offsets, kept, s.local_experts()};
@@ -233,7 +234,7 @@ ActivationArgs activation_args(const MoeLayerShape& s, const MoeLayerPlan& plan,
   a.input_dtype = s.dtype;
   a.output = act_rows;
   a.output_dtype = s.dtype;
-  a.row_capacity = plan.row_capacity;
+  a.row_capacity = rows;
   a.word = word;
   return a;
 }
@@ -306,6 +307,7 @@ sfmoe_ep_config ep_config_of(const MoeLayerShape& s) {
   c.row_alignment = s.row_alignment;
   c.receive_capacity = s.ep_receive_capacity;
   c.overflow = s.ep_overflow;
+  c.spill_capacity = s.ep_overflow == SFMOE_EP_OVERFLOW_SPILL ? s.ep_spill_capacity : 0;
   return c;
 }
 
@@ -315,6 +317,13 @@ Outcome plan_moe_layer(const MoeLayerShape& s, sfmoe_memory memory, MoeLayerPlan
   *plan = MoeLayerPlan{};
   const bool device = memory == SFMOE_MEMORY_CUDA;
   const bool ep = s.ep_world > 1;
+  if (ep && s.ep_overflow == SFMOE_EP_OVERFLOW_SPILL &&
+      (!s.accumulate_weight_grads || s.recipe != SFMOE_MOE_RECIPE_BF16)) {
+    return refuse(SFMOE_ERROR_UNSUPPORTED,
+                  "SPILL runs the experts over two rounds of rows and adds the second round's "
+                  "weight gradients to the first's: it needs accumulate_weight_grads and the BF16 "
+                  "recipe");
+  }
   if (ep) {
     SFMOE_RETURN_IF_REFUSED(ops::plan_ep(ep_config_of(s), memory, &plan->ep));
     plan->row_capacity = plan->ep.shape.receive_rows;
@@ -393,17 +402,40 @@ Outcome plan_moe_layer(const MoeLayerShape& s, sfmoe_memory memory, MoeLayerPlan
 
 namespace {
 
-// Where a call's expert rows are grouped: permute's offsets and counts, or the rank's EP handle's.
-struct ExpertRows {
+// Where a call's expert rows are grouped: permute's offsets and counts, or the rank's EP handle's,
+// in one round or (SPILL) two: each round a grouped tensor of its own rows, starting at
+// first_row of the layer's row buffers.
+struct Round {
+  int64_t first_row, rows;
   const int64_t* offsets;
   const int64_t* kept;
 };
-ExpertRows expert_rows(const MoeLayerShape& s, const MoeLayerPlan& plan, uint8_t* saved) {
-  if (s.ep_world > 1) {
-    const EpRankRouting routing = ops::ep_routing_at(plan.ep, saved + plan.ep_handle.offset);
-    return ExpertRows{routing.offsets, routing.kept};
+struct Rounds {
+  int count;
+  Round round[2];
+};
+Rounds rounds_of(const MoeLayerShape& s, const MoeLayerPlan& plan, uint8_t* saved) {
+  if (s.ep_world == 1) {
+    return Rounds{1,
+                  {Round{0, plan.row_capacity, at<int64_t>(saved, plan.offsets),
+                         at<int64_t>(saved, plan.kept)},
+                   Round{}}};
   }
-  return ExpertRows{at<int64_t>(saved, plan.offsets), at<int64_t>(saved, plan.kept)};
+  const EpRankRouting routing = ops::ep_routing_at(plan.ep, saved + plan.ep_handle.offset);
+  const EpShape& e = plan.ep.shape;
+  if (e.rounds == 1) {
+    return Rounds{1, {Round{0, plan.row_capacity, routing.offsets, routing.kept}, Round{}}};
+  }
+  const int64_t El = e.experts_per_rank;
+  return Rounds{2,
+                {Round{0, e.spill_row_base, routing.offsets, routing.kept},
+                 Round{e.spill_row_base, e.receive_rows - e.spill_row_base,
+                       routing.offsets + El + 1, routing.kept + El}}};
+}
+
+template <class T>
+T* row_at(uint8_t* base, const Region& region, int64_t row, int64_t row_bytes) {
+  return reinterpret_cast<T*>(base + region.offset + row * row_bytes);
 }
 
 sfmoe_status router_step(const MoeLayerShape& s, const MoeLayerPlan& plan, const MoeForwardCall& c,
@@ -423,20 +455,31 @@ sfmoe_status router_step(const MoeLayerShape& s, const MoeLayerPlan& plan, const
   return step("router", backend.router_forward(router, c.stream));
 }
 
-// The experts' part of the forward on a call's expert rows (x rows in hidden_rows): FC1 ->
-// activation -> FC2 (its rows over the x rows, which FC1 has read).
+// The experts' part of the forward on one round of a call's expert rows (x rows in hidden_rows):
+// FC1 -> activation -> FC2 (its rows over the x rows, which FC1 has read).
 sfmoe_status ffn_forward(const MoeLayerShape& s, const MoeLayerPlan& plan, const MoeForwardCall& c,
-                         const ops::Backend& backend, const ExpertRows& rows,
-                         sfmoe_fault_report* word, void* stream) {
-  void* fc1_rows = at<uint8_t>(c.saved, plan.fc1_rows);
-  void* x_rows = at<uint8_t>(c.workspace, plan.hidden_rows);
-  void* act_rows = at<uint8_t>(c.workspace, plan.ffn_rows);
-  const Gemm gemm{s, plan, backend, rows.offsets, c.workspace, c.memory, word, stream, 0};
+                         const ops::Backend& backend, const Round& round, sfmoe_fault_report* word,
+                         void* stream) {
+  const int64_t elem = element_bytes(s.dtype), first = round.first_row;
+  void* fc1_rows = row_at<uint8_t>(c.saved, plan.fc1_rows, first, plan.fc1_cols * elem);
+  void* x_rows = row_at<uint8_t>(c.workspace, plan.hidden_rows, first, s.hidden * elem);
+  void* act_rows = row_at<uint8_t>(c.workspace, plan.ffn_rows, first, s.ffn * elem);
+  const Gemm gemm{s,           plan,     backend, round.offsets, round.rows,
+                  c.workspace, c.memory, word,    stream,        0};
   SFMOE_RETURN_IF_ERROR(step("fc1", gemm.run(GemmStep::kFc1Fprop, x_rows, c.w1, fc1_rows)));
   ActivationArgs activation =
-      activation_args(s, plan, rows.offsets, rows.kept, fc1_rows, act_rows, word);
+      activation_args(s, round.rows, round.offsets, round.kept, fc1_rows, act_rows, word);
   SFMOE_RETURN_IF_ERROR(step("activation", backend.activation_forward(activation, stream)));
   return step("fc2", gemm.run(GemmStep::kFc2Fprop, act_rows, c.w2, x_rows));
+}
+
+// Every round of a call's rows.
+template <class Call, class Part>
+sfmoe_status each_round(const MoeLayerShape& s, const MoeLayerPlan& plan, const Call& c,
+                        Part part) {
+  const Rounds rounds = rounds_of(s, plan, c.saved);
+  for (int i = 0; i < rounds.count; ++i) SFMOE_RETURN_IF_ERROR(part(rounds.round[i]));
+  return SFMOE_SUCCESS;
 }
 
 }  // namespace
@@ -468,7 +511,7 @@ sfmoe_status moe_layer_forward(const MoeLayerShape& s, const MoeLayerPlan& plan,
   permute.workspace = at_or_null<int32_t>(c.workspace, plan.permute_workspace);
   SFMOE_RETURN_IF_ERROR(step("permute", backend.permute(permute, c.stream)));
   SFMOE_RETURN_IF_ERROR(
-      ffn_forward(s, plan, c, backend, expert_rows(s, plan, c.saved), c.word, c.stream));
+      ffn_forward(s, plan, c, backend, rounds_of(s, plan, c.saved).round[0], c.word, c.stream));
   const void* fc2_rows = at<uint8_t>(c.workspace, plan.hidden_rows);
   return step("unpermute",
               backend.unpermute(combine_args(s, plan, T, fc2_rows, row_map,
@@ -555,9 +598,9 @@ sfmoe_status moe_layer_forward_ranks(const MoeLayerShape& s, const MoeLayerPlan&
   SFMOE_RETURN_IF_ERROR(ep_move_to_rows(
       "dispatch", s, plan, calls, e, [](const MoeForwardCall& c) { return c.x; }, backend));
   for (int64_t r = 0; r < s.ep_world; ++r) {
-    SFMOE_RETURN_IF_ERROR(ffn_forward(s, plan, calls[r], backend,
-                                      expert_rows(s, plan, calls[r].saved), first.word,
-                                      first.stream));
+    SFMOE_RETURN_IF_ERROR(each_round(s, plan, calls[r], [&](const Round& round) {
+      return ffn_forward(s, plan, calls[r], backend, round, first.word, first.stream);
+    }));
   }
   return ep_move_to_tokens(
       "combine", s, plan, calls, e, true, [](const MoeForwardCall& c) { return c.y; }, backend);
@@ -606,18 +649,19 @@ SlotValuesArgs slot_values_args(const MoeLayerPlan& plan, int64_t slots, const i
   return a;
 }
 
-// The experts' part of the backward's FC2 part, on a call's expert rows (d y rows in hidden_rows,
-// each row's probability in row_probs): FC2 dgrad -> the weighted activation backward (d FC1 over
-// FC1's saved rows, each row's d prob into d_row_probs) -> FC2 wgrad.
+// The experts' part of the backward's FC2 part, on one round of a call's expert rows (d y rows in
+// hidden_rows, each row's probability in row_probs): FC2 dgrad -> the weighted activation backward
+// (d FC1 over FC1's saved rows, each row's d prob into d_row_probs) -> FC2 wgrad.
 sfmoe_status ffn_backward_fc2(const MoeLayerShape& s, const MoeLayerPlan& plan,
                               const MoeBackwardCall& c, const ops::Backend& backend,
-                              const ExpertRows& rows, sfmoe_fault_report* word, void* stream) {
-  void* fc1_rows = at<uint8_t>(c.saved, plan.fc1_rows);
+                              const Round& round, sfmoe_fault_report* word, void* stream) {
+  const int64_t elem = element_bytes(s.dtype), first = round.first_row;
+  void* fc1_rows = row_at<uint8_t>(c.saved, plan.fc1_rows, first, plan.fc1_cols * elem);
   void* d_fc1_rows = fc1_rows;  // the activation's backward writes in place
-  void* hidden_rows = at<uint8_t>(c.workspace, plan.hidden_rows);
-  void* ffn_rows = at<uint8_t>(c.workspace, plan.ffn_rows);
-  const Gemm gemm{s,        plan, backend, rows.offsets, c.workspace,
-                  c.memory, word, stream,  c.rng_offset};
+  void* hidden_rows = row_at<uint8_t>(c.workspace, plan.hidden_rows, first, s.hidden * elem);
+  void* ffn_rows = row_at<uint8_t>(c.workspace, plan.ffn_rows, first, s.ffn * elem);
+  const Gemm gemm{s,           plan,     backend, round.offsets, round.rows,
+                  c.workspace, c.memory, word,    stream,        c.rng_offset};
   SFMOE_RETURN_IF_ERROR(
       step("fc2 dgrad", gemm.run(GemmStep::kFc2Dgrad, hidden_rows, c.w2, ffn_rows)));
 
@@ -625,7 +669,7 @@ sfmoe_status ffn_backward_fc2(const MoeLayerShape& s, const MoeLayerPlan& plan,
   // (FC2's dgrad); the weighted activations p_r act(h_r) replace g as FC2's wgrad operand.
   ActivationBackwardArgs d_activation{};
   d_activation.config = s.activation;
-  d_activation.groups = GroupRowsView{rows.offsets, rows.kept, s.local_experts()};
+  d_activation.groups = GroupRowsView{round.offsets, round.kept, s.local_experts()};
   d_activation.cols = s.ffn;
   d_activation.input = fc1_rows;
   d_activation.input_dtype = s.dtype;
@@ -633,25 +677,26 @@ sfmoe_status ffn_backward_fc2(const MoeLayerShape& s, const MoeLayerPlan& plan,
   d_activation.d_output_dtype = s.dtype;
   d_activation.d_input = d_fc1_rows;
   d_activation.d_input_dtype = s.dtype;
-  d_activation.row_capacity = plan.row_capacity;
+  d_activation.row_capacity = round.rows;
   d_activation.word = word;
-  d_activation.row_weights = at<float>(c.workspace, plan.row_probs);
-  d_activation.d_row_weights = at<float>(c.workspace, plan.d_row_probs);
+  d_activation.row_weights = row_at<float>(c.workspace, plan.row_probs, first, 4);
+  d_activation.d_row_weights = row_at<float>(c.workspace, plan.d_row_probs, first, 4);
   d_activation.weighted_output = ffn_rows;
   SFMOE_RETURN_IF_ERROR(
       step("activation backward", backend.activation_backward(d_activation, stream)));
   return step("fc2 wgrad", gemm.run(GemmStep::kFc2Wgrad, hidden_rows, ffn_rows, c.d_w2));
 }
 
-// The experts' part of the backward's FC1 part (x rows in hidden_rows): FC1 wgrad, then FC1
-// dgrad over the x rows (d x rows).
+// The experts' part of the backward's FC1 part on one round (x rows in hidden_rows): FC1 wgrad,
+// then FC1 dgrad over the x rows (d x rows).
 sfmoe_status ffn_backward_fc1(const MoeLayerShape& s, const MoeLayerPlan& plan,
                               const MoeBackwardCall& c, const ops::Backend& backend,
-                              const ExpertRows& rows, sfmoe_fault_report* word, void* stream) {
-  const void* d_fc1_rows = at<uint8_t>(c.saved, plan.fc1_rows);
-  void* hidden_rows = at<uint8_t>(c.workspace, plan.hidden_rows);
-  const Gemm gemm{s,        plan, backend, rows.offsets, c.workspace,
-                  c.memory, word, stream,  c.rng_offset};
+                              const Round& round, sfmoe_fault_report* word, void* stream) {
+  const int64_t elem = element_bytes(s.dtype), first = round.first_row;
+  const void* d_fc1_rows = row_at<uint8_t>(c.saved, plan.fc1_rows, first, plan.fc1_cols * elem);
+  void* hidden_rows = row_at<uint8_t>(c.workspace, plan.hidden_rows, first, s.hidden * elem);
+  const Gemm gemm{s,           plan,     backend, round.offsets, round.rows,
+                  c.workspace, c.memory, word,    stream,        c.rng_offset};
   SFMOE_RETURN_IF_ERROR(
       step("fc1 wgrad", gemm.run(GemmStep::kFc1Wgrad, d_fc1_rows, hidden_rows, c.d_w1)));
   return step("fc1 dgrad", gemm.run(GemmStep::kFc1Dgrad, d_fc1_rows, c.w1, hidden_rows));
@@ -680,7 +725,7 @@ sfmoe_status backward_fc2(const MoeLayerShape& s, const MoeLayerPlan& plan,
   const int64_t T = c.tokens;
   const float* probs = at<float>(c.saved, plan.probs);
   const int64_t* row_map = at<int64_t>(c.saved, plan.row_map);
-  const ExpertRows rows = expert_rows(s, plan, c.saved);
+  const Round rows = rounds_of(s, plan, c.saved).round[0];
   float* d_probs = at<float>(c.saved, plan.d_probs);
   void* hidden_rows = at<uint8_t>(c.workspace, plan.hidden_rows);
   float* row_probs = at<float>(c.workspace, plan.row_probs);
@@ -709,7 +754,7 @@ sfmoe_status backward_fc1(const MoeLayerShape& s, const MoeLayerPlan& plan,
                           const MoeBackwardCall& c, const ops::Backend& backend) {
   const int64_t T = c.tokens;
   const int64_t* row_map = at<int64_t>(c.saved, plan.row_map);
-  const ExpertRows rows = expert_rows(s, plan, c.saved);
+  const Round rows = rounds_of(s, plan, c.saved).round[0];
   void* hidden_rows = at<uint8_t>(c.workspace, plan.hidden_rows);
 
   // x into expert rows again (cheaper to gather than to keep between the calls), then FC1's
@@ -768,9 +813,9 @@ sfmoe_status moe_layer_backward_ranks(const MoeLayerShape& s, const MoeLayerPlan
         backend));
     SFMOE_RETURN_IF_ERROR(ep_slot_values("row probabilities", s, plan, calls, e, true, backend));
     for (int64_t r = 0; r < s.ep_world; ++r) {
-      SFMOE_RETURN_IF_ERROR(ffn_backward_fc2(s, plan, calls[r], backend,
-                                             expert_rows(s, plan, calls[r].saved), first.word,
-                                             first.stream));
+      SFMOE_RETURN_IF_ERROR(each_round(s, plan, calls[r], [&](const Round& round) {
+        return ffn_backward_fc2(s, plan, calls[r], backend, round, first.word, first.stream);
+      }));
     }
     SFMOE_RETURN_IF_ERROR(ep_slot_values("d probs", s, plan, calls, e, false, backend));
   }
@@ -778,9 +823,9 @@ sfmoe_status moe_layer_backward_ranks(const MoeLayerShape& s, const MoeLayerPlan
     SFMOE_RETURN_IF_ERROR(ep_move_to_rows(
         "x dispatch", s, plan, calls, e, [](const MoeBackwardCall& c) { return c.x; }, backend));
     for (int64_t r = 0; r < s.ep_world; ++r) {
-      SFMOE_RETURN_IF_ERROR(ffn_backward_fc1(s, plan, calls[r], backend,
-                                             expert_rows(s, plan, calls[r].saved), first.word,
-                                             first.stream));
+      SFMOE_RETURN_IF_ERROR(each_round(s, plan, calls[r], [&](const Round& round) {
+        return ffn_backward_fc1(s, plan, calls[r], backend, round, first.word, first.stream);
+      }));
     }
     // Dispatch's backward: each token's slots' d x rows summed (weight 1).
     SFMOE_RETURN_IF_ERROR(ep_move_to_tokens(

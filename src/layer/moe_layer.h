@@ -52,10 +52,14 @@ struct MoeLayerShape {
   sfmoe_moe_recipe recipe = SFMOE_MOE_RECIPE_BF16;  // the GEMM operands' formats
   uint64_t seed = 0;                                // NVFP4's stochastic rounding
   // Expert parallelism: ranks (experts % ep_world == 0), each rank's receive capacity in rows
-  // (SFMOE_EP_CAPACITY_WORST_CASE: all it can be sent) and its overflow policy (DROP or TRAP).
+  // (SFMOE_EP_CAPACITY_WORST_CASE: all it can be sent), its overflow policy, and SPILL's second
+  // round (rows, or SFMOE_EP_CAPACITY_WORST_CASE). With SPILL the experts run over each round's
+  // rows in turn, and the second round's weight gradients are added to the first's: SPILL needs
+  // accumulate_weight_grads (FP32 main gradients) and the BF16 recipe.
   int64_t ep_world = 1;
   int64_t ep_receive_capacity = SFMOE_EP_CAPACITY_WORST_CASE;
   sfmoe_ep_overflow ep_overflow = SFMOE_EP_OVERFLOW_DROP;
+  int64_t ep_spill_capacity = 0;
 
   int64_t local_experts() const { return experts / ep_world; }  // each rank's FFN groups
 };

@@ -29,6 +29,9 @@ struct EpLayerCase {
   bool sigmoid = false;
   bool accumulate = false;  // FP32 main-grad weight gradients, added to
   ActivationKind activation = ActivationKind::kSwiGLU;
+  // SPILL: each rank's first round of `capacity` rows, the rest in the second (needs accumulate);
+  // the weight gradients then add the rounds' sums in turn: equal within FP32 rounding only.
+  int64_t spill_capacity = 0;  // 0: no SPILL
 };
 
 // Where the buffers live: allocation (filled with one byte), copies both ways, release, and a
@@ -84,6 +87,11 @@ struct EpLayerRun {
     ep_shape = s;
     ep_shape.max_tokens = most;
     ep_shape.ep_world = world;
+    if (c.spill_capacity > 0) {
+      ep_shape.ep_receive_capacity = c.spill_capacity;
+      ep_shape.ep_overflow = SFMOE_EP_OVERFLOW_SPILL;
+      ep_shape.ep_spill_capacity = SFMOE_EP_CAPACITY_WORST_CASE;
+    }
     EXPECT_TRUE(layer::plan_moe_layer(single_shape, m.memory, &single_plan).ok());
     const Outcome planned = layer::plan_moe_layer(ep_shape, m.memory, &ep_plan);
     EXPECT_TRUE(planned.ok()) << planned.reason;
@@ -164,6 +172,21 @@ struct EpLayerRun {
     m.upload(logits, b.data(), b.size());
   }
 
+  // Rows in each rank's second round (SPILL), read from the handles after a step.
+  int64_t spilled() {
+    m.wait();
+    int64_t n = 0;
+    const int64_t El = c.experts / world;
+    for (int64_t r = 0; r < world && ep_plan.ep.shape.rounds > 1; ++r) {
+      const EpRankRouting q =
+          ops::ep_routing_at(ep_plan.ep, saved[1 + r] + ep_plan.ep_handle.offset);
+      std::vector<int64_t> kept(static_cast<size_t>(2 * El));
+      m.download(kept.data(), q.kept, kept.size() * 8);
+      for (int64_t g = El; g < 2 * El; ++g) n += kept[g];
+    }
+    return n;
+  }
+
   // One forward and backward of the single layer (out = 0) or of the EP ranks (out = 1).
   sfmoe_status step(int out) {
     const int64_t E = c.experts, H = c.hidden, F = c.ffn, El = E / world;
@@ -236,6 +259,19 @@ struct EpLayerRun {
                           {"d w2", d_w2, E * H * F * wbytes}};
     for (const Pair& q : pairs) {
       const std::vector<uint8_t> want = bytes(q.p[0], q.bytes), got = bytes(q.p[1], q.bytes);
+      const bool weights = q.name[0] == 'd' && q.name[2] == 'w';
+      if (c.spill_capacity > 0 && weights) {  // FP32 main gradients, the rounds added in turn
+        double err = 0.0, scale = 0.0;
+        for (size_t i = 0; i + 4 <= want.size(); i += 4) {
+          float a, b;
+          memcpy(&a, &want[i], 4);
+          memcpy(&b, &got[i], 4);
+          err = std::fmax(err, std::fabs(static_cast<double>(a) - b));
+          scale = std::fmax(scale, std::fabs(static_cast<double>(a)));
+        }
+        EXPECT_LE(err, 1e-5 * scale) << what << ": " << q.name << " (SPILL)";
+        continue;
+      }
       int64_t differ = 0;
       for (size_t i = 0; i < want.size(); ++i) differ += want[i] != got[i];
       EXPECT_EQ(differ, 0) << what << ": " << q.name << ", " << differ << " of " << q.bytes

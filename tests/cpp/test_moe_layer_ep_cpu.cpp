@@ -52,6 +52,10 @@ TEST(MoeLayerEp, LoopbackRanksEqualTheSingleLayerBitForBit) {
                    ActivationKind::kGeLU};
   cases.push_back(fp32);
   cases.push_back({"R 4, one expert per rank, k 3", {5, 11, 3, 8}, 16, 8, 4, 3, 16});
+  EpLayerCase spill{"R 4, SPILL: a first round of 6 rows", {13, 5, 17, 9}, 24, 16, 8, 2, 8};
+  spill.accumulate = true;
+  spill.spill_capacity = 6;
+  cases.push_back(spill);
   LayerMemory m = host_memory();
   for (const EpLayerCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -59,6 +63,9 @@ TEST(MoeLayerEp, LoopbackRanksEqualTheSingleLayerBitForBit) {
     ASSERT_EQ(run.step(0), SFMOE_SUCCESS) << sfmoe_last_error();
     ASSERT_EQ(run.step(1), SFMOE_SUCCESS) << sfmoe_last_error();
     run.expect_equal("host");
+    if (c.spill_capacity > 0) {
+      EXPECT_GT(run.spilled(), 0) << "the second round is meant to run";
+    }
   }
   std::printf("[ layer ep ] %zu loopback cases: outputs and gradients equal the single layer\n",
               cases.size());
@@ -239,8 +246,10 @@ TEST(MoeLayerEp, CApiRanksEqualTheSingleLayerAndRefuseMisuse) {
   bad.ep_receive_capacity = 0;
   refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "ep_receive_capacity");
   bad = config_for(R, 9);
-  bad.ep_overflow = SFMOE_EP_OVERFLOW_SPILL;
-  refused(bad, SFMOE_ERROR_UNSUPPORTED, "SPILL");
+  bad.ep_overflow = SFMOE_EP_OVERFLOW_SPILL;  // without a second round
+  refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "ep_spill_capacity");
+  bad.ep_spill_capacity = 8;  // without FP32 main gradients
+  refused(bad, SFMOE_ERROR_UNSUPPORTED, "accumulate_weight_grads");
   sfmoe_moe_layer_destroy(single);
   sfmoe_moe_layer_destroy(ep);
 }

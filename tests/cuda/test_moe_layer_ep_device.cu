@@ -1,7 +1,8 @@
 // The MoE layer with expert parallelism over the device loopback: R = 4 and 8 ranks on one GPU
 // against the layer without expert parallelism on the same global batch, every output and
-// gradient bit for bit (tests/cpp/moe_layer_ep_harness.h); and the ranks' whole forward and
-// backward captured in one CUDA graph, replayed on new routings, checked each replay.
+// gradient bit for bit (tests/cpp/moe_layer_ep_harness.h; with SPILL's second round the weight
+// gradients within FP32 rounding); and the ranks' whole forward and backward, SPILL's two rounds
+// included, captured in one CUDA graph, replayed on new routings, checked each replay.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -36,8 +37,16 @@ LayerMemory device_memory(cudaStream_t stream) {
   return m;
 }
 
+EpLayerCase spill_case() {
+  EpLayerCase c{"R 4, SPILL: a first round of 200 rows", {300, 0, 131, 257}, 128, 96, 16, 4, 16};
+  c.accumulate = true;
+  c.spill_capacity = 200;
+  return c;
+}
+
 std::vector<EpLayerCase> device_ep_cases() {
   return {
+      spill_case(),
       {"R 4, bf16, SwiGLU, an empty rank", {300, 0, 131, 257}, 128, 96, 16, 4, 16},
       {"R 8, sigmoid, k 8, uneven ranks",
        {200, 37, 1, 150, 64, 99, 255, 8},
@@ -75,6 +84,9 @@ TEST(CudaMoeLayerEp, LoopbackRanksEqualTheSingleLayerBitForBit) {
     ASSERT_EQ(run.step(0), SFMOE_SUCCESS) << sfmoe_last_error();
     ASSERT_EQ(run.step(1), SFMOE_SUCCESS) << sfmoe_last_error();
     run.expect_equal("device");
+    if (c.spill_capacity > 0) {
+      EXPECT_GT(run.spilled(), 0) << "the second round is meant to run";
+    }
     ++checked;
   }
   CUDA_OK(cudaStreamDestroy(stream));
@@ -89,7 +101,7 @@ TEST(CudaMoeLayerEp, OneGraphReplaysOnNewRoutings) {
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreate(&stream));
   LayerMemory m = device_memory(stream);
-  const EpLayerCase c = device_ep_cases()[0];
+  const EpLayerCase c = spill_case();  // both rounds in the graph
   EpLayerRun run(c, m, rng);
   cudaGraph_t graph;
   CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
@@ -102,12 +114,13 @@ TEST(CudaMoeLayerEp, OneGraphReplaysOnNewRoutings) {
     CUDA_OK(cudaGraphLaunch(exec, stream));
     ASSERT_EQ(run.step(0), SFMOE_SUCCESS) << sfmoe_last_error();
     run.expect_equal("replay " + std::to_string(replay));
+    EXPECT_GT(run.spilled(), 0);
   }
   CUDA_OK(cudaGraphExecDestroy(exec));
   CUDA_OK(cudaGraphDestroy(graph));
   CUDA_OK(cudaStreamDestroy(stream));
   std::printf(
-      "[ graph ] layer with loopback EP (R 4), forward + backward: 4 replays on new "
+      "[ graph ] layer with loopback EP (R 4, SPILL), forward + backward: 4 replays on new "
       "routings\n");
 }
 
