@@ -19,7 +19,7 @@
 extern "C" {
 #endif
 
-typedef enum sfmoe_activation {
+typedef enum sfmoe_activation SFMOE_ENUM_INT32 {
   SFMOE_ACTIVATION_SWIGLU = 0,        /* silu(gate) * up */
   SFMOE_ACTIVATION_GEGLU = 1,         /* gelu_tanh(gate) * up */
   SFMOE_ACTIVATION_SILU = 2,          /* x * sigmoid(x) */

@@ -38,12 +38,12 @@
 extern "C" {
 #endif
 
-typedef enum sfmoe_ep_transport {
+typedef enum sfmoe_ep_transport SFMOE_ENUM_INT32 {
   SFMOE_EP_TRANSPORT_LOOPBACK = 0, /* every rank in this process */
   SFMOE_EP_TRANSPORT_NCCL = 1      /* one rank per process (not built yet) */
 } sfmoe_ep_transport;
 
-typedef enum sfmoe_ep_overflow {
+typedef enum sfmoe_ep_overflow SFMOE_ENUM_INT32 {
   SFMOE_EP_OVERFLOW_DROP = 0, /* rows beyond the capacity dropped, counted */
   SFMOE_EP_OVERFLOW_TRAP = 1, /* as DROP, and SFMOE_FAULT_EP_OVERFLOW raised in the word */
   SFMOE_EP_OVERFLOW_SPILL = 2 /* a second round of spill_capacity rows for those that did not fit */

@@ -37,7 +37,7 @@
 extern "C" {
 #endif
 
-typedef enum sfmoe_gemm_form {
+typedef enum sfmoe_gemm_form SFMOE_ENUM_INT32 {
   SFMOE_GEMM_FPROP = 0,
   SFMOE_GEMM_DGRAD = 1,
   SFMOE_GEMM_WGRAD = 2

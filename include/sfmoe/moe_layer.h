@@ -33,7 +33,7 @@
 extern "C" {
 #endif
 
-typedef enum sfmoe_moe_recipe {
+typedef enum sfmoe_moe_recipe SFMOE_ENUM_INT32 {
   SFMOE_MOE_RECIPE_BF16 = 0,       /* the layer's dtype throughout (BF16, or FP32 on the host) */
   SFMOE_MOE_RECIPE_FP8_TENSOR = 1, /* H, F multiples of 16 and row_alignment of 16 on the device */
   SFMOE_MOE_RECIPE_FP8_BLOCKWISE = 2, /* H, F multiples of 128, row_alignment 128 */
@@ -129,7 +129,7 @@ typedef struct sfmoe_moe_forward_args {
  * the router's backward; writes d_w1, d_x, d_logits). Two calls let a framework allocate d_w1
  * only after the FC2 part's workspace (its [R, F] rows) is free, as autograd frees activations
  * during a backward. Each part reads only the arguments it names below; the others may be NULL. */
-typedef enum sfmoe_moe_backward_part {
+typedef enum sfmoe_moe_backward_part SFMOE_ENUM_INT32 {
   SFMOE_MOE_BACKWARD_ALL = 0,
   SFMOE_MOE_BACKWARD_FC2 = 1, /* d_y, w2, saved, workspace (workspace_bytes), d_w2 */
   SFMOE_MOE_BACKWARD_FC1 = 2  /* x, logits, w1, saved, workspace (fc1_backward_workspace_bytes),

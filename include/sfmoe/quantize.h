@@ -91,7 +91,7 @@ SFMOE_API sfmoe_status sfmoe_grouped_quantize(const sfmoe_grouped_tensor* input,
                                               const sfmoe_quantize_config* config,
                                               sfmoe_status_word* word, void* stream);
 
-typedef enum sfmoe_dequantize_source {
+typedef enum sfmoe_dequantize_source SFMOE_ENUM_INT32 {
   SFMOE_DEQUANTIZE_AUTO = 0, /* the rowwise copy if present, else the columnwise one */
   SFMOE_DEQUANTIZE_ROWWISE = 1,
   SFMOE_DEQUANTIZE_COLUMNWISE = 2 /* transposed back (and the Hadamard transform undone) */

@@ -15,7 +15,7 @@
 extern "C" {
 #endif
 
-typedef enum sfmoe_router_score {
+typedef enum sfmoe_router_score SFMOE_ENUM_INT32 {
   SFMOE_ROUTER_SCORE_SOFTMAX = 0,
   SFMOE_ROUTER_SCORE_SIGMOID = 1
 } sfmoe_router_score;

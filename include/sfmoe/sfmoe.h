@@ -23,6 +23,15 @@
 #define SFMOE_API __attribute__((visibility("default")))
 #endif
 
+/* The API's enums are 32-bit integers, and a C caller may store any int32_t in one (the library
+ * checks it). In C++ each is declared with int32_t as its underlying type, so that every such
+ * value is a value of the type and reading one is defined behaviour. */
+#ifdef __cplusplus
+#define SFMOE_ENUM_INT32 : int32_t
+#else
+#define SFMOE_ENUM_INT32
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -32,7 +41,7 @@ extern "C" {
 #define SFMOE_VERSION_PATCH 0
 
 /* ---- status --------------------------------------------------------------------------------- */
-typedef enum sfmoe_status {
+typedef enum sfmoe_status SFMOE_ENUM_INT32 {
   SFMOE_SUCCESS = 0,
   SFMOE_ERROR_INVALID_ARGUMENT = 1, /* a value outside its domain (enum, count, bound) */
   SFMOE_ERROR_NULL_POINTER = 2,     /* a required pointer is NULL */
@@ -54,7 +63,7 @@ SFMOE_API const char* sfmoe_last_error(void);
 SFMOE_API void sfmoe_clear_last_error(void);
 
 /* ---- types ---------------------------------------------------------------------------------- */
-typedef enum sfmoe_dtype {
+typedef enum sfmoe_dtype SFMOE_ENUM_INT32 {
   SFMOE_DTYPE_FP32 = 0,
   SFMOE_DTYPE_BF16 = 1,
   SFMOE_DTYPE_FP16 = 2,
@@ -67,7 +76,7 @@ typedef enum sfmoe_dtype {
 } sfmoe_dtype;
 #define SFMOE_DTYPE_COUNT 9
 
-typedef enum sfmoe_scaling {
+typedef enum sfmoe_scaling SFMOE_ENUM_INT32 {
   SFMOE_SCALING_NONE = 0,          /* FP32 / BF16 / FP16 */
   SFMOE_SCALING_TENSOR = 1,        /* FP8: one FP32 scale_inv per group */
   SFMOE_SCALING_BLOCK_1X128 = 2,   /* FP8: FP32 scale_inv per 1x128 block (activations, grads) */
@@ -78,7 +87,7 @@ typedef enum sfmoe_scaling {
 } sfmoe_scaling;
 #define SFMOE_SCALING_COUNT 7
 
-typedef enum sfmoe_scale_layout {
+typedef enum sfmoe_scale_layout SFMOE_ENUM_INT32 {
   SFMOE_SCALE_LAYOUT_COMPACT = 0,  /* row-major [rows, cols / block] */
   SFMOE_SCALE_LAYOUT_SWIZZLED = 1, /* 128x4 tensor-core tiles (docs/numerics.md) */
   /* BLOCK_1X128 only: the rowwise copy's scales compact, the columnwise copy's [C, R / 128]
@@ -87,7 +96,7 @@ typedef enum sfmoe_scale_layout {
   SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED = 2
 } sfmoe_scale_layout;
 
-typedef enum sfmoe_memory {
+typedef enum sfmoe_memory SFMOE_ENUM_INT32 {
   SFMOE_MEMORY_HOST = 0, /* ordinary host memory: the CPU reference backend */
   SFMOE_MEMORY_CUDA = 1  /* device memory of CUDA device `device`: the CUDA backend */
 } sfmoe_memory;
@@ -235,7 +244,7 @@ SFMOE_API sfmoe_status sfmoe_grouped_tensor_bind(const sfmoe_grouped_tensor_plan
  * touching the device. A typical step: reset at the start, snapshot at the end, and read after
  * whatever synchronization the host already does (e.g. once per step).
  */
-typedef enum sfmoe_fault {
+typedef enum sfmoe_fault SFMOE_ENUM_INT32 {
   SFMOE_FAULT_BAD_GROUP_OFFSETS = 1u << 0,   /* offsets[0] != 0, decreasing, or misaligned */
   SFMOE_FAULT_GROUP_OVER_CAPACITY = 1u << 1, /* a group ends beyond row_capacity: clamped */
   SFMOE_FAULT_EP_OVERFLOW = 1u << 2,         /* rows beyond an EP receive capacity: dropped */

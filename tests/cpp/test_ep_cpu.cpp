@@ -717,8 +717,9 @@ TEST(EpLoopbackCpu, SpillGivesTheBitsOfAnUnlimitedCapacity) {
     EXPECT_EQ(got.out[r], want.out[r]) << "combine, rank " << r;
     EXPECT_EQ(got.back[r], want.back[r]) << "dispatch backward, rank " << r;
     EXPECT_EQ(got.token_grad[r], want.token_grad[r]) << "token gradient, rank " << r;
-    EXPECT_EQ(
-        0, std::memcmp(got.d_probs[r].data(), want.d_probs[r].data(), want.d_probs[r].size() * 4))
+    EXPECT_TRUE(
+        want.d_probs[r].empty() ||
+        std::memcmp(got.d_probs[r].data(), want.d_probs[r].data(), want.d_probs[r].size() * 4) == 0)
         << "d probs, rank " << r;
   }
   sfmoe_ep_group_destroy(unlimited);
