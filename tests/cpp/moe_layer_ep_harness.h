@@ -32,6 +32,7 @@ struct EpLayerCase {
   // SPILL: each rank's first round of `capacity` rows, the rest in the second (needs accumulate);
   // the weight gradients then add the rounds' sums in turn: equal within FP32 rounding only.
   int64_t spill_capacity = 0;  // 0: no SPILL
+  sfmoe_moe_recipe recipe = SFMOE_MOE_RECIPE_BF16;
 };
 
 // Where the buffers live: allocation (filled with one byte), copies both ways, release, and a
@@ -82,6 +83,8 @@ struct EpLayerRun {
     s.activation.kind = c.activation;
     s.dtype = c.dtype;
     s.accumulate_weight_grads = c.accumulate;
+    s.recipe = c.recipe;
+    s.seed = 0x5EEDull;
     single_shape = s;
     single_shape.max_tokens = total;
     ep_shape = s;
@@ -242,6 +245,16 @@ struct EpLayerRun {
     m.download(b.data(), p, b.size());
     return b;
   }
+  // Every output of the single layer (out = 0) or of the EP ranks (out = 1), as bytes.
+  std::vector<std::vector<uint8_t>> outputs(int out) {
+    m.wait();
+    const int64_t E = c.experts, H = c.hidden, F = c.ffn;
+    const int64_t wbytes = c.accumulate ? 4 : elem;
+    return {bytes(y[out], total * H * elem), bytes(d_x[out], total * H * elem),
+            bytes(d_logits[out], total * E * 4), bytes(d_w1[out], E * fc1_cols * H * wbytes),
+            bytes(d_w2[out], E * H * F * wbytes)};
+  }
+
   // The EP ranks' outputs against the single layer's, byte for byte.
   void expect_equal(const std::string& what) {
     m.wait();

@@ -71,6 +71,34 @@ TEST(MoeLayerEp, LoopbackRanksEqualTheSingleLayerBitForBit) {
               cases.size());
 }
 
+// Determinism: the layer (every recipe) and the expert-parallel layer, run twice on the same
+// inputs, give the same bits in every output and gradient.
+TEST(MoeLayerEp, TwoRunsGiveTheSameBits) {
+  std::mt19937_64 rng(session_test_seed() + 703);
+  LayerMemory m = host_memory();
+  const sfmoe_moe_recipe recipes[] = {SFMOE_MOE_RECIPE_BF16, SFMOE_MOE_RECIPE_FP8_TENSOR,
+                                      SFMOE_MOE_RECIPE_FP8_BLOCKWISE, SFMOE_MOE_RECIPE_MXFP8,
+                                      SFMOE_MOE_RECIPE_NVFP4};
+  int checked = 0;
+  for (sfmoe_moe_recipe recipe : recipes) {
+    EpLayerCase c{
+        "recipe " + std::to_string(static_cast<int>(recipe)), {40, 0, 31, 57}, 128, 128, 8, 2, 128};
+    c.recipe = recipe;
+    SCOPED_TRACE(c.name);
+    EpLayerRun run(c, m, rng);
+    for (int out = 0; out < 2; ++out) {
+      ASSERT_EQ(run.step(out), SFMOE_SUCCESS) << sfmoe_last_error();
+      const auto first = run.outputs(out);
+      ASSERT_EQ(run.step(out), SFMOE_SUCCESS) << sfmoe_last_error();
+      EXPECT_TRUE(first == run.outputs(out)) << (out ? "EP layer" : "layer") << ": bits differ";
+      ++checked;
+    }
+  }
+  std::printf(
+      "[ determinism ] %d host runs (5 recipes, with and without EP): the same bits twice\n",
+      checked);
+}
+
 // Through the C API: an expert-parallel layer's calls over every rank equal the single layer's
 // calls on the whole batch (output and d x bit for bit), and its misuses are refused with nothing
 // written.
