@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "src/api/ep_config.h"
 #include "src/api/status_word_impl.h"
 #include "src/api/validate.h"
 #include "src/common/ep_args.h"
@@ -29,9 +30,10 @@ namespace {
 
 constexpr int64_t kMaxWorld = 1 << 16;
 
-// The configuration checked, and the shape and handle layout it gives (sizes overflow-checked).
-sfmoe_status check_config(const char* context, const sfmoe_ep_config* c, sfmoe_memory memory,
-                          int32_t device, sfmoe_ep_group* g) {
+}  // namespace
+
+sfmoe_status check_ep_config(const char* context, const sfmoe_ep_config* c, sfmoe_memory memory,
+                             int32_t device) {
   SFMOE_RETURN_IF_ERROR(check_struct(context, "config", c, "sfmoe_ep_config_init()"));
   SFMOE_RETURN_IF_ERROR(validate_memory(context, "the group", memory, device));
   const int32_t transport = enum_value(c->transport), overflow = enum_value(c->overflow);
@@ -125,6 +127,15 @@ sfmoe_status check_config(const char* context, const sfmoe_ep_config* c, sfmoe_m
                 "%s: the device loopback routes fewer than 2^31 rows in all, got %lld", context,
                 static_cast<long long>(worst));
   }
+  return SFMOE_SUCCESS;
+}
+
+namespace {
+
+// The configuration checked, and the group's layout from it.
+sfmoe_status check_config(const char* context, const sfmoe_ep_config* c, sfmoe_memory memory,
+                          int32_t device, sfmoe_ep_group* g) {
+  SFMOE_RETURN_IF_ERROR(check_ep_config(context, c, memory, device));
   const Outcome planned = ops::plan_ep(*c, memory, &g->layout);
   if (!planned.ok()) return fail_with(context, planned);
   g->config = *c;

@@ -8,6 +8,7 @@
 #include <new>
 #include <vector>
 
+#include "src/api/ep_config.h"
 #include "src/api/router_config.h"
 #include "src/api/status_word_impl.h"
 #include "src/api/validate.h"
@@ -100,7 +101,6 @@ sfmoe_status check_config(const char* context, const sfmoe_moe_layer_config* c, 
                   static_cast<long long>(c->ffn_hidden));
     }
   }
-  const int32_t overflow = enum_value(c->ep_overflow);
   if (c->ep_world_size < 1 || c->num_experts % c->ep_world_size != 0) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT,
                 "%s: ep_world_size must be >= 1 and divide num_experts (got %d ranks, %lld "
@@ -108,42 +108,16 @@ sfmoe_status check_config(const char* context, const sfmoe_moe_layer_config* c, 
                 context, static_cast<int>(c->ep_world_size),
                 static_cast<long long>(c->num_experts));
   }
-  if (c->ep_world_size > 1) {
-    if (c->expert_capacity != 0) {
-      return fail(SFMOE_ERROR_INVALID_ARGUMENT,
-                  "%s: with expert parallelism the capacity is the ranks' receive capacity "
-                  "(ep_receive_capacity); expert_capacity must be 0, got %lld",
-                  context, static_cast<long long>(c->expert_capacity));
-    }
-    if (c->ep_receive_capacity < 1 && c->ep_receive_capacity != SFMOE_EP_CAPACITY_WORST_CASE) {
-      return fail(SFMOE_ERROR_INVALID_ARGUMENT,
-                  "%s: ep_receive_capacity must be >= 1 rows (or SFMOE_EP_CAPACITY_WORST_CASE), "
-                  "got %lld",
-                  context, static_cast<long long>(c->ep_receive_capacity));
-    }
-    if (overflow < SFMOE_EP_OVERFLOW_DROP || overflow > SFMOE_EP_OVERFLOW_SPILL) {
-      return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: unknown ep_overflow %d", context,
-                  static_cast<int>(overflow));
-    }
-    const bool spill = overflow == SFMOE_EP_OVERFLOW_SPILL;
-    if (spill ? c->ep_spill_capacity < 1 && c->ep_spill_capacity != SFMOE_EP_CAPACITY_WORST_CASE
-              : c->ep_spill_capacity != 0) {
-      return fail(SFMOE_ERROR_INVALID_ARGUMENT,
-                  spill ? "%s: with SPILL, ep_spill_capacity must be >= 1 rows (or "
-                          "SFMOE_EP_CAPACITY_WORST_CASE), got %lld"
-                        : "%s: ep_spill_capacity is SPILL's second round: 0 with DROP or TRAP, "
-                          "got %lld",
-                  context, static_cast<long long>(c->ep_spill_capacity));
-    }
-    if (on_device && c->ep_world_size > kMaxDeviceEpRanks) {
-      return fail(SFMOE_ERROR_UNSUPPORTED, "%s: the device loopback holds up to %lld ranks",
-                  context, static_cast<long long>(kMaxDeviceEpRanks));
-    }
+  if (c->ep_world_size > 1 && c->expert_capacity != 0) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                "%s: with expert parallelism the capacity is the ranks' receive capacity "
+                "(ep_receive_capacity); expert_capacity must be 0, got %lld",
+                context, static_cast<long long>(c->expert_capacity));
   }
   s->ep_world = c->ep_world_size;
-  s->ep_receive_capacity = c->ep_world_size > 1 ? c->ep_receive_capacity : 0;
-  s->ep_overflow =
-      c->ep_world_size > 1 ? static_cast<sfmoe_ep_overflow>(overflow) : SFMOE_EP_OVERFLOW_DROP;
+  s->ep_receive_capacity = c->ep_receive_capacity;
+  s->ep_overflow = c->ep_overflow;
+  s->ep_spill_capacity = c->ep_spill_capacity;
   s->hidden = c->hidden;
   s->ffn = c->ffn_hidden;
   s->experts = c->num_experts;
@@ -158,6 +132,16 @@ sfmoe_status check_config(const char* context, const sfmoe_moe_layer_config* c, 
   s->accumulate_weight_grads = c->accumulate_weight_grads != 0;
   s->recipe = recipe;
   s->seed = c->seed;
+  if (s->ep_world > 1) {
+    // The ep_* fields as the EP group's configuration, checked by its own rules.
+    char group_context[192];
+    snprintf(group_context, sizeof(group_context),
+             "%s: the layer's expert-parallel group (ep_world_size, ep_receive_capacity, "
+             "ep_overflow, ep_spill_capacity):",
+             context);
+    const sfmoe_ep_config group = layer::ep_config_of(*s);
+    SFMOE_RETURN_IF_ERROR(check_ep_config(group_context, &group, memory, device));
+  }
   return SFMOE_SUCCESS;
 }
 
@@ -415,6 +399,25 @@ sfmoe_status expect_distinct_buffers(const char* context, const std::vector<Call
   return SFMOE_SUCCESS;
 }
 
+// Every rank's arguments checked (`prepare`, worded with the rank) into its call, the ranks'
+// buffers apart.
+template <class Args, class Call, class Prepare>
+sfmoe_status prepare_ranks(const char* context, const sfmoe_moe_layer* layer,
+                           const Args* const* args, std::vector<Call>* calls, Prepare prepare) {
+  SFMOE_RETURN_IF_ERROR(expect_ranks_call(context, layer, true));
+  if (args == nullptr) {
+    return fail(SFMOE_ERROR_NULL_POINTER, "%s: args is NULL (one per rank)", context);
+  }
+  calls->assign(static_cast<size_t>(layer->shape.ep_world), Call{});
+  for (size_t r = 0; r < calls->size(); ++r) {
+    char label[64];
+    snprintf(label, sizeof(label), "%s (rank %zu)", context, r);
+    if (args[r] == nullptr) return fail(SFMOE_ERROR_NULL_POINTER, "%s: args is NULL", label);
+    SFMOE_RETURN_IF_ERROR(prepare(label, args[r], &(*calls)[r]));
+  }
+  return expect_distinct_buffers(context, *calls);
+}
+
 }  // namespace
 }  // namespace sfmoe
 
@@ -520,26 +523,19 @@ sfmoe_status sfmoe_moe_layer_forward_ranks(const sfmoe_moe_layer* layer,
                                            const sfmoe_moe_forward_args* const* args) {
   const char* context = "sfmoe_moe_layer_forward_ranks";
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_ranks_call(context, layer, true));
-    if (args == nullptr) {
-      return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: args is NULL (one per rank)", context);
-    }
-    const int64_t R = layer->shape.ep_world;
-    std::vector<sfmoe::layer::MoeForwardCall> calls(static_cast<size_t>(R));
-    std::vector<sfmoe::ForwardCounts> counts(static_cast<size_t>(R));
-    for (int64_t r = 0; r < R; ++r) {
-      char label[64];
-      snprintf(label, sizeof(label), "%s (rank %lld)", context, static_cast<long long>(r));
-      if (args[r] == nullptr) {
-        return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: args is NULL", label);
-      }
-      SFMOE_RETURN_IF_ERROR(sfmoe::prepare_forward(label, layer, args[r], &calls[r], &counts[r]));
-    }
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_distinct_buffers(context, calls));
+    std::vector<sfmoe::layer::MoeForwardCall> calls;
+    std::vector<sfmoe::ForwardCounts> counts;
+    SFMOE_RETURN_IF_ERROR(
+        sfmoe::prepare_ranks(context, layer, args, &calls,
+                             [&](const char* label, const sfmoe_moe_forward_args* a,
+                                 sfmoe::layer::MoeForwardCall* call) {
+                               counts.emplace_back();
+                               return sfmoe::prepare_forward(label, layer, a, call, &counts.back());
+                             }));
     SFMOE_RETURN_IF_ERROR(
         sfmoe::layer::moe_layer_forward_ranks(layer->shape, layer->plan, calls.data()));
-    for (int64_t r = 0; r < R; ++r) {
-      SFMOE_RETURN_IF_ERROR(sfmoe::copy_counts(layer, counts[r], args[0]->stream));
+    for (const sfmoe::ForwardCounts& c : counts) {
+      SFMOE_RETURN_IF_ERROR(sfmoe::copy_counts(layer, c, args[0]->stream));
     }
     return SFMOE_SUCCESS;
   });
@@ -549,25 +545,19 @@ sfmoe_status sfmoe_moe_layer_backward_ranks(const sfmoe_moe_layer* layer,
                                             const sfmoe_moe_backward_args* const* args) {
   const char* context = "sfmoe_moe_layer_backward_ranks";
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_ranks_call(context, layer, true));
-    if (args == nullptr) {
-      return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: args is NULL (one per rank)", context);
-    }
-    const int64_t R = layer->shape.ep_world;
-    std::vector<sfmoe::layer::MoeBackwardCall> calls(static_cast<size_t>(R));
-    for (int64_t r = 0; r < R; ++r) {
-      char label[64];
-      snprintf(label, sizeof(label), "%s (rank %lld)", context, static_cast<long long>(r));
-      if (args[r] == nullptr) {
-        return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: args is NULL", label);
-      }
-      SFMOE_RETURN_IF_ERROR(sfmoe::prepare_backward(label, layer, args[r], &calls[r]));
-      if (calls[r].part != calls[0].part) {
+    std::vector<sfmoe::layer::MoeBackwardCall> calls;
+    SFMOE_RETURN_IF_ERROR(
+        sfmoe::prepare_ranks(context, layer, args, &calls,
+                             [&](const char* label, const sfmoe_moe_backward_args* a,
+                                 sfmoe::layer::MoeBackwardCall* call) {
+                               return sfmoe::prepare_backward(label, layer, a, call);
+                             }));
+    for (const sfmoe::layer::MoeBackwardCall& call : calls) {
+      if (call.part != calls[0].part) {
         return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT,
                            "%s: every rank runs the same backward part", context);
       }
     }
-    SFMOE_RETURN_IF_ERROR(sfmoe::expect_distinct_buffers(context, calls));
     return sfmoe::layer::moe_layer_backward_ranks(layer->shape, layer->plan, calls.data());
   });
 }

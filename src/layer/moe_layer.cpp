@@ -295,7 +295,8 @@ Outcome plan_recipe_operands(const MoeLayerShape& s, MoeLayerPlan* plan) {
   return Outcome{};
 }
 
-// The expert-parallel group of an EP layer: its ranks, local experts, bounds and capacity.
+}  // namespace
+
 sfmoe_ep_config ep_config_of(const MoeLayerShape& s) {
   sfmoe_ep_config c = sfmoe_ep_config_init();
   c.world_size = static_cast<int32_t>(s.ep_world);
@@ -307,11 +308,9 @@ sfmoe_ep_config ep_config_of(const MoeLayerShape& s) {
   c.row_alignment = s.row_alignment;
   c.receive_capacity = s.ep_receive_capacity;
   c.overflow = s.ep_overflow;
-  c.spill_capacity = s.ep_overflow == SFMOE_EP_OVERFLOW_SPILL ? s.ep_spill_capacity : 0;
+  c.spill_capacity = s.ep_spill_capacity;
   return c;
 }
-
-}  // namespace
 
 Outcome plan_moe_layer(const MoeLayerShape& s, sfmoe_memory memory, MoeLayerPlan* plan) {
   *plan = MoeLayerPlan{};
@@ -592,7 +591,7 @@ sfmoe_status moe_layer_forward_ranks(const MoeLayerShape& s, const MoeLayerPlan&
                     e.tokens.data(),
                     e.ids.data(),
                     e.routing.data(),
-                    s.ep_overflow == SFMOE_EP_OVERFLOW_TRAP,
+                    s.ep_overflow != SFMOE_EP_OVERFLOW_DROP,  // (TRAP, and SPILL past both rounds)
                     first.word};
   SFMOE_RETURN_IF_ERROR(step("dispatch", backend.ep_route(route, first.stream)));
   SFMOE_RETURN_IF_ERROR(ep_move_to_rows(

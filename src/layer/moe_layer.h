@@ -98,6 +98,10 @@ struct MoeLayerPlan {
   int64_t workspace_bytes = 0;  // the backward's, which covers the forward's
 };
 
+// The expert-parallel group of a layer with ep_world > 1: its ranks, local experts, bounds and
+// capacities (the API checks it as an EP configuration).
+sfmoe_ep_config ep_config_of(const MoeLayerShape& shape);
+
 // The plan of `shape` for the backend of `memory` (device workspaces only on the device).
 Outcome plan_moe_layer(const MoeLayerShape& shape, sfmoe_memory memory, MoeLayerPlan* plan);
 

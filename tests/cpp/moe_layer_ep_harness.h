@@ -293,5 +293,31 @@ struct EpLayerRun {
   }
 };
 
+// Determinism: the layer under each recipe, and the expert-parallel layer, run twice on the same
+// inputs (of `shape`, a case whose sizes suit every recipe), give the same bits. Returns the
+// runs compared.
+inline int expect_two_runs_give_the_same_bits(EpLayerCase shape, LayerMemory& m,
+                                              std::mt19937_64& rng) {
+  const sfmoe_moe_recipe recipes[] = {SFMOE_MOE_RECIPE_BF16, SFMOE_MOE_RECIPE_FP8_TENSOR,
+                                      SFMOE_MOE_RECIPE_FP8_BLOCKWISE, SFMOE_MOE_RECIPE_MXFP8,
+                                      SFMOE_MOE_RECIPE_NVFP4};
+  int checked = 0;
+  for (sfmoe_moe_recipe recipe : recipes) {
+    EpLayerCase c = shape;
+    c.recipe = recipe;
+    c.name = shape.name + ", recipe " + std::to_string(static_cast<int>(recipe));
+    SCOPED_TRACE(c.name);
+    EpLayerRun run(c, m, rng);
+    for (int out = 0; out < 2; ++out) {
+      EXPECT_EQ(run.step(out), SFMOE_SUCCESS) << sfmoe_last_error();
+      const auto first = run.outputs(out);
+      EXPECT_EQ(run.step(out), SFMOE_SUCCESS) << sfmoe_last_error();
+      EXPECT_TRUE(first == run.outputs(out)) << (out ? "EP layer" : "layer") << ": bits differ";
+      ++checked;
+    }
+  }
+  return checked;
+}
+
 }  // namespace testing
 }  // namespace sfmoe

@@ -76,24 +76,8 @@ TEST(MoeLayerEp, LoopbackRanksEqualTheSingleLayerBitForBit) {
 TEST(MoeLayerEp, TwoRunsGiveTheSameBits) {
   std::mt19937_64 rng(session_test_seed() + 703);
   LayerMemory m = host_memory();
-  const sfmoe_moe_recipe recipes[] = {SFMOE_MOE_RECIPE_BF16, SFMOE_MOE_RECIPE_FP8_TENSOR,
-                                      SFMOE_MOE_RECIPE_FP8_BLOCKWISE, SFMOE_MOE_RECIPE_MXFP8,
-                                      SFMOE_MOE_RECIPE_NVFP4};
-  int checked = 0;
-  for (sfmoe_moe_recipe recipe : recipes) {
-    EpLayerCase c{
-        "recipe " + std::to_string(static_cast<int>(recipe)), {40, 0, 31, 57}, 128, 128, 8, 2, 128};
-    c.recipe = recipe;
-    SCOPED_TRACE(c.name);
-    EpLayerRun run(c, m, rng);
-    for (int out = 0; out < 2; ++out) {
-      ASSERT_EQ(run.step(out), SFMOE_SUCCESS) << sfmoe_last_error();
-      const auto first = run.outputs(out);
-      ASSERT_EQ(run.step(out), SFMOE_SUCCESS) << sfmoe_last_error();
-      EXPECT_TRUE(first == run.outputs(out)) << (out ? "EP layer" : "layer") << ": bits differ";
-      ++checked;
-    }
-  }
+  const int checked = expect_two_runs_give_the_same_bits(
+      EpLayerCase{"R 4", {40, 0, 31, 57}, 128, 128, 8, 2, 128}, m, rng);
   std::printf(
       "[ determinism ] %d host runs (5 recipes, with and without EP): the same bits twice\n",
       checked);
@@ -258,6 +242,50 @@ TEST(MoeLayerEp, CApiRanksEqualTheSingleLayerAndRefuseMisuse) {
   }
   EXPECT_EQ(kept_total, total * k) << "every slot kept at the worst-case capacity";
 
+  // SPILL through the C API: a first round of 4 rows and a second of 3 keep 7 of the 15 or so
+  // rows each rank is sent; the rest are dropped and counted (had the second round's capacity not
+  // reached the layer, the worst case would keep them all).
+  {
+    sfmoe_moe_layer_config spill_config = config_for(R, 9);
+    spill_config.accumulate_weight_grads = 1;
+    spill_config.ep_receive_capacity = 4;
+    spill_config.ep_overflow = SFMOE_EP_OVERFLOW_SPILL;
+    spill_config.ep_spill_capacity = 3;
+    sfmoe_moe_layer* spill = nullptr;
+    ASSERT_EQ(sfmoe_moe_layer_create(&spill_config, SFMOE_MEMORY_HOST, 0, &spill), SFMOE_SUCCESS)
+        << sfmoe_last_error();
+    sfmoe_moe_layer_plan pl = sfmoe_moe_layer_plan_init();
+    ASSERT_EQ(sfmoe_moe_layer_get_plan(spill, &pl), SFMOE_SUCCESS);
+    std::vector<std::vector<uint8_t>> saved_s(R, std::vector<uint8_t>(pl.saved_bytes)),
+        ws_s(R, std::vector<uint8_t>(pl.workspace_bytes));
+    std::vector<std::vector<int64_t>> dropped(R, std::vector<int64_t>(E, -1));
+    std::vector<sfmoe_tensor> tss(R), twss(R), tdropped(R);
+    for (int64_t r = 0; r < R; ++r) {
+      tss[r] = host_tensor(saved_s[r].data(), kB, {pl.saved_bytes});
+      twss[r] = host_tensor(ws_s[r].data(), kB, {pl.workspace_bytes});
+      tdropped[r] = host_tensor(dropped[r].data(), SFMOE_DTYPE_INT64, {E});
+      f[r].saved = &tss[r];
+      f[r].workspace = &twss[r];
+      f[r].dropped_per_expert = &tdropped[r];
+    }
+    sfmoe_status_word* word = nullptr;
+    ASSERT_EQ(sfmoe_status_word_create(SFMOE_MEMORY_HOST, 0, &word), SFMOE_SUCCESS);
+    f[0].word = word;
+    ASSERT_EQ(sfmoe_moe_layer_forward_ranks(spill, pf.data()), SFMOE_SUCCESS) << sfmoe_last_error();
+    int64_t lost = 0;
+    for (const auto& v : dropped) {
+      for (int64_t n : v) lost += n;
+    }
+    EXPECT_EQ(lost, total * k - R * 7) << "each rank keeps 4 + 3 rows (every rank is sent more)";
+    sfmoe_fault_report report{};
+    ASSERT_EQ(sfmoe_status_word_snapshot(word, nullptr), SFMOE_SUCCESS);
+    ASSERT_EQ(sfmoe_status_word_read(word, &report), SFMOE_SUCCESS);
+    EXPECT_NE(report.flags & SFMOE_FAULT_EP_OVERFLOW, 0u) << "SPILL raises what it loses";
+    f[0].word = nullptr;
+    sfmoe_status_word_destroy(word);
+    sfmoe_moe_layer_destroy(spill);
+  }
+
   // Bad configurations.
   auto refused = [&](sfmoe_moe_layer_config c, sfmoe_status status, const char* words) {
     sfmoe_moe_layer* l = nullptr;
@@ -272,10 +300,11 @@ TEST(MoeLayerEp, CApiRanksEqualTheSingleLayerAndRefuseMisuse) {
   refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "expert_capacity");
   bad = config_for(R, 9);
   bad.ep_receive_capacity = 0;
-  refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "ep_receive_capacity");
+  refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "expert-parallel group");
+  refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "receive_capacity must be >= 1");
   bad = config_for(R, 9);
   bad.ep_overflow = SFMOE_EP_OVERFLOW_SPILL;  // without a second round
-  refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "ep_spill_capacity");
+  refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "spill_capacity must be >= 1");
   bad.ep_spill_capacity = 8;  // without FP32 main gradients
   refused(bad, SFMOE_ERROR_UNSUPPORTED, "accumulate_weight_grads");
   sfmoe_moe_layer_destroy(single);

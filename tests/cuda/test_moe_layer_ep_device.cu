@@ -103,29 +103,8 @@ TEST(CudaMoeLayerEp, TwoRunsGiveTheSameBits) {
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreate(&stream));
   LayerMemory m = device_memory(stream);
-  const sfmoe_moe_recipe recipes[] = {SFMOE_MOE_RECIPE_BF16, SFMOE_MOE_RECIPE_FP8_TENSOR,
-                                      SFMOE_MOE_RECIPE_FP8_BLOCKWISE, SFMOE_MOE_RECIPE_MXFP8,
-                                      SFMOE_MOE_RECIPE_NVFP4};
-  int checked = 0;
-  for (sfmoe_moe_recipe recipe : recipes) {
-    EpLayerCase c{"recipe " + std::to_string(static_cast<int>(recipe)),
-                  {500, 0, 257, 1000},
-                  256,
-                  384,
-                  16,
-                  4,
-                  128};
-    c.recipe = recipe;
-    SCOPED_TRACE(c.name);
-    EpLayerRun run(c, m, rng);
-    for (int out = 0; out < 2; ++out) {
-      ASSERT_EQ(run.step(out), SFMOE_SUCCESS) << sfmoe_last_error();
-      const auto first = run.outputs(out);
-      ASSERT_EQ(run.step(out), SFMOE_SUCCESS) << sfmoe_last_error();
-      EXPECT_TRUE(first == run.outputs(out)) << (out ? "EP layer" : "layer") << ": bits differ";
-      ++checked;
-    }
-  }
+  const int checked = expect_two_runs_give_the_same_bits(
+      EpLayerCase{"R 4", {500, 0, 257, 1000}, 256, 384, 16, 4, 128}, m, rng);
   CUDA_OK(cudaStreamDestroy(stream));
   std::printf(
       "[ determinism ] %d device runs (5 recipes, with and without EP): the same bits "
