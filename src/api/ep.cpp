@@ -355,9 +355,8 @@ sfmoe_status sfmoe_ep_group_get_plan(const sfmoe_ep_group* group, sfmoe_ep_plan*
     plan->rounds = static_cast<int32_t>(group->layout.shape.rounds);
     plan->spill_capacity = group->layout.shape.spill_capacity;
     plan->spill_row_base = group->layout.shape.spill_row_base;
-    plan->spill_rows = group->layout.shape.receive_rows - (group->layout.shape.rounds > 1
-                                                               ? group->layout.shape.spill_row_base
-                                                               : group->layout.shape.receive_rows);
+    const sfmoe::EpShape& shape = group->layout.shape;
+    plan->spill_rows = shape.rounds > 1 ? shape.receive_rows - shape.spill_row_base : 0;
     plan->scale_columns = group->layout.scale_columns;
     plan->scale_dtype = group->layout.scale_dtype;
     return SFMOE_SUCCESS;

@@ -50,6 +50,26 @@ SFMOE_HD int64_t ep_group_end(const EpShape& s, const int64_t* offsets, int64_t 
   const int64_t round = group / s.experts_per_rank, e = group % s.experts_per_rank;
   return ep_round_base(s, round) + offsets[round * (s.experts_per_rank + 1) + e + 1];
 }
+// The padding rows of group g, [its kept rows' end, its block's end), clamped into the rank's
+// buffer: offsets and counts from a handle that no dispatch wrote give wrong rows, never a write
+// outside [0, receive_rows) (nor an overflow on the way).
+struct EpRows {
+  int64_t begin, end;
+};
+SFMOE_HD int64_t ep_clamp_rows(int64_t v, int64_t most) {
+  return v < 0 ? 0 : (v > most ? most : v);
+}
+SFMOE_HD EpRows ep_group_padding(const EpShape& s, const int64_t* offsets, const int64_t* kept,
+                                 int64_t group) {
+  const int64_t round = group / s.experts_per_rank, e = group % s.experts_per_rank;
+  const int64_t* o = offsets + round * (s.experts_per_rank + 1);
+  const int64_t rows = s.receive_rows, base = ep_round_base(s, round);
+  const int64_t block = base + ep_clamp_rows(o[e], rows);
+  const int64_t begin = ep_clamp_rows(block + ep_clamp_rows(kept[group], rows), rows);
+  const int64_t end = ep_clamp_rows(base + ep_clamp_rows(o[e + 1], rows), rows);
+  return EpRows{begin, end > begin ? end : begin};
+}
+
 // The round of the row at position p of a destination's (source, token, slot) list: 0, 1, or -1
 // (dropped).
 SFMOE_HD int64_t ep_round_of(const EpShape& s, int64_t position) {

@@ -86,9 +86,8 @@ void ep_scatter(const EpScatterArgs& a) {
   for (int64_t d = 0; d < R; ++d) {
     const EpRankRouting& q = a.routing[d];
     for (int64_t g = 0; g < s.rounds * El; ++g) {
-      for (int64_t row = ep_group_begin(s, q.offsets, g) + q.kept[g];
-           row < ep_group_end(s, q.offsets, g); ++row) {
-        if (!ep_slot_sent(d, row, R, s.receive_rows)) break;
+      const EpRows padding = ep_group_padding(s, q.offsets, q.kept, g);
+      for (int64_t row = padding.begin; row < padding.end; ++row) {
         std::memset(static_cast<uint8_t*>(a.out_rows[d]) + row * row_bytes, 0, row_bytes);
         if (scale_bytes > 0) {
           std::memset(static_cast<uint8_t*>(a.out_scales[d]) + row * scale_bytes, 0, scale_bytes);

@@ -950,6 +950,33 @@ TEST(EpLoopbackCpu, BadConfigurationsAndCallsAreRefusedWithoutWriting) {
   for (int r = 0; r < 4; ++r) {
     for (uint16_t v : out[r]) ASSERT_EQ(v, 0) << "rank " << r;
   }
+  // Combine's backward over such handles (bytes of 0x7F: offsets far past the buffers; of 0xFF:
+  // negative ones) zeroes padding only inside each rank's d rows and gives d probs 0 (no slot is
+  // sent); the sanitizer build checks that nothing outside the buffers is touched.
+  std::vector<std::vector<uint16_t>> d_rows(4, std::vector<uint16_t>(plan.receive_rows * H));
+  std::vector<std::vector<float>> probs(4, std::vector<float>(T * k, 0.5f)),
+      d_probs(4, std::vector<float>(T * k, NAN));
+  std::vector<sfmoe_tensor> t_drows(4), t_probs(4), t_dprobs(4);
+  for (int r = 0; r < 4; ++r) {
+    t_drows[r] = host_tensor(d_rows[r].data(), SFMOE_DTYPE_BF16, {plan.receive_rows, H});
+    t_probs[r] = host_tensor(probs[r].data(), SFMOE_DTYPE_FP32, {T, k});
+    t_dprobs[r] = host_tensor(d_probs[r].data(), SFMOE_DTYPE_FP32, {T, k});
+  }
+  auto pdrows = pointers(t_drows), pprobs = pointers(t_probs), pdprobs = pointers(t_dprobs);
+  for (uint8_t garbage : {uint8_t{0x7F}, uint8_t{0xFF}}) {
+    for (auto& h : handle) std::fill(h.begin(), h.end(), garbage);
+    sfmoe_ep_combine_backward_args bb = sfmoe_ep_combine_backward_args_init();
+    bb.d_out = pout.data();
+    bb.rows = prec.data();
+    bb.probs = pprobs.data();
+    bb.handle = phandle.data();
+    bb.d_rows = pdrows.data();
+    bb.d_probs = pdprobs.data();
+    EXPECT_EQ(sfmoe_ep_combine_backward(group, &bb), SFMOE_SUCCESS) << sfmoe_last_error();
+    for (int r = 0; r < 4; ++r) {
+      for (float v : d_probs[r]) ASSERT_EQ(v, 0.0f) << "rank " << r;
+    }
+  }
   sfmoe_ep_group_destroy(group);
 }
 

@@ -165,8 +165,9 @@ def router(
     z_loss_coeff=0.0,
 ):
     """:func:`sfmoe.router` with autograd: returns (probs, topk_ids, tokens_per_expert, aux_loss,
-    z_loss); d logits flows from the probabilities and the two losses (0-d tensors, zero where
-    their coefficient is 0). The losses' upstream gradients are read on the host in the backward."""
+        z_loss); d logits flows from the probabilities and the two losses (0-d tensors, zero where
+        their coefficient is 0). The losses' upstream gradients scale their unit gradients on the
+    device in the backward (no host read)."""
     if score not in ("softmax", "sigmoid"):
         raise ValueError(f"score: expected 'softmax' or 'sigmoid', got {score!r}")
     probs, ids, counts, aux, z = _router_op(

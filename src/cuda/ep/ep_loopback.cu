@@ -373,9 +373,8 @@ __global__ void __launch_bounds__(kMoveThreads)
   if (b >= tokens) {
     const int64_t groups = m.s.rounds * m.s.experts_per_rank;
     const int64_t pad = b - tokens, d = pad / groups, g = pad % groups;
-    const int64_t begin = ep_group_begin(m.s, m.offsets[d], g) + m.kept[d][g];
-    const int64_t end = min(ep_group_end(m.s, m.offsets[d], g), m.s.receive_rows);
-    for (int64_t row = begin; row < end; ++row) {
+    const EpRows padding = ep_group_padding(m.s, m.offsets[d], m.kept[d], g);
+    for (int64_t row = padding.begin; row < padding.end; ++row) {
       zero_row_bytes(static_cast<uint8_t*>(m.out_rows[d]) + row * row_bytes, row_bytes);
       if (m.scale_bytes > 0) {
         zero_row_bytes(static_cast<uint8_t*>(m.out_scales[d]) + row * m.scale_bytes, m.scale_bytes);
