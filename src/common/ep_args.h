@@ -46,10 +46,6 @@ SFMOE_HD int64_t ep_group_begin(const EpShape& s, const int64_t* offsets, int64_
   const int64_t round = group / s.experts_per_rank, e = group % s.experts_per_rank;
   return ep_round_base(s, round) + offsets[round * (s.experts_per_rank + 1) + e];
 }
-SFMOE_HD int64_t ep_group_end(const EpShape& s, const int64_t* offsets, int64_t group) {
-  const int64_t round = group / s.experts_per_rank, e = group % s.experts_per_rank;
-  return ep_round_base(s, round) + offsets[round * (s.experts_per_rank + 1) + e + 1];
-}
 // The padding rows of group g, [its kept rows' end, its block's end), clamped into the rank's
 // buffer: offsets and counts from a handle that no dispatch wrote give wrong rows, never a write
 // outside [0, receive_rows) (nor an overflow on the way).
