@@ -26,8 +26,14 @@
  * Transports: LOOPBACK holds every rank in one process (each call takes an array of `world`
  * descriptors, rank by rank): the test bed of the EP logic, on the CPU backend or on one GPU (up
  * to 64 ranks there; the same bits). On the host the expert ids are checked before anything is
- * written; on the device a bad id is skipped and reported (SFMOE_FAULT_BAD_INDEX). NCCL (one
- * process per GPU) is refused with SFMOE_ERROR_UNSUPPORTED in this build.
+ * written; on the device a bad id is skipped and reported (SFMOE_FAULT_BAD_INDEX). NCCL holds one
+ * rank a process (device memory, up to 64 ranks; each call takes arrays of one descriptor): the
+ * ranks exchange their counts on the device and move rows in fixed blocks of `pair_rows` rows per
+ * pair of ranks with NCCL's collectives on the call's stream, so a step captures in one CUDA
+ * graph on every rank; the same bits as the loopback. The group owns its staging
+ * (`plan.staging_bytes` of device memory, allocated at creation); its calls go on one stream at a
+ * time, in the same order on every rank. NCCL (libnccl.so.2) is loaded when the first NCCL group
+ * is created.
  */
 #ifndef SFMOE_EP_H_
 #define SFMOE_EP_H_
@@ -40,7 +46,7 @@ extern "C" {
 
 typedef enum sfmoe_ep_transport SFMOE_ENUM_INT32 {
   SFMOE_EP_TRANSPORT_LOOPBACK = 0, /* every rank in this process */
-  SFMOE_EP_TRANSPORT_NCCL = 1      /* one rank per process (not built yet) */
+  SFMOE_EP_TRANSPORT_NCCL = 1      /* one rank per process, NCCL between them */
 } sfmoe_ep_transport;
 
 typedef enum sfmoe_ep_overflow SFMOE_ENUM_INT32 {
@@ -72,7 +78,17 @@ typedef struct sfmoe_ep_config {
                                     for FP8 codes */
   int64_t spill_capacity;        /* SPILL: rows of the second round, >= 1, or
                                     SFMOE_EP_CAPACITY_WORST_CASE; 0 otherwise */
+  /* NCCL: either the SFMOE_EP_NCCL_UNIQUE_ID_BYTES bytes of an id one rank made with
+   * sfmoe_ep_nccl_unique_id and shared with the others (the group then makes and owns its
+   * communicator; every rank's create blocks until all have called it), or an ncclComm_t of
+   * world_size ranks in which this process is `rank` (borrowed: it must outlive the group). */
+  const uint8_t* nccl_unique_id;
+  void* nccl_comm;
 } sfmoe_ep_config;
+
+#define SFMOE_EP_NCCL_UNIQUE_ID_BYTES 128
+/* A fresh NCCL unique id (one rank makes it; SFMOE_ERROR_UNSUPPORTED when NCCL is not found). */
+SFMOE_API sfmoe_status sfmoe_ep_nccl_unique_id(uint8_t out[SFMOE_EP_NCCL_UNIQUE_ID_BYTES]);
 
 /* struct_size set, LOOPBACK, world 1, row_alignment 1, BF16 (scaling NONE), DROP, the worst-case
  * capacity, everything else 0. */
@@ -98,6 +114,9 @@ typedef struct sfmoe_ep_plan {
   int64_t spill_rows;       /* SPILL: spill_capacity + E_l (a - 1); else 0 */
   int64_t scale_columns;    /* columns of the scales beside each row (0 without them) */
   sfmoe_dtype scale_dtype;  /* FP32 (TENSOR, BLOCK_1X128) or E8M0 (MX_1X32) */
+  int64_t pair_rows;        /* NCCL: rows of each pair of ranks' staging block (what one source
+                               can send one rank: min(T k, T E_l, both capacities)); else 0 */
+  int64_t staging_bytes;    /* NCCL: the device memory the group holds for its staging; else 0 */
 } sfmoe_ep_plan;
 
 SFMOE_API sfmoe_ep_plan sfmoe_ep_plan_init(void);
@@ -135,7 +154,9 @@ typedef struct sfmoe_ep_dispatch_args {
 
 /* Combine: out_r[t] = sum_i probs_r[t, i] rows_d[row of (r, t, i)] over the kept slots (FP32 sums
  * in slot order), d the rank of expert topk_ids_r[t, i]. With probs NULL the weight is 1: that is
- * dispatch's backward (d tokens from d received rows). */
+ * dispatch's backward (d tokens from d received rows). With NCCL, a row of H' values is at most
+ * a staging row (H values of the wider of the payload and 16 bits): SFMOE_ERROR_UNSUPPORTED
+ * otherwise. */
 typedef struct sfmoe_ep_combine_args {
   size_t struct_size;
   const sfmoe_tensor* const* rows;   /* [receive_rows, H'] laid out as dispatch received them */

@@ -69,6 +69,14 @@ typedef struct sfmoe_moe_layer_config {
   int64_t ep_receive_capacity;
   sfmoe_ep_overflow ep_overflow;
   int64_t ep_spill_capacity; /* SPILL: rows >= 1 or SFMOE_EP_CAPACITY_WORST_CASE; else 0 */
+  /* Or an NCCL EP group (one rank a process; include/sfmoe/ep.h) the layer's expert parallelism
+   * runs over: its world size must be ep_world_size, its capacities and policy replace the three
+   * fields above (leave them at their defaults), and its experts_per_rank, max_tokens_per_rank,
+   * top_k, hidden, row_alignment and payload (dtype, no scaling) must be the layer's. The calls
+   * then take one rank's arguments (sfmoe_moe_layer_forward or _ranks with one set), on one
+   * stream with the group's other calls, in the same order on every rank. Borrowed: the group
+   * must outlive the layer. NULL: the loopback. */
+  const sfmoe_ep_group* ep_group;
 } sfmoe_moe_layer_config;
 
 SFMOE_API sfmoe_moe_layer_config sfmoe_moe_layer_config_init(void);
@@ -93,7 +101,8 @@ typedef struct sfmoe_moe_layer_plan {
   int64_t row_capacity;  /* expert rows: every kept slot plus each expert's padding */
   int64_t fc1_cols;      /* W1 is [E, fc1_cols, H] */
   int32_t emulated;      /* the recipe's GEMMs run emulated on this device */
-  int32_t local_ranks;   /* argument sets each call takes: ep_world_size (loopback) or 1 */
+  int32_t local_ranks;   /* argument sets each call takes: ep_world_size (loopback) or 1 (no
+                            expert parallelism, or an NCCL group) */
   int64_t local_experts; /* E_l: each rank's W1 is [E_l, fc1_cols, H], W2 [E_l, H, F] */
 } sfmoe_moe_layer_plan;
 

@@ -54,7 +54,8 @@ typedef enum sfmoe_status SFMOE_ENUM_INT32 {
   SFMOE_ERROR_CUDA = 9,             /* a CUDA runtime call failed */
   SFMOE_ERROR_OUT_OF_MEMORY = 10,
   SFMOE_ERROR_STRUCT_SIZE = 11, /* struct_size does not match this library's struct */
-  SFMOE_ERROR_INTERNAL = 12
+  SFMOE_ERROR_INTERNAL = 12,
+  SFMOE_ERROR_COMMUNICATION = 13 /* a collective between ranks failed (NCCL) */
 } sfmoe_status;
 
 SFMOE_API const char* sfmoe_status_name(sfmoe_status status);

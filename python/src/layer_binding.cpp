@@ -1,6 +1,10 @@
 // The binding of the MoE layer (include/sfmoe/moe_layer.h): a Python object owning one
-// sfmoe_moe_layer, its plan as a dict, and its two calls over caller-allocated arrays.
+// sfmoe_moe_layer, its plan as a dict, and its two calls over caller-allocated arrays; and the
+// NCCL expert-parallel group (include/sfmoe/ep.h) such a layer can run over.
+#include <string.h>
+
 #include "binding.h"
+#include "sfmoe/ep.h"
 #include "sfmoe/moe_layer.h"
 
 namespace sfmoe_binding {
@@ -28,10 +32,69 @@ sfmoe_moe_layer_config layer_config(const nb::dict& d) {
   return c;
 }
 
+// One rank's NCCL group, from a dict of the sfmoe_ep_config fields and the ranks' shared id.
+class EpGroup {
+ public:
+  EpGroup(const nb::dict& d, nb::bytes unique_id, int32_t device) {
+    if (unique_id.size() != SFMOE_EP_NCCL_UNIQUE_ID_BYTES) {
+      throw nb::value_error("unique_id: expected the 128 bytes of ep_nccl_unique_id()");
+    }
+    memcpy(id_, unique_id.c_str(), sizeof(id_));
+    sfmoe_ep_config c = sfmoe_ep_config_init();
+    c.transport = SFMOE_EP_TRANSPORT_NCCL;
+    c.world_size = nb::cast<int32_t>(d["world_size"]);
+    c.rank = nb::cast<int32_t>(d["rank"]);
+    c.experts_per_rank = nb::cast<int64_t>(d["experts_per_rank"]);
+    c.max_tokens_per_rank = nb::cast<int64_t>(d["max_tokens_per_rank"]);
+    c.top_k = nb::cast<int64_t>(d["top_k"]);
+    c.hidden = nb::cast<int64_t>(d["hidden"]);
+    store_enum(&c.payload, nb::cast<int32_t>(d["payload"]));
+    c.row_alignment = nb::cast<int64_t>(d["row_alignment"]);
+    c.receive_capacity = nb::cast<int64_t>(d["receive_capacity"]);
+    store_enum(&c.overflow, nb::cast<int32_t>(d["overflow"]));
+    c.spill_capacity = nb::cast<int64_t>(d["spill_capacity"]);
+    c.nccl_unique_id = id_;
+    // (blocks until every rank has made its group: set-up, outside any step)
+    call_released([&] { return sfmoe_ep_group_create(&c, SFMOE_MEMORY_CUDA, device, &group_); });
+    plan_ = sfmoe_ep_plan_init();
+    check(sfmoe_ep_group_get_plan(group_, &plan_));
+  }
+  ~EpGroup() { sfmoe_ep_group_destroy(group_); }
+  EpGroup(const EpGroup&) = delete;
+  EpGroup& operator=(const EpGroup&) = delete;
+
+  const sfmoe_ep_group* get() const { return group_; }
+  nb::dict plan() const {
+    nb::dict d;
+    d["receive_capacity"] = plan_.receive_capacity;
+    d["receive_rows"] = plan_.receive_rows;
+    d["rounds"] = plan_.rounds;
+    d["pair_rows"] = plan_.pair_rows;
+    d["staging_bytes"] = plan_.staging_bytes;
+    return d;
+  }
+
+ private:
+  uint8_t id_[SFMOE_EP_NCCL_UNIQUE_ID_BYTES];
+  sfmoe_ep_group* group_ = nullptr;
+  sfmoe_ep_plan plan_;
+};
+
+nb::bytes ep_nccl_unique_id() {
+  uint8_t id[SFMOE_EP_NCCL_UNIQUE_ID_BYTES];
+  check(sfmoe_ep_nccl_unique_id(id));
+  return nb::bytes(reinterpret_cast<const char*>(id), sizeof(id));
+}
+
 class MoeLayer {
  public:
   MoeLayer(const nb::dict& config, int32_t memory, int32_t device) {
     config_ = layer_config(config);
+    if (config.contains("ep_group") && !config["ep_group"].is_none()) {
+      group_ = nb::borrow<nb::object>(config["ep_group"]);  // (kept alive as long as the layer)
+      config_.ep_group = nb::cast<const EpGroup&>(group_).get();
+      config_.ep_world_size = nb::cast<int32_t>(config["ep_world_size"]);
+    }
     check(sfmoe_moe_layer_create(&config_, to_enum<sfmoe_memory>(memory), device, &layer_));
     plan_ = sfmoe_moe_layer_plan_init();
     check(sfmoe_moe_layer_get_plan(layer_, &plan_));
@@ -49,6 +112,7 @@ class MoeLayer {
     d["row_capacity"] = plan_.row_capacity;
     d["fc1_cols"] = plan_.fc1_cols;
     d["emulated"] = plan_.emulated != 0;
+    d["local_experts"] = plan_.local_experts;
     return d;
   }
 
@@ -133,6 +197,7 @@ class MoeLayer {
 
  private:
   sfmoe_moe_layer_config config_;
+  nb::object group_;  // the EpGroup the layer borrows, or None
   sfmoe_moe_layer* layer_ = nullptr;
   sfmoe_moe_layer_plan plan_;
 };
@@ -140,6 +205,15 @@ class MoeLayer {
 }  // namespace
 
 void register_layer(nb::module_& m) {
+  nb::class_<EpGroup>(m, "EpGroup",
+                      "sfmoe_ep_group over NCCL, one rank of it: created from a dict of the "
+                      "sfmoe_ep_config fields and the ranks' shared unique id (every rank creates "
+                      "its group at the same time).")
+      .def(nb::init<const nb::dict&, nb::bytes, int32_t>(), "config"_a, "unique_id"_a,
+           "device"_a = 0)
+      .def("plan", &EpGroup::plan, "sfmoe_ep_group_get_plan as a dict.");
+  m.def("ep_nccl_unique_id", &ep_nccl_unique_id,
+        "sfmoe_ep_nccl_unique_id: a fresh id one rank makes and shares with the others.");
   nb::class_<MoeLayer>(m, "MoeLayer",
                        "sfmoe_moe_layer: created from a dict of the sfmoe_moe_layer_config "
                        "fields for tensors in `memory` on `device`.")

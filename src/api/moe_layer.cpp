@@ -27,6 +27,56 @@ struct sfmoe_moe_layer {
 namespace sfmoe {
 namespace {
 
+// An NCCL group for the layer's expert parallelism: its bounds the layer's, its capacities and
+// policy taken (the layer's own ep_* fields left at their defaults).
+sfmoe_status take_ep_group(const char* context, const sfmoe_moe_layer_config* c,
+                           sfmoe_memory memory, int32_t device, layer::MoeLayerShape* s) {
+  const sfmoe_ep_config& g = ep_group_config(c->ep_group);
+  if (g.transport != SFMOE_EP_TRANSPORT_NCCL) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                "%s: ep_group must be an NCCL group (a loopback layer takes ep_world_size and the "
+                "ep_* fields instead)",
+                context);
+  }
+  if (c->ep_receive_capacity != SFMOE_EP_CAPACITY_WORST_CASE ||
+      c->ep_overflow != SFMOE_EP_OVERFLOW_DROP || c->ep_spill_capacity != 0) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                "%s: with ep_group the group's capacities and overflow policy apply: leave "
+                "ep_receive_capacity, ep_overflow and ep_spill_capacity at their defaults",
+                context);
+  }
+  const bool same = g.world_size == c->ep_world_size &&
+                    g.experts_per_rank * g.world_size == c->num_experts &&
+                    g.max_tokens_per_rank == c->max_tokens && g.top_k == c->router.top_k &&
+                    g.hidden == c->hidden && g.row_alignment == c->row_alignment &&
+                    g.payload == c->dtype && g.payload_scaling == SFMOE_SCALING_NONE;
+  if (!same) {
+    return fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                "%s: ep_group was made for world %d, %lld experts a rank, %lld tokens, top-k "
+                "%lld, hidden %lld, row alignment %lld, payload '%s' (scaling %d); the layer has "
+                "ep_world_size %d, %lld experts, %lld tokens, top-k %lld, hidden %lld, alignment "
+                "%lld, dtype '%s'",
+                context, static_cast<int>(g.world_size), static_cast<long long>(g.experts_per_rank),
+                static_cast<long long>(g.max_tokens_per_rank), static_cast<long long>(g.top_k),
+                static_cast<long long>(g.hidden), static_cast<long long>(g.row_alignment),
+                sfmoe_dtype_name(g.payload), static_cast<int>(g.payload_scaling),
+                static_cast<int>(c->ep_world_size), static_cast<long long>(c->num_experts),
+                static_cast<long long>(c->max_tokens), static_cast<long long>(c->router.top_k),
+                static_cast<long long>(c->hidden), static_cast<long long>(c->row_alignment),
+                sfmoe_dtype_name(c->dtype));
+  }
+  if (memory != SFMOE_MEMORY_CUDA || device != ep_group_device(c->ep_group)) {
+    return fail(SFMOE_ERROR_MEMORY_SPACE, "%s: ep_group is on device %d; the layer must be too",
+                context, static_cast<int>(ep_group_device(c->ep_group)));
+  }
+  s->ep_transport = SFMOE_EP_TRANSPORT_NCCL;
+  s->ep_rank = g.rank;
+  s->ep_receive_capacity = g.receive_capacity;
+  s->ep_overflow = g.overflow;
+  s->ep_spill_capacity = g.spill_capacity;
+  return SFMOE_SUCCESS;
+}
+
 sfmoe_status check_config(const char* context, const sfmoe_moe_layer_config* c, sfmoe_memory memory,
                           int32_t device, layer::MoeLayerShape* s) {
   SFMOE_RETURN_IF_ERROR(check_struct(context, "config", c, "sfmoe_moe_layer_config_init()"));
@@ -101,6 +151,7 @@ sfmoe_status check_config(const char* context, const sfmoe_moe_layer_config* c, 
                   static_cast<long long>(c->ffn_hidden));
     }
   }
+  if (c->ep_group != nullptr) SFMOE_RETURN_IF_ERROR(take_ep_group(context, c, memory, device, s));
   if (c->ep_world_size < 1 || c->num_experts % c->ep_world_size != 0) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT,
                 "%s: ep_world_size must be >= 1 and divide num_experts (got %d ranks, %lld "
@@ -115,9 +166,11 @@ sfmoe_status check_config(const char* context, const sfmoe_moe_layer_config* c, 
                 context, static_cast<long long>(c->expert_capacity));
   }
   s->ep_world = c->ep_world_size;
-  s->ep_receive_capacity = c->ep_receive_capacity;
-  s->ep_overflow = c->ep_overflow;
-  s->ep_spill_capacity = c->ep_spill_capacity;
+  if (c->ep_group == nullptr) {
+    s->ep_receive_capacity = c->ep_receive_capacity;
+    s->ep_overflow = c->ep_overflow;
+    s->ep_spill_capacity = c->ep_spill_capacity;
+  }
   s->hidden = c->hidden;
   s->ffn = c->ffn_hidden;
   s->experts = c->num_experts;
@@ -132,7 +185,7 @@ sfmoe_status check_config(const char* context, const sfmoe_moe_layer_config* c, 
   s->accumulate_weight_grads = c->accumulate_weight_grads != 0;
   s->recipe = recipe;
   s->seed = c->seed;
-  if (s->ep_world > 1) {
+  if (s->expert_parallel()) {
     // The ep_* fields as the EP group's configuration, checked by its own rules.
     char group_context[192];
     snprintf(group_context, sizeof(group_context),
@@ -248,7 +301,7 @@ sfmoe_status prepare_forward(const char* context, const sfmoe_moe_layer* layer,
   counts->out[1] = a->dropped_per_expert;
   counts->out[2] = a->routed_per_expert;
   uint8_t* saved = static_cast<uint8_t*>(a->saved->data);
-  if (s.ep_world > 1) {
+  if (s.expert_parallel()) {
     const EpRankRouting routing = ops::ep_routing_at(p.ep, saved + p.ep_handle.offset);
     counts->from[0] = routing.kept;
     counts->from[1] = routing.dropped;
@@ -288,13 +341,14 @@ sfmoe_status prepare_forward(const char* context, const sfmoe_moe_layer* layer,
 
 // The counts copied out of the saved state, ordered after the forward on the stream.
 sfmoe_status copy_counts(const sfmoe_moe_layer* layer, const ForwardCounts& counts, void* stream) {
-  const ops::Backend& backend = ops::backend_for(layer->memory);
+  CopySpan spans[3];
+  size_t n = 0;
   for (int i = 0; i < 3; ++i) {
     if (counts.out[i] == nullptr) continue;
-    SFMOE_RETURN_IF_ERROR(backend.copy(counts.out[i]->data, counts.from[i],
-                                       static_cast<size_t>(counts.size[i]) * 8, stream));
+    spans[n++] =
+        CopySpan{counts.out[i]->data, counts.from[i], static_cast<size_t>(counts.size[i]) * 8};
   }
-  return SFMOE_SUCCESS;
+  return ops::backend_for(layer->memory).copy_spans(spans, n, stream);
 }
 
 // A backward's arguments checked against the layer, and the call they give.
@@ -373,7 +427,7 @@ sfmoe_status prepare_backward(const char* context, const sfmoe_moe_layer* layer,
 // An EP layer's calls take every rank's arguments, the others one set.
 sfmoe_status expect_ranks_call(const char* context, const sfmoe_moe_layer* layer, bool ranks) {
   if (layer == nullptr) return fail(SFMOE_ERROR_NULL_POINTER, "%s: layer is NULL", context);
-  if (!ranks && layer->shape.ep_world > 1) {
+  if (!ranks && layer->shape.local_ranks() > 1) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT,
                 "%s: this layer is expert-parallel over %lld loopback ranks: call %s_ranks with "
                 "every rank's arguments",
@@ -408,7 +462,7 @@ sfmoe_status prepare_ranks(const char* context, const sfmoe_moe_layer* layer,
   if (args == nullptr) {
     return fail(SFMOE_ERROR_NULL_POINTER, "%s: args is NULL (one per rank)", context);
   }
-  calls->assign(static_cast<size_t>(layer->shape.ep_world), Call{});
+  calls->assign(static_cast<size_t>(layer->shape.local_ranks()), Call{});
   for (size_t r = 0; r < calls->size(); ++r) {
     char label[64];
     snprintf(label, sizeof(label), "%s (rank %zu)", context, r);
@@ -464,6 +518,7 @@ sfmoe_status sfmoe_moe_layer_create(const sfmoe_moe_layer_config* config, sfmoe_
     sfmoe::layer::MoeLayerPlan plan;
     const sfmoe::Outcome planned = sfmoe::layer::plan_moe_layer(shape, memory, &plan);
     if (!planned.ok()) return sfmoe::fail_with(context, planned);
+    if (config->ep_group != nullptr) plan.ep_exchange = sfmoe::ep_group_exchange(config->ep_group);
     *out = new sfmoe_moe_layer{shape, plan, memory, device};
     return SFMOE_SUCCESS;
   });
@@ -489,7 +544,7 @@ sfmoe_status sfmoe_moe_layer_get_plan(const sfmoe_moe_layer* layer, sfmoe_moe_la
     plan->fc1_cols = layer->plan.fc1_cols;
     plan->emulated = layer->memory == SFMOE_MEMORY_CUDA &&
                      sfmoe::layer::recipe_emulated_on_device(layer->shape.recipe);
-    plan->local_ranks = static_cast<int32_t>(layer->shape.ep_world);
+    plan->local_ranks = static_cast<int32_t>(layer->shape.local_ranks());
     plan->local_experts = layer->shape.local_experts();
     return SFMOE_SUCCESS;
   });

@@ -40,6 +40,8 @@ const char* sfmoe_status_name(sfmoe_status status) {
       return "SFMOE_ERROR_STRUCT_SIZE";
     case SFMOE_ERROR_INTERNAL:
       return "SFMOE_ERROR_INTERNAL";
+    case SFMOE_ERROR_COMMUNICATION:
+      return "SFMOE_ERROR_COMMUNICATION";
   }
   return "SFMOE_ERROR_UNKNOWN_STATUS";
 }

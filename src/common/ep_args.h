@@ -16,13 +16,26 @@ constexpr int64_t kMaxDeviceEpRanks = 64;
 // One rank's routing: what dispatch writes and the other calls read (the handle).
 struct EpRankRouting {
   int32_t* send_rank;      // [T, k]: the destination rank of each slot, -1 dropped or invalid
-  int64_t* send_row;       // [T, k]: its row there, -1 likewise
+  int64_t* send_row;       // [T, k]: its row there (with an exchange: its row in the pair's
+                           // staging block), -1 likewise
   int64_t* offsets;        // [rounds (E_l + 1)]: each round's local-expert blocks (padded), counted
                            // from the round's first row
   int64_t* kept;           // [rounds E_l]: rows kept per group (round-major)
   int64_t* routed;         // [E_l]: rows sent to each local expert before the capacity
   int64_t* dropped;        // [E]: this rank's rows dropped, by global expert
   int32_t* route_scratch;  // the device routing's per-chunk counts (ep_route_scratch_bytes)
+  // With an exchange only (EpRankExchange; else NULL): what the ranks tell each other.
+  int64_t* expert_counts;    // [E]: this rank's slots naming each global expert
+  int64_t* all_counts;       // [R, E]: every rank's expert_counts
+  int64_t* expert_kept;      // [E, 2]: this rank's rows kept by each expert, per round
+  int64_t* all_kept;         // [R, E, 2]: every rank's expert_kept
+  int64_t* bases;            // [R + E]: the rows earlier ranks send each destination, and each
+                             // expert
+  int64_t* expert_rows;      // [4, E]: each expert's first row at its rank in rounds 0 and 1, and
+                             // its rows kept in rounds 0 and 1 (all ranks')
+  int64_t* expert_position;  // [T, k]: each slot's place in its expert's list
+  int64_t* received_from;    // [R]: the rows this rank keeps from each source
+  int64_t* received_row;     // [R, P]: this rank's row of each source's staging row i
 };
 
 struct EpShape {
@@ -74,6 +87,36 @@ SFMOE_HD int64_t ep_round_of(const EpShape& s, int64_t position) {
   return -1;
 }
 
+// The per-rank transports (NCCL; ranks emulated in one process for tests): this process holds
+// one rank, and the ranks meet only in these collectives, enqueued on the caller's stream with
+// sizes fixed on the host (so that a step captures in one CUDA graph).
+class EpExchange {
+ public:
+  virtual ~EpExchange() = default;
+  // recv[q bytes, (q + 1) bytes) = rank q's send, for every rank q.
+  virtual sfmoe_status all_gather(const void* send, void* recv, int64_t bytes, void* stream) = 0;
+  // recv[q pair_bytes, ...) = rank q's send[this rank's pair_bytes, ...), for every rank q.
+  virtual sfmoe_status all_to_all(const void* send, void* recv, int64_t pair_bytes,
+                                  void* stream) = 0;
+};
+
+// The group's exchange and staging, for a process that holds one rank: the moves go through
+// fixed blocks of pair_rows rows per pair of ranks (bytes proportional to the capacity); a
+// block's first rows are the ones the pair really has, in the source's (token, slot) order.
+struct EpRankExchange {
+  EpExchange* exchange;
+  int64_t rank;
+  int64_t pair_rows;          // P: rows of each pair's block
+  int64_t staging_row_bytes;  // the widest row a block holds
+  void* send_rows;            // [R, P, staging_row_bytes] each
+  void* recv_rows;
+  void* send_scales;  // [R, P, scale bytes] each (FP8 payloads), else NULL
+  void* recv_scales;
+  float* send_values;  // [R, P] each: one value per row (probabilities, d probs)
+  float* recv_values;
+  int64_t* send_index;  // [R, P]: dispatch's rows at the destinations
+};
+
 // The device routing takes the slots (source rank, token, slot) in chunks of kEpRouteChunk: for
 // each chunk, how many slots name each global expert and each destination rank (INT32, [E + R]
 // keys x chunks, in the first routing's handle), then each key's prefix over the chunks.
@@ -95,6 +138,7 @@ struct EpRouteArgs {
   const EpRankRouting* routing;    // [R], written
   bool trap;                       // raise SFMOE_FAULT_EP_OVERFLOW on a drop (TRAP, SPILL)
   sfmoe_fault_report* word;        // or NULL: bad ids and overflow
+  const EpRankExchange* exchange;  // NULL: every rank above (loopback); else this process's one
 };
 
 // Whether a handle's slot names a row inside a rank's buffer: the moves skip any other, so a
@@ -132,6 +176,7 @@ struct EpScatterArgs {
   int64_t scale_bytes;              // dispatch: bytes of scales beside each row, or 0
   const void* const* token_scales;  // [R] -> [T_r, scale_bytes], or NULL
   void* const* out_scales;          // [R] -> [receive_rows, scale_bytes], or NULL
+  const EpRankExchange* exchange;   // NULL: every rank above (loopback); else this process's one
 };
 
 // Rows from the destinations back to the sources' tokens: out[t] = sum_i w[t, i] rows[slot],
@@ -146,6 +191,7 @@ struct EpGatherArgs {
   const EpRankRouting* routing;  // [R]
   void* const* out;              // [R] -> [T_r, hidden]
   sfmoe_dtype out_dtype;
+  const EpRankExchange* exchange;  // NULL: every rank above (loopback); else this process's one
 };
 
 // One FP32 value per slot between the sources' slots and the destinations' rows (the layer's
@@ -156,8 +202,9 @@ struct EpSlotValuesArgs {
   const int64_t* tokens;         // [R]
   const EpRankRouting* routing;  // [R]
   bool to_rows;
-  const float* const* in;  // [R] -> [T_r k] or [receive_rows]
-  float* const* out;       // [R] -> [receive_rows] or [T_r k]
+  const float* const* in;          // [R] -> [T_r k] or [receive_rows]
+  float* const* out;               // [R] -> [receive_rows] or [T_r k]
+  const EpRankExchange* exchange;  // NULL: every rank above (loopback); else this process's one
 };
 
 }  // namespace sfmoe

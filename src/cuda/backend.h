@@ -7,6 +7,7 @@
 #include "sfmoe/cast.h"
 #include "sfmoe/sfmoe.h"
 #include "src/common/activation_args.h"
+#include "src/common/copy_span.h"
 #include "src/common/ep_args.h"
 #include "src/common/grouped_gemm_args.h"
 #include "src/common/permute_args.h"
@@ -36,6 +37,8 @@ sfmoe_status status_word_snapshot(const sfmoe_fault_report* device_word,
 
 // An asynchronous device-to-device copy on the stream.
 sfmoe_status copy_device_async(void* to, const void* from, size_t bytes, void* stream);
+// Several small device-to-device copies on the stream, one kernel for up to 32 of them.
+sfmoe_status copy_spans_async(const CopySpan* spans, size_t count, void* stream);
 
 // Operations (launchers). Inputs are validated by the API layer.
 sfmoe_status check_group_offsets(const int64_t* offsets, int64_t num_groups, int64_t row_capacity,

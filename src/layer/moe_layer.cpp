@@ -309,13 +309,15 @@ sfmoe_ep_config ep_config_of(const MoeLayerShape& s) {
   c.receive_capacity = s.ep_receive_capacity;
   c.overflow = s.ep_overflow;
   c.spill_capacity = s.ep_spill_capacity;
+  c.transport = s.ep_transport;
+  c.rank = s.ep_rank;
   return c;
 }
 
 Outcome plan_moe_layer(const MoeLayerShape& s, sfmoe_memory memory, MoeLayerPlan* plan) {
   *plan = MoeLayerPlan{};
   const bool device = memory == SFMOE_MEMORY_CUDA;
-  const bool ep = s.ep_world > 1;
+  const bool ep = s.expert_parallel();
   if (ep && s.ep_overflow == SFMOE_EP_OVERFLOW_SPILL &&
       (!s.accumulate_weight_grads || s.recipe != SFMOE_MOE_RECIPE_BF16)) {
     return refuse(SFMOE_ERROR_UNSUPPORTED,
@@ -414,7 +416,7 @@ struct Rounds {
   Round round[2];
 };
 Rounds rounds_of(const MoeLayerShape& s, const MoeLayerPlan& plan, uint8_t* saved) {
-  if (s.ep_world == 1) {
+  if (!s.expert_parallel()) {
     return Rounds{1,
                   {Round{0, plan.row_capacity, at<int64_t>(saved, plan.offsets),
                          at<int64_t>(saved, plan.kept)},
@@ -485,7 +487,7 @@ sfmoe_status each_round(const MoeLayerShape& s, const MoeLayerPlan& plan, const 
 
 sfmoe_status moe_layer_forward(const MoeLayerShape& s, const MoeLayerPlan& plan,
                                const MoeForwardCall& c) {
-  if (s.ep_world > 1) return moe_layer_forward_ranks(s, plan, &c);
+  if (s.expert_parallel()) return moe_layer_forward_ranks(s, plan, &c);
   const ops::Backend& backend = ops::backend_for(c.memory);
   const int64_t T = c.tokens, E = s.experts, H = s.hidden, R = plan.row_capacity;
   SFMOE_RETURN_IF_ERROR(router_step(s, plan, c, backend));
@@ -530,7 +532,7 @@ struct EpRanksOf {
 template <class Call>
 EpRanksOf ep_ranks_of(const MoeLayerShape& s, const MoeLayerPlan& plan, const Call* calls) {
   EpRanksOf e;
-  for (int64_t r = 0; r < s.ep_world; ++r) {
+  for (int64_t r = 0; r < s.local_ranks(); ++r) {
     e.tokens.push_back(calls[r].tokens);
     e.routing.push_back(ops::ep_routing_at(plan.ep, calls[r].saved + plan.ep_handle.offset));
     e.ids.push_back(at<int32_t>(calls[r].saved, plan.topk_ids));
@@ -547,14 +549,14 @@ sfmoe_status ep_move_to_rows(const char* name, const MoeLayerShape& s, const Moe
                              const ops::Backend& backend) {
   std::vector<const void*> from;
   std::vector<void*> to;
-  for (int64_t r = 0; r < s.ep_world; ++r) {
+  for (int64_t r = 0; r < s.local_ranks(); ++r) {
     from.push_back(tokens_of(calls[r]));
     to.push_back(at<uint8_t>(calls[r].workspace, plan.hidden_rows));
   }
   EpScatterArgs scatter{
-      plan.ep.shape, s.hidden, e.tokens.data(),  from.data(), s.dtype, nullptr, nullptr,
-      s.dtype,       nullptr,  e.routing.data(), to.data(),   s.dtype, 0,       nullptr,
-      nullptr};
+      plan.ep.shape, s.hidden,        e.tokens.data(),  from.data(), s.dtype, nullptr, nullptr,
+      s.dtype,       nullptr,         e.routing.data(), to.data(),   s.dtype, 0,       nullptr,
+      nullptr,       plan.ep_exchange};
   return step(name, backend.ep_scatter(scatter, calls[0].stream));
 }
 
@@ -566,13 +568,14 @@ sfmoe_status ep_move_to_tokens(const char* name, const MoeLayerShape& s, const M
                                const ops::Backend& backend) {
   std::vector<const void*> rows;
   std::vector<void*> out;
-  for (int64_t r = 0; r < s.ep_world; ++r) {
+  for (int64_t r = 0; r < s.local_ranks(); ++r) {
     rows.push_back(at<uint8_t>(calls[r].workspace, plan.hidden_rows));
     out.push_back(out_of(calls[r]));
   }
   EpGatherArgs gather{plan.ep.shape,    s.hidden,   e.tokens.data(),
                       rows.data(),      s.dtype,    weighted ? e.probs.data() : nullptr,
-                      e.routing.data(), out.data(), s.dtype};
+                      e.routing.data(), out.data(), s.dtype,
+                      plan.ep_exchange};
   return step(name, backend.ep_gather(gather, calls[0].stream));
 }
 
@@ -580,10 +583,10 @@ sfmoe_status ep_move_to_tokens(const char* name, const MoeLayerShape& s, const M
 
 sfmoe_status moe_layer_forward_ranks(const MoeLayerShape& s, const MoeLayerPlan& plan,
                                      const MoeForwardCall* calls) {
-  if (s.ep_world == 1) return moe_layer_forward(s, plan, calls[0]);
+  if (!s.expert_parallel()) return moe_layer_forward(s, plan, calls[0]);
   const MoeForwardCall& first = calls[0];
   const ops::Backend& backend = ops::backend_for(first.memory);
-  for (int64_t r = 0; r < s.ep_world; ++r) {
+  for (int64_t r = 0; r < s.local_ranks(); ++r) {
     SFMOE_RETURN_IF_ERROR(router_step(s, plan, calls[r], backend));
   }
   const EpRanksOf e = ep_ranks_of(s, plan, calls);
@@ -592,11 +595,12 @@ sfmoe_status moe_layer_forward_ranks(const MoeLayerShape& s, const MoeLayerPlan&
                     e.ids.data(),
                     e.routing.data(),
                     s.ep_overflow != SFMOE_EP_OVERFLOW_DROP,  // (TRAP, and SPILL past both rounds)
-                    first.word};
+                    first.word,
+                    plan.ep_exchange};
   SFMOE_RETURN_IF_ERROR(step("dispatch", backend.ep_route(route, first.stream)));
   SFMOE_RETURN_IF_ERROR(ep_move_to_rows(
       "dispatch", s, plan, calls, e, [](const MoeForwardCall& c) { return c.x; }, backend));
-  for (int64_t r = 0; r < s.ep_world; ++r) {
+  for (int64_t r = 0; r < s.local_ranks(); ++r) {
     SFMOE_RETURN_IF_ERROR(each_round(s, plan, calls[r], [&](const Round& round) {
       return ffn_forward(s, plan, calls[r], backend, round, first.word, first.stream);
     }));
@@ -777,14 +781,14 @@ sfmoe_status ep_slot_values(const char* name, const MoeLayerShape& s, const MoeL
                             const ops::Backend& backend) {
   std::vector<const float*> in;
   std::vector<float*> out;
-  for (int64_t r = 0; r < s.ep_world; ++r) {
+  for (int64_t r = 0; r < s.local_ranks(); ++r) {
     uint8_t* saved = calls[r].saved;
     uint8_t* workspace = calls[r].workspace;
     in.push_back(to_rows ? at<float>(saved, plan.probs) : at<float>(workspace, plan.d_row_probs));
     out.push_back(to_rows ? at<float>(workspace, plan.row_probs) : at<float>(saved, plan.d_probs));
   }
-  EpSlotValuesArgs a{plan.ep.shape, e.tokens.data(), e.routing.data(),
-                     to_rows,       in.data(),       out.data()};
+  EpSlotValuesArgs a{plan.ep.shape, e.tokens.data(), e.routing.data(), to_rows,
+                     in.data(),     out.data(),      plan.ep_exchange};
   return step(name, backend.ep_slot_values(a, calls[0].stream));
 }
 
@@ -792,7 +796,7 @@ sfmoe_status ep_slot_values(const char* name, const MoeLayerShape& s, const MoeL
 
 sfmoe_status moe_layer_backward(const MoeLayerShape& s, const MoeLayerPlan& plan,
                                 const MoeBackwardCall& c) {
-  if (s.ep_world > 1) return moe_layer_backward_ranks(s, plan, &c);
+  if (s.expert_parallel()) return moe_layer_backward_ranks(s, plan, &c);
   const ops::Backend& backend = ops::backend_for(c.memory);
   if (c.part != SFMOE_MOE_BACKWARD_FC1) SFMOE_RETURN_IF_ERROR(backward_fc2(s, plan, c, backend));
   if (c.part != SFMOE_MOE_BACKWARD_FC2) SFMOE_RETURN_IF_ERROR(backward_fc1(s, plan, c, backend));
@@ -801,7 +805,7 @@ sfmoe_status moe_layer_backward(const MoeLayerShape& s, const MoeLayerPlan& plan
 
 sfmoe_status moe_layer_backward_ranks(const MoeLayerShape& s, const MoeLayerPlan& plan,
                                       const MoeBackwardCall* calls) {
-  if (s.ep_world == 1) return moe_layer_backward(s, plan, calls[0]);
+  if (!s.expert_parallel()) return moe_layer_backward(s, plan, calls[0]);
   const MoeBackwardCall& first = calls[0];
   const ops::Backend& backend = ops::backend_for(first.memory);
   const EpRanksOf e = ep_ranks_of(s, plan, calls);
@@ -811,7 +815,7 @@ sfmoe_status moe_layer_backward_ranks(const MoeLayerShape& s, const MoeLayerPlan
         "d y dispatch", s, plan, calls, e, [](const MoeBackwardCall& c) { return c.d_y; },
         backend));
     SFMOE_RETURN_IF_ERROR(ep_slot_values("row probabilities", s, plan, calls, e, true, backend));
-    for (int64_t r = 0; r < s.ep_world; ++r) {
+    for (int64_t r = 0; r < s.local_ranks(); ++r) {
       SFMOE_RETURN_IF_ERROR(each_round(s, plan, calls[r], [&](const Round& round) {
         return ffn_backward_fc2(s, plan, calls[r], backend, round, first.word, first.stream);
       }));
@@ -821,7 +825,7 @@ sfmoe_status moe_layer_backward_ranks(const MoeLayerShape& s, const MoeLayerPlan
   if (first.part != SFMOE_MOE_BACKWARD_FC2) {
     SFMOE_RETURN_IF_ERROR(ep_move_to_rows(
         "x dispatch", s, plan, calls, e, [](const MoeBackwardCall& c) { return c.x; }, backend));
-    for (int64_t r = 0; r < s.ep_world; ++r) {
+    for (int64_t r = 0; r < s.local_ranks(); ++r) {
       SFMOE_RETURN_IF_ERROR(each_round(s, plan, calls[r], [&](const Round& round) {
         return ffn_backward_fc1(s, plan, calls[r], backend, round, first.word, first.stream);
       }));
@@ -830,7 +834,7 @@ sfmoe_status moe_layer_backward_ranks(const MoeLayerShape& s, const MoeLayerPlan
     SFMOE_RETURN_IF_ERROR(ep_move_to_tokens(
         "dispatch backward", s, plan, calls, e, false,
         [](const MoeBackwardCall& c) { return c.d_x; }, backend));
-    for (int64_t r = 0; r < s.ep_world; ++r) {
+    for (int64_t r = 0; r < s.local_ranks(); ++r) {
       SFMOE_RETURN_IF_ERROR(router_backward_step(s, plan, calls[r], backend));
     }
   }

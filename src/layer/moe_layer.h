@@ -60,8 +60,15 @@ struct MoeLayerShape {
   int64_t ep_receive_capacity = SFMOE_EP_CAPACITY_WORST_CASE;
   sfmoe_ep_overflow ep_overflow = SFMOE_EP_OVERFLOW_DROP;
   int64_t ep_spill_capacity = 0;
+  // The loopback holds every rank in this process; NCCL (an EP group's) this process's `ep_rank`.
+  sfmoe_ep_transport ep_transport = SFMOE_EP_TRANSPORT_LOOPBACK;
+  int32_t ep_rank = 0;
 
   int64_t local_experts() const { return experts / ep_world; }  // each rank's FFN groups
+  // Over ranks (more than one, or an NCCL group of any size).
+  bool expert_parallel() const { return ep_world > 1 || ep_transport == SFMOE_EP_TRANSPORT_NCCL; }
+  // The ranks whose calls this process makes.
+  int64_t local_ranks() const { return ep_transport == SFMOE_EP_TRANSPORT_NCCL ? 1 : ep_world; }
 };
 
 // A part of one of the layer's two buffers: [offset, offset + bytes).
@@ -82,7 +89,8 @@ struct MoeLayerPlan {
   Region topk_ids, probs, router_counts, row_map, offsets, kept, dropped, fc1_rows, d_probs,
       ep_handle;
   int64_t saved_bytes = 0;
-  ops::EpLayout ep;  // the expert-parallel group's layout (ep_world > 1)
+  ops::EpLayout ep;                             // the expert-parallel group's layout (ep_world > 1)
+  const EpRankExchange* ep_exchange = nullptr;  // NCCL: the group's exchange and staging
   // workspace, in three nested prefixes: the backward's FC1 part's (fc1_backward_workspace_bytes),
   // then the forward's (forward_workspace_bytes), then the whole backward's. hidden_rows [R, H]
   // holds, in turn, x rows and FC2 rows (forward), d y rows (backward, FC2 part), x rows again and
@@ -154,8 +162,8 @@ sfmoe_status moe_layer_backward(const MoeLayerShape& shape, const MoeLayerPlan& 
 
 // Expert parallelism over the loopback transport: calls[r] is rank r's call (its tokens and
 // logits, its local experts' weights [E_l, ...], its outputs, saved state and workspace), for
-// r < shape.ep_world; every step runs on calls[0]'s stream and reports to calls[0]'s word. With
-// ep_world 1, the same as the single calls above.
+// r < shape.local_ranks(); every step runs on calls[0]'s stream and reports to calls[0]'s word.
+// With ep_world 1, the same as the single calls above.
 sfmoe_status moe_layer_forward_ranks(const MoeLayerShape& shape, const MoeLayerPlan& plan,
                                      const MoeForwardCall* calls);
 sfmoe_status moe_layer_backward_ranks(const MoeLayerShape& shape, const MoeLayerPlan& plan,

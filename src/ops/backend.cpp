@@ -25,6 +25,10 @@ sfmoe_status host_copy(void* to, const void* from, size_t bytes, void*) {
   if (bytes > 0) memcpy(to, from, bytes);
   return SFMOE_SUCCESS;
 }
+sfmoe_status host_copy_spans(const CopySpan* spans, size_t count, void*) {
+  for (size_t i = 0; i < count; ++i) host_copy(spans[i].to, spans[i].from, spans[i].bytes, nullptr);
+  return SFMOE_SUCCESS;
+}
 void host_check_group_offsets(const GroupOffsetsCheckArgs& a) {
   cpu::check_group_offsets(a.offsets, a.num_groups, a.row_capacity, a.row_alignment, a.word);
 }
@@ -46,6 +50,7 @@ void host_swizzle_scales(const SwizzleArgs& a) {
 const Backend kCpu = {
     "cpu",
     host_copy,
+    host_copy_spans,
     on_host<GroupOffsetsCheckArgs, host_check_group_offsets>,
     on_host<CastArgs, host_cast>,
     on_host<GroupedAmaxArgs, host_grouped_amax>,
@@ -86,6 +91,7 @@ sfmoe_status device_swizzle_scales(const SwizzleArgs& a, void* stream) {
 const Backend kCuda = {
     "cuda",
     cuda::copy_device_async,
+    cuda::copy_spans_async,
     device_check_group_offsets,
     device_cast,
     device_grouped_amax,
@@ -117,10 +123,14 @@ sfmoe_status not_built(const Args&, void*) {
 sfmoe_status copy_not_built(void*, const void*, size_t, void*) {
   return report(SFMOE_ERROR_NO_BACKEND, "this build of sfmoe has no CUDA backend");
 }
+sfmoe_status copy_spans_not_built(const CopySpan*, size_t, void*) {
+  return report(SFMOE_ERROR_NO_BACKEND, "this build of sfmoe has no CUDA backend");
+}
 
 const Backend kNotBuilt = {
     "not built",
     copy_not_built,
+    copy_spans_not_built,
     not_built<GroupOffsetsCheckArgs>,
     not_built<CastArgs>,
     not_built<GroupedAmaxArgs>,

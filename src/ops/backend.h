@@ -10,6 +10,7 @@
 #include "sfmoe/sfmoe.h"
 #include "src/common/activation_args.h"
 #include "src/common/cast_args.h"
+#include "src/common/copy_span.h"
 #include "src/common/ep_args.h"
 #include "src/common/group_offsets.h"
 #include "src/common/grouped_gemm_args.h"
@@ -24,6 +25,9 @@ struct Backend {
   const char* name;  // "cpu", "cuda", "not built"
   // A copy within the backend's memory, ordered on the stream (at once on the host).
   sfmoe_status (*copy)(void* to, const void* from, size_t bytes, void* stream);
+  // Several small copies within the backend's memory, ordered on the stream (on the device in one
+  // launch for up to 32 of them).
+  sfmoe_status (*copy_spans)(const CopySpan* spans, size_t count, void* stream);
   sfmoe_status (*check_group_offsets)(const GroupOffsetsCheckArgs&, void* stream);
   sfmoe_status (*cast)(const CastArgs&, void* stream);
   sfmoe_status (*grouped_amax)(const GroupedAmaxArgs&, void* stream);

@@ -620,6 +620,18 @@ Outcome plan_ep(const sfmoe_ep_config& c, sfmoe_memory memory, EpLayout* layout)
     layout->scale_columns = (c.hidden + 31) / 32;
     layout->scale_dtype = SFMOE_DTYPE_E8M0;
   }
+  layout->scale_bytes = layout->scale_columns * sfmoe_dtype_bits(layout->scale_dtype) / 8;
+  layout->per_rank = c.transport == SFMOE_EP_TRANSPORT_NCCL;
+  if (layout->per_rank) {
+    // What one source can send one rank: each token names each of its E_l experts once at most.
+    const int64_t per_token = c.top_k < c.experts_per_rank ? c.top_k : c.experts_per_rank;
+    const int64_t kept = s.receive_capacity + s.spill_capacity;
+    layout->pair_rows =
+        c.max_tokens_per_rank * per_token < kept ? c.max_tokens_per_rank * per_token : kept;
+    if (layout->pair_rows < 1) layout->pair_rows = 1;
+    const int64_t element = sfmoe_dtype_bits(c.payload) / 8;
+    layout->staging_row_bytes = c.hidden * (element > 2 ? element : 2);
+  }
   EpHandleLayout& h = layout->handle;
   int64_t at = 0;
   auto place = [&](int64_t bytes, int64_t* offset) {
@@ -633,7 +645,21 @@ Outcome plan_ep(const sfmoe_ep_config& c, sfmoe_memory memory, EpLayout* layout)
   place(c.experts_per_rank * 8, &h.routed);
   place(experts * 8, &h.dropped);
   // (the device routes every slot the process holds: all ranks' with the loopback)
-  place(memory == SFMOE_MEMORY_CUDA ? ep_route_scratch_bytes(s, worst) : 0, &h.route_scratch);
+  place(
+      memory == SFMOE_MEMORY_CUDA ? ep_route_scratch_bytes(s, layout->per_rank ? slots : worst) : 0,
+      &h.route_scratch);
+  if (layout->per_rank) {
+    const int64_t R = c.world_size;
+    place(experts * 8, &h.expert_counts);
+    place(R * experts * 8, &h.all_counts);
+    place(experts * 16, &h.expert_kept);
+    place(R * experts * 16, &h.all_kept);
+    place((R + experts) * 8, &h.bases);
+    place(4 * experts * 8, &h.expert_rows);
+    place(slots * 8, &h.expert_position);
+    place(R * 8, &h.received_from);
+    place(R * layout->pair_rows * 8, &h.received_row);
+  }
   h.bytes = at;
   return Outcome{};
 }
@@ -641,13 +667,25 @@ Outcome plan_ep(const sfmoe_ep_config& c, sfmoe_memory memory, EpLayout* layout)
 EpRankRouting ep_routing_at(const EpLayout& layout, void* handle) {
   uint8_t* base = static_cast<uint8_t*>(handle);
   const EpHandleLayout& h = layout.handle;
+  auto part = [&](int64_t offset) {
+    return offset < 0 ? nullptr : reinterpret_cast<int64_t*>(base + offset);
+  };
   return EpRankRouting{reinterpret_cast<int32_t*>(base + h.send_rank),
-                       reinterpret_cast<int64_t*>(base + h.send_row),
-                       reinterpret_cast<int64_t*>(base + h.offsets),
-                       reinterpret_cast<int64_t*>(base + h.kept),
-                       reinterpret_cast<int64_t*>(base + h.routed),
-                       reinterpret_cast<int64_t*>(base + h.dropped),
-                       reinterpret_cast<int32_t*>(base + h.route_scratch)};
+                       part(h.send_row),
+                       part(h.offsets),
+                       part(h.kept),
+                       part(h.routed),
+                       part(h.dropped),
+                       reinterpret_cast<int32_t*>(base + h.route_scratch),
+                       part(h.expert_counts),
+                       part(h.all_counts),
+                       part(h.expert_kept),
+                       part(h.all_kept),
+                       part(h.bases),
+                       part(h.expert_rows),
+                       part(h.expert_position),
+                       part(h.received_from),
+                       part(h.received_row)};
 }
 
 }  // namespace ops

@@ -190,14 +190,18 @@ struct EpLayerRun {
     return n;
   }
 
-  // One forward and backward of the single layer (out = 0) or of the EP ranks (out = 1).
-  sfmoe_status step(int out) {
+  // The calls of one forward and backward of the single layer (out = 0) or of the EP ranks
+  // (out = 1: one per rank).
+  void calls(int out, std::vector<layer::MoeForwardCall>* forward,
+             std::vector<layer::MoeBackwardCall>* backward) {
     const int64_t E = c.experts, H = c.hidden, F = c.ffn, El = E / world;
     const int64_t wbytes = c.accumulate ? 4 : elem;
     const bool ep = out == 1;
     const int64_t ranks = ep ? world : 1;
-    std::vector<layer::MoeForwardCall> fwd(static_cast<size_t>(ranks));
-    std::vector<layer::MoeBackwardCall> bwd(static_cast<size_t>(ranks));
+    std::vector<layer::MoeForwardCall>& fwd = *forward;
+    std::vector<layer::MoeBackwardCall>& bwd = *backward;
+    fwd.assign(static_cast<size_t>(ranks), layer::MoeForwardCall{});
+    bwd.assign(static_cast<size_t>(ranks), layer::MoeBackwardCall{});
     for (int64_t r = 0; r < ranks; ++r) {
       const int64_t t0 = ep ? start[r] : 0, T = ep ? c.tokens[r] : total;
       const int64_t e0 = ep ? r * El : 0;
@@ -233,6 +237,14 @@ struct EpLayerRun {
       b.memory = m.memory;
       b.stream = m.stream;
     }
+  }
+
+  // One forward and backward of the single layer (out = 0) or of the EP ranks (out = 1).
+  sfmoe_status step(int out) {
+    const bool ep = out == 1;
+    std::vector<layer::MoeForwardCall> fwd;
+    std::vector<layer::MoeBackwardCall> bwd;
+    calls(out, &fwd, &bwd);
     const layer::MoeLayerShape& s = ep ? ep_shape : single_shape;
     const layer::MoeLayerPlan& p = ep ? ep_plan : single_plan;
     const sfmoe_status forward = layer::moe_layer_forward_ranks(s, p, fwd.data());

@@ -878,8 +878,12 @@ TEST(EpLoopbackCpu, BadConfigurationsAndCallsAreRefusedWithoutWriting) {
   bad.payload_scaling = SFMOE_SCALING_TENSOR;  // scales for BF16 rows
   refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "payload_scaling");
   bad = c;
-  bad.transport = SFMOE_EP_TRANSPORT_NCCL;
-  refused(bad, SFMOE_ERROR_UNSUPPORTED, "NCCL");
+  bad.transport = SFMOE_EP_TRANSPORT_NCCL;  // (device memory only)
+  refused(bad, SFMOE_ERROR_UNSUPPORTED, "SFMOE_MEMORY_CUDA");
+  bad = c;
+  uint8_t id[SFMOE_EP_NCCL_UNIQUE_ID_BYTES] = {};
+  bad.nccl_unique_id = id;  // an NCCL id for the loopback
+  refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "nccl_unique_id");
 
   ASSERT_EQ(sfmoe_ep_group_create(&c, SFMOE_MEMORY_HOST, 0, &group), SFMOE_SUCCESS);
   sfmoe_ep_plan plan = sfmoe_ep_plan_init();

@@ -2,14 +2,21 @@
 // against the layer without expert parallelism on the same global batch, every output and
 // gradient bit for bit (tests/cpp/moe_layer_ep_harness.h; with SPILL's second round the weight
 // gradients within FP32 rounding); and the ranks' whole forward and backward, SPILL's two rounds
-// included, captured in one CUDA graph, replayed on new routings, checked each replay.
+// included, captured in one CUDA graph, replayed on new routings, checked each replay. And the
+// layer over the per-rank transport (NCCL's path; src/cuda/ep/ep_exchange.cu): each rank a
+// thread with its own stream, the ranks meeting only in emulated collectives, the same bits.
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <memory>
 #include <random>
+#include <string>
+#include <vector>
 
+#include "src/cuda/ep/ep_exchange.h"
 #include "tests/cpp/moe_layer_ep_harness.h"
 #include "tests/cpp/numerics_cases.h"
+#include "tests/cuda/ep_emulated_exchange.h"
 #include "tests/cuda/gpu_test_util.h"
 
 namespace sfmoe {
@@ -97,6 +104,55 @@ TEST(CudaMoeLayerEp, LoopbackRanksEqualTheSingleLayerBitForBit) {
 
 // Determinism on the device: the layer (every recipe, MXFP8 and NVFP4 emulated) and the
 // expert-parallel layer, run twice on the same inputs, give the same bits everywhere.
+TEST(CudaMoeLayerEp, PerRankTransportEqualsTheSingleLayerBitForBit) {
+  SFMOE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(session_test_seed() + 742);
+  LayerMemory m = device_memory(nullptr);
+  int checked = 0;
+  for (const EpLayerCase& c : device_ep_cases()) {
+    SCOPED_TRACE(c.name);
+    EpLayerRun run(c, m, rng);
+    ASSERT_EQ(run.step(0), SFMOE_SUCCESS) << sfmoe_last_error();
+    const int R = static_cast<int>(run.world);
+    EmulatedWorld world(R);
+    std::vector<layer::MoeLayerShape> shapes(R, run.ep_shape);
+    std::vector<layer::MoeLayerPlan> plans(R);
+    std::vector<std::unique_ptr<cuda::EpRankTransport>> transports(R);
+    std::vector<layer::MoeForwardCall> fwd;
+    std::vector<layer::MoeBackwardCall> bwd;
+    run.calls(1, &fwd, &bwd);
+    for (int r = 0; r < R; ++r) {
+      shapes[r].ep_transport = SFMOE_EP_TRANSPORT_NCCL;
+      shapes[r].ep_rank = r;
+      const Outcome planned = layer::plan_moe_layer(shapes[r], SFMOE_MEMORY_CUDA, &plans[r]);
+      ASSERT_TRUE(planned.ok()) << planned.reason;
+      const ops::EpLayout& l = plans[r].ep;
+      ASSERT_EQ(cuda::EpRankTransport::create(R, r, l.pair_rows, l.staging_row_bytes, l.scale_bytes,
+                                              0, std::make_unique<EmulatedExchange>(&world, r),
+                                              &transports[r]),
+                SFMOE_SUCCESS);
+      plans[r].ep_exchange = transports[r]->view();
+      // (a rank's own saved state and workspace: its handle is the per-rank one)
+      fwd[r].saved = bwd[r].saved = run.alloc(plans[r].saved_bytes, 0xA5);
+      fwd[r].workspace = bwd[r].workspace = run.alloc(plans[r].workspace_bytes, 0x5A);
+    }
+    const bool ran = run_rank_threads(R, [&](int r, cudaStream_t stream) {
+      fwd[r].stream = bwd[r].stream = stream;
+      const sfmoe_status forward = layer::moe_layer_forward_ranks(shapes[r], plans[r], &fwd[r]);
+      if (forward != SFMOE_SUCCESS) return forward;
+      return layer::moe_layer_backward_ranks(shapes[r], plans[r], &bwd[r]);
+    });
+    ASSERT_TRUE(ran);
+    CUDA_OK(cudaDeviceSynchronize());
+    run.expect_equal("per-rank transport");
+    ++checked;
+  }
+  std::printf(
+      "[ moe layer ep ] %d cases over the per-rank transport (ranks as threads): the "
+      "single layer's bits\n",
+      checked);
+}
+
 TEST(CudaMoeLayerEp, TwoRunsGiveTheSameBits) {
   SFMOE_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(session_test_seed() + 803);

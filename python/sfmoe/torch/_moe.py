@@ -20,6 +20,7 @@ _SCORES = {"softmax": 0, "sigmoid": 1}
 _RECIPES = {"bf16": 0, "tensorwise": 1, "blockwise": 2, "mxfp8": 3, "nvfp4": 4}
 _RECIPE_ALIGNMENT = {"bf16": 1, "tensorwise": 16, "blockwise": 128, "mxfp8": 32, "nvfp4": 16}
 _DTYPES = {torch.bfloat16: _C.DTYPE_BF16, torch.float32: _C.DTYPE_FP32}
+_EP_OVERFLOW = {"drop": 0, "trap": 1, "spill": 2}
 _TORCH = _arrays._Torch(torch)
 
 
@@ -65,6 +66,18 @@ class MoEConfig:
     # Each forward queues a copy of the experts' kept and dropped counts into pinned host memory
     # (two buffers, alternating), which expert_load() reads a step later without a sync.
     log_expert_load: bool = False
+    # Expert parallelism (set by MoE from its ep_group; docs/torch.md): ep_size ranks, this one
+    # ep_rank, each holding num_experts / ep_size experts and at most max_tokens_per_rank tokens a
+    # forward; each rank receives at most ep_capacity_factor * max_tokens_per_rank * topk rows
+    # (None: all it can be sent), and past it ep_overflow: "drop", "trap" (drop, and the status
+    # word's fault) or "spill" (a second round of at most ep_spill_factor * max_tokens_per_rank *
+    # topk rows; None: all that can overflow; needs gradient_accumulation_fusion and bf16).
+    ep_size: int = 1
+    ep_rank: int = 0
+    max_tokens_per_rank: int = 0
+    ep_capacity_factor: Optional[float] = None
+    ep_overflow: str = "drop"
+    ep_spill_factor: Optional[float] = None
 
     def __post_init__(self):
         if self.score_function not in _SCORES:
@@ -79,6 +92,54 @@ class MoEConfig:
             raise ValueError("token_drop_policy: only 'position' (an expert keeps its earliest tokens)")
         if self.capacity_factor is not None and not self.capacity_factor > 0:
             raise ValueError(f"capacity_factor must be positive, got {self.capacity_factor}")
+        if self.ep_overflow not in _EP_OVERFLOW:
+            raise ValueError(f"ep_overflow: expected one of {sorted(_EP_OVERFLOW)}, got {self.ep_overflow!r}")
+        if self.ep_size > 1 or self.max_tokens_per_rank:
+            if self.num_experts % self.ep_size:
+                raise ValueError(
+                    f"num_experts ({self.num_experts}) must be a multiple of the ep_group's size ({self.ep_size})"
+                )
+            if self.max_tokens_per_rank < 1:
+                raise ValueError(
+                    "with an ep_group, max_tokens_per_rank (every rank's bound on a forward's tokens) is needed"
+                )
+            if self.capacity_factor is not None:
+                raise ValueError(
+                    "with an ep_group the capacity is the ranks' (ep_capacity_factor); capacity_factor must be None"
+                )
+        for name in ("ep_capacity_factor", "ep_spill_factor"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+
+    @property
+    def expert_parallel(self):
+        return self.max_tokens_per_rank > 0
+
+    @property
+    def local_experts(self):
+        return self.num_experts // self.ep_size
+
+    def ep_fields(self, dtype):
+        """The sfmoe_ep_config fields of this rank's NCCL group."""
+        per_rank = self.max_tokens_per_rank * self.topk  # (what a rank receives on average)
+        capacity = -1 if self.ep_capacity_factor is None else max(1, math.ceil(self.ep_capacity_factor * per_rank))
+        spill = 0
+        if self.ep_overflow == "spill":
+            spill = -1 if self.ep_spill_factor is None else max(1, math.ceil(self.ep_spill_factor * per_rank))
+        return dict(
+            world_size=self.ep_size,
+            rank=self.ep_rank,
+            experts_per_rank=self.local_experts,
+            max_tokens_per_rank=self.max_tokens_per_rank,
+            top_k=self.topk,
+            hidden=self.hidden_size,
+            payload=_DTYPES[dtype],
+            row_alignment=max(self.row_alignment, _RECIPE_ALIGNMENT[self.recipe]),
+            receive_capacity=capacity,
+            overflow=_EP_OVERFLOW[self.ep_overflow],
+            spill_capacity=spill,
+        )
 
     @property
     def fc1_cols(self):
@@ -116,8 +177,10 @@ _LAYERS = collections.OrderedDict()
 # valid for a backward that makes its layer again).
 _MAX_LAYERS = 64
 _BACKWARDS: dict = {}  # backward calls per configuration key
+_EP_GROUPS: dict = {}  # an expert-parallel configuration's NCCL group (its key's)
 # (released before the interpreter tears the extension down)
 atexit.register(_LAYERS.clear)
+atexit.register(_EP_GROUPS.clear)
 
 
 def _register(config):
@@ -129,11 +192,17 @@ def _register(config):
 
 
 def _layer(key, tokens, dtype, device):
+    c = _CONFIGS[key]
+    if c.expert_parallel:
+        if tokens > c.max_tokens_per_rank:
+            raise ValueError(
+                f"sfmoe: {tokens} tokens on this rank, more than max_tokens_per_rank = {c.max_tokens_per_rank}"
+            )
+        tokens = c.max_tokens_per_rank  # (one layer for every count: the ranks' group is made for this bound)
     index = (key, tokens, dtype, device.type, device.index)
     if index in _LAYERS:
         _LAYERS.move_to_end(index)
     else:
-        c = _CONFIGS[key]
         fields = dict(
             hidden=c.hidden_size,
             ffn_hidden=c.ffn_hidden_size,
@@ -150,6 +219,8 @@ def _layer(key, tokens, dtype, device):
             accumulate_weight_grads=c.gradient_accumulation_fusion,
             seed=c.seed,
         )
+        if c.expert_parallel:
+            fields.update(ep_world_size=c.ep_size, ep_group=_EP_GROUPS[key])
         memory = _C.MEMORY_CUDA if device.type == "cuda" else _C.MEMORY_HOST
         layer = _C.MoeLayer(fields, memory, device.index or 0)
         _LAYERS[index] = (layer, layer.plan())
@@ -187,11 +258,12 @@ def moe_layer_forward(
     layer, plan = _layer(key, x.shape[0], x.dtype, x.device)
     if plan["saved_bytes"] != saved_bytes:
         raise RuntimeError(f"sfmoe: the layer's saved state is {plan['saved_bytes']} bytes, not {saved_bytes}")
-    experts = _CONFIGS[key].num_experts
+    c = _CONFIGS[key]
     y = torch.empty_like(x)
     saved = torch.empty(plan["saved_bytes"], dtype=torch.uint8, device=x.device)
     workspace = torch.empty(plan["forward_workspace_bytes"], dtype=torch.uint8, device=x.device)
-    kept, dropped, routed = (torch.empty(experts, dtype=torch.int64, device=x.device) for _ in range(3))
+    kept = torch.empty(c.local_experts, dtype=torch.int64, device=x.device)
+    dropped, routed = (torch.empty(c.num_experts, dtype=torch.int64, device=x.device) for _ in range(2))
     layer.forward(
         _arg(x),
         _arg(logits),
@@ -215,8 +287,8 @@ def moe_layer_forward(
 
 @moe_layer_forward.register_fake
 def _(x, logits, expert_bias, w1, w2, key, saved_bytes):
-    experts = _CONFIGS[key].num_experts
-    counts = [x.new_empty(experts, dtype=torch.int64) for _ in range(3)]
+    c = _CONFIGS[key]
+    counts = [x.new_empty(n, dtype=torch.int64) for n in (c.local_experts, c.num_experts, c.num_experts)]
     return (x.new_empty(x.shape), x.new_empty(saved_bytes, dtype=torch.uint8), *counts)
 
 
@@ -356,6 +428,22 @@ def main_grad_of(weight):
 moe_layer_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
+def _make_ep_group(key, config, ep_group, dtype, device):
+    """This rank's NCCL group for the configuration `key`, made once: rank 0 of `ep_group` makes
+    the NCCL id and torch.distributed hands it to the others (host communication at set-up only);
+    every rank's module construction takes part."""
+    if key in _EP_GROUPS:
+        return
+    import torch.distributed as dist
+
+    if device is None or device.type != "cuda":
+        raise ValueError("expert parallelism runs on CUDA devices: pass device='cuda:N'")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    box = [_C.ep_nccl_unique_id() if dist.get_rank(ep_group) == 0 else None]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(ep_group, 0), group=ep_group)
+    _EP_GROUPS[key] = _C.EpGroup(config.ep_fields(dtype), box[0], index)
+
+
 class _Fp32Gate(torch.autograd.Function):
     """The router's logits x W_r^T in FP32 from the layer's tokens, saving the tokens as they are
     (the layer keeps them anyway) rather than the FP32 copy autograd would keep through the whole
@@ -396,6 +484,15 @@ class MoE(torch.nn.Module):
     Parameters (the state-dict layout, docs/torch.md): ``router.weight`` [E, H] FP32,
     ``experts.weight1`` [E, fc1_cols, H] (gate rows then up rows for gated activations),
     ``experts.weight2`` [E, H, F], in `dtype` (bfloat16, or float32 on the CPU).
+
+    Expert parallelism: ``ep_group`` (a torch.distributed process group, one rank a GPU) and
+    ``max_tokens_per_rank`` (every rank's bound on a forward's tokens): each rank holds the
+    experts [r E_l, (r + 1) E_l) (E_l = E / group size: the weights are [E_l, ...]) and its own
+    tokens; the layer moves rows between the ranks over NCCL on the current stream, sync-free and
+    capturable in one CUDA graph (docs/ep.md). Every rank constructs its module at the same time
+    (the NCCL communicator is made then) and runs its steps in the same order.
+    ``ep_capacity_factor``, ``ep_overflow`` ("drop", "trap", "spill") and ``ep_spill_factor``
+    bound what a rank receives (MoEConfig).
     Buffers: ``expert_bias`` [E] (with ``expert_bias=True``), and after each forward
     ``tokens_per_expert`` / ``dropped_per_expert`` (device tensors, readable without a sync by a
     non-blocking copy). The auxiliary losses are attached to the output's gradient; their last
@@ -403,21 +500,39 @@ class MoE(torch.nn.Module):
     """
 
     def __init__(
-        self, hidden_size, ffn_hidden_size, num_experts, topk, *, dtype=torch.bfloat16, device=None, **options
+        self,
+        hidden_size,
+        ffn_hidden_size,
+        num_experts,
+        topk,
+        *,
+        dtype=torch.bfloat16,
+        device=None,
+        ep_group=None,
+        **options,
     ):
         super().__init__()
+        if ep_group is not None:
+            import torch.distributed as dist
+
+            options.update(ep_size=dist.get_world_size(ep_group), ep_rank=dist.get_rank(ep_group))
         self.config = MoEConfig(hidden_size, ffn_hidden_size, num_experts, topk, **options)
         if dtype not in _DTYPES:
             raise ValueError(f"dtype: expected torch.bfloat16 or torch.float32, got {dtype}")
         self._key = _register(self.config)
         c = self.config
+        if c.expert_parallel:
+            if ep_group is None:
+                raise ValueError("max_tokens_per_rank is for expert parallelism: pass the ep_group too")
+            _make_ep_group(self._key, c, ep_group, dtype, torch.device(device) if device is not None else None)
         self.router = torch.nn.Linear(hidden_size, num_experts, bias=False, device=device, dtype=torch.float32)
         self.experts = torch.nn.Module()
+        # (with an ep_group: this rank's experts, [ep_rank E_l, (ep_rank + 1) E_l))
         self.experts.weight1 = torch.nn.Parameter(
-            torch.empty(num_experts, c.fc1_cols, hidden_size, device=device, dtype=dtype)
+            torch.empty(c.local_experts, c.fc1_cols, hidden_size, device=device, dtype=dtype)
         )
         self.experts.weight2 = torch.nn.Parameter(
-            torch.empty(num_experts, hidden_size, ffn_hidden_size, device=device, dtype=dtype)
+            torch.empty(c.local_experts, hidden_size, ffn_hidden_size, device=device, dtype=dtype)
         )
         if c.shared_expert_ffn_hidden_size:
             S = c.shared_expert_ffn_hidden_size
@@ -453,6 +568,15 @@ class MoE(torch.nn.Module):
 
     _OWN_KEYS = ("router.weight", "experts.weight1", "experts.weight2")
 
+    def _shard_only(self, layout):
+        if self.config.expert_parallel and layout != "sfmoe":
+            c = self.config
+            first = c.ep_rank * c.local_experts
+            raise NotImplementedError(
+                f"this rank holds experts [{first}, {first + c.local_experts}) of {c.num_experts}: layouts other "
+                "than sfmoe's convert a whole checkpoint (convert it on one process, then give each rank its slice)"
+            )
+
     def _convert_foreign_layout(self, state, prefix, *args):
         if all(prefix + k in state for k in self._OWN_KEYS) and state[prefix + "experts.weight1"].dim() == 3:
             return
@@ -460,6 +584,7 @@ class MoE(torch.nn.Module):
             layout = _checkpoint.detect_layout(state, prefix)
         except ValueError:
             return  # load_state_dict reports the missing keys
+        self._shard_only(layout)
         converted = _checkpoint.to_sfmoe(state, self.config, layout, prefix, self.expert_bias is not None)
         for key in _checkpoint.owned_keys(state, layout, prefix):
             del state[key]
@@ -468,6 +593,9 @@ class MoE(torch.nn.Module):
     def checkpoint(self, layout="sfmoe"):
         """The module's parameters (and expert bias) in `layout` (see sfmoe.torch._checkpoint)."""
         own = {k: v.detach() for k, v in self.state_dict().items()}
+        self._shard_only(layout)
+        if self.config.expert_parallel:
+            return own
         return _checkpoint.from_sfmoe(own, self.config, layout)
 
     def save_checkpoint(self, path, layout="sfmoe"):
@@ -484,6 +612,10 @@ class MoE(torch.nn.Module):
                 raise ValueError(f"{path}: only safetensors files are read (no pickled checkpoints)")
             source = _checkpoint.read_safetensors(path)
         layout = _checkpoint.detect_layout(source, prefix) if layout == "auto" else layout
+        self._shard_only(layout)
+        if self.config.expert_parallel:
+            self.load_state_dict({k[len(prefix) :]: v for k, v in source.items() if k.startswith(prefix)}, strict=True)
+            return
         converted = _checkpoint.to_sfmoe(source, self.config, layout, prefix, self.expert_bias is not None)
         owned = set(_checkpoint.owned_keys(source, layout, prefix))
         # The keys the layout does not own (a shared expert's) load under their own names.
@@ -496,6 +628,7 @@ class MoE(torch.nn.Module):
         dicts (Adam's exp_avg, exp_avg_sq, step); each tensor field is converted as its parameter
         is, the scalar fields are taken from the first parameter."""
         layout = _checkpoint.detect_layout(named_state, prefix) if layout == "auto" else layout
+        self._shard_only(layout)
         first = next(iter(named_state.values()))
         params = dict(self.named_parameters())
         fields = [k for k, v in first.items() if torch.is_tensor(v) and v.dim() > 0]
@@ -568,8 +701,9 @@ class MoE(torch.nn.Module):
     def _queue_expert_load(self, kept, dropped):
         if not hasattr(self, "_load_buffers"):
             pinned = kept.is_cuda
+            # (kept counts are the local experts' with an ep_group, dropped ones every expert's)
             self._load_buffers = [
-                torch.zeros(2, self.config.num_experts, dtype=torch.int64, pin_memory=pinned) for _ in range(2)
+                [torch.zeros(t.shape, dtype=torch.int64, pin_memory=pinned) for t in (kept, dropped)] for _ in range(2)
             ]
             self._load_events = [None, None]
             self._load_turn = 0
@@ -594,8 +728,8 @@ class MoE(torch.nn.Module):
         event = self._load_events[older]
         if event is not None:
             event.synchronize()  # (complete a step ago in a running training loop)
-        counts = self._load_buffers[older].clone()
-        return counts[0], counts[1]
+        kept, dropped = self._load_buffers[older]
+        return kept.clone(), dropped.clone()
 
     @torch.no_grad()
     def update_expert_bias(self):

@@ -170,5 +170,52 @@ sfmoe_status copy_device_async(void* to, const void* from, size_t bytes, void* s
   return error == cudaSuccess ? SFMOE_SUCCESS : cuda_fail("cudaMemcpyAsync", error);
 }
 
+namespace {
+
+constexpr size_t kSpansPerLaunch = 32;
+constexpr size_t kLargestSpan = 64 << 10;  // (larger ones: a copy of their own)
+struct Spans {
+  CopySpan span[kSpansPerLaunch];
+};
+
+// A block per span, 8-byte words when both ends and the size allow.
+__global__ void copy_spans_kernel(Spans spans) {
+  const CopySpan& c = spans.span[blockIdx.x];
+  const uintptr_t ends = reinterpret_cast<uintptr_t>(c.to) | reinterpret_cast<uintptr_t>(c.from);
+  if (ends % 8 == 0 && c.bytes % 8 == 0) {
+    const uint64_t* from = static_cast<const uint64_t*>(c.from);
+    uint64_t* to = static_cast<uint64_t*>(c.to);
+    for (size_t i = threadIdx.x; i < c.bytes / 8; i += blockDim.x) to[i] = from[i];
+  } else {
+    const uint8_t* from = static_cast<const uint8_t*>(c.from);
+    uint8_t* to = static_cast<uint8_t*>(c.to);
+    for (size_t i = threadIdx.x; i < c.bytes; i += blockDim.x) to[i] = from[i];
+  }
+}
+
+}  // namespace
+
+sfmoe_status copy_spans_async(const CopySpan* spans, size_t count, void* stream) {
+  Spans batch{};
+  size_t n = 0;
+  auto flush = [&]() -> sfmoe_status {
+    if (n == 0) return SFMOE_SUCCESS;
+    copy_spans_kernel<<<static_cast<unsigned>(n), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+        batch);
+    n = 0;
+    return check_launch("copy_spans_kernel");
+  };
+  for (size_t i = 0; i < count; ++i) {
+    if (spans[i].bytes == 0) continue;
+    if (spans[i].bytes > kLargestSpan) {
+      SFMOE_RETURN_IF_ERROR(copy_device_async(spans[i].to, spans[i].from, spans[i].bytes, stream));
+      continue;
+    }
+    batch.span[n++] = spans[i];
+    if (n == kSpansPerLaunch) SFMOE_RETURN_IF_ERROR(flush());
+  }
+  return flush();
+}
+
 }  // namespace cuda
 }  // namespace sfmoe
