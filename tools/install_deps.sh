@@ -9,9 +9,13 @@ cd "$(dirname "$0")/.."
 CUTLASS_VERSION=4.2.0.0
 # torch (about 3 GB with its CUDA libraries, kept in .venv): the torch module's tests and the demo
 # run on the CPU backend in CI; tqdm and matplotlib: the demo's progress bar and loss plot;
-# safetensors: checkpoints in the torch module.
+# safetensors: checkpoints in the torch module; jax and jaxlib (CPU): the JAX block's FFI handlers
+# are built against jaxlib's headers and tested on JAX's CPU backend (0.10.2 is the newest release
+# this machine's index has; the GPU machine runs JAX 0.11 against its own headers); flax and optax:
+# the JAX block's Flax module and the optimizer-state migrations.
 PY_PACKAGES=(nanobind==3.1.0 numpy==2.4.6 ml_dtypes==0.6.0 pytest==9.2.0 ruff==0.17.6 torch==2.15.0
-             tqdm==4.70.1 matplotlib==3.11.2 safetensors==0.8.0)
+             tqdm==4.70.1 matplotlib==3.11.2 safetensors==0.8.0 jax==0.10.2 jaxlib==0.10.2
+             flax==0.12.8 optax==0.2.8)
 
 have_network() { [ "${SFMOE_OFFLINE:-0}" != 1 ]; }
 PIP_OPTS=(-q --disable-pip-version-check --root-user-action=ignore --retries 1 --timeout 20)

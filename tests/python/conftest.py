@@ -21,6 +21,10 @@ except ImportError as error:
 RUN_SEED = int(os.environ.get("SFMOE_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: runs on a GPU device of its own choosing")
+
+
 def pytest_report_header(config):
     return f"sfmoe test seed: {RUN_SEED} (repeat with SFMOE_TEST_SEED={RUN_SEED})"
 

@@ -1,0 +1,240 @@
+"""sfmoe for JAX: the MoE layer as XLA FFI calls under ``jax.custom_vjp`` (docs/jax.md).
+
+:func:`moe_layer` runs the C++ layer (top-k routing, permute, FC1, activation, FC2, weighted
+combine; and its backward) on the given logits and sfmoe-layout weights; :func:`moe_block` adds the
+router's gate (FP32 logits = x W_g), the load-balancing and z losses, and MaxText's weight layout
+(``wi`` [E, H, fc1_cols] with the gate half first, or ``wi_0`` / ``wi_1`` [E, H, F]; ``wo``
+[E, F, H]). Both work under ``jax.jit``, ``jax.checkpoint`` and ``jax.eval_shape``: every shape is
+static (the layer is planned for the token count), the per-expert counts stay on the device, and
+changing the routing never recompiles. The handlers run on the CPU backend and on CUDA (command-
+buffer compatible: the same device work on every call). ``jax.vmap`` is refused (a batch of MoE
+layers is not one layer: reshape the tokens instead).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _C
+from .._moe_config import MoEConfig
+
+try:
+    from .. import _jax as _handlers
+except ImportError as error:  # pragma: no cover (a build without jaxlib at configure time)
+    raise ImportError(
+        "sfmoe was built without its JAX FFI handlers (jaxlib was not importable when the extension "
+        "was configured); install jax and rebuild"
+    ) from error
+
+__all__ = ["MoEBlock", "MoEConfig", "fuse_wi", "moe_block", "moe_layer", "plan", "split_wi", "update_expert_bias"]
+_FLAX_NAMES = ("MoEBlock", "fuse_wi", "split_wi", "update_expert_bias")
+
+
+def __getattr__(name):
+    """The Flax module and its migrations, imported on first use (Flax is optional)."""
+    if name in _FLAX_NAMES:
+        from . import _flax
+
+        return getattr(_flax, name)
+    raise AttributeError(f"module 'sfmoe.jax' has no attribute {name!r}")
+
+
+_DTYPES = {jnp.dtype(jnp.bfloat16): _C.DTYPE_BF16, jnp.dtype(jnp.float32): _C.DTYPE_FP32}
+
+
+def _register():
+    for name, (host, cuda) in _handlers.handlers().items():
+        jax.ffi.register_ffi_target(name, host, platform="cpu")
+        try:
+            jax.ffi.register_ffi_target(name, cuda, platform="CUDA")
+        except Exception:  # (a jaxlib without CUDA)
+            pass
+
+
+_register()
+
+# The attributes the handlers read (python/src/jax_ffi.cpp), in its order.
+_INT_FIELDS = (
+    "hidden",
+    "ffn_hidden",
+    "num_experts",
+    "max_tokens",
+    "top_k",
+    "score",
+    "softmax_after_topk",
+    "num_groups",
+    "group_topk",
+    "group_score_topk",
+    "normalize",
+    "activation",
+    "expert_capacity",
+    "row_alignment",
+    "dtype",
+    "recipe",
+    "seed",
+)
+_FLOAT_FIELDS = ("scaling_factor", "activation_limit", "activation_alpha")
+
+
+def _fields(config, tokens, dtype):
+    if config.expert_parallel:
+        raise NotImplementedError("sfmoe.jax: expert parallelism (ep_size) is not built yet in the JAX block")
+    if config.gradient_accumulation_fusion:
+        raise ValueError("sfmoe.jax: JAX gradients are functional: gradient_accumulation_fusion must be False")
+    if jnp.dtype(dtype) not in _DTYPES:
+        raise ValueError(f"sfmoe.jax: tokens must be bfloat16 or float32, got {dtype}")
+    return config.layer_fields(tokens, _DTYPES[jnp.dtype(dtype)])
+
+
+def _attributes(config, tokens, dtype):
+    f = _fields(config, tokens, dtype)
+    flat = dict(f, **f["router"])
+    flat["top_k"] = f["router"]["top_k"]
+    ints = {k: np.int64(int(flat[k])) for k in _INT_FIELDS}
+    floats = {k: np.float32(flat[k]) for k in _FLOAT_FIELDS}
+    return dict(ints, **floats)
+
+
+@functools.lru_cache(maxsize=256)
+def _plan_of(config, tokens, dtype_name):
+    """The C planner's sizes, the largest over the platforms this process has (the buffers are
+    XLA's results, shaped before the platform is known)."""
+    fields = _fields(config, tokens, jnp.dtype(dtype_name))
+    plans = [_C.MoeLayer(fields, _C.MEMORY_HOST, 0).plan()]
+    if any(d.platform == "gpu" for d in jax.devices()):
+        try:
+            plans.append(_C.MoeLayer(fields, _C.MEMORY_CUDA, 0).plan())
+        except Exception:  # (a configuration only the host runs, FP32: the device call says why)
+            pass
+    keys = ("saved_bytes", "workspace_bytes", "forward_workspace_bytes")
+    return {k: max(p[k] for p in plans) for k in keys}
+
+
+def plan(config, tokens, dtype=jnp.bfloat16):
+    """The layer's buffer sizes for `tokens` tokens of `dtype` (bytes): saved state, workspaces."""
+    return dict(_plan_of(config, int(tokens), jnp.dtype(dtype).name))
+
+
+def _counts(n):
+    # INT64 counts as int32 pairs (JAX without x64 has no int64 arrays; the handler writes INT64)
+    return jax.ShapeDtypeStruct((n, 2), jnp.int32)
+
+
+def _forward_call(x, logits, expert_bias, w1, w2, config):
+    T = x.shape[0]
+    p = _plan_of(config, T, x.dtype.name)
+    E = config.num_experts
+    results = (
+        jax.ShapeDtypeStruct(x.shape, x.dtype),
+        jax.ShapeDtypeStruct((p["saved_bytes"],), jnp.uint8),
+        jax.ShapeDtypeStruct((p["forward_workspace_bytes"],), jnp.uint8),
+        _counts(E),
+        _counts(E),
+        _counts(E),
+    )
+    bias = jnp.zeros((E,), jnp.float32) if expert_bias is None else expert_bias.astype(jnp.float32)
+    call = jax.ffi.ffi_call("sfmoe_moe_forward", results, vmap_method=None)
+    y, saved, _, kept, dropped, routed = call(
+        x,
+        logits.astype(jnp.float32),
+        bias,
+        w1,
+        w2,
+        has_expert_bias=np.int64(expert_bias is not None),
+        **_attributes(config, T, x.dtype),
+    )
+    return y, saved, (kept[:, 0], dropped[:, 0], routed[:, 0])
+
+
+def _backward_call(x, d_y, logits, w1, w2, saved, config):
+    T = x.shape[0]
+    p = _plan_of(config, T, x.dtype.name)
+    results = (
+        jax.ShapeDtypeStruct(x.shape, x.dtype),
+        jax.ShapeDtypeStruct(logits.shape, jnp.float32),
+        jax.ShapeDtypeStruct(w1.shape, w1.dtype),
+        jax.ShapeDtypeStruct(w2.shape, w2.dtype),
+        jax.ShapeDtypeStruct(saved.shape, jnp.uint8),
+        jax.ShapeDtypeStruct((p["workspace_bytes"],), jnp.uint8),
+    )
+    # (the backward writes its FC1 gradient over the saved state: operand 5 is result 4)
+    call = jax.ffi.ffi_call("sfmoe_moe_backward", results, input_output_aliases={5: 4}, vmap_method=None)
+    d_x, d_logits, d_w1, d_w2, _, _ = call(
+        x, d_y.astype(x.dtype), logits.astype(jnp.float32), w1, w2, saved, **_attributes(config, T, x.dtype)
+    )
+    return d_x, d_logits, d_w1, d_w2
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _layer(x, logits, expert_bias, w1, w2, config):
+    y, _, counts = _forward_call(x, logits, expert_bias, w1, w2, config)
+    return y, counts
+
+
+def _layer_fwd(x, logits, expert_bias, w1, w2, config):
+    y, saved, counts = _forward_call(x, logits, expert_bias, w1, w2, config)
+    return (y, counts), (x, logits, expert_bias, w1, w2, saved)
+
+
+def _layer_bwd(config, residuals, cotangents):
+    x, logits, expert_bias, w1, w2, saved = residuals
+    d_y = cotangents[0]
+    d_x, d_logits, d_w1, d_w2 = _backward_call(x, d_y, logits, w1, w2, saved, config)
+    d_bias = None if expert_bias is None else jnp.zeros_like(expert_bias)  # (selection only)
+    return d_x, d_logits.astype(logits.dtype), d_bias, d_w1, d_w2
+
+
+_layer.defvjp(_layer_fwd, _layer_bwd)
+
+
+def moe_layer(x, logits, w1, w2, config, expert_bias=None):
+    """The layer on tokens x [T, H] (bfloat16 or float32) with the router's logits [T, E], sfmoe's
+    weights w1 [E, fc1_cols, H] (gate rows, then up rows, for gated activations) and w2 [E, H, F];
+    expert_bias [E] steers the selection only. Returns (y [T, H], counts): counts holds
+    ``tokens_per_expert``, ``dropped_per_expert`` and ``routed_per_expert`` ([E] int32, on the
+    device). Differentiable in x, logits, w1 and w2."""
+    if not isinstance(config, MoEConfig):
+        raise TypeError(f"config: expected an sfmoe MoEConfig, got {type(config).__name__}")
+    y, (kept, dropped, routed) = _layer(x, logits, expert_bias, w1, w2, config)
+    return y, dict(tokens_per_expert=kept, dropped_per_expert=dropped, routed_per_expert=routed)
+
+
+def aux_losses(logits, routed, config):
+    """The Switch/GShard load-balancing loss and the z-loss from the FP32 logits, as the torch
+    module computes them (docs/torch.md, "Losses and counts"); 0.0 when both coefficients are 0."""
+    tokens = logits.shape[0]
+    total = jnp.zeros((), jnp.float32)
+    if tokens == 0:
+        return total
+    if config.aux_loss_coeff > 0:
+        if config.score_function == "sigmoid":
+            scores = jax.nn.sigmoid(logits)
+            scores = scores / scores.sum(-1, keepdims=True)
+        else:
+            scores = jax.nn.softmax(logits, -1)
+        factor = config.aux_loss_coeff * config.num_experts / (config.topk * tokens * tokens)
+        total = total + factor * (jax.lax.stop_gradient(routed).astype(jnp.float32) * scores.sum(0)).sum()
+    if config.z_loss_coeff > 0:
+        total = total + config.z_loss_coeff / tokens * jnp.square(jax.nn.logsumexp(logits, -1)).sum()
+    return total
+
+
+def sfmoe_weights(wi, wo):
+    """MaxText's expert weights in sfmoe's layout: ``wi`` [E, H, fc1_cols] (or the pair
+    ``(wi_0, wi_1)`` of [E, H, F]) and ``wo`` [E, F, H] -> (w1 [E, fc1_cols, H], w2 [E, H, F])."""
+    if isinstance(wi, (tuple, list)):
+        wi = jnp.concatenate(wi, axis=-1)
+    return jnp.swapaxes(wi, 1, 2), jnp.swapaxes(wo, 1, 2)
+
+
+def moe_block(x, gate_kernel, wi, wo, config, expert_bias=None):
+    """A MoE FFN on x [..., H]: logits = x W_g in FP32 (gate_kernel [H, E]), the layer on MaxText's
+    weights (sfmoe_weights), the losses. Returns (y like x, aux_loss, counts)."""
+    shape = x.shape
+    tokens = x.reshape(-1, shape[-1])
+    logits = jnp.dot(tokens.astype(jnp.float32), gate_kernel.astype(jnp.float32))
+    w1, w2 = sfmoe_weights(wi, wo)
+    y, counts = moe_layer(tokens, logits, w1.astype(tokens.dtype), w2.astype(tokens.dtype), config, expert_bias)
+    return y.reshape(shape), aux_losses(logits, counts["routed_per_expert"], config), counts

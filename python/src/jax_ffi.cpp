@@ -1,0 +1,342 @@
+// The MoE layer (include/sfmoe/moe_layer.h) as XLA FFI handlers for JAX (python/sfmoe/jax.py):
+// `sfmoe_moe_forward` and `sfmoe_moe_backward`, each bound for the host (the CPU backend) and
+// for CUDA (the call's stream; command-buffer compatible: every call launches the same device work
+// on buffers XLA gives it, no host synchronization, no allocation). The layer's configuration
+// arrives as the call's attributes; the sfmoe_moe_layer made for it is kept (per configuration,
+// memory and device) for the process's life. Every buffer, the saved state and the workspace
+// included, is an operand or a result XLA allocates; the backward writes its FC1 gradient over the
+// saved state, which it takes as an operand aliased to a result.
+#include <nanobind/nanobind.h>
+#include <stdint.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "sfmoe/moe_layer.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace nb = nanobind;
+namespace ffi = xla::ffi;
+
+namespace {
+
+ffi::Error fail_with(sfmoe_status status) {
+  return ffi::Error(status == SFMOE_ERROR_OUT_OF_MEMORY ? ffi::ErrorCode::kResourceExhausted
+                                                        : ffi::ErrorCode::kInvalidArgument,
+                    std::string("sfmoe: ") + sfmoe_last_error());
+}
+
+// The configuration's attributes, in one order (the cache key).
+const char* const kIntFields[] = {"hidden",
+                                  "ffn_hidden",
+                                  "num_experts",
+                                  "max_tokens",
+                                  "top_k",
+                                  "score",
+                                  "softmax_after_topk",
+                                  "num_groups",
+                                  "group_topk",
+                                  "group_score_topk",
+                                  "normalize",
+                                  "activation",
+                                  "expert_capacity",
+                                  "row_alignment",
+                                  "dtype",
+                                  "recipe",
+                                  "seed"};
+const char* const kFloatFields[] = {"scaling_factor", "activation_limit", "activation_alpha"};
+
+struct LayerKey {
+  std::vector<int64_t> ints;
+  std::vector<float> floats;
+  int32_t memory, device;
+  bool operator<(const LayerKey& o) const {
+    return std::tie(ints, floats, memory, device) < std::tie(o.ints, o.floats, o.memory, o.device);
+  }
+};
+
+struct Layer {
+  sfmoe_moe_layer* layer = nullptr;
+  sfmoe_moe_layer_plan plan;
+  ~Layer() { sfmoe_moe_layer_destroy(layer); }
+};
+
+std::mutex g_mutex;
+std::map<LayerKey, std::unique_ptr<Layer>>& layers() {
+  static auto* made = new std::map<LayerKey, std::unique_ptr<Layer>>();  // (outlives XLA's calls)
+  return *made;
+}
+
+ffi::ErrorOr<const Layer*> layer_for(const ffi::Dictionary& attrs, sfmoe_memory memory,
+                                     int32_t device) {
+  LayerKey key{{}, {}, static_cast<int32_t>(memory), device};
+  for (const char* name : kIntFields) {
+    ffi::ErrorOr<int64_t> v = attrs.get<int64_t>(name);
+    if (v.has_error()) return ffi::Unexpected(v.error());
+    key.ints.push_back(*v);
+  }
+  for (const char* name : kFloatFields) {
+    ffi::ErrorOr<float> v = attrs.get<float>(name);
+    if (v.has_error()) return ffi::Unexpected(v.error());
+    key.floats.push_back(*v);
+  }
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto found = layers().find(key);
+  if (found != layers().end()) return found->second.get();
+  const std::vector<int64_t>& i = key.ints;
+  sfmoe_moe_layer_config c = sfmoe_moe_layer_config_init();
+  c.hidden = i[0];
+  c.ffn_hidden = i[1];
+  c.num_experts = i[2];
+  c.max_tokens = i[3];
+  c.router = sfmoe_router_config_init();
+  c.router.top_k = i[4];
+  c.router.score = static_cast<sfmoe_router_score>(i[5]);
+  c.router.softmax_after_topk = static_cast<int32_t>(i[6]);
+  c.router.num_groups = i[7];
+  c.router.group_topk = i[8];
+  c.router.group_score_topk = i[9];
+  c.router.normalize = static_cast<int32_t>(i[10]);
+  c.router.scaling_factor = key.floats[0];
+  c.activation = static_cast<sfmoe_activation>(i[11]);
+  c.activation_limit = key.floats[1];
+  c.activation_alpha = key.floats[2];
+  c.expert_capacity = i[12];
+  c.row_alignment = i[13];
+  c.dtype = static_cast<sfmoe_dtype>(i[14]);
+  c.recipe = static_cast<sfmoe_moe_recipe>(i[15]);
+  c.seed = static_cast<uint64_t>(i[16]);
+  auto made = std::make_unique<Layer>();
+  sfmoe_status status = sfmoe_moe_layer_create(&c, memory, device, &made->layer);
+  if (status == SFMOE_SUCCESS) {
+    made->plan = sfmoe_moe_layer_plan_init();
+    status = sfmoe_moe_layer_get_plan(made->layer, &made->plan);
+  }
+  if (status != SFMOE_SUCCESS) return ffi::Unexpected(fail_with(status));
+  const Layer* kept = made.get();
+  layers()[key] = std::move(made);
+  return kept;
+}
+
+sfmoe_dtype dtype_of(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::BF16:
+      return SFMOE_DTYPE_BF16;
+    case ffi::DataType::F32:
+      return SFMOE_DTYPE_FP32;
+    case ffi::DataType::S64:
+      return SFMOE_DTYPE_INT64;
+    case ffi::DataType::S32:
+      return SFMOE_DTYPE_INT32;
+    default:  // (bytes: the saved state and the workspace)
+      return SFMOE_DTYPE_FP8_E4M3;
+  }
+}
+
+struct Tensors {
+  sfmoe_memory memory;
+  int32_t device;
+  std::vector<std::unique_ptr<sfmoe_tensor>> held;
+  const sfmoe_tensor* of(const ffi::AnyBuffer& b) {
+    const auto dims = b.dimensions();
+    held.push_back(std::make_unique<sfmoe_tensor>(
+        sfmoe_tensor_make(b.untyped_data(), dtype_of(b.element_type()),
+                          static_cast<int32_t>(dims.size()), dims.begin(), memory, device)));
+    return held.back().get();
+  }
+  // INT64 counts that JAX (without x64) holds as int32 pairs [n, 2]: the same bytes.
+  const sfmoe_tensor* counts(const ffi::AnyBuffer& b) {
+    const auto dims = b.dimensions();
+    const int64_t n =
+        dims.size() == 2 && dims[1] == 2 && b.element_type() == ffi::DataType::S32 ? dims[0] : -1;
+    held.push_back(std::make_unique<sfmoe_tensor>(
+        sfmoe_tensor_make(b.untyped_data(), n >= 0 ? SFMOE_DTYPE_INT64 : dtype_of(b.element_type()),
+                          1, n >= 0 ? &n : dims.begin(), memory, device)));
+    return held.back().get();
+  }
+};
+
+ffi::Error forward(sfmoe_memory memory, void* stream, int32_t device, ffi::AnyBuffer x,
+                   ffi::AnyBuffer logits, ffi::AnyBuffer expert_bias, ffi::AnyBuffer w1,
+                   ffi::AnyBuffer w2, ffi::Dictionary attrs, ffi::Result<ffi::AnyBuffer> y,
+                   ffi::Result<ffi::AnyBuffer> saved, ffi::Result<ffi::AnyBuffer> workspace,
+                   ffi::Result<ffi::AnyBuffer> kept, ffi::Result<ffi::AnyBuffer> dropped,
+                   ffi::Result<ffi::AnyBuffer> routed) {
+  ffi::ErrorOr<const Layer*> layer = layer_for(attrs, memory, device);
+  if (layer.has_error()) return layer.error();
+  ffi::ErrorOr<int64_t> has_bias = attrs.get<int64_t>("has_expert_bias");
+  if (has_bias.has_error()) return has_bias.error();
+  Tensors t{memory, device, {}};
+  sfmoe_moe_forward_args a = sfmoe_moe_forward_args_init();
+  a.x = t.of(x);
+  a.logits = t.of(logits);
+  a.expert_bias = *has_bias ? t.of(expert_bias) : nullptr;
+  a.w1 = t.of(w1);
+  a.w2 = t.of(w2);
+  a.y = t.of(*y);
+  a.saved = t.of(*saved);
+  a.workspace = t.of(*workspace);
+  a.tokens_per_expert = t.counts(*kept);
+  a.dropped_per_expert = t.counts(*dropped);
+  a.routed_per_expert = t.counts(*routed);
+  a.stream = stream;
+  const sfmoe_status status = sfmoe_moe_layer_forward((*layer)->layer, &a);
+  return status == SFMOE_SUCCESS ? ffi::Error::Success() : fail_with(status);
+}
+
+ffi::Error backward(sfmoe_memory memory, void* stream, int32_t device, ffi::AnyBuffer x,
+                    ffi::AnyBuffer d_y, ffi::AnyBuffer logits, ffi::AnyBuffer w1, ffi::AnyBuffer w2,
+                    ffi::AnyBuffer /*saved: aliased to saved_after*/, ffi::Dictionary attrs,
+                    ffi::Result<ffi::AnyBuffer> d_x, ffi::Result<ffi::AnyBuffer> d_logits,
+                    ffi::Result<ffi::AnyBuffer> d_w1, ffi::Result<ffi::AnyBuffer> d_w2,
+                    ffi::Result<ffi::AnyBuffer> saved_after,
+                    ffi::Result<ffi::AnyBuffer> workspace) {
+  ffi::ErrorOr<const Layer*> layer = layer_for(attrs, memory, device);
+  if (layer.has_error()) return layer.error();
+  Tensors t{memory, device, {}};
+  sfmoe_moe_backward_args a = sfmoe_moe_backward_args_init();
+  a.x = t.of(x);
+  a.d_y = t.of(d_y);
+  a.logits = t.of(logits);
+  a.w1 = t.of(w1);
+  a.w2 = t.of(w2);
+  a.saved = t.of(*saved_after);
+  a.workspace = t.of(*workspace);
+  a.d_x = t.of(*d_x);
+  a.d_logits = t.of(*d_logits);
+  a.d_w1 = t.of(*d_w1);
+  a.d_w2 = t.of(*d_w2);
+  a.stream = stream;
+  const sfmoe_status status = sfmoe_moe_layer_backward((*layer)->layer, &a);
+  return status == SFMOE_SUCCESS ? ffi::Error::Success() : fail_with(status);
+}
+
+ffi::Error forward_host(ffi::AnyBuffer x, ffi::AnyBuffer logits, ffi::AnyBuffer bias,
+                        ffi::AnyBuffer w1, ffi::AnyBuffer w2, ffi::Dictionary attrs,
+                        ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> saved,
+                        ffi::Result<ffi::AnyBuffer> workspace, ffi::Result<ffi::AnyBuffer> kept,
+                        ffi::Result<ffi::AnyBuffer> dropped, ffi::Result<ffi::AnyBuffer> routed) {
+  return forward(SFMOE_MEMORY_HOST, nullptr, 0, x, logits, bias, w1, w2, attrs, y, saved, workspace,
+                 kept, dropped, routed);
+}
+ffi::Error forward_cuda(void* stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer logits,
+                        ffi::AnyBuffer bias, ffi::AnyBuffer w1, ffi::AnyBuffer w2,
+                        ffi::Dictionary attrs, ffi::Result<ffi::AnyBuffer> y,
+                        ffi::Result<ffi::AnyBuffer> saved, ffi::Result<ffi::AnyBuffer> workspace,
+                        ffi::Result<ffi::AnyBuffer> kept, ffi::Result<ffi::AnyBuffer> dropped,
+                        ffi::Result<ffi::AnyBuffer> routed) {
+  return forward(SFMOE_MEMORY_CUDA, stream, device, x, logits, bias, w1, w2, attrs, y, saved,
+                 workspace, kept, dropped, routed);
+}
+ffi::Error backward_host(ffi::AnyBuffer x, ffi::AnyBuffer d_y, ffi::AnyBuffer logits,
+                         ffi::AnyBuffer w1, ffi::AnyBuffer w2, ffi::AnyBuffer saved,
+                         ffi::Dictionary attrs, ffi::Result<ffi::AnyBuffer> d_x,
+                         ffi::Result<ffi::AnyBuffer> d_logits, ffi::Result<ffi::AnyBuffer> d_w1,
+                         ffi::Result<ffi::AnyBuffer> d_w2, ffi::Result<ffi::AnyBuffer> saved_after,
+                         ffi::Result<ffi::AnyBuffer> workspace) {
+  return backward(SFMOE_MEMORY_HOST, nullptr, 0, x, d_y, logits, w1, w2, saved, attrs, d_x,
+                  d_logits, d_w1, d_w2, saved_after, workspace);
+}
+ffi::Error backward_cuda(void* stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer d_y,
+                         ffi::AnyBuffer logits, ffi::AnyBuffer w1, ffi::AnyBuffer w2,
+                         ffi::AnyBuffer saved, ffi::Dictionary attrs,
+                         ffi::Result<ffi::AnyBuffer> d_x, ffi::Result<ffi::AnyBuffer> d_logits,
+                         ffi::Result<ffi::AnyBuffer> d_w1, ffi::Result<ffi::AnyBuffer> d_w2,
+                         ffi::Result<ffi::AnyBuffer> saved_after,
+                         ffi::Result<ffi::AnyBuffer> workspace) {
+  return backward(SFMOE_MEMORY_CUDA, stream, device, x, d_y, logits, w1, w2, saved, attrs, d_x,
+                  d_logits, d_w1, d_w2, saved_after, workspace);
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SfmoeMoeForwardHost, forward_host,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Attrs<ffi::Dictionary>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SfmoeMoeForwardCuda, forward_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<void*>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Attrs<ffi::Dictionary>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SfmoeMoeBackwardHost, backward_host,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Attrs<ffi::Dictionary>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SfmoeMoeBackwardCuda, backward_cuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<void*>>()
+                                  .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Attrs<ffi::Dictionary>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>(),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+namespace {
+
+template <class Handler>
+nb::capsule capsule_of(Handler* handler) {
+  return nb::capsule(reinterpret_cast<void*>(handler));
+}
+
+}  // namespace
+
+NB_MODULE(_jax, m) {
+  m.doc() = "XLA FFI handlers of the sfmoe MoE layer (python/sfmoe/jax.py registers them).";
+  m.def("handlers", [] {
+    nb::dict d;
+    d["sfmoe_moe_forward"] =
+        nb::make_tuple(capsule_of(SfmoeMoeForwardHost), capsule_of(SfmoeMoeForwardCuda));
+    d["sfmoe_moe_backward"] =
+        nb::make_tuple(capsule_of(SfmoeMoeBackwardHost), capsule_of(SfmoeMoeBackwardCuda));
+    return d;
+  });
+}

@@ -1,0 +1,323 @@
+"""sfmoe.jax: the MoE layer through XLA FFI (docs/jax.md), on JAX's CPU backend here and on the GPU
+where one is present. Against a pure-JAX reference MoE written below from docs/router.md and
+docs/moe_layer.md (softmax after or before the top-k, sigmoid with normalization, group-limited
+top-k, expert bias; SwiGLU and GELU experts): the output and the gradients of x, the logits (so
+the gate) and both weights, FP32 within rounding and BF16 within its bound; the aux and z losses'
+gradients; the torch module's output and gradients on the same weights; jit without recompiling on
+new routings, jax.checkpoint, eval_shape, every token on one expert and empty experts; vmap
+refused."""
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+jnp = pytest.importorskip("jax.numpy")
+sfmoe_jax = pytest.importorskip("sfmoe.jax")
+from sfmoe.jax import MoEConfig, moe_block, moe_layer  # noqa: E402
+
+jax.config.update("jax_default_matmul_precision", "highest")
+_GPU = [d for d in jax.devices() if d.platform == "gpu"]
+
+
+@pytest.fixture(autouse=True)
+def on_the_cpu(request):
+    """The FP32 tests on JAX's CPU device (the CPU backend; the device layer is BF16), whatever
+    the default device; the GPU test chooses its own."""
+    if "gpu" in request.keywords:
+        yield
+        return
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
+def _route(logits, bias, c):
+    """Token ids [T, k] and probabilities [T, k] as docs/router.md defines them."""
+    E, k = c.num_experts, c.topk
+    if c.score_function == "sigmoid":
+        scores = jax.nn.sigmoid(logits)
+    elif c.pre_softmax:
+        scores = jax.nn.softmax(logits, -1)
+    else:
+        scores = logits  # softmax after the top-k: select on the logits
+    select = scores if bias is None else scores + bias
+    if c.num_groups > 1:
+        G = c.num_groups
+        grouped = select.reshape(-1, G, E // G)
+        group_score = jax.lax.top_k(grouped, 2)[0].sum(-1)
+        kept = jax.lax.top_k(group_score, c.group_topk)[1]
+        mask = jnp.zeros(group_score.shape, bool).at[jnp.arange(logits.shape[0])[:, None], kept].set(True)
+        select = jnp.where(jnp.repeat(mask, E // G, axis=-1), select, -jnp.inf)
+    _, ids = jax.lax.top_k(select, k)
+    picked = jnp.take_along_axis(scores, ids, -1)
+    if c.score_function == "softmax" and not c.pre_softmax:
+        probs = jax.nn.softmax(picked, -1)
+    elif c.score_function == "sigmoid" and k > 1:
+        probs = picked / picked.sum(-1, keepdims=True)
+    else:
+        probs = picked
+    return ids, probs * c.topk_scaling_factor
+
+
+def _reference(x, logits, w1, w2, c, bias=None):
+    """The layer densely: every expert on every token, the selected ones weighted."""
+    ids, probs = _route(logits, bias, c)
+    F = c.ffn_hidden_size
+    h = jnp.einsum("th,efh->tef", x, w1)
+    if c.activation == "swiglu":
+        act = jax.nn.silu(h[..., :F]) * h[..., F:]
+    else:  # gelu, the tanh form (docs/activations.md)
+        act = jax.nn.gelu(h, approximate=True)
+    out = jnp.einsum("tef,ehf->teh", act, w2)
+    chosen = jnp.take_along_axis(out, ids[..., None], 1)
+    return (probs[..., None] * chosen).sum(1)
+
+
+def _problem(rng, T, H, F, E, c, dtype=jnp.float32):
+    fc1 = 2 * F if c.activation == "swiglu" else F
+    x = jnp.asarray(rng.standard_normal((T, H)), dtype)
+    logits = jnp.asarray(rng.standard_normal((T, E)), jnp.float32)
+    w1 = jnp.asarray(rng.standard_normal((E, fc1, H)) / np.sqrt(H), dtype)
+    w2 = jnp.asarray(rng.standard_normal((E, H, F)) / np.sqrt(F), dtype)
+    dy = jnp.asarray(rng.standard_normal((T, H)), jnp.float32)
+    return x, logits, w1, w2, dy
+
+
+def _closeness(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    denominator = (a * a + b * b).sum()
+    return 0.0 if denominator == 0 else 1.0 - 2.0 * (a * b).sum() / denominator
+
+
+CONFIGS = [
+    dict(),  # softmax after the top-k (Mixtral, Qwen3)
+    dict(pre_softmax=True),
+    dict(score_function="sigmoid", topk_scaling_factor=2.5),  # DeepSeek-V3 style
+    dict(score_function="sigmoid", num_groups=4, group_topk=2),
+    dict(activation="gelu"),
+]
+
+
+@pytest.mark.parametrize("options", CONFIGS, ids=["softmax-after", "pre-softmax", "sigmoid", "groups", "gelu"])
+def test_layer_and_its_gradients_equal_the_reference(rng, options):
+    T, H, F, E, k = 37, 24, 16, 8, 3
+    c = MoEConfig(H, F, E, k, **options)
+    x, logits, w1, w2, dy = _problem(rng, T, H, F, E, c)
+
+    def ours(x, logits, w1, w2):
+        return (moe_layer(x, logits, w1, w2, c)[0] * dy).sum()
+
+    def theirs(x, logits, w1, w2):
+        return (_reference(x, logits, w1, w2, c) * dy).sum()
+
+    y, counts = moe_layer(x, logits, w1, w2, c)
+    want = _reference(x, logits, w1, w2, c)
+    assert np.allclose(y, want, rtol=1e-5, atol=1e-5), np.abs(np.asarray(y) - np.asarray(want)).max()
+    assert int(counts["tokens_per_expert"].sum()) == T * k
+    got = jax.grad(ours, argnums=(0, 1, 2, 3))(x, logits, w1, w2)
+    ref = jax.grad(theirs, argnums=(0, 1, 2, 3))(x, logits, w1, w2)
+    for name, a, b in zip(("d x", "d logits", "d w1", "d w2"), got, ref):
+        assert np.allclose(a, b, rtol=1e-4, atol=1e-5), (name, np.abs(np.asarray(a) - np.asarray(b)).max())
+
+
+def test_expert_bias_steers_the_selection_only(rng):
+    T, H, F, E, k = 40, 16, 8, 8, 2
+    c = MoEConfig(H, F, E, k, score_function="sigmoid", expert_bias=True)
+    x, logits, w1, w2, _ = _problem(rng, T, H, F, E, c)
+    bias = jnp.asarray(rng.standard_normal(E), jnp.float32)
+    y, _ = moe_layer(x, logits, w1, w2, c, expert_bias=bias)
+    assert np.allclose(y, _reference(x, logits, w1, w2, c, bias), rtol=1e-5, atol=1e-5)
+    y_plain, _ = moe_layer(x, logits, w1, w2, c)
+    assert not np.allclose(y, y_plain)  # the bias changed the routing
+
+
+def test_bf16_within_its_bound(rng):
+    T, H, F, E, k = 64, 32, 16, 8, 2
+    c = MoEConfig(H, F, E, k)
+    x, logits, w1, w2, dy = _problem(rng, T, H, F, E, c)
+    y, _ = moe_layer(x.astype(jnp.bfloat16), logits, w1.astype(jnp.bfloat16), w2.astype(jnp.bfloat16), c)
+    assert y.dtype == jnp.bfloat16
+    assert _closeness(y, _reference(x, logits, w1, w2, c)) < 2e-4
+
+
+def test_the_block_the_losses_and_maxtext_weights(rng):
+    T, H, F, E, k = 30, 16, 8, 4, 2
+    c = MoEConfig(H, F, E, k, aux_loss_coeff=1e-2, z_loss_coeff=1e-3)
+    gate = jnp.asarray(rng.standard_normal((H, E)), jnp.float32)
+    wi = jnp.asarray(rng.standard_normal((E, H, 2 * F)) / 4, jnp.float32)
+    wo = jnp.asarray(rng.standard_normal((E, F, H)) / 3, jnp.float32)
+    x = jnp.asarray(rng.standard_normal((2, 15, H)), jnp.float32)
+
+    def loss(x, gate, wi, wo):
+        y, aux, _ = moe_block(x, gate, wi, wo, c)
+        return (y * y).sum() + aux
+
+    def reference(x, gate, wi, wo):
+        t = x.reshape(-1, H)
+        logits = t @ gate
+        y = _reference(t, logits, jnp.swapaxes(wi, 1, 2), jnp.swapaxes(wo, 1, 2), c)
+        ids, _ = _route(logits, None, c)
+        routed = jax.lax.stop_gradient(jnp.zeros(E).at[ids.reshape(-1)].add(1.0))
+        scores = jax.nn.softmax(logits, -1)
+        aux = c.aux_loss_coeff * E / (k * T * T) * (routed * scores.sum(0)).sum()
+        z = c.z_loss_coeff / T * jnp.square(jax.nn.logsumexp(logits, -1)).sum()
+        return (y * y).sum() + aux + z
+
+    assert np.isclose(loss(x, gate, wi, wo), reference(x, gate, wi, wo), rtol=1e-5)
+    got = jax.grad(loss, argnums=(0, 1, 2, 3))(x, gate, wi, wo)
+    ref = jax.grad(reference, argnums=(0, 1, 2, 3))(x, gate, wi, wo)
+    for name, a, b in zip(("d x", "d gate", "d wi", "d wo"), got, ref):
+        assert np.allclose(a, b, rtol=1e-4, atol=1e-5), name
+    # split wi_0 / wi_1 give the fused wi's result
+    y_split = moe_block(x, gate, (wi[..., :F], wi[..., F:]), wo, c)[0]
+    assert np.array_equal(y_split, moe_block(x, gate, wi, wo, c)[0])
+
+
+def test_jit_does_not_recompile_on_new_routings_and_edge_routings_work(rng):
+    T, H, F, E, k = 48, 16, 8, 8, 2
+    c = MoEConfig(H, F, E, k)
+    x, logits, w1, w2, dy = _problem(rng, T, H, F, E, c)
+
+    @jax.jit
+    def step(x, logits, w1, w2):
+        def loss(x, logits, w1, w2):
+            return (moe_layer(x, logits, w1, w2, c)[0] * dy).sum()
+
+        return jax.value_and_grad(loss, argnums=(0, 1, 2, 3))(x, logits, w1, w2)
+
+    cases = {
+        "random": logits,
+        "every token on experts 0 and 1": logits.at[:, :2].add(100.0),  # the others empty
+        "one expert empty": logits.at[:, 5].add(-100.0),
+    }
+    for name, routed in cases.items():
+        value, grads = step(x, routed, w1, w2)
+        want = (_reference(x, routed, w1, w2, c) * dy).sum()
+        assert np.isclose(value, want, rtol=1e-5), name
+        assert all(bool(jnp.isfinite(g).all()) for g in grads), name
+    assert step._cache_size() == 1
+    counts = moe_layer(x, cases["every token on experts 0 and 1"], w1, w2, c)[1]["tokens_per_expert"]
+    assert np.array_equal(counts, [T, T, 0, 0, 0, 0, 0, 0])
+
+
+def test_checkpoint_eval_shape_and_vmap(rng):
+    T, H, F, E, k = 20, 16, 8, 4, 2
+    c = MoEConfig(H, F, E, k)
+    x, logits, w1, w2, dy = _problem(rng, T, H, F, E, c)
+
+    def loss(x, logits, w1, w2):
+        return (moe_layer(x, logits, w1, w2, c)[0] * dy).sum()
+
+    plain = jax.grad(loss, argnums=(0, 2))(x, logits, w1, w2)
+    remat = jax.grad(jax.checkpoint(loss), argnums=(0, 2))(x, logits, w1, w2)
+    for a, b in zip(plain, remat):
+        assert np.array_equal(a, b)
+    shapes = jax.eval_shape(lambda *a: moe_layer(*a, c), x, logits, w1, w2)
+    assert shapes[0].shape == (T, H) and shapes[1]["tokens_per_expert"].shape == (E,)
+    with pytest.raises(Exception, match="sfmoe_moe_forward|vmap|batch"):
+        jax.vmap(lambda x, g: moe_layer(x, g, w1, w2, c)[0])(x[None], logits[None])
+
+
+def test_the_torch_modules_output_and_gradients(rng):
+    torch = pytest.importorskip("torch")
+    from sfmoe.torch import MoE
+
+    T, H, F, E, k = 33, 16, 8, 4, 2
+    module = MoE(H, F, E, k, dtype=torch.float32)
+    c = module.config
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    dy = rng.standard_normal((T, H)).astype(np.float32)
+    xt = torch.tensor(x, requires_grad=True)
+    y_torch = module(xt)
+    y_torch.backward(torch.tensor(dy))
+    gate = jnp.asarray(module.router.weight.detach().numpy().T)
+    w1 = jnp.asarray(module.experts.weight1.detach().numpy())
+    w2 = jnp.asarray(module.experts.weight2.detach().numpy())
+    wi, wo = jnp.swapaxes(w1, 1, 2), jnp.swapaxes(w2, 1, 2)
+
+    def loss(x, gate, wi, wo):
+        return (moe_block(x, gate, wi, wo, c)[0] * dy).sum()
+
+    y = moe_block(jnp.asarray(x), gate, wi, wo, c)[0]
+    assert np.allclose(y, y_torch.detach().numpy(), rtol=1e-5, atol=1e-6)
+    d_x, d_gate, d_wi, d_wo = jax.grad(loss, argnums=(0, 1, 2, 3))(jnp.asarray(x), gate, wi, wo)
+    assert np.allclose(d_x, xt.grad.numpy(), rtol=1e-4, atol=1e-6)
+    assert np.allclose(d_gate.T, module.router.weight.grad.numpy(), rtol=1e-4, atol=1e-6)
+    assert np.allclose(jnp.swapaxes(d_wi, 1, 2), module.experts.weight1.grad.numpy(), rtol=1e-4, atol=1e-6)
+    assert np.allclose(jnp.swapaxes(d_wo, 1, 2), module.experts.weight2.grad.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_bad_configurations_are_refused():
+    with pytest.raises(TypeError, match="MoEConfig"):
+        moe_layer(jnp.zeros((2, 8)), jnp.zeros((2, 4)), jnp.zeros((4, 8, 8)), jnp.zeros((4, 8, 4)), dict())
+    c = MoEConfig(8, 4, 4, 2)
+    with pytest.raises(Exception, match="w1"):  # weights of the wrong shape: the layer's message
+        moe_layer(jnp.zeros((2, 8)), jnp.zeros((2, 4)), jnp.zeros((4, 8, 6)), jnp.zeros((4, 8, 4)), c)
+    with pytest.raises(ValueError, match="bfloat16 or float32"):
+        moe_layer(jnp.zeros((2, 8), jnp.float16), jnp.zeros((2, 4)), jnp.zeros((4, 8, 8)), jnp.zeros((4, 8, 4)), c)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _GPU, reason="no GPU for JAX: the device handlers need one")
+def test_on_the_gpu_bf16_within_its_bound_and_one_compilation(rng):
+    T, H, F, E, k = 300, 64, 32, 8, 2
+    c = MoEConfig(H, F, E, k)
+    with jax.default_device(jax.devices("cpu")[0]):
+        x, logits, w1, w2, dy = _problem(rng, T, H, F, E, c)
+
+        def reference(x, logits, w1, w2):
+            return (_reference(x, logits, w1, w2, c) * dy).sum()
+
+        want = jax.value_and_grad(reference, argnums=(0, 1, 2, 3))(x, logits, w1, w2)
+    gpu = _GPU[0]
+    args = [
+        jax.device_put(a, gpu)
+        for a in (x.astype(jnp.bfloat16), logits, w1.astype(jnp.bfloat16), w2.astype(jnp.bfloat16))
+    ]
+    dy_gpu = jax.device_put(dy, gpu)
+
+    @jax.jit
+    def step(x, logits, w1, w2):
+        def loss(x, logits, w1, w2):
+            return (moe_layer(x, logits, w1, w2, c)[0].astype(jnp.float32) * dy_gpu).sum()
+
+        return jax.value_and_grad(loss, argnums=(0, 1, 2, 3))(x, logits, w1, w2)
+
+    value, grads = step(*args)
+    assert grads[0].devices() == {gpu}
+    assert abs(float(value) - float(want[0])) < 2e-2 * abs(float(want[0])) + 1e-2
+    for name, a, b in zip(("d x", "d logits", "d w1", "d w2"), grads, want[1]):
+        assert _closeness(a.astype(jnp.float32), b) < 2e-4, name
+    for shift in range(3):  # new routings: the same executable
+        step(args[0], args[1] + shift * jnp.arange(E, dtype=jnp.float32), args[2], args[3])
+    assert step._cache_size() == 1
+
+
+def test_the_jitted_training_step_holds_only_sfmoe_calls_and_xla_ops(rng):
+    """The lowered and the compiled step (value_and_grad of moe_block and an SGD update): the only
+    custom calls are sfmoe's two, and there is no host callback, infeed / outfeed or send / recv."""
+    import re
+
+    T, H, F, E, k = 32, 16, 8, 4, 2
+    c = MoEConfig(H, F, E, k, aux_loss_coeff=1e-2)
+    x = jnp.asarray(rng.standard_normal((T, H)), jnp.float32)
+    params = dict(
+        gate=jnp.asarray(rng.standard_normal((H, E)), jnp.float32),
+        wi=jnp.asarray(rng.standard_normal((E, H, 2 * F)) / 4, jnp.float32),
+        wo=jnp.asarray(rng.standard_normal((E, F, H)) / 3, jnp.float32),
+    )
+
+    def step(params, x):
+        def loss(p):
+            y, aux, _ = moe_block(x, p["gate"], p["wi"], p["wo"], c)
+            return (y * y).mean() + aux
+
+        value, grads = jax.value_and_grad(loss)(params)
+        return value, jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads)
+
+    lowered = jax.jit(step).lower(params, x)
+    mlir = lowered.as_text()
+    assert set(re.findall(r"stablehlo\.custom_call @(\w+)", mlir)) == {"sfmoe_moe_forward", "sfmoe_moe_backward"}
+    for op in ("stablehlo.send", "stablehlo.recv", "stablehlo.infeed", "stablehlo.outfeed"):
+        assert op not in mlir, op
+    hlo = lowered.compile().as_text()
+    assert set(re.findall(r'custom_call_target="([^"]+)"', hlo)) == {"sfmoe_moe_forward", "sfmoe_moe_backward"}

@@ -1,0 +1,92 @@
+"""sfmoe.jax.MoEBlock (Flax) and its parameter-tree migrations (docs/jax.md): MaxText's names and
+shapes; the module equal to moe_block on its parameters; the split (wi_0 / wi_1) and fused (wi)
+layouts equal on converted parameters; parameters and an optax Adam state converted split -> fused
+-> split bit for bit, and training continued after a conversion with the same losses, bit for bit,
+as without it; the expert-bias collection and its balancing step."""
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+jnp = pytest.importorskip("jax.numpy")
+pytest.importorskip("flax")
+optax = pytest.importorskip("optax")
+pytest.importorskip("sfmoe.jax")
+from sfmoe.jax import MoEBlock, MoEConfig, fuse_wi, moe_block, split_wi, update_expert_bias  # noqa: E402
+
+H, F, E, K = 16, 8, 4, 2
+
+
+@pytest.fixture(autouse=True)
+def on_the_cpu():
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
+def _tokens(rng, n=24):
+    return jnp.asarray(rng.standard_normal((n, H)), jnp.float32)
+
+
+def test_the_parameter_tree_has_maxtexts_names_and_shapes(rng):
+    config = MoEConfig(H, F, E, K)
+    x = _tokens(rng)
+    split = MoEBlock(config).init(jax.random.PRNGKey(0), x)["params"]
+    assert jax.tree_util.tree_map(jnp.shape, dict(split)) == {
+        "gate": {"kernel": (H, E)},
+        "wi_0": (E, H, F),
+        "wi_1": (E, H, F),
+        "wo": (E, F, H),
+    }
+    fused = MoEBlock(config, fused_wi=True).init(jax.random.PRNGKey(0), x)["params"]
+    assert fused["wi"].shape == (E, H, 2 * F)
+    y, aux, counts = MoEBlock(config).apply({"params": split}, x)
+    want = moe_block(x, split["gate"]["kernel"], (split["wi_0"], split["wi_1"]), split["wo"], config)
+    assert np.array_equal(y, want[0]) and int(counts["tokens_per_expert"].sum()) == x.shape[0] * K
+    y_fused, _, _ = MoEBlock(config, fused_wi=True).apply({"params": fuse_wi(split)}, x)
+    assert np.array_equal(y, y_fused)
+
+
+def _train(module, params, state, optimizer, batches):
+    def loss(params, x):
+        y, aux, _ = module.apply({"params": params}, x)
+        return (y * y).mean() + aux
+
+    losses = []
+    for x in batches:
+        value, grads = jax.value_and_grad(loss)(params, x)
+        updates, state = optimizer.update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+        losses.append(float(value))
+    return params, state, losses
+
+
+def test_adam_state_migrates_both_ways_and_training_goes_on_alike(rng):
+    config = MoEConfig(H, F, E, K, aux_loss_coeff=1e-2)
+    batches = [_tokens(rng) for _ in range(6)]
+    split_module, fused_module = MoEBlock(config), MoEBlock(config, fused_wi=True)
+    params = split_module.init(jax.random.PRNGKey(1), batches[0])["params"]
+    optimizer = optax.adam(1e-2)
+    params, state, _ = _train(split_module, params, optimizer.init(params), optimizer, batches[:3])
+    # a checkpoint in the split layout, restored into the fused one and back: the same bits
+    fused_params, fused_state = fuse_wi(params), fuse_wi(state)
+    for a, b in zip(
+        jax.tree_util.tree_leaves((params, state)), jax.tree_util.tree_leaves(split_wi((fused_params, fused_state)))
+    ):
+        assert np.array_equal(a, b)
+    assert fused_state[0].mu["wi"].shape == (E, H, 2 * F)
+    _, _, split_losses = _train(split_module, params, state, optimizer, batches[3:])
+    _, _, fused_losses = _train(fused_module, fused_params, fused_state, optimizer, batches[3:])
+    assert split_losses == fused_losses
+
+
+def test_the_expert_bias_collection_and_its_balancing_step(rng):
+    config = MoEConfig(H, F, E, K, score_function="sigmoid", expert_bias=True)
+    x = _tokens(rng, 40)
+    variables = MoEBlock(config).init(jax.random.PRNGKey(2), x)
+    assert variables["moe"]["expert_bias"].shape == (E,)
+    _, _, counts = MoEBlock(config).apply(variables, x)
+    moved = update_expert_bias(variables["moe"], counts["tokens_per_expert"], 0.1)
+    mean = float(counts["tokens_per_expert"].mean())
+    for e in range(E):
+        want = 0.1 * np.sign(mean - float(counts["tokens_per_expert"][e]))
+        assert float(moved["expert_bias"][e]) == pytest.approx(want)
