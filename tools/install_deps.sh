@@ -27,6 +27,7 @@ command -v cmake >/dev/null || missing+=(cmake)
 command -v g++ >/dev/null || missing+=(g++)
 [ -f /usr/include/gtest/gtest.h ] || missing+=(libgtest-dev)
 command -v ccache >/dev/null || missing+=(ccache)
+command -v clang++ >/dev/null || missing+=(clang)  # (tools/fuzz.sh: libFuzzer)
 if [ ${#missing[@]} -gt 0 ] && have_network && command -v apt-get >/dev/null; then
   echo "install_deps: apt-get install ${missing[*]}"
   { timeout 300 apt-get update -qq &&

@@ -89,6 +89,30 @@ sfmoe_status check_config(const char* context, const sfmoe_moe_layer_config* c, 
                 static_cast<long long>(c->num_experts), static_cast<long long>(c->max_tokens));
   }
   SFMOE_RETURN_IF_ERROR(check_router_config(context, &c->router, c->num_experts, &s->router));
+  {
+    // Every size the planner forms fits in 64 bits with room for its byte and scale factors: the
+    // weights (E x 2F x H), the expert rows ((T k + E (a - 1)) x max(2F, H)).
+    const int64_t E = c->num_experts;
+    int64_t two_f = 0, weights = 0, padding = 0, rows = 0, row_elements = 0;
+    const bool overflows =
+        __builtin_mul_overflow(c->ffn_hidden, int64_t{2}, &two_f) ||
+        __builtin_mul_overflow(E, two_f, &weights) ||
+        __builtin_mul_overflow(weights, c->hidden, &weights) ||
+        __builtin_mul_overflow(weights, int64_t{64}, &weights) ||
+        __builtin_mul_overflow(E, int64_t{128}, &padding) ||
+        __builtin_mul_overflow(c->max_tokens, c->router.top_k, &rows) ||
+        __builtin_add_overflow(rows, padding, &rows) ||
+        __builtin_mul_overflow(rows, two_f > c->hidden ? two_f : c->hidden, &row_elements) ||
+        __builtin_mul_overflow(row_elements, int64_t{64}, &row_elements);
+    if (overflows) {
+      return fail(SFMOE_ERROR_SHAPE_MISMATCH,
+                  "%s: the layer's sizes overflow (hidden %lld, ffn_hidden %lld, num_experts %lld, "
+                  "max_tokens %lld, top_k %lld)",
+                  context, static_cast<long long>(c->hidden), static_cast<long long>(c->ffn_hidden),
+                  static_cast<long long>(E), static_cast<long long>(c->max_tokens),
+                  static_cast<long long>(c->router.top_k));
+    }
+  }
   const int32_t kind = enum_value(c->activation);
   if (kind < SFMOE_ACTIVATION_SWIGLU || kind > SFMOE_ACTIVATION_CLAMPED_SWIGLU) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: unknown activation %d", context,

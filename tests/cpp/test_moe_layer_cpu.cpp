@@ -291,6 +291,17 @@ TEST(MoeLayer, RefusesBadConfigurationsAndCallsWithoutWriting) {
   EXPECT_EQ(sfmoe_moe_layer_create(&bad, SFMOE_MEMORY_HOST, 0, &layer),
             SFMOE_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(sfmoe_last_error()).find("row_alignment"), std::string::npos);
+  // Sizes whose products overflow (found by tests/fuzz: the planner multiplied them unchecked)
+  for (int which = 0; which < 3; ++which) {
+    bad = config;
+    (which == 0   ? bad.ffn_hidden
+     : which == 1 ? bad.hidden
+                  : bad.max_tokens) = int64_t{3810460716311722535};
+    EXPECT_EQ(sfmoe_moe_layer_create(&bad, SFMOE_MEMORY_HOST, 0, &layer),
+              SFMOE_ERROR_SHAPE_MISMATCH)
+        << which;
+    EXPECT_NE(std::string(sfmoe_last_error()).find("sizes overflow"), std::string::npos);
+  }
   EXPECT_EQ(layer, nullptr);
 
   ASSERT_EQ(sfmoe_moe_layer_create(&config, SFMOE_MEMORY_HOST, 0, &layer), SFMOE_SUCCESS);
