@@ -339,4 +339,10 @@ NB_MODULE(_jax, m) {
         nb::make_tuple(capsule_of(SfmoeMoeBackwardHost), capsule_of(SfmoeMoeBackwardCuda));
     return d;
   });
+  m.def("attribute_fields", [] {
+    nb::list ints, floats;
+    for (const char* name : kIntFields) ints.append(name);
+    for (const char* name : kFloatFields) floats.append(name);
+    return nb::make_tuple(nb::tuple(ints), nb::tuple(floats));
+  });
 }

@@ -55,27 +55,8 @@ def _register():
 
 _register()
 
-# The attributes the handlers read (python/src/jax_ffi.cpp), in its order.
-_INT_FIELDS = (
-    "hidden",
-    "ffn_hidden",
-    "num_experts",
-    "max_tokens",
-    "top_k",
-    "score",
-    "softmax_after_topk",
-    "num_groups",
-    "group_topk",
-    "group_score_topk",
-    "normalize",
-    "activation",
-    "expert_capacity",
-    "row_alignment",
-    "dtype",
-    "recipe",
-    "seed",
-)
-_FLOAT_FIELDS = ("scaling_factor", "activation_limit", "activation_alpha")
+# The attributes the handlers read, as the extension names them (python/src/jax_ffi.cpp).
+_INT_FIELDS, _FLOAT_FIELDS = _handlers.attribute_fields()
 
 
 def _fields(config, tokens, dtype):
