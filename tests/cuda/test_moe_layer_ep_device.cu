@@ -31,10 +31,14 @@ LayerMemory device_memory(cudaStream_t stream) {
     void* p = nullptr;
     EXPECT_EQ(cudaMalloc(&p, bytes > 0 ? bytes : 1), cudaSuccess);
     EXPECT_EQ(cudaMemset(p, fill, bytes), cudaSuccess);
+    // Completed here: the fill and the upload go on the legacy stream, which the ranks'
+    // non-blocking streams do not wait for (a slow fill could land after a rank's writes).
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     return p;
   };
   m.upload = [](void* to, const void* from, size_t bytes) {
     EXPECT_EQ(cudaMemcpy(to, from, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   };
   m.download = [](void* to, const void* from, size_t bytes) {
     EXPECT_EQ(cudaMemcpy(to, from, bytes, cudaMemcpyDeviceToHost), cudaSuccess);

@@ -137,7 +137,13 @@ __global__ void __launch_bounds__(kRouteThreads)
     if (g < total) {
       source[i] = source_of(r, g, &slot[i]);
       const int32_t e = r.ids[source[i]][slot[i]];
-      if (e < 0 || e >= E) {
+      // A token names an expert at most once: a second naming is a bad entry, skipped as an id
+      // out of range is (the host refuses both), so that no (token, expert) pair has two rows.
+      bool named_before = false;
+      for (int64_t j = slot[i] / r.s.top_k * r.s.top_k; j < slot[i]; ++j) {
+        named_before |= r.ids[source[i]][j] == e;
+      }
+      if (e < 0 || e >= E || named_before) {
         r.send_rank[source[i]][slot[i]] = -1;
         r.send_row[source[i]][slot[i]] = -1;
         if (word != nullptr) raise_fault(word, SFMOE_FAULT_BAD_INDEX, r.rank_base + source[i], e);

@@ -183,6 +183,9 @@ sfmoe_status EpRankTransport::create(int64_t world, int64_t rank, int64_t pair_r
     if (error != cudaSuccess || bytes == 0) return;
     error = cudaMalloc(p, static_cast<size_t>(bytes));
     if (error == cudaSuccess) t->buffers_.push_back(*p);
+    // Cleared once here (creation may synchronize): a block's rows past what a pair sends travel
+    // too, and defined bytes keep every exchange free of uninitialized reads (initcheck).
+    if (error == cudaSuccess) error = cudaMemset(*p, 0, static_cast<size_t>(bytes));
   };
   void* send_values = nullptr;
   void* recv_values = nullptr;

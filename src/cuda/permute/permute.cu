@@ -637,13 +637,17 @@ __global__ void __launch_bounds__(kCopyThreads) unpermute_backward_kernel(Unperm
   const int64_t b = blockIdx.x;
   if (b >= a.num_tokens) {
     // The offsets and row counts come from the caller here: clamped into the capacity and the
-    // group's block, so that bad ones cannot write out of bounds (they are reported when the
-    // offsets are checked against a status word).
+    // group's block, so that bad ones cannot write out of bounds (bad offsets are reported when
+    // they are checked against the status word, row counts outside the block here).
     const int64_t pad = b - a.num_tokens;
     const int64_t e = pad / kPaddingSplit, part = pad % kPaddingSplit;
     const GroupRows block = clamp_group_rows(a.offsets, e, a.row_capacity);
-    int64_t real = a.group_rows[e];
-    real = real < 0 ? 0 : (real > block.end - block.begin ? block.end - block.begin : real);
+    const int64_t given = a.group_rows[e];
+    const int64_t real =
+        given < 0 ? 0 : (given > block.end - block.begin ? block.end - block.begin : given);
+    if (real != given && part == 0 && threadIdx.x == 0 && a.word != nullptr) {
+      raise_fault(a.word, SFMOE_FAULT_GROUP_OVER_CAPACITY, e, given);  // as the activations do
+    }
     for (int64_t row = block.begin + real + part; row < block.end; row += kPaddingSplit) {
       for (int64_t h = threadIdx.x; h < a.hidden; h += kCopyThreads) {
         store_element(a.d_rows, a.d_rows_dtype, row * a.hidden + h, 0.0f);

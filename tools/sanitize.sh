@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Runs on a GPU machine: every GPU test (build/tests/sfmoe_gpu_tests, or $SFMOE_BUILD's) under
+# compute-sanitizer memcheck (with leak checking), racecheck, synccheck and initcheck, the four
+# tools at once (each a process of its own on the one GPU), and prints one summary line per tool
+# and a table of the errors found; exit status 0 only when every tool ran and found nothing.
+#
+# The NCCL tests (CudaEpNccl.*) run in a pass of their own with --report-api-errors no: while
+# NCCL initializes, it probes for kernels of other architectures, and those failed CUDA calls
+# (which NCCL handles) would read as errors; memory errors are still reported there.
+# The large-tensor quantization case stays out (minutes under the sanitizers, no extra coverage).
+#
+# Environment: OUT (logs; default /tmp/sfmoe-sanitize), SFMOE_SANITIZE_TOOLS (default
+# "memcheck racecheck synccheck initcheck"), SFMOE_SANITIZE_FILTER (a gtest filter that further
+# narrows the tests, default all; the NCCL pass runs only with the default), SFMOE_SANITIZE_TIMEOUT
+# (seconds a pass may take, default 3600).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${SFMOE_BUILD:-build}
+OUT=${OUT:-/tmp/sfmoe-sanitize}
+TOOLS=${SFMOE_SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}
+FILTER=${SFMOE_SANITIZE_FILTER:-*}
+LIMIT=${SFMOE_SANITIZE_TIMEOUT:-3600}  # seconds per pass; rc 124 when a pass ran out of time
+BIN="$BUILD/tests/sfmoe_gpu_tests"
+mkdir -p "$OUT"
+if ! command -v compute-sanitizer > /dev/null; then
+  for d in /usr/local/cuda/bin /usr/local/cuda/compute-sanitizer; do
+    [ -x "$d/compute-sanitizer" ] && PATH="$d:$PATH"
+  done
+fi
+command -v compute-sanitizer > /dev/null || { echo "sanitize: compute-sanitizer not found"; exit 2; }
+[ -x "$BIN" ] || { echo "sanitize: $BIN not built"; exit 2; }
+
+SLOW=CudaQuantize.LargeTensorAcrossSixtyFourGroups
+NCCL='CudaEpNccl.*'
+
+pass() {  # tool name gtest-filter [extra sanitizer options...]
+  local tool=$1 name=$2 filter=$3
+  shift 3
+  local extra=()
+  [ "$tool" = memcheck ] && extra+=(--leak-check full)
+  timeout "$LIMIT" compute-sanitizer --tool "$tool" --error-exitcode 3 --print-limit 50 "${extra[@]}" "$@" \
+    "$BIN" --gtest_filter="$filter" > "$OUT/$name.log" 2>&1
+  echo $? > "$OUT/$name.rc"
+}
+
+start=$(date +%s)
+for tool in $TOOLS; do
+  (
+    pass "$tool" "$tool" "$FILTER:-$SLOW:$NCCL"
+    [ "$FILTER" = '*' ] && pass "$tool" "$tool-nccl" "$NCCL" --report-api-errors no
+  ) &
+done
+wait
+
+echo "================================ sfmoe sanitizers ($(( $(date +%s) - start )) s) ================================"
+status=0
+printf "%-18s %-4s %-8s %-10s %s\n" pass rc tests errors summary
+for tool in $TOOLS; do
+  for name in "$tool" "$tool-nccl"; do
+    log="$OUT/$name.log"
+    [ -f "$log" ] || continue
+    rc=$(cat "$OUT/$name.rc" 2>/dev/null || echo "?")
+    tests=$(grep -oE '^\[  PASSED  \] [0-9]+' "$log" | grep -oE '[0-9]+$' || echo 0)
+    failed=$(grep -oE '^\[  FAILED  \] [0-9]+ test' "$log" | grep -oE '[0-9]+' || true)
+    summary=$(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -1 | sed 's/^========= //')
+    errors=$(echo "$summary" | grep -oE '[0-9]+ (error|hazard)' | awk '{s += $1} END {if (NR) print s}')
+    [ -z "$errors" ] && errors="?"
+    printf "%-18s %-4s %-8s %-10s %s%s\n" "$name" "$rc" "$tests" "$errors" "$summary" \
+      "${failed:+ ($failed test(s) FAILED)}"
+    if [ "$rc" != 0 ] || [ "$errors" != 0 ] || [ -n "$failed" ]; then status=1; fi
+  done
+done
+for tool in $TOOLS; do
+  for name in "$tool" "$tool-nccl"; do
+    [ -f "$OUT/$name.log" ] || continue
+    failed=$(grep -E '^\[  FAILED  \] [A-Za-z]' "$OUT/$name.log" | sed 's/^\[  FAILED  \] //; s/, where.*//' | sort -u)
+    [ -n "$failed" ] && { echo "failed under $name:"; echo "$failed" | head -20 | sed 's/^/  /'; }
+  done
+done
+[ $status = 0 ] && echo "sanitize: clean" || echo "sanitize: problems found (logs in $OUT)"
+exit $status
