@@ -7,6 +7,8 @@ gradients; the torch module's output and gradients on the same weights; jit with
 new routings, jax.checkpoint, eval_shape, every token on one expert and empty experts; vmap
 refused."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -321,3 +323,55 @@ def test_the_jitted_training_step_holds_only_sfmoe_calls_and_xla_ops(rng):
         assert op not in mlir, op
     hlo = lowered.compile().as_text()
     assert set(re.findall(r'custom_call_target="([^"]+)"', hlo)) == {"sfmoe_moe_forward", "sfmoe_moe_backward"}
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "blockwise", "mxfp8", "nvfp4"])
+def test_every_quantized_recipe_agrees_with_the_torch_module(rng, recipe):
+    """The quantized recipes through XLA agree with the torch module running the same recipe on
+    the same backend (MXFP8 and NVFP4 emulated, as on the CPU backend and Hopper), and differ from
+    the BF16 recipe by far more than that: the recipe is in effect."""
+    torch = pytest.importorskip("torch")
+    from sfmoe.torch import MoE, _moe
+
+    T, H, F, E, k = 37, 128, 128, 4, 2  # the 128x128 weight blocks need H, F multiples of 128
+    # Dyadic tokens and gate weights: every logit is exact in FP32 whatever order XLA and torch
+    # sum in, so both give the layer the same logits (and the same routing).
+    x = (rng.integers(-16, 17, (T, H)) / 8).astype(np.float32)
+    router = torch.tensor(rng.integers(-16, 17, (E, H)) / 16, dtype=torch.float32)
+    dy = rng.standard_normal((T, H)).astype(np.float32)
+    module = MoE(H, F, E, k, dtype=torch.float32, recipe=recipe)
+    with torch.no_grad():
+        module.router.weight.copy_(router)
+    c = module.config
+    xt = torch.tensor(x, requires_grad=True)
+    y_torch = module(xt)
+    # NVFP4's stochastic rounding: the module advances the Philox offset each backward (the first
+    # is 1); sfmoe.jax passes offset 0 (an open item, docs/jax.md). The same offset here.
+    _moe._BACKWARDS[module._key] = -1
+    y_torch.backward(torch.tensor(dy))
+    gate = jnp.asarray(router.numpy().T)
+    wi = jnp.swapaxes(jnp.asarray(module.experts.weight1.detach().numpy()), 1, 2)
+    wo = jnp.swapaxes(jnp.asarray(module.experts.weight2.detach().numpy()), 1, 2)
+
+    def run(config):
+        def loss(x, gate, wi, wo):
+            return (moe_block(x, gate, wi, wo, config)[0] * dy).sum()
+
+        y = jax.jit(lambda *a: moe_block(*a, config)[0])(jnp.asarray(x), gate, wi, wo)
+        grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(jnp.asarray(x), gate, wi, wo)
+        return [np.asarray(y)] + [np.asarray(g) for g in grads]
+
+    got = run(c)
+    bf16 = run(dataclasses.replace(c, recipe="bf16"))
+    want = [
+        y_torch.detach().numpy(),
+        xt.grad.numpy(),
+        module.router.weight.grad.numpy().T,
+        np.swapaxes(module.experts.weight1.grad.numpy(), 1, 2),
+        np.swapaxes(module.experts.weight2.grad.numpy(), 1, 2),
+    ]
+    for name, g, w, b in zip(("y", "d x", "d gate", "d wi", "d wo"), got, want, bf16):
+        scale = np.abs(w).max()
+        assert np.isfinite(g).all() and scale > 0, name
+        assert np.abs(g - w).max() <= 1e-4 * scale, f"{name}: not the torch module's {recipe}"
+        assert np.abs(g - b).max() > 1e-3 * scale, f"{name}: no different from the bf16 recipe"

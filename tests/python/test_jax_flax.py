@@ -90,3 +90,41 @@ def test_the_expert_bias_collection_and_its_balancing_step(rng):
     for e in range(E):
         want = 0.1 * np.sign(mean - float(counts["tokens_per_expert"][e]))
         assert float(moved["expert_bias"][e]) == pytest.approx(want)
+
+
+def test_nn_scan_over_layers_equals_the_layers_applied_in_turn(rng):
+    """Two MoE blocks stacked with nn.scan (parameters with a leading layer axis, as MaxText's
+    scanned layers hold them), forward and gradients, against each layer's block applied in turn."""
+    import flax.linen as nn
+
+    config = MoEConfig(H, F, E, K)
+
+    class Layer(nn.Module):
+        @nn.compact
+        def __call__(self, x, _):
+            y, aux, _counts = MoEBlock(config)(x)
+            return x + y, aux
+
+    Stack = nn.scan(Layer, variable_axes={"params": 0}, split_rngs={"params": True}, length=2)
+    x = _tokens(rng)
+    params = Stack().init(jax.random.PRNGKey(1), x, None)["params"]
+    assert params["MoEBlock_0"]["wo"].shape == (2, E, F, H)
+
+    def scanned(params, x):
+        out, aux = Stack().apply({"params": params}, x, None)
+        return (out * out).sum() + aux.sum()
+
+    def in_turn(params, x):
+        total_aux = 0.0
+        for layer in range(2):
+            p = jax.tree_util.tree_map(lambda a: a[layer], params)
+            y, aux, _ = MoEBlock(config).apply({"params": p["MoEBlock_0"]}, x)
+            x, total_aux = x + y, total_aux + aux
+        return (x * x).sum() + total_aux
+
+    value, grads = jax.jit(jax.value_and_grad(scanned))(params, x)
+    want_value, want_grads = jax.value_and_grad(in_turn)(params, x)
+    assert np.allclose(value, want_value, rtol=1e-6)
+    for got, want in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(want_grads)):
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-6)
+        assert np.abs(got).sum() > 0
