@@ -370,8 +370,10 @@ def test_every_quantized_recipe_agrees_with_the_torch_module(rng, recipe):
         np.swapaxes(module.experts.weight1.grad.numpy(), 1, 2),
         np.swapaxes(module.experts.weight2.grad.numpy(), 1, 2),
     ]
+    # Relative L2 distances: a value that lands on the other side of a rounding boundary in one
+    # frontend moves a few entries by one code, which a max-norm bound would call a failure.
     for name, g, w, b in zip(("y", "d x", "d gate", "d wi", "d wo"), got, want, bf16):
-        scale = np.abs(w).max()
-        assert np.isfinite(g).all() and scale > 0, name
-        assert np.abs(g - w).max() <= 1e-4 * scale, f"{name}: not the torch module's {recipe}"
-        assert np.abs(g - b).max() > 1e-3 * scale, f"{name}: no different from the bf16 recipe"
+        norm = np.linalg.norm(w)
+        assert np.isfinite(g).all() and norm > 0, name
+        assert np.linalg.norm(g - w) <= 1e-3 * norm, f"{name}: not the torch module's {recipe}"
+        assert np.linalg.norm(g - b) >= 5e-3 * norm, f"{name}: no different from the bf16 recipe"
