@@ -5,6 +5,7 @@
 
 #include "src/common/error.h"
 #include "src/cpu/backend.h"
+#include "src/cpu/float_environment.h"
 #if defined(SFMOE_WITH_CUDA)
 #include "src/cuda/backend.h"
 #endif
@@ -13,10 +14,12 @@ namespace sfmoe {
 namespace ops {
 namespace {
 
-// The CPU reference runs at once, on the calling thread; it has no stream and cannot fail once the
-// API layer has validated its arguments.
+// The CPU reference runs at once, on the calling thread (in IEEE arithmetic whatever the caller's
+// floating-point mode); it has no stream and cannot fail once the API layer has validated its
+// arguments.
 template <class Args, void (*Run)(const Args&)>
 sfmoe_status on_host(const Args& args, void*) {
+  const cpu::IeeeFloatEnvironment ieee;
   Run(args);
   return SFMOE_SUCCESS;
 }

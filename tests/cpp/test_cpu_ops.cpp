@@ -1,6 +1,9 @@
 // The CPU backend's operations through the C API: cast (every dtype pair, FP4 packing, a scale
 // read from memory) and the group-offset check with its status word.
 #include <gtest/gtest.h>
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 
 #include <cmath>
 #include <cstring>
@@ -89,6 +92,38 @@ TEST(CpuCast, ScaleFromMemoryOverridesTheValue) {
   ASSERT_EQ(sfmoe_cast(&in, &out, &config, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
   for (int i = 0; i < 8; ++i) EXPECT_EQ(q[i], sfmoe::numerics::f32_to_e4m3(x[i] * 4.0f)) << i;
 }
+
+#if defined(__x86_64__)
+// A caller running with flush-to-zero and denormals-are-zero (XLA's CPU threads, -ffast-math
+// programs) gets the IEEE bits all the same, and its mode back.
+TEST(CpuBackend, TheCallersFlushToZeroModeChangesNoBitAndIsRestored) {
+  alignas(16) float x[4] = {1e-39f, -3e-40f, 1.5e-38f, 2.0f};  // subnormal inputs
+  alignas(16) uint8_t q[4];
+  alignas(16) uint16_t b[4];
+  int64_t n = 4;
+  sfmoe_tensor in = sfmoe_tensor_make(x, SFMOE_DTYPE_FP32, 1, &n, SFMOE_MEMORY_HOST, 0);
+  sfmoe_tensor to_fp8 = sfmoe_tensor_make(q, SFMOE_DTYPE_FP8_E4M3, 1, &n, SFMOE_MEMORY_HOST, 0);
+  sfmoe_tensor to_bf16 = sfmoe_tensor_make(b, SFMOE_DTYPE_BF16, 1, &n, SFMOE_MEMORY_HOST, 0);
+  sfmoe_cast_config scaled = sfmoe_cast_config_init();
+  scaled.scale = 1e38f;  // subnormal x scale: normal products (DAZ would read x as 0)
+  sfmoe_cast_config plain = sfmoe_cast_config_init();  // subnormal results (FTZ would flush them)
+  const unsigned int saved = _mm_getcsr();
+  _mm_setcsr(saved | 0x8040u);  // FTZ | DAZ
+  const sfmoe_status s1 = sfmoe_cast(&in, &to_fp8, &scaled, nullptr);
+  const sfmoe_status s2 = sfmoe_cast(&in, &to_bf16, &plain, nullptr);
+  const unsigned int during = _mm_getcsr();
+  _mm_setcsr(saved);
+  ASSERT_EQ(s1, SFMOE_SUCCESS) << sfmoe_last_error();
+  ASSERT_EQ(s2, SFMOE_SUCCESS) << sfmoe_last_error();
+  EXPECT_EQ(during, saved | 0x8040u) << "the caller's mode is given back";
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(q[i], sfmoe::numerics::f32_to_e4m3(x[i] * 1e38f)) << i;
+    EXPECT_EQ(b[i], sfmoe::numerics::f32_to_bf16(x[i])) << i;
+  }
+  EXPECT_NE(q[0], 0u);
+  EXPECT_NE(b[0], 0u);
+}
+#endif
 
 TEST(CpuStatusWord, GroupOffsetChecksRaiseTheRightFaults) {
   sfmoe_status_word* word = nullptr;

@@ -326,10 +326,10 @@ def test_the_jitted_training_step_holds_only_sfmoe_calls_and_xla_ops(rng):
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "blockwise", "mxfp8", "nvfp4"])
-def test_every_quantized_recipe_agrees_with_the_torch_module(rng, recipe):
-    """The quantized recipes through XLA agree with the torch module running the same recipe on
-    the same backend (MXFP8 and NVFP4 emulated, as on the CPU backend and Hopper), and differ from
-    the BF16 recipe by far more than that: the recipe is in effect."""
+def test_every_quantized_recipe_gives_the_torch_modules_bits(rng, recipe):
+    """The quantized recipes through XLA give the torch module's bits for the same recipe on the
+    same backend (MXFP8 and NVFP4 emulated, as on the CPU backend and Hopper), and differ from the
+    BF16 recipe: the recipe is in effect."""
     torch = pytest.importorskip("torch")
     from sfmoe.torch import MoE, _moe
 
@@ -370,10 +370,15 @@ def test_every_quantized_recipe_agrees_with_the_torch_module(rng, recipe):
         np.swapaxes(module.experts.weight1.grad.numpy(), 1, 2),
         np.swapaxes(module.experts.weight2.grad.numpy(), 1, 2),
     ]
-    # Relative L2 distances: a value that lands on the other side of a rounding boundary in one
-    # frontend moves a few entries by one code, which a max-norm bound would call a failure.
+    # y and the weights' gradients come from the layer alone (the JAX side only transposes): the
+    # module's bits. d x and d gate add the gate's product, which XLA and torch sum in their own
+    # orders. (XLA's CPU threads flush subnormals to zero; the CPU backend computes in IEEE
+    # arithmetic whatever its caller's mode, so the bits agree.)
     for name, g, w, b in zip(("y", "d x", "d gate", "d wi", "d wo"), got, want, bf16):
         norm = np.linalg.norm(w)
         assert np.isfinite(g).all() and norm > 0, name
-        assert np.linalg.norm(g - w) <= 1e-3 * norm, f"{name}: not the torch module's {recipe}"
+        if name in ("y", "d wi", "d wo"):
+            assert np.array_equal(g, w), f"{name}: not the torch module's {recipe} bits"
+        else:
+            assert np.linalg.norm(g - w) <= 1e-5 * norm, f"{name}: not the torch module's {recipe}"
         assert np.linalg.norm(g - b) >= 5e-3 * norm, f"{name}: no different from the bf16 recipe"
