@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs on a GPU machine: every GPU test (build/tests/sfmoe_gpu_tests, or $SFMOE_BUILD's) under
 # compute-sanitizer memcheck (with leak checking), racecheck, synccheck and initcheck, the four
-# tools at once (each a process of its own on the one GPU), and prints one summary line per tool
-# and a table of the errors found; exit status 0 only when every tool ran and found nothing.
+# tools at once (each in SHARDS processes on the one GPU), and prints one summary line per pass
+# and the tests that failed; exit status 0 only when every tool ran and found nothing.
 #
 # The NCCL tests (CudaEpNccl.*) run in a pass of their own with --report-api-errors no: while
 # NCCL initializes, it probes for kernels of other architectures, and those failed CUDA calls
@@ -12,7 +12,9 @@
 # Environment: OUT (logs; default /tmp/sfmoe-sanitize), SFMOE_SANITIZE_TOOLS (default
 # "memcheck racecheck synccheck initcheck"), SFMOE_SANITIZE_FILTER (a gtest filter that further
 # narrows the tests, default all; the NCCL pass runs only with the default), SFMOE_SANITIZE_TIMEOUT
-# (seconds a pass may take, default 3600).
+# (seconds a pass may take, default 3600), SFMOE_SANITIZE_SHARDS (processes per tool, each running
+# a gtest shard of the suite, default 3: racecheck and initcheck take many minutes over the suite
+# in one process).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${SFMOE_BUILD:-build}
@@ -20,6 +22,7 @@ OUT=${OUT:-/tmp/sfmoe-sanitize}
 TOOLS=${SFMOE_SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}
 FILTER=${SFMOE_SANITIZE_FILTER:-*}
 LIMIT=${SFMOE_SANITIZE_TIMEOUT:-3600}  # seconds per pass; rc 124 when a pass ran out of time
+SHARDS=${SFMOE_SANITIZE_SHARDS:-3}     # processes per tool, each a gtest shard of the suite
 BIN="$BUILD/tests/sfmoe_gpu_tests"
 mkdir -p "$OUT"
 if ! command -v compute-sanitizer > /dev/null; then
@@ -33,45 +36,54 @@ command -v compute-sanitizer > /dev/null || { echo "sanitize: compute-sanitizer 
 SLOW=CudaQuantize.LargeTensorAcrossSixtyFourGroups
 NCCL='CudaEpNccl.*'
 
-pass() {  # tool name gtest-filter [extra sanitizer options...]
-  local tool=$1 name=$2 filter=$3
-  shift 3
+pass() {  # tool name shards shard gtest-filter [extra sanitizer options...]
+  local tool=$1 name=$2 shards=$3 shard=$4 filter=$5
+  shift 5
   local extra=()
   [ "$tool" = memcheck ] && extra+=(--leak-check full)
-  timeout "$LIMIT" compute-sanitizer --tool "$tool" --error-exitcode 3 --print-limit 50 "${extra[@]}" "$@" \
+  GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$shard timeout "$LIMIT" \
+    compute-sanitizer --tool "$tool" --error-exitcode 3 --print-limit 50 "${extra[@]}" "$@" \
     "$BIN" --gtest_filter="$filter" > "$OUT/$name.log" 2>&1
   echo $? > "$OUT/$name.rc"
 }
 
+names() {  # the passes' log names of one tool
+  local i
+  for ((i = 0; i < SHARDS; i++)); do echo "$1.$i"; done
+  echo "$1-nccl"
+}
+
 start=$(date +%s)
 for tool in $TOOLS; do
-  (
-    pass "$tool" "$tool" "$FILTER:-$SLOW:$NCCL"
-    [ "$FILTER" = '*' ] && pass "$tool" "$tool-nccl" "$NCCL" --report-api-errors no
-  ) &
+  for ((i = 0; i < SHARDS; i++)); do
+    pass "$tool" "$tool.$i" "$SHARDS" "$i" "$FILTER:-$SLOW:$NCCL" &
+  done
+  [ "$FILTER" = '*' ] && pass "$tool" "$tool-nccl" 1 0 "$NCCL" --report-api-errors no &
 done
 wait
 
 echo "================================ sfmoe sanitizers ($(( $(date +%s) - start )) s) ================================"
 status=0
-printf "%-18s %-4s %-8s %-10s %s\n" pass rc tests errors summary
+printf "%-18s %-4s %-7s %-8s %-7s %s\n" pass rc passed skipped errors summary
 for tool in $TOOLS; do
-  for name in "$tool" "$tool-nccl"; do
+  for name in $(names "$tool"); do
     log="$OUT/$name.log"
     [ -f "$log" ] || continue
     rc=$(cat "$OUT/$name.rc" 2>/dev/null || echo "?")
     tests=$(grep -oE '^\[  PASSED  \] [0-9]+' "$log" | grep -oE '[0-9]+$' || echo 0)
+    skipped=$(grep -oE '^\[  SKIPPED \] [0-9]+' "$log" | grep -oE '[0-9]+$' || echo 0)
     failed=$(grep -oE '^\[  FAILED  \] [0-9]+ test' "$log" | grep -oE '[0-9]+' || true)
     summary=$(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -1 | sed 's/^========= //')
     errors=$(echo "$summary" | grep -oE '[0-9]+ (error|hazard)' | awk '{s += $1} END {if (NR) print s}')
     [ -z "$errors" ] && errors="?"
-    printf "%-18s %-4s %-8s %-10s %s%s\n" "$name" "$rc" "$tests" "$errors" "$summary" \
+    printf "%-18s %-4s %-7s %-8s %-7s %s%s\n" "$name" "$rc" "$tests" "$skipped" "$errors" "$summary" \
       "${failed:+ ($failed test(s) FAILED)}"
-    if [ "$rc" != 0 ] || [ "$errors" != 0 ] || [ -n "$failed" ]; then status=1; fi
+    # (a skipped test ran under no sanitizer: on a GPU machine none skips)
+    if [ "$rc" != 0 ] || [ "$errors" != 0 ] || [ -n "$failed" ] || [ "$skipped" != 0 ]; then status=1; fi
   done
 done
 for tool in $TOOLS; do
-  for name in "$tool" "$tool-nccl"; do
+  for name in $(names "$tool"); do
     [ -f "$OUT/$name.log" ] || continue
     failed=$(grep -E '^\[  FAILED  \] [A-Za-z]' "$OUT/$name.log" | sed 's/^\[  FAILED  \] //; s/, where.*//' | sort -u)
     [ -n "$failed" ] && { echo "failed under $name:"; echo "$failed" | head -20 | sed 's/^/  /'; }

@@ -43,7 +43,7 @@ class IeeeFloatEnvironment {
  private:
   int rounding_;
 #if defined(__x86_64__) || defined(__i386__)
-  static constexpr unsigned int kFlushToZero = 0x8000u;      // MXCSR.FTZ
+  static constexpr unsigned int kFlushToZero = 0x8000u;       // MXCSR.FTZ
   static constexpr unsigned int kDenormalsAreZero = 0x0040u;  // MXCSR.DAZ
   unsigned int csr_ = 0;
 #elif defined(__aarch64__)
