@@ -28,6 +28,13 @@ SFMOE_HD GroupRows clamp_group_rows(const int64_t* offsets, int64_t g, int64_t r
   return GroupRows{begin, end};
 }
 
+// A group's count of real rows clamped into its block, [0, block_rows]. A count outside it is a
+// fault the caller reports once per group: SFMOE_FAULT_GROUP_OVER_CAPACITY, the group and the
+// given count.
+SFMOE_HD int64_t clamp_real_rows(int64_t given, int64_t block_rows) {
+  return given < 0 ? 0 : (given > block_rows ? block_rows : given);
+}
+
 // Checks the entries owned by group g (its start, and its end) and raises faults in `word`.
 // Group 0 also checks offsets[0] == 0.
 SFMOE_HD void check_group(const int64_t* offsets, int64_t g, int64_t row_capacity,

@@ -49,12 +49,10 @@ __device__ __forceinline__ bool is_real_row(const GroupRowsView& g, const int64_
   const int64_t lo = group_of_offset_row(offsets, g.num_groups, row);
   *group = lo;
   const int64_t begin = offsets[lo], block = offsets[lo + 1] - begin;
-  int64_t real = g.rows[lo];
-  if (real < 0 || real > block) {
-    if (word != nullptr && threadIdx.x % 32 == 0 && row == begin) {
-      raise_fault(word, SFMOE_FAULT_GROUP_OVER_CAPACITY, lo, real);
-    }
-    real = real < 0 ? 0 : block;
+  const int64_t given = g.rows[lo];
+  const int64_t real = clamp_real_rows(given, block);
+  if (real != given && word != nullptr && threadIdx.x % 32 == 0 && row == begin) {
+    raise_fault(word, SFMOE_FAULT_GROUP_OVER_CAPACITY, lo, given);
   }
   return row - begin < real;
 }

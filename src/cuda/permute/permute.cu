@@ -643,8 +643,7 @@ __global__ void __launch_bounds__(kCopyThreads) unpermute_backward_kernel(Unperm
     const int64_t e = pad / kPaddingSplit, part = pad % kPaddingSplit;
     const GroupRows block = clamp_group_rows(a.offsets, e, a.row_capacity);
     const int64_t given = a.group_rows[e];
-    const int64_t real =
-        given < 0 ? 0 : (given > block.end - block.begin ? block.end - block.begin : given);
+    const int64_t real = clamp_real_rows(given, block.end - block.begin);
     if (real != given && part == 0 && threadIdx.x == 0 && a.word != nullptr) {
       raise_fault(a.word, SFMOE_FAULT_GROUP_OVER_CAPACITY, e, given);  // as the activations do
     }
