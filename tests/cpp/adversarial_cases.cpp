@@ -50,10 +50,6 @@ void expect_untouched_on_host(Arena& m, std::initializer_list<const void*> outpu
   for (const void* p : outputs) EXPECT_TRUE(m.untouched(p)) << "the host refused, yet wrote";
 }
 
-sfmoe_tensor tensor(Arena& m, void* data, sfmoe_dtype dtype, std::vector<int64_t> dims) {
-  return tensor_in(m.memory(), data, dtype, std::move(dims));
-}
-
 std::mt19937& rng() {
   static std::mt19937 engine(std::random_device{}());
   return engine;
@@ -74,11 +70,10 @@ std::vector<float> random_values(size_t n) {
 }
 
 std::vector<uint16_t> random_bf16(size_t n) {
+  const std::vector<float> f = random_values(n);
   std::vector<uint16_t> v(n);
-  for (size_t i = 0; i < n; ++i) {
-    v[i] = numerics::f32_to_bf16(random_values(1)[0]);
-  }
-  v[0] = 0x8000;  // -0
+  for (size_t i = 0; i < n; ++i) v[i] = numerics::f32_to_bf16(f[i]);
+  if (n > 0) v[0] = 0x8000;  // -0
   return v;
 }
 

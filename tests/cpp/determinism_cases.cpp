@@ -79,10 +79,6 @@ struct Draw {
   }
 };
 
-sfmoe_tensor tensor(Arena& m, void* data, sfmoe_dtype dtype, std::vector<int64_t> dims) {
-  return tensor_in(m.memory(), data, dtype, std::move(dims));
-}
-
 std::vector<uint8_t> bytes(Arena& m, const void* p, size_t n) { return m.get<uint8_t>(p, n); }
 
 // A planned grouped tensor carved out of one arena buffer.

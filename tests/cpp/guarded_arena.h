@@ -73,6 +73,12 @@ class Arena {
   sfmoe_status_word* word_ = nullptr;
 };
 
+// A plain tensor descriptor of an arena buffer.
+inline sfmoe_tensor tensor(Arena& m, void* data, sfmoe_dtype dtype, std::vector<int64_t> dims) {
+  return sfmoe_tensor_make(data, dtype, static_cast<int32_t>(dims.size()), dims.data(), m.memory(),
+                           0);
+}
+
 class HostArena : public Arena {
  public:
   ~HostArena() override { release_all(); }

@@ -2,7 +2,6 @@
 // (tests/cpp/determinism_cases.h). The seed is fresh each run and printed on failure.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <random>
 
 #include "tests/cpp/determinism_cases.h"
@@ -17,26 +16,8 @@ class DeterminismDevice : public ::testing::TestWithParam<DeterminismCase> {};
 
 TEST_P(DeterminismDevice, TwiceTheSameBytes) {
   SFMOE_SKIP_WITHOUT_GPU();
-  const uint32_t seed = std::random_device{}();
-  OutputBytes first, second;
-  {
-    DeviceArena arena;
-    first = GetParam().run(arena, seed);
-    EXPECT_EQ(arena.damage(), "");
-  }
-  {
-    DeviceArena arena;
-    second = GetParam().run(arena, seed);
-  }
-  ASSERT_FALSE(first.empty());
-  ASSERT_EQ(first.size(), second.size());
-  // The op wrote its first output (not one byte value throughout, as the fill is).
-  const std::vector<uint8_t>& main = first[0];
-  EXPECT_NE(std::count(main.begin(), main.end(), main.empty() ? 0 : main[0]),
-            static_cast<std::ptrdiff_t>(main.size()));
-  for (size_t i = 0; i < first.size(); ++i) {
-    EXPECT_EQ(first[i] == second[i], true) << "output " << i << " differs, seed " << seed;
-  }
+  expect_twice_the_same_bytes(GetParam(), std::random_device{}(),
+                              [] { return std::unique_ptr<Arena>(new DeviceArena()); });
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
