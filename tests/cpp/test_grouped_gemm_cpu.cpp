@@ -441,9 +441,19 @@ TEST(GroupedGemmHeuristics, ShapeFamiliesGetTheMeasuredTiles) {
   EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kFp8TensorFast, 32768, 32,
                                  1536, 7168),  // N 7168, K 1024: ping-pong
             GemmTile::kPingpong128x128);
-  // BF16: M is the rows per group in fprop and dgrad, n in wgrad.
+  // BF16: M is the rows per group in fprop and dgrad, n in wgrad; fprop and dgrad run sfmoe's own
+  // kernel where CUTLASS's 128 x 256 would, wgrad CUTLASS's.
   EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kDgrad, GemmRecipe::kBf16, 4096, 64, 7168, 2048),
             GemmTile::kPingpong64x128);
+  EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kFprop, GemmRecipe::kBf16, 65536, 128, 1536,
+                                 2048),
+            GemmTile::kContiguous128x256);
+  EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kDgrad, GemmRecipe::kBf16, 65536, 128, 1536,
+                                 2048),
+            GemmTile::kContiguous128x256);
+  EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kBf16, 65536, 128, 1536,
+                                 2048),
+            GemmTile::kCooperative128x256);
   EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kBf16, 4096, 64, 7168, 2048),
             GemmTile::kCooperative128x256);
   // BF16 wgrad, the three measured shapes (n, k; rows per group): ping-pong for DeepSeek-V3's short
@@ -463,6 +473,8 @@ TEST(GroupedGemmHeuristics, ShapeFamiliesGetTheMeasuredTiles) {
   EXPECT_EQ(cuda::gemm_tile_named("pingpong64"), GemmTile::kPingpong64x128);
   EXPECT_EQ(cuda::gemm_tile_named("coop256x128"), GemmTile::kCooperative256x128);
   EXPECT_EQ(cuda::gemm_tile_named("pingpong128"), GemmTile::kPingpong128x128);
+  EXPECT_EQ(cuda::gemm_tile_named("contig256"), GemmTile::kContiguous128x256);
+  EXPECT_EQ(cuda::gemm_tile_named("contig128"), GemmTile::kContiguous128x128);
   EXPECT_FALSE(cuda::gemm_tile_named("no-such-tile").has_value());
   EXPECT_FALSE(cuda::gemm_tile_named(nullptr).has_value());
 }

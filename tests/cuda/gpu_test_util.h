@@ -50,8 +50,13 @@ struct DeviceBuffer {
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   ~DeviceBuffer() { cudaFree(ptr); }
+  // Complete when it returns: a copy from pageable memory may return while its DMA is still in
+  // flight on the legacy stream, which a non-blocking stream (a test's graph launch) does not wait
+  // for.
   cudaError_t upload(const std::vector<T>& host) {
-    return cudaMemcpy(ptr, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
+    const cudaError_t copied =
+        cudaMemcpy(ptr, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
+    return copied != cudaSuccess ? copied : cudaStreamSynchronize(cudaStreamLegacy);
   }
   std::vector<T> download() const {
     std::vector<T> host(count);

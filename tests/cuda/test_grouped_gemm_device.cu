@@ -162,7 +162,8 @@ std::vector<const char*> tiles_to_test(std::initializer_list<const char*> compil
   return tiles;
 }
 const std::vector<const char*> kTiles =
-    tiles_to_test({"coop128", "coop256", "pingpong64", "coop256x128", "pingpong128"});  // BF16's
+    tiles_to_test({"coop128", "coop256", "pingpong64", "coop256x128", "pingpong128", "contig256",
+                   "contig128"});  // BF16's
 const std::vector<const char*> kFp8Tiles = tiles_to_test({"coop128", "coop256", "pingpong64"});
 // The tile forced for the scope (as SFMOE_GEMM_TILE does at load), then the loaded setting back.
 struct ForcedTile {
@@ -229,6 +230,35 @@ TEST(CudaGroupedGemm, RandomInputsMeetTheBf16Bound) {
       EXPECT_LE(distance, 1e-5) << tile << " " << form_name(form);
       std::printf("[ gemm ] %s %s random: 1 - 2 sum(xy) / sum(x^2 + y^2) = %.3g\n", tile,
                   form_name(form), distance);
+    }
+  }
+}
+
+// sfmoe's own kernel (contig256, contig128: BF16 results only) sums in the GMMA order of CUTLASS's
+// 128 x 256 tile, so on random inputs its BF16 results are CUTLASS's bits, in fprop and dgrad.
+TEST(CudaGroupedGemm, OwnKernelGivesTheCutlassTilesBitsOnRandomInputs) {
+  SFMOE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(session_test_seed() + 73);
+  const Problem p = make_problem({5, 0, 1, 257, 64, 133}, false, &rng);
+  for (sfmoe_gemm_form form : {SFMOE_GEMM_FPROP, SFMOE_GEMM_DGRAD}) {
+    std::vector<float> host, cutlass;
+    {
+      const ForcedTile forced("coop256");
+      run_both(form, p, SFMOE_DTYPE_BF16, false, {}, &host, &cutlass);
+      if (HasFatalFailure()) return;
+    }
+    for (const char* tile : {"contig256", "contig128"}) {
+      const ForcedTile forced(tile);
+      std::vector<float> own;
+      run_both(form, p, SFMOE_DTYPE_BF16, false, {}, &host, &own);
+      if (HasFatalFailure()) return;
+      int64_t differ = 0;
+      for (size_t i = 0; i < own.size(); ++i) {
+        differ += std::memcmp(&own[i], &cutlass[i], sizeof(float)) != 0;
+      }
+      EXPECT_EQ(differ, 0) << tile << " " << form_name(form);
+      std::printf("[ gemm ] %s %s random, bf16 out: %zu values, %lld differ from coop256\n", tile,
+                  form_name(form), own.size(), static_cast<long long>(differ));
     }
   }
 }

@@ -101,6 +101,11 @@ sfmoe_status launch_grouped_gemm(const GroupedGemmDeviceArgs& a, void* stream_po
     case GemmRecipe::kBf16:
       break;
   }
+  // sfmoe's own kernel where it takes the operands; the recipe's default tile otherwise.
+  if ((tile == GemmTile::kContiguous128x256 || tile == GemmTile::kContiguous128x128) &&
+      contiguous_grouped_gemm_runs(a)) {
+    return contiguous_grouped_gemm(a, tile == GemmTile::kContiguous128x128, stream);
+  }
   return a.out_dtype == SFMOE_DTYPE_FP32 ? run_bf16<float>(a, tile, stream)
                                          : run_bf16<Bf16>(a, tile, stream);
 }

@@ -50,6 +50,10 @@ enum class GemmTile {
   kPingpong64x128,      // 64 x 128, two consumer warp groups alternating: small groups
   kCooperative256x128,  // 256 x 128, cluster 2 x 2 (BF16, FP8 fast accumulation)
   kPingpong128x128,     // 128 x 128, ping-pong, cluster 2 x 1 (BF16, FP8 fast accumulation)
+  // sfmoe's own kernel (BF16 fprop and dgrad into BF16; sm90_contiguous_grouped_gemm.cu): one
+  // TMA descriptor per operand, a device tile scheduler over the offsets, cluster 1
+  kContiguous128x256,
+  kContiguous128x128,
 };
 
 enum class GemmRecipe {
@@ -60,7 +64,7 @@ enum class GemmRecipe {
 };
 
 // The tile a SFMOE_GEMM_TILE value names (coop128, coop256, pingpong64, coop256x128,
-// pingpong128); none for another value.
+// pingpong128, contig256, contig128); none for another value.
 inline std::optional<GemmTile> gemm_tile_named(const char* name) {
   if (name == nullptr) return std::nullopt;
   if (strcmp(name, "coop128") == 0) return GemmTile::kCooperative128x128;
@@ -68,6 +72,8 @@ inline std::optional<GemmTile> gemm_tile_named(const char* name) {
   if (strcmp(name, "pingpong64") == 0) return GemmTile::kPingpong64x128;
   if (strcmp(name, "coop256x128") == 0) return GemmTile::kCooperative256x128;
   if (strcmp(name, "pingpong128") == 0) return GemmTile::kPingpong128x128;
+  if (strcmp(name, "contig256") == 0) return GemmTile::kContiguous128x256;
+  if (strcmp(name, "contig128") == 0) return GemmTile::kContiguous128x128;
   return std::nullopt;
 }
 
@@ -102,11 +108,18 @@ inline GemmTile choose_gemm_tile(GemmRecipe recipe, int64_t gemm_m_bound_per_gro
 inline GemmTile choose_gemm_tile_for(GroupedGemmForm form, GemmRecipe recipe, int64_t row_capacity,
                                      int64_t num_groups, int64_t n, int64_t k) {
   const int64_t rows_per_group = num_groups > 0 ? row_capacity / num_groups : row_capacity;
+  // BF16 fprop and dgrad: sfmoe's own 128 x 256 kernel where CUTLASS's 128 x 256 would run (it
+  // takes BF16 results only; the others run the CUTLASS tile).
+  auto own_kernel = [&](GemmTile t) {
+    return recipe == GemmRecipe::kBf16 && t == GemmTile::kCooperative128x256
+               ? GemmTile::kContiguous128x256
+               : t;
+  };
   switch (form) {
     case GroupedGemmForm::kFprop:
-      return choose_gemm_tile(recipe, rows_per_group, n, k);
+      return own_kernel(choose_gemm_tile(recipe, rows_per_group, n, k));
     case GroupedGemmForm::kDgrad:
-      return choose_gemm_tile(recipe, rows_per_group, k, n);
+      return own_kernel(choose_gemm_tile(recipe, rows_per_group, k, n));
     case GroupedGemmForm::kWgrad:
       break;
   }

@@ -2,7 +2,8 @@
 // the library is loaded, never per call: a call's launches depend on its arguments alone (a
 // captured graph replays what the call chose), and getenv is not free on a hot path.
 //
-// - SFMOE_GEMM_TILE=coop128|coop256|pingpong64|coop256x128|pingpong128 (docs/grouped_gemm.md):
+// - SFMOE_GEMM_TILE=coop128|coop256|pingpong64|coop256x128|pingpong128|contig256|contig128
+//   (docs/grouped_gemm.md):
 //   every grouped GEMM runs that tile configuration instead of the heuristic's (tile studies); an
 //   unknown value is ignored, a tile the recipe is not compiled for falls back to its default.
 //

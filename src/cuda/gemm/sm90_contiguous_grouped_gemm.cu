@@ -1,0 +1,320 @@
+// Grouped GEMM on Hopper, sfmoe's own kernel (docs/grouped_gemm.md, "the contiguous kernel"):
+// BF16 fprop and dgrad with one TMA descriptor per operand over the whole tensor -- A's rows as
+// they lie, all groups in one [rows, K] tensor, and the weights as one [G, N, K] tensor whose third
+// coordinate is the expert -- and a persistent tile scheduler that reads the group offsets on the
+// device. CUTLASS's ptr-array kernels instead hold a descriptor per group and operand and rewrite
+// it in shared memory whenever a tile changes group.
+//
+// The work: each group's rows in 128-row tiles from the group's own first row (the offsets need no
+// alignment and nothing is padded). A tile's last rows may belong to the next group, or lie past the
+// capacity (TMA reads those as zeros); they are computed and never stored. Group g owns the work
+// indices [tile_start[g] n_tiles, tile_start[g + 1] n_tiles), its M tiles fastest, so the CTAs of
+// one wave share the group's B tiles and its rows in L2.
+//
+// The pieces: CUTLASS's warp-specialized TMA + GMMA mainloop collective (one producer warp issuing
+// TMA loads into a multi-stage shared-memory pipeline, two consumer warp groups each running
+// 64 x kTileN wgmma over their half of the tile), inside this file's kernel: the scheduler, the
+// coordinates of A and B per tile (the group's first row, the expert), and an epilogue that stages
+// the BF16 tile in shared memory and writes the group's rows only, with 16-byte stores.
+#include <cub/block/block_scan.cuh>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/pipeline/pipeline.hpp>
+#include <mutex>
+
+#include "src/cuda/gemm/sm90_grouped_gemm_kernels.cuh"
+
+namespace sfmoe {
+namespace cuda {
+namespace {
+
+using namespace cute;
+using grouped_gemm_detail::Bf16;
+
+constexpr int kThreads = 384;  // a producer warp group, two consumer warp groups
+constexpr int kGroupsPerThread = 2;
+constexpr int kMaxGroups = kThreads * kGroupsPerThread;  // the tile starts live in shared memory
+constexpr int kTileM = 128;
+constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
+
+// The kernel for one form: B K-major (fprop: W_g [n, k]) or N-major (dgrad: W_g read as [K = n,
+// N = k]), a kTileM x kTileN tile, kStages pipeline stages.
+template <class LayoutB, int kTileN, int kStages>
+struct ContiguousKernel {
+  using TileShape = Shape<Int<kTileM>, Int<kTileN>, _64>;
+  using ClusterShape = Shape<_1, _1, _1>;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, cutlass::layout::RowMajor, 8, Bf16,
+      LayoutB, 8, float, TileShape, ClusterShape, cutlass::gemm::collective::StageCount<kStages>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+  using TiledMma = typename Mainloop::TiledMma;
+  using Pipeline = typename Mainloop::MainloopPipeline;
+  using PipelineState = typename Mainloop::PipelineState;
+  using StrideA = typename Mainloop::StrideA;
+  using StrideB = typename Mainloop::StrideB;
+  // The staged tile's row pitch: 16 bytes of padding put a fragment's 8 rows on distinct banks.
+  static constexpr int kN = kTileN;
+  static constexpr int kPitch = kTileN + 8;
+  static constexpr int kChunksPerRow = kTileN / 8;  // 16-byte chunks
+
+  struct SharedStorage {
+    typename Mainloop::TensorStorage tensors;  // first: TMA's swizzled stages need the alignment
+    alignas(16) Bf16 staged[kTileM * kPitch];
+    typename Mainloop::PipelineStorage pipeline;
+    int tile_start[kMaxGroups + 1];
+    int row_begin[kMaxGroups];
+    int row_end[kMaxGroups];
+    typename cub::BlockScan<int, kThreads>::TempStorage scan;
+  };
+  static constexpr int kSharedBytes = static_cast<int>(sizeof(SharedStorage));
+  static_assert(kSharedBytes <= 232448, "more shared memory than an H100/H200 SM has");
+
+  struct Params {
+    typename Mainloop::Params mainloop;
+    GroupedGemmDeviceArgs args;  // the offsets, the capacity and the fault word
+    int gemm_m, gemm_n, gemm_k;  // gemm_m: the row capacity
+    int n_tiles;
+    Bf16* out;
+    int64_t ld_out;
+  };
+};
+
+// One tile of work: its group, N block, first row and the group's rows in it.
+struct WorkTile {
+  int group, n_block, row0, rows;
+};
+
+__device__ __forceinline__ WorkTile locate(const int* tile_start, const int* row_begin,
+                                           const int* row_end, int groups, int n_tiles, int tile) {
+  const int m_tile = tile / n_tiles;  // tile_start[g] <= m_tile <=> tile_start[g] n_tiles <= tile
+  int lo = 0, hi = groups - 1;        // the last group whose first tile is at most m_tile
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (tile_start[mid] <= m_tile) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int m_tiles = tile_start[lo + 1] - tile_start[lo];
+  const int local = tile - tile_start[lo] * n_tiles;
+  WorkTile w;
+  w.group = lo;
+  w.n_block = local / m_tiles;
+  w.row0 = row_begin[lo] + (local % m_tiles) * kTileM;
+  w.rows = min(kTileM, row_end[lo] - w.row0);
+  return w;
+}
+
+template <class K>
+__global__ void __launch_bounds__(kThreads, 1)
+    contiguous_grouped_gemm_kernel(const __grid_constant__ typename K::Params p) {
+  extern __shared__ char shared_bytes[];
+  auto& s = *reinterpret_cast<typename K::SharedStorage*>(shared_bytes);
+  const int thread = static_cast<int>(threadIdx.x);
+  const int warp_group = thread / 128;
+  const int warp_in_group = (thread / 32) % 4;
+  const int groups = static_cast<int>(p.args.num_groups);
+
+  // Each group's rows (clamped into the capacity as the other kernels do; one block reports bad
+  // offsets) and the exclusive prefix of their M tiles, in shared memory.
+  {
+    GroupedGemmDeviceArgs a = p.args;
+    if (blockIdx.x != 0) a.word = nullptr;
+    int tiles[kGroupsPerThread], starts[kGroupsPerThread], total = 0;
+    for (int j = 0; j < kGroupsPerThread; ++j) {
+      const int g = thread * kGroupsPerThread + j;
+      tiles[j] = 0;
+      if (g < groups) {
+        int64_t lo, hi;
+        grouped_gemm_detail::group_rows(a, g, &lo, &hi);
+        s.row_begin[g] = static_cast<int>(lo);
+        s.row_end[g] = static_cast<int>(hi);
+        tiles[j] = static_cast<int>((hi - lo + kTileM - 1) / kTileM);
+      }
+    }
+    cub::BlockScan<int, kThreads>(s.scan).ExclusiveSum(tiles, starts, total);
+    for (int j = 0; j < kGroupsPerThread; ++j) {
+      const int g = thread * kGroupsPerThread + j;
+      if (g < groups) s.tile_start[g] = starts[j];
+    }
+    if (thread == 0) s.tile_start[groups] = total;
+  }
+
+  typename K::Pipeline::Params pipeline_params;
+  if (warp_group == 0) {
+    pipeline_params.role = warp_in_group == 0 ? K::Pipeline::ThreadCategory::Producer
+                                              : K::Pipeline::ThreadCategory::NonParticipant;
+  } else {
+    pipeline_params.role = K::Pipeline::ThreadCategory::Consumer;
+  }
+  pipeline_params.is_leader = thread % 128 == 0;
+  pipeline_params.num_consumers = 256;
+  pipeline_params.transaction_bytes = p.mainloop.tma_transaction_bytes;
+  typename K::Pipeline pipeline(s.pipeline, pipeline_params, typename K::ClusterShape{});
+  __syncthreads();  // the barriers initialized, the tile starts written
+
+  const int total_tiles = s.tile_start[groups] * p.n_tiles;
+  const int k_tiles = (p.gemm_k + 63) / 64;
+  typename K::Mainloop mainloop;
+  if (warp_group == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
+    if (warp_in_group != 0) return;
+    if (cute::elect_one_sync()) {
+      cute::prefetch_tma_descriptor(p.mainloop.tma_load_a.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(p.mainloop.tma_load_b.get_tma_descriptor());
+    }
+    auto write = cutlass::make_producer_start_state<typename K::Pipeline>();
+    Tensor m_a = p.mainloop.tma_load_a.get_tma_tensor(make_shape(p.gemm_m, p.gemm_k, 1));
+    Tensor m_b = p.mainloop.tma_load_b.get_tma_tensor(make_shape(p.gemm_n, p.gemm_k, groups));
+    for (int tile = static_cast<int>(blockIdx.x); tile < total_tiles;
+         tile += static_cast<int>(gridDim.x)) {
+      const WorkTile w =
+          locate(s.tile_start, s.row_begin, s.row_end, groups, p.n_tiles, tile);
+      // A from the tile's first row, B at the group's expert: one descriptor each, new coordinates.
+      Tensor g_a = local_tile(domain_offset(make_coord(w.row0, 0, 0), m_a), typename K::TileShape{},
+                              make_coord(_, _, _), Step<_1, X, _1>{});
+      Tensor g_b = local_tile(domain_offset(make_coord(0, 0, w.group), m_b),
+                              typename K::TileShape{}, make_coord(_, _, _), Step<X, _1, _1>{});
+      auto k_tile_iter = cute::make_coord_iterator(shape<3>(g_a));
+      mainloop.load(p.mainloop, pipeline, write, cute::make_tuple(g_a, g_b),
+                    make_coord(0, w.n_block, _, 0), k_tile_iter, k_tiles, thread % 32, 0u,
+                    s.tensors);
+      write.advance(k_tiles);
+    }
+    mainloop.load_tail(pipeline, write);
+    return;
+  }
+
+  cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
+  typename K::TiledMma tiled_mma;
+  typename K::PipelineState read;
+  const int mma_thread = thread - 128;
+  const int consumer = mma_thread / 128;  // rows [64 consumer, 64 consumer + 64) of each tile
+  const int in_group = mma_thread % 128;
+  Tensor staged = make_tensor(
+      make_smem_ptr(s.staged),
+      make_layout(make_shape(Int<kTileM>{}, Int<K::kN>{}), make_stride(Int<K::kPitch>{}, _1{})));
+  Tensor staged_of_thread = tiled_mma.get_thread_slice(mma_thread).partition_C(staged);
+  for (int tile = static_cast<int>(blockIdx.x); tile < total_tiles;
+       tile += static_cast<int>(gridDim.x)) {
+    const WorkTile w = locate(s.tile_start, s.row_begin, s.row_end, groups, p.n_tiles, tile);
+    auto accumulators = partition_fragment_C(tiled_mma, take<0, 2>(typename K::TileShape{}));
+    mainloop.mma(pipeline, read, accumulators, k_tiles, mma_thread, s.tensors, p.mainloop);
+    mainloop.mma_tail(pipeline, read, k_tiles);
+    read.advance(k_tiles);
+
+    // The previous tile's rows of this warp group have left the staging buffer.
+    cutlass::arch::NamedBarrier::arrive_and_wait(128, consumer);
+    Tensor converted = make_tensor_like<Bf16>(accumulators);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(accumulators); ++i) converted(i) = Bf16(accumulators(i));
+    copy(converted, staged_of_thread);
+    cutlass::arch::NamedBarrier::arrive_and_wait(128, consumer);
+    // The group's rows of the tile, 16 bytes a store, a warp writing 512 contiguous bytes (one
+    // asynchronous bulk copy per row instead measured 1.2% slower over the benchmark's cases).
+    const int col0 = w.n_block * K::kN;
+#pragma unroll 4
+    for (int c = in_group; c < 64 * K::kChunksPerRow; c += 128) {
+      const int r = consumer * 64 + c / K::kChunksPerRow;
+      const int chunk = c % K::kChunksPerRow;
+      const int col = col0 + chunk * 8;
+      if (r < w.rows && col < p.gemm_n) {
+        const uint4 v = *reinterpret_cast<const uint4*>(&s.staged[r * K::kPitch + chunk * 8]);
+        *reinterpret_cast<uint4*>(p.out + (static_cast<int64_t>(w.row0) + r) * p.ld_out + col) = v;
+      }
+    }
+  }
+}
+
+template <class K>
+sfmoe_status run(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
+  const bool fprop = a.form == GroupedGemmForm::kFprop;
+  const int64_t gemm_n = fprop ? a.n : a.k, gemm_k = fprop ? a.k : a.n;
+  const int64_t m = a.row_capacity, groups = a.num_groups;
+  using Mainloop = typename K::Mainloop;
+  // fprop: A = X [rows, k] and B = W_g [n, k], both K-major; dgrad: A = dY [rows, n] K-major and
+  // B = W_g [n, k] read as [K = n, N = k], N-major. A's L mode is one copy (size 1).
+  typename K::StrideA stride_a{};
+  get<0>(stride_a) = gemm_k;
+  get<2>(stride_a) = m * gemm_k;
+  typename K::StrideB stride_b{};
+  if constexpr (is_static<remove_cvref_t<decltype(get<0>(stride_b))>>::value) {
+    get<1>(stride_b) = gemm_n;  // N-major: K's stride is N
+  } else {
+    get<0>(stride_b) = gemm_k;  // K-major: N's stride is K
+  }
+  get<2>(stride_b) = a.n * a.k;
+  const typename Mainloop::Arguments operands{static_cast<const Bf16*>(a.a.data), stride_a,
+                                              static_cast<const Bf16*>(a.b.data), stride_b};
+  const int gm = static_cast<int>(m), gn = static_cast<int>(gemm_n), gk = static_cast<int>(gemm_k);
+  typename K::Params p;
+  // (the mainloop's one problem shape sets both descriptors' L: A's from L = 1, B's from L = G)
+  p.mainloop = Mainloop::to_underlying_arguments(make_shape(gm, gn, gk, 1), operands, nullptr);
+  p.mainloop.tma_load_b =
+      Mainloop::to_underlying_arguments(make_shape(gm, gn, gk, static_cast<int>(groups)), operands,
+                                        nullptr)
+          .tma_load_b;
+  p.args = a;
+  p.gemm_m = gm;
+  p.gemm_n = gn;
+  p.gemm_k = gk;
+  p.n_tiles = static_cast<int>((gemm_n + K::kN - 1) / K::kN);
+  p.out = static_cast<Bf16*>(a.out);
+  p.ld_out = gemm_n;
+
+  static std::once_flag attribute_set;
+  static cudaError_t attribute_status = cudaSuccess;
+  std::call_once(attribute_set, [] {
+    attribute_status =
+        cudaFuncSetAttribute(contiguous_grouped_gemm_kernel<K>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSharedBytes);
+  });
+  if (attribute_status != cudaSuccess) {
+    return report(SFMOE_ERROR_CUDA, "the contiguous grouped GEMM's shared memory: %s",
+                  cudaGetErrorString(attribute_status));
+  }
+  // Persistent: one CTA per SM, or fewer when the tiles' bound is smaller (the bound: every group
+  // adds at most one partial M tile to the capacity's).
+  const int64_t tile_bound = ((m + kTileM - 1) / kTileM + groups) * p.n_tiles;
+  const int64_t sms = multiprocessor_count();
+  const unsigned grid = static_cast<unsigned>(tile_bound < sms ? tile_bound : sms);
+  if (grid == 0) return SFMOE_SUCCESS;
+  contiguous_grouped_gemm_kernel<K><<<grid, kThreads, K::kSharedBytes, stream>>>(p);
+  return check_launch("contiguous_grouped_gemm_kernel");
+}
+
+// 128 x 256: 48 KiB a stage, three of them beside the 66 KiB staged tile; 128 x 128: 32 KiB a
+// stage, five.
+using Fprop256 = ContiguousKernel<cutlass::layout::ColumnMajor, 256, 3>;
+using Dgrad256 = ContiguousKernel<cutlass::layout::RowMajor, 256, 3>;
+using Fprop128 = ContiguousKernel<cutlass::layout::ColumnMajor, 128, 5>;
+using Dgrad128 = ContiguousKernel<cutlass::layout::RowMajor, 128, 5>;
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+bool contiguous_grouped_gemm_runs(const GroupedGemmDeviceArgs& a) {
+  const bool fprop = a.form == GroupedGemmForm::kFprop;
+  const int64_t gemm_n = fprop ? a.n : a.k, gemm_k = fprop ? a.k : a.n;
+  return (fprop || a.form == GroupedGemmForm::kDgrad) && a.a.scaling == SFMOE_SCALING_NONE &&
+         a.b.scaling == SFMOE_SCALING_NONE && a.a.dtype == SFMOE_DTYPE_BF16 &&
+         a.b.dtype == SFMOE_DTYPE_BF16 && a.out_dtype == SFMOE_DTYPE_BF16 && !a.a.columnwise &&
+         !a.b.columnwise && !a.accumulate && a.num_groups >= 1 && a.num_groups <= kMaxGroups &&
+         a.row_capacity >= 1 && a.row_capacity <= (int64_t{1} << 30) && gemm_n >= 8 &&
+         gemm_k >= 8 && gemm_n % 8 == 0 && gemm_k % 8 == 0 && gemm_n < (int64_t{1} << 30) &&
+         gemm_k < (int64_t{1} << 30) && aligned16(a.a.data) && aligned16(a.b.data) &&
+         aligned16(a.out);
+}
+
+sfmoe_status contiguous_grouped_gemm(const GroupedGemmDeviceArgs& a, bool tile_n_128,
+                                     cudaStream_t stream) {
+  if (a.form == GroupedGemmForm::kFprop) {
+    return tile_n_128 ? run<Fprop128>(a, stream) : run<Fprop256>(a, stream);
+  }
+  return tile_n_128 ? run<Dgrad128>(a, stream) : run<Dgrad256>(a, stream);
+}
+
+}  // namespace cuda
+}  // namespace sfmoe
