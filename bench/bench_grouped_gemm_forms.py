@@ -57,15 +57,17 @@ def child():
                         a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
                         out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
                         grouped = peer(lambda: torch._grouped_mm(a, w.transpose(1, 2), offs=ends32))
-                        da, db = torch.randn(m, k, device=dev, dtype=torch.bfloat16), torch.randn(
-                            k, n, device=dev, dtype=torch.bfloat16
+                        da, db = (
+                            torch.randn(m, k, device=dev, dtype=torch.bfloat16),
+                            torch.randn(k, n, device=dev, dtype=torch.bfloat16),
                         )
                     else:
                         a = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
                         out = torch.empty(m, k, device=dev, dtype=torch.bfloat16)
                         grouped = peer(lambda: torch._grouped_mm(a, w, offs=ends32))
-                        da, db = torch.randn(m, n, device=dev, dtype=torch.bfloat16), torch.randn(
-                            n, k, device=dev, dtype=torch.bfloat16
+                        da, db = (
+                            torch.randn(m, n, device=dev, dtype=torch.bfloat16),
+                            torch.randn(n, k, device=dev, dtype=torch.bfloat16),
                         )
                     ours = ours_ms(lambda: sfmoe.grouped_gemm(form, a, w, offsets, out=out))
                     dense = peer(lambda: da @ db)
@@ -122,7 +124,13 @@ def main():
             print(f"{tile}: geometric mean over torch._grouped_mm of its process, {len(values)} cases: {mean:.3f}x")
     best = []
     for case in cases:
-        best.append(max(per_tile[t][case]["ours"] / per_tile[t][case]["grouped_mm"] for t in per_tile if per_tile[t][case]["grouped_mm"]))
+        best.append(
+            max(
+                per_tile[t][case]["ours"] / per_tile[t][case]["grouped_mm"]
+                for t in per_tile
+                if per_tile[t][case]["grouped_mm"]
+            )
+        )
     print(f"best kernel per case: geometric mean {math.exp(sum(math.log(v) for v in best) / len(best)):.3f}x")
     if os.environ.get("OUT"):
         with open(os.path.join(os.environ["OUT"], "bench_grouped_gemm_forms.json"), "w") as f:

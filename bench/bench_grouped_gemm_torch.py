@@ -96,8 +96,15 @@ RECIPE_KEY = {"bf16": "sfmoe", "fp8": "sfmoe_fp8", "fp8 fast": "sfmoe_fp8_fast"}
 # SFMOE_BENCH_SWEEP=bf16,fp8 limits the tile sweep to those recipes (default: all; none when quick).
 QUICK = os.environ.get("SFMOE_BENCH_GEMM") == "quick"
 SWEPT = [] if QUICK else [r.strip() for r in os.environ.get("SFMOE_BENCH_SWEEP", ",".join(RECIPE_TILES)).split(",")]
-SHORT = {"coop128": "c128", "coop256": "c256", "pingpong64": "p64", "coop256x128": "c256x128", "pingpong128": "p128",
-         "contig256": "own256", "contig128": "own128"}
+SHORT = {
+    "coop128": "c128",
+    "coop256": "c256",
+    "pingpong64": "p64",
+    "coop256x128": "c256x128",
+    "pingpong128": "p128",
+    "contig256": "own256",
+    "contig128": "own128",
+}
 # Stock CUTLASS 4.2 grouped FP8 (fast accumulation), balanced cases: ../shared/GPU.md, another run.
 CUTLASS_FP8 = {
     ("Qwen3-30B-A3B", "fc1"): 1179,

@@ -445,15 +445,15 @@ TEST(GroupedGemmHeuristics, ShapeFamiliesGetTheMeasuredTiles) {
   // kernel where CUTLASS's 128 x 256 would, wgrad CUTLASS's.
   EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kDgrad, GemmRecipe::kBf16, 4096, 64, 7168, 2048),
             GemmTile::kPingpong64x128);
-  EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kFprop, GemmRecipe::kBf16, 65536, 128, 1536,
-                                 2048),
-            GemmTile::kContiguous128x256);
-  EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kDgrad, GemmRecipe::kBf16, 65536, 128, 1536,
-                                 2048),
-            GemmTile::kContiguous128x256);
-  EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kBf16, 65536, 128, 1536,
-                                 2048),
-            GemmTile::kCooperative128x256);
+  EXPECT_EQ(
+      choose_gemm_tile_for(GroupedGemmForm::kFprop, GemmRecipe::kBf16, 65536, 128, 1536, 2048),
+      GemmTile::kContiguous128x256);
+  EXPECT_EQ(
+      choose_gemm_tile_for(GroupedGemmForm::kDgrad, GemmRecipe::kBf16, 65536, 128, 1536, 2048),
+      GemmTile::kContiguous128x256);
+  EXPECT_EQ(
+      choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kBf16, 65536, 128, 1536, 2048),
+      GemmTile::kCooperative128x256);
   EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kBf16, 4096, 64, 7168, 2048),
             GemmTile::kCooperative128x256);
   // BF16 wgrad, the three measured shapes (n, k; rows per group): ping-pong for DeepSeek-V3's short

@@ -6,19 +6,20 @@
 // it in shared memory whenever a tile changes group.
 //
 // The work: each group's rows in 128-row tiles from the group's own first row (the offsets need no
-// alignment and nothing is padded). A tile's last rows may belong to the next group, or lie past the
-// capacity (TMA reads those as zeros); they are computed and never stored. Group g owns the work
-// indices [tile_start[g] n_tiles, tile_start[g + 1] n_tiles), its M tiles fastest, so the CTAs of
-// one wave share the group's B tiles and its rows in L2.
+// alignment and nothing is padded). A tile's last rows may belong to the next group, or lie past
+// the capacity (TMA reads those as zeros); they are computed and never stored. Group g owns the
+// work indices [tile_start[g] n_tiles, tile_start[g + 1] n_tiles), its M tiles fastest, so the CTAs
+// of one wave share the group's B tiles and its rows in L2.
 //
 // The pieces: CUTLASS's warp-specialized TMA + GMMA mainloop collective (one producer warp issuing
 // TMA loads into a multi-stage shared-memory pipeline, two consumer warp groups each running
 // 64 x kTileN wgmma over their half of the tile), inside this file's kernel: the scheduler, the
 // coordinates of A and B per tile (the group's first row, the expert), and an epilogue that stages
 // the BF16 tile in shared memory and writes the group's rows only, with 16-byte stores.
-#include <cub/block/block_scan.cuh>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
+
+#include <cub/block/block_scan.cuh>
 #include <cutlass/pipeline/pipeline.hpp>
 #include <mutex>
 
@@ -169,8 +170,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     Tensor m_b = p.mainloop.tma_load_b.get_tma_tensor(make_shape(p.gemm_n, p.gemm_k, groups));
     for (int tile = static_cast<int>(blockIdx.x); tile < total_tiles;
          tile += static_cast<int>(gridDim.x)) {
-      const WorkTile w =
-          locate(s.tile_start, s.row_begin, s.row_end, groups, p.n_tiles, tile);
+      const WorkTile w = locate(s.tile_start, s.row_begin, s.row_end, groups, p.n_tiles, tile);
       // A from the tile's first row, B at the group's expert: one descriptor each, new coordinates.
       Tensor g_a = local_tile(domain_offset(make_coord(w.row0, 0, 0), m_a), typename K::TileShape{},
                               make_coord(_, _, _), Step<_1, X, _1>{});
@@ -251,10 +251,9 @@ sfmoe_status run(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
   typename K::Params p;
   // (the mainloop's one problem shape sets both descriptors' L: A's from L = 1, B's from L = G)
   p.mainloop = Mainloop::to_underlying_arguments(make_shape(gm, gn, gk, 1), operands, nullptr);
-  p.mainloop.tma_load_b =
-      Mainloop::to_underlying_arguments(make_shape(gm, gn, gk, static_cast<int>(groups)), operands,
-                                        nullptr)
-          .tma_load_b;
+  p.mainloop.tma_load_b = Mainloop::to_underlying_arguments(
+                              make_shape(gm, gn, gk, static_cast<int>(groups)), operands, nullptr)
+                              .tma_load_b;
   p.args = a;
   p.gemm_m = gm;
   p.gemm_n = gn;
