@@ -159,10 +159,14 @@ typedef struct sfmoe_moe_backward_args {
   float d_aux_loss, d_z_loss; /* upstream gradients of the losses (usually 1 or 0) */
   uint64_t rng_offset; /* NVFP4: the Philox offset of this step's stochastic rounding (advance it
                           each step; a captured graph replays the value it was captured with) */
-  const sfmoe_tensor* d_x;      /* [T, H] dtype, written */
-  const sfmoe_tensor* d_logits; /* [T, E] FP32, written */
-  const sfmoe_tensor* d_w1;     /* [E, fc1_cols, H]: dtype written, or FP32 added to */
-  const sfmoe_tensor* d_w2;     /* [E, H, F]: likewise */
+  const sfmoe_tensor* rng_offset_device; /* NVFP4: NULL, or INT64 [1] in the layer's memory, added
+                          to rng_offset when the step runs: read on the device, so the caller
+                          advances it between replays of a captured graph or calls of a compiled
+                          step (its 8 bytes are read as an unsigned offset) */
+  const sfmoe_tensor* d_x;               /* [T, H] dtype, written */
+  const sfmoe_tensor* d_logits;          /* [T, E] FP32, written */
+  const sfmoe_tensor* d_w1;              /* [E, fc1_cols, H]: dtype written, or FP32 added to */
+  const sfmoe_tensor* d_w2;              /* [E, H, F]: likewise */
   sfmoe_status_word* word;
   void* stream;
 } sfmoe_moe_backward_args;

@@ -36,6 +36,11 @@ typedef struct sfmoe_quantize_config {
    * Hadamard-transformed columnwise copy (whose amax is that of the transformed values). NULL:
    * the amax is computed from the input. */
   const float* group_amax;
+  /* NVFP4 stochastic rounding: NULL, or one uint64 in the output's memory added to `offset` when
+   * the kernel runs. It is read on the device, so a captured CUDA graph or a compiled XLA step
+   * whose caller advances it between runs rounds with a new stream each time without being
+   * captured again (a host `offset` is fixed at capture). 8-byte aligned. */
+  const uint64_t* offset_device;
 } sfmoe_quantize_config;
 
 SFMOE_API sfmoe_quantize_config sfmoe_quantize_config_init(void);

@@ -191,10 +191,10 @@ ffi::Error forward(sfmoe_memory memory, void* stream, int32_t device, ffi::AnyBu
 
 ffi::Error backward(sfmoe_memory memory, void* stream, int32_t device, ffi::AnyBuffer x,
                     ffi::AnyBuffer d_y, ffi::AnyBuffer logits, ffi::AnyBuffer w1, ffi::AnyBuffer w2,
-                    ffi::AnyBuffer /*saved: aliased to saved_after*/, ffi::Dictionary attrs,
-                    ffi::Result<ffi::AnyBuffer> d_x, ffi::Result<ffi::AnyBuffer> d_logits,
-                    ffi::Result<ffi::AnyBuffer> d_w1, ffi::Result<ffi::AnyBuffer> d_w2,
-                    ffi::Result<ffi::AnyBuffer> saved_after,
+                    ffi::AnyBuffer /*saved: aliased to saved_after*/, ffi::AnyBuffer rng_offset,
+                    ffi::Dictionary attrs, ffi::Result<ffi::AnyBuffer> d_x,
+                    ffi::Result<ffi::AnyBuffer> d_logits, ffi::Result<ffi::AnyBuffer> d_w1,
+                    ffi::Result<ffi::AnyBuffer> d_w2, ffi::Result<ffi::AnyBuffer> saved_after,
                     ffi::Result<ffi::AnyBuffer> workspace) {
   ffi::ErrorOr<const Layer*> layer = layer_for(attrs, memory, device);
   if (layer.has_error()) return layer.error();
@@ -211,6 +211,7 @@ ffi::Error backward(sfmoe_memory memory, void* stream, int32_t device, ffi::AnyB
   a.d_logits = t.of(*d_logits);
   a.d_w1 = t.of(*d_w1);
   a.d_w2 = t.of(*d_w2);
+  a.rng_offset_device = t.counts(rng_offset);  // (one INT64 as an int32 pair [1, 2])
   a.stream = stream;
   const sfmoe_status status = sfmoe_moe_layer_backward((*layer)->layer, &a);
   return status == SFMOE_SUCCESS ? ffi::Error::Success() : fail_with(status);
@@ -235,22 +236,23 @@ ffi::Error forward_cuda(void* stream, int32_t device, ffi::AnyBuffer x, ffi::Any
 }
 ffi::Error backward_host(ffi::AnyBuffer x, ffi::AnyBuffer d_y, ffi::AnyBuffer logits,
                          ffi::AnyBuffer w1, ffi::AnyBuffer w2, ffi::AnyBuffer saved,
-                         ffi::Dictionary attrs, ffi::Result<ffi::AnyBuffer> d_x,
-                         ffi::Result<ffi::AnyBuffer> d_logits, ffi::Result<ffi::AnyBuffer> d_w1,
-                         ffi::Result<ffi::AnyBuffer> d_w2, ffi::Result<ffi::AnyBuffer> saved_after,
-                         ffi::Result<ffi::AnyBuffer> workspace) {
-  return backward(SFMOE_MEMORY_HOST, nullptr, 0, x, d_y, logits, w1, w2, saved, attrs, d_x,
-                  d_logits, d_w1, d_w2, saved_after, workspace);
-}
-ffi::Error backward_cuda(void* stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer d_y,
-                         ffi::AnyBuffer logits, ffi::AnyBuffer w1, ffi::AnyBuffer w2,
-                         ffi::AnyBuffer saved, ffi::Dictionary attrs,
+                         ffi::AnyBuffer rng_offset, ffi::Dictionary attrs,
                          ffi::Result<ffi::AnyBuffer> d_x, ffi::Result<ffi::AnyBuffer> d_logits,
                          ffi::Result<ffi::AnyBuffer> d_w1, ffi::Result<ffi::AnyBuffer> d_w2,
                          ffi::Result<ffi::AnyBuffer> saved_after,
                          ffi::Result<ffi::AnyBuffer> workspace) {
-  return backward(SFMOE_MEMORY_CUDA, stream, device, x, d_y, logits, w1, w2, saved, attrs, d_x,
-                  d_logits, d_w1, d_w2, saved_after, workspace);
+  return backward(SFMOE_MEMORY_HOST, nullptr, 0, x, d_y, logits, w1, w2, saved, rng_offset, attrs,
+                  d_x, d_logits, d_w1, d_w2, saved_after, workspace);
+}
+ffi::Error backward_cuda(void* stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer d_y,
+                         ffi::AnyBuffer logits, ffi::AnyBuffer w1, ffi::AnyBuffer w2,
+                         ffi::AnyBuffer saved, ffi::AnyBuffer rng_offset, ffi::Dictionary attrs,
+                         ffi::Result<ffi::AnyBuffer> d_x, ffi::Result<ffi::AnyBuffer> d_logits,
+                         ffi::Result<ffi::AnyBuffer> d_w1, ffi::Result<ffi::AnyBuffer> d_w2,
+                         ffi::Result<ffi::AnyBuffer> saved_after,
+                         ffi::Result<ffi::AnyBuffer> workspace) {
+  return backward(SFMOE_MEMORY_CUDA, stream, device, x, d_y, logits, w1, w2, saved, rng_offset,
+                  attrs, d_x, d_logits, d_w1, d_w2, saved_after, workspace);
 }
 
 }  // namespace
@@ -294,6 +296,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SfmoeMoeBackwardHost, backward_host,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Attrs<ffi::Dictionary>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
@@ -305,6 +308,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SfmoeMoeBackwardCuda, backward_cuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<void*>>()
                                   .Ctx<ffi::DeviceOrdinal>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()

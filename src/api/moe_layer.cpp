@@ -423,6 +423,10 @@ sfmoe_status prepare_backward(const char* context, const sfmoe_moe_layer* layer,
     SFMOE_RETURN_IF_ERROR(
         expect_layer_tensor(context, "d_w2", a->d_w2, {grads}, {El, H, s.ffn}, layer));
   }
+  if (a->rng_offset_device != nullptr) {
+    SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "rng_offset_device", a->rng_offset_device,
+                                              {SFMOE_DTYPE_INT64}, {1}, layer));
+  }
   SFMOE_RETURN_IF_ERROR(check_word(context, a->word, layer->memory, layer->device));
 
   call->part = static_cast<sfmoe_moe_backward_part>(part);
@@ -436,6 +440,8 @@ sfmoe_status prepare_backward(const char* context, const sfmoe_moe_layer* layer,
   call->d_aux_loss = a->d_aux_loss;
   call->d_z_loss = a->d_z_loss;
   call->rng_offset = a->rng_offset;
+  call->rng_offset_device =
+      a->rng_offset_device ? static_cast<const uint64_t*>(a->rng_offset_device->data) : nullptr;
   call->d_x = fc1 ? a->d_x->data : nullptr;
   call->d_logits = fc1 ? static_cast<float*>(a->d_logits->data) : nullptr;
   call->d_w1 = fc1 ? a->d_w1->data : nullptr;

@@ -127,6 +127,14 @@ sfmoe_status describe_quantized(const char* context, const char* name,
     }
     SFMOE_RETURN_IF_ERROR(check_group_floats(context, "group_amax", config.group_amax, q));
   }
+  if (config.offset_device != nullptr) {
+    if (reinterpret_cast<uintptr_t>(config.offset_device) % alignof(uint64_t) != 0) {
+      return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: config offset_device must be 8-byte aligned",
+                  context);
+    }
+    SFMOE_RETURN_IF_ERROR(validate_pointer_memory(context, "config", "offset_device",
+                                                  config.offset_device, q->memory, q->device));
+  }
   if (q->scale_layout == SFMOE_SCALE_LAYOUT_SWIZZLED && !scaling_is_swizzlable(q->scaling)) {
     return fail(SFMOE_ERROR_UNSUPPORTED,
                 "%s: %s: the swizzled scale layout exists for mx_1x32 and nv_1x16 only", context,
@@ -173,6 +181,12 @@ sfmoe_status check_rowwise_fusion(const char* context, const char* name,
     return fail(SFMOE_ERROR_UNSUPPORTED,
                 "%s: config group_amax applies to sfmoe_grouped_quantize only (the fused "
                 "quantizations take given scales, tensor_scales)",
+                context);
+  }
+  if (options->offset_device != nullptr) {
+    return fail(SFMOE_ERROR_UNSUPPORTED,
+                "%s: config offset_device applies to sfmoe_grouped_quantize only (the fused "
+                "quantizations round to nearest)",
                 context);
   }
   const bool given_tensor = q->scaling == SFMOE_SCALING_TENSOR && options->tensor_scales != nullptr;

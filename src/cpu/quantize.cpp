@@ -176,7 +176,9 @@ struct Encoder {
     if (!args.config.stochastic_rounding) return numerics::f32_to_e2m1(scaled);
     // Rowwise (r, c) draws element r * C + c of stream 2 * offset; columnwise (c, r) draws
     // element c * R + r of stream 2 * offset + 1: both are m * cols + n of the copy.
-    const uint64_t stream = 2 * args.config.offset + (copy.columnwise ? 1 : 0);
+    const uint64_t offset =
+        args.config.offset + (args.config.offset_device ? *args.config.offset_device : 0);
+    const uint64_t stream = 2 * offset + (copy.columnwise ? 1 : 0);
     const uint32_t random_bits = numerics::philox_random_bits(
         args.config.seed, stream, static_cast<uint64_t>(m * copy.cols + n));
     return numerics::f32_to_e2m1_stochastic(scaled, random_bits);

@@ -150,6 +150,7 @@ struct Gemm {
   sfmoe_fault_report* word;
   void* stream;
   uint64_t rng_offset;
+  const uint64_t* rng_offset_device;
 
   // Operand b (or a) of `step` from `data` (rows [R, cols] or a weight [E, n, cols]).
   sfmoe_status operand(GemmStep step, bool b, const void* data, bool weight, int64_t n,
@@ -191,6 +192,7 @@ struct Gemm {
       q.config.stochastic_rounding = 1;
       q.config.seed = shape.seed + 0x9E3779B97F4A7C15ull * (static_cast<uint64_t>(step) + 1);
       q.config.offset = rng_offset;
+      q.config.offset_device = rng_offset_device;
     }
     q.word = word;
     SFMOE_RETURN_IF_ERROR(backend.grouped_quantize(q, stream));
@@ -465,8 +467,8 @@ sfmoe_status ffn_forward(const MoeLayerShape& s, const MoeLayerPlan& plan, const
   void* fc1_rows = row_at<uint8_t>(c.saved, plan.fc1_rows, first, plan.fc1_cols * elem);
   void* x_rows = row_at<uint8_t>(c.workspace, plan.hidden_rows, first, s.hidden * elem);
   void* act_rows = row_at<uint8_t>(c.workspace, plan.ffn_rows, first, s.ffn * elem);
-  const Gemm gemm{s,           plan,     backend, round.offsets, round.rows,
-                  c.workspace, c.memory, word,    stream,        0};
+  const Gemm gemm{s,    plan,   backend, round.offsets, round.rows, c.workspace, c.memory,
+                  word, stream, 0,       nullptr};
   SFMOE_RETURN_IF_ERROR(step("fc1", gemm.run(GemmStep::kFc1Fprop, x_rows, c.w1, fc1_rows)));
   ActivationArgs activation =
       activation_args(s, round.rows, round.offsets, round.kept, fc1_rows, act_rows, word);
@@ -663,8 +665,8 @@ sfmoe_status ffn_backward_fc2(const MoeLayerShape& s, const MoeLayerPlan& plan,
   void* d_fc1_rows = fc1_rows;  // the activation's backward writes in place
   void* hidden_rows = row_at<uint8_t>(c.workspace, plan.hidden_rows, first, s.hidden * elem);
   void* ffn_rows = row_at<uint8_t>(c.workspace, plan.ffn_rows, first, s.ffn * elem);
-  const Gemm gemm{s,           plan,     backend, round.offsets, round.rows,
-                  c.workspace, c.memory, word,    stream,        c.rng_offset};
+  const Gemm gemm{s,        plan, backend, round.offsets, round.rows,         c.workspace,
+                  c.memory, word, stream,  c.rng_offset,  c.rng_offset_device};
   SFMOE_RETURN_IF_ERROR(
       step("fc2 dgrad", gemm.run(GemmStep::kFc2Dgrad, hidden_rows, c.w2, ffn_rows)));
 
@@ -698,8 +700,8 @@ sfmoe_status ffn_backward_fc1(const MoeLayerShape& s, const MoeLayerPlan& plan,
   const int64_t elem = element_bytes(s.dtype), first = round.first_row;
   const void* d_fc1_rows = row_at<uint8_t>(c.saved, plan.fc1_rows, first, plan.fc1_cols * elem);
   void* hidden_rows = row_at<uint8_t>(c.workspace, plan.hidden_rows, first, s.hidden * elem);
-  const Gemm gemm{s,           plan,     backend, round.offsets, round.rows,
-                  c.workspace, c.memory, word,    stream,        c.rng_offset};
+  const Gemm gemm{s,        plan, backend, round.offsets, round.rows,         c.workspace,
+                  c.memory, word, stream,  c.rng_offset,  c.rng_offset_device};
   SFMOE_RETURN_IF_ERROR(
       step("fc1 wgrad", gemm.run(GemmStep::kFc1Wgrad, d_fc1_rows, hidden_rows, c.d_w1)));
   return step("fc1 dgrad", gemm.run(GemmStep::kFc1Dgrad, d_fc1_rows, c.w1, hidden_rows));

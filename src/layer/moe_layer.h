@@ -140,13 +140,14 @@ struct MoeBackwardCall {
   sfmoe_dtype logits_dtype;
   const void* w1;
   const void* w2;
-  float d_aux_loss, d_z_loss;  // upstream gradients of the losses
-  uint64_t rng_offset;         // NVFP4's stochastic rounding: the Philox offset of this step
-  void* d_x;                   // [T, H], written
-  float* d_logits;             // [T, E] FP32, written
-  void* d_w1;                  // [E, fc1_cols, H]: shape.dtype, or FP32 added to
-  void* d_w2;                  // [E, H, F]: likewise
-  uint8_t* saved;              // the forward's; its FC1 rows are overwritten
+  float d_aux_loss, d_z_loss;         // upstream gradients of the losses
+  uint64_t rng_offset;                // NVFP4's stochastic rounding: the Philox offset of this step
+  const uint64_t* rng_offset_device;  // NULL, or added to rng_offset when the step runs
+  void* d_x;                          // [T, H], written
+  float* d_logits;                    // [T, E] FP32, written
+  void* d_w1;                         // [E, fc1_cols, H]: shape.dtype, or FP32 added to
+  void* d_w2;                         // [E, H, F]: likewise
+  uint8_t* saved;                     // the forward's; its FC1 rows are overwritten
   uint8_t* workspace;
   sfmoe_memory memory;
   sfmoe_fault_report* word;

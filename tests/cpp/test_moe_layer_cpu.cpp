@@ -24,9 +24,10 @@ struct HostLayerRun {
 
 // Forward and backward of `p` on the host; false (with the message) when a call fails.
 // split: the backward as its two parts (FC2 then FC1), the FC1 part on a fresh workspace of its
-// own size (so it cannot lean on what the FC2 part left there).
-bool run_on_host(const LayerProblem& p, std::mt19937_64& rng, HostLayerRun* run,
-                 bool split = false) {
+// own size (so it cannot lean on what the FC2 part left there). rng_offset, rng_offset_device: the
+// backward's NVFP4 rounding offsets.
+bool run_on_host(const LayerProblem& p, std::mt19937_64& rng, HostLayerRun* run, bool split = false,
+                 uint64_t rng_offset = 0, int64_t* rng_offset_device = nullptr) {
   const LayerCase& c = p.c;
   const int64_t T = c.tokens, H = c.hidden, E = c.experts;
   sfmoe_moe_layer_config config = layer_config(c);
@@ -107,6 +108,9 @@ bool run_on_host(const LayerProblem& p, std::mt19937_64& rng, HostLayerRun* run,
   b.d_logits = &t_dlogits;
   b.d_w1 = &t_dw1;
   b.d_w2 = &t_dw2;
+  b.rng_offset = rng_offset;
+  sfmoe_tensor t_offset = host_tensor(rng_offset_device, SFMOE_DTYPE_INT64, {1});
+  if (rng_offset_device != nullptr) b.rng_offset_device = &t_offset;
   bool backward_ok = true;
   if (!split) {
     backward_ok = sfmoe_moe_layer_backward(layer, &b) == SFMOE_SUCCESS;
@@ -257,6 +261,29 @@ TEST(MoeLayer, QuantizedRecipesStayWithinTheirTolerancesOfTheReference) {
                   static_cast<int>(recipe), c.name.c_str(), e[0], e[1], e[2], e[3]);
     }
   }
+}
+
+// NVFP4's rounding offset read when the backward runs (rng_offset_device) adds to the host's:
+// offsets 7 + 5 give the bits of 12, and a new device value other gradients.
+TEST(MoeLayer, Nvfp4RoundingOffsetOnTheDeviceAddsToTheHostOffset) {
+  std::mt19937_64 rng(session_test_seed() + 104);
+  LayerCase c{"swiglu", 77, 90, 256, 128, 6, 2, 0, 128};
+  c.recipe = SFMOE_MOE_RECIPE_NVFP4;
+  const LayerProblem p(c, rng);
+  std::mt19937_64 r1 = rng, r2 = rng, r3 = rng;
+  HostLayerRun sum, split, next;
+  alignas(16) int64_t on_device = 5;  // (tensors are 16-byte aligned)
+  ASSERT_TRUE(run_on_host(p, r1, &sum, false, 12));
+  ASSERT_TRUE(run_on_host(p, r2, &split, false, 7, &on_device));
+  on_device = 6;
+  ASSERT_TRUE(run_on_host(p, r3, &next, false, 7, &on_device));
+  EXPECT_EQ(split.y, sum.y);
+  EXPECT_EQ(split.d_x, sum.d_x);
+  EXPECT_EQ(split.d_w1, sum.d_w1);
+  EXPECT_EQ(split.d_w2, sum.d_w2);
+  EXPECT_EQ(split.d_logits, sum.d_logits);
+  EXPECT_TRUE(next.d_x != sum.d_x || next.d_w1 != sum.d_w1 || next.d_w2 != sum.d_w2)
+      << "the device offset is read";
 }
 
 TEST(MoeLayer, RefusesBadConfigurationsAndCallsWithoutWriting) {

@@ -1258,6 +1258,33 @@ TEST(CpuQuantize, StochasticRoundingIsReproducibleAndFollowsTheStream) {
   }
 }
 
+// offset_device adds to the host offset when the quantization runs: offset a with b on the device
+// gives the codes of offset a + b, and changing only the device value changes the codes.
+TEST(CpuQuantize, StochasticRoundingOffsetOnTheDeviceAddsToTheHostOffset) {
+  std::mt19937_64 rng(sfmoe::testing::session_test_seed() ^ 0x57u);
+  Recipe recipe;
+  recipe.scaling = SFMOE_SCALING_NV_1X16;
+  recipe.dtype = SFMOE_DTYPE_FP4_E2M1;
+  recipe.stochastic = true;
+  ValueMix mix;
+  mix.exponent_range = 2;
+  const Input in = make_input(rng, SFMOE_DTYPE_BF16, {40, 0, 77, 301}, 48, false, mix);
+  const uint64_t seed = rng(), a = rng() % 100000, b = 1 + rng() % 1000;
+  const Quantized sum = quantize(in, recipe, 16, 16, make_config(recipe, seed, a + b, false));
+  uint64_t on_device = b;
+  sfmoe_quantize_config split = make_config(recipe, seed, a, false);
+  split.offset_device = &on_device;
+  const Quantized added = quantize(in, recipe, 16, 16, split);
+  on_device = b + 1;
+  const Quantized next = quantize(in, recipe, 16, 16, split);
+  for (int copy = 0; copy < 2; ++copy) {
+    if (!sum.has(copy)) continue;
+    EXPECT_EQ(added.data[copy], sum.data[copy]) << "copy " << copy;
+    EXPECT_EQ(added.scales[copy], sum.scales[copy]) << "copy " << copy;
+    EXPECT_NE(next.data[copy], sum.data[copy]) << "copy " << copy << ": the device value is read";
+  }
+}
+
 // Values whose block amax is 6 in both directions (multiplier exactly 1): the mean of the
 // stochastically rounded values must be the value, where round-to-nearest is visibly biased.
 TEST(CpuQuantize, StochasticRoundingIsUnbiased) {

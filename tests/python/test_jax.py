@@ -345,23 +345,27 @@ def test_every_quantized_recipe_gives_the_torch_modules_bits(rng, recipe):
     c = module.config
     xt = torch.tensor(x, requires_grad=True)
     y_torch = module(xt)
-    # NVFP4's stochastic rounding: the module advances the Philox offset each backward (the first
-    # is 1); sfmoe.jax passes offset 0 (an open item, docs/jax.md). The same offset here.
-    _moe._BACKWARDS[module._key] = -1
+    # NVFP4's stochastic rounding: the module advances the Philox offset each backward; its next
+    # one rounds with offset 7, which the JAX block is given as a traced step counter.
+    _moe._BACKWARDS[module._key] = 6
     y_torch.backward(torch.tensor(dy))
     gate = jnp.asarray(router.numpy().T)
     wi = jnp.swapaxes(jnp.asarray(module.experts.weight1.detach().numpy()), 1, 2)
     wo = jnp.swapaxes(jnp.asarray(module.experts.weight2.detach().numpy()), 1, 2)
 
-    def run(config):
-        def loss(x, gate, wi, wo):
-            return (moe_block(x, gate, wi, wo, config)[0] * dy).sum()
+    def run(config, rng_offset=7):
+        def loss(x, gate, wi, wo, offset):
+            return (moe_block(x, gate, wi, wo, config, rng_offset=offset)[0] * dy).sum()
 
         y = jax.jit(lambda *a: moe_block(*a, config)[0])(jnp.asarray(x), gate, wi, wo)
-        grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(jnp.asarray(x), gate, wi, wo)
+        offset = jnp.uint32(rng_offset)
+        grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(jnp.asarray(x), gate, wi, wo, offset)
         return [np.asarray(y)] + [np.asarray(g) for g in grads]
 
     got = run(c)
+    if recipe == "nvfp4":  # another step's stream rounds the gradients otherwise
+        other = run(c, 8)
+        assert not (np.array_equal(other[3], got[3]) and np.array_equal(other[4], got[4])), "offset ignored"
     bf16 = run(dataclasses.replace(c, recipe="bf16"))
     want = [
         y_torch.detach().numpy(),

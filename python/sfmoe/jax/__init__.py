@@ -129,7 +129,17 @@ def _forward_call(x, logits, expert_bias, w1, w2, config):
     return y, saved, (kept[:, 0], dropped[:, 0], routed[:, 0])
 
 
-def _backward_call(x, d_y, logits, w1, w2, saved, config):
+def _offset_pair(rng_offset):
+    """NVFP4's rounding offset as the handler reads it: one INT64 held as an int32 pair [1, 2] (JAX
+    without x64 has no int64 arrays); rng_offset is a non-negative integer scalar below 2**32 (a
+    step counter), traced or not."""
+    if rng_offset is None:
+        return jnp.zeros((1, 2), jnp.int32)
+    low = jax.lax.bitcast_convert_type(jnp.asarray(rng_offset).astype(jnp.uint32), jnp.int32)
+    return jnp.stack([low, jnp.zeros_like(low)]).reshape(1, 2)
+
+
+def _backward_call(x, d_y, logits, w1, w2, saved, rng_offset, config):
     T = x.shape[0]
     p = _plan_of(config, T, x.dtype.name)
     results = (
@@ -143,42 +153,54 @@ def _backward_call(x, d_y, logits, w1, w2, saved, config):
     # (the backward writes its FC1 gradient over the saved state: operand 5 is result 4)
     call = jax.ffi.ffi_call("sfmoe_moe_backward", results, input_output_aliases={5: 4}, vmap_method=None)
     d_x, d_logits, d_w1, d_w2, _, _ = call(
-        x, d_y.astype(x.dtype), logits.astype(jnp.float32), w1, w2, saved, **_attributes(config, T, x.dtype)
+        x,
+        d_y.astype(x.dtype),
+        logits.astype(jnp.float32),
+        w1,
+        w2,
+        saved,
+        _offset_pair(rng_offset),
+        **_attributes(config, T, x.dtype),
     )
     return d_x, d_logits, d_w1, d_w2
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _layer(x, logits, expert_bias, w1, w2, config):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _layer(x, logits, expert_bias, w1, w2, rng_offset, config):
     y, _, counts = _forward_call(x, logits, expert_bias, w1, w2, config)
     return y, counts
 
 
-def _layer_fwd(x, logits, expert_bias, w1, w2, config):
+def _layer_fwd(x, logits, expert_bias, w1, w2, rng_offset, config):
     y, saved, counts = _forward_call(x, logits, expert_bias, w1, w2, config)
-    return (y, counts), (x, logits, expert_bias, w1, w2, saved)
+    return (y, counts), (x, logits, expert_bias, w1, w2, saved, rng_offset)
 
 
 def _layer_bwd(config, residuals, cotangents):
-    x, logits, expert_bias, w1, w2, saved = residuals
+    x, logits, expert_bias, w1, w2, saved, rng_offset = residuals
     d_y = cotangents[0]
-    d_x, d_logits, d_w1, d_w2 = _backward_call(x, d_y, logits, w1, w2, saved, config)
+    d_x, d_logits, d_w1, d_w2 = _backward_call(x, d_y, logits, w1, w2, saved, rng_offset, config)
     d_bias = None if expert_bias is None else jnp.zeros_like(expert_bias)  # (selection only)
-    return d_x, d_logits.astype(logits.dtype), d_bias, d_w1, d_w2
+    return d_x, d_logits.astype(logits.dtype), d_bias, d_w1, d_w2, None
 
 
 _layer.defvjp(_layer_fwd, _layer_bwd)
 
 
-def moe_layer(x, logits, w1, w2, config, expert_bias=None):
+def moe_layer(x, logits, w1, w2, config, expert_bias=None, rng_offset=None):
     """The layer on tokens x [T, H] (bfloat16 or float32) with the router's logits [T, E], sfmoe's
     weights w1 [E, fc1_cols, H] (gate rows, then up rows, for gated activations) and w2 [E, H, F];
     expert_bias [E] steers the selection only. Returns (y [T, H], counts): counts holds
     ``tokens_per_expert``, ``dropped_per_expert`` and ``routed_per_expert`` ([E] int32, on the
-    device). Differentiable in x, logits, w1 and w2."""
+    device). Differentiable in x, logits, w1 and w2. rng_offset (nvfp4): the stream of the
+    gradients' stochastic rounding, an integer scalar in [0, 2**32) that the caller advances each
+    step (e.g. the optimizer's step count, a traced array: a new value never recompiles); None is
+    stream 0 on every step."""
     if not isinstance(config, MoEConfig):
         raise TypeError(f"config: expected an sfmoe MoEConfig, got {type(config).__name__}")
-    y, (kept, dropped, routed) = _layer(x, logits, expert_bias, w1, w2, config)
+    if rng_offset is not None and jnp.ndim(rng_offset) != 0:
+        raise ValueError(f"rng_offset: expected an integer scalar, got shape {jnp.shape(rng_offset)}")
+    y, (kept, dropped, routed) = _layer(x, logits, expert_bias, w1, w2, rng_offset, config)
     return y, dict(tokens_per_expert=kept, dropped_per_expert=dropped, routed_per_expert=routed)
 
 
@@ -210,12 +232,15 @@ def sfmoe_weights(wi, wo):
     return jnp.swapaxes(wi, 1, 2), jnp.swapaxes(wo, 1, 2)
 
 
-def moe_block(x, gate_kernel, wi, wo, config, expert_bias=None):
+def moe_block(x, gate_kernel, wi, wo, config, expert_bias=None, rng_offset=None):
     """A MoE FFN on x [..., H]: logits = x W_g in FP32 (gate_kernel [H, E]), the layer on MaxText's
-    weights (sfmoe_weights), the losses. Returns (y like x, aux_loss, counts)."""
+    weights (sfmoe_weights), the losses. Returns (y like x, aux_loss, counts). rng_offset: as
+    :func:`moe_layer`'s (nvfp4's rounding stream, advanced by the caller each step)."""
     shape = x.shape
     tokens = x.reshape(-1, shape[-1])
     logits = jnp.dot(tokens.astype(jnp.float32), gate_kernel.astype(jnp.float32))
     w1, w2 = sfmoe_weights(wi, wo)
-    y, counts = moe_layer(tokens, logits, w1.astype(tokens.dtype), w2.astype(tokens.dtype), config, expert_bias)
+    y, counts = moe_layer(
+        tokens, logits, w1.astype(tokens.dtype), w2.astype(tokens.dtype), config, expert_bias, rng_offset
+    )
     return y.reshape(shape), aux_losses(logits, counts["routed_per_expert"], config), counts

@@ -21,7 +21,8 @@ from . import moe_block
 
 class MoEBlock(nn.Module):
     """A MoE FFN: x [..., H] -> (y like x, aux_loss, counts). ``fused_wi`` picks the FC1 layout;
-    the experts' weights are kept in ``param_dtype`` and run in x's dtype (bfloat16 or float32)."""
+    the experts' weights are kept in ``param_dtype`` and run in x's dtype (bfloat16 or float32).
+    ``rng_offset`` (nvfp4): the gradients' rounding stream, advanced by the caller each step."""
 
     config: MoEConfig
     fused_wi: bool = False
@@ -29,7 +30,7 @@ class MoEBlock(nn.Module):
     kernel_init: Any = nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, rng_offset=None):
         c = self.config
         H, F, E = c.hidden_size, c.ffn_hidden_size, c.num_experts
         gate = self.param("gate", lambda key: {"kernel": nn.initializers.lecun_normal()(key, (H, E), jnp.float32)})
@@ -47,7 +48,7 @@ class MoEBlock(nn.Module):
             wi = tuple(w.astype(x.dtype) for w in wi)
         else:
             wi = wi.astype(x.dtype)
-        return moe_block(x, gate["kernel"], wi, wo.astype(x.dtype), c, expert_bias=bias)
+        return moe_block(x, gate["kernel"], wi, wo.astype(x.dtype), c, expert_bias=bias, rng_offset=rng_offset)
 
 
 def _convert(tree, node):

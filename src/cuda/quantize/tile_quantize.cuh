@@ -299,7 +299,10 @@ __global__ void __launch_bounds__(Geometry<kColumnwise>::kThreads,
   static_assert(!kAmaxPass || (kColumnwise && S == SFMOE_SCALING_NV_1X16),
                 "the tile amax pass: NVFP4 with the Hadamard transform only");
   constexpr bool stochastic = kStochastic;
-  const uint64_t seed = a.config.seed, stream_rowwise = 2 * a.config.offset;
+  // (the offset the caller advances on the device, sfmoe_quantize_config.offset_device, read here)
+  const uint64_t offset =
+      a.config.offset + (stochastic && a.config.offset_device ? *a.config.offset_device : 0);
+  const uint64_t seed = a.config.seed, stream_rowwise = 2 * offset;
   // TENSOR with given scales (delayed scaling): no amax pass runs before this kernel; it folds
   // the group amax from the rows it encodes, as the amax pass does, in the same read.
   constexpr bool kMayFoldAmax = !kAmaxPass && R::kTensor;
