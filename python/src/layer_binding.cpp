@@ -163,7 +163,7 @@ class MoeLayer {
                 nb::object w1, nb::object w2, nb::ndarray<> saved, nb::ndarray<> workspace,
                 double d_aux_loss, double d_z_loss, nb::object d_x, nb::object d_logits,
                 nb::object d_w1, nb::object d_w2, uint64_t rng_offset, int32_t part,
-                nb::object status_word, uint64_t stream) {
+                nb::object status_word, uint64_t stream, nb::object rng_offset_device) {
     using In = OptionalArray<nb::ndarray<nb::ro>>;
     using Out = OptionalArray<nb::ndarray<>>;
     const int32_t dtype = static_cast<int32_t>(config_.dtype);
@@ -174,6 +174,7 @@ class MoeLayer {
     const sfmoe_tensor t_ws = describe_array("workspace", workspace, kByteDtype);
     const Out t_dx("d_x", d_x, dtype), t_dlogits("d_logits", d_logits, SFMOE_DTYPE_FP32);
     const Out t_dw1("d_w1", d_w1, grads), t_dw2("d_w2", d_w2, grads);
+    const In t_offset("rng_offset_device", rng_offset_device, SFMOE_DTYPE_INT64);
     sfmoe_moe_backward_args a = sfmoe_moe_backward_args_init();
     store_enum(&a.part, part);
     a.x = t_x.get();
@@ -186,6 +187,7 @@ class MoeLayer {
     a.d_aux_loss = static_cast<float>(d_aux_loss);
     a.d_z_loss = static_cast<float>(d_z_loss);
     a.rng_offset = rng_offset;
+    a.rng_offset_device = t_offset.get();
     a.d_x = t_dx.get();
     a.d_logits = t_dlogits.get();
     a.d_w1 = t_dw1.get();
@@ -229,7 +231,8 @@ void register_layer(nb::module_& m) {
            "logits_dtype"_a, "w1"_a.none(), "w2"_a.none(), "saved"_a.noconvert(),
            "workspace"_a.noconvert(), "d_aux_loss"_a, "d_z_loss"_a, "d_x"_a.none(),
            "d_logits"_a.none(), "d_w1"_a.none(), "d_w2"_a.none(), "rng_offset"_a = 0, "part"_a = 0,
-           "status_word"_a.none() = nb::none(), "stream"_a = 0, "sfmoe_moe_layer_backward.");
+           "status_word"_a.none() = nb::none(), "stream"_a = 0,
+           "rng_offset_device"_a.none() = nb::none(), "sfmoe_moe_layer_backward.");
 }
 
 }  // namespace sfmoe_binding

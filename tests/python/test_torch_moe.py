@@ -125,6 +125,33 @@ def test_quantized_recipes_stay_within_their_tolerances(recipe, tol):
     assert mismatch(bf16(x), y) > 1e-5, "no quantization error at all"
 
 
+def test_nvfp4_rounding_offset_is_counted_on_the_device():
+    """NVFP4's gradient rounding follows a counter the module advances on the device (one per
+    backward, so a captured graph advances it on every replay): each backward rounds with a new
+    stream, and setting the counter back repeats a backward's gradients bit for bit."""
+    from sfmoe.torch import _moe
+
+    module = MoE(256, 128, 4, 2, dtype=torch.bfloat16, recipe="nvfp4")
+    x = torch.randn(70, 256).to(torch.bfloat16)
+    dy = torch.randn(70, 256).to(torch.bfloat16)
+
+    def grads():
+        module.zero_grad(set_to_none=True)
+        module(x).backward(dy)
+        return module.experts.weight1.grad.clone(), module.experts.weight2.grad.clone()
+
+    counter = _moe._rng_offset(module._key, x.device)
+    start = int(counter)
+    first = grads()
+    assert int(counter) == start + 1
+    second = grads()
+    assert int(counter) == start + 2
+    assert not all(torch.equal(a, b) for a, b in zip(first, second)), "a new stream each backward"
+    counter.fill_(start)
+    again = grads()
+    assert all(torch.equal(a, b) for a, b in zip(first, again)), "the counter drives the rounding"
+
+
 def test_sigmoid_routing_with_capacity_and_the_aux_loss():
     module = MoE(
         16, 8, 5, 3, dtype=torch.float32, score_function="sigmoid", capacity_factor=0.75, activation="squared_relu"

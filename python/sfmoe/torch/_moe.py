@@ -24,7 +24,10 @@ _LAYERS = collections.OrderedDict()
 # this many (a layer's plan depends on its configuration alone, so a forward's saved state stays
 # valid for a backward that makes its layer again).
 _MAX_LAYERS = 64
-_BACKWARDS: dict = {}  # backward calls per configuration key
+# NVFP4's rounding offset per (configuration key, device): the backward count, held on the device
+# and advanced by an op on the stream, so that a captured graph advances it on every replay (the
+# layer reads it when its kernels run: sfmoe_moe_backward_args.rng_offset_device).
+_RNG_OFFSETS: dict = {}
 _EP_GROUPS: dict = {}  # an expert-parallel configuration's NCCL group (its key's)
 # (released before the interpreter tears the extension down)
 atexit.register(_LAYERS.clear)
@@ -137,8 +140,11 @@ def _backward_part(part, key, tokens, like, saved, *, x=None, d_y=None, logits=N
     layer, plan = _layer(key, tokens, like.dtype, like.device)
     size = plan["workspace_bytes"] if part == _FC2 else plan["fc1_backward_workspace_bytes"]
     workspace = torch.empty(size, dtype=torch.uint8, device=like.device)
-    if part == _FC2:  # (NVFP4's rounding stream advances each backward; a captured graph replays its capture's)
-        _BACKWARDS[key] = _BACKWARDS.get(key, 0) + 1
+    offset = None
+    if _CONFIGS[key].recipe == "nvfp4":  # the rounding stream advances each backward, on the device
+        offset = _rng_offset(key, like.device)
+        if part == _FC2:
+            offset.add_(1)
     layer.backward(
         _arg(x),
         _arg(d_y),
@@ -154,11 +160,21 @@ def _backward_part(part, key, tokens, like, saved, *, x=None, d_y=None, logits=N
         _arg(outputs.get("d_logits")),
         _arg(outputs.get("d_w1")),
         _arg(outputs.get("d_w2")),
-        _BACKWARDS.get(key, 0),
+        0,
         part,
         None,
         _stream(like),
+        _arg(offset),
     )
+
+
+def _rng_offset(key, device):
+    """The device counter of NVFP4's rounding offset for `key` on `device` (made at first use)."""
+    counter = _RNG_OFFSETS.get((key, device))
+    if counter is None:
+        counter = torch.zeros(1, dtype=torch.int64, device=device)
+        _RNG_OFFSETS[(key, device)] = counter
+    return counter
 
 
 # The FC2 part writes d FC1 rows and d probs into `saved` (declared, so autograd's version check
