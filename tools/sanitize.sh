@@ -14,7 +14,11 @@
 # narrows the tests, default all; the NCCL pass runs only with the default), SFMOE_SANITIZE_TIMEOUT
 # (seconds a pass may take, default 3600), SFMOE_SANITIZE_SHARDS (processes per tool, each running
 # a gtest shard of the suite, default 3: racecheck and initcheck take many minutes over the suite
-# in one process).
+# in one process), SFMOE_SANITIZE_SHARDS_<TOOL> (that tool's own count, e.g.
+# SFMOE_SANITIZE_SHARDS_RACECHECK=8), SFMOE_SANITIZE_ONLY (the shard indices this run takes, e.g.
+# "0 1 2 3", and "nccl" for the NCCL pass; default all): a sweep too long for one device call is
+# spread over several, each with the same shard counts and its own part of the indices, and
+# together they cover the suite once.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${SFMOE_BUILD:-build}
@@ -23,6 +27,7 @@ TOOLS=${SFMOE_SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}
 FILTER=${SFMOE_SANITIZE_FILTER:-*}
 LIMIT=${SFMOE_SANITIZE_TIMEOUT:-3600}  # seconds per pass; rc 124 when a pass ran out of time
 SHARDS=${SFMOE_SANITIZE_SHARDS:-3}     # processes per tool, each a gtest shard of the suite
+ONLY=${SFMOE_SANITIZE_ONLY:-}          # shard indices (and "nccl") this run takes; empty: all
 BIN="$BUILD/tests/sfmoe_gpu_tests"
 mkdir -p "$OUT"
 if ! command -v compute-sanitizer > /dev/null; then
@@ -47,22 +52,32 @@ pass() {  # tool name shards shard gtest-filter [extra sanitizer options...]
   echo $? > "$OUT/$name.rc"
 }
 
+shards_of() {  # a tool's shard count: SFMOE_SANITIZE_SHARDS_<TOOL>, else SHARDS
+  local v="SFMOE_SANITIZE_SHARDS_${1^^}"
+  echo "${!v:-$SHARDS}"
+}
+
+takes() {  # whether this run takes shard index (or "nccl") $1
+  [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]
+}
+
 names() {  # the passes' log names of one tool
   local i
-  for ((i = 0; i < SHARDS; i++)); do echo "$1.$i"; done
+  for ((i = 0; i < $(shards_of "$1"); i++)); do echo "$1.$i"; done
   echo "$1-nccl"
 }
 
 start=$(date +%s)
 for tool in $TOOLS; do
-  for ((i = 0; i < SHARDS; i++)); do
-    pass "$tool" "$tool.$i" "$SHARDS" "$i" "$FILTER:-$SLOW:$NCCL" &
+  shards=$(shards_of "$tool")
+  for ((i = 0; i < shards; i++)); do
+    takes "$i" && pass "$tool" "$tool.$i" "$shards" "$i" "$FILTER:-$SLOW:$NCCL" &
   done
-  [ "$FILTER" = '*' ] && pass "$tool" "$tool-nccl" 1 0 "$NCCL" --report-api-errors no &
+  [ "$FILTER" = '*' ] && takes nccl && pass "$tool" "$tool-nccl" 1 0 "$NCCL" --report-api-errors no &
 done
 wait
 
-echo "================================ sfmoe sanitizers ($(( $(date +%s) - start )) s) ================================"
+echo "================================ sfmoe sanitizers ($(( $(date +%s) - start )) s${ONLY:+, shards $ONLY}) ================================"
 status=0
 printf "%-18s %-4s %-7s %-8s %-7s %s\n" pass rc passed skipped errors summary
 for tool in $TOOLS; do
