@@ -4,6 +4,8 @@
 
 #include <cstdio>
 #include <random>
+#include <string>
+#include <utility>
 
 #include "sfmoe/moe_layer.h"
 #include "tests/cpp/moe_layer_reference.h"
@@ -25,9 +27,12 @@ struct HostLayerRun {
 // Forward and backward of `p` on the host; false (with the message) when a call fails.
 // split: the backward as its two parts (FC2 then FC1), the FC1 part on a fresh workspace of its
 // own size (so it cannot lean on what the FC2 part left there). rng_offset, rng_offset_device: the
-// backward's NVFP4 rounding offsets.
+// backward's NVFP4 rounding offsets (offset_dtype: the device offset's declared dtype). With
+// backward_status the backward's status is stored there instead of expected to be success.
 bool run_on_host(const LayerProblem& p, std::mt19937_64& rng, HostLayerRun* run, bool split = false,
-                 uint64_t rng_offset = 0, int64_t* rng_offset_device = nullptr) {
+                 uint64_t rng_offset = 0, void* rng_offset_device = nullptr,
+                 sfmoe_dtype offset_dtype = SFMOE_DTYPE_INT64,
+                 sfmoe_status* backward_status = nullptr) {
   const LayerCase& c = p.c;
   const int64_t T = c.tokens, H = c.hidden, E = c.experts;
   sfmoe_moe_layer_config config = layer_config(c);
@@ -109,9 +114,14 @@ bool run_on_host(const LayerProblem& p, std::mt19937_64& rng, HostLayerRun* run,
   b.d_w1 = &t_dw1;
   b.d_w2 = &t_dw2;
   b.rng_offset = rng_offset;
-  sfmoe_tensor t_offset = host_tensor(rng_offset_device, SFMOE_DTYPE_INT64, {1});
+  sfmoe_tensor t_offset = host_tensor(rng_offset_device, offset_dtype, {1});
   if (rng_offset_device != nullptr) b.rng_offset_device = &t_offset;
   bool backward_ok = true;
+  if (backward_status != nullptr) {
+    *backward_status = sfmoe_moe_layer_backward(layer, &b);
+    sfmoe_moe_layer_destroy(layer);
+    return ok;
+  }
   if (!split) {
     backward_ok = sfmoe_moe_layer_backward(layer, &b) == SFMOE_SUCCESS;
   } else {
@@ -284,6 +294,22 @@ TEST(MoeLayer, Nvfp4RoundingOffsetOnTheDeviceAddsToTheHostOffset) {
   EXPECT_EQ(split.d_logits, sum.d_logits);
   EXPECT_TRUE(next.d_x != sum.d_x || next.d_w1 != sum.d_w1 || next.d_w2 != sum.d_w2)
       << "the device offset is read";
+  // A device offset of another dtype, or misaligned, is refused, naming it, with no gradient
+  // written (they keep the bytes run_on_host fills them with).
+  alignas(16) int64_t storage[3] = {5, 5, 5};
+  const std::pair<void*, sfmoe_dtype> bad[] = {
+      {storage, SFMOE_DTYPE_FP32}, {reinterpret_cast<char*>(storage) + 8, SFMOE_DTYPE_INT64}};
+  for (const auto& [pointer, dtype] : bad) {
+    std::mt19937_64 r = rng;
+    HostLayerRun refused;
+    sfmoe_status status = SFMOE_SUCCESS;
+    ASSERT_TRUE(run_on_host(p, r, &refused, false, 7, pointer, dtype, &status));
+    EXPECT_NE(status, SFMOE_SUCCESS);
+    EXPECT_NE(std::string(sfmoe_last_error()).find("rng_offset_device"), std::string::npos)
+        << sfmoe_last_error();
+    for (uint8_t v : refused.d_x) ASSERT_EQ(v, 0xEE) << "a refused backward wrote d_x";
+    for (uint8_t v : refused.d_w1) ASSERT_EQ(v, 0xEE) << "a refused backward wrote d_w1";
+  }
 }
 
 TEST(MoeLayer, RefusesBadConfigurationsAndCallsWithoutWriting) {
