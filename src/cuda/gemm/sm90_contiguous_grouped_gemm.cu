@@ -297,14 +297,17 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 bool contiguous_grouped_gemm_runs(const GroupedGemmDeviceArgs& a) {
   const bool fprop = a.form == GroupedGemmForm::kFprop;
   const int64_t gemm_n = fprop ? a.n : a.k, gemm_k = fprop ? a.k : a.n;
-  return (fprop || a.form == GroupedGemmForm::kDgrad) && a.a.scaling == SFMOE_SCALING_NONE &&
-         a.b.scaling == SFMOE_SCALING_NONE && a.a.dtype == SFMOE_DTYPE_BF16 &&
-         a.b.dtype == SFMOE_DTYPE_BF16 && a.out_dtype == SFMOE_DTYPE_BF16 && !a.a.columnwise &&
-         !a.b.columnwise && !a.accumulate && a.num_groups >= 1 && a.num_groups <= kMaxGroups &&
-         a.row_capacity >= 1 && a.row_capacity <= (int64_t{1} << 30) && gemm_n >= 8 &&
-         gemm_k >= 8 && gemm_n % 8 == 0 && gemm_k % 8 == 0 && gemm_n < (int64_t{1} << 30) &&
-         gemm_k < (int64_t{1} << 30) && aligned16(a.a.data) && aligned16(a.b.data) &&
-         aligned16(a.out);
+  // (the kernel counts its work tiles in int: their bound, every group adding at most one partial
+  // M tile, times the N tiles of the narrower 128 tile, must fit)
+  const int64_t tile_bound = (a.row_capacity / kTileM + 1 + a.num_groups) * (gemm_n / 128 + 1);
+  return (fprop || a.form == GroupedGemmForm::kDgrad) && tile_bound < (int64_t{1} << 31) &&
+         a.a.scaling == SFMOE_SCALING_NONE && a.b.scaling == SFMOE_SCALING_NONE &&
+         a.a.dtype == SFMOE_DTYPE_BF16 && a.b.dtype == SFMOE_DTYPE_BF16 &&
+         a.out_dtype == SFMOE_DTYPE_BF16 && !a.a.columnwise && !a.b.columnwise && !a.accumulate &&
+         a.num_groups >= 1 && a.num_groups <= kMaxGroups && a.row_capacity >= 1 &&
+         a.row_capacity <= (int64_t{1} << 30) && gemm_n >= 8 && gemm_k >= 8 && gemm_n % 8 == 0 &&
+         gemm_k % 8 == 0 && gemm_n < (int64_t{1} << 30) && gemm_k < (int64_t{1} << 30) &&
+         aligned16(a.a.data) && aligned16(a.b.data) && aligned16(a.out);
 }
 
 sfmoe_status contiguous_grouped_gemm(const GroupedGemmDeviceArgs& a, bool tile_n_128,
