@@ -193,8 +193,10 @@ def test_jit_does_not_recompile_on_new_routings_and_edge_routings_work(rng):
     }
     for name, routed in cases.items():
         value, grads = step(x, routed, w1, w2)
-        want = (_reference(x, routed, w1, w2, c) * dy).sum()
-        assert np.isclose(value, want, rtol=1e-5), name
+        terms = np.asarray(_reference(x, routed, w1, w2, c) * dy, np.float64)
+        # (the loss sums terms of both signs: its error is bounded by their magnitudes' sum, not
+        # by the sum itself, which cancellation can make small)
+        assert abs(float(value) - terms.sum()) <= 1e-5 * np.abs(terms).sum(), name
         assert all(bool(jnp.isfinite(g).all()) for g in grads), name
     assert step._cache_size() == 1
     counts = moe_layer(x, cases["every token on experts 0 and 1"], w1, w2, c)[1]["tokens_per_expert"]
