@@ -48,9 +48,11 @@ SFMOE_HD void check_group(const int64_t* offsets, int64_t g, int64_t row_capacit
 }
 
 // The group holding row r < offsets[G]: the last g with offsets[g] <= r (empty groups share their
-// offset with the next one and are skipped this way). `offsets` may be any copy of the offsets
-// (kernels search a copy staged in shared memory).
-SFMOE_HD int64_t group_of_offset_row(const int64_t* offsets, int64_t num_groups, int64_t r) {
+// offset with the next one and are skipped this way). `offsets` may be any copy of the offsets, or
+// any other non-decreasing prefix such as a group's first tile (kernels search a copy staged in
+// shared memory, of int64_t or a narrower integer).
+template <class Offset>
+SFMOE_HD int64_t group_of_offset_row(const Offset* offsets, int64_t num_groups, int64_t r) {
   int64_t lo = 0, hi = num_groups - 1;
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;

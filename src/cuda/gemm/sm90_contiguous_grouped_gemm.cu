@@ -23,6 +23,7 @@
 #include <cutlass/pipeline/pipeline.hpp>
 #include <mutex>
 
+#include "src/common/group_offsets.h"
 #include "src/cuda/gemm/sm90_grouped_gemm_kernels.cuh"
 
 namespace sfmoe {
@@ -87,16 +88,9 @@ struct WorkTile {
 
 __device__ __forceinline__ WorkTile locate(const int* tile_start, const int* row_begin,
                                            const int* row_end, int groups, int n_tiles, int tile) {
-  const int m_tile = tile / n_tiles;  // tile_start[g] <= m_tile <=> tile_start[g] n_tiles <= tile
-  int lo = 0, hi = groups - 1;        // the last group whose first tile is at most m_tile
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (tile_start[mid] <= m_tile) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
+  // tile_start[g] <= tile / n_tiles <=> tile_start[g] n_tiles <= tile: the group is the last
+  // whose first tile is at most tile / n_tiles (empty groups skipped).
+  const int lo = static_cast<int>(group_of_offset_row(tile_start, groups, tile / n_tiles));
   const int m_tiles = tile_start[lo + 1] - tile_start[lo];
   const int local = tile - tile_start[lo] * n_tiles;
   WorkTile w;
