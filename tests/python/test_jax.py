@@ -168,7 +168,9 @@ def test_the_block_the_losses_and_maxtext_weights(rng):
     got = jax.grad(loss, argnums=(0, 1, 2, 3))(x, gate, wi, wo)
     ref = jax.grad(reference, argnums=(0, 1, 2, 3))(x, gate, wi, wo)
     for name, a, b in zip(("d x", "d gate", "d wi", "d wo"), got, ref):
-        assert np.allclose(a, b, rtol=1e-4, atol=1e-5), name
+        # (FP32 sums with cancellation in other orders: an element's error scales with the
+        # gradient's magnitude, not its own; seen 1.5e-4 on -0.376 of a d gate as large as 6.8)
+        assert np.allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max())), name
     # split wi_0 / wi_1 give the fused wi's result
     y_split = moe_block(x, gate, (wi[..., :F], wi[..., F:]), wo, c)[0]
     assert np.array_equal(y_split, moe_block(x, gate, wi, wo, c)[0])
@@ -272,6 +274,8 @@ def test_on_the_gpu_bf16_within_its_bound_and_one_compilation(rng):
             return (_reference(x, logits, w1, w2, c) * dy).sum()
 
         want = jax.value_and_grad(reference, argnums=(0, 1, 2, 3))(x, logits, w1, w2)
+        # the loss is a random sum with cancellation: compared within the magnitude of its terms
+        terms = float(jnp.abs(_reference(x, logits, w1, w2, c) * dy).sum())
     gpu = _GPU[0]
     args = [
         jax.device_put(a, gpu)
@@ -288,7 +292,7 @@ def test_on_the_gpu_bf16_within_its_bound_and_one_compilation(rng):
 
     value, grads = step(*args)
     assert grads[0].devices() == {gpu}
-    assert abs(float(value) - float(want[0])) < 2e-2 * abs(float(want[0])) + 1e-2
+    assert abs(float(value) - float(want[0])) < 1e-2 * terms
     for name, a, b in zip(("d x", "d logits", "d w1", "d w2"), grads, want[1]):
         assert _closeness(a.astype(jnp.float32), b) < 2e-4, name
     for shift in range(3):  # new routings: the same executable

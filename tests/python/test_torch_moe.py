@@ -125,15 +125,20 @@ def test_quantized_recipes_stay_within_their_tolerances(recipe, tol):
     assert mismatch(bf16(x), y) > 1e-5, "no quantization error at all"
 
 
-def test_nvfp4_rounding_offset_is_counted_on_the_device():
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))],
+)
+def test_nvfp4_rounding_offset_is_counted_on_the_device(device):
     """NVFP4's gradient rounding follows a counter the module advances on the device (one per
     backward, so a captured graph advances it on every replay): each backward rounds with a new
-    stream, and setting the counter back repeats a backward's gradients bit for bit."""
+    stream, and setting the counter back repeats a backward's gradients bit for bit (on the CPU
+    backend and in the CUDA tile quantizer, which reads the counter on the device)."""
     from sfmoe.torch import _moe
 
-    module = MoE(256, 128, 4, 2, dtype=torch.bfloat16, recipe="nvfp4")
-    x = torch.randn(70, 256).to(torch.bfloat16)
-    dy = torch.randn(70, 256).to(torch.bfloat16)
+    module = MoE(256, 128, 4, 2, dtype=torch.bfloat16, recipe="nvfp4", device=device)
+    x = torch.randn(70, 256, device=device).to(torch.bfloat16)
+    dy = torch.randn(70, 256, device=device).to(torch.bfloat16)
 
     def grads():
         module.zero_grad(set_to_none=True)

@@ -267,10 +267,26 @@ __device__ __forceinline__ Stride stride_with_leading(int64_t ld) {
   return s;
 }
 
-// One thread per group: its problem shape, operand pointers, strides and scale.
+// Zeroes CUTLASS's part of the workspace (its per-SM TMA descriptors), 16 bytes a thread over the
+// whole grid. Nothing reads those bytes before the kernel writes them, but the kernel writes
+// them with tensormap.cp_fenceproxy, which compute-sanitizer's initcheck counts as a read of the
+// destination: zeroed, a workspace fresh from any allocator checks clean (a few KB per call).
+__device__ __forceinline__ void zero_cutlass_workspace(void* workspace, int64_t bytes) {
+  const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  uint4* words = static_cast<uint4*>(workspace);  // 128-byte aligned (carve)
+  for (int64_t i = thread; i < bytes / 16; i += threads) words[i] = make_uint4(0, 0, 0, 0);
+  char* tail = static_cast<char*>(workspace) + bytes / 16 * 16;
+  if (thread < bytes % 16) tail[thread] = 0;
+}
+
+// One thread per group: its problem shape, operand pointers, strides and scale (and the grid
+// zeroes CUTLASS's workspace, cutlass_bytes of it, first).
 template <class K>
-__global__ void grouped_gemm_setup_kernel(GroupedGemmDeviceArgs a, typename K::Arrays r) {
+__global__ void grouped_gemm_setup_kernel(GroupedGemmDeviceArgs a, typename K::Arrays r,
+                                          int64_t cutlass_bytes) {
   using Out = typename K::Out;
+  zero_cutlass_workspace(r.cutlass_workspace, cutlass_bytes);
   const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (g >= a.num_groups) return;
   int64_t lo, hi;
@@ -415,10 +431,15 @@ sfmoe_status run_kernel(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
                   static_cast<long long>(kernel_workspace_bytes<K>(a.num_groups)));
   }
   const typename K::Arrays r = carve<K>(a.workspace, a.num_groups);
+  typename K::Gemm gemm;
+  const typename K::Gemm::Arguments args = gemm_arguments<K>(a, r);
+  const int64_t cutlass_bytes = static_cast<int64_t>(K::Gemm::get_workspace_size(args));
   constexpr int kSetupThreads = 128;
+  const int64_t group_blocks = (a.num_groups + kSetupThreads - 1) / kSetupThreads;
+  const int64_t zero_blocks = (cutlass_bytes / 16 + kSetupThreads - 1) / kSetupThreads;
   grouped_gemm_setup_kernel<K>
-      <<<static_cast<unsigned>((a.num_groups + kSetupThreads - 1) / kSetupThreads), kSetupThreads,
-         0, stream>>>(a, r);
+      <<<static_cast<unsigned>(group_blocks > zero_blocks ? group_blocks : zero_blocks),
+         kSetupThreads, 0, stream>>>(a, r, cutlass_bytes);
   SFMOE_RETURN_IF_ERROR(check_launch("grouped_gemm_setup_kernel"));
   using Out = typename K::Out;
   if (a.form == GroupedGemmForm::kWgrad && !a.accumulate) {
@@ -427,8 +448,6 @@ sfmoe_status run_kernel(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
         <<<dim3(8, static_cast<unsigned>(groups_per_launch)), 256, 0, stream>>>(a);
     SFMOE_RETURN_IF_ERROR(check_launch("zero_empty_weights_kernel"));
   }
-  typename K::Gemm gemm;
-  const typename K::Gemm::Arguments args = gemm_arguments<K>(a, r);
   if (gemm.can_implement(args) != cutlass::Status::kSuccess) {
     return report(SFMOE_ERROR_UNSUPPORTED, "the CUTLASS kernel cannot run these operands");
   }
