@@ -6,6 +6,8 @@
 // memory and device) for the process's life. Every buffer, the saved state and the workspace
 // included, is an operand or a result XLA allocates; the backward writes its FC1 gradient over the
 // saved state, which it takes as an operand aliased to a result.
+#include "jax_ffi.h"
+
 #include <nanobind/nanobind.h>
 #include <stdint.h>
 
@@ -17,19 +19,16 @@
 #include <utility>
 #include <vector>
 
+#include "jax_ops_ffi.h"
 #include "sfmoe/moe_layer.h"
-#include "xla/ffi/api/ffi.h"
 
 namespace nb = nanobind;
 namespace ffi = xla::ffi;
+using sfmoe_jax::fail_with;
+using sfmoe_jax::Tensors;
+using sfmoe_jax::Where;
 
 namespace {
-
-ffi::Error fail_with(sfmoe_status status) {
-  return ffi::Error(status == SFMOE_ERROR_OUT_OF_MEMORY ? ffi::ErrorCode::kResourceExhausted
-                                                        : ffi::ErrorCode::kInvalidArgument,
-                    std::string("sfmoe: ") + sfmoe_last_error());
-}
 
 // The configuration's attributes, in one order (the cache key).
 const char* const kIntFields[] = {"hidden",
@@ -123,44 +122,6 @@ ffi::ErrorOr<const Layer*> layer_for(const ffi::Dictionary& attrs, sfmoe_memory 
   return kept;
 }
 
-sfmoe_dtype dtype_of(ffi::DataType t) {
-  switch (t) {
-    case ffi::DataType::BF16:
-      return SFMOE_DTYPE_BF16;
-    case ffi::DataType::F32:
-      return SFMOE_DTYPE_FP32;
-    case ffi::DataType::S64:
-      return SFMOE_DTYPE_INT64;
-    case ffi::DataType::S32:
-      return SFMOE_DTYPE_INT32;
-    default:  // (bytes: the saved state and the workspace)
-      return SFMOE_DTYPE_FP8_E4M3;
-  }
-}
-
-struct Tensors {
-  sfmoe_memory memory;
-  int32_t device;
-  std::vector<std::unique_ptr<sfmoe_tensor>> held;
-  const sfmoe_tensor* of(const ffi::AnyBuffer& b) {
-    const auto dims = b.dimensions();
-    held.push_back(std::make_unique<sfmoe_tensor>(
-        sfmoe_tensor_make(b.untyped_data(), dtype_of(b.element_type()),
-                          static_cast<int32_t>(dims.size()), dims.begin(), memory, device)));
-    return held.back().get();
-  }
-  // INT64 counts that JAX (without x64) holds as int32 pairs [n, 2]: the same bytes.
-  const sfmoe_tensor* counts(const ffi::AnyBuffer& b) {
-    const auto dims = b.dimensions();
-    const int64_t n =
-        dims.size() == 2 && dims[1] == 2 && b.element_type() == ffi::DataType::S32 ? dims[0] : -1;
-    held.push_back(std::make_unique<sfmoe_tensor>(
-        sfmoe_tensor_make(b.untyped_data(), n >= 0 ? SFMOE_DTYPE_INT64 : dtype_of(b.element_type()),
-                          1, n >= 0 ? &n : dims.begin(), memory, device)));
-    return held.back().get();
-  }
-};
-
 ffi::Error forward(sfmoe_memory memory, void* stream, int32_t device, ffi::AnyBuffer x,
                    ffi::AnyBuffer logits, ffi::AnyBuffer expert_bias, ffi::AnyBuffer w1,
                    ffi::AnyBuffer w2, ffi::Dictionary attrs, ffi::Result<ffi::AnyBuffer> y,
@@ -171,7 +132,7 @@ ffi::Error forward(sfmoe_memory memory, void* stream, int32_t device, ffi::AnyBu
   if (layer.has_error()) return layer.error();
   ffi::ErrorOr<int64_t> has_bias = attrs.get<int64_t>("has_expert_bias");
   if (has_bias.has_error()) return has_bias.error();
-  Tensors t{memory, device, {}};
+  Tensors t{Where{memory, stream, device}, {}, {}};
   sfmoe_moe_forward_args a = sfmoe_moe_forward_args_init();
   a.x = t.of(x);
   a.logits = t.of(logits);
@@ -181,9 +142,9 @@ ffi::Error forward(sfmoe_memory memory, void* stream, int32_t device, ffi::AnyBu
   a.y = t.of(*y);
   a.saved = t.of(*saved);
   a.workspace = t.of(*workspace);
-  a.tokens_per_expert = t.counts(*kept);
-  a.dropped_per_expert = t.counts(*dropped);
-  a.routed_per_expert = t.counts(*routed);
+  a.tokens_per_expert = t.int64(*kept);
+  a.dropped_per_expert = t.int64(*dropped);
+  a.routed_per_expert = t.int64(*routed);
   a.stream = stream;
   const sfmoe_status status = sfmoe_moe_layer_forward((*layer)->layer, &a);
   return status == SFMOE_SUCCESS ? ffi::Error::Success() : fail_with(status);
@@ -198,7 +159,7 @@ ffi::Error backward(sfmoe_memory memory, void* stream, int32_t device, ffi::AnyB
                     ffi::Result<ffi::AnyBuffer> workspace) {
   ffi::ErrorOr<const Layer*> layer = layer_for(attrs, memory, device);
   if (layer.has_error()) return layer.error();
-  Tensors t{memory, device, {}};
+  Tensors t{Where{memory, stream, device}, {}, {}};
   sfmoe_moe_backward_args a = sfmoe_moe_backward_args_init();
   a.x = t.of(x);
   a.d_y = t.of(d_y);
@@ -211,7 +172,7 @@ ffi::Error backward(sfmoe_memory memory, void* stream, int32_t device, ffi::AnyB
   a.d_logits = t.of(*d_logits);
   a.d_w1 = t.of(*d_w1);
   a.d_w2 = t.of(*d_w2);
-  a.rng_offset_device = t.counts(rng_offset);  // (one INT64 as an int32 pair [1, 2])
+  a.rng_offset_device = t.int64(rng_offset);  // (one INT64 as an int32 pair [1, 2])
   a.stream = stream;
   const sfmoe_status status = sfmoe_moe_layer_backward((*layer)->layer, &a);
   return status == SFMOE_SUCCESS ? ffi::Error::Success() : fail_with(status);
@@ -341,6 +302,8 @@ NB_MODULE(_jax, m) {
         nb::make_tuple(capsule_of(SfmoeMoeForwardHost), capsule_of(SfmoeMoeForwardCuda));
     d["sfmoe_moe_backward"] =
         nb::make_tuple(capsule_of(SfmoeMoeBackwardHost), capsule_of(SfmoeMoeBackwardCuda));
+    for (const sfmoe_jax::HandlerPair& op : sfmoe_jax::op_handlers())
+      d[op.name] = nb::make_tuple(nb::capsule(op.host), nb::capsule(op.cuda));
     return d;
   });
   m.def("attribute_fields", [] {

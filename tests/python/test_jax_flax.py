@@ -12,7 +12,16 @@ jnp = pytest.importorskip("jax.numpy")
 pytest.importorskip("flax")
 optax = pytest.importorskip("optax")
 pytest.importorskip("sfmoe.jax")
-from sfmoe.jax import MoEBlock, MoEConfig, fuse_wi, moe_block, split_wi, update_expert_bias  # noqa: E402
+from sfmoe.jax import (  # noqa: E402
+    MoEBlock,
+    MoEConfig,
+    fuse_wi,
+    moe_block,
+    split_wi,
+    to_maxtext_layout,
+    to_sfmoe_layout,
+    update_expert_bias,
+)
 
 H, F, E, K = 16, 8, 4, 2
 
@@ -77,6 +86,50 @@ def test_adam_state_migrates_both_ways_and_training_goes_on_alike(rng):
     _, _, split_losses = _train(split_module, params, state, optimizer, batches[3:])
     _, _, fused_losses = _train(fused_module, fused_params, fused_state, optimizer, batches[3:])
     assert split_losses == fused_losses
+
+
+@pytest.mark.parametrize("fused_wi", [False, True])
+def test_the_sfmoe_layout_gives_the_maxtext_layouts_bits_and_migrates_both_ways(rng, fused_wi):
+    """MoEBlock(layout="sfmoe") holds w1 / w2 (no transposes in the step): on the migrated
+    parameters it gives the MaxText layout's output, losses and (transposed) gradients bit for bit;
+    parameters and Adam state go MaxText -> sfmoe -> MaxText unchanged, and training goes on with
+    the same losses in either layout."""
+    config = MoEConfig(H, F, E, K, aux_loss_coeff=1e-2, z_loss_coeff=1e-3)
+    batches = [_tokens(rng) for _ in range(5)]
+    maxtext = MoEBlock(config, fused_wi=fused_wi)
+    native = MoEBlock(config, layout="sfmoe")
+    params = maxtext.init(jax.random.PRNGKey(3), batches[0])["params"]
+    assert jax.tree_util.tree_map(jnp.shape, dict(native.init(jax.random.PRNGKey(3), batches[0])["params"])) == {
+        "gate": {"kernel": (H, E)},
+        "w1": (E, 2 * F, H),
+        "w2": (E, H, F),
+    }
+    optimizer = optax.adam(1e-2)
+    params, state, _ = _train(maxtext, params, optimizer.init(params), optimizer, batches[:2])
+    moved_params, moved_state = to_sfmoe_layout(params), to_sfmoe_layout(state)
+    assert moved_params["w1"].shape == (E, 2 * F, H) and moved_state[0].nu["w2"].shape == (E, H, F)
+    back = to_maxtext_layout((moved_params, moved_state), fused_wi=fused_wi)
+    for a, b in zip(jax.tree_util.tree_leaves((params, state)), jax.tree_util.tree_leaves(back)):
+        assert np.array_equal(a, b)
+    x = batches[2]
+    want = maxtext.apply({"params": params}, x)
+    got = native.apply({"params": moved_params}, x)
+    for a, b in zip(jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(got)):
+        assert np.array_equal(a, b)
+
+    def loss(module):
+        return lambda p: (module.apply({"params": p}, x)[0] ** 2).mean() + module.apply({"params": p}, x)[1]
+
+    for a, b in zip(
+        jax.tree_util.tree_leaves(to_sfmoe_layout(jax.grad(loss(maxtext))(params))),
+        jax.tree_util.tree_leaves(jax.grad(loss(native))(moved_params)),
+    ):
+        assert np.array_equal(a, b)
+    _, _, maxtext_losses = _train(maxtext, params, state, optimizer, batches[2:])
+    _, _, native_losses = _train(native, moved_params, moved_state, optimizer, batches[2:])
+    assert maxtext_losses == native_losses
+    with pytest.raises(ValueError, match="layout"):
+        MoEBlock(config, layout="megatron").init(jax.random.PRNGKey(0), x)
 
 
 def test_the_expert_bias_collection_and_its_balancing_step(rng):

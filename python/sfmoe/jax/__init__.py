@@ -6,7 +6,10 @@ router's gate (FP32 logits = x W_g), the load-balancing and z losses, and MaxTex
 (``wi`` [E, H, fc1_cols] with the gate half first, or ``wi_0`` / ``wi_1`` [E, H, F]; ``wo``
 [E, F, H]). Both work under ``jax.jit``, ``jax.checkpoint`` and ``jax.eval_shape``: every shape is
 static (the layer is planned for the token count), the per-expert counts stay on the device, and
-changing the routing never recompiles. The handlers run on the CPU backend and on CUDA (command-
+changing the routing never recompiles. The ops a JAX user composes (:func:`router`,
+:func:`permute` / :func:`unpermute`, :func:`grouped_gemm` / :func:`grouped_linear`,
+:func:`grouped_activation`) are FFI calls as well, differentiable with sfmoe's backward kernels
+(``_ops.py``). The handlers run on the CPU backend and on CUDA (command-
 buffer compatible: the same device work on every call). ``jax.vmap`` is refused (a batch of MoE
 layers is not one layer: reshape the tokens instead).
 """
@@ -19,6 +22,7 @@ import numpy as np
 
 from .. import _C
 from .._moe_config import MoEConfig
+from ._ops import Permuted, grouped_activation, grouped_gemm, grouped_linear, permute, router, unpermute
 
 try:
     from .. import _jax as _handlers
@@ -28,8 +32,27 @@ except ImportError as error:  # pragma: no cover (a build without jaxlib at conf
         "was configured); install jax and rebuild"
     ) from error
 
-__all__ = ["MoEBlock", "MoEConfig", "fuse_wi", "moe_block", "moe_layer", "plan", "split_wi", "update_expert_bias"]
-_FLAX_NAMES = ("MoEBlock", "fuse_wi", "split_wi", "update_expert_bias")
+__all__ = [
+    "MoEBlock",
+    "MoEConfig",
+    "Permuted",
+    "aux_losses",
+    "fuse_wi",
+    "grouped_activation",
+    "grouped_gemm",
+    "grouped_linear",
+    "moe_block",
+    "moe_layer",
+    "permute",
+    "plan",
+    "router",
+    "split_wi",
+    "to_maxtext_layout",
+    "to_sfmoe_layout",
+    "unpermute",
+    "update_expert_bias",
+]
+_FLAX_NAMES = ("MoEBlock", "fuse_wi", "split_wi", "to_maxtext_layout", "to_sfmoe_layout", "update_expert_bias")
 
 
 def __getattr__(name):

@@ -7,6 +7,11 @@ With ``expert_bias=True`` the bias [E] lives in the ``moe`` collection (it is no
 optimizer: DeepSeek-V3's balancing rule moves it). :func:`fuse_wi` and :func:`split_wi` turn any
 pytree holding such subtrees (the parameters, an optax state whose moments mirror them, an Orbax
 restore of either) from one layout to the other, bit for bit both ways.
+
+``layout="sfmoe"`` holds the experts in the layer's own layout instead, ``w1`` [E, fc1_cols, H]
+(gate rows, then up rows) and ``wo`` replaced by ``w2`` [E, H, F], so that no step transposes the
+weights (and their gradients) on the way in and out; :func:`to_sfmoe_layout` and
+:func:`to_maxtext_layout` move a pytree (parameters, optimizer state, a restore) between the two.
 """
 
 from collections.abc import Mapping
@@ -16,7 +21,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from .._moe_config import MoEConfig
-from . import moe_block
+from . import aux_losses, moe_block, moe_layer
 
 
 class MoEBlock(nn.Module):
@@ -26,6 +31,7 @@ class MoEBlock(nn.Module):
 
     config: MoEConfig
     fused_wi: bool = False
+    layout: str = "maxtext"  # or "sfmoe": w1 [E, fc1_cols, H] and w2 [E, H, F], no transposes
     param_dtype: Any = jnp.float32
     kernel_init: Any = nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))
 
@@ -34,6 +40,22 @@ class MoEBlock(nn.Module):
         c = self.config
         H, F, E = c.hidden_size, c.ffn_hidden_size, c.num_experts
         gate = self.param("gate", lambda key: {"kernel": nn.initializers.lecun_normal()(key, (H, E), jnp.float32)})
+        if self.layout not in ("maxtext", "sfmoe"):
+            raise ValueError(f"layout: expected 'maxtext' or 'sfmoe', got {self.layout!r}")
+        bias = None
+        if c.expert_bias:
+            bias = self.variable("moe", "expert_bias", lambda: jnp.zeros((E,), jnp.float32)).value
+        if self.layout == "sfmoe":
+            # (initialized as the fused MaxText layout's wi and wo would be, transposed)
+            w1 = self.param(
+                "w1", lambda key: jnp.swapaxes(self.kernel_init(key, (E, H, c.fc1_cols), self.param_dtype), 1, 2)
+            )
+            w2 = self.param("w2", lambda key: jnp.swapaxes(self.kernel_init(key, (E, F, H), self.param_dtype), 1, 2))
+            shape = x.shape
+            tokens = x.reshape(-1, H)
+            logits = jnp.dot(tokens.astype(jnp.float32), gate["kernel"].astype(jnp.float32))
+            y, counts = moe_layer(tokens, logits, w1.astype(x.dtype), w2.astype(x.dtype), c, bias, rng_offset)
+            return y.reshape(shape), aux_losses(logits, counts["routed_per_expert"], c), counts
         if self.fused_wi:
             wi = self.param("wi", self.kernel_init, (E, H, c.fc1_cols), self.param_dtype)
         else:
@@ -41,9 +63,6 @@ class MoEBlock(nn.Module):
             wi = tuple(self.param(f"wi_{i}", self.kernel_init, (E, H, F), self.param_dtype) for i in range(halves))
             wi = wi if halves > 1 else wi[0]
         wo = self.param("wo", self.kernel_init, (E, F, H), self.param_dtype)
-        bias = None
-        if c.expert_bias:
-            bias = self.variable("moe", "expert_bias", lambda: jnp.zeros((E,), jnp.float32)).value
         if isinstance(wi, tuple):
             wi = tuple(w.astype(x.dtype) for w in wi)
         else:
@@ -91,6 +110,47 @@ def split_wi(tree):
     return _convert(tree, node)
 
 
+def to_sfmoe_layout(tree):
+    """Every MaxText expert subtree of the pytree (``wi`` or ``wi_0`` / ``wi_1``, and ``wo``) in
+    MoEBlock(layout="sfmoe")'s names and shapes: ``w1`` [E, fc1_cols, H], ``w2`` [E, H, F]. Exact
+    (transposes and a concatenation); a leading layer axis (nn.scan) is kept."""
+
+    def node(d):
+        if "wo" not in d or isinstance(d["wo"], dict) or not hasattr(d["wo"], "shape"):
+            return d
+        d = dict(fuse_wi(d)) if "wi_0" in d else dict(d)
+        if "wi" not in d:
+            return d
+        d["w1"] = jnp.swapaxes(d.pop("wi"), -1, -2)
+        d["w2"] = jnp.swapaxes(d.pop("wo"), -1, -2)
+        return d
+
+    return _convert(tree, node)
+
+
+def to_maxtext_layout(tree, fused_wi=False):
+    """The inverse of :func:`to_sfmoe_layout`: ``w1`` / ``w2`` back to ``wi_0`` / ``wi_1`` (or
+    ``wi`` with fused_wi) and ``wo``. A gated FC1 splits in halves; a plain one becomes ``wi_0``
+    alone (or ``wi``)."""
+
+    def node(d):
+        if "w1" not in d or "w2" not in d or isinstance(d["w1"], dict) or not hasattr(d["w1"], "shape"):
+            return d
+        d = dict(d)
+        wi = jnp.swapaxes(d.pop("w1"), -1, -2)
+        d["wo"] = jnp.swapaxes(d.pop("w2"), -1, -2)
+        F = d["wo"].shape[-2]
+        if fused_wi:
+            d["wi"] = wi
+        elif wi.shape[-1] == 2 * F:
+            d["wi_0"], d["wi_1"] = wi[..., :F], wi[..., F:]
+        else:
+            d["wi_0"] = wi
+        return d
+
+    return _convert(tree, node)
+
+
 def update_expert_bias(moe_variables, tokens_per_expert, rate):
     """DeepSeek-V3's aux-loss-free balancing step on the ``moe`` collection: each expert's bias
     moves by `rate` toward the mean load of `tokens_per_expert` (the counts a step returned)."""
@@ -99,4 +159,4 @@ def update_expert_bias(moe_variables, tokens_per_expert, rate):
     return dict(moe_variables, expert_bias=bias + rate * jnp.sign(counts.mean() - counts))
 
 
-__all__ = ["MoEBlock", "fuse_wi", "split_wi", "update_expert_bias"]
+__all__ = ["MoEBlock", "fuse_wi", "split_wi", "to_maxtext_layout", "to_sfmoe_layout", "update_expert_bias"]
