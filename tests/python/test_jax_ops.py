@@ -3,7 +3,7 @@ GEMM and the grouped activation, forward and backward, bit for bit against the s
 arrays (the CPU reference), with special values (signed zeros, subnormals, Inf, NaN), odd sizes,
 empty experts and a capacity that drops; a MoE layer composed from them equal to
 sfmoe.jax.moe_layer (the output bit for bit; the gradients, which the layer rounds in another
-order, within 1e-5 in FP32 and 2e-4 in BF16 of 1 - 2 sum(xy) / sum(x^2 + y^2)); jit without recompiling on new routings, eval_shape,
+order, within 1e-5 in FP32 and 2e-4 in BF16 of 1 - 2 sum(xy) / sum(x^2 + y^2)); jit without recompiling on new routings, the same bits on a second run, eval_shape,
 vmap refused; on the GPU (where JAX has one) the same composition against the CPU's."""
 
 import numpy as np
@@ -257,6 +257,9 @@ def test_jit_compiles_once_and_vmap_is_refused(rng):
         value, _ = step(x, logits, w1, w2)
         assert np.isfinite(float(value))
     assert len(traces) == 1
+    first, second = step(x, logits, w1, w2), step(x, logits, w1, w2)  # deterministic
+    for a, b in zip(jax.tree_util.tree_leaves(first), jax.tree_util.tree_leaves(second)):
+        _same(a, b, "second run")
     assert jax.eval_shape(layer, x, logits, w1, w2).shape == (T, H)
     with pytest.raises(Exception, match="vmap|batch"):
         jax.vmap(lambda lg: router(lg, k)[1])(jnp.stack([logits, logits]))
@@ -292,8 +295,12 @@ def test_on_the_gpu_the_composed_layer_matches_the_cpu(rng):
 
     c_ids, c_p, c_y, c_g = run(_CPU)
     g_ids, g_p, g_y, g_g = run(_GPU[0])
+    again = run(_GPU[0])  # deterministic: the same bits on a second run
+    end = int(np.asarray(g_p.group_offsets)[-1])
+    _same(np.asarray(again[1].rows)[:end], np.asarray(g_p.rows)[:end], "second run: rows")
+    for a, b in zip(jax.tree_util.tree_leaves((g_ids, g_y, g_g)), jax.tree_util.tree_leaves(again[:1] + again[2:])):
+        _same(a, b, "second run")
     _same(g_ids, c_ids, "topk_ids")  # routing: exact across the backends
-    end = int(np.asarray(c_p.group_offsets)[-1])
     _same(g_p.group_offsets, c_p.group_offsets, "group_offsets")
     _same(np.asarray(g_p.rows)[:end], np.asarray(c_p.rows)[:end], "permuted rows")
     np.testing.assert_allclose(float(g_y), float(c_y), rtol=2e-2)
