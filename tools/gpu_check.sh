@@ -108,11 +108,14 @@ if [ "${SFMOE_SKIP_PYTHON:-0}" != 1 ]; then
   fi
 fi
 
-echo
-echo "================================ sfmoe GPU check ================================"
-for k in build selfcheck cpu_tests gpu_tests sanitizer_memcheck sanitizer_racecheck bench_memory bench_quantize pytest bench_cast_torch bench_quantize_torch bench_moe_ops_torch bench_grouped_gemm_torch bench_moe_layer_torch; do
-  [ -n "${RESULT[$k]:-}" ] && printf "%-20s %s\n" "$k" "${RESULT[$k]}"
-done
+summary() {
+  echo
+  echo "================================ sfmoe GPU check ================================"
+  for k in build selfcheck cpu_tests gpu_tests sanitizer_memcheck sanitizer_racecheck bench_memory bench_quantize pytest bench_cast_torch bench_quantize_torch bench_moe_ops_torch bench_grouped_gemm_torch bench_moe_layer_torch; do
+    [ -n "${RESULT[$k]:-}" ] && printf "%-20s %s\n" "$k" "${RESULT[$k]}"
+  done
+}
+summary
 echo
 tail -8 "$OUT/bench_memory.log"
 [ -f "$OUT/bench_cast_torch.log" ] && { echo; tail -4 "$OUT/bench_cast_torch.log"; }
@@ -121,3 +124,5 @@ tail -8 "$OUT/bench_memory.log"
 [ -f "$OUT/bench_moe_ops_torch.log" ] && { echo; tail -14 "$OUT/bench_moe_ops_torch.log"; }
 [ -f "$OUT/bench_grouped_gemm_torch.log" ] && { echo; cat "$OUT/bench_grouped_gemm_torch.log"; }
 [ -f "$OUT/bench_moe_layer_torch.log" ] && { echo; cat "$OUT/bench_moe_layer_torch.log"; }
+# (the pass/fail lines again, last: the benchmark tables above push them out of a short tail)
+summary
