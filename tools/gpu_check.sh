@@ -112,7 +112,7 @@ summary() {
   echo
   echo "================================ sfmoe GPU check ================================"
   for k in build selfcheck cpu_tests gpu_tests sanitizer_memcheck sanitizer_racecheck bench_memory bench_quantize pytest bench_cast_torch bench_quantize_torch bench_moe_ops_torch bench_grouped_gemm_torch bench_moe_layer_torch; do
-    [ -n "${RESULT[$k]:-}" ] && printf "%-20s %s\n" "$k" "${RESULT[$k]}"
+    if [ -n "${RESULT[$k]:-}" ]; then printf "%-20s %s\n" "$k" "${RESULT[$k]}"; fi
   done
 }
 summary
