@@ -122,17 +122,17 @@ ffi::ErrorOr<const Layer*> layer_for(const ffi::Dictionary& attrs, sfmoe_memory 
   return kept;
 }
 
-ffi::Error forward(sfmoe_memory memory, void* stream, int32_t device, ffi::AnyBuffer x,
-                   ffi::AnyBuffer logits, ffi::AnyBuffer expert_bias, ffi::AnyBuffer w1,
-                   ffi::AnyBuffer w2, ffi::Dictionary attrs, ffi::Result<ffi::AnyBuffer> y,
+ffi::Error forward(const Where& where, ffi::AnyBuffer x, ffi::AnyBuffer logits,
+                   ffi::AnyBuffer expert_bias, ffi::AnyBuffer w1, ffi::AnyBuffer w2,
+                   ffi::Dictionary attrs, ffi::Result<ffi::AnyBuffer> y,
                    ffi::Result<ffi::AnyBuffer> saved, ffi::Result<ffi::AnyBuffer> workspace,
                    ffi::Result<ffi::AnyBuffer> kept, ffi::Result<ffi::AnyBuffer> dropped,
                    ffi::Result<ffi::AnyBuffer> routed) {
-  ffi::ErrorOr<const Layer*> layer = layer_for(attrs, memory, device);
+  ffi::ErrorOr<const Layer*> layer = layer_for(attrs, where.memory, where.device);
   if (layer.has_error()) return layer.error();
   ffi::ErrorOr<int64_t> has_bias = attrs.get<int64_t>("has_expert_bias");
   if (has_bias.has_error()) return has_bias.error();
-  Tensors t{Where{memory, stream, device}, {}, {}};
+  Tensors t{where, {}, {}};
   sfmoe_moe_forward_args a = sfmoe_moe_forward_args_init();
   a.x = t.of(x);
   a.logits = t.of(logits);
@@ -145,21 +145,20 @@ ffi::Error forward(sfmoe_memory memory, void* stream, int32_t device, ffi::AnyBu
   a.tokens_per_expert = t.int64(*kept);
   a.dropped_per_expert = t.int64(*dropped);
   a.routed_per_expert = t.int64(*routed);
-  a.stream = stream;
-  const sfmoe_status status = sfmoe_moe_layer_forward((*layer)->layer, &a);
-  return status == SFMOE_SUCCESS ? ffi::Error::Success() : fail_with(status);
+  a.stream = where.stream;
+  return sfmoe_jax::checked(sfmoe_moe_layer_forward((*layer)->layer, &a));
 }
 
-ffi::Error backward(sfmoe_memory memory, void* stream, int32_t device, ffi::AnyBuffer x,
-                    ffi::AnyBuffer d_y, ffi::AnyBuffer logits, ffi::AnyBuffer w1, ffi::AnyBuffer w2,
+ffi::Error backward(const Where& where, ffi::AnyBuffer x, ffi::AnyBuffer d_y, ffi::AnyBuffer logits,
+                    ffi::AnyBuffer w1, ffi::AnyBuffer w2,
                     ffi::AnyBuffer /*saved: aliased to saved_after*/, ffi::AnyBuffer rng_offset,
                     ffi::Dictionary attrs, ffi::Result<ffi::AnyBuffer> d_x,
                     ffi::Result<ffi::AnyBuffer> d_logits, ffi::Result<ffi::AnyBuffer> d_w1,
                     ffi::Result<ffi::AnyBuffer> d_w2, ffi::Result<ffi::AnyBuffer> saved_after,
                     ffi::Result<ffi::AnyBuffer> workspace) {
-  ffi::ErrorOr<const Layer*> layer = layer_for(attrs, memory, device);
+  ffi::ErrorOr<const Layer*> layer = layer_for(attrs, where.memory, where.device);
   if (layer.has_error()) return layer.error();
-  Tensors t{Where{memory, stream, device}, {}, {}};
+  Tensors t{where, {}, {}};
   sfmoe_moe_backward_args a = sfmoe_moe_backward_args_init();
   a.x = t.of(x);
   a.d_y = t.of(d_y);
@@ -173,117 +172,40 @@ ffi::Error backward(sfmoe_memory memory, void* stream, int32_t device, ffi::AnyB
   a.d_w1 = t.of(*d_w1);
   a.d_w2 = t.of(*d_w2);
   a.rng_offset_device = t.int64(rng_offset);  // (one INT64 as an int32 pair [1, 2])
-  a.stream = stream;
-  const sfmoe_status status = sfmoe_moe_layer_backward((*layer)->layer, &a);
-  return status == SFMOE_SUCCESS ? ffi::Error::Success() : fail_with(status);
-}
-
-ffi::Error forward_host(ffi::AnyBuffer x, ffi::AnyBuffer logits, ffi::AnyBuffer bias,
-                        ffi::AnyBuffer w1, ffi::AnyBuffer w2, ffi::Dictionary attrs,
-                        ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> saved,
-                        ffi::Result<ffi::AnyBuffer> workspace, ffi::Result<ffi::AnyBuffer> kept,
-                        ffi::Result<ffi::AnyBuffer> dropped, ffi::Result<ffi::AnyBuffer> routed) {
-  return forward(SFMOE_MEMORY_HOST, nullptr, 0, x, logits, bias, w1, w2, attrs, y, saved, workspace,
-                 kept, dropped, routed);
-}
-ffi::Error forward_cuda(void* stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer logits,
-                        ffi::AnyBuffer bias, ffi::AnyBuffer w1, ffi::AnyBuffer w2,
-                        ffi::Dictionary attrs, ffi::Result<ffi::AnyBuffer> y,
-                        ffi::Result<ffi::AnyBuffer> saved, ffi::Result<ffi::AnyBuffer> workspace,
-                        ffi::Result<ffi::AnyBuffer> kept, ffi::Result<ffi::AnyBuffer> dropped,
-                        ffi::Result<ffi::AnyBuffer> routed) {
-  return forward(SFMOE_MEMORY_CUDA, stream, device, x, logits, bias, w1, w2, attrs, y, saved,
-                 workspace, kept, dropped, routed);
-}
-ffi::Error backward_host(ffi::AnyBuffer x, ffi::AnyBuffer d_y, ffi::AnyBuffer logits,
-                         ffi::AnyBuffer w1, ffi::AnyBuffer w2, ffi::AnyBuffer saved,
-                         ffi::AnyBuffer rng_offset, ffi::Dictionary attrs,
-                         ffi::Result<ffi::AnyBuffer> d_x, ffi::Result<ffi::AnyBuffer> d_logits,
-                         ffi::Result<ffi::AnyBuffer> d_w1, ffi::Result<ffi::AnyBuffer> d_w2,
-                         ffi::Result<ffi::AnyBuffer> saved_after,
-                         ffi::Result<ffi::AnyBuffer> workspace) {
-  return backward(SFMOE_MEMORY_HOST, nullptr, 0, x, d_y, logits, w1, w2, saved, rng_offset, attrs,
-                  d_x, d_logits, d_w1, d_w2, saved_after, workspace);
-}
-ffi::Error backward_cuda(void* stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer d_y,
-                         ffi::AnyBuffer logits, ffi::AnyBuffer w1, ffi::AnyBuffer w2,
-                         ffi::AnyBuffer saved, ffi::AnyBuffer rng_offset, ffi::Dictionary attrs,
-                         ffi::Result<ffi::AnyBuffer> d_x, ffi::Result<ffi::AnyBuffer> d_logits,
-                         ffi::Result<ffi::AnyBuffer> d_w1, ffi::Result<ffi::AnyBuffer> d_w2,
-                         ffi::Result<ffi::AnyBuffer> saved_after,
-                         ffi::Result<ffi::AnyBuffer> workspace) {
-  return backward(SFMOE_MEMORY_CUDA, stream, device, x, d_y, logits, w1, w2, saved, rng_offset,
-                  attrs, d_x, d_logits, d_w1, d_w2, saved_after, workspace);
+  a.stream = where.stream;
+  return sfmoe_jax::checked(sfmoe_moe_layer_backward((*layer)->layer, &a));
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SfmoeMoeForwardHost, forward_host,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Attrs<ffi::Dictionary>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SfmoeMoeForwardCuda, forward_cuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<void*>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Attrs<ffi::Dictionary>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>(),
-                              {ffi::Traits::kCmdBufferCompatible});
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SfmoeMoeBackwardHost, backward_host,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Attrs<ffi::Dictionary>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SfmoeMoeBackwardCuda, backward_cuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<void*>>()
-                                  .Ctx<ffi::DeviceOrdinal>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Attrs<ffi::Dictionary>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>(),
-                              {ffi::Traits::kCmdBufferCompatible});
+SFMOE_JAX_HANDLERS(SfmoeMoeForward, forward,
+                   .Arg<ffi::AnyBuffer>()      // x
+                       .Arg<ffi::AnyBuffer>()  // logits
+                       .Arg<ffi::AnyBuffer>()  // expert bias
+                       .Arg<ffi::AnyBuffer>()  // w1
+                       .Arg<ffi::AnyBuffer>()  // w2
+                       .Attrs<ffi::Dictionary>()
+                       .Ret<ffi::AnyBuffer>()    // y
+                       .Ret<ffi::AnyBuffer>()    // saved
+                       .Ret<ffi::AnyBuffer>()    // workspace
+                       .Ret<ffi::AnyBuffer>()    // tokens per expert
+                       .Ret<ffi::AnyBuffer>()    // dropped per expert
+                       .Ret<ffi::AnyBuffer>());  // routed per expert
+SFMOE_JAX_HANDLERS(SfmoeMoeBackward, backward,
+                   .Arg<ffi::AnyBuffer>()      // x
+                       .Arg<ffi::AnyBuffer>()  // d y
+                       .Arg<ffi::AnyBuffer>()  // logits
+                       .Arg<ffi::AnyBuffer>()  // w1
+                       .Arg<ffi::AnyBuffer>()  // w2
+                       .Arg<ffi::AnyBuffer>()  // saved (aliased to the saved result)
+                       .Arg<ffi::AnyBuffer>()  // rng offset
+                       .Attrs<ffi::Dictionary>()
+                       .Ret<ffi::AnyBuffer>()    // d x
+                       .Ret<ffi::AnyBuffer>()    // d logits
+                       .Ret<ffi::AnyBuffer>()    // d w1
+                       .Ret<ffi::AnyBuffer>()    // d w2
+                       .Ret<ffi::AnyBuffer>()    // saved
+                       .Ret<ffi::AnyBuffer>());  // workspace
 
 namespace {
 

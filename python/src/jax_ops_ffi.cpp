@@ -31,10 +31,6 @@ ffi::ErrorOr<int64_t> int_attr(const ffi::Dictionary& attrs, const char* name) {
   ffi::ErrorOr<int64_t> var##_or = int_attr(attrs, name); \
   if (var##_or.has_error()) return var##_or.error();      \
   const int64_t var = *var##_or
-#define SFMOE_JAX_FLOAT(var, attrs, name)                  \
-  ffi::ErrorOr<float> var##_or = (attrs).get<float>(name); \
-  if (var##_or.has_error()) return var##_or.error();       \
-  const float var = *var##_or
 
 ffi::ErrorOr<sfmoe_router_config> router_config(const ffi::Dictionary& attrs) {
   sfmoe_router_config c = sfmoe_router_config_init();
