@@ -42,6 +42,7 @@ __all__ = [
     "grouped_gemm",
     "grouped_linear",
     "moe_block",
+    "moe_block_sfmoe_layout",
     "moe_layer",
     "permute",
     "plan",
@@ -259,10 +260,16 @@ def moe_block(x, gate_kernel, wi, wo, config, expert_bias=None, rng_offset=None)
     """A MoE FFN on x [..., H]: logits = x W_g in FP32 (gate_kernel [H, E]), the layer on MaxText's
     weights (sfmoe_weights), the losses. Returns (y like x, aux_loss, counts). rng_offset: as
     :func:`moe_layer`'s (nvfp4's rounding stream, advanced by the caller each step)."""
+    w1, w2 = sfmoe_weights(wi, wo)
+    return moe_block_sfmoe_layout(x, gate_kernel, w1, w2, config, expert_bias, rng_offset)
+
+
+def moe_block_sfmoe_layout(x, gate_kernel, w1, w2, config, expert_bias=None, rng_offset=None):
+    """:func:`moe_block` on sfmoe's weights, w1 [E, fc1_cols, H] and w2 [E, H, F] (no transposes):
+    what MoEBlock(layout="sfmoe") runs."""
     shape = x.shape
     tokens = x.reshape(-1, shape[-1])
     logits = jnp.dot(tokens.astype(jnp.float32), gate_kernel.astype(jnp.float32))
-    w1, w2 = sfmoe_weights(wi, wo)
     y, counts = moe_layer(
         tokens, logits, w1.astype(tokens.dtype), w2.astype(tokens.dtype), config, expert_bias, rng_offset
     )

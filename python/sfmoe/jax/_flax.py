@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from .._moe_config import MoEConfig
-from . import aux_losses, moe_block, moe_layer
+from . import moe_block, moe_block_sfmoe_layout
 
 
 class MoEBlock(nn.Module):
@@ -51,11 +51,7 @@ class MoEBlock(nn.Module):
                 "w1", lambda key: jnp.swapaxes(self.kernel_init(key, (E, H, c.fc1_cols), self.param_dtype), 1, 2)
             )
             w2 = self.param("w2", lambda key: jnp.swapaxes(self.kernel_init(key, (E, F, H), self.param_dtype), 1, 2))
-            shape = x.shape
-            tokens = x.reshape(-1, H)
-            logits = jnp.dot(tokens.astype(jnp.float32), gate["kernel"].astype(jnp.float32))
-            y, counts = moe_layer(tokens, logits, w1.astype(x.dtype), w2.astype(x.dtype), c, bias, rng_offset)
-            return y.reshape(shape), aux_losses(logits, counts["routed_per_expert"], c), counts
+            return moe_block_sfmoe_layout(x, gate["kernel"], w1, w2, c, expert_bias=bias, rng_offset=rng_offset)
         if self.fused_wi:
             wi = self.param("wi", self.kernel_init, (E, H, c.fc1_cols), self.param_dtype)
         else:

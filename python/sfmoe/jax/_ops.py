@@ -17,10 +17,17 @@ import numpy as np
 
 from .. import _C
 from .._activation import ACTIVATIONS, GATED
+from .._dtypes import DType
 from .._router import _SCORES
 
 _FORMS = {"fprop": 0, "dgrad": 1, "wgrad": 2}
-_ROWS_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+# sfmoe's codes of the row dtypes the ops take
+_DTYPE_CODES = {
+    jnp.dtype(jnp.float32): int(DType.FP32),
+    jnp.dtype(jnp.bfloat16): int(DType.BF16),
+    jnp.dtype(jnp.float16): int(DType.FP16),
+}
+_ROWS_DTYPES = tuple(_DTYPE_CODES)
 
 
 def _call(name, results, *operands, **attributes):
@@ -186,9 +193,6 @@ def permute_plan(tokens, top_k, num_experts, hidden, dtype, *, alignment=1, expe
     )
     workspace = plan["workspace"]
     return plan["permuted"]["buffers"]["rowwise_data"][1][0], 0 if workspace is None else workspace[2]
-
-
-_DTYPE_CODES = {jnp.dtype(jnp.float32): 0, jnp.dtype(jnp.bfloat16): 1, jnp.dtype(jnp.float16): 2}
 
 
 def _permute_call(x, topk_ids, num_experts, row_alignment, expert_capacity):
