@@ -46,7 +46,10 @@ extern "C" {
 
 typedef enum sfmoe_ep_transport SFMOE_ENUM_INT32 {
   SFMOE_EP_TRANSPORT_LOOPBACK = 0, /* every rank in this process */
-  SFMOE_EP_TRANSPORT_NCCL = 1      /* one rank per process, NCCL between them */
+  SFMOE_EP_TRANSPORT_NCCL = 1,     /* one rank per process, NCCL between them */
+  SFMOE_EP_TRANSPORT_EXTERNAL = 2  /* one rank a call, the caller's collectives between the
+                                      calls: an MoE layer's stages only (include/sfmoe/moe_layer.h,
+                                      sfmoe_moe_layer_forward_stage); groups refuse it */
 } sfmoe_ep_transport;
 
 typedef enum sfmoe_ep_overflow SFMOE_ENUM_INT32 {

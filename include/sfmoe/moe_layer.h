@@ -77,6 +77,11 @@ typedef struct sfmoe_moe_layer_config {
    * stream with the group's other calls, in the same order on every rank. Borrowed: the group
    * must outlive the layer. NULL: the loopback. */
   const sfmoe_ep_group* ep_group;
+  /* LOOPBACK (the default: the loopback, or ep_group's transport), or EXTERNAL: one rank a call,
+   * the rank read on the device, the bytes between ranks moved by the caller's own collectives
+   * between the calls' stages (sfmoe_moe_layer_forward_stage below; JAX's shard_map). EXTERNAL
+   * takes ep_world_size and the ep_* fields, no ep_group. */
+  sfmoe_ep_transport ep_transport;
 } sfmoe_moe_layer_config;
 
 SFMOE_API sfmoe_moe_layer_config sfmoe_moe_layer_config_init(void);
@@ -190,6 +195,63 @@ SFMOE_API sfmoe_status sfmoe_moe_layer_forward_ranks(const sfmoe_moe_layer* laye
                                                      const sfmoe_moe_forward_args* const* args);
 SFMOE_API sfmoe_status sfmoe_moe_layer_backward_ranks(const sfmoe_moe_layer* layer,
                                                       const sfmoe_moe_backward_args* const* args);
+
+/* The EXTERNAL transport (ep_transport; docs/ep.md, "The EXTERNAL transport"): each call runs
+ * as stages 0 .. n on one rank, n the sequence's collectives; stage i does the work between
+ * collective i - 1 and collective i, and the caller runs collective i between stages i and i + 1
+ * over every rank (the same program on each: JAX's shard_map), handing stage i + 1 what it
+ * received. An all-gather's rank sends `bytes` and receives world_size blocks of `bytes`, block q
+ * rank q's; an all-to-all's rank sends and receives world_size blocks of `bytes`, block q going to
+ * (coming from) rank q. The sizes are fixed at creation: no host synchronization anywhere. A
+ * sequence's stages take the same arguments (the same saved state and workspace, whose contents
+ * carry from one stage to the next), in order; the forward's counts are written at its last
+ * stage. The rank's faults name rank 0 as the source where the loopback names the rank. */
+typedef enum sfmoe_ep_collective_kind SFMOE_ENUM_INT32 {
+  SFMOE_EP_COLLECTIVE_ALL_GATHER = 0,
+  SFMOE_EP_COLLECTIVE_ALL_TO_ALL = 1
+} sfmoe_ep_collective_kind;
+
+typedef struct sfmoe_ep_collective {
+  sfmoe_ep_collective_kind kind;
+  int64_t bytes; /* all-gather: what a rank sends; all-to-all: what it sends each rank */
+} sfmoe_ep_collective;
+
+#define SFMOE_MOE_MAX_COLLECTIVES 8
+typedef struct sfmoe_moe_stages {
+  size_t struct_size;
+  int32_t collectives; /* n: the sequence has n + 1 stages */
+  sfmoe_ep_collective collective[SFMOE_MOE_MAX_COLLECTIVES];
+} sfmoe_moe_stages;
+
+typedef struct sfmoe_moe_stage {
+  size_t struct_size;
+  int32_t index;                /* 0 .. collectives */
+  const sfmoe_tensor* rank;     /* [1] INT32 in the layer's memory: this rank, in [0, world) (one
+                                   outside raises SFMOE_FAULT_BAD_INDEX and is clamped) */
+  const sfmoe_tensor* received; /* index > 0: 1-D, what collective index - 1 delivered to this
+                                   rank (world_size blocks of its bytes); else NULL */
+  const sfmoe_tensor* sent;     /* index < collectives: 1-D, written: what this rank sends in
+                                   collective index (bytes, or world_size blocks of them); else
+                                   NULL */
+} sfmoe_moe_stage;
+
+SFMOE_API sfmoe_moe_stages sfmoe_moe_stages_init(void);
+SFMOE_API sfmoe_moe_stage sfmoe_moe_stage_init(void);
+/* The forward's collectives, and the backward's (whole or a part): an EXTERNAL layer's only. */
+SFMOE_API sfmoe_status sfmoe_moe_layer_get_forward_stages(const sfmoe_moe_layer* layer,
+                                                          sfmoe_moe_stages* stages);
+SFMOE_API sfmoe_status sfmoe_moe_layer_get_backward_stages(const sfmoe_moe_layer* layer,
+                                                           sfmoe_moe_backward_part part,
+                                                           sfmoe_moe_stages* stages);
+/* One stage of an EXTERNAL layer's forward or backward, on this rank's arguments (as for
+ * sfmoe_moe_layer_forward: its tokens, logits [T, E], local experts' weights [E_l, ...], counts
+ * tokens_per_expert [E_l], dropped_per_expert [E], routed_per_expert [E]). */
+SFMOE_API sfmoe_status sfmoe_moe_layer_forward_stage(const sfmoe_moe_layer* layer,
+                                                     const sfmoe_moe_forward_args* args,
+                                                     const sfmoe_moe_stage* stage);
+SFMOE_API sfmoe_status sfmoe_moe_layer_backward_stage(const sfmoe_moe_layer* layer,
+                                                      const sfmoe_moe_backward_args* args,
+                                                      const sfmoe_moe_stage* stage);
 
 #ifdef __cplusplus
 }

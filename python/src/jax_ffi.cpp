@@ -47,7 +47,13 @@ const char* const kIntFields[] = {"hidden",
                                   "row_alignment",
                                   "dtype",
                                   "recipe",
-                                  "seed"};
+                                  "seed",
+                                  "ep_world_size",
+                                  "ep_receive_capacity",
+                                  "ep_overflow",
+                                  "ep_spill_capacity",
+                                  "ep_transport",
+                                  "accumulate_weight_grads"};
 const char* const kFloatFields[] = {"scaling_factor", "activation_limit", "activation_alpha"};
 
 struct LayerKey {
@@ -110,6 +116,12 @@ ffi::ErrorOr<const Layer*> layer_for(const ffi::Dictionary& attrs, sfmoe_memory 
   c.dtype = static_cast<sfmoe_dtype>(i[14]);
   c.recipe = static_cast<sfmoe_moe_recipe>(i[15]);
   c.seed = static_cast<uint64_t>(i[16]);
+  c.ep_world_size = static_cast<int32_t>(i[17]);
+  c.ep_receive_capacity = i[18];
+  c.ep_overflow = static_cast<sfmoe_ep_overflow>(i[19]);
+  c.ep_spill_capacity = i[20];
+  c.ep_transport = static_cast<sfmoe_ep_transport>(i[21]);
+  c.accumulate_weight_grads = static_cast<int32_t>(i[22]);  // (EP SPILL's FP32 sums from zero)
   auto made = std::make_unique<Layer>();
   sfmoe_status status = sfmoe_moe_layer_create(&c, memory, device, &made->layer);
   if (status == SFMOE_SUCCESS) {
@@ -122,6 +134,56 @@ ffi::ErrorOr<const Layer*> layer_for(const ffi::Dictionary& attrs, sfmoe_memory 
   return kept;
 }
 
+// The forward's arguments from the call's buffers (every output a result).
+ffi::ErrorOr<sfmoe_moe_forward_args> forward_args(Tensors& t, const ffi::Dictionary& attrs,
+                                                  ffi::AnyBuffer x, ffi::AnyBuffer logits,
+                                                  ffi::AnyBuffer expert_bias, ffi::AnyBuffer w1,
+                                                  ffi::AnyBuffer w2, ffi::AnyBuffer& y,
+                                                  ffi::AnyBuffer& saved, ffi::AnyBuffer& workspace,
+                                                  ffi::AnyBuffer& kept, ffi::AnyBuffer& dropped,
+                                                  ffi::AnyBuffer& routed) {
+  ffi::ErrorOr<int64_t> has_bias = attrs.get<int64_t>("has_expert_bias");
+  if (has_bias.has_error()) return ffi::Unexpected(has_bias.error());
+  sfmoe_moe_forward_args a = sfmoe_moe_forward_args_init();
+  a.x = t.of(x);
+  a.logits = t.of(logits);
+  a.expert_bias = *has_bias ? t.of(expert_bias) : nullptr;
+  a.w1 = t.of(w1);
+  a.w2 = t.of(w2);
+  a.y = t.of(y);
+  a.saved = t.of(saved);
+  a.workspace = t.of(workspace);
+  a.tokens_per_expert = t.int64(kept);
+  a.dropped_per_expert = t.int64(dropped);
+  a.routed_per_expert = t.int64(routed);
+  a.stream = t.where.stream;
+  return a;
+}
+
+// The backward's likewise.
+sfmoe_moe_backward_args backward_args(Tensors& t, ffi::AnyBuffer x, ffi::AnyBuffer d_y,
+                                      ffi::AnyBuffer logits, ffi::AnyBuffer w1, ffi::AnyBuffer w2,
+                                      ffi::AnyBuffer rng_offset, ffi::AnyBuffer& d_x,
+                                      ffi::AnyBuffer& d_logits, ffi::AnyBuffer& d_w1,
+                                      ffi::AnyBuffer& d_w2, ffi::AnyBuffer& saved,
+                                      ffi::AnyBuffer& workspace) {
+  sfmoe_moe_backward_args a = sfmoe_moe_backward_args_init();
+  a.x = t.of(x);
+  a.d_y = t.of(d_y);
+  a.logits = t.of(logits);
+  a.w1 = t.of(w1);
+  a.w2 = t.of(w2);
+  a.saved = t.of(saved);
+  a.workspace = t.of(workspace);
+  a.d_x = t.of(d_x);
+  a.d_logits = t.of(d_logits);
+  a.d_w1 = t.of(d_w1);
+  a.d_w2 = t.of(d_w2);
+  a.rng_offset_device = t.int64(rng_offset);  // (one INT64 as an int32 pair [1, 2])
+  a.stream = t.where.stream;
+  return a;
+}
+
 ffi::Error forward(const Where& where, ffi::AnyBuffer x, ffi::AnyBuffer logits,
                    ffi::AnyBuffer expert_bias, ffi::AnyBuffer w1, ffi::AnyBuffer w2,
                    ffi::Dictionary attrs, ffi::Result<ffi::AnyBuffer> y,
@@ -130,23 +192,11 @@ ffi::Error forward(const Where& where, ffi::AnyBuffer x, ffi::AnyBuffer logits,
                    ffi::Result<ffi::AnyBuffer> routed) {
   ffi::ErrorOr<const Layer*> layer = layer_for(attrs, where.memory, where.device);
   if (layer.has_error()) return layer.error();
-  ffi::ErrorOr<int64_t> has_bias = attrs.get<int64_t>("has_expert_bias");
-  if (has_bias.has_error()) return has_bias.error();
   Tensors t{where, {}, {}};
-  sfmoe_moe_forward_args a = sfmoe_moe_forward_args_init();
-  a.x = t.of(x);
-  a.logits = t.of(logits);
-  a.expert_bias = *has_bias ? t.of(expert_bias) : nullptr;
-  a.w1 = t.of(w1);
-  a.w2 = t.of(w2);
-  a.y = t.of(*y);
-  a.saved = t.of(*saved);
-  a.workspace = t.of(*workspace);
-  a.tokens_per_expert = t.int64(*kept);
-  a.dropped_per_expert = t.int64(*dropped);
-  a.routed_per_expert = t.int64(*routed);
-  a.stream = where.stream;
-  return sfmoe_jax::checked(sfmoe_moe_layer_forward((*layer)->layer, &a));
+  ffi::ErrorOr<sfmoe_moe_forward_args> a = forward_args(
+      t, attrs, x, logits, expert_bias, w1, w2, *y, *saved, *workspace, *kept, *dropped, *routed);
+  if (a.has_error()) return a.error();
+  return sfmoe_jax::checked(sfmoe_moe_layer_forward((*layer)->layer, &*a));
 }
 
 ffi::Error backward(const Where& where, ffi::AnyBuffer x, ffi::AnyBuffer d_y, ffi::AnyBuffer logits,
@@ -159,21 +209,66 @@ ffi::Error backward(const Where& where, ffi::AnyBuffer x, ffi::AnyBuffer d_y, ff
   ffi::ErrorOr<const Layer*> layer = layer_for(attrs, where.memory, where.device);
   if (layer.has_error()) return layer.error();
   Tensors t{where, {}, {}};
-  sfmoe_moe_backward_args a = sfmoe_moe_backward_args_init();
-  a.x = t.of(x);
-  a.d_y = t.of(d_y);
-  a.logits = t.of(logits);
-  a.w1 = t.of(w1);
-  a.w2 = t.of(w2);
-  a.saved = t.of(*saved_after);
-  a.workspace = t.of(*workspace);
-  a.d_x = t.of(*d_x);
-  a.d_logits = t.of(*d_logits);
-  a.d_w1 = t.of(*d_w1);
-  a.d_w2 = t.of(*d_w2);
-  a.rng_offset_device = t.int64(rng_offset);  // (one INT64 as an int32 pair [1, 2])
-  a.stream = where.stream;
+  const sfmoe_moe_backward_args a =
+      backward_args(t, x, d_y, logits, w1, w2, rng_offset, *d_x, *d_logits, *d_w1, *d_w2,
+                    *saved_after, *workspace);
   return sfmoe_jax::checked(sfmoe_moe_layer_backward((*layer)->layer, &a));
+}
+
+// The EXTERNAL transport's stages (include/sfmoe/moe_layer.h): stage `stage` of the forward or
+// backward on this rank (`rank` [1] INT32, axis_index of the expert axis), `received` what the
+// previous stage's collective delivered (a 0-byte array at stage 0), `sent` written with what this
+// stage's collective sends (0 bytes at the last stage). Every output is carried from stage to
+// stage: from stage 1 on, the previous stage's outputs arrive as operands aliased to the results
+// (at stage 0 the operands are 0-byte placeholders and the results fresh).
+sfmoe_moe_stage stage_of(Tensors& t, const ffi::Dictionary& attrs, ffi::AnyBuffer rank,
+                         ffi::AnyBuffer received, ffi::AnyBuffer& sent, int64_t* index) {
+  ffi::ErrorOr<int64_t> stage = attrs.get<int64_t>("stage");
+  ffi::ErrorOr<int64_t> has_received = attrs.get<int64_t>("has_received");
+  ffi::ErrorOr<int64_t> has_sent = attrs.get<int64_t>("has_sent");
+  *index = stage.has_error() ? -1 : *stage;  // (-1: refused by the layer, which says why)
+  sfmoe_moe_stage st = sfmoe_moe_stage_init();
+  st.index = static_cast<int32_t>(*index);
+  st.rank = t.of(rank);
+  st.received = !has_received.has_error() && *has_received ? t.of(received) : nullptr;
+  st.sent = !has_sent.has_error() && *has_sent ? t.of(sent) : nullptr;
+  return st;
+}
+
+ffi::Error forward_stage(const Where& where, ffi::AnyBuffer x, ffi::AnyBuffer logits,
+                         ffi::AnyBuffer expert_bias, ffi::AnyBuffer w1, ffi::AnyBuffer w2,
+                         ffi::AnyBuffer rank, ffi::AnyBuffer received, ffi::RemainingArgs,
+                         ffi::Dictionary attrs, ffi::Result<ffi::AnyBuffer> y,
+                         ffi::Result<ffi::AnyBuffer> saved, ffi::Result<ffi::AnyBuffer> workspace,
+                         ffi::Result<ffi::AnyBuffer> kept, ffi::Result<ffi::AnyBuffer> dropped,
+                         ffi::Result<ffi::AnyBuffer> routed, ffi::Result<ffi::AnyBuffer> sent) {
+  ffi::ErrorOr<const Layer*> layer = layer_for(attrs, where.memory, where.device);
+  if (layer.has_error()) return layer.error();
+  Tensors t{where, {}, {}};
+  ffi::ErrorOr<sfmoe_moe_forward_args> a = forward_args(
+      t, attrs, x, logits, expert_bias, w1, w2, *y, *saved, *workspace, *kept, *dropped, *routed);
+  if (a.has_error()) return a.error();
+  int64_t index = 0;
+  const sfmoe_moe_stage st = stage_of(t, attrs, rank, received, *sent, &index);
+  return sfmoe_jax::checked(sfmoe_moe_layer_forward_stage((*layer)->layer, &*a, &st));
+}
+
+ffi::Error backward_stage(const Where& where, ffi::AnyBuffer x, ffi::AnyBuffer d_y,
+                          ffi::AnyBuffer logits, ffi::AnyBuffer w1, ffi::AnyBuffer w2,
+                          ffi::AnyBuffer rng_offset, ffi::AnyBuffer rank, ffi::AnyBuffer received,
+                          ffi::RemainingArgs, ffi::Dictionary attrs,
+                          ffi::Result<ffi::AnyBuffer> d_x, ffi::Result<ffi::AnyBuffer> d_logits,
+                          ffi::Result<ffi::AnyBuffer> d_w1, ffi::Result<ffi::AnyBuffer> d_w2,
+                          ffi::Result<ffi::AnyBuffer> saved, ffi::Result<ffi::AnyBuffer> workspace,
+                          ffi::Result<ffi::AnyBuffer> sent) {
+  ffi::ErrorOr<const Layer*> layer = layer_for(attrs, where.memory, where.device);
+  if (layer.has_error()) return layer.error();
+  Tensors t{where, {}, {}};
+  const sfmoe_moe_backward_args a = backward_args(t, x, d_y, logits, w1, w2, rng_offset, *d_x,
+                                                  *d_logits, *d_w1, *d_w2, *saved, *workspace);
+  int64_t index = 0;
+  const sfmoe_moe_stage st = stage_of(t, attrs, rank, received, *sent, &index);
+  return sfmoe_jax::checked(sfmoe_moe_layer_backward_stage((*layer)->layer, &a, &st));
 }
 
 }  // namespace
@@ -207,6 +302,42 @@ SFMOE_JAX_HANDLERS(SfmoeMoeBackward, backward,
                        .Ret<ffi::AnyBuffer>()    // saved
                        .Ret<ffi::AnyBuffer>());  // workspace
 
+SFMOE_JAX_HANDLERS(SfmoeMoeForwardStage, forward_stage,
+                   .Arg<ffi::AnyBuffer>()      // x
+                       .Arg<ffi::AnyBuffer>()  // logits
+                       .Arg<ffi::AnyBuffer>()  // expert bias
+                       .Arg<ffi::AnyBuffer>()  // w1
+                       .Arg<ffi::AnyBuffer>()  // w2
+                       .Arg<ffi::AnyBuffer>()  // rank
+                       .Arg<ffi::AnyBuffer>()  // received
+                       .RemainingArgs()        // the previous stage's results (aliased)
+                       .Attrs<ffi::Dictionary>()
+                       .Ret<ffi::AnyBuffer>()    // y
+                       .Ret<ffi::AnyBuffer>()    // saved
+                       .Ret<ffi::AnyBuffer>()    // workspace
+                       .Ret<ffi::AnyBuffer>()    // tokens per expert
+                       .Ret<ffi::AnyBuffer>()    // dropped per expert
+                       .Ret<ffi::AnyBuffer>()    // routed per expert
+                       .Ret<ffi::AnyBuffer>());  // sent
+SFMOE_JAX_HANDLERS(SfmoeMoeBackwardStage, backward_stage,
+                   .Arg<ffi::AnyBuffer>()      // x
+                       .Arg<ffi::AnyBuffer>()  // d y
+                       .Arg<ffi::AnyBuffer>()  // logits
+                       .Arg<ffi::AnyBuffer>()  // w1
+                       .Arg<ffi::AnyBuffer>()  // w2
+                       .Arg<ffi::AnyBuffer>()  // rng offset
+                       .Arg<ffi::AnyBuffer>()  // rank
+                       .Arg<ffi::AnyBuffer>()  // received
+                       .RemainingArgs()        // the previous stage's results (aliased)
+                       .Attrs<ffi::Dictionary>()
+                       .Ret<ffi::AnyBuffer>()    // d x
+                       .Ret<ffi::AnyBuffer>()    // d logits
+                       .Ret<ffi::AnyBuffer>()    // d w1
+                       .Ret<ffi::AnyBuffer>()    // d w2
+                       .Ret<ffi::AnyBuffer>()    // saved
+                       .Ret<ffi::AnyBuffer>()    // workspace
+                       .Ret<ffi::AnyBuffer>());  // sent
+
 namespace {
 
 template <class Handler>
@@ -224,6 +355,10 @@ NB_MODULE(_jax, m) {
         nb::make_tuple(capsule_of(SfmoeMoeForwardHost), capsule_of(SfmoeMoeForwardCuda));
     d["sfmoe_moe_backward"] =
         nb::make_tuple(capsule_of(SfmoeMoeBackwardHost), capsule_of(SfmoeMoeBackwardCuda));
+    d["sfmoe_moe_forward_stage"] =
+        nb::make_tuple(capsule_of(SfmoeMoeForwardStageHost), capsule_of(SfmoeMoeForwardStageCuda));
+    d["sfmoe_moe_backward_stage"] = nb::make_tuple(capsule_of(SfmoeMoeBackwardStageHost),
+                                                   capsule_of(SfmoeMoeBackwardStageCuda));
     for (const sfmoe_jax::HandlerPair& op : sfmoe_jax::op_handlers())
       d[op.name] = nb::make_tuple(nb::capsule(op.host), nb::capsule(op.cuda));
     return d;

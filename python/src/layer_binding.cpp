@@ -29,7 +29,25 @@ sfmoe_moe_layer_config layer_config(const nb::dict& d) {
   store_enum(&c.recipe, nb::cast<int32_t>(d["recipe"]));
   c.accumulate_weight_grads = nb::cast<bool>(d["accumulate_weight_grads"]) ? 1 : 0;
   if (d.contains("seed")) c.seed = nb::cast<uint64_t>(d["seed"]);
+  // Expert parallelism without a group (the loopback, or EXTERNAL stages), when given.
+  if (d.contains("ep_transport")) {
+    c.ep_world_size = nb::cast<int32_t>(d["ep_world_size"]);
+    c.ep_receive_capacity = nb::cast<int64_t>(d["ep_receive_capacity"]);
+    store_enum(&c.ep_overflow, nb::cast<int32_t>(d["ep_overflow"]));
+    c.ep_spill_capacity = nb::cast<int64_t>(d["ep_spill_capacity"]);
+    store_enum(&c.ep_transport, nb::cast<int32_t>(d["ep_transport"]));
+  }
   return c;
+}
+
+// A sequence's collectives as [(all_to_all, bytes), ...].
+nb::list collectives_of(const sfmoe_moe_stages& s) {
+  nb::list out;
+  for (int32_t i = 0; i < s.collectives; ++i) {
+    out.append(nb::make_tuple(s.collective[i].kind == SFMOE_EP_COLLECTIVE_ALL_TO_ALL,
+                              s.collective[i].bytes));
+  }
+  return out;
 }
 
 // One rank's NCCL group, from a dict of the sfmoe_ep_config fields and the ranks' shared id.
@@ -113,6 +131,17 @@ class MoeLayer {
     d["fc1_cols"] = plan_.fc1_cols;
     d["emulated"] = plan_.emulated != 0;
     d["local_experts"] = plan_.local_experts;
+    return d;
+  }
+
+  // An EXTERNAL layer's collectives: {"forward": [...], "backward": [...]} (the whole backward).
+  nb::dict stages() const {
+    sfmoe_moe_stages forward = sfmoe_moe_stages_init(), backward = sfmoe_moe_stages_init();
+    check(sfmoe_moe_layer_get_forward_stages(layer_, &forward));
+    check(sfmoe_moe_layer_get_backward_stages(layer_, SFMOE_MOE_BACKWARD_ALL, &backward));
+    nb::dict d;
+    d["forward"] = collectives_of(forward);
+    d["backward"] = collectives_of(backward);
     return d;
   }
 
@@ -220,6 +249,9 @@ void register_layer(nb::module_& m) {
                        "sfmoe_moe_layer: created from a dict of the sfmoe_moe_layer_config "
                        "fields for tensors in `memory` on `device`.")
       .def(nb::init<const nb::dict&, int32_t, int32_t>(), "config"_a, "memory"_a, "device"_a = 0)
+      .def("stages", &MoeLayer::stages,
+           "An EXTERNAL layer's collectives between its stages, forward and backward: lists of "
+           "(all_to_all, bytes).")
       .def("plan", &MoeLayer::plan, "sfmoe_moe_layer_get_plan as a dict.")
       .def("forward", &MoeLayer::forward, "x"_a, "logits"_a, "logits_dtype"_a,
            "expert_bias"_a.none(), "w1"_a, "w2"_a, "y"_a.noconvert(), "saved"_a.noconvert(),

@@ -7,6 +7,7 @@
 
 #include "binding.h"
 #include "plan_binding.h"
+#include "sfmoe/ep.h"
 
 namespace {
 
@@ -89,6 +90,8 @@ NB_MODULE(_C, m) {
   m.attr("FAULT_BAD_GROUP_OFFSETS") = static_cast<int>(SFMOE_FAULT_BAD_GROUP_OFFSETS);
   m.attr("FAULT_GROUP_OVER_CAPACITY") = static_cast<int>(SFMOE_FAULT_GROUP_OVER_CAPACITY);
   m.attr("FAULT_EP_OVERFLOW") = static_cast<int>(SFMOE_FAULT_EP_OVERFLOW);
+  m.attr("EP_TRANSPORT_LOOPBACK") = static_cast<int>(SFMOE_EP_TRANSPORT_LOOPBACK);
+  m.attr("EP_TRANSPORT_EXTERNAL") = static_cast<int>(SFMOE_EP_TRANSPORT_EXTERNAL);
   m.attr("FAULT_NAN_AMAX") = static_cast<int>(SFMOE_FAULT_NAN_AMAX);
   nb::dict statuses;
   for (int code = SFMOE_SUCCESS; code <= SFMOE_ERROR_INTERNAL; ++code) {

@@ -50,7 +50,8 @@ sfmoe_status check_ep_config(const char* context, const sfmoe_ep_config* c, sfmo
   SFMOE_RETURN_IF_ERROR(check_struct(context, "config", c, "sfmoe_ep_config_init()"));
   SFMOE_RETURN_IF_ERROR(validate_memory(context, "the group", memory, device));
   const int32_t transport = enum_value(c->transport), overflow = enum_value(c->overflow);
-  if (transport != SFMOE_EP_TRANSPORT_LOOPBACK && transport != SFMOE_EP_TRANSPORT_NCCL) {
+  if (transport != SFMOE_EP_TRANSPORT_LOOPBACK && transport != SFMOE_EP_TRANSPORT_NCCL &&
+      transport != SFMOE_EP_TRANSPORT_EXTERNAL) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: unknown transport %d", context,
                 static_cast<int>(transport));
   }
@@ -401,6 +402,12 @@ sfmoe_status ep_group_create_with_exchange(const sfmoe_ep_config* config, sfmoe_
     if (out == nullptr) return fail(SFMOE_ERROR_NULL_POINTER, "%s: out is NULL", context);
     *out = nullptr;
     std::unique_ptr<sfmoe_ep_group> g(new sfmoe_ep_group{});
+    if (config != nullptr && config->transport == SFMOE_EP_TRANSPORT_EXTERNAL) {
+      return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                  "%s: the EXTERNAL transport runs through an MoE layer's stages "
+                  "(sfmoe_moe_layer_forward_stage), not a group",
+                  context);
+    }
     SFMOE_RETURN_IF_ERROR(check_config(context, config, memory, device, g.get()));
     SFMOE_RETURN_IF_ERROR(make_transport(context, g.get(), std::move(exchange)));
     *out = g.release();

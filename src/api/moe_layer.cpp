@@ -175,6 +175,21 @@ sfmoe_status check_config(const char* context, const sfmoe_moe_layer_config* c, 
                   static_cast<long long>(c->ffn_hidden));
     }
   }
+  const int32_t transport = enum_value(c->ep_transport);
+  if (transport != SFMOE_EP_TRANSPORT_LOOPBACK && transport != SFMOE_EP_TRANSPORT_EXTERNAL) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                "%s: ep_transport must be LOOPBACK (an NCCL layer names its group in ep_group) "
+                "or EXTERNAL, got %d",
+                context, static_cast<int>(transport));
+  }
+  if (transport == SFMOE_EP_TRANSPORT_EXTERNAL) {
+    if (c->ep_group != nullptr) {
+      return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                  "%s: an EXTERNAL layer takes ep_world_size and the ep_* fields, no ep_group",
+                  context);
+    }
+    s->ep_transport = SFMOE_EP_TRANSPORT_EXTERNAL;
+  }
   if (c->ep_group != nullptr) SFMOE_RETURN_IF_ERROR(take_ep_group(context, c, memory, device, s));
   if (c->ep_world_size < 1 || c->num_experts % c->ep_world_size != 0) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT,
@@ -454,9 +469,16 @@ sfmoe_status prepare_backward(const char* context, const sfmoe_moe_layer* layer,
   return SFMOE_SUCCESS;
 }
 
-// An EP layer's calls take every rank's arguments, the others one set.
+// An EP layer's calls take every rank's arguments, the others one set; an EXTERNAL layer's run
+// in stages.
 sfmoe_status expect_ranks_call(const char* context, const sfmoe_moe_layer* layer, bool ranks) {
   if (layer == nullptr) return fail(SFMOE_ERROR_NULL_POINTER, "%s: layer is NULL", context);
+  if (layer->shape.ep_transport == SFMOE_EP_TRANSPORT_EXTERNAL) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                "%s: this layer's transport is EXTERNAL: its calls run in stages "
+                "(sfmoe_moe_layer_forward_stage, sfmoe_moe_layer_backward_stage)",
+                context);
+  }
   if (!ranks && layer->shape.local_ranks() > 1) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT,
                 "%s: this layer is expert-parallel over %lld loopback ranks: call %s_ranks with "
@@ -502,10 +524,142 @@ sfmoe_status prepare_ranks(const char* context, const sfmoe_moe_layer* layer,
   return expect_distinct_buffers(context, *calls);
 }
 
+// An EXTERNAL layer's collectives into the C struct.
+sfmoe_status stages_of(const char* context, const sfmoe_moe_layer* layer,
+                       const std::vector<ops::EpCollective>& collectives,
+                       sfmoe_moe_stages* stages) {
+  SFMOE_RETURN_IF_ERROR(check_struct(context, "stages", stages, "sfmoe_moe_stages_init()"));
+  const size_t n = collectives.size();
+  if (n > SFMOE_MOE_MAX_COLLECTIVES) {
+    return fail(SFMOE_ERROR_INTERNAL, "%s: %zu collectives", context, n);
+  }
+  stages->collectives = static_cast<int32_t>(n);
+  for (size_t i = 0; i < n; ++i) {
+    stages->collective[i].kind =
+        collectives[i].all_to_all ? SFMOE_EP_COLLECTIVE_ALL_TO_ALL : SFMOE_EP_COLLECTIVE_ALL_GATHER;
+    stages->collective[i].bytes = collectives[i].bytes;
+  }
+  (void)layer;
+  return SFMOE_SUCCESS;
+}
+
+sfmoe_status expect_external(const char* context, const sfmoe_moe_layer* layer) {
+  if (layer == nullptr) return fail(SFMOE_ERROR_NULL_POINTER, "%s: layer is NULL", context);
+  if (layer->shape.ep_transport != SFMOE_EP_TRANSPORT_EXTERNAL) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                "%s: stages are an EXTERNAL layer's (config.ep_transport); call "
+                "sfmoe_moe_layer_forward / _backward (or their _ranks forms) instead",
+                context);
+  }
+  return SFMOE_SUCCESS;
+}
+
+// A stage's arguments against its sequence's collectives, as the layer takes them.
+sfmoe_status prepare_stage(const char* context, const sfmoe_moe_layer* layer,
+                           const std::vector<ops::EpCollective>& collectives,
+                           const sfmoe_moe_stage* st, layer::MoeStage* stage) {
+  SFMOE_RETURN_IF_ERROR(check_struct(context, "stage", st, "sfmoe_moe_stage_init()"));
+  const int64_t n = static_cast<int64_t>(collectives.size()), world = layer->shape.ep_world;
+  if (st->index < 0 || st->index > n) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: stage index %d is outside [0, %lld]", context,
+                static_cast<int>(st->index), static_cast<long long>(n));
+  }
+  SFMOE_RETURN_IF_ERROR(
+      expect_layer_tensor(context, "stage.rank", st->rank, {SFMOE_DTYPE_INT32}, {1}, layer));
+  stage->index = st->index;
+  stage->rank = static_cast<const int32_t*>(st->rank->data);
+  stage->received = nullptr;
+  stage->sent = nullptr;
+  const char* what[2] = {"stage.received", "stage.sent"};
+  const sfmoe_tensor* given[2] = {st->received, st->sent};
+  for (int side = 0; side < 2; ++side) {
+    const int64_t i = side == 0 ? st->index - 1 : st->index;
+    if (i < 0 || i >= n) {
+      if (given[side] != nullptr) {
+        return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: stage %d has no %s: pass NULL", context,
+                    static_cast<int>(st->index), what[side] + 6);
+      }
+      continue;
+    }
+    const int64_t bytes =
+        side == 0 ? collectives[i].received_bytes(world) : collectives[i].sent_bytes(world);
+    SFMOE_RETURN_IF_ERROR(expect_planned_buffer(context, what[side], given[side], bytes,
+                                                "sfmoe_moe_layer_get_forward_stages", layer->memory,
+                                                layer->device));
+  }
+  stage->received = st->received != nullptr ? st->received->data : nullptr;
+  stage->sent = st->sent != nullptr ? st->sent->data : nullptr;
+  return SFMOE_SUCCESS;
+}
+
 }  // namespace
 }  // namespace sfmoe
 
 extern "C" {
+
+sfmoe_moe_stages sfmoe_moe_stages_init(void) {
+  return sfmoe::sized_zero_config<sfmoe_moe_stages>();
+}
+
+sfmoe_moe_stage sfmoe_moe_stage_init(void) { return sfmoe::sized_zero_config<sfmoe_moe_stage>(); }
+
+sfmoe_status sfmoe_moe_layer_get_forward_stages(const sfmoe_moe_layer* layer,
+                                                sfmoe_moe_stages* stages) {
+  const char* context = "sfmoe_moe_layer_get_forward_stages";
+  return sfmoe::guarded(context, [&]() -> sfmoe_status {
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_external(context, layer));
+    return sfmoe::stages_of(context, layer, layer->plan.forward_collectives, stages);
+  });
+}
+
+sfmoe_status sfmoe_moe_layer_get_backward_stages(const sfmoe_moe_layer* layer,
+                                                 sfmoe_moe_backward_part part,
+                                                 sfmoe_moe_stages* stages) {
+  const char* context = "sfmoe_moe_layer_get_backward_stages";
+  return sfmoe::guarded(context, [&]() -> sfmoe_status {
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_external(context, layer));
+    const int32_t p = sfmoe::enum_value(part);
+    if (p < SFMOE_MOE_BACKWARD_ALL || p > SFMOE_MOE_BACKWARD_FC1) {
+      return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: unknown backward part %d", context,
+                         static_cast<int>(p));
+    }
+    return sfmoe::stages_of(context, layer, layer->plan.backward_collectives[p], stages);
+  });
+}
+
+sfmoe_status sfmoe_moe_layer_forward_stage(const sfmoe_moe_layer* layer,
+                                           const sfmoe_moe_forward_args* a,
+                                           const sfmoe_moe_stage* st) {
+  const char* context = "sfmoe_moe_layer_forward_stage";
+  return sfmoe::guarded(context, [&]() -> sfmoe_status {
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_external(context, layer));
+    sfmoe::layer::MoeStage stage{};
+    SFMOE_RETURN_IF_ERROR(
+        sfmoe::prepare_stage(context, layer, layer->plan.forward_collectives, st, &stage));
+    sfmoe::layer::MoeForwardCall call{};
+    sfmoe::ForwardCounts counts;
+    SFMOE_RETURN_IF_ERROR(sfmoe::prepare_forward(context, layer, a, &call, &counts));
+    SFMOE_RETURN_IF_ERROR(
+        sfmoe::layer::moe_layer_forward_stage(layer->shape, layer->plan, call, stage));
+    const bool last = stage.index == static_cast<int64_t>(layer->plan.forward_collectives.size());
+    return last ? sfmoe::copy_counts(layer, counts, a->stream) : SFMOE_SUCCESS;
+  });
+}
+
+sfmoe_status sfmoe_moe_layer_backward_stage(const sfmoe_moe_layer* layer,
+                                            const sfmoe_moe_backward_args* a,
+                                            const sfmoe_moe_stage* st) {
+  const char* context = "sfmoe_moe_layer_backward_stage";
+  return sfmoe::guarded(context, [&]() -> sfmoe_status {
+    SFMOE_RETURN_IF_ERROR(sfmoe::expect_external(context, layer));
+    sfmoe::layer::MoeBackwardCall call{};
+    SFMOE_RETURN_IF_ERROR(sfmoe::prepare_backward(context, layer, a, &call));
+    sfmoe::layer::MoeStage stage{};
+    SFMOE_RETURN_IF_ERROR(sfmoe::prepare_stage(
+        context, layer, layer->plan.backward_collectives[call.part], st, &stage));
+    return sfmoe::layer::moe_layer_backward_stage(layer->shape, layer->plan, call, stage);
+  });
+}
 
 sfmoe_moe_layer_config sfmoe_moe_layer_config_init(void) {
   sfmoe_moe_layer_config c = sfmoe::sized_zero_config<sfmoe_moe_layer_config>();

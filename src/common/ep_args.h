@@ -7,6 +7,7 @@
 
 #include "sfmoe/numerics/bits.h"
 #include "sfmoe/sfmoe.h"
+#include "src/common/fault.h"
 
 namespace sfmoe {
 
@@ -36,6 +37,7 @@ struct EpRankRouting {
   int64_t* expert_position;  // [T, k]: each slot's place in its expert's list
   int64_t* received_from;    // [R]: the rows this rank keeps from each source
   int64_t* received_row;     // [R, P]: this rank's row of each source's staging row i
+  int64_t* rank;             // [1]: this process's rank, as the routing read it (where it runs)
 };
 
 struct EpShape {
@@ -98,6 +100,10 @@ class EpExchange {
   // recv[q pair_bytes, ...) = rank q's send[this rank's pair_bytes, ...), for every rank q.
   virtual sfmoe_status all_to_all(const void* send, void* recv, int64_t pair_bytes,
                                   void* stream) = 0;
+  // Whether the work between the previous exchange and the next one is this call's: always, but
+  // for a staged exchange (the EXTERNAL transport, src/ops/ep_stages.h), whose calls each run the
+  // work of one stage and leave the collectives between two stages to the caller.
+  virtual bool runs() const { return true; }
 };
 
 // The group's exchange and staging, for a process that holds one rank: the moves go through
@@ -106,9 +112,11 @@ class EpExchange {
 struct EpRankExchange {
   EpExchange* exchange;
   int64_t rank;
-  int64_t pair_rows;          // P: rows of each pair's block
-  int64_t staging_row_bytes;  // the widest row a block holds
-  void* send_rows;            // [R, P, staging_row_bytes] each
+  const int32_t* rank_device;  // EXTERNAL: [1], the rank read where the routing runs (the
+                               // program is the same on every rank); NULL: `rank`
+  int64_t pair_rows;           // P: rows of each pair's block
+  int64_t staging_row_bytes;   // the widest row a block holds
+  void* send_rows;             // [R, P, staging_row_bytes] each
   void* recv_rows;
   void* send_scales;  // [R, P, scale bytes] each (FP8 payloads), else NULL
   void* recv_scales;
@@ -116,6 +124,39 @@ struct EpRankExchange {
   float* recv_values;
   int64_t* send_index;  // [R, P]: dispatch's rows at the destinations
 };
+
+// A per-rank transport's rank: `rank_device` (EXTERNAL: read where the routing runs) or `rank`;
+// one outside [0, world) raises SFMOE_FAULT_BAD_INDEX (its value) and is taken as the nearest.
+SFMOE_HD int64_t ep_checked_rank(int64_t rank, const int32_t* rank_device, int64_t world,
+                                 sfmoe_fault_report* word) {
+  const int64_t r = rank_device != nullptr ? *rank_device : rank;
+  if (r >= 0 && r < world) return r;
+  if (word != nullptr) raise_fault(word, SFMOE_FAULT_BAD_INDEX, r, world);
+  return r < 0 ? 0 : world - 1;
+}
+
+// A per-rank transport's routing, from every rank's kept counts (expert_rows' kept0 and kept1
+// filled): destination d's padded blocks (each of its experts' first row per round, into
+// expert_rows' begin0 and begin1) and, for this rank's own, its offsets and kept counts.
+SFMOE_HD void ep_destination_blocks(const EpShape& s, const EpRankRouting& h, int64_t d,
+                                    int64_t rank) {
+  const int64_t El = s.experts_per_rank, E = s.world * El, a = s.row_alignment;
+  for (int64_t round = 0; round < s.rounds; ++round) {
+    const int64_t* kept = h.expert_rows + (round == 0 ? 2 : 3) * E;
+    int64_t* begin = h.expert_rows + (round == 0 ? 0 : 1) * E;
+    int64_t row = 0;
+    for (int64_t l = 0; l < El; ++l) {
+      const int64_t e = d * El + l;
+      begin[e] = ep_round_base(s, round) + row;
+      if (d == rank) {
+        h.offsets[round * (El + 1) + l] = row;
+        h.kept[round * El + l] = kept[e];
+      }
+      row += (kept[e] + a - 1) / a * a;
+    }
+    if (d == rank) h.offsets[round * (El + 1) + El] = row;
+  }
+}
 
 // The device routing takes the slots (source rank, token, slot) in chunks of kEpRouteChunk: for
 // each chunk, how many slots name each global expert and each destination rank (INT32, [E + R]

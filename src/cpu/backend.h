@@ -45,6 +45,12 @@ void ep_route(const EpRouteArgs& args);
 void ep_scatter(const EpScatterArgs& args);
 void ep_gather(const EpGatherArgs& args);
 void ep_slot_values(const EpSlotValuesArgs& args);
+// The same with one rank a call, the ranks meeting in args.exchange (src/cpu/ep_exchange.cpp):
+// the exchange's failures returned.
+sfmoe_status ep_route_rank(const EpRouteArgs& args);
+sfmoe_status ep_scatter_rank(const EpScatterArgs& args);
+sfmoe_status ep_gather_rank(const EpGatherArgs& args);
+sfmoe_status ep_slot_values_rank(const EpSlotValuesArgs& args);
 
 // Grouped GEMM (docs/grouped_gemm.md): the reference the device GEMMs are checked against, over
 // FP32 operands; grouped_gemm decodes quantized operands from the copy each form reads first.

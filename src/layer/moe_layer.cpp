@@ -316,6 +316,29 @@ sfmoe_ep_config ep_config_of(const MoeLayerShape& s) {
   return c;
 }
 
+namespace {
+
+// The EXTERNAL transport's collectives, in the order the sequences below meet them: the routing's
+// two all-gathers (per-expert counts, per-expert kept counts per round) and its row index, x rows
+// to the experts, expert rows back (forward); d y rows, the rows' probabilities and their d probs
+// back (the backward's FC2 part); x rows again and d x rows back (its FC1 part).
+void plan_stages(const MoeLayerShape& s, MoeLayerPlan* plan) {
+  const int64_t E = s.experts, P = plan->ep.pair_rows, row = s.hidden * element_bytes(s.dtype);
+  const auto gather = [](int64_t bytes) { return ops::EpCollective{false, bytes}; };
+  const auto to_all = [](int64_t bytes) { return ops::EpCollective{true, bytes}; };
+  plan->forward_collectives = {gather(E * 8), gather(E * 16), to_all(P * 8), to_all(P * row),
+                               to_all(P * row)};
+  std::vector<ops::EpCollective>* backward = plan->backward_collectives;
+  backward[SFMOE_MOE_BACKWARD_FC2] = {to_all(P * row), to_all(P * 4), to_all(P * 4)};
+  backward[SFMOE_MOE_BACKWARD_FC1] = {to_all(P * row), to_all(P * row)};
+  backward[SFMOE_MOE_BACKWARD_ALL] = backward[SFMOE_MOE_BACKWARD_FC2];
+  backward[SFMOE_MOE_BACKWARD_ALL].insert(backward[SFMOE_MOE_BACKWARD_ALL].end(),
+                                          backward[SFMOE_MOE_BACKWARD_FC1].begin(),
+                                          backward[SFMOE_MOE_BACKWARD_FC1].end());
+}
+
+}  // namespace
+
 Outcome plan_moe_layer(const MoeLayerShape& s, sfmoe_memory memory, MoeLayerPlan* plan) {
   *plan = MoeLayerPlan{};
   const bool device = memory == SFMOE_MEMORY_CUDA;
@@ -400,6 +423,7 @@ Outcome plan_moe_layer(const MoeLayerShape& s, sfmoe_memory memory, MoeLayerPlan
   SFMOE_RETURN_IF_REFUSED(matrix_bytes(R, 1, sizeof(float), &bytes));
   SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->row_probs));
   SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->d_row_probs));
+  if (s.ep_transport == SFMOE_EP_TRANSPORT_EXTERNAL) plan_stages(s, plan);
   return Outcome{};
 }
 
@@ -524,6 +548,12 @@ sfmoe_status moe_layer_forward(const MoeLayerShape& s, const MoeLayerPlan& plan,
 
 namespace {
 
+// Whether the work between two of the EP moves' collectives is this call's: always, but for the
+// EXTERNAL transport's stages (one a call).
+bool runs_here(const MoeLayerPlan& plan) {
+  return plan.ep_exchange == nullptr || plan.ep_exchange->exchange->runs();
+}
+
 // The ranks' calls as the EP moves take them (the loopback: every rank in this process).
 struct EpRanksOf {
   std::vector<int64_t> tokens;
@@ -588,7 +618,7 @@ sfmoe_status moe_layer_forward_ranks(const MoeLayerShape& s, const MoeLayerPlan&
   if (!s.expert_parallel()) return moe_layer_forward(s, plan, calls[0]);
   const MoeForwardCall& first = calls[0];
   const ops::Backend& backend = ops::backend_for(first.memory);
-  for (int64_t r = 0; r < s.local_ranks(); ++r) {
+  for (int64_t r = 0; r < s.local_ranks() && runs_here(plan); ++r) {
     SFMOE_RETURN_IF_ERROR(router_step(s, plan, calls[r], backend));
   }
   const EpRanksOf e = ep_ranks_of(s, plan, calls);
@@ -602,7 +632,7 @@ sfmoe_status moe_layer_forward_ranks(const MoeLayerShape& s, const MoeLayerPlan&
   SFMOE_RETURN_IF_ERROR(step("dispatch", backend.ep_route(route, first.stream)));
   SFMOE_RETURN_IF_ERROR(ep_move_to_rows(
       "dispatch", s, plan, calls, e, [](const MoeForwardCall& c) { return c.x; }, backend));
-  for (int64_t r = 0; r < s.local_ranks(); ++r) {
+  for (int64_t r = 0; r < s.local_ranks() && runs_here(plan); ++r) {
     SFMOE_RETURN_IF_ERROR(each_round(s, plan, calls[r], [&](const Round& round) {
       return ffn_forward(s, plan, calls[r], backend, round, first.word, first.stream);
     }));
@@ -817,7 +847,7 @@ sfmoe_status moe_layer_backward_ranks(const MoeLayerShape& s, const MoeLayerPlan
         "d y dispatch", s, plan, calls, e, [](const MoeBackwardCall& c) { return c.d_y; },
         backend));
     SFMOE_RETURN_IF_ERROR(ep_slot_values("row probabilities", s, plan, calls, e, true, backend));
-    for (int64_t r = 0; r < s.local_ranks(); ++r) {
+    for (int64_t r = 0; r < s.local_ranks() && runs_here(plan); ++r) {
       SFMOE_RETURN_IF_ERROR(each_round(s, plan, calls[r], [&](const Round& round) {
         return ffn_backward_fc2(s, plan, calls[r], backend, round, first.word, first.stream);
       }));
@@ -827,7 +857,7 @@ sfmoe_status moe_layer_backward_ranks(const MoeLayerShape& s, const MoeLayerPlan
   if (first.part != SFMOE_MOE_BACKWARD_FC2) {
     SFMOE_RETURN_IF_ERROR(ep_move_to_rows(
         "x dispatch", s, plan, calls, e, [](const MoeBackwardCall& c) { return c.x; }, backend));
-    for (int64_t r = 0; r < s.local_ranks(); ++r) {
+    for (int64_t r = 0; r < s.local_ranks() && runs_here(plan); ++r) {
       SFMOE_RETURN_IF_ERROR(each_round(s, plan, calls[r], [&](const Round& round) {
         return ffn_backward_fc1(s, plan, calls[r], backend, round, first.word, first.stream);
       }));
@@ -836,11 +866,52 @@ sfmoe_status moe_layer_backward_ranks(const MoeLayerShape& s, const MoeLayerPlan
     SFMOE_RETURN_IF_ERROR(ep_move_to_tokens(
         "dispatch backward", s, plan, calls, e, false,
         [](const MoeBackwardCall& c) { return c.d_x; }, backend));
-    for (int64_t r = 0; r < s.local_ranks(); ++r) {
+    for (int64_t r = 0; r < s.local_ranks() && runs_here(plan); ++r) {
       SFMOE_RETURN_IF_ERROR(router_backward_step(s, plan, calls[r], backend));
     }
   }
   return SFMOE_SUCCESS;
+}
+
+namespace {
+
+// A stage of `collectives`: the plan's exchange replaced by the stage's (its blocks the caller's
+// buffers), the sequence run, every collective met.
+template <class Run>
+sfmoe_status run_stage(const MoeLayerShape& s, const MoeLayerPlan& plan, sfmoe_memory memory,
+                       const std::vector<ops::EpCollective>& collectives, const MoeStage& stage,
+                       Run run) {
+  ops::EpStagedExchange staged(ops::backend_for(memory), collectives, s.ep_world, stage.index,
+                               stage.sent, stage.received);
+  EpRankExchange view{};
+  view.exchange = &staged;
+  view.rank = 0;
+  view.rank_device = stage.rank;
+  view.pair_rows = plan.ep.pair_rows;
+  view.staging_row_bytes = plan.ep.staging_row_bytes;
+  view.send_rows = stage.sent;
+  view.recv_rows = const_cast<void*>(stage.received);
+  view.send_values = static_cast<float*>(stage.sent);
+  view.recv_values = static_cast<float*>(const_cast<void*>(stage.received));
+  view.send_index = static_cast<int64_t*>(stage.sent);
+  MoeLayerPlan staged_plan = plan;
+  staged_plan.ep_exchange = &view;
+  SFMOE_RETURN_IF_ERROR(run(staged_plan));
+  return staged.finish();
+}
+
+}  // namespace
+
+sfmoe_status moe_layer_forward_stage(const MoeLayerShape& s, const MoeLayerPlan& plan,
+                                     const MoeForwardCall& call, const MoeStage& stage) {
+  return run_stage(s, plan, call.memory, plan.forward_collectives, stage,
+                   [&](const MoeLayerPlan& p) { return moe_layer_forward_ranks(s, p, &call); });
+}
+
+sfmoe_status moe_layer_backward_stage(const MoeLayerShape& s, const MoeLayerPlan& plan,
+                                      const MoeBackwardCall& call, const MoeStage& stage) {
+  return run_stage(s, plan, call.memory, plan.backward_collectives[call.part], stage,
+                   [&](const MoeLayerPlan& p) { return moe_layer_backward_ranks(s, p, &call); });
 }
 
 }  // namespace layer

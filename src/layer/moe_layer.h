@@ -26,11 +26,14 @@
 
 #include <stdint.h>
 
+#include <vector>
+
 #include "sfmoe/sfmoe.h"
 #include "src/common/activation_args.h"
 #include "src/common/outcome.h"
 #include "src/common/router_args.h"
 #include "src/layer/layer_recipe.h"
+#include "src/ops/ep_stages.h"
 #include "src/ops/layout_plan.h"
 
 namespace sfmoe {
@@ -60,15 +63,19 @@ struct MoeLayerShape {
   int64_t ep_receive_capacity = SFMOE_EP_CAPACITY_WORST_CASE;
   sfmoe_ep_overflow ep_overflow = SFMOE_EP_OVERFLOW_DROP;
   int64_t ep_spill_capacity = 0;
-  // The loopback holds every rank in this process; NCCL (an EP group's) this process's `ep_rank`.
+  // The loopback holds every rank in this process; NCCL (an EP group's) this process's `ep_rank`;
+  // EXTERNAL one rank a call, in stages (the rank read on the device, the collectives the
+  // caller's: src/ops/ep_stages.h).
   sfmoe_ep_transport ep_transport = SFMOE_EP_TRANSPORT_LOOPBACK;
   int32_t ep_rank = 0;
 
   int64_t local_experts() const { return experts / ep_world; }  // each rank's FFN groups
-  // Over ranks (more than one, or an NCCL group of any size).
-  bool expert_parallel() const { return ep_world > 1 || ep_transport == SFMOE_EP_TRANSPORT_NCCL; }
+  // Over ranks (more than one, or a per-rank transport of any size).
+  bool expert_parallel() const {
+    return ep_world > 1 || ep_transport != SFMOE_EP_TRANSPORT_LOOPBACK;
+  }
   // The ranks whose calls this process makes.
-  int64_t local_ranks() const { return ep_transport == SFMOE_EP_TRANSPORT_NCCL ? 1 : ep_world; }
+  int64_t local_ranks() const { return ep_transport == SFMOE_EP_TRANSPORT_LOOPBACK ? ep_world : 1; }
 };
 
 // A part of one of the layer's two buffers: [offset, offset + bytes).
@@ -91,6 +98,9 @@ struct MoeLayerPlan {
   int64_t saved_bytes = 0;
   ops::EpLayout ep;                             // the expert-parallel group's layout (ep_world > 1)
   const EpRankExchange* ep_exchange = nullptr;  // NCCL: the group's exchange and staging
+  // EXTERNAL: each sequence's collectives (the forward; the backward whole, its FC2 part, its FC1
+  // part: by sfmoe_moe_backward_part), between its stages.
+  std::vector<ops::EpCollective> forward_collectives, backward_collectives[3];
   // workspace, in three nested prefixes: the backward's FC1 part's (fc1_backward_workspace_bytes),
   // then the forward's (forward_workspace_bytes), then the whole backward's. hidden_rows [R, H]
   // holds, in turn, x rows and FC2 rows (forward), d y rows (backward, FC2 part), x rows again and
@@ -169,6 +179,21 @@ sfmoe_status moe_layer_forward_ranks(const MoeLayerShape& shape, const MoeLayerP
                                      const MoeForwardCall* calls);
 sfmoe_status moe_layer_backward_ranks(const MoeLayerShape& shape, const MoeLayerPlan& plan,
                                       const MoeBackwardCall* calls);
+
+// The EXTERNAL transport: stage `index` of a sequence (0 .. its collectives), this rank `rank`
+// ([1] INT32 where the layer runs), `received` what the previous stage's collective delivered
+// (index > 0), `sent` written with what this stage's collective sends (index < collectives). A
+// sequence's stages run in order on the same call (saved state and workspace kept between them).
+struct MoeStage {
+  int64_t index;
+  const int32_t* rank;
+  const void* received;
+  void* sent;
+};
+sfmoe_status moe_layer_forward_stage(const MoeLayerShape& shape, const MoeLayerPlan& plan,
+                                     const MoeForwardCall& call, const MoeStage& stage);
+sfmoe_status moe_layer_backward_stage(const MoeLayerShape& shape, const MoeLayerPlan& plan,
+                                      const MoeBackwardCall& call, const MoeStage& stage);
 
 }  // namespace layer
 }  // namespace sfmoe

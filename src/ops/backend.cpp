@@ -24,6 +24,16 @@ sfmoe_status on_host(const Args& args, void*) {
   return SFMOE_SUCCESS;
 }
 
+// The EP operations: every rank of the loopback at once, or (an exchange) this call's one rank,
+// which can fail in its exchange.
+template <class Args, void (*Loopback)(const Args&), sfmoe_status (*Rank)(const Args&)>
+sfmoe_status ep_on_host(const Args& args, void*) {
+  const cpu::IeeeFloatEnvironment ieee;
+  if (args.exchange != nullptr) return Rank(args);
+  Loopback(args);
+  return SFMOE_SUCCESS;
+}
+
 sfmoe_status host_copy(void* to, const void* from, size_t bytes, void*) {
   if (bytes > 0) memcpy(to, from, bytes);
   return SFMOE_SUCCESS;
@@ -69,10 +79,10 @@ const Backend kCpu = {
     on_host<ActivationArgs, cpu::activation_forward>,
     on_host<ActivationBackwardArgs, cpu::activation_backward>,
     on_host<GroupedGemmArgs, cpu::grouped_gemm>,
-    on_host<EpRouteArgs, cpu::ep_route>,
-    on_host<EpScatterArgs, cpu::ep_scatter>,
-    on_host<EpGatherArgs, cpu::ep_gather>,
-    on_host<EpSlotValuesArgs, cpu::ep_slot_values>,
+    ep_on_host<EpRouteArgs, cpu::ep_route, cpu::ep_route_rank>,
+    ep_on_host<EpScatterArgs, cpu::ep_scatter, cpu::ep_scatter_rank>,
+    ep_on_host<EpGatherArgs, cpu::ep_gather, cpu::ep_gather_rank>,
+    ep_on_host<EpSlotValuesArgs, cpu::ep_slot_values, cpu::ep_slot_values_rank>,
 };
 
 #if defined(SFMOE_WITH_CUDA)

@@ -621,7 +621,7 @@ Outcome plan_ep(const sfmoe_ep_config& c, sfmoe_memory memory, EpLayout* layout)
     layout->scale_dtype = SFMOE_DTYPE_E8M0;
   }
   layout->scale_bytes = layout->scale_columns * sfmoe_dtype_bits(layout->scale_dtype) / 8;
-  layout->per_rank = c.transport == SFMOE_EP_TRANSPORT_NCCL;
+  layout->per_rank = c.transport != SFMOE_EP_TRANSPORT_LOOPBACK;
   if (layout->per_rank) {
     // What one source can send one rank: each token names each of its E_l experts once at most.
     const int64_t per_token = c.top_k < c.experts_per_rank ? c.top_k : c.experts_per_rank;
@@ -659,6 +659,7 @@ Outcome plan_ep(const sfmoe_ep_config& c, sfmoe_memory memory, EpLayout* layout)
     place(slots * 8, &h.expert_position);
     place(R * 8, &h.received_from);
     place(R * layout->pair_rows * 8, &h.received_row);
+    place(8, &h.rank);
   }
   h.bytes = at;
   return Outcome{};
@@ -685,7 +686,8 @@ EpRankRouting ep_routing_at(const EpLayout& layout, void* handle) {
                        part(h.expert_rows),
                        part(h.expert_position),
                        part(h.received_from),
-                       part(h.received_row)};
+                       part(h.received_row),
+                       part(h.rank)};
 }
 
 }  // namespace ops

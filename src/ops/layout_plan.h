@@ -41,9 +41,9 @@ Outcome plan_grouped_activation(const sfmoe_activation_plan_request& request,
 struct EpHandleLayout {
   int64_t send_rank = 0, send_row = 0, offsets = 0, kept = 0, routed = 0, dropped = 0;
   int64_t route_scratch = 0;  // the device routing's per-chunk counts (ep_args.h)
-  // A per-rank transport's (NCCL) parts of EpRankRouting; -1 with the loopback.
+  // A per-rank transport's (NCCL, EXTERNAL) parts of EpRankRouting; -1 with the loopback.
   int64_t expert_counts = -1, all_counts = -1, expert_kept = -1, all_kept = -1, bases = -1,
-          expert_rows = -1, expert_position = -1, received_from = -1, received_row = -1;
+          expert_rows = -1, expert_position = -1, received_from = -1, received_row = -1, rank = -1;
   int64_t bytes = 0;
 };
 struct EpLayout {
@@ -51,7 +51,7 @@ struct EpLayout {
   EpHandleLayout handle;
   int64_t scale_columns = 0;  // beside each dispatched row (FP8 payloads), else 0
   sfmoe_dtype scale_dtype = SFMOE_DTYPE_FP32;
-  // A per-rank transport (NCCL): this process's one rank, and the staging's blocks.
+  // A per-rank transport (NCCL, EXTERNAL): this process's one rank, and the staging's blocks.
   bool per_rank = false;
   int64_t pair_rows = 0;          // rows of a pair of ranks' block
   int64_t staging_row_bytes = 0;  // the widest row a block holds

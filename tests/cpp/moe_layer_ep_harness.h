@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -33,6 +34,9 @@ struct EpLayerCase {
   // the weight gradients then add the rounds' sums in turn: equal within FP32 rounding only.
   int64_t spill_capacity = 0;  // 0: no SPILL
   sfmoe_moe_recipe recipe = SFMOE_MOE_RECIPE_BF16;
+  // DROP beyond a receive capacity of this many rows (0: the worst case, nothing dropped): the
+  // EP layer then differs from the single layer, and is compared with itself over transports.
+  int64_t drop_capacity = 0;
 };
 
 // Where the buffers live: allocation (filled with one byte), copies both ways, release, and a
@@ -51,8 +55,8 @@ struct EpLayerRun {
   const EpLayerCase& c;
   LayerMemory& m;
   int64_t world, total, fc1_cols, elem;
-  layer::MoeLayerShape single_shape, ep_shape;
-  layer::MoeLayerPlan single_plan, ep_plan;
+  layer::MoeLayerShape single_shape, ep_shape, external_shape;
+  layer::MoeLayerPlan single_plan, ep_plan, external_plan;
   std::vector<void*> owned;
   // global buffers (the EP ranks read and write slices of them)
   uint8_t *x, *logits, *w1, *w2, *d_y, *y[2], *d_x[2], *d_logits[2], *d_w1[2], *d_w2[2];
@@ -95,9 +99,14 @@ struct EpLayerRun {
       ep_shape.ep_overflow = SFMOE_EP_OVERFLOW_SPILL;
       ep_shape.ep_spill_capacity = SFMOE_EP_CAPACITY_WORST_CASE;
     }
+    if (c.drop_capacity > 0) ep_shape.ep_receive_capacity = c.drop_capacity;
+    external_shape = ep_shape;
+    external_shape.ep_transport = SFMOE_EP_TRANSPORT_EXTERNAL;
     EXPECT_TRUE(layer::plan_moe_layer(single_shape, m.memory, &single_plan).ok());
     const Outcome planned = layer::plan_moe_layer(ep_shape, m.memory, &ep_plan);
     EXPECT_TRUE(planned.ok()) << planned.reason;
+    const Outcome external = layer::plan_moe_layer(external_shape, m.memory, &external_plan);
+    EXPECT_TRUE(external.ok()) << external.reason;
 
     const int64_t E = c.experts, H = c.hidden, F = c.ffn;
     x = upload_values(total * H, 1.0, rng);
@@ -124,9 +133,13 @@ struct EpLayerRun {
     }
     saved.push_back(alloc(single_plan.saved_bytes, 0xA5));
     workspace.push_back(alloc(single_plan.workspace_bytes, 0x5A));
+    // (each rank's buffers serve both transports: EXTERNAL's handle holds more of the routing)
+    const int64_t saved_bytes = std::max(ep_plan.saved_bytes, external_plan.saved_bytes);
+    const int64_t workspace_bytes =
+        std::max(ep_plan.workspace_bytes, external_plan.workspace_bytes);
     for (int64_t r = 0; r < world; ++r) {
-      saved.push_back(alloc(ep_plan.saved_bytes, 0xA5));
-      workspace.push_back(alloc(ep_plan.workspace_bytes, 0x5A));
+      saved.push_back(alloc(saved_bytes, 0xA5));
+      workspace.push_back(alloc(workspace_bytes, 0x5A));
     }
   }
   ~EpLayerRun() {
@@ -252,6 +265,61 @@ struct EpLayerRun {
     return layer::moe_layer_backward_ranks(s, p, bwd.data());
   }
 
+  // One forward and backward of the EP ranks over the EXTERNAL transport (into out = 1): every
+  // stage of each sequence on each rank in turn, the collectives between two stages made here
+  // (through the host), as a framework's would be.
+  sfmoe_status step_external() {
+    std::vector<layer::MoeForwardCall> fwd;
+    std::vector<layer::MoeBackwardCall> bwd;
+    calls(1, &fwd, &bwd);
+    std::vector<const int32_t*> rank;
+    for (int64_t r = 0; r < world; ++r) {
+      const int32_t value = static_cast<int32_t>(r);
+      uint8_t* p = alloc(4, 0);
+      m.upload(p, &value, 4);
+      rank.push_back(reinterpret_cast<const int32_t*>(p));
+    }
+    sfmoe_status status = run_stages(
+        external_plan.forward_collectives, rank, [&](int64_t r, const layer::MoeStage& st) {
+          return layer::moe_layer_forward_stage(external_shape, external_plan, fwd[r], st);
+        });
+    if (status != SFMOE_SUCCESS) return status;
+    return run_stages(external_plan.backward_collectives[SFMOE_MOE_BACKWARD_ALL], rank,
+                      [&](int64_t r, const layer::MoeStage& st) {
+                        return layer::moe_layer_backward_stage(external_shape, external_plan,
+                                                               bwd[r], st);
+                      });
+  }
+  template <class Stage>
+  sfmoe_status run_stages(const std::vector<ops::EpCollective>& collectives,
+                          const std::vector<const int32_t*>& rank, Stage stage) {
+    const int64_t n = static_cast<int64_t>(collectives.size());
+    std::vector<uint8_t*> sent(static_cast<size_t>(world)), received(static_cast<size_t>(world));
+    for (int64_t i = 0; i <= n; ++i) {
+      for (int64_t r = 0; r < world; ++r) {
+        sent[r] = i < n ? alloc(collectives[i].sent_bytes(world), 0xCD) : nullptr;
+        const layer::MoeStage st{i, rank[r], i > 0 ? received[r] : nullptr, sent[r]};
+        const sfmoe_status status = stage(r, st);
+        if (status != SFMOE_SUCCESS) return status;
+      }
+      if (i == n) break;
+      m.wait();
+      const ops::EpCollective& c = collectives[i];
+      std::vector<std::vector<uint8_t>> from;
+      for (int64_t q = 0; q < world; ++q) from.push_back(bytes(sent[q], c.sent_bytes(world)));
+      for (int64_t r = 0; r < world; ++r) {
+        std::vector<uint8_t> to(static_cast<size_t>(c.received_bytes(world)));
+        for (int64_t q = 0; q < world; ++q) {
+          const uint8_t* block = from[q].data() + (c.all_to_all ? r * c.bytes : 0);
+          memcpy(to.data() + q * c.bytes, block, static_cast<size_t>(c.bytes));
+        }
+        received[r] = alloc(c.received_bytes(world), 0);
+        m.upload(received[r], to.data(), to.size());
+      }
+    }
+    return SFMOE_SUCCESS;
+  }
+
   std::vector<uint8_t> bytes(const uint8_t* p, int64_t n) {
     std::vector<uint8_t> b(static_cast<size_t>(n));
     m.download(b.data(), p, b.size());
@@ -304,6 +372,28 @@ struct EpLayerRun {
     }
   }
 };
+
+// The EXTERNAL transport's stages (collectives made by the test between them) against the
+// loopback on the same ranks, and against the single layer when nothing is dropped: every output
+// and gradient bit for bit. Returns the cases run.
+inline int expect_external_stages_equal_the_loopback(const std::vector<EpLayerCase>& cases,
+                                                     LayerMemory& m, std::mt19937_64& rng) {
+  for (const EpLayerCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    EpLayerRun run(c, m, rng);
+    EXPECT_EQ(run.step(0), SFMOE_SUCCESS) << sfmoe_last_error();
+    if (!c.accumulate) {  // (the main gradients would add the two runs)
+      EXPECT_EQ(run.step(1), SFMOE_SUCCESS) << sfmoe_last_error();
+      const auto loopback = run.outputs(1);
+      EXPECT_EQ(run.step_external(), SFMOE_SUCCESS) << sfmoe_last_error();
+      EXPECT_TRUE(loopback == run.outputs(1)) << "EXTERNAL stages differ from the loopback";
+    } else {
+      EXPECT_EQ(run.step_external(), SFMOE_SUCCESS) << sfmoe_last_error();
+    }
+    if (c.drop_capacity == 0) run.expect_equal("EXTERNAL");
+  }
+  return static_cast<int>(cases.size());
+}
 
 // Determinism: the layer under each recipe, and the expert-parallel layer, run twice on the same
 // inputs (of `shape`, a case whose sizes suit every recipe), give the same bits. Returns the

@@ -4,6 +4,7 @@
 // counts among them.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -35,8 +36,9 @@ LayerMemory host_memory() {
   return m;
 }
 
-TEST(MoeLayerEp, LoopbackRanksEqualTheSingleLayerBitForBit) {
-  std::mt19937_64 rng(session_test_seed() + 701);
+// The host cases: an empty rank, FP32 with sigmoid, GeLU and main gradients, one expert a rank,
+// SPILL.
+std::vector<EpLayerCase> host_ep_cases() {
   std::vector<EpLayerCase> cases;
   cases.push_back({"R 4, bf16, SwiGLU, an empty rank", {13, 0, 7, 21}, 24, 16, 8, 2, 8});
   EpLayerCase fp32{"R 2, fp32, sigmoid, GeLU, accumulate",
@@ -56,6 +58,12 @@ TEST(MoeLayerEp, LoopbackRanksEqualTheSingleLayerBitForBit) {
   spill.accumulate = true;
   spill.spill_capacity = 6;
   cases.push_back(spill);
+  return cases;
+}
+
+TEST(MoeLayerEp, LoopbackRanksEqualTheSingleLayerBitForBit) {
+  std::mt19937_64 rng(session_test_seed() + 701);
+  const std::vector<EpLayerCase> cases = host_ep_cases();
   LayerMemory m = host_memory();
   for (const EpLayerCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -69,6 +77,22 @@ TEST(MoeLayerEp, LoopbackRanksEqualTheSingleLayerBitForBit) {
   }
   std::printf("[ layer ep ] %zu loopback cases: outputs and gradients equal the single layer\n",
               cases.size());
+}
+
+// The EXTERNAL transport (one rank a call, in stages, the collectives the caller's: what JAX's
+// shard_map runs) equals the loopback, which equals the single layer: reduced capacities (DROP),
+// SPILL, an empty rank, one rank, FP32 and bf16.
+TEST(MoeLayerEp, ExternalStagesEqualTheLoopbackBitForBit) {
+  std::mt19937_64 rng(session_test_seed() + 704);
+  std::vector<EpLayerCase> cases = host_ep_cases();
+  EpLayerCase drop{"R 4, DROP beyond 5 rows, odd H", {13, 9, 17, 4}, 19, 12, 8, 3, 8};
+  drop.dtype = SFMOE_DTYPE_FP32;
+  drop.drop_capacity = 5;
+  cases.push_back(drop);
+  cases.push_back({"R 1", {11}, 16, 8, 4, 2, 8});
+  LayerMemory m = host_memory();
+  const int n = expect_external_stages_equal_the_loopback(cases, m, rng);
+  std::printf("[ layer ep ] %d EXTERNAL-stage cases on the host: equal to the loopback\n", n);
 }
 
 // Determinism: the layer (every recipe) and the expert-parallel layer, run twice on the same
@@ -241,6 +265,99 @@ TEST(MoeLayerEp, CApiRanksEqualTheSingleLayerAndRefuseMisuse) {
     for (int64_t n : v) kept_total += n;
   }
   EXPECT_EQ(kept_total, total * k) << "every slot kept at the worst-case capacity";
+
+  // The EXTERNAL transport through the C API: the same ranks' forward in stages, the collectives
+  // made here, gives the loopback's y and counts; its misuses are refused.
+  {
+    sfmoe_moe_layer_config xc = config_for(R, 9);
+    xc.ep_transport = SFMOE_EP_TRANSPORT_EXTERNAL;
+    sfmoe_moe_layer* ext = nullptr;
+    ASSERT_EQ(sfmoe_moe_layer_create(&xc, SFMOE_MEMORY_HOST, 0, &ext), SFMOE_SUCCESS)
+        << sfmoe_last_error();
+    sfmoe_moe_layer_plan xp = sfmoe_moe_layer_plan_init();
+    ASSERT_EQ(sfmoe_moe_layer_get_plan(ext, &xp), SFMOE_SUCCESS);
+    EXPECT_EQ(xp.local_ranks, 1);
+    sfmoe_moe_stages fs = sfmoe_moe_stages_init(), bs = sfmoe_moe_stages_init();
+    ASSERT_EQ(sfmoe_moe_layer_get_forward_stages(ext, &fs), SFMOE_SUCCESS) << sfmoe_last_error();
+    ASSERT_EQ(sfmoe_moe_layer_get_backward_stages(ext, SFMOE_MOE_BACKWARD_FC1, &bs), SFMOE_SUCCESS);
+    EXPECT_EQ(fs.collectives, 5);
+    EXPECT_EQ(bs.collectives, 2);
+    EXPECT_EQ(fs.collective[0].kind, SFMOE_EP_COLLECTIVE_ALL_GATHER);
+    EXPECT_EQ(fs.collective[0].bytes, E * 8);
+    EXPECT_EQ(fs.collective[4].kind, SFMOE_EP_COLLECTIVE_ALL_TO_ALL);
+    EXPECT_EQ(sfmoe_moe_layer_get_forward_stages(ep, &fs), SFMOE_ERROR_INVALID_ARGUMENT)
+        << "a loopback layer has no stages";
+    EXPECT_EQ(sfmoe_moe_layer_forward(ext, &f[0]), SFMOE_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(sfmoe_last_error()).find("stages"), std::string::npos);
+    sfmoe_ep_config group = sfmoe_ep_config_init();
+    group.transport = SFMOE_EP_TRANSPORT_EXTERNAL;
+    sfmoe_ep_group* g = nullptr;
+    EXPECT_EQ(sfmoe_ep_group_create(&group, SFMOE_MEMORY_HOST, 0, &g),
+              SFMOE_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(g, nullptr);
+
+    std::vector<float> y_ext(total * H, NAN);
+    std::vector<std::vector<int64_t>> kept_ext(R, std::vector<int64_t>(El, -1));
+    std::vector<sfmoe_tensor> ty_ext(R), tkept_ext(R), trank(R);
+    std::vector<std::array<int32_t, 4>> rank_value(R);  // (16-byte aligned tensors)
+    std::vector<sfmoe_moe_forward_args> fx(f.begin(), f.end());
+    std::vector<std::vector<uint8_t>> saved_x(R, std::vector<uint8_t>(xp.saved_bytes)),
+        ws_x(R, std::vector<uint8_t>(xp.forward_workspace_bytes));
+    std::vector<sfmoe_tensor> tsaved_x(R), tws_x(R);
+    for (int64_t r = 0, t0 = 0; r < R; t0 += T[r], ++r) {
+      tsaved_x[r] = host_tensor(saved_x[r].data(), kB, {xp.saved_bytes});
+      tws_x[r] = host_tensor(ws_x[r].data(), kB, {xp.forward_workspace_bytes});
+      fx[r].saved = &tsaved_x[r];
+      fx[r].workspace = &tws_x[r];
+      ty_ext[r] = host_tensor(&y_ext[t0 * H], SFMOE_DTYPE_FP32, {T[r], H});
+      tkept_ext[r] = host_tensor(kept_ext[r].data(), SFMOE_DTYPE_INT64, {El});
+      rank_value[r][0] = static_cast<int32_t>(r);
+      trank[r] = host_tensor(rank_value[r].data(), SFMOE_DTYPE_INT32, {1});
+      fx[r].y = &ty_ext[r];
+      fx[r].tokens_per_expert = &tkept_ext[r];
+      fx[r].dropped_per_expert = nullptr;
+    }
+    std::vector<std::vector<uint8_t>> sent(R), received(R);
+    std::vector<sfmoe_tensor> tsent(R), treceived(R);
+    for (int32_t i = 0; i <= fs.collectives; ++i) {
+      for (int64_t r = 0; r < R; ++r) {
+        sfmoe_moe_stage st = sfmoe_moe_stage_init();
+        st.index = i;
+        st.rank = &trank[r];
+        if (i > 0) st.received = &treceived[r];
+        if (i < fs.collectives) {
+          const sfmoe_ep_collective& c = fs.collective[i];
+          sent[r].assign(c.kind == SFMOE_EP_COLLECTIVE_ALL_TO_ALL ? R * c.bytes : c.bytes, 0xCD);
+          tsent[r] = host_tensor(sent[r].data(), kB, {static_cast<int64_t>(sent[r].size())});
+          st.sent = &tsent[r];
+        }
+        if (i == 1 && r == 0) {  // refused: a stage without its sent buffer, a bad index
+          st.sent = nullptr;
+          EXPECT_EQ(sfmoe_moe_layer_forward_stage(ext, &fx[r], &st), SFMOE_ERROR_NULL_POINTER)
+              << sfmoe_last_error();
+          st.sent = &tsent[r];
+          st.index = 9;
+          EXPECT_EQ(sfmoe_moe_layer_forward_stage(ext, &fx[r], &st), SFMOE_ERROR_INVALID_ARGUMENT);
+          st.index = i;
+        }
+        ASSERT_EQ(sfmoe_moe_layer_forward_stage(ext, &fx[r], &st), SFMOE_SUCCESS)
+            << "stage " << i << " rank " << r << ": " << sfmoe_last_error();
+      }
+      if (i == fs.collectives) break;
+      const sfmoe_ep_collective& c = fs.collective[i];
+      for (int64_t r = 0; r < R; ++r) {
+        received[r].assign(R * c.bytes, 0);
+        for (int64_t q = 0; q < R; ++q) {
+          const int64_t from = c.kind == SFMOE_EP_COLLECTIVE_ALL_TO_ALL ? r * c.bytes : 0;
+          std::memcpy(&received[r][q * c.bytes], &sent[q][from], c.bytes);
+        }
+        treceived[r] = host_tensor(received[r].data(), kB, {R * c.bytes});
+      }
+    }
+    EXPECT_TRUE(same(y_ext, y_ep)) << "y over EXTERNAL stages";
+    EXPECT_TRUE(kept_ext == kept) << "tokens per expert over EXTERNAL stages";
+    sfmoe_moe_layer_destroy(ext);
+  }
 
   // SPILL through the C API: a first round of 4 rows and a second of 3 keep 7 of the 15 or so
   // rows each rank is sent; the rest are dropped and counted (had the second round's capacity not

@@ -106,6 +106,24 @@ TEST(CudaMoeLayerEp, LoopbackRanksEqualTheSingleLayerBitForBit) {
       checked);
 }
 
+// The EXTERNAL transport's stages on the device (the collectives made by the test between them,
+// the rank read from device memory) equal the loopback and the single layer; and with DROP
+// beyond a capacity, the loopback.
+TEST(CudaMoeLayerEp, ExternalStagesEqualTheLoopbackBitForBit) {
+  SFMOE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(session_test_seed() + 804);
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreate(&stream));
+  LayerMemory m = device_memory(stream);
+  std::vector<EpLayerCase> cases = device_ep_cases();
+  EpLayerCase drop{"R 4, DROP beyond 40 rows", {300, 17, 131, 257}, 128, 96, 16, 4, 16};
+  drop.drop_capacity = 40;
+  cases.push_back(drop);
+  const int n = expect_external_stages_equal_the_loopback(cases, m, rng);
+  CUDA_OK(cudaStreamDestroy(stream));
+  std::printf("[ layer ep ] %d EXTERNAL-stage cases on the device: equal to the loopback\n", n);
+}
+
 // Determinism on the device: the layer (every recipe, MXFP8 and NVFP4 emulated) and the
 // expert-parallel layer, run twice on the same inputs, give the same bits everywhere.
 TEST(CudaMoeLayerEp, PerRankTransportEqualsTheSingleLayerBitForBit) {

@@ -84,13 +84,28 @@ _INT_FIELDS, _FLOAT_FIELDS = _handlers.attribute_fields()
 
 
 def _fields(config, tokens, dtype):
-    if config.expert_parallel:
-        raise NotImplementedError("sfmoe.jax: expert parallelism (ep_size) is not built yet in the JAX block")
     if config.gradient_accumulation_fusion:
         raise ValueError("sfmoe.jax: JAX gradients are functional: gradient_accumulation_fusion must be False")
     if jnp.dtype(dtype) not in _DTYPES:
         raise ValueError(f"sfmoe.jax: tokens must be bfloat16 or float32, got {dtype}")
-    return config.layer_fields(tokens, _DTYPES[jnp.dtype(dtype)])
+    code = _DTYPES[jnp.dtype(dtype)]
+    fields = config.layer_fields(tokens, code)
+    if config.expert_parallel:
+        # One rank a call over the EXTERNAL transport: XLA's collectives between the stages.
+        ep = config.ep_fields(code)
+        fields.update(
+            ep_world_size=ep["world_size"],
+            ep_receive_capacity=ep["receive_capacity"],
+            ep_overflow=ep["overflow"],
+            ep_spill_capacity=ep["spill_capacity"],
+            ep_transport=_C.EP_TRANSPORT_EXTERNAL,
+        )
+        # SPILL adds its second round's weight gradients to the first's: FP32 buffers the
+        # backward starts from zeros (_ep_backward_call)
+        fields["accumulate_weight_grads"] = config.ep_overflow == "spill"
+    else:
+        fields.update(ep_world_size=1, ep_receive_capacity=-1, ep_overflow=0, ep_spill_capacity=0, ep_transport=0)
+    return fields
 
 
 def _attributes(config, tokens, dtype):
@@ -114,11 +129,16 @@ def _plan_of(config, tokens, dtype_name):
         except Exception:  # (a configuration only the host runs, FP32: the device call says why)
             pass
     keys = ("saved_bytes", "workspace_bytes", "forward_workspace_bytes")
-    return {k: max(p[k] for p in plans) for k in keys}
+    sizes = {k: max(p[k] for p in plans) for k in keys}
+    if config.expert_parallel:  # (the collectives' sizes do not depend on the platform)
+        sizes["stages"] = _C.MoeLayer(fields, _C.MEMORY_HOST, 0).stages()
+    return sizes
 
 
 def plan(config, tokens, dtype=jnp.bfloat16):
-    """The layer's buffer sizes for `tokens` tokens of `dtype` (bytes): saved state, workspaces."""
+    """The layer's buffer sizes for `tokens` tokens of `dtype` (bytes): saved state, workspaces;
+    with expert parallelism also ``stages``: the collectives between the forward's and the
+    backward's stages, lists of (all_to_all, bytes)."""
     return dict(_plan_of(config, int(tokens), jnp.dtype(dtype).name))
 
 
@@ -151,6 +171,113 @@ def _forward_call(x, logits, expert_bias, w1, w2, config):
         **_attributes(config, T, x.dtype),
     )
     return y, saved, (kept[:, 0], dropped[:, 0], routed[:, 0])
+
+
+def _expert_axis_size(axis, world):
+    size = jax.lax.psum(1, axis)  # (a Python int: the named axis's size)
+    if size != world:
+        raise ValueError(f"sfmoe.jax: the expert axis {axis!r} has {size} ranks; the config's ep_size is {world}")
+    return world
+
+
+def _collective(sent, all_to_all, pair_bytes, world, axis):
+    """XLA's collective between two stages over the expert axis: an all-gather (block q rank q's
+    `pair_bytes`) or an all-to-all (block q of what a rank sends goes to rank q; block q of what it
+    receives came from rank q)."""
+    if not all_to_all:
+        return jax.lax.all_gather(sent, axis, tiled=True)
+    blocks = sent.reshape(world, pair_bytes)
+    return jax.lax.all_to_all(blocks, axis, 0, 0, tiled=True).reshape(-1)
+
+
+def _staged(name, operands, results, collectives, world, axis, attributes, initial=None):
+    """The stages of one sequence on this rank: each an FFI call whose results are carried to the
+    next stage as operands aliased to the same results, the collectives between them XLA's.
+    `initial` {result index: array}: stage 0's carried operands (the backward's saved state).
+    Returns the last stage's results but the sent bytes."""
+    received = jnp.zeros((0,), jnp.uint8)
+    carried = list((initial or {}).items())
+    first = len(operands) + 1
+    n = len(collectives)
+    for index in range(n + 1):
+        all_to_all, pair_bytes = collectives[index] if index < n else (False, 0)
+        sent_bytes = pair_bytes * world if all_to_all else pair_bytes
+        shapes = (*results, jax.ShapeDtypeStruct((sent_bytes,), jnp.uint8))
+        aliases = {first + j: result for j, (result, _) in enumerate(carried)}
+        # ("sequential": under jax.vmap(axis_name=...) each rank's stage is its own call, as in
+        # shard_map, where each device makes it)
+        call = jax.ffi.ffi_call(name, shapes, input_output_aliases=aliases, vmap_method="sequential")
+        *out, sent = call(
+            *operands,
+            received,
+            *(v for _, v in carried),
+            stage=np.int64(index),
+            has_received=np.int64(index > 0),
+            has_sent=np.int64(index < n),
+            **attributes,
+        )
+        carried = list(enumerate(out))
+        if index < n:
+            received = _collective(sent, all_to_all, pair_bytes, world, axis)
+    return tuple(v for _, v in carried)
+
+
+def _rank(axis):
+    return jax.lax.axis_index(axis).astype(jnp.int32).reshape(1)
+
+
+def _ep_forward_call(x, logits, expert_bias, w1, w2, config, axis):
+    T = x.shape[0]
+    p = _plan_of(config, T, x.dtype.name)
+    E, El = config.num_experts, config.local_experts
+    results = (
+        jax.ShapeDtypeStruct(x.shape, x.dtype),
+        jax.ShapeDtypeStruct((p["saved_bytes"],), jnp.uint8),
+        jax.ShapeDtypeStruct((p["forward_workspace_bytes"],), jnp.uint8),
+        _counts(El),
+        _counts(E),
+        _counts(E),
+    )
+    bias = jnp.zeros((E,), jnp.float32) if expert_bias is None else expert_bias.astype(jnp.float32)
+    operands = (x, logits.astype(jnp.float32), bias, w1, w2, _rank(axis))
+    world = _expert_axis_size(axis, config.ep_size)
+    attributes = dict(has_expert_bias=np.int64(expert_bias is not None), **_attributes(config, T, x.dtype))
+    y, saved, _, kept, dropped, routed = _staged(
+        "sfmoe_moe_forward_stage", operands, results, p["stages"]["forward"], world, axis, attributes
+    )
+    return y, saved, (kept[:, 0], dropped[:, 0], routed[:, 0])
+
+
+def _ep_backward_call(x, d_y, logits, w1, w2, saved, rng_offset, config, axis):
+    T = x.shape[0]
+    p = _plan_of(config, T, x.dtype.name)
+    spill = config.ep_overflow == "spill"
+    grad_dtype = jnp.float32 if spill else None
+    results = (
+        jax.ShapeDtypeStruct(x.shape, x.dtype),
+        jax.ShapeDtypeStruct(logits.shape, jnp.float32),
+        jax.ShapeDtypeStruct(w1.shape, grad_dtype or w1.dtype),
+        jax.ShapeDtypeStruct(w2.shape, grad_dtype or w2.dtype),
+        jax.ShapeDtypeStruct(saved.shape, jnp.uint8),
+        jax.ShapeDtypeStruct((p["workspace_bytes"],), jnp.uint8),
+    )
+    operands = (x, d_y.astype(x.dtype), logits.astype(jnp.float32), w1, w2, _offset_pair(rng_offset), _rank(axis))
+    # (the backward writes over the forward's saved state: stage 0 takes it aliased to result 4;
+    # with SPILL the weight gradients are FP32 sums from zero, results 2 and 3)
+    initial = {4: saved}
+    if spill:
+        initial = {2: jnp.zeros(w1.shape, jnp.float32), 3: jnp.zeros(w2.shape, jnp.float32), 4: saved}
+    d_x, d_logits, d_w1, d_w2, _, _ = _staged(
+        "sfmoe_moe_backward_stage",
+        operands,
+        results,
+        p["stages"]["backward"],
+        _expert_axis_size(axis, config.ep_size),
+        axis,
+        _attributes(config, T, x.dtype),
+        initial=initial,
+    )
+    return d_x, d_logits, d_w1.astype(w1.dtype), d_w2.astype(w2.dtype)
 
 
 def _offset_pair(rng_offset):
@@ -189,21 +316,30 @@ def _backward_call(x, d_y, logits, w1, w2, saved, rng_offset, config):
     return d_x, d_logits, d_w1, d_w2
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
-def _layer(x, logits, expert_bias, w1, w2, rng_offset, config):
-    y, _, counts = _forward_call(x, logits, expert_bias, w1, w2, config)
+def _forward_of(x, logits, expert_bias, w1, w2, config, axis):
+    if axis is None:
+        return _forward_call(x, logits, expert_bias, w1, w2, config)
+    return _ep_forward_call(x, logits, expert_bias, w1, w2, config, axis)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def _layer(x, logits, expert_bias, w1, w2, rng_offset, config, axis):
+    y, _, counts = _forward_of(x, logits, expert_bias, w1, w2, config, axis)
     return y, counts
 
 
-def _layer_fwd(x, logits, expert_bias, w1, w2, rng_offset, config):
-    y, saved, counts = _forward_call(x, logits, expert_bias, w1, w2, config)
+def _layer_fwd(x, logits, expert_bias, w1, w2, rng_offset, config, axis):
+    y, saved, counts = _forward_of(x, logits, expert_bias, w1, w2, config, axis)
     return (y, counts), (x, logits, expert_bias, w1, w2, saved, rng_offset)
 
 
-def _layer_bwd(config, residuals, cotangents):
+def _layer_bwd(config, axis, residuals, cotangents):
     x, logits, expert_bias, w1, w2, saved, rng_offset = residuals
     d_y = cotangents[0]
-    d_x, d_logits, d_w1, d_w2 = _backward_call(x, d_y, logits, w1, w2, saved, rng_offset, config)
+    if axis is None:
+        d_x, d_logits, d_w1, d_w2 = _backward_call(x, d_y, logits, w1, w2, saved, rng_offset, config)
+    else:
+        d_x, d_logits, d_w1, d_w2 = _ep_backward_call(x, d_y, logits, w1, w2, saved, rng_offset, config, axis)
     d_bias = None if expert_bias is None else jnp.zeros_like(expert_bias)  # (selection only)
     return d_x, d_logits.astype(logits.dtype), d_bias, d_w1, d_w2, None
 
@@ -211,7 +347,7 @@ def _layer_bwd(config, residuals, cotangents):
 _layer.defvjp(_layer_fwd, _layer_bwd)
 
 
-def moe_layer(x, logits, w1, w2, config, expert_bias=None, rng_offset=None):
+def moe_layer(x, logits, w1, w2, config, expert_bias=None, rng_offset=None, ep_axis=None):
     """The layer on tokens x [T, H] (bfloat16 or float32) with the router's logits [T, E], sfmoe's
     weights w1 [E, fc1_cols, H] (gate rows, then up rows, for gated activations) and w2 [E, H, F];
     expert_bias [E] steers the selection only. Returns (y [T, H], counts): counts holds
@@ -219,12 +355,31 @@ def moe_layer(x, logits, w1, w2, config, expert_bias=None, rng_offset=None):
     device). Differentiable in x, logits, w1 and w2. rng_offset (nvfp4): the stream of the
     gradients' stochastic rounding, an integer scalar in [0, 2**32) that the caller advances each
     step (e.g. the optimizer's step count, a traced array: a new value never recompiles); None is
-    stream 0 on every step."""
+    stream 0 on every step.
+
+    Expert parallelism (config.ep_size ranks, max_tokens_per_rank set; docs/jax.md): inside
+    ``jax.shard_map`` (or ``jax.vmap`` with an axis name) over the expert mesh axis `ep_axis`,
+    each rank calls this on its own tokens with its local experts' weights ([E / ep_size, ...]);
+    XLA's all-gathers and all-to-alls over `ep_axis` move the routing and the rows between the
+    layer's stages, whose receive capacity and overflow policy are the config's. Counts are then
+    the rank's: ``tokens_per_expert`` [E / ep_size] (rows its experts kept),
+    ``dropped_per_expert`` [E] (its rows dropped) and ``routed_per_expert`` [E]."""
     if not isinstance(config, MoEConfig):
         raise TypeError(f"config: expected an sfmoe MoEConfig, got {type(config).__name__}")
     if rng_offset is not None and jnp.ndim(rng_offset) != 0:
         raise ValueError(f"rng_offset: expected an integer scalar, got shape {jnp.shape(rng_offset)}")
-    y, (kept, dropped, routed) = _layer(x, logits, expert_bias, w1, w2, rng_offset, config)
+    if config.expert_parallel and ep_axis is None:
+        raise ValueError(
+            "sfmoe.jax: an expert-parallel config (ep_size, max_tokens_per_rank) runs inside shard_map over the "
+            "expert mesh axis: pass its name as ep_axis"
+        )
+    if not config.expert_parallel and ep_axis is not None:
+        raise ValueError("sfmoe.jax: ep_axis is for an expert-parallel config (set ep_size and max_tokens_per_rank)")
+    if config.expert_parallel and x.shape[0] > config.max_tokens_per_rank:
+        raise ValueError(
+            f"sfmoe.jax: {x.shape[0]} tokens on this rank exceed max_tokens_per_rank ({config.max_tokens_per_rank})"
+        )
+    y, (kept, dropped, routed) = _layer(x, logits, expert_bias, w1, w2, rng_offset, config, ep_axis)
     return y, dict(tokens_per_expert=kept, dropped_per_expert=dropped, routed_per_expert=routed)
 
 
@@ -256,21 +411,23 @@ def sfmoe_weights(wi, wo):
     return jnp.swapaxes(wi, 1, 2), jnp.swapaxes(wo, 1, 2)
 
 
-def moe_block(x, gate_kernel, wi, wo, config, expert_bias=None, rng_offset=None):
+def moe_block(x, gate_kernel, wi, wo, config, expert_bias=None, rng_offset=None, ep_axis=None):
     """A MoE FFN on x [..., H]: logits = x W_g in FP32 (gate_kernel [H, E]), the layer on MaxText's
     weights (sfmoe_weights), the losses. Returns (y like x, aux_loss, counts). rng_offset: as
-    :func:`moe_layer`'s (nvfp4's rounding stream, advanced by the caller each step)."""
+    :func:`moe_layer`'s (nvfp4's rounding stream, advanced by the caller each step); ep_axis: the
+    expert mesh axis of an expert-parallel config (:func:`moe_layer`; wi and wo the rank's local
+    experts, the losses over the rank's tokens)."""
     w1, w2 = sfmoe_weights(wi, wo)
-    return moe_block_sfmoe_layout(x, gate_kernel, w1, w2, config, expert_bias, rng_offset)
+    return moe_block_sfmoe_layout(x, gate_kernel, w1, w2, config, expert_bias, rng_offset, ep_axis)
 
 
-def moe_block_sfmoe_layout(x, gate_kernel, w1, w2, config, expert_bias=None, rng_offset=None):
+def moe_block_sfmoe_layout(x, gate_kernel, w1, w2, config, expert_bias=None, rng_offset=None, ep_axis=None):
     """:func:`moe_block` on sfmoe's weights, w1 [E, fc1_cols, H] and w2 [E, H, F] (no transposes):
     what MoEBlock(layout="sfmoe") runs."""
     shape = x.shape
     tokens = x.reshape(-1, shape[-1])
     logits = jnp.dot(tokens.astype(jnp.float32), gate_kernel.astype(jnp.float32))
     y, counts = moe_layer(
-        tokens, logits, w1.astype(tokens.dtype), w2.astype(tokens.dtype), config, expert_bias, rng_offset
+        tokens, logits, w1.astype(tokens.dtype), w2.astype(tokens.dtype), config, expert_bias, rng_offset, ep_axis
     )
     return y.reshape(shape), aux_losses(logits, counts["routed_per_expert"], config), counts

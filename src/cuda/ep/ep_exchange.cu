@@ -45,7 +45,12 @@ EpRanks rank_view(const EpShape& s, int64_t rank, int64_t tokens, const int32_t*
   return r;
 }
 
-__global__ void rank_clear_kernel(EpRankRouting h, int64_t experts) {
+// Also this rank into the handle (from the device with the EXTERNAL transport, whose program is
+// the same on every rank), where the later kernels read it.
+__global__ void rank_clear_kernel(EpRankRouting h, int64_t world, int64_t experts, int64_t rank,
+                                  const int32_t* rank_device, sfmoe_fault_report* word) {
+  if (blockIdx.x == 0 && threadIdx.x == 0)
+    *h.rank = ep_checked_rank(rank, rank_device, world, word);
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < experts;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     h.dropped[e] = 0;
@@ -57,7 +62,8 @@ __global__ void rank_clear_kernel(EpRankRouting h, int64_t experts) {
 
 // One block: the rows ranks before this one send each expert (bases[R + e]) and each destination
 // (bases[d], the sum over its experts).
-__global__ void rank_bases_kernel(EpShape s, int64_t rank, EpRankRouting h) {
+__global__ void rank_bases_kernel(EpShape s, EpRankRouting h) {
+  const int64_t rank = *h.rank;
   const int64_t R = s.world, El = s.experts_per_rank, E = R * El;
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
     int64_t before = 0;
@@ -106,10 +112,9 @@ __global__ void rank_keep_kernel(EpShape s, int64_t slots, const int32_t* ids, E
 // One block, from every rank's kept counts: each expert's rows kept per round (all sources), each
 // destination's padded blocks (every expert's first row per round), and this rank's own offsets,
 // counts and the rows it keeps from each source.
-__global__ void rank_blocks_kernel(EpShape s, int64_t rank, EpRankRouting h) {
-  const int64_t R = s.world, El = s.experts_per_rank, E = R * El, a = s.row_alignment;
-  int64_t* begin0 = h.expert_rows;
-  int64_t* begin1 = h.expert_rows + E;
+__global__ void rank_blocks_kernel(EpShape s, EpRankRouting h) {
+  const int64_t rank = *h.rank;
+  const int64_t R = s.world, El = s.experts_per_rank, E = R * El;
   int64_t* kept0 = h.expert_rows + 2 * E;
   int64_t* kept1 = h.expert_rows + 3 * E;
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
@@ -122,23 +127,7 @@ __global__ void rank_blocks_kernel(EpShape s, int64_t rank, EpRankRouting h) {
     kept1[e] = second;
   }
   __syncthreads();
-  for (int64_t d = threadIdx.x; d < R; d += blockDim.x) {
-    for (int64_t round = 0; round < s.rounds; ++round) {
-      const int64_t* kept = round == 0 ? kept0 : kept1;
-      int64_t* begin = round == 0 ? begin0 : begin1;
-      int64_t row = 0;
-      for (int64_t l = 0; l < El; ++l) {
-        const int64_t e = d * El + l;
-        begin[e] = ep_round_base(s, round) + row;
-        if (d == rank) {
-          h.offsets[round * (El + 1) + l] = row;
-          h.kept[round * El + l] = kept[e];
-        }
-        row += (kept[e] + a - 1) / a * a;
-      }
-      if (d == rank) h.offsets[round * (El + 1) + El] = row;
-    }
-  }
+  for (int64_t d = threadIdx.x; d < R; d += blockDim.x) ep_destination_blocks(s, h, d, rank);
   for (int64_t l = threadIdx.x; l < El; l += blockDim.x) {
     int64_t routed = 0;
     for (int64_t q = 0; q < R; ++q) routed += h.all_counts[q * E + rank * El + l];
@@ -349,6 +338,20 @@ sfmoe_status check_rows(const EpRankExchange& x, int64_t row_bytes, const char* 
   return SFMOE_SUCCESS;
 }
 
+// Scatter's last part: combine's backward d probs back to their slots (0 for a slot not sent).
+sfmoe_status finish_values(const EpScatterArgs& a, EpMovePointers& m, cudaStream_t stream) {
+  if (a.d_probs == nullptr) return SFMOE_SUCCESS;
+  const EpRankExchange& x = *a.exchange;
+  const int64_t R = a.shape.world, P = x.pair_rows, T = a.tokens[0];
+  SFMOE_RETURN_IF_ERROR(x.exchange->all_to_all(x.send_values, x.recv_values, P * 4, stream));
+  if (T == 0 || !x.exchange->runs()) return SFMOE_SUCCESS;
+  for (int64_t q = 0; q < R; ++q) m.probs[q] = block_of<float>(x.recv_values, q, P, 4);
+  m.d_probs[0] = a.d_probs[0];
+  ep_slot_values_kernel<<<static_cast<unsigned>((T * a.shape.top_k + 255) / 256), 256, 0, stream>>>(
+      m, false);
+  return check_launch("ep_slot_values_kernel");
+}
+
 }  // namespace
 
 sfmoe_status ep_route_exchange(const EpRouteArgs& a, void* stream_pointer) {
@@ -360,9 +363,14 @@ sfmoe_status ep_route_exchange(const EpRouteArgs& a, void* stream_pointer) {
   const int64_t chunks = ep_route_chunks(slots);
   const EpRanks view = rank_view(s, x.rank, a.tokens[0], a.topk_ids[0], h);
   const unsigned clear_blocks = static_cast<unsigned>((E + 255) / 256);
-  rank_clear_kernel<<<clear_blocks, 256, 0, stream>>>(h, E);
-  SFMOE_RETURN_IF_ERROR(check_launch("rank_clear_kernel"));
-  if (slots > 0) {
+  const unsigned slot_blocks = static_cast<unsigned>((slots + 255) / 256);
+  // (each part between two exchanges runs when the exchange says so: always, but for a staged
+  // exchange, which runs one a call)
+  if (x.exchange->runs()) {
+    rank_clear_kernel<<<clear_blocks, 256, 0, stream>>>(h, R, E, x.rank, x.rank_device, a.word);
+    SFMOE_RETURN_IF_ERROR(check_launch("rank_clear_kernel"));
+  }
+  if (slots > 0 && x.exchange->runs()) {
     ep_rank_chunks_kernel<<<static_cast<unsigned>(chunks), kRouteThreads, 0, stream>>>(
         view, h.route_scratch, chunks, a.word);
     SFMOE_RETURN_IF_ERROR(check_launch("ep_rank_chunks_kernel"));
@@ -371,18 +379,21 @@ sfmoe_status ep_route_exchange(const EpRouteArgs& a, void* stream_pointer) {
     SFMOE_RETURN_IF_ERROR(check_launch("ep_scan_chunks_kernel"));
   }
   SFMOE_RETURN_IF_ERROR(x.exchange->all_gather(h.expert_counts, h.all_counts, E * 8, stream));
-  rank_bases_kernel<<<1, 256, 0, stream>>>(s, x.rank, h);
-  SFMOE_RETURN_IF_ERROR(check_launch("rank_bases_kernel"));
-  const unsigned slot_blocks = static_cast<unsigned>((slots + 255) / 256);
-  if (slots > 0) {
+  if (x.exchange->runs()) {
+    rank_bases_kernel<<<1, 256, 0, stream>>>(s, h);
+    SFMOE_RETURN_IF_ERROR(check_launch("rank_bases_kernel"));
+  }
+  if (slots > 0 && x.exchange->runs()) {
     rank_keep_kernel<<<slot_blocks, 256, 0, stream>>>(s, slots, a.topk_ids[0], h, h.route_scratch,
                                                       chunks, x.pair_rows, a.trap, a.word);
     SFMOE_RETURN_IF_ERROR(check_launch("rank_keep_kernel"));
   }
   SFMOE_RETURN_IF_ERROR(x.exchange->all_gather(h.expert_kept, h.all_kept, E * 16, stream));
-  rank_blocks_kernel<<<1, 256, 0, stream>>>(s, x.rank, h);
-  SFMOE_RETURN_IF_ERROR(check_launch("rank_blocks_kernel"));
-  if (slots > 0) {
+  if (x.exchange->runs()) {
+    rank_blocks_kernel<<<1, 256, 0, stream>>>(s, h);
+    SFMOE_RETURN_IF_ERROR(check_launch("rank_blocks_kernel"));
+  }
+  if (slots > 0 && x.exchange->runs()) {
     rank_rows_kernel<<<slot_blocks, 256, 0, stream>>>(s, slots, a.topk_ids[0], h, x.pair_rows,
                                                       x.send_index);
     SFMOE_RETURN_IF_ERROR(check_launch("rank_rows_kernel"));
@@ -411,7 +422,7 @@ sfmoe_status ep_scatter_exchange(const EpScatterArgs& a, void* stream_pointer) {
         a.token_scales != nullptr ? block_of<uint8_t>(x.send_scales, q, P, a.scale_bytes) : nullptr;
     m.d_probs[q] = block_of<float>(x.send_values, q, P, 4);
   }
-  if (T > 0) {
+  if (T > 0 && x.exchange->runs()) {
     ep_scatter_kernel<1, true><<<static_cast<unsigned>(T), kMoveThreads, 0, stream>>>(
         m, a.token_dtype, a.token_dtype, a.token_dtype);
     SFMOE_RETURN_IF_ERROR(check_launch("ep_scatter_kernel"));
@@ -431,6 +442,7 @@ sfmoe_status ep_scatter_exchange(const EpScatterArgs& a, void* stream_pointer) {
     SFMOE_RETURN_IF_ERROR(x.exchange->all_to_all(x.send_values, x.recv_values, P * 4, stream));
   }
   // At the destination: each row to its row, weighted or as it is; padding rows zero.
+  if (!x.exchange->runs()) return finish_values(a, m, stream);
   uint8_t* out_rows = static_cast<uint8_t*>(a.out_rows[0]);
   uint8_t* out_scales = a.out_scales != nullptr ? static_cast<uint8_t*>(a.out_scales[0]) : nullptr;
   const dim3 grid = received_grid(R, P, 1);
@@ -469,15 +481,7 @@ sfmoe_status ep_scatter_exchange(const EpScatterArgs& a, void* stream_pointer) {
   rank_padding_kernel<<<static_cast<unsigned>(groups), kMoveThreads, 0, stream>>>(
       s, h, out_rows, out_bytes, out_scales, a.scale_bytes);
   SFMOE_RETURN_IF_ERROR(check_launch("rank_padding_kernel"));
-  if (a.d_probs == nullptr) return SFMOE_SUCCESS;
-  // The d probs back to their slots (0 for a slot not sent).
-  SFMOE_RETURN_IF_ERROR(x.exchange->all_to_all(x.send_values, x.recv_values, P * 4, stream));
-  if (T == 0) return SFMOE_SUCCESS;
-  for (int64_t q = 0; q < R; ++q) m.probs[q] = block_of<float>(x.recv_values, q, P, 4);
-  m.d_probs[0] = a.d_probs[0];
-  ep_slot_values_kernel<<<static_cast<unsigned>((T * s.top_k + 255) / 256), 256, 0, stream>>>(
-      m, false);
-  return check_launch("ep_slot_values_kernel");
+  return finish_values(a, m, stream);
 }
 
 sfmoe_status ep_gather_exchange(const EpGatherArgs& a, void* stream_pointer) {
@@ -498,10 +502,12 @@ sfmoe_status ep_gather_exchange(const EpGatherArgs& a, void* stream_pointer) {
               const_cast<uint8_t*>(static_cast<const uint8_t*>(a.rows[0])),
               nullptr,
               true};
-  rank_place_kernel<<<received_grid(R, P, 1), kMoveThreads, 0, stream>>>(p);
-  SFMOE_RETURN_IF_ERROR(check_launch("rank_place_kernel"));
+  if (x.exchange->runs()) {
+    rank_place_kernel<<<received_grid(R, P, 1), kMoveThreads, 0, stream>>>(p);
+    SFMOE_RETURN_IF_ERROR(check_launch("rank_place_kernel"));
+  }
   SFMOE_RETURN_IF_ERROR(x.exchange->all_to_all(x.send_rows, x.recv_rows, P * row_bytes, stream));
-  if (T == 0) return SFMOE_SUCCESS;
+  if (T == 0 || !x.exchange->runs()) return SFMOE_SUCCESS;
   EpMovePointers m = rank_moves(s, P, H, T, h);
   for (int64_t q = 0; q < R; ++q) m.rows[q] = block_of<uint8_t>(x.recv_rows, q, P, row_bytes);
   m.probs[0] = a.probs != nullptr ? a.probs[0] : nullptr;
@@ -523,20 +529,23 @@ sfmoe_status ep_slot_values_exchange(const EpSlotValuesArgs& a, void* stream_poi
   if (a.to_rows) {
     m.probs[0] = a.in[0];
     for (int64_t q = 0; q < R; ++q) m.d_probs[q] = block_of<float>(x.send_values, q, P, 4);
-    if (slots > 0) {
+    if (slots > 0 && x.exchange->runs()) {
       ep_slot_values_kernel<<<slot_blocks, 256, 0, stream>>>(m, true);
       SFMOE_RETURN_IF_ERROR(check_launch("ep_slot_values_kernel"));
     }
     SFMOE_RETURN_IF_ERROR(x.exchange->all_to_all(x.send_values, x.recv_values, P * 4, stream));
+    if (!x.exchange->runs()) return SFMOE_SUCCESS;
     rank_values_kernel<<<grid, 256, 0, stream>>>(h, P, s.receive_rows, x.recv_values, a.out[0],
                                                  true);
     return check_launch("rank_values_kernel");
   }
-  rank_values_kernel<<<grid, 256, 0, stream>>>(h, P, s.receive_rows, x.send_values,
-                                               const_cast<float*>(a.in[0]), false);
-  SFMOE_RETURN_IF_ERROR(check_launch("rank_values_kernel"));
+  if (x.exchange->runs()) {
+    rank_values_kernel<<<grid, 256, 0, stream>>>(h, P, s.receive_rows, x.send_values,
+                                                 const_cast<float*>(a.in[0]), false);
+    SFMOE_RETURN_IF_ERROR(check_launch("rank_values_kernel"));
+  }
   SFMOE_RETURN_IF_ERROR(x.exchange->all_to_all(x.send_values, x.recv_values, P * 4, stream));
-  if (slots == 0) return SFMOE_SUCCESS;
+  if (slots == 0 || !x.exchange->runs()) return SFMOE_SUCCESS;
   for (int64_t q = 0; q < R; ++q) m.probs[q] = block_of<float>(x.recv_values, q, P, 4);
   m.d_probs[0] = a.out[0];
   ep_slot_values_kernel<<<slot_blocks, 256, 0, stream>>>(m, false);
