@@ -27,11 +27,16 @@ class DeviceArena : public Arena {
     return p;
   }
   void raw_free(void* p) override { cudaFree(p); }
+  // The copies on the arena's stream, waited for: the stream does not synchronize with the legacy
+  // default stream, so a plain cudaMemcpy could overlap the ops' kernels (a pageable copy in may
+  // still be in flight when cudaMemcpy returns).
   void copy_in(void* dst, const void* src, size_t bytes) override {
-    EXPECT_EQ(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    EXPECT_EQ(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
   }
   void copy_out(void* dst, const void* src, size_t bytes) override {
-    EXPECT_EQ(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
   }
   void sync() override { EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess); }
 

@@ -204,9 +204,10 @@ def _staged(name, operands, results, collectives, world, axis, attributes, initi
         sent_bytes = pair_bytes * world if all_to_all else pair_bytes
         shapes = (*results, jax.ShapeDtypeStruct((sent_bytes,), jnp.uint8))
         aliases = {first + j: result for j, (result, _) in enumerate(carried)}
-        # ("sequential": under jax.vmap(axis_name=...) each rank's stage is its own call, as in
-        # shard_map, where each device makes it)
-        call = jax.ffi.ffi_call(name, shapes, input_output_aliases=aliases, vmap_method="sequential")
+        # (under jax.vmap(axis_name=...) each rank's stage is its own call, as in shard_map, where
+        # each device makes it; unrolled: on the GPU the rolled loop of "sequential" left the
+        # carried results unwritten in our tests, JAX 0.11.2)
+        call = jax.ffi.ffi_call(name, shapes, input_output_aliases=aliases, vmap_method="sequential_unrolled")
         *out, sent = call(
             *operands,
             received,
