@@ -1,6 +1,7 @@
 // The ops a JAX user composes, as XLA FFI handlers (python/sfmoe/jax/_ops.py): the router and its
 // backward, permute, unpermute and its backward, the three grouped GEMM forms, the grouped
-// activation and its backward, on unquantized rows. Each is bound for the host and for CUDA
+// activation and its backward, on unquantized rows; grouped quantization and the grouped GEMM on
+// quantized operands. Each is bound for the host and for CUDA
 // (jax_ffi.h). Every buffer is an operand or a result XLA allocates; INT64 arrays (offsets,
 // counts, row maps) arrive as INT64 or, without x64, as int32 pairs (jax_ffi.h). The sizes of the
 // results and workspaces come from the C planning functions, called by the Python side.
@@ -15,6 +16,7 @@
 #include "sfmoe/activation.h"
 #include "sfmoe/grouped_gemm.h"
 #include "sfmoe/permute.h"
+#include "sfmoe/quantize.h"
 #include "sfmoe/router.h"
 
 namespace sfmoe_jax {
@@ -141,6 +143,108 @@ ffi::Error grouped_gemm(const Where& w, Buffer a, Buffer b, Buffer group_offsets
   return checked(sfmoe_grouped_gemm(lhs, rhs, &c, result, t.of(*workspace), nullptr, w.stream));
 }
 
+// ---- quantized grouped tensors
+// ------------------------------------------------------------------- A quantized tensor travels as
+// seven arrays, in sfmoe.GroupedQuantizedTensor's order: the rowwise data, the columnwise data,
+// their scales, the amax, the columnwise amax, the group offsets (INT64 as JAX holds it); an absent
+// one is a 0-byte array. Its host fields are attributes.
+constexpr int kQuantizedArrays = 7;
+const char* const kQuantizedFields[] = {"dtype",         "scaling",           "scale_layout",
+                                        "num_groups",    "row_capacity",      "cols",
+                                        "row_alignment", "uniform_group_rows"};
+
+ffi::Error quantized_of(const Where& w, const ffi::Dictionary& attrs, const std::string& prefix,
+                        void* const* arrays, sfmoe_grouped_tensor* out) {
+  int64_t v[8];
+  for (int i = 0; i < 8; ++i) {
+    ffi::ErrorOr<int64_t> got = attrs.get<int64_t>(prefix + kQuantizedFields[i]);
+    if (got.has_error()) return got.error();
+    v[i] = *got;
+  }
+  sfmoe_grouped_tensor g = sfmoe_grouped_tensor_init();
+  g.memory = w.memory;
+  g.device = w.device;
+  g.dtype = static_cast<sfmoe_dtype>(v[0]);
+  g.scaling = static_cast<sfmoe_scaling>(v[1]);
+  g.scale_layout = static_cast<sfmoe_scale_layout>(v[2]);
+  g.num_groups = v[3];
+  g.row_capacity = v[4];
+  g.cols = v[5];
+  g.row_alignment = v[6];
+  g.uniform_group_rows = v[7];
+  g.rowwise_data = arrays[0];
+  g.columnwise_data = arrays[1];
+  g.rowwise_scale_inv = arrays[2];
+  g.columnwise_scale_inv = arrays[3];
+  g.amax = static_cast<float*>(arrays[4]);
+  g.columnwise_amax = static_cast<float*>(arrays[5]);
+  g.group_offsets = static_cast<int64_t*>(arrays[6]);
+  *out = g;
+  return ffi::Error::Success();
+}
+
+template <class B>
+void* present(B& b) {
+  return b.size_bytes() > 0 ? b.untyped_data() : nullptr;
+}
+
+// Grouped quantization of rows x [rows, cols] (groups by `offsets`, or uniform_group_rows) into
+// the seven result arrays, laid out by the C planner for the request in the attributes.
+ffi::Error grouped_quantize(const Where& w, Buffer x, Buffer offsets, ffi::Dictionary attrs,
+                            Out data, Out columnwise_data, Out scales, Out columnwise_scales,
+                            Out amax, Out columnwise_amax, Out out_offsets) {
+  SFMOE_JAX_INT(uniform, attrs, "uniform_group_rows");
+  SFMOE_JAX_INT(power_of_two, attrs, "power_of_two_scales");
+  void* arrays[kQuantizedArrays] = {
+      present(*data), present(*columnwise_data), present(*scales),     present(*columnwise_scales),
+      present(*amax), present(*columnwise_amax), present(*out_offsets)};
+  sfmoe_grouped_tensor output;
+  ffi::Error made = quantized_of(w, attrs, "", arrays, &output);
+  if (made.failure()) return made;
+  const auto dims = x.dimensions();
+  if (dims.size() != 2) return refuse("quantize: x must be 2-D [rows, cols]");
+  Tensors t{w, {}, {}};
+  const sfmoe_grouped_tensor* input =
+      uniform > 0 ? t.rows(x, output.num_groups, dims[0], dims[1], nullptr, uniform)
+                  : t.rows(x, output.num_groups, dims[0], dims[1], &offsets);
+  sfmoe_quantize_config c = sfmoe_quantize_config_init();
+  c.power_of_two_scales = static_cast<int32_t>(power_of_two);
+  return checked(sfmoe_grouped_quantize(input, &output, &c, nullptr, w.stream));
+}
+
+// The grouped GEMM on two quantized operands (attributes a_* and b_*: their host fields).
+ffi::Error grouped_gemm_quantized(const Where& w, ffi::RemainingArgs operands,
+                                  ffi::Dictionary attrs, Out out, Out workspace) {
+  SFMOE_JAX_INT(form, attrs, "form");
+  SFMOE_JAX_INT(fast, attrs, "fast_accumulation");
+  SFMOE_JAX_INT(hadamard, attrs, "hadamard_columnwise");
+  if (operands.size() != 2 * kQuantizedArrays + 1) {
+    return refuse("grouped_gemm: expected the 7 arrays of each quantized operand and the offsets");
+  }
+  void* arrays[2 * kQuantizedArrays];
+  for (int i = 0; i < 2 * kQuantizedArrays; ++i) {
+    ffi::ErrorOr<Buffer> b = operands.get<Buffer>(i);
+    if (b.has_error()) return b.error();
+    arrays[i] = present(*b);
+  }
+  ffi::ErrorOr<Buffer> offsets = operands.get<Buffer>(2 * kQuantizedArrays);
+  if (offsets.has_error()) return offsets.error();
+  sfmoe_grouped_tensor a, b;
+  ffi::Error made = quantized_of(w, attrs, "a_", arrays, &a);
+  if (made.failure()) return made;
+  made = quantized_of(w, attrs, "b_", arrays + kQuantizedArrays, &b);
+  if (made.failure()) return made;
+  Tensors t{w, {}, {}};
+  const sfmoe_grouped_tensor* result =
+      form == SFMOE_GEMM_WGRAD ? weight_of(t, *out) : rows_of(t, *out, *offsets);
+  if (result == nullptr) return refuse("grouped_gemm: weights must be [G, N, K]");
+  sfmoe_grouped_gemm_config c = sfmoe_grouped_gemm_config_init();
+  c.form = static_cast<sfmoe_gemm_form>(form);
+  c.fp8_fast_accumulation = static_cast<int32_t>(fast);
+  c.hadamard_columnwise = static_cast<int32_t>(hadamard);
+  return checked(sfmoe_grouped_gemm(&a, &b, &c, result, t.of(*workspace), nullptr, w.stream));
+}
+
 ffi::ErrorOr<sfmoe_activation_config> activation_config(const ffi::Dictionary& attrs) {
   sfmoe_activation_config c = sfmoe_activation_config_init();
   ffi::ErrorOr<int64_t> kind = int_attr(attrs, "kind");
@@ -212,6 +316,19 @@ SFMOE_JAX_HANDLERS(SfmoeUnpermuteBackward, sfmoe_jax::unpermute_backward,
 SFMOE_JAX_HANDLERS(
     SfmoeGroupedGemm, sfmoe_jax::grouped_gemm,
     .Arg<Buffer>().Arg<Buffer>().Arg<Buffer>().Attrs<Attributes>().Ret<Buffer>().Ret<Buffer>());
+SFMOE_JAX_HANDLERS(SfmoeGroupedQuantize, sfmoe_jax::grouped_quantize,
+                   .Arg<Buffer>()
+                       .Arg<Buffer>()
+                       .Attrs<Attributes>()
+                       .Ret<Buffer>()
+                       .Ret<Buffer>()
+                       .Ret<Buffer>()
+                       .Ret<Buffer>()
+                       .Ret<Buffer>()
+                       .Ret<Buffer>()
+                       .Ret<Buffer>());
+SFMOE_JAX_HANDLERS(SfmoeGroupedGemmQuantized, sfmoe_jax::grouped_gemm_quantized,
+                   .RemainingArgs().Attrs<Attributes>().Ret<Buffer>().Ret<Buffer>());
 SFMOE_JAX_HANDLERS(SfmoeActivation, sfmoe_jax::activation,
                    .Arg<Buffer>().Arg<Buffer>().Arg<Buffer>().Attrs<Attributes>().Ret<Buffer>());
 SFMOE_JAX_HANDLERS(
@@ -231,6 +348,9 @@ std::vector<HandlerPair> op_handlers() {
       pair("sfmoe_unpermute", SfmoeUnpermuteHost, SfmoeUnpermuteCuda),
       pair("sfmoe_unpermute_backward", SfmoeUnpermuteBackwardHost, SfmoeUnpermuteBackwardCuda),
       pair("sfmoe_grouped_gemm", SfmoeGroupedGemmHost, SfmoeGroupedGemmCuda),
+      pair("sfmoe_grouped_quantize", SfmoeGroupedQuantizeHost, SfmoeGroupedQuantizeCuda),
+      pair("sfmoe_grouped_gemm_quantized", SfmoeGroupedGemmQuantizedHost,
+           SfmoeGroupedGemmQuantizedCuda),
       pair("sfmoe_activation", SfmoeActivationHost, SfmoeActivationCuda),
       pair("sfmoe_activation_backward", SfmoeActivationBackwardHost, SfmoeActivationBackwardCuda)};
 }

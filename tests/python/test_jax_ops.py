@@ -168,6 +168,98 @@ def test_grouped_gemm_forms_and_grouped_linear_equal_the_reference(rng, dtype):
     _same(d_w, sfmoe.grouped_gemm("wgrad", dy, x, offsets, out_dtype=dtype), "d_w")
 
 
+def _finite_special(rng, shape):
+    """Normal values with signed zeros, subnormals and large values mixed in (no Inf or NaN: the
+    FP8 per-tensor and NVFP4 scales follow the amax, which they would make Inf or NaN)."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    flat = x.reshape(-1)
+    picks = rng.choice(flat.size, size=8, replace=False)
+    flat[picks] = np.array([0.0, -0.0, 1e-39, -3e-40, 1e-45, 600.0, -2e4, 1e-8], np.float32)
+    return x
+
+
+_QUANTIZED = ["fp8_tensor", "fp8_block_1x128", "mxfp8", "nvfp4"]
+
+
+def _quantized_problem(rng, G, N, K, R):
+    offsets = _offsets(rng, G, R)
+    offsets[2] = offsets[1]  # an empty group
+    x = _finite_special(rng, (R, K))
+    w = _finite_special(rng, (G * N, K))
+    dy = _finite_special(rng, (R, N))
+    return offsets, x, w, dy
+
+
+@pytest.mark.parametrize("recipe", _QUANTIZED)
+def test_quantize_and_the_quantized_gemm_equal_the_reference(rng, recipe):
+    """sfmoe.jax.quantize gives sfmoe.quantize's codes, scales, amax and padded offsets; the
+    grouped GEMM on them (each form, its copies) gives sfmoe.grouped_gemm's bits on the NumPy
+    quantized operands; under jit, the tensors pass as pytrees."""
+    G, N, K, R = 5, 128, 256, 200
+    offsets, x, w, dy = _quantized_problem(rng, G, N, K, R)
+    off = jnp.asarray(offsets.astype(np.int32))
+    both = dict(rowwise=True, columnwise=True)
+    qx_np = sfmoe.quantize(x, recipe, group_offsets=offsets, **both)
+    qdy_np = sfmoe.quantize(dy, recipe, group_offsets=offsets, **both)
+    qw_np = sfmoe.quantize(w, recipe, uniform_group_rows=N, **both)
+    qx = sfmoe_jax.quantize(jnp.asarray(x), recipe, group_offsets=off, **both)
+    qdy = sfmoe_jax.quantize(jnp.asarray(dy), recipe, group_offsets=off, **both)
+    qw = jax.jit(lambda w: sfmoe_jax.quantize(w, recipe, uniform_group_rows=N, **both))(jnp.asarray(w))
+    # the padded offsets, the rows they cover (codes and their scales), the amax
+    out_offsets = np.asarray(qx.group_offsets)[..., 0] if qx.group_offsets.ndim == 2 else np.asarray(qx.group_offsets)
+    np.testing.assert_array_equal(out_offsets, qx_np.group_offsets)
+    end = int(qx_np.group_offsets[-1])
+    fp4 = recipe == "nvfp4"
+    codes = lambda a: np.asarray(a).view(np.uint8)  # noqa: E731
+    np.testing.assert_array_equal(codes(qx.data)[:end], codes(qx_np.data)[:end], err_msg="rowwise codes")
+    if recipe != "fp8_tensor":
+        np.testing.assert_array_equal(codes(qx.scale_inv)[:end], codes(qx_np.scale_inv)[:end], err_msg="rowwise scales")
+    else:
+        _same(qx.scale_inv, qx_np.scale_inv, "tensor scales")
+    if qx_np.amax is not None:
+        _same(qx.amax, qx_np.amax, "amax")
+    assert (qx.data.shape[-1] * (2 if fp4 else 1)) == K
+    qx_f = jax.jit(lambda t: t)(qx)  # (a pytree through jit)
+    assert isinstance(qx_f, sfmoe.GroupedQuantizedTensor) and qx_f.recipe == recipe
+
+    gemm = jax.jit(sfmoe_jax.grouped_gemm_quantized, static_argnums=0)
+    for form, a, b, a_np, b_np, rows in (
+        ("fprop", qx, qw, qx_np, qw_np, True),
+        ("dgrad", qdy, qw, qdy_np, qw_np, True),
+        ("wgrad", qdy, qx, qdy_np, qx_np, False),
+    ):
+        want = sfmoe.grouped_gemm(form, a_np, b_np)
+        got = gemm(form, a, b)
+        _same(np.asarray(got)[:end] if rows else got, np.asarray(want)[:end] if rows else want, f"{recipe} {form}")
+    with pytest.raises(TypeError, match="quantized"):
+        sfmoe_jax.grouped_gemm_quantized("fprop", jnp.asarray(x), qw)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _GPU, reason="no GPU: the CUDA quantize and GEMM run on the GPU machine")
+@pytest.mark.parametrize("recipe", _QUANTIZED)
+def test_on_the_gpu_quantize_and_the_quantized_gemm_match_the_cpu(rng, recipe):
+    """On the H200: the codes, scales and amax of the CUDA quantization equal the CPU's; the GEMM
+    (tensor cores, another summation order; MXFP8 / NVFP4 emulated) within 1e-5 relative L2."""
+    G, N, K, R = 4, 128, 256, 384
+    offsets, x, w, dy = _quantized_problem(rng, G, N, K, R)
+    results = {}
+    for device in (_CPU, _GPU[0]):
+        put = lambda a: jax.device_put(jnp.asarray(a), device)  # noqa: E731
+        off = put(offsets.astype(np.int32))
+        qx = sfmoe_jax.quantize(put(x), recipe, group_offsets=off, row_alignment=128)
+        qw = sfmoe_jax.quantize(put(w), recipe, uniform_group_rows=N)
+        results[device.platform] = (qx, sfmoe_jax.grouped_gemm_quantized("fprop", qx, qw))
+    (cx, cy), (gx, gy) = results["cpu"], results["gpu"]
+    end = int(np.asarray(cx.group_offsets).reshape(G + 1, -1)[-1, 0])
+    codes = lambda a: np.asarray(a).view(np.uint8)  # noqa: E731
+    np.testing.assert_array_equal(codes(gx.data)[:end], codes(cx.data)[:end], err_msg="codes")
+    if recipe == "fp8_tensor":
+        _same(gx.scale_inv, cx.scale_inv, "scales")
+    cy, gy = np.asarray(cy, np.float64)[:end], np.asarray(gy, np.float64)[:end]
+    assert 1 - 2 * (cy * gy).sum() / (cy * cy + gy * gy).sum() < 1e-5
+
+
 @pytest.mark.parametrize("activation", ["swiglu", "gelu", "clamped_swiglu", "squared_relu"])
 def test_grouped_activation_equals_the_reference(rng, activation):
     G, R, F = 5, 70, 19

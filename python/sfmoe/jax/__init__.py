@@ -22,7 +22,17 @@ import numpy as np
 
 from .. import _C
 from .._moe_config import MoEConfig
-from ._ops import Permuted, grouped_activation, grouped_gemm, grouped_linear, permute, router, unpermute
+from ._ops import (
+    Permuted,
+    grouped_activation,
+    grouped_gemm,
+    grouped_gemm_quantized,
+    grouped_linear,
+    permute,
+    quantize,
+    router,
+    unpermute,
+)
 
 try:
     from .. import _jax as _handlers
@@ -40,12 +50,14 @@ __all__ = [
     "fuse_wi",
     "grouped_activation",
     "grouped_gemm",
+    "grouped_gemm_quantized",
     "grouped_linear",
     "moe_block",
     "moe_block_sfmoe_layout",
     "moe_layer",
     "permute",
     "plan",
+    "quantize",
     "router",
     "split_wi",
     "to_maxtext_layout",

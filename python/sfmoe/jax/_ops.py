@@ -1,13 +1,15 @@
 """The ops a JAX user composes, as XLA FFI calls (python/src/jax_ops_ffi.cpp; docs/jax.md, "Ops"):
 the router, permute / unpermute, the grouped GEMM and the grouped activation, each differentiable
 through ``jax.custom_vjp`` with sfmoe's own backward kernels, on unquantized rows (float32,
-bfloat16; float16 where the op takes it). Shapes are static (planned from the host-known sizes);
+bfloat16; float16 where the op takes it); grouped quantization and the grouped GEMM on quantized
+operands (forward only). Shapes are static (planned from the host-known sizes);
 group offsets, counts and row maps stay on the device as int32 arrays (int64 under x64).
 
 Rows past ``group_offsets[-1]`` of a row-shaped result are not written (their contents are
 unspecified, as in ``jnp.empty``); every op reads only the rows its offsets name.
 """
 
+import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -17,7 +19,9 @@ import numpy as np
 
 from .. import _C
 from .._activation import ACTIVATIONS, GATED
-from .._dtypes import DType
+from .._arrays import container_shape
+from .._dtypes import DType, ScaleLayout, numpy_container
+from .._quantize import GroupedQuantizedTensor, QuantizeConfig, _element_dtype, _recipe_scaling, _scale_layout
 from .._router import _SCORES
 
 _FORMS = {"fprop": 0, "dgrad": 1, "wgrad": 2}
@@ -436,3 +440,174 @@ def grouped_activation(x, group_offsets, group_rows, activation="swiglu", *, lim
     rules.attributes()  # (checks the kind before tracing)
     out_dtype = x.dtype if out_dtype is None else jnp.dtype(out_dtype)
     return _activation(x, group_offsets, group_rows, rules, jnp.dtype(out_dtype))
+
+
+# ---- grouped quantization and the quantized grouped GEMM ------------------------------------------
+
+# sfmoe's GroupedQuantizedTensor as a JAX pytree: its arrays the leaves, the rest static.
+jax.tree_util.register_pytree_node(
+    GroupedQuantizedTensor,
+    lambda q: q.flatten(),
+    lambda metadata, arrays: GroupedQuantizedTensor.unflatten(arrays, metadata),
+)
+
+
+def _container(spec):
+    """The JAX array type of one planned buffer (dtype, shape in elements, bytes); INT64 as the
+    handlers read it (int32 pairs without x64)."""
+    dtype, shape, _ = spec
+    dtype = DType(dtype)
+    if dtype == DType.INT64:
+        return _int64_result(tuple(shape))
+    return jax.ShapeDtypeStruct(container_shape(shape, dtype, "planned buffer"), numpy_container(dtype))
+
+
+def _quantized_attributes(q, prefix=""):
+    fields = dict(
+        dtype=int(q.dtype),
+        scaling=int(q.scaling),
+        scale_layout=int(q.scale_layout),
+        num_groups=q.num_groups,
+        row_capacity=q.rows,
+        cols=q.cols,
+        row_alignment=q.row_alignment,
+        uniform_group_rows=q.uniform_group_rows,
+    )
+    return {prefix + k: np.int64(v) for k, v in fields.items()}
+
+
+def _quantized_arrays(q):
+    """The seven arrays of a quantized tensor in the handlers' order, a 0-byte array for each
+    absent one."""
+    nothing = jnp.zeros((0,), jnp.uint8)
+    return [nothing if getattr(q, name) is None else getattr(q, name) for name in GroupedQuantizedTensor.ARRAY_FIELDS]
+
+
+def quantize(
+    x,
+    recipe,
+    *,
+    group_offsets=None,
+    uniform_group_rows=None,
+    rowwise=True,
+    columnwise=False,
+    fmt="e4m3",
+    scale_layout="compact",
+    row_alignment=None,
+    power_of_two_scales=False,
+):
+    """Grouped quantization of rows x [rows, cols] (float32, bfloat16, float16) as one FFI call:
+    sfmoe.quantize's rules and options (docs/quantization.md; recipes "fp8_tensor",
+    "fp8_block_1x128", "fp8_block_128x128", "mxfp8", "nvfp4", "nvfp4_2d"), the groups by
+    group_offsets [G + 1] (int32 device array) or uniform_group_rows, else one group of all rows.
+    Returns a :class:`sfmoe.GroupedQuantizedTensor` of JAX arrays (a pytree: it passes through
+    ``jit``), its group_offsets the padded output offsets (int32 pairs [G + 1, 2] without x64). Not
+    differentiated. NVFP4's stochastic rounding and Hadamard copies are the torch frontend's."""
+    x = _rows(x, "x")
+    scaling = _recipe_scaling(recipe)
+    dtype = _element_dtype(scaling, fmt)
+    layout = _scale_layout(scale_layout, scaling)
+    if not (rowwise or columnwise):
+        raise ValueError("rowwise and columnwise are both False: there is nothing to produce")
+    rows, cols = x.shape
+    if group_offsets is not None and uniform_group_rows is not None:
+        raise ValueError("pass group_offsets or uniform_group_rows, not both")
+    if group_offsets is not None:
+        num_groups, uniform = jnp.shape(group_offsets)[0] - 1, 0
+        offsets = _int64(group_offsets)
+    else:
+        uniform = rows if uniform_group_rows is None else int(uniform_group_rows)
+        if uniform < 1 or rows % uniform:
+            raise ValueError(f"uniform_group_rows: {uniform} does not divide the {rows} rows")
+        num_groups, offsets = rows // uniform, jnp.zeros((0,), jnp.uint8)
+    plan = _C.plan_grouped_quantize(
+        dict(
+            dtype=int(dtype),
+            scaling=int(scaling),
+            scale_layout=int(layout),
+            rowwise=bool(rowwise),
+            columnwise=bool(columnwise),
+            hadamard_columnwise=False,
+            num_groups=num_groups,
+            cols=cols,
+            input_rows=rows,
+            input_row_alignment=1,
+            uniform_group_rows=uniform,
+            row_alignment=0 if row_alignment is None else int(row_alignment),
+            row_capacity=0,
+        )
+    )
+    buffers = plan["buffers"]
+    planned = {
+        "data": buffers["rowwise_data"],
+        "columnwise_data": buffers["columnwise_data"],
+        "scale_inv": buffers["rowwise_scale_inv"],
+        "columnwise_scale_inv": buffers["columnwise_scale_inv"],
+        "amax": buffers["amax"],
+        "columnwise_amax": buffers["columnwise_amax"],
+        "group_offsets": buffers["group_offsets"],
+    }
+    results = tuple(
+        jax.ShapeDtypeStruct((0,), jnp.uint8) if planned[name] is None else _container(planned[name])
+        for name in GroupedQuantizedTensor.ARRAY_FIELDS
+    )
+    config = QuantizeConfig(power_of_two_scales=bool(power_of_two_scales))
+    q = GroupedQuantizedTensor(
+        **dict.fromkeys(GroupedQuantizedTensor.ARRAY_FIELDS),
+        recipe=recipe,
+        dtype=DType(plan["dtype"]),
+        scale_layout=ScaleLayout(plan["scale_layout"]),
+        row_alignment=plan["row_alignment"],
+        rows=plan["row_capacity"],
+        cols=plan["cols"],
+        num_groups=plan["num_groups"],
+        config=config,
+        uniform_group_rows=plan["uniform_group_rows"],
+    )
+    arrays = _call(
+        "sfmoe_grouped_quantize",
+        results,
+        x,
+        offsets,
+        power_of_two_scales=np.int64(bool(power_of_two_scales)),
+        **_quantized_attributes(q),
+    )
+    present = {n: a for n, a in zip(GroupedQuantizedTensor.ARRAY_FIELDS, arrays) if planned[n] is not None}
+    return dataclasses.replace(q, **present)
+
+
+def grouped_gemm_quantized(form, a, b, *, out_dtype=jnp.float32, fast_accumulation=False):
+    """One grouped GEMM on two quantized operands (from :func:`quantize`; weights with uniform
+    groups), as sfmoe.grouped_gemm takes them: "fprop" a = X rows, b = W [G, N, K] -> [R, N];
+    "dgrad" a = dY rows, b = W -> [R, K]; "wgrad" a = dY, b = X -> dW [G, N, K]. Each form reads
+    the copies its kernel reads (fprop rowwise; dgrad W columnwise; wgrad both columnwise), which
+    must be present; the groups are a's offsets. FP32 sums; MXFP8 and NVFP4 emulated on Hopper.
+    Not differentiated."""
+    if form not in _FORMS:
+        raise ValueError(f"form: expected 'fprop', 'dgrad' or 'wgrad', got {form!r}")
+    for name, q in (("a", a), ("b", b)):
+        if not isinstance(q, GroupedQuantizedTensor):
+            raise TypeError(f"{name}: expected a quantized tensor from sfmoe.jax.quantize, got {type(q).__name__}")
+    if a.group_offsets is None:
+        raise ValueError("a: the row operand needs group offsets (quantize it with group_offsets)")
+    groups = a.num_groups
+    if form == "wgrad":
+        shape = (groups, a.cols, b.cols)
+    elif form == "fprop":
+        shape = (a.rows, b.uniform_group_rows)
+    else:
+        shape = (a.rows, b.cols)
+    workspace = _C.grouped_gemm_workspace_bytes(groups, int(a.scaling), a.rows, a.cols, int(b.scaling), b.rows, b.cols)
+    out, _ = _call(
+        "sfmoe_grouped_gemm_quantized",
+        (jax.ShapeDtypeStruct(shape, jnp.dtype(out_dtype)), _bytes(workspace)),
+        *_quantized_arrays(a),
+        *_quantized_arrays(b),
+        a.group_offsets,
+        form=np.int64(_FORMS[form]),
+        fast_accumulation=np.int64(bool(fast_accumulation)),
+        hadamard_columnwise=np.int64(0),
+        **_quantized_attributes(a, "a_"),
+        **_quantized_attributes(b, "b_"),
+    )
+    return out
