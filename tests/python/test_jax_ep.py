@@ -3,7 +3,8 @@ stages with XLA's all-gathers and all-to-alls between them, one rank a call. Und
 ``jax.vmap(axis_name=...)`` on one device (the ranks emulated, as on the one H200) and inside
 ``jax.shard_map`` over CPU devices (a subprocess with --xla_force_host_platform_device_count, also
 composed with a data axis): equal to the single-device layer on the whole batch bit for bit
-(output and every gradient, FP32); the overflow counts (DROP beyond a capacity) equal to the
+(output and every gradient, FP32; the FP8 per-tensor, FP8 blockwise and MXFP8 recipes too, NVFP4's
+output); the overflow counts (DROP beyond a capacity) equal to the
 counts the routing implies; SPILL equal to an unlimited capacity (the weight gradients, summed
 over two rounds, within FP32 rounding); misuse refused."""
 
@@ -101,6 +102,23 @@ def test_ranks_under_vmap_equal_the_single_layer_bit_for_bit(rng, R):
     assert np.array_equal(np.asarray(counts_ep["tokens_per_expert"]).reshape(-1), counts["tokens_per_expert"])
     assert int(np.asarray(counts_ep["dropped_per_expert"]).sum()) == 0
     assert np.array_equal(np.asarray(counts_ep["routed_per_expert"]).sum(0), counts["routed_per_expert"])
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "blockwise", "mxfp8", "nvfp4"])
+def test_quantized_recipes_over_ranks_equal_the_single_layer(rng, recipe):
+    """Each expert's rows are the same rows in the same order over the ranks, so its scales are
+    too: every output and gradient bit for bit; NVFP4's gradients round stochastically by each
+    element's place in its rank's buffer, so there the output only."""
+    R, T, H, F, E, k = 2, 16, 128, 128, 4, 2
+    x, logits, w1, w2, dy = _problem(rng, R, T, H, F, E)
+    single = MoEConfig(H, F, E, k, row_alignment=128, recipe=recipe)
+    ep = MoEConfig(H, F, E, k, row_alignment=128, recipe=recipe, ep_size=R, max_tokens_per_rank=T)
+    y, grads, _ = _single(x, logits, w1, w2, dy, single)
+    y_ep, grads_ep, _ = _ranks(x, logits, w1, w2, dy, ep, R)
+    _expect_same(y, y_ep, f"y ({recipe})")
+    if recipe != "nvfp4":
+        for name, a, b in zip(("d x", "d logits", "d w1", "d w2"), grads, grads_ep):
+            _expect_same(a, b, f"{name} ({recipe})")
 
 
 def _expected_drops(ids, R, El, capacity):
