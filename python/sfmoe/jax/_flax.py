@@ -15,7 +15,7 @@ weights (and their gradients) on the way in and out; :func:`to_sfmoe_layout` and
 """
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Optional
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -27,43 +27,49 @@ from . import moe_block, moe_block_sfmoe_layout
 class MoEBlock(nn.Module):
     """A MoE FFN: x [..., H] -> (y like x, aux_loss, counts). ``fused_wi`` picks the FC1 layout;
     the experts' weights are kept in ``param_dtype`` and run in x's dtype (bfloat16 or float32).
-    ``rng_offset`` (nvfp4): the gradients' rounding stream, advanced by the caller each step."""
+    ``rng_offset`` (nvfp4): the gradients' rounding stream, advanced by the caller each step.
+    ``ep_axis``: an expert-parallel config's expert mesh axis (the module applied inside
+    ``shard_map``; docs/jax.md, "Expert parallelism"): the experts' weights are then this rank's
+    ``num_experts / ep_size`` (the gate and the expert bias stay global)."""
 
     config: MoEConfig
     fused_wi: bool = False
     layout: str = "maxtext"  # or "sfmoe": w1 [E, fc1_cols, H] and w2 [E, H, F], no transposes
     param_dtype: Any = jnp.float32
     kernel_init: Any = nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))
+    ep_axis: Optional[str] = None
 
     @nn.compact
     def __call__(self, x, rng_offset=None):
         c = self.config
         H, F, E = c.hidden_size, c.ffn_hidden_size, c.num_experts
+        El = c.local_experts if self.ep_axis is not None else E  # (the experts' weights this rank holds)
         gate = self.param("gate", lambda key: {"kernel": nn.initializers.lecun_normal()(key, (H, E), jnp.float32)})
         if self.layout not in ("maxtext", "sfmoe"):
             raise ValueError(f"layout: expected 'maxtext' or 'sfmoe', got {self.layout!r}")
         bias = None
         if c.expert_bias:
             bias = self.variable("moe", "expert_bias", lambda: jnp.zeros((E,), jnp.float32)).value
+        ep = dict(ep_axis=self.ep_axis)
         if self.layout == "sfmoe":
             # (initialized as the fused MaxText layout's wi and wo would be, transposed)
             w1 = self.param(
-                "w1", lambda key: jnp.swapaxes(self.kernel_init(key, (E, H, c.fc1_cols), self.param_dtype), 1, 2)
+                "w1", lambda key: jnp.swapaxes(self.kernel_init(key, (El, H, c.fc1_cols), self.param_dtype), 1, 2)
             )
-            w2 = self.param("w2", lambda key: jnp.swapaxes(self.kernel_init(key, (E, F, H), self.param_dtype), 1, 2))
-            return moe_block_sfmoe_layout(x, gate["kernel"], w1, w2, c, expert_bias=bias, rng_offset=rng_offset)
+            w2 = self.param("w2", lambda key: jnp.swapaxes(self.kernel_init(key, (El, F, H), self.param_dtype), 1, 2))
+            return moe_block_sfmoe_layout(x, gate["kernel"], w1, w2, c, expert_bias=bias, rng_offset=rng_offset, **ep)
         if self.fused_wi:
-            wi = self.param("wi", self.kernel_init, (E, H, c.fc1_cols), self.param_dtype)
+            wi = self.param("wi", self.kernel_init, (El, H, c.fc1_cols), self.param_dtype)
         else:
             halves = c.fc1_cols // F
-            wi = tuple(self.param(f"wi_{i}", self.kernel_init, (E, H, F), self.param_dtype) for i in range(halves))
+            wi = tuple(self.param(f"wi_{i}", self.kernel_init, (El, H, F), self.param_dtype) for i in range(halves))
             wi = wi if halves > 1 else wi[0]
-        wo = self.param("wo", self.kernel_init, (E, F, H), self.param_dtype)
+        wo = self.param("wo", self.kernel_init, (El, F, H), self.param_dtype)
         if isinstance(wi, tuple):
             wi = tuple(w.astype(x.dtype) for w in wi)
         else:
             wi = wi.astype(x.dtype)
-        return moe_block(x, gate["kernel"], wi, wo.astype(x.dtype), c, expert_bias=bias, rng_offset=rng_offset)
+        return moe_block(x, gate["kernel"], wi, wo.astype(x.dtype), c, expert_bias=bias, rng_offset=rng_offset, **ep)
 
 
 def _convert(tree, node):
