@@ -87,6 +87,13 @@ typedef struct sfmoe_ep_config {
    * world_size ranks in which this process is `rank` (borrowed: it must outlive the group). */
   const uint8_t* nccl_unique_id;
   void* nccl_comm;
+  /* Rows one source sends one rank at most, >= 1; SFMOE_EP_CAPACITY_WORST_CASE (the default) or
+   * 0: all it could. A slot past it (in the source's token, slot order) is dropped as one past the
+   * receive capacity is (counted; TRAP and SPILL raise SFMOE_FAULT_EP_OVERFLOW), its row still
+   * taking its place in the destination's order. It bounds a per-rank transport's blocks
+   * (pair_rows) and so the bytes moved, e.g. to 1.25 T k / R rows; the device loopback, which
+   * moves nothing between ranks, refuses it (SFMOE_ERROR_UNSUPPORTED). */
+  int64_t pair_capacity;
 } sfmoe_ep_config;
 
 #define SFMOE_EP_NCCL_UNIQUE_ID_BYTES 128
@@ -94,7 +101,7 @@ typedef struct sfmoe_ep_config {
 SFMOE_API sfmoe_status sfmoe_ep_nccl_unique_id(uint8_t out[SFMOE_EP_NCCL_UNIQUE_ID_BYTES]);
 
 /* struct_size set, LOOPBACK, world 1, row_alignment 1, BF16 (scaling NONE), DROP, the worst-case
- * capacity, everything else 0. */
+ * capacities (receive and pair), everything else 0. */
 SFMOE_API sfmoe_ep_config sfmoe_ep_config_init(void);
 
 typedef struct sfmoe_ep_group sfmoe_ep_group;
@@ -118,7 +125,8 @@ typedef struct sfmoe_ep_plan {
   int64_t scale_columns;    /* columns of the scales beside each row (0 without them) */
   sfmoe_dtype scale_dtype;  /* FP32 (TENSOR, BLOCK_1X128) or E8M0 (MX_1X32) */
   int64_t pair_rows;        /* NCCL: rows of each pair of ranks' staging block (what one source
-                               can send one rank: min(T k, T E_l, both capacities)); else 0 */
+                               can send one rank: min(T k, T E_l, both capacities,
+                               pair_capacity)); else 0 */
   int64_t staging_bytes;    /* NCCL: the device memory the group holds for its staging; else 0 */
 } sfmoe_ep_plan;
 

@@ -82,6 +82,10 @@ typedef struct sfmoe_moe_layer_config {
    * between the calls' stages (sfmoe_moe_layer_forward_stage below; JAX's shard_map). EXTERNAL
    * takes ep_world_size and the ep_* fields, no ep_group. */
   sfmoe_ep_transport ep_transport;
+  /* Rows one rank sends another at most (sfmoe_ep_config.pair_capacity: it bounds the per-rank
+   * transports' blocks, the bytes moved); SFMOE_EP_CAPACITY_WORST_CASE by default. With
+   * ep_group, the group's applies (leave it at the default). */
+  int64_t ep_pair_capacity;
 } sfmoe_moe_layer_config;
 
 SFMOE_API sfmoe_moe_layer_config sfmoe_moe_layer_config_init(void);

@@ -63,12 +63,16 @@ class MoEConfig:
     # (None: all it can be sent), and past it ep_overflow: "drop", "trap" (drop, and the status
     # word's fault) or "spill" (a second round of at most ep_spill_factor * max_tokens_per_rank *
     # topk rows; None: all that can overflow; needs gradient_accumulation_fusion and bf16).
+    # ep_pair_factor: each rank sends another at most ep_pair_factor * max_tokens_per_rank * topk /
+    # ep_size rows (the rest dropped as past the capacity): it bounds the fixed blocks the per-rank
+    # transports move, about ep_size times smaller than the worst case at 1.0-1.5; None: no bound.
     ep_size: int = 1
     ep_rank: int = 0
     max_tokens_per_rank: int = 0
     ep_capacity_factor: Optional[float] = None
     ep_overflow: str = "drop"
     ep_spill_factor: Optional[float] = None
+    ep_pair_factor: Optional[float] = None
 
     def __post_init__(self):
         if self.score_function not in _SCORES:
@@ -98,7 +102,7 @@ class MoEConfig:
                 raise ValueError(
                     "with an ep_group the capacity is the ranks' (ep_capacity_factor); capacity_factor must be None"
                 )
-        for name in ("ep_capacity_factor", "ep_spill_factor"):
+        for name in ("ep_capacity_factor", "ep_spill_factor", "ep_pair_factor"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be positive, got {value}")
@@ -130,6 +134,9 @@ class MoEConfig:
             receive_capacity=capacity,
             overflow=_EP_OVERFLOW[self.ep_overflow],
             spill_capacity=spill,
+            pair_capacity=-1
+            if self.ep_pair_factor is None
+            else max(1, math.ceil(self.ep_pair_factor * per_rank / self.ep_size)),
         )
 
     @property

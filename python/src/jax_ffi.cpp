@@ -53,7 +53,8 @@ const char* const kIntFields[] = {"hidden",
                                   "ep_overflow",
                                   "ep_spill_capacity",
                                   "ep_transport",
-                                  "accumulate_weight_grads"};
+                                  "accumulate_weight_grads",
+                                  "ep_pair_capacity"};
 const char* const kFloatFields[] = {"scaling_factor", "activation_limit", "activation_alpha"};
 
 struct LayerKey {
@@ -122,6 +123,7 @@ ffi::ErrorOr<const Layer*> layer_for(const ffi::Dictionary& attrs, sfmoe_memory 
   c.ep_spill_capacity = i[20];
   c.ep_transport = static_cast<sfmoe_ep_transport>(i[21]);
   c.accumulate_weight_grads = static_cast<int32_t>(i[22]);  // (EP SPILL's FP32 sums from zero)
+  c.ep_pair_capacity = i[23];
   auto made = std::make_unique<Layer>();
   sfmoe_status status = sfmoe_moe_layer_create(&c, memory, device, &made->layer);
   if (status == SFMOE_SUCCESS) {

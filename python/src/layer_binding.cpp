@@ -36,6 +36,8 @@ sfmoe_moe_layer_config layer_config(const nb::dict& d) {
     store_enum(&c.ep_overflow, nb::cast<int32_t>(d["ep_overflow"]));
     c.ep_spill_capacity = nb::cast<int64_t>(d["ep_spill_capacity"]);
     store_enum(&c.ep_transport, nb::cast<int32_t>(d["ep_transport"]));
+    if (d.contains("ep_pair_capacity"))
+      c.ep_pair_capacity = nb::cast<int64_t>(d["ep_pair_capacity"]);
   }
   return c;
 }
@@ -71,6 +73,7 @@ class EpGroup {
     c.receive_capacity = nb::cast<int64_t>(d["receive_capacity"]);
     store_enum(&c.overflow, nb::cast<int32_t>(d["overflow"]));
     c.spill_capacity = nb::cast<int64_t>(d["spill_capacity"]);
+    if (d.contains("pair_capacity")) c.pair_capacity = nb::cast<int64_t>(d["pair_capacity"]);
     c.nccl_unique_id = id_;
     // (blocks until every rank has made its group: set-up, outside any step)
     call_released([&] { return sfmoe_ep_group_create(&c, SFMOE_MEMORY_CUDA, device, &group_); });

@@ -122,6 +122,19 @@ sfmoe_status check_ep_config(const char* context, const sfmoe_ep_config* c, sfmo
                         "with DROP or TRAP, got %lld",
                 context, static_cast<long long>(c->spill_capacity));
   }
+  if (c->pair_capacity < 0 && c->pair_capacity != SFMOE_EP_CAPACITY_WORST_CASE) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                "%s: pair_capacity must be >= 1 rows, or 0 / SFMOE_EP_CAPACITY_WORST_CASE (no "
+                "bound), got %lld",
+                context, static_cast<long long>(c->pair_capacity));
+  }
+  if (c->pair_capacity > 0 && transport == SFMOE_EP_TRANSPORT_LOOPBACK &&
+      memory == SFMOE_MEMORY_CUDA) {
+    return fail(SFMOE_ERROR_UNSUPPORTED,
+                "%s: pair_capacity bounds what the per-rank transports move between ranks; the "
+                "device loopback does not take it (the host loopback, the reference, does)",
+                context);
+  }
   if (!permute_alignment_is_valid(c->row_alignment)) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT,
                 "%s: row_alignment must be 1, 8, 16, 32, 64 or 128, got %lld", context,
@@ -376,6 +389,7 @@ sfmoe_ep_config sfmoe_ep_config_init(void) {
   c.payload = SFMOE_DTYPE_BF16;
   c.overflow = SFMOE_EP_OVERFLOW_DROP;
   c.receive_capacity = SFMOE_EP_CAPACITY_WORST_CASE;
+  c.pair_capacity = SFMOE_EP_CAPACITY_WORST_CASE;
   return c;
 }
 

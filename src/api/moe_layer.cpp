@@ -39,10 +39,12 @@ sfmoe_status take_ep_group(const char* context, const sfmoe_moe_layer_config* c,
                 context);
   }
   if (c->ep_receive_capacity != SFMOE_EP_CAPACITY_WORST_CASE ||
-      c->ep_overflow != SFMOE_EP_OVERFLOW_DROP || c->ep_spill_capacity != 0) {
+      c->ep_overflow != SFMOE_EP_OVERFLOW_DROP || c->ep_spill_capacity != 0 ||
+      c->ep_pair_capacity != SFMOE_EP_CAPACITY_WORST_CASE) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT,
                 "%s: with ep_group the group's capacities and overflow policy apply: leave "
-                "ep_receive_capacity, ep_overflow and ep_spill_capacity at their defaults",
+                "ep_receive_capacity, ep_overflow, ep_spill_capacity and ep_pair_capacity at their "
+                "defaults",
                 context);
   }
   const bool same = g.world_size == c->ep_world_size &&
@@ -74,6 +76,7 @@ sfmoe_status take_ep_group(const char* context, const sfmoe_moe_layer_config* c,
   s->ep_receive_capacity = g.receive_capacity;
   s->ep_overflow = g.overflow;
   s->ep_spill_capacity = g.spill_capacity;
+  s->ep_pair_capacity = g.pair_capacity;
   return SFMOE_SUCCESS;
 }
 
@@ -209,6 +212,7 @@ sfmoe_status check_config(const char* context, const sfmoe_moe_layer_config* c, 
     s->ep_receive_capacity = c->ep_receive_capacity;
     s->ep_overflow = c->ep_overflow;
     s->ep_spill_capacity = c->ep_spill_capacity;
+    s->ep_pair_capacity = c->ep_pair_capacity;
   }
   s->hidden = c->hidden;
   s->ffn = c->ffn_hidden;
@@ -229,7 +233,7 @@ sfmoe_status check_config(const char* context, const sfmoe_moe_layer_config* c, 
     char group_context[192];
     snprintf(group_context, sizeof(group_context),
              "%s: the layer's expert-parallel group (ep_world_size, ep_receive_capacity, "
-             "ep_overflow, ep_spill_capacity):",
+             "ep_overflow, ep_spill_capacity, ep_pair_capacity):",
              context);
     const sfmoe_ep_config group = layer::ep_config_of(*s);
     SFMOE_RETURN_IF_ERROR(check_ep_config(group_context, &group, memory, device));
@@ -673,6 +677,7 @@ sfmoe_moe_layer_config sfmoe_moe_layer_config_init(void) {
   c.ep_world_size = 1;
   c.ep_receive_capacity = SFMOE_EP_CAPACITY_WORST_CASE;
   c.ep_overflow = SFMOE_EP_OVERFLOW_DROP;
+  c.ep_pair_capacity = SFMOE_EP_CAPACITY_WORST_CASE;
   return c;
 }
 

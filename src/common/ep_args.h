@@ -31,10 +31,11 @@ struct EpRankRouting {
   int64_t* expert_kept;      // [E, 2]: this rank's rows kept by each expert, per round
   int64_t* all_kept;         // [R, E, 2]: every rank's expert_kept
   int64_t* bases;            // [R + E]: the rows earlier ranks send each destination, and each
-                             // expert
+                             // expert (once the kept counts are known: the rows of each expert
+                             // they keep)
   int64_t* expert_rows;      // [4, E]: each expert's first row at its rank in rounds 0 and 1, and
                              // its rows kept in rounds 0 and 1 (all ranks')
-  int64_t* expert_position;  // [T, k]: each slot's place in its expert's list
+  int64_t* expert_position;  // [T, k]: each slot's place among this rank's slots to its expert
   int64_t* received_from;    // [R]: the rows this rank keeps from each source
   int64_t* received_row;     // [R, P]: this rank's row of each source's staging row i
   int64_t* rank;             // [1]: this process's rank, as the routing read it (where it runs)
@@ -50,6 +51,7 @@ struct EpShape {
   int64_t rounds;            // 2 with SPILL, else 1
   int64_t spill_capacity;    // the second round's rows at most (0 with one round)
   int64_t spill_row_base;    // the second round's first row
+  int64_t pair_capacity;     // rows a source sends one rank at most (INT64_MAX: no bound)
 };
 
 // Group g = round * E_l + local expert; its offsets start at offsets[round (E_l + 1)], counted
@@ -124,6 +126,25 @@ struct EpRankExchange {
   float* recv_values;
   int64_t* send_index;  // [R, P]: dispatch's rows at the destinations
 };
+
+// A per-rank transport's decision for a slot at `position` in its destination's list and
+// `in_pair` among its source's slots to that destination (pair_rows: the pair's block): kept in
+// a round, or dropped past the capacities (overflow) or past the block, which only a token naming
+// an expert twice can reach (bad_index).
+struct EpKeep {
+  int64_t round;
+  bool kept, overflow, bad_index;
+};
+SFMOE_HD EpKeep ep_keep_of(const EpShape& s, int64_t position, int64_t in_pair, int64_t pair_rows) {
+  const int64_t round = ep_round_of(s, position);
+  const bool over_pair = in_pair >= s.pair_capacity, fits = in_pair < pair_rows;
+  EpKeep k;
+  k.round = round;
+  k.overflow = round < 0 || over_pair;
+  k.bad_index = !fits && !over_pair;
+  k.kept = !k.overflow && !k.bad_index;
+  return k;
+}
 
 // A per-rank transport's rank: `rank_device` (EXTERNAL: read where the routing runs) or `rank`;
 // one outside [0, world) raises SFMOE_FAULT_BAD_INDEX (its value) and is taken as the nearest.

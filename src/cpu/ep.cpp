@@ -1,6 +1,7 @@
 // Expert parallelism, CPU reference (docs/ep.md): the routing and the two row movements of every
 // rank held by this process, with the rules of src/common/ep_args.h. It is the definition the
 // device transports are checked against, bit for bit.
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -25,9 +26,12 @@ void ep_route(const EpRouteArgs& a) {
   // Keep or drop, in (source rank, token, slot) order: each destination keeps its first
   // receive_capacity rows in the first round, (SPILL) the next spill_capacity in the second.
   // send_row holds the group for now.
-  std::vector<int64_t> received(static_cast<size_t>(R), 0);
+  // (and a slot past its source's pair_capacity rows to its destination is dropped the same way,
+  // its place in the destination's list taken all the same)
+  std::vector<int64_t> received(static_cast<size_t>(R), 0), in_pair(static_cast<size_t>(R));
   for (int64_t r = 0; r < R; ++r) {
     const EpRankRouting& q = a.routing[r];
+    std::fill(in_pair.begin(), in_pair.end(), 0);
     for (int64_t slot = 0; slot < a.tokens[r] * k; ++slot) {
       const int32_t e = a.topk_ids[r][slot];
       q.send_rank[slot] = -1;
@@ -38,8 +42,8 @@ void ep_route(const EpRouteArgs& a) {
       }
       const int64_t d = e / El, local = e % El;
       ++a.routing[d].routed[local];
-      const int64_t round = ep_round_of(s, received[d]++);
-      if (round < 0) {
+      const int64_t round = ep_round_of(s, received[d]++), pair_index = in_pair[d]++;
+      if (round < 0 || pair_index >= s.pair_capacity) {
         ++q.dropped[e];
         if (a.trap && a.word != nullptr) raise_fault(a.word, SFMOE_FAULT_EP_OVERFLOW, d, e);
         continue;

@@ -107,19 +107,20 @@ sfmoe_status ep_route_rank(const EpRouteArgs& a) {
       if (e < 0 || e >= E) continue;
       const int64_t d = e / El;
       const int64_t position = h.bases[d] + h.send_rank[slot];
-      const int64_t in_expert = h.bases[R + e] + h.send_row[slot];
-      const int64_t round = ep_round_of(s, position);
-      const bool fits = position - h.bases[d] < P;  // (as the device's, src/cuda/ep)
-      if (round < 0 || !fits) {
+      // (among this rank's slots to e; the earlier ranks' kept rows of e added below, once known)
+      const int64_t in_expert = h.send_row[slot];
+      const EpKeep keep = ep_keep_of(s, position, position - h.bases[d], P);
+      if (!keep.kept) {
         h.send_rank[slot] = -1;
         h.send_row[slot] = -1;
         ++h.dropped[e];
-        if (!fits && a.word != nullptr) raise_fault(a.word, SFMOE_FAULT_BAD_INDEX, d, e);
-        if (round < 0 && a.trap && a.word != nullptr) {
+        if (keep.bad_index && a.word != nullptr) raise_fault(a.word, SFMOE_FAULT_BAD_INDEX, d, e);
+        if (keep.overflow && a.trap && a.word != nullptr) {
           raise_fault(a.word, SFMOE_FAULT_EP_OVERFLOW, d, e);
         }
         continue;
       }
+      const int64_t round = keep.round;
       h.send_rank[slot] = static_cast<int32_t>(d);
       h.send_row[slot] = position - h.bases[d];
       h.expert_position[slot] = in_expert;
@@ -141,6 +142,10 @@ sfmoe_status ep_route_rank(const EpRouteArgs& a) {
         kept0[e] += h.all_kept[(q * E + e) * 2];
         kept1[e] += h.all_kept[(q * E + e) * 2 + 1];
       }
+      h.bases[R + e] = 0;  // the rows of e kept from the ranks before this one
+      for (int64_t q = 0; q < rank; ++q) {
+        h.bases[R + e] += h.all_kept[(q * E + e) * 2] + h.all_kept[(q * E + e) * 2 + 1];
+      }
     }
     for (int64_t d = 0; d < R; ++d) ep_destination_blocks(s, h, d, rank);
     for (int64_t l = 0; l < El; ++l) {
@@ -157,7 +162,8 @@ sfmoe_status ep_route_rank(const EpRouteArgs& a) {
     for (int64_t slot = 0; slot < slots; ++slot) {
       const int64_t d = h.send_rank[slot];
       if (d < 0) continue;
-      const int64_t e = ids[slot], j = h.expert_position[slot], first_round = kept0[e];
+      const int64_t e = ids[slot], j = h.bases[R + e] + h.expert_position[slot];
+      const int64_t first_round = kept0[e];
       x.send_index[d * P + h.send_row[slot]] =
           j < first_round ? begin0[e] + j : begin1[e] + (j - first_round);
     }

@@ -311,6 +311,7 @@ sfmoe_ep_config ep_config_of(const MoeLayerShape& s) {
   c.receive_capacity = s.ep_receive_capacity;
   c.overflow = s.ep_overflow;
   c.spill_capacity = s.ep_spill_capacity;
+  c.pair_capacity = s.ep_pair_capacity;
   c.transport = s.ep_transport;
   c.rank = s.ep_rank;
   return c;

@@ -63,6 +63,7 @@ struct MoeLayerShape {
   int64_t ep_receive_capacity = SFMOE_EP_CAPACITY_WORST_CASE;
   sfmoe_ep_overflow ep_overflow = SFMOE_EP_OVERFLOW_DROP;
   int64_t ep_spill_capacity = 0;
+  int64_t ep_pair_capacity = SFMOE_EP_CAPACITY_WORST_CASE;  // rows a rank sends another at most
   // The loopback holds every rank in this process; NCCL (an EP group's) this process's `ep_rank`;
   // EXTERNAL one rank a call, in stages (the rank read on the device, the collectives the
   // caller's: src/ops/ep_stages.h).

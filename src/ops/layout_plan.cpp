@@ -613,6 +613,7 @@ Outcome plan_ep(const sfmoe_ep_config& c, sfmoe_memory memory, EpLayout* layout)
     return refuse(SFMOE_ERROR_SHAPE_MISMATCH, "the expert-parallel group's sizes overflow");
   }
   if (!spill) s.spill_row_base = 0;
+  s.pair_capacity = c.pair_capacity > 0 ? c.pair_capacity : INT64_MAX;
   const int32_t scaling = static_cast<int32_t>(c.payload_scaling);
   if (scaling == SFMOE_SCALING_TENSOR) layout->scale_columns = 1;
   if (scaling == SFMOE_SCALING_BLOCK_1X128) layout->scale_columns = (c.hidden + 127) / 128;
@@ -628,6 +629,7 @@ Outcome plan_ep(const sfmoe_ep_config& c, sfmoe_memory memory, EpLayout* layout)
     const int64_t kept = s.receive_capacity + s.spill_capacity;
     layout->pair_rows =
         c.max_tokens_per_rank * per_token < kept ? c.max_tokens_per_rank * per_token : kept;
+    if (s.pair_capacity < layout->pair_rows) layout->pair_rows = s.pair_capacity;
     if (layout->pair_rows < 1) layout->pair_rows = 1;
     const int64_t element = sfmoe_dtype_bits(c.payload) / 8;
     layout->staging_row_bytes = c.hidden * (element > 2 ? element : 2);

@@ -37,6 +37,9 @@ struct EpLayerCase {
   // DROP beyond a receive capacity of this many rows (0: the worst case, nothing dropped): the
   // EP layer then differs from the single layer, and is compared with itself over transports.
   int64_t drop_capacity = 0;
+  // > 0: each rank sends another at most this many rows (the rest dropped; host loopback and the
+  // per-rank transports only)
+  int64_t pair_capacity = 0;
 };
 
 // Where the buffers live: allocation (filled with one byte), copies both ways, release, and a
@@ -100,6 +103,7 @@ struct EpLayerRun {
       ep_shape.ep_spill_capacity = SFMOE_EP_CAPACITY_WORST_CASE;
     }
     if (c.drop_capacity > 0) ep_shape.ep_receive_capacity = c.drop_capacity;
+    if (c.pair_capacity > 0) ep_shape.ep_pair_capacity = c.pair_capacity;
     external_shape = ep_shape;
     external_shape.ep_transport = SFMOE_EP_TRANSPORT_EXTERNAL;
     EXPECT_TRUE(layer::plan_moe_layer(single_shape, m.memory, &single_plan).ok());
@@ -199,6 +203,19 @@ struct EpLayerRun {
       std::vector<int64_t> kept(static_cast<size_t>(2 * El));
       m.download(kept.data(), q.kept, kept.size() * 8);
       for (int64_t g = El; g < 2 * El; ++g) n += kept[g];
+    }
+    return n;
+  }
+
+  // Rows the ranks dropped (every rank's handle of the last step over `plan`).
+  int64_t dropped(const layer::MoeLayerPlan& plan) {
+    m.wait();
+    int64_t n = 0;
+    for (int64_t r = 0; r < world; ++r) {
+      const EpRankRouting q = ops::ep_routing_at(plan.ep, saved[1 + r] + plan.ep_handle.offset);
+      std::vector<int64_t> v(static_cast<size_t>(c.experts));
+      m.download(v.data(), q.dropped, v.size() * 8);
+      for (int64_t d : v) n += d;
     }
     return n;
   }
@@ -390,7 +407,10 @@ inline int expect_external_stages_equal_the_loopback(const std::vector<EpLayerCa
     } else {
       EXPECT_EQ(run.step_external(), SFMOE_SUCCESS) << sfmoe_last_error();
     }
-    if (c.drop_capacity == 0) run.expect_equal("EXTERNAL");
+    if (c.drop_capacity == 0 && c.pair_capacity == 0) run.expect_equal("EXTERNAL");
+    if (c.drop_capacity > 0 || c.pair_capacity > 0) {
+      EXPECT_GT(run.dropped(run.external_plan), 0) << "the capacity is meant to bind";
+    }
   }
   return static_cast<int>(cases.size());
 }

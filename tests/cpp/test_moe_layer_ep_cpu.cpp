@@ -89,6 +89,10 @@ TEST(MoeLayerEp, ExternalStagesEqualTheLoopbackBitForBit) {
   drop.dtype = SFMOE_DTYPE_FP32;
   drop.drop_capacity = 5;
   cases.push_back(drop);
+  EpLayerCase pair{"R 4, a pair capacity of 3 rows", {13, 9, 17, 6}, 16, 8, 8, 3, 8};
+  pair.dtype = SFMOE_DTYPE_FP32;
+  pair.pair_capacity = 3;
+  cases.push_back(pair);
   cases.push_back({"R 1", {11}, 16, 8, 4, 2, 8});
   LayerMemory m = host_memory();
   const int n = expect_external_stages_equal_the_loopback(cases, m, rng);

@@ -31,6 +31,7 @@ struct DeviceEpCase {
   sfmoe_ep_overflow overflow = SFMOE_EP_OVERFLOW_DROP;
   int64_t spill = 0;
   sfmoe_scaling scaling = SFMOE_SCALING_NONE;  // FP8 payloads: dispatch only (with scales)
+  int64_t pair = 0;  // > 0: the pair capacity (per-rank transports and the host loopback)
   bool fp8() const { return scaling != SFMOE_SCALING_NONE; }
 };
 
@@ -316,6 +317,7 @@ inline sfmoe_ep_config config_of(const DeviceEpCase& c) {
   config.overflow = c.overflow;
   config.spill_capacity = c.spill;
   config.payload_scaling = c.scaling;
+  config.pair_capacity = c.pair > 0 ? c.pair : SFMOE_EP_CAPACITY_WORST_CASE;
   return config;
 }
 

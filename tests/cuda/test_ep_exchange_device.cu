@@ -41,6 +41,34 @@ std::vector<DeviceEpCase> exchange_cases() {
                    16, 100, SFMOE_DTYPE_BF16, false, false});
   cases.push_back({"R 2 fp16, k > E_l, odd H, trap", 2, 3, 61, 5, 19, 8, 70, SFMOE_DTYPE_FP16, true,
                    false, SFMOE_EP_OVERFLOW_TRAP});
+  DeviceEpCase pair{"R 4 bf16, a pair capacity of 40 rows binds, skewed",
+                    4,
+                    4,
+                    120,
+                    4,
+                    64,
+                    16,
+                    SFMOE_EP_CAPACITY_WORST_CASE,
+                    SFMOE_DTYPE_BF16,
+                    true,
+                    false};
+  pair.pair = 40;
+  cases.push_back(pair);
+  DeviceEpCase pair_spill{"R 8 bf16, SPILL and a pair capacity of 25",
+                          8,
+                          2,
+                          64,
+                          3,
+                          32,
+                          8,
+                          100,
+                          SFMOE_DTYPE_BF16,
+                          false,
+                          false,
+                          SFMOE_EP_OVERFLOW_SPILL,
+                          SFMOE_EP_CAPACITY_WORST_CASE};
+  pair_spill.pair = 25;
+  cases.push_back(pair_spill);
   return cases;
 }
 
@@ -94,7 +122,8 @@ TEST(CudaEpExchange, RanksMeetingInCollectivesEqualTheLoopback) {
       memcpy(v.data(), run.dropped[r].host.data(), v.size() * 8);
       for (int64_t n : v) dropped += n;
     }
-    if (c.capacity != SFMOE_EP_CAPACITY_WORST_CASE && c.spill != SFMOE_EP_CAPACITY_WORST_CASE) {
+    if ((c.capacity != SFMOE_EP_CAPACITY_WORST_CASE && c.spill != SFMOE_EP_CAPACITY_WORST_CASE) ||
+        c.pair > 0) {
       EXPECT_GT(dropped, 0) << "the capacity binds";
     }
     for (sfmoe_ep_group* g : groups) sfmoe_ep_group_destroy(g);

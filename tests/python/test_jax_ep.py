@@ -121,19 +121,22 @@ def test_quantized_recipes_over_ranks_equal_the_single_layer(rng, recipe):
             _expect_same(a, b, f"{name} ({recipe})")
 
 
-def _expected_drops(ids, R, El, capacity):
+def _expected_drops(ids, R, El, capacity, pair=None):
     """Each rank's dropped slots per global expert when each destination keeps its first
-    `capacity` rows in (source rank, token, slot) order (docs/ep.md)."""
+    `capacity` rows in (source rank, token, slot) order and each source sends each destination
+    `pair` rows at most (docs/ep.md)."""
     E = R * El
     T = ids.shape[0] // R
     dropped = np.zeros((R, E), np.int64)
     received = np.zeros(R, np.int64)
     for r in range(R):
+        in_pair = np.zeros(R, np.int64)
         for slot in ids[r * T : (r + 1) * T].reshape(-1):
             d = slot // El
-            if received[d] >= capacity:
+            if received[d] >= capacity or (pair is not None and in_pair[d] >= pair):
                 dropped[r, slot] += 1
             received[d] += 1
+            in_pair[d] += 1
     return dropped
 
 
@@ -151,6 +154,13 @@ def test_drop_counts_are_exact_and_spill_equals_an_unlimited_capacity(rng):
     assert np.array_equal(np.asarray(counts["dropped_per_expert"]), want)
     kept = np.asarray(counts["tokens_per_expert"]).sum(1)
     assert np.array_equal(kept, np.minimum(np.bincount(ids.reshape(-1) // (E // R), minlength=R), capacity))
+    # a pair capacity of 0.5 T k / R rows: its drops too, with the receive capacity's
+    pair = int(np.ceil(0.5 * T * k / R))
+    paired = _ep_config(H, F, E, k, R, T, ep_capacity_factor=0.5, ep_pair_factor=0.5)
+    _, _, counts = _ranks(x, logits, w1, w2, dy, paired, R)
+    want = _expected_drops(ids, R, E // R, capacity, pair)
+    assert want.sum() > _expected_drops(ids, R, E // R, capacity).sum(), "the pair capacity is meant to bind"
+    assert np.array_equal(np.asarray(counts["dropped_per_expert"]), want)
     # SPILL (a second round for what does not fit) gives the unlimited layer's results
     spill = _ranks(x, logits, w1, w2, dy, _ep_config(H, F, E, k, R, T, ep_capacity_factor=0.5, ep_overflow="spill"), R)
     _expect_same(unlimited[0], spill[0], "y (SPILL)")

@@ -110,13 +110,21 @@ def _fields(config, tokens, dtype):
             ep_receive_capacity=ep["receive_capacity"],
             ep_overflow=ep["overflow"],
             ep_spill_capacity=ep["spill_capacity"],
+            ep_pair_capacity=ep["pair_capacity"],
             ep_transport=_C.EP_TRANSPORT_EXTERNAL,
         )
         # SPILL adds its second round's weight gradients to the first's: FP32 buffers the
         # backward starts from zeros (_ep_backward_call)
         fields["accumulate_weight_grads"] = config.ep_overflow == "spill"
     else:
-        fields.update(ep_world_size=1, ep_receive_capacity=-1, ep_overflow=0, ep_spill_capacity=0, ep_transport=0)
+        fields.update(
+            ep_world_size=1,
+            ep_receive_capacity=-1,
+            ep_overflow=0,
+            ep_spill_capacity=0,
+            ep_pair_capacity=-1,
+            ep_transport=0,
+        )
     return fields
 
 

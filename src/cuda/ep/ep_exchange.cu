@@ -90,17 +90,20 @@ __global__ void rank_keep_kernel(EpShape s, int64_t slots, const int32_t* ids, E
   if (e < 0 || e >= E) return;  // (marked by the chunk kernel)
   const int64_t d = e / El, c = g / kEpRouteChunk;
   const int64_t position = h.bases[d] + counts[(E + d) * chunks + c] + h.send_rank[g];
-  const int64_t in_expert = h.bases[R + e] + counts[e * chunks + c] + h.send_row[g];
-  const int64_t round = ep_round_of(s, position);
-  // (a pair's block holds every row a source can send one rank, min(T k, T E_l) and the
-  // capacity; past it only if a token names an expert twice, which the host refuses)
-  const bool fits = position - h.bases[d] < pair_rows;
-  if (round < 0 || !fits) {
+  // (among this rank's slots to e: every earlier one is kept when this one is, the drops being a
+  // suffix of the destination's list and of each pair's; the earlier ranks' kept rows of e are
+  // added once every rank's kept counts are known, rank_blocks_kernel)
+  const int64_t in_expert = counts[e * chunks + c] + h.send_row[g];
+  // (a pair's block holds every row a source can send one rank, min(T k, T E_l), the capacity
+  // and the pair capacity; past it only if a token names an expert twice)
+  const EpKeep keep = ep_keep_of(s, position, position - h.bases[d], pair_rows);
+  const int64_t round = keep.round;
+  if (!keep.kept) {
     h.send_rank[g] = -1;
     h.send_row[g] = -1;
     atomicAdd(reinterpret_cast<unsigned long long*>(&h.dropped[e]), 1ull);
-    if (!fits && word != nullptr) raise_fault(word, SFMOE_FAULT_BAD_INDEX, d, e);
-    if (round < 0 && trap && word != nullptr) raise_fault(word, SFMOE_FAULT_EP_OVERFLOW, d, e);
+    if (keep.bad_index && word != nullptr) raise_fault(word, SFMOE_FAULT_BAD_INDEX, d, e);
+    if (keep.overflow && trap && word != nullptr) raise_fault(word, SFMOE_FAULT_EP_OVERFLOW, d, e);
     return;
   }
   h.send_rank[g] = static_cast<int32_t>(d);
@@ -125,6 +128,11 @@ __global__ void rank_blocks_kernel(EpShape s, EpRankRouting h) {
     }
     kept0[e] = first;
     kept1[e] = second;
+    int64_t before = 0;  // the rows of e kept from the ranks before this one
+    for (int64_t q = 0; q < rank; ++q) {
+      before += h.all_kept[(q * E + e) * 2] + h.all_kept[(q * E + e) * 2 + 1];
+    }
+    h.bases[R + e] = before;
   }
   __syncthreads();
   for (int64_t d = threadIdx.x; d < R; d += blockDim.x) ep_destination_blocks(s, h, d, rank);
@@ -151,7 +159,8 @@ __global__ void rank_rows_kernel(EpShape s, int64_t slots, const int32_t* ids, E
   if (g >= slots) return;
   const int64_t d = h.send_rank[g];
   if (d < 0) return;
-  const int64_t e = ids[g], j = h.expert_position[g], first_round = h.expert_rows[2 * E + e];
+  const int64_t e = ids[g], j = h.bases[s.world + e] + h.expert_position[g];
+  const int64_t first_round = h.expert_rows[2 * E + e];
   send_index[d * pair_rows + h.send_row[g]] =
       j < first_round ? h.expert_rows[e] + j : h.expert_rows[E + e] + (j - first_round);
 }
