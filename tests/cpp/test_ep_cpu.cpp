@@ -871,6 +871,12 @@ TEST(EpLoopbackCpu, BadConfigurationsAndCallsAreRefusedWithoutWriting) {
   bad.spill_capacity = 8;  // a second round without SPILL
   refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "spill_capacity");
   bad = c;
+  bad.pair_capacity = -7;
+  refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "pair_capacity");
+  bad = c;
+  bad.transport = SFMOE_EP_TRANSPORT_EXTERNAL;  // a layer's stages only
+  refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "EXTERNAL");
+  bad = c;
   bad.payload = SFMOE_DTYPE_FP8_E4M3;
   bad.payload_scaling = SFMOE_SCALING_BLOCK_128X128;  // not a rows' scaling
   refused(bad, SFMOE_ERROR_INVALID_ARGUMENT, "payload_scaling");

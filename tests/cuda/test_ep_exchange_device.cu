@@ -218,6 +218,9 @@ TEST(CudaEpNccl, BadConfigurationsAreRefused) {
   bad.world_size = 65;
   bad.nccl_unique_id = id;
   refused(bad, SFMOE_ERROR_UNSUPPORTED, "64 ranks");
+  bad = config_of(c);  // the device loopback takes no pair capacity
+  bad.pair_capacity = 16;
+  refused(bad, SFMOE_ERROR_UNSUPPORTED, "pair_capacity");
   // Combine rows wider than the staging's rows.
   EmulatedWorld world(1);
   DeviceEpCase one = device_cases()[0];
