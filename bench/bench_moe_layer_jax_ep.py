@@ -10,12 +10,11 @@ and the slots past it are dropped (counted). Writes JSON to $OUT/bench_moe_layer
 
 import json
 import os
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from bench_moe_layer_jax import jax_median_ms as median_ms  # (bench/ on the path)
 from sfmoe.jax import MoEConfig, moe_layer
 
 # (H, F, E, k, T global, R ranks, ep_pair_factor)
@@ -25,16 +24,6 @@ SHAPES = {
     "DeepSeek-V3 EP8-local, EP4": (7168, 2048, 32, 8, 4096, 4, None),
     "DeepSeek-V3 EP8-local, EP4, pair 2.0": (7168, 2048, 32, 8, 4096, 4, 2.0),
 }
-
-
-def median_ms(fn, *args, runs=20):
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
 
 
 def step_of(config, axis=None):

@@ -461,22 +461,8 @@ def quantize(
         capacity = _integer(out_row_capacity, "out_row_capacity", 0)
         if dtype == DType.FP4_E2M1 and capacity % 2:
             raise ValueError(f"out_row_capacity: fp4_e2m1 tensors need an even row capacity, got {capacity}")
-    plan = _C.plan_grouped_quantize(
-        dict(
-            dtype=int(dtype),
-            scaling=int(scaling),
-            scale_layout=int(layout),
-            rowwise=rowwise,
-            columnwise=columnwise,
-            hadamard_columnwise=config.hadamard and columnwise,
-            num_groups=num_groups,
-            cols=cols,
-            input_rows=rows,
-            input_row_alignment=1,
-            uniform_group_rows=uniform_rows,
-            row_alignment=a,
-            row_capacity=capacity,
-        )
+    plan = plan_quantize(
+        dtype, scaling, layout, rowwise, columnwise, config.hadamard, num_groups, cols, rows, uniform_rows, a, capacity
     )
     q = _from_plan(adapter, x, plan, config)
     with adapter.device_context(x):
@@ -490,24 +476,47 @@ def quantize(
     return q
 
 
-def _from_plan(adapter, like, plan, config, group_offsets=None):
-    """An empty GroupedQuantizedTensor holding the buffers of `plan` (a `_C.plan_*` dict) on like's
-    device; group_offsets: an offsets array to use instead of the planned one."""
-    buffers = plan["buffers"]
+def plan_quantize(
+    dtype, scaling, layout, rowwise, columnwise, hadamard, num_groups, cols, rows, uniform_rows, row_alignment, capacity
+):
+    """The C planner's layout (a `_C.plan_grouped_quantize` dict) of a grouped quantization of
+    `rows` input rows (row_alignment and capacity 0: the library's defaults)."""
+    return _C.plan_grouped_quantize(
+        dict(
+            dtype=int(dtype),
+            scaling=int(scaling),
+            scale_layout=int(layout),
+            rowwise=bool(rowwise),
+            columnwise=bool(columnwise),
+            hadamard_columnwise=bool(hadamard and columnwise),
+            num_groups=num_groups,
+            cols=cols,
+            input_rows=rows,
+            input_row_alignment=1,
+            uniform_group_rows=uniform_rows,
+            row_alignment=row_alignment,
+            row_capacity=capacity,
+        )
+    )
 
-    def array(name):
-        return _arrays.empty_planned(adapter, buffers[name], like, name)
 
-    scaling = Scaling(plan["scaling"])
+# Each array field of GroupedQuantizedTensor and the planned buffer that holds it.
+PLANNED_BUFFERS = {
+    "data": "rowwise_data",
+    "columnwise_data": "columnwise_data",
+    "scale_inv": "rowwise_scale_inv",
+    "columnwise_scale_inv": "columnwise_scale_inv",
+    "amax": "amax",
+    "columnwise_amax": "columnwise_amax",
+    "group_offsets": "group_offsets",
+}
+
+
+def tensor_from_plan(plan, config, arrays):
+    """The GroupedQuantizedTensor of `plan` with `arrays` ({field: array}, absent ones None)."""
     return GroupedQuantizedTensor(
-        data=array("rowwise_data"),
-        columnwise_data=array("columnwise_data"),
-        scale_inv=array("rowwise_scale_inv"),
-        columnwise_scale_inv=array("columnwise_scale_inv"),
-        amax=array("amax"),
-        columnwise_amax=array("columnwise_amax"),
-        group_offsets=array("group_offsets") if group_offsets is None else group_offsets,
-        recipe=_RECIPE_OF[scaling],
+        **arrays,
+        recipe=_RECIPE_OF[Scaling(plan["scaling"])],
         dtype=DType(plan["dtype"]),
         scale_layout=ScaleLayout(plan["scale_layout"]),
         row_alignment=plan["row_alignment"],
@@ -517,6 +526,18 @@ def _from_plan(adapter, like, plan, config, group_offsets=None):
         config=config,
         uniform_group_rows=plan["uniform_group_rows"],
     )
+
+
+def _from_plan(adapter, like, plan, config, group_offsets=None):
+    """An empty GroupedQuantizedTensor holding the buffers of `plan` (a `_C.plan_*` dict) on like's
+    device; group_offsets: an offsets array to use instead of the planned one."""
+    arrays = {
+        field: _arrays.empty_planned(adapter, plan["buffers"][name], like, name)
+        for field, name in PLANNED_BUFFERS.items()
+    }
+    if group_offsets is not None:
+        arrays["group_offsets"] = group_offsets
+    return tensor_from_plan(plan, config, arrays)
 
 
 def with_tensor_scales(config, scaling, tensor_scales, num_groups):

@@ -529,8 +529,7 @@ sfmoe_status prepare_ranks(const char* context, const sfmoe_moe_layer* layer,
 }
 
 // An EXTERNAL layer's collectives into the C struct.
-sfmoe_status stages_of(const char* context, const sfmoe_moe_layer* layer,
-                       const std::vector<ops::EpCollective>& collectives,
+sfmoe_status stages_of(const char* context, const std::vector<ops::EpCollective>& collectives,
                        sfmoe_moe_stages* stages) {
   SFMOE_RETURN_IF_ERROR(check_struct(context, "stages", stages, "sfmoe_moe_stages_init()"));
   const size_t n = collectives.size();
@@ -543,7 +542,6 @@ sfmoe_status stages_of(const char* context, const sfmoe_moe_layer* layer,
         collectives[i].all_to_all ? SFMOE_EP_COLLECTIVE_ALL_TO_ALL : SFMOE_EP_COLLECTIVE_ALL_GATHER;
     stages->collective[i].bytes = collectives[i].bytes;
   }
-  (void)layer;
   return SFMOE_SUCCESS;
 }
 
@@ -612,7 +610,7 @@ sfmoe_status sfmoe_moe_layer_get_forward_stages(const sfmoe_moe_layer* layer,
   const char* context = "sfmoe_moe_layer_get_forward_stages";
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_external(context, layer));
-    return sfmoe::stages_of(context, layer, layer->plan.forward_collectives, stages);
+    return sfmoe::stages_of(context, layer->plan.forward_collectives, stages);
   });
 }
 
@@ -627,7 +625,7 @@ sfmoe_status sfmoe_moe_layer_get_backward_stages(const sfmoe_moe_layer* layer,
       return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: unknown backward part %d", context,
                          static_cast<int>(p));
     }
-    return sfmoe::stages_of(context, layer, layer->plan.backward_collectives[p], stages);
+    return sfmoe::stages_of(context, layer->plan.backward_collectives[p], stages);
   });
 }
 

@@ -20,8 +20,17 @@ import numpy as np
 from .. import _C
 from .._activation import ACTIVATIONS, GATED
 from .._arrays import container_shape
-from .._dtypes import DType, ScaleLayout, numpy_container
-from .._quantize import GroupedQuantizedTensor, QuantizeConfig, _element_dtype, _recipe_scaling, _scale_layout
+from .._dtypes import DType, numpy_container
+from .._quantize import (
+    PLANNED_BUFFERS,
+    GroupedQuantizedTensor,
+    QuantizeConfig,
+    _element_dtype,
+    _recipe_scaling,
+    _scale_layout,
+    plan_quantize,
+    tensor_from_plan,
+)
 from .._router import _SCORES
 
 _FORMS = {"fprop": 0, "dgrad": 1, "wgrad": 2}
@@ -520,50 +529,17 @@ def quantize(
         if uniform < 1 or rows % uniform:
             raise ValueError(f"uniform_group_rows: {uniform} does not divide the {rows} rows")
         num_groups, offsets = rows // uniform, jnp.zeros((0,), jnp.uint8)
-    plan = _C.plan_grouped_quantize(
-        dict(
-            dtype=int(dtype),
-            scaling=int(scaling),
-            scale_layout=int(layout),
-            rowwise=bool(rowwise),
-            columnwise=bool(columnwise),
-            hadamard_columnwise=False,
-            num_groups=num_groups,
-            cols=cols,
-            input_rows=rows,
-            input_row_alignment=1,
-            uniform_group_rows=uniform,
-            row_alignment=0 if row_alignment is None else int(row_alignment),
-            row_capacity=0,
-        )
+    alignment = 0 if row_alignment is None else int(row_alignment)
+    plan = plan_quantize(
+        dtype, scaling, layout, rowwise, columnwise, False, num_groups, cols, rows, uniform, alignment, 0
     )
-    buffers = plan["buffers"]
-    planned = {
-        "data": buffers["rowwise_data"],
-        "columnwise_data": buffers["columnwise_data"],
-        "scale_inv": buffers["rowwise_scale_inv"],
-        "columnwise_scale_inv": buffers["columnwise_scale_inv"],
-        "amax": buffers["amax"],
-        "columnwise_amax": buffers["columnwise_amax"],
-        "group_offsets": buffers["group_offsets"],
-    }
+    planned = {field: plan["buffers"][name] for field, name in PLANNED_BUFFERS.items()}
     results = tuple(
         jax.ShapeDtypeStruct((0,), jnp.uint8) if planned[name] is None else _container(planned[name])
         for name in GroupedQuantizedTensor.ARRAY_FIELDS
     )
     config = QuantizeConfig(power_of_two_scales=bool(power_of_two_scales))
-    q = GroupedQuantizedTensor(
-        **dict.fromkeys(GroupedQuantizedTensor.ARRAY_FIELDS),
-        recipe=recipe,
-        dtype=DType(plan["dtype"]),
-        scale_layout=ScaleLayout(plan["scale_layout"]),
-        row_alignment=plan["row_alignment"],
-        rows=plan["row_capacity"],
-        cols=plan["cols"],
-        num_groups=plan["num_groups"],
-        config=config,
-        uniform_group_rows=plan["uniform_group_rows"],
-    )
+    q = tensor_from_plan(plan, config, dict.fromkeys(GroupedQuantizedTensor.ARRAY_FIELDS))
     arrays = _call(
         "sfmoe_grouped_quantize",
         results,
