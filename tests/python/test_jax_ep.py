@@ -104,6 +104,25 @@ def test_ranks_under_vmap_equal_the_single_layer_bit_for_bit(rng, R):
     assert np.array_equal(np.asarray(counts_ep["routed_per_expert"]).sum(0), counts["routed_per_expert"])
 
 
+@pytest.mark.parametrize("case", range(3))
+def test_random_rank_counts_and_shapes_equal_the_single_layer(rng, case):
+    """Fresh each run: 1 to 4 ranks (3 too), 1 to 3 experts a rank, k up to 4, few tokens a rank,
+    row alignment 1 or 8, softmax or sigmoid scores: bit for bit as above."""
+    R = int(rng.integers(1, 5))
+    E = R * int(rng.integers(1, 4))
+    k = int(rng.integers(1, min(E, 4) + 1))
+    T, H, F = int(rng.choice([1, 2, 7, 13])), int(rng.choice([8, 24, 40])), int(rng.choice([8, 16, 24]))
+    options = dict(row_alignment=int(rng.choice([1, 8])), score_function=str(rng.choice(["softmax", "sigmoid"])))
+    x, logits, w1, w2, dy = _problem(rng, R, T, H, F, E)
+    y, grads, counts = _single(x, logits, w1, w2, dy, MoEConfig(H, F, E, k, **options))
+    ep = MoEConfig(H, F, E, k, ep_size=R, max_tokens_per_rank=T, **options)
+    y_ep, grads_ep, counts_ep = _ranks(x, logits, w1, w2, dy, ep, R)
+    _expect_same(y, y_ep, f"y (R {R}, E {E}, k {k}, T {T}, {options})")
+    for name, a, b in zip(("d x", "d logits", "d w1", "d w2"), grads, grads_ep):
+        _expect_same(a, b, name)
+    assert np.array_equal(np.asarray(counts_ep["tokens_per_expert"]).reshape(-1), counts["tokens_per_expert"])
+
+
 @pytest.mark.parametrize("recipe", ["tensorwise", "blockwise", "mxfp8", "nvfp4"])
 def test_quantized_recipes_over_ranks_equal_the_single_layer(rng, recipe):
     """Each expert's rows are the same rows in the same order over the ranks, so its scales are
