@@ -205,6 +205,16 @@ def test_sigmoid_routing_with_capacity_and_the_aux_loss():
     assert module.aux_loss is not None and float(module.aux_loss) > 0
 
 
+def test_an_input_of_another_width_is_refused_by_name():
+    module = MoE(16, 8, 4, 2, dtype=torch.float32)
+    before = [p.detach().clone() for p in module.parameters()]
+    for bad in (torch.randn(10, 15), torch.randn(3, 4, 17), torch.tensor(1.0)):
+        with pytest.raises(ValueError, match=r"x must be \[\.\.\., 16\] \(hidden_size\)"):
+            module(bad)
+    assert all(torch.equal(a, b) for a, b in zip(before, module.parameters()))
+    assert module(torch.randn(2, 3, 16)).shape == (2, 3, 16)
+
+
 def test_a_second_backward_through_one_forward_is_refused():
     # The layer's backward writes FC1's gradient over its saved output; the op declares the
     # mutation, so autograd's version check stops a retained graph's second backward.

@@ -501,6 +501,12 @@ class MoE(torch.nn.Module):
     def forward(self, x):
         shape = x.shape
         c = self.config
+        if x.dim() == 0 or shape[-1] != c.hidden_size:
+            raise ValueError(f"sfmoe.torch.MoE: x must be [..., {c.hidden_size}] (hidden_size), got {list(shape)}")
+        if x.device != self.experts.weight1.device:
+            raise ValueError(
+                f"sfmoe.torch.MoE: x is on {x.device}, the module's weights on {self.experts.weight1.device}"
+            )
         x = x.reshape(-1, c.hidden_size).to(self.experts.weight1.dtype).contiguous()
         logits = _Fp32Gate.apply(x, self.router.weight)
         saved_bytes = _saved_bytes(self._key, x.shape[0], x.dtype, x.device)
