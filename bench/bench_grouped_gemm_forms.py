@@ -1,5 +1,5 @@
 """BF16 grouped GEMM, fprop and dgrad, per kernel: sfmoe's own contiguous kernels (contig256,
-contig128: one TMA descriptor per operand, a device tile scheduler) beside the CUTLASS ptr-array
+contig192, contig128, and contig256c2 / contig192c2 in 2-CTA clusters multicasting W: one TMA descriptor per operand, a device tile scheduler) beside the CUTLASS ptr-array
 tile the heuristic picks, `torch._grouped_mm` and a dense cuBLAS GEMM of the same FLOPs, all timed
 in the same process (as bench_grouped_gemm_torch.py times them: sfmoe graphed, each peer the faster
 of eager and graphed). The library reads SFMOE_GEMM_TILE once when it loads, so each kernel runs in
@@ -32,7 +32,7 @@ SHAPES = {  # name: (local experts E, routed rows M, hidden, ffn)
     "DeepSeek-V2-Lite": (64, 8192 * 6, 2048, 1408),
 }
 FAMILIES = ("DeepSeek-V3 EP8", "Qwen3-30B-A3B", "Mixtral-8x7B")  # balanced and Zipf; the others balanced
-TILES = os.environ.get("SFMOE_BENCH_FORMS_TILES", "default,contig256,contig128").split(",")
+TILES = os.environ.get("SFMOE_BENCH_FORMS_TILES", "default,contig256,contig256c2,contig192c2").split(",")
 
 
 def child():

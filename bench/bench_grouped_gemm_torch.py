@@ -88,7 +88,18 @@ def peer(fn):
 # The tiles each recipe compiles (src/cuda/heuristics/gemm_tiles.h), swept per case; the result
 # key of each recipe in a case's row.
 RECIPE_TILES = {
-    "bf16": ("coop128", "coop256", "pingpong64", "coop256x128", "pingpong128", "contig256", "contig128"),
+    "bf16": (
+        "coop128",
+        "coop256",
+        "pingpong64",
+        "coop256x128",
+        "pingpong128",
+        "contig256",
+        "contig192",
+        "contig128",
+        "contig256c2",
+        "contig192c2",
+    ),
     "fp8": ("coop128", "coop256", "pingpong64"),
     "fp8 fast": ("coop128", "coop256", "coop256x128", "pingpong128"),
 }
@@ -103,7 +114,10 @@ SHORT = {
     "coop256x128": "c256x128",
     "pingpong128": "p128",
     "contig256": "own256",
+    "contig192": "own192",
     "contig128": "own128",
+    "contig256c2": "own256c2",
+    "contig192c2": "own192c2",
 }
 # Stock CUTLASS 4.2 grouped FP8 (fast accumulation), balanced cases: ../shared/GPU.md, another run.
 CUTLASS_FP8 = {

@@ -456,6 +456,35 @@ TEST(GroupedGemmHeuristics, ShapeFamiliesGetTheMeasuredTiles) {
       GemmTile::kCooperative128x256);
   EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kBf16, 4096, 64, 7168, 2048),
             GemmTile::kCooperative128x256);
+  // BF16 fprop and dgrad: 192 wide where it covers the GEMM's N (n in fprop, k in dgrad) with
+  // fewer columns than 256 (gpt-oss's 2880 and 5760), 256 where both cover it alike or 256 less.
+  EXPECT_EQ(
+      choose_gemm_tile_for(GroupedGemmForm::kFprop, GemmRecipe::kBf16, 32768, 128, 2880, 2880),
+      GemmTile::kContiguous128x192);
+  EXPECT_EQ(
+      choose_gemm_tile_for(GroupedGemmForm::kFprop, GemmRecipe::kBf16, 32768, 128, 5760, 2880),
+      GemmTile::kContiguous128x192);
+  EXPECT_EQ(
+      choose_gemm_tile_for(GroupedGemmForm::kDgrad, GemmRecipe::kBf16, 32768, 128, 5760, 2880),
+      GemmTile::kContiguous128x192);
+  EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kDgrad, GemmRecipe::kBf16, 65536, 128, 2048, 768),
+            GemmTile::kContiguous128x256);  // N 768: three 256 tiles, four of 192
+  EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kDgrad, GemmRecipe::kBf16, 49152, 64, 2048, 1408),
+            GemmTile::kContiguous128x256);  // N 1408: 1536 columns either way
+  EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kFprop, GemmRecipe::kBf16, 65536, 128, 960, 64),
+            GemmTile::kContiguous128x192);  // N 960: 960 against 1024
+  EXPECT_EQ(
+      choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kBf16, 32768, 128, 2880, 2880),
+      GemmTile::kCooperative128x256);  // wgrad: CUTLASS's
+  // From 1024 rows per group (capacity / groups), the own kernel in 2-CTA clusters.
+  EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kFprop, GemmRecipe::kBf16, 32768, 32, 4096, 7168),
+            GemmTile::kContiguous128x256Cluster2);
+  EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kDgrad, GemmRecipe::kBf16, 32768, 32, 4096, 7168),
+            GemmTile::kContiguous128x256Cluster2);
+  EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kFprop, GemmRecipe::kBf16, 32767, 32, 4096, 7168),
+            GemmTile::kContiguous128x256);  // 1023 rows per group
+  EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kFprop, GemmRecipe::kBf16, 65536, 32, 2880, 2880),
+            GemmTile::kContiguous128x192Cluster2);
   // BF16 wgrad, the three measured shapes (n, k; rows per group): ping-pong for DeepSeek-V3's short
   // reduction into a wide output only.
   EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kBf16, 32768, 32, 4096, 7168),
@@ -474,7 +503,10 @@ TEST(GroupedGemmHeuristics, ShapeFamiliesGetTheMeasuredTiles) {
   EXPECT_EQ(cuda::gemm_tile_named("coop256x128"), GemmTile::kCooperative256x128);
   EXPECT_EQ(cuda::gemm_tile_named("pingpong128"), GemmTile::kPingpong128x128);
   EXPECT_EQ(cuda::gemm_tile_named("contig256"), GemmTile::kContiguous128x256);
+  EXPECT_EQ(cuda::gemm_tile_named("contig192"), GemmTile::kContiguous128x192);
   EXPECT_EQ(cuda::gemm_tile_named("contig128"), GemmTile::kContiguous128x128);
+  EXPECT_EQ(cuda::gemm_tile_named("contig256c2"), GemmTile::kContiguous128x256Cluster2);
+  EXPECT_EQ(cuda::gemm_tile_named("contig192c2"), GemmTile::kContiguous128x192Cluster2);
   EXPECT_FALSE(cuda::gemm_tile_named("no-such-tile").has_value());
   EXPECT_FALSE(cuda::gemm_tile_named(nullptr).has_value());
 }

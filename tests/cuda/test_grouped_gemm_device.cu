@@ -163,7 +163,7 @@ std::vector<const char*> tiles_to_test(std::initializer_list<const char*> compil
 }
 const std::vector<const char*> kTiles =
     tiles_to_test({"coop128", "coop256", "pingpong64", "coop256x128", "pingpong128", "contig256",
-                   "contig128"});  // BF16's
+                   "contig192", "contig128", "contig256c2", "contig192c2"});  // BF16's
 const std::vector<const char*> kFp8Tiles = tiles_to_test({"coop128", "coop256", "pingpong64"});
 // The tile forced for the scope (as SFMOE_GEMM_TILE does at load), then the loaded setting back.
 struct ForcedTile {
@@ -234,8 +234,9 @@ TEST(CudaGroupedGemm, RandomInputsMeetTheBf16Bound) {
   }
 }
 
-// sfmoe's own kernel (contig256, contig128: BF16 results only) sums in the GMMA order of CUTLASS's
-// 128 x 256 tile, so on random inputs its BF16 results are CUTLASS's bits, in fprop and dgrad.
+// sfmoe's own kernel (contig256, contig192, contig128 and the 2-CTA cluster forms: BF16 results
+// only) sums in the GMMA order of CUTLASS's 128 x 256 tile, so on random inputs its BF16 results
+// are CUTLASS's bits, in fprop and dgrad.
 TEST(CudaGroupedGemm, OwnKernelGivesTheCutlassTilesBitsOnRandomInputs) {
   SFMOE_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(session_test_seed() + 73);
@@ -247,7 +248,7 @@ TEST(CudaGroupedGemm, OwnKernelGivesTheCutlassTilesBitsOnRandomInputs) {
       run_both(form, p, SFMOE_DTYPE_BF16, false, {}, &host, &cutlass);
       if (HasFatalFailure()) return;
     }
-    for (const char* tile : {"contig256", "contig128"}) {
+    for (const char* tile : {"contig256", "contig192", "contig128", "contig256c2", "contig192c2"}) {
       const ForcedTile forced(tile);
       std::vector<float> own;
       run_both(form, p, SFMOE_DTYPE_BF16, false, {}, &host, &own);
@@ -473,6 +474,92 @@ TEST(CudaGroupedGemm, CapturedGraphFollowsNewGroupSizes) {
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// sfmoe's own kernel reads the group sizes on the device too: one captured fprop and one dgrad
+// (BF16 results) per tile replayed on new sizes, up to 300 rows a group (several M tiles, and the
+// spare CTA of a 2-CTA cluster whose group has an odd count), each replay bit for bit against
+// the CPU reference on integer inputs.
+TEST(CudaGroupedGemm, OwnKernelGraphFollowsNewGroupSizes) {
+  SFMOE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(session_test_seed() + 75);
+  const int64_t capacity = 1800;
+  const Problem p = make_problem({300, 300, 300, 300, 300, 300}, true, &rng);
+  const std::vector<const char*> tiles =
+      tiles_to_test({"contig256", "contig192", "contig128", "contig256c2", "contig192c2"});
+  DeviceBuffer<uint16_t> dx(p.x.size()), dw(p.w.size()), ddy(p.dy.size());
+  DeviceBuffer<int64_t> doff(kGroups + 1);
+  DeviceBuffer<uint16_t> dout(static_cast<size_t>(capacity * kN));
+  const int64_t ws_elements =
+      gemm_workspace_words(kGroups, SFMOE_SCALING_NONE, 0, 0, SFMOE_SCALING_NONE, 0, 0);
+  DeviceBuffer<int64_t> ws(static_cast<size_t>(ws_elements));
+  const sfmoe_tensor workspace =
+      tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});
+  CUDA_OK(dx.upload(p.x));
+  CUDA_OK(dw.upload(p.w));
+  CUDA_OK(ddy.upload(p.dy));
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreate(&stream));
+  std::uniform_int_distribution<int64_t> size(0, 300);
+  for (const char* tile : tiles) {
+    const ForcedTile forced(tile);
+    for (sfmoe_gemm_form form : {SFMOE_GEMM_FPROP, SFMOE_GEMM_DGRAD}) {
+      const bool fprop = form == SFMOE_GEMM_FPROP;
+      const int64_t in_cols = fprop ? kK : kN, out_cols = fprop ? kN : kK;
+      sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
+      config.form = form;
+      const sfmoe_grouped_tensor a =
+          rows_in(SFMOE_MEMORY_CUDA, fprop ? dx.ptr : ddy.ptr, SFMOE_DTYPE_BF16, kGroups, capacity,
+                  in_cols, 1, doff.ptr);
+      const sfmoe_grouped_tensor b = weights_in(SFMOE_MEMORY_CUDA, dw.ptr, SFMOE_DTYPE_BF16);
+      const sfmoe_grouped_tensor out = rows_in(SFMOE_MEMORY_CUDA, dout.ptr, SFMOE_DTYPE_BF16,
+                                               kGroups, capacity, out_cols, 1, doff.ptr);
+      CUDA_OK(doff.upload(p.offsets));
+      cudaGraph_t graph;
+      CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+      ASSERT_EQ(sfmoe_grouped_gemm(&a, &b, &config, &out, &workspace, nullptr, stream),
+                SFMOE_SUCCESS)
+          << sfmoe_last_error();
+      CUDA_OK(cudaStreamEndCapture(stream, &graph));
+      cudaGraphExec_t exec;
+      CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int replay = 0; replay < 3; ++replay) {
+        std::vector<int64_t> offsets(1, 0);
+        for (int64_t g = 0; g < kGroups; ++g) {
+          offsets.push_back(offsets.back() + (replay == 0 && g == 1 ? 0 : size(rng)));
+        }
+        CUDA_OK(cudaMemcpyAsync(doff.ptr, offsets.data(), offsets.size() * 8,
+                                cudaMemcpyHostToDevice, stream));
+        CUDA_OK(cudaMemsetAsync(dout.ptr, 0xFF, dout.count * sizeof(uint16_t), stream));
+        CUDA_OK(cudaGraphLaunch(exec, stream));
+        CUDA_OK(cudaStreamSynchronize(stream));
+        const std::vector<uint16_t> got = dout.download();
+        // The CPU reference on the same rows (the inputs' rows past p.rows are zeros).
+        std::vector<int64_t> host_offsets = offsets;
+        std::vector<uint16_t> in = fprop ? p.x : p.dy, w = p.w;
+        in.resize(static_cast<size_t>(capacity * in_cols), 0);
+        std::vector<uint16_t> want(static_cast<size_t>(capacity * out_cols), 0);
+        const sfmoe_grouped_tensor ha = rows_in(SFMOE_MEMORY_HOST, in.data(), SFMOE_DTYPE_BF16,
+                                                kGroups, capacity, in_cols, 1, host_offsets.data());
+        const sfmoe_grouped_tensor hb = weights_in(SFMOE_MEMORY_HOST, w.data(), SFMOE_DTYPE_BF16);
+        const sfmoe_grouped_tensor hout =
+            rows_in(SFMOE_MEMORY_HOST, want.data(), SFMOE_DTYPE_BF16, kGroups, capacity, out_cols,
+                    1, host_offsets.data());
+        ASSERT_EQ(sfmoe_grouped_gemm(&ha, &hb, &config, &hout, nullptr, nullptr, nullptr),
+                  SFMOE_SUCCESS)
+            << sfmoe_last_error();
+        int64_t differ = 0;
+        for (int64_t i = 0; i < offsets.back() * out_cols; ++i) differ += got[i] != want[i];
+        EXPECT_EQ(differ, 0) << tile << " " << form_name(form) << " replay " << replay;
+        std::printf("[ gemm graph ] %s %s replay %d: %lld rows, %lld values differ\n", tile,
+                    form_name(form), replay, static_cast<long long>(offsets.back()),
+                    static_cast<long long>(differ));
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+    }
+  }
   cudaStreamDestroy(stream);
 }
 

@@ -16,6 +16,12 @@
 // 64 x kTileN wgmma over their half of the tile), inside this file's kernel: the scheduler, the
 // coordinates of A and B per tile (the group's first row, the expert), and an epilogue that stages
 // the BF16 tile in shared memory and writes the group's rows only, with 16-byte stores.
+//
+// In 2-CTA clusters the two CTAs take neighbouring M tiles of one group and N block and each loads
+// half of W's tile, multicast into both (the GPU runs these GEMMs at its power limit, so the L2
+// traffic saved buys clock). A warp group none of whose 64 rows are the group's passes the
+// pipeline stages on without MMAs, so a group's last tile of at most 64 rows costs about half a
+// tile, and the odd last tile of a group in a cluster is split between the pair.
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 
@@ -40,11 +46,14 @@ constexpr int kTileM = 128;
 constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
 
 // The kernel for one form: B K-major (fprop: W_g [n, k]) or N-major (dgrad: W_g read as [K = n,
-// N = k]), a kTileM x kTileN tile, kStages pipeline stages.
-template <class LayoutB, int kTileN, int kStages>
+// N = k]), a kTileM x kTileN tile, kStages pipeline stages, and kClusterM CTAs a cluster: the
+// cluster's CTAs take neighbouring M tiles of one group and N block, and each loads its share of
+// the B tile with TMA multicast into all of them (B's traffic from L2 divided by kClusterM).
+template <class LayoutB, int kTileN, int kStages, int kClusterM = 1>
 struct ContiguousKernel {
   using TileShape = Shape<Int<kTileM>, Int<kTileN>, _64>;
-  using ClusterShape = Shape<_1, _1, _1>;
+  using ClusterShape = Shape<Int<kClusterM>, _1, _1>;
+  static constexpr int kCluster = kClusterM;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, cutlass::layout::RowMajor, 8, Bf16,
       LayoutB, 8, float, TileShape, ClusterShape, cutlass::gemm::collective::StageCount<kStages>,
@@ -81,23 +90,38 @@ struct ContiguousKernel {
   };
 };
 
-// One tile of work: its group, N block, first row and the group's rows in it.
+// One tile of work: its group, N block, first row and the group's rows in it (at most kTileM;
+// none or fewer than a warp group's 64 for a group's last tile: see the consumers).
 struct WorkTile {
   int group, n_block, row0, rows;
 };
 
+// A unit of work is kCluster neighbouring M tiles of one group and N block, one per CTA of the
+// cluster (rank: the CTA's rank in it); tile_start counts units. In 2-CTA clusters, a group with
+// an odd tile count ends in a unit of one tile, which the two CTAs share: rank r takes its rows
+// [64 r, 64 r + 64), so each runs one warp group's MMAs and the pair takes about half the time of
+// a whole tile instead of leaving one CTA idle.
+template <int kCluster>
 __device__ __forceinline__ WorkTile locate(const int* tile_start, const int* row_begin,
-                                           const int* row_end, int groups, int n_tiles, int tile) {
-  // tile_start[g] <= tile / n_tiles <=> tile_start[g] n_tiles <= tile: the group is the last
-  // whose first tile is at most tile / n_tiles (empty groups skipped).
-  const int lo = static_cast<int>(group_of_offset_row(tile_start, groups, tile / n_tiles));
-  const int m_tiles = tile_start[lo + 1] - tile_start[lo];
-  const int local = tile - tile_start[lo] * n_tiles;
+                                           const int* row_end, int groups, int n_tiles, int unit,
+                                           int rank) {
+  // tile_start[g] <= unit / n_tiles <=> tile_start[g] n_tiles <= unit: the group is the last
+  // whose first unit is at most unit / n_tiles (empty groups skipped).
+  const int lo = static_cast<int>(group_of_offset_row(tile_start, groups, unit / n_tiles));
+  const int m_units = tile_start[lo + 1] - tile_start[lo];
+  const int local = unit - tile_start[lo] * n_tiles;
   WorkTile w;
   w.group = lo;
-  w.n_block = local / m_tiles;
-  w.row0 = row_begin[lo] + (local % m_tiles) * kTileM;
-  w.rows = min(kTileM, row_end[lo] - w.row0);
+  w.n_block = local / m_units;
+  const int first_tile = (local % m_units) * kCluster;
+  const int m_tiles = (row_end[lo] - row_begin[lo] + kTileM - 1) / kTileM;
+  if (kCluster == 2 && first_tile + 1 == m_tiles) {  // the shared last tile
+    w.row0 = row_begin[lo] + first_tile * kTileM + rank * (kTileM / 2);
+    w.rows = min(kTileM / 2, row_end[lo] - w.row0);
+  } else {
+    w.row0 = row_begin[lo] + (first_tile + rank) * kTileM;
+    w.rows = min(kTileM, row_end[lo] - w.row0);
+  }
   return w;
 }
 
@@ -125,7 +149,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         grouped_gemm_detail::group_rows(a, g, &lo, &hi);
         s.row_begin[g] = static_cast<int>(lo);
         s.row_end[g] = static_cast<int>(hi);
-        tiles[j] = static_cast<int>((hi - lo + kTileM - 1) / kTileM);
+        const int m_tiles = static_cast<int>((hi - lo + kTileM - 1) / kTileM);
+        tiles[j] = (m_tiles + K::kCluster - 1) / K::kCluster;
       }
     }
     cub::BlockScan<int, kThreads>(s.scan).ExclusiveSum(tiles, starts, total);
@@ -148,8 +173,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   pipeline_params.transaction_bytes = p.mainloop.tma_transaction_bytes;
   typename K::Pipeline pipeline(s.pipeline, pipeline_params, typename K::ClusterShape{});
   __syncthreads();  // the barriers initialized, the tile starts written
+  if constexpr (K::kCluster > 1) {
+    // ... and visible to the other CTAs of the cluster before any multicast or remote arrival.
+    cute::cluster_arrive_relaxed();
+    cute::cluster_wait();
+  }
+  const int rank = K::kCluster > 1 ? static_cast<int>(cute::block_rank_in_cluster()) : 0;
+  // The cluster's CTAs walk the same units (each its own M tile of them).
+  const int first_unit = static_cast<int>(blockIdx.x) / K::kCluster;
+  const int unit_stride = static_cast<int>(gridDim.x) / K::kCluster;
 
-  const int total_tiles = s.tile_start[groups] * p.n_tiles;
+  const int total_units = s.tile_start[groups] * p.n_tiles;
   const int k_tiles = (p.gemm_k + 63) / 64;
   typename K::Mainloop mainloop;
   if (warp_group == 0) {
@@ -162,9 +196,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto write = cutlass::make_producer_start_state<typename K::Pipeline>();
     Tensor m_a = p.mainloop.tma_load_a.get_tma_tensor(make_shape(p.gemm_m, p.gemm_k, 1));
     Tensor m_b = p.mainloop.tma_load_b.get_tma_tensor(make_shape(p.gemm_n, p.gemm_k, groups));
-    for (int tile = static_cast<int>(blockIdx.x); tile < total_tiles;
-         tile += static_cast<int>(gridDim.x)) {
-      const WorkTile w = locate(s.tile_start, s.row_begin, s.row_end, groups, p.n_tiles, tile);
+    for (int unit = first_unit; unit < total_units; unit += unit_stride) {
+      const WorkTile w =
+          locate<K::kCluster>(s.tile_start, s.row_begin, s.row_end, groups, p.n_tiles, unit, rank);
       // A from the tile's first row, B at the group's expert: one descriptor each, new coordinates.
       Tensor g_a = local_tile(domain_offset(make_coord(w.row0, 0, 0), m_a), typename K::TileShape{},
                               make_coord(_, _, _), Step<_1, X, _1>{});
@@ -172,8 +206,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                               typename K::TileShape{}, make_coord(_, _, _), Step<X, _1, _1>{});
       auto k_tile_iter = cute::make_coord_iterator(shape<3>(g_a));
       mainloop.load(p.mainloop, pipeline, write, cute::make_tuple(g_a, g_b),
-                    make_coord(0, w.n_block, _, 0), k_tile_iter, k_tiles, thread % 32, 0u,
-                    s.tensors);
+                    make_coord(0, w.n_block, _, 0), k_tile_iter, k_tiles, thread % 32,
+                    static_cast<uint32_t>(rank), s.tensors);
       write.advance(k_tiles);
     }
     mainloop.load_tail(pipeline, write);
@@ -190,10 +224,23 @@ __global__ void __launch_bounds__(kThreads, 1)
       make_smem_ptr(s.staged),
       make_layout(make_shape(Int<kTileM>{}, Int<K::kN>{}), make_stride(Int<K::kPitch>{}, _1{})));
   Tensor staged_of_thread = tiled_mma.get_thread_slice(mma_thread).partition_C(staged);
-  for (int tile = static_cast<int>(blockIdx.x); tile < total_tiles;
-       tile += static_cast<int>(gridDim.x)) {
-    const WorkTile w = locate(s.tile_start, s.row_begin, s.row_end, groups, p.n_tiles, tile);
+  for (int unit = first_unit; unit < total_units; unit += unit_stride) {
+    const WorkTile w =
+        locate<K::kCluster>(s.tile_start, s.row_begin, s.row_end, groups, p.n_tiles, unit, rank);
     auto accumulators = partition_fragment_C(tiled_mma, take<0, 2>(typename K::TileShape{}));
+    if (w.rows <= 64 * consumer) {
+      // None of this warp group's rows are the group's (a group's last tile, or the second half
+      // of a shared one): it only passes the stages on, so the other warp group's MMAs run alone
+      // at the tensor cores, and nothing is stored.
+      typename K::PipelineState stage = read;
+      for (int k = 0; k < k_tiles; ++k) {
+        pipeline.consumer_wait(stage, pipeline.consumer_try_wait(stage));
+        pipeline.consumer_release(stage);
+        ++stage;
+      }
+      read.advance(k_tiles);
+      continue;
+    }
     mainloop.mma(pipeline, read, accumulators, k_tiles, mma_thread, s.tensors, p.mainloop);
     mainloop.mma_tail(pipeline, read, k_tiles);
     read.advance(k_tiles);
@@ -256,31 +303,62 @@ sfmoe_status run(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
   p.out = static_cast<Bf16*>(a.out);
   p.ld_out = gemm_n;
 
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = K::kCluster;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = K::kSharedBytes;
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  // Persistent: as many clusters as fit on the GPU at once (one CTA an SM), or fewer when the
+  // units' bound is smaller (every group adds at most one partial unit to the capacity's).
   static std::once_flag attribute_set;
   static cudaError_t attribute_status = cudaSuccess;
-  std::call_once(attribute_set, [] {
+  static int resident_clusters = 0;
+  std::call_once(attribute_set, [&config] {
     attribute_status =
         cudaFuncSetAttribute(contiguous_grouped_gemm_kernel<K>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSharedBytes);
+    if (attribute_status == cudaSuccess && K::kCluster > 1) {
+      cudaLaunchConfig_t probe = config;
+      probe.gridDim = dim3(static_cast<unsigned>(multiprocessor_count()));
+      attribute_status = cudaOccupancyMaxActiveClusters(&resident_clusters,
+                                                        contiguous_grouped_gemm_kernel<K>, &probe);
+    } else {
+      resident_clusters = static_cast<int>(multiprocessor_count());
+    }
   });
-  if (attribute_status != cudaSuccess) {
-    return report(SFMOE_ERROR_CUDA, "the contiguous grouped GEMM's shared memory: %s",
+  if (attribute_status != cudaSuccess || resident_clusters < 1) {
+    return report(SFMOE_ERROR_CUDA, "the contiguous grouped GEMM's launch setup: %s",
                   cudaGetErrorString(attribute_status));
   }
-  // Persistent: one CTA per SM, or fewer when the tiles' bound is smaller (the bound: every group
-  // adds at most one partial M tile to the capacity's).
-  const int64_t tile_bound = ((m + kTileM - 1) / kTileM + groups) * p.n_tiles;
-  const int64_t sms = multiprocessor_count();
-  const unsigned grid = static_cast<unsigned>(tile_bound < sms ? tile_bound : sms);
-  if (grid == 0) return SFMOE_SUCCESS;
-  contiguous_grouped_gemm_kernel<K><<<grid, kThreads, K::kSharedBytes, stream>>>(p);
+  const int64_t unit_bound = (((m + kTileM - 1) / kTileM) / K::kCluster + 1 + groups) * p.n_tiles;
+  const int64_t clusters = unit_bound < resident_clusters ? unit_bound : resident_clusters;
+  if (clusters <= 0) return SFMOE_SUCCESS;
+  config.gridDim = dim3(static_cast<unsigned>(clusters * K::kCluster));
+  const cudaError_t launched = cudaLaunchKernelEx(&config, contiguous_grouped_gemm_kernel<K>, p);
+  if (launched != cudaSuccess) {
+    return report(SFMOE_ERROR_CUDA, "contiguous_grouped_gemm_kernel: %s",
+                  cudaGetErrorString(launched));
+  }
   return check_launch("contiguous_grouped_gemm_kernel");
 }
 
-// 128 x 256: 48 KiB a stage, three of them beside the 66 KiB staged tile; 128 x 128: 32 KiB a
-// stage, five.
+// 128 x 256: 48 KiB a stage, three of them beside the 66 KiB staged tile; 128 x 192: 40 KiB a
+// stage, four beside 50 KiB; 128 x 128: 32 KiB a stage, five.
 using Fprop256 = ContiguousKernel<cutlass::layout::ColumnMajor, 256, 3>;
 using Dgrad256 = ContiguousKernel<cutlass::layout::RowMajor, 256, 3>;
+using Fprop192 = ContiguousKernel<cutlass::layout::ColumnMajor, 192, 4>;
+using Dgrad192 = ContiguousKernel<cutlass::layout::RowMajor, 192, 4>;
+// (2-CTA clusters multicasting B)
+using Fprop256x2 = ContiguousKernel<cutlass::layout::ColumnMajor, 256, 3, 2>;
+using Dgrad256x2 = ContiguousKernel<cutlass::layout::RowMajor, 256, 3, 2>;
+using Fprop192x2 = ContiguousKernel<cutlass::layout::ColumnMajor, 192, 4, 2>;
+using Dgrad192x2 = ContiguousKernel<cutlass::layout::RowMajor, 192, 4, 2>;
 using Fprop128 = ContiguousKernel<cutlass::layout::ColumnMajor, 128, 5>;
 using Dgrad128 = ContiguousKernel<cutlass::layout::RowMajor, 128, 5>;
 
@@ -304,12 +382,29 @@ bool contiguous_grouped_gemm_runs(const GroupedGemmDeviceArgs& a) {
          aligned16(a.a.data) && aligned16(a.b.data) && aligned16(a.out);
 }
 
-sfmoe_status contiguous_grouped_gemm(const GroupedGemmDeviceArgs& a, bool tile_n_128,
+sfmoe_status contiguous_grouped_gemm(const GroupedGemmDeviceArgs& a, int tile_n, int cluster_m,
                                      cudaStream_t stream) {
-  if (a.form == GroupedGemmForm::kFprop) {
-    return tile_n_128 ? run<Fprop128>(a, stream) : run<Fprop256>(a, stream);
+  const bool fprop = a.form == GroupedGemmForm::kFprop;
+  if (cluster_m == 2) {
+    if (tile_n == 256) return fprop ? run<Fprop256x2>(a, stream) : run<Dgrad256x2>(a, stream);
+    if (tile_n == 192) return fprop ? run<Fprop192x2>(a, stream) : run<Dgrad192x2>(a, stream);
   }
-  return tile_n_128 ? run<Dgrad128>(a, stream) : run<Dgrad256>(a, stream);
+  if (cluster_m != 1) {
+    return report(SFMOE_ERROR_UNSUPPORTED,
+                  "the contiguous grouped GEMM has no %d-wide tile in %d-CTA clusters", tile_n,
+                  cluster_m);
+  }
+  switch (tile_n) {
+    case 128:
+      return fprop ? run<Fprop128>(a, stream) : run<Dgrad128>(a, stream);
+    case 192:
+      return fprop ? run<Fprop192>(a, stream) : run<Dgrad192>(a, stream);
+    case 256:
+      return fprop ? run<Fprop256>(a, stream) : run<Dgrad256>(a, stream);
+    default:
+      return report(SFMOE_ERROR_UNSUPPORTED, "the contiguous grouped GEMM has no %d-wide tile",
+                    tile_n);
+  }
 }
 
 }  // namespace cuda

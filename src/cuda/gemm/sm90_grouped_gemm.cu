@@ -90,8 +90,9 @@ sfmoe_status launch_grouped_gemm(const GroupedGemmDeviceArgs& a, void* stream_po
   // The tile from the bounds the host knows (heuristics/gemm_tiles.h), unless SFMOE_GEMM_TILE
   // named one at load.
   const GemmRecipe recipe = recipe_of(a);
-  const GemmTile tile = launch_overrides().gemm_tile.value_or(
-      choose_gemm_tile_for(a.form, recipe, a.row_capacity, a.num_groups, a.n, a.k));
+  const GemmTile chosen =
+      choose_gemm_tile_for(a.form, recipe, a.row_capacity, a.num_groups, a.n, a.k);
+  GemmTile tile = launch_overrides().gemm_tile.value_or(chosen);
   switch (recipe) {
     case GemmRecipe::kFp8Blockwise:
       return grouped_gemm_blockwise(a, tile, stream);
@@ -102,9 +103,32 @@ sfmoe_status launch_grouped_gemm(const GroupedGemmDeviceArgs& a, void* stream_po
       break;
   }
   // sfmoe's own kernel where it takes the operands; the recipe's default tile otherwise.
-  if ((tile == GemmTile::kContiguous128x256 || tile == GemmTile::kContiguous128x128) &&
-      contiguous_grouped_gemm_runs(a)) {
-    return contiguous_grouped_gemm(a, tile == GemmTile::kContiguous128x128, stream);
+  int tile_n = 0, cluster_m = 1;
+  switch (tile) {
+    case GemmTile::kContiguous128x256Cluster2:
+      cluster_m = 2;
+      [[fallthrough]];
+    case GemmTile::kContiguous128x256:
+      tile_n = 256;
+      break;
+    case GemmTile::kContiguous128x192Cluster2:
+      cluster_m = 2;
+      [[fallthrough]];
+    case GemmTile::kContiguous128x192:
+      tile_n = 192;
+      break;
+    case GemmTile::kContiguous128x128:
+      tile_n = 128;
+      break;
+    default:
+      break;
+  }
+  if (tile_n != 0) {
+    if (contiguous_grouped_gemm_runs(a))
+      return contiguous_grouped_gemm(a, tile_n, cluster_m, stream);
+    // A forced own-kernel tile on a call that kernel does not take (wgrad, FP32 results): the
+    // heuristic's CUTLASS tile, so a study of the own kernel leaves the other calls as they run.
+    tile = chosen;
   }
   return a.out_dtype == SFMOE_DTYPE_FP32 ? run_bf16<float>(a, tile, stream)
                                          : run_bf16<Bf16>(a, tile, stream);

@@ -53,7 +53,11 @@ enum class GemmTile {
   // sfmoe's own kernel (BF16 fprop and dgrad into BF16; sm90_contiguous_grouped_gemm.cu): one
   // TMA descriptor per operand, a device tile scheduler over the offsets, cluster 1
   kContiguous128x256,
+  kContiguous128x192,
   kContiguous128x128,
+  // the same kernel in 2-CTA clusters along M multicasting W's tile
+  kContiguous128x256Cluster2,
+  kContiguous128x192Cluster2,
 };
 
 enum class GemmRecipe {
@@ -64,7 +68,7 @@ enum class GemmRecipe {
 };
 
 // The tile a SFMOE_GEMM_TILE value names (coop128, coop256, pingpong64, coop256x128,
-// pingpong128, contig256, contig128); none for another value.
+// pingpong128, contig256, contig192, contig128, contig256c2, contig192c2); none for another value.
 inline std::optional<GemmTile> gemm_tile_named(const char* name) {
   if (name == nullptr) return std::nullopt;
   if (strcmp(name, "coop128") == 0) return GemmTile::kCooperative128x128;
@@ -73,7 +77,10 @@ inline std::optional<GemmTile> gemm_tile_named(const char* name) {
   if (strcmp(name, "coop256x128") == 0) return GemmTile::kCooperative256x128;
   if (strcmp(name, "pingpong128") == 0) return GemmTile::kPingpong128x128;
   if (strcmp(name, "contig256") == 0) return GemmTile::kContiguous128x256;
+  if (strcmp(name, "contig192") == 0) return GemmTile::kContiguous128x192;
   if (strcmp(name, "contig128") == 0) return GemmTile::kContiguous128x128;
+  if (strcmp(name, "contig256c2") == 0) return GemmTile::kContiguous128x256Cluster2;
+  if (strcmp(name, "contig192c2") == 0) return GemmTile::kContiguous128x192Cluster2;
   return std::nullopt;
 }
 
@@ -83,8 +90,9 @@ inline std::optional<GemmTile> gemm_tile_named(const char* name) {
 // dgrad and wgrad).
 constexpr int64_t kFastAccumulationPingpongMaxK = 4096;
 constexpr int64_t kFastAccumulationPingpongMinN = 2048;
-constexpr int64_t kBf16WgradPingpongMaxK = 1024;  // BF16 wgrad: the rows per group
-constexpr int64_t kBf16WgradPingpongMinN = 4096;  // BF16 wgrad: k
+constexpr int64_t kBf16WgradPingpongMaxK = 1024;             // BF16 wgrad: the rows per group
+constexpr int64_t kBf16WgradPingpongMinN = 4096;             // BF16 wgrad: k
+constexpr int64_t kContiguousClusterMinRowsPerGroup = 1024;  // BF16 fprop / dgrad
 inline GemmTile choose_gemm_tile(GemmRecipe recipe, int64_t gemm_m_bound_per_group, int64_t gemm_n,
                                  int64_t gemm_k) {
   GemmTile chosen = GemmTile::kCooperative128x128;
@@ -102,24 +110,46 @@ inline GemmTile choose_gemm_tile(GemmRecipe recipe, int64_t gemm_m_bound_per_gro
   return chosen;
 }
 
+// sfmoe's own kernel (BF16 fprop and dgrad into BF16), bench/bench_grouped_gemm_forms.py, 36
+// cases, each kernel in its own process beside torch._grouped_mm, two runs (2026-12-04): 2-CTA
+// clusters multicasting W's tile (each CTA loads half of it), with a group's odd last tile shared
+// by the pair (64 rows each), 0.984x / 0.986x the peer against 0.974x / 0.958x for one CTA; +2-4%
+// on balanced groups (whole tiles, even counts), -3..+9% on Zipf ones. The GPU runs these at its
+// 700 W power limit (SM clock 1425 MHz median of 1980), so the L2 traffic multicast saves buys
+// clock. In the MoE layer (routed groups: a partial last tile in every group) clusters cost
+// Qwen3-30B-A3B 1-3% at 512 rows per group and 7% at 128: a shared last tile takes the pair more
+// than half a tile's time. So clusters from 1024 rows per group (the bound: capacity / groups).
+// 192-wide tiles where they cover N in fewer columns than 256-wide ones (N 2880: 15 tiles of 192 =
+// 2880 columns against 12 of 256 = 3072; N 5760: 5760 against 5888): gpt-oss-120b's four cases
+// 0.96-1.02x against 0.93-0.97x; elsewhere 192 measured 1-5% behind 256. Where both cover N alike
+// (multiples of 768) or 256 covers less, 256: fewer tiles, each with more MMAs per load.
+inline bool contiguous_tile_192_pads_less(int64_t gemm_n) {
+  const int64_t cover_192 = (gemm_n + 191) / 192 * 192, cover_256 = (gemm_n + 255) / 256 * 256;
+  return cover_192 < cover_256;
+}
+
 // The choice for a call: the GEMM's M bound per group, N and K of the form (fprop Y [M, n] = X
 // [M, k] W^T; dgrad dX [M, k] = dY [M, n] W; wgrad dW [n, k] = dY^T X, reduced over a group's rows,
 // whose bound per group is row_capacity / num_groups).
 inline GemmTile choose_gemm_tile_for(GroupedGemmForm form, GemmRecipe recipe, int64_t row_capacity,
                                      int64_t num_groups, int64_t n, int64_t k) {
   const int64_t rows_per_group = num_groups > 0 ? row_capacity / num_groups : row_capacity;
-  // BF16 fprop and dgrad: sfmoe's own 128 x 256 kernel where CUTLASS's 128 x 256 would run (it
-  // takes BF16 results only; the others run the CUTLASS tile).
-  auto own_kernel = [&](GemmTile t) {
-    return recipe == GemmRecipe::kBf16 && t == GemmTile::kCooperative128x256
-               ? GemmTile::kContiguous128x256
-               : t;
+  // BF16 fprop and dgrad: sfmoe's own kernel where CUTLASS's 128 x 256 would run (it takes BF16
+  // results only; the others run the CUTLASS tile), in 2-CTA clusters for large groups, 192 wide
+  // where that tiles the GEMM's N with fewer padded columns.
+  auto own_kernel = [&](GemmTile t, int64_t gemm_n) {
+    if (recipe != GemmRecipe::kBf16 || t != GemmTile::kCooperative128x256) return t;
+    const bool narrow = contiguous_tile_192_pads_less(gemm_n);
+    if (rows_per_group >= kContiguousClusterMinRowsPerGroup) {
+      return narrow ? GemmTile::kContiguous128x192Cluster2 : GemmTile::kContiguous128x256Cluster2;
+    }
+    return narrow ? GemmTile::kContiguous128x192 : GemmTile::kContiguous128x256;
   };
   switch (form) {
     case GroupedGemmForm::kFprop:
-      return own_kernel(choose_gemm_tile(recipe, rows_per_group, n, k));
+      return own_kernel(choose_gemm_tile(recipe, rows_per_group, n, k), n);
     case GroupedGemmForm::kDgrad:
-      return own_kernel(choose_gemm_tile(recipe, rows_per_group, k, n));
+      return own_kernel(choose_gemm_tile(recipe, rows_per_group, k, n), k);
     case GroupedGemmForm::kWgrad:
       break;
   }

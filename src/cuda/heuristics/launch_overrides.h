@@ -2,10 +2,11 @@
 // the library is loaded, never per call: a call's launches depend on its arguments alone (a
 // captured graph replays what the call chose), and getenv is not free on a hot path.
 //
-// - SFMOE_GEMM_TILE=coop128|coop256|pingpong64|coop256x128|pingpong128|contig256|contig128
-//   (docs/grouped_gemm.md):
-//   every grouped GEMM runs that tile configuration instead of the heuristic's (tile studies); an
-//   unknown value is ignored, a tile the recipe is not compiled for falls back to its default.
+// - SFMOE_GEMM_TILE=coop128|coop256|pingpong64|coop256x128|pingpong128|contig256|contig192|
+//   contig128|contig256c2|contig192c2 (docs/grouped_gemm.md): every grouped GEMM runs that tile
+//   configuration instead of the heuristic's (tile studies); an unknown value is ignored, a tile
+//   the recipe is not compiled for falls back to its default (an own-kernel tile, on a call that
+//   kernel does not take, to the heuristic's choice).
 //
 // The test suites (linked statically) force the paths they cover through
 // launch_overrides_for_tests(); nothing else changes them after load.
