@@ -447,10 +447,10 @@ TEST(GroupedGemmHeuristics, ShapeFamiliesGetTheMeasuredTiles) {
             GemmTile::kPingpong64x128);
   EXPECT_EQ(
       choose_gemm_tile_for(GroupedGemmForm::kFprop, GemmRecipe::kBf16, 65536, 128, 1536, 2048),
-      GemmTile::kContiguous128x256);
+      GemmTile::kContiguous128x256Cluster2);
   EXPECT_EQ(
       choose_gemm_tile_for(GroupedGemmForm::kDgrad, GemmRecipe::kBf16, 65536, 128, 1536, 2048),
-      GemmTile::kContiguous128x256);
+      GemmTile::kContiguous128x256Cluster2);
   EXPECT_EQ(
       choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kBf16, 65536, 128, 1536, 2048),
       GemmTile::kCooperative128x256);
@@ -460,31 +460,31 @@ TEST(GroupedGemmHeuristics, ShapeFamiliesGetTheMeasuredTiles) {
   // fewer columns than 256 (gpt-oss's 2880 and 5760), 256 where both cover it alike or 256 less.
   EXPECT_EQ(
       choose_gemm_tile_for(GroupedGemmForm::kFprop, GemmRecipe::kBf16, 32768, 128, 2880, 2880),
-      GemmTile::kContiguous128x192);
+      GemmTile::kContiguous128x192Cluster2);
   EXPECT_EQ(
       choose_gemm_tile_for(GroupedGemmForm::kFprop, GemmRecipe::kBf16, 32768, 128, 5760, 2880),
-      GemmTile::kContiguous128x192);
+      GemmTile::kContiguous128x192Cluster2);
   EXPECT_EQ(
       choose_gemm_tile_for(GroupedGemmForm::kDgrad, GemmRecipe::kBf16, 32768, 128, 5760, 2880),
-      GemmTile::kContiguous128x192);
+      GemmTile::kContiguous128x192Cluster2);
   EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kDgrad, GemmRecipe::kBf16, 65536, 128, 2048, 768),
-            GemmTile::kContiguous128x256);  // N 768: three 256 tiles, four of 192
+            GemmTile::kContiguous128x256Cluster2);  // N 768: three 256 tiles, four of 192
   EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kDgrad, GemmRecipe::kBf16, 49152, 64, 2048, 1408),
-            GemmTile::kContiguous128x256);  // N 1408: 1536 columns either way
+            GemmTile::kContiguous128x256Cluster2);  // N 1408: 1536 columns either way
   EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kFprop, GemmRecipe::kBf16, 65536, 128, 960, 64),
-            GemmTile::kContiguous128x192);  // N 960: 960 against 1024
+            GemmTile::kContiguous128x192Cluster2);  // N 960: 960 against 1024
   EXPECT_EQ(
       choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kBf16, 32768, 128, 2880, 2880),
       GemmTile::kCooperative128x256);  // wgrad: CUTLASS's
-  // From 1024 rows per group (capacity / groups), the own kernel in 2-CTA clusters.
+  // The own kernel in 2-CTA clusters from 128 rows per group, CUTLASS's 64 x 128 below.
   EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kFprop, GemmRecipe::kBf16, 32768, 32, 4096, 7168),
             GemmTile::kContiguous128x256Cluster2);
-  EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kDgrad, GemmRecipe::kBf16, 32768, 32, 4096, 7168),
-            GemmTile::kContiguous128x256Cluster2);
-  EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kFprop, GemmRecipe::kBf16, 32767, 32, 4096, 7168),
-            GemmTile::kContiguous128x256);  // 1023 rows per group
-  EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kFprop, GemmRecipe::kBf16, 65536, 32, 2880, 2880),
-            GemmTile::kContiguous128x192Cluster2);
+  EXPECT_EQ(
+      choose_gemm_tile_for(GroupedGemmForm::kDgrad, GemmRecipe::kBf16, 16384, 128, 4096, 7168),
+      GemmTile::kContiguous128x256Cluster2);  // 128 rows per group
+  EXPECT_EQ(
+      choose_gemm_tile_for(GroupedGemmForm::kFprop, GemmRecipe::kBf16, 16383, 128, 4096, 7168),
+      GemmTile::kPingpong64x128);  // 127 rows per group
   // BF16 wgrad, the three measured shapes (n, k; rows per group): ping-pong for DeepSeek-V3's short
   // reduction into a wide output only.
   EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kBf16, 32768, 32, 4096, 7168),

@@ -478,8 +478,9 @@ TEST(CudaGroupedGemm, CapturedGraphFollowsNewGroupSizes) {
 }
 
 // sfmoe's own kernel reads the group sizes on the device too: one captured fprop and one dgrad
-// (BF16 results) per tile replayed on new sizes, up to 300 rows a group (several M tiles, and the
-// spare CTA of a 2-CTA cluster whose group has an odd count), each replay bit for bit against
+// (BF16 results) per tile replayed on new sizes, up to 300 rows a group (several M tiles; a
+// group's odd last tile, which a 2-CTA cluster takes as two N blocks sharing A, with a CTA left
+// without a tile when the N blocks are odd too: dgrad's N 136), each replay bit for bit against
 // the CPU reference on integer inputs.
 TEST(CudaGroupedGemm, OwnKernelGraphFollowsNewGroupSizes) {
   SFMOE_SKIP_WITHOUT_GPU();

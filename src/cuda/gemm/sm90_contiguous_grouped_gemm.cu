@@ -19,9 +19,10 @@
 //
 // In 2-CTA clusters the two CTAs take neighbouring M tiles of one group and N block and each loads
 // half of W's tile, multicast into both (the GPU runs these GEMMs at its power limit, so the L2
-// traffic saved buys clock). A warp group none of whose 64 rows are the group's passes the
-// pipeline stages on without MMAs, so a group's last tile of at most 64 rows costs about half a
-// tile, and the odd last tile of a group in a cluster is split between the pair.
+// traffic saved buys clock); a group's odd last M tile the pair takes as two N blocks, each CTA
+// loading half of the A tile into both. A warp group none of whose 64 rows are the group's passes
+// the pipeline stages on without MMAs, so a group's last tile of at most 64 rows costs about half
+// a tile.
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 
@@ -48,16 +49,26 @@ constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
 // The kernel for one form: B K-major (fprop: W_g [n, k]) or N-major (dgrad: W_g read as [K = n,
 // N = k]), a kTileM x kTileN tile, kStages pipeline stages, and kClusterM CTAs a cluster: the
 // cluster's CTAs take neighbouring M tiles of one group and N block, and each loads its share of
-// the B tile with TMA multicast into all of them (B's traffic from L2 divided by kClusterM).
+// the B tile with TMA multicast into all of them (B's traffic from L2 divided by kClusterM); where
+// they take neighbouring N blocks of one M tile instead (a group's odd last tile), they multicast
+// A through a second pair of descriptors (MainloopShareA: the same tiles, stages and pipeline).
 template <class LayoutB, int kTileN, int kStages, int kClusterM = 1>
 struct ContiguousKernel {
   using TileShape = Shape<Int<kTileM>, Int<kTileN>, _64>;
   using ClusterShape = Shape<Int<kClusterM>, _1, _1>;
   static constexpr int kCluster = kClusterM;
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  template <class Cluster>
+  using MainloopOf = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, cutlass::layout::RowMajor, 8, Bf16,
-      LayoutB, 8, float, TileShape, ClusterShape, cutlass::gemm::collective::StageCount<kStages>,
+      LayoutB, 8, float, TileShape, Cluster, cutlass::gemm::collective::StageCount<kStages>,
       cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+  using Mainloop = MainloopOf<ClusterShape>;
+  using MainloopShareA = MainloopOf<Shape<_1, Int<kClusterM>, _1>>;
+  static_assert(std::is_same_v<typename Mainloop::MainloopPipeline,
+                               typename MainloopShareA::MainloopPipeline> &&
+                    sizeof(typename Mainloop::TensorStorage) ==
+                        sizeof(typename MainloopShareA::TensorStorage),
+                "both mainloops fill the same stages through the same pipeline");
   using TiledMma = typename Mainloop::TiledMma;
   using Pipeline = typename Mainloop::MainloopPipeline;
   using PipelineState = typename Mainloop::PipelineState;
@@ -82,6 +93,7 @@ struct ContiguousKernel {
 
   struct Params {
     typename Mainloop::Params mainloop;
+    typename MainloopShareA::Params mainloop_share_a;
     GroupedGemmDeviceArgs args;  // the offsets, the capacity and the fault word
     int gemm_m, gemm_n, gemm_k;  // gemm_m: the row capacity
     int n_tiles;
@@ -91,38 +103,73 @@ struct ContiguousKernel {
 };
 
 // One tile of work: its group, N block, first row and the group's rows in it (at most kTileM;
-// none or fewer than a warp group's 64 for a group's last tile: see the consumers).
+// none or fewer than a warp group's 64 for a group's last tile: see the consumers), and whether
+// the cluster's CTAs share its A tile (else its B tile).
 struct WorkTile {
   int group, n_block, row0, rows;
+  bool share_a;
 };
 
-// A unit of work is kCluster neighbouring M tiles of one group and N block, one per CTA of the
-// cluster (rank: the CTA's rank in it); tile_start counts units. In 2-CTA clusters, a group with
-// an odd tile count ends in a unit of one tile, which the two CTAs share: rank r takes its rows
-// [64 r, 64 r + 64), so each runs one warp group's MMAs and the pair takes about half the time of
-// a whole tile instead of leaving one CTA idle.
+// A group's units of work, one tile per CTA of the cluster each. One CTA: its M x N tiles. Two:
+// pairs of neighbouring M tiles for each N block (the pair shares B), then for an odd M tile count
+// the last M tile in pairs of neighbouring N blocks (the pair shares A; when the N blocks are odd
+// too, the last of these leaves one CTA without a tile).
 template <int kCluster>
-__device__ __forceinline__ WorkTile locate(const int* tile_start, const int* row_begin,
+__device__ __forceinline__ int units_of_group(int m_tiles, int n_tiles) {
+  if (kCluster == 1) return m_tiles * n_tiles;
+  return (m_tiles / 2) * n_tiles + (m_tiles % 2) * ((n_tiles + 1) / 2);
+}
+
+// The tile of unit `unit` for the CTA of rank `rank` in its cluster; unit_start: each group's
+// first unit (an exclusive prefix of units_of_group).
+template <int kCluster>
+__device__ __forceinline__ WorkTile locate(const int* unit_start, const int* row_begin,
                                            const int* row_end, int groups, int n_tiles, int unit,
                                            int rank) {
-  // tile_start[g] <= unit / n_tiles <=> tile_start[g] n_tiles <= unit: the group is the last
-  // whose first unit is at most unit / n_tiles (empty groups skipped).
-  const int lo = static_cast<int>(group_of_offset_row(tile_start, groups, unit / n_tiles));
-  const int m_units = tile_start[lo + 1] - tile_start[lo];
-  const int local = unit - tile_start[lo] * n_tiles;
+  // The group is the last whose first unit is at most `unit` (empty groups skipped).
+  const int lo = static_cast<int>(group_of_offset_row(unit_start, groups, unit));
+  const int local = unit - unit_start[lo];
+  const int m_tiles = (row_end[lo] - row_begin[lo] + kTileM - 1) / kTileM;
   WorkTile w;
   w.group = lo;
-  w.n_block = local / m_units;
-  const int first_tile = (local % m_units) * kCluster;
-  const int m_tiles = (row_end[lo] - row_begin[lo] + kTileM - 1) / kTileM;
-  if (kCluster == 2 && first_tile + 1 == m_tiles) {  // the shared last tile
-    w.row0 = row_begin[lo] + first_tile * kTileM + rank * (kTileM / 2);
-    w.rows = min(kTileM / 2, row_end[lo] - w.row0);
+  int m_tile;
+  if (kCluster == 1) {  // M tiles fastest: the CTAs of a wave share B tiles and rows in L2
+    w.n_block = local / m_tiles;
+    m_tile = local % m_tiles;
+    w.share_a = false;
+  } else if (local < (m_tiles / 2) * n_tiles) {
+    const int pairs = m_tiles / 2;
+    w.n_block = local / pairs;
+    m_tile = (local % pairs) * 2 + rank;
+    w.share_a = false;
   } else {
-    w.row0 = row_begin[lo] + (first_tile + rank) * kTileM;
-    w.rows = min(kTileM, row_end[lo] - w.row0);
+    w.n_block = (local - (m_tiles / 2) * n_tiles) * 2 + rank;
+    m_tile = m_tiles - 1;
+    w.share_a = true;
   }
+  w.row0 = row_begin[lo] + m_tile * kTileM;
+  w.rows = w.n_block < n_tiles ? min(kTileM, row_end[lo] - w.row0) : 0;
   return w;
+}
+
+// The producer's loads of one tile through either mainloop.
+template <class Mainloop, class Params, class Pipeline, class State, class Storage>
+__device__ __forceinline__ void load_tile(const Params& params, Pipeline& pipeline, State& write,
+                                          Storage& storage, int gemm_m, int gemm_n, int gemm_k,
+                                          int groups, const WorkTile& w, int k_tiles, int lane,
+                                          int rank) {
+  Mainloop mainloop;
+  Tensor m_a = params.tma_load_a.get_tma_tensor(make_shape(gemm_m, gemm_k, 1));
+  Tensor m_b = params.tma_load_b.get_tma_tensor(make_shape(gemm_n, gemm_k, groups));
+  // A from the tile's first row, B at the group's expert: one descriptor each, new coordinates.
+  Tensor g_a = local_tile(domain_offset(make_coord(w.row0, 0, 0), m_a),
+                          typename Mainloop::TileShape{}, make_coord(_, _, _), Step<_1, X, _1>{});
+  Tensor g_b = local_tile(domain_offset(make_coord(0, 0, w.group), m_b),
+                          typename Mainloop::TileShape{}, make_coord(_, _, _), Step<X, _1, _1>{});
+  auto k_tile_iter = cute::make_coord_iterator(shape<3>(g_a));
+  mainloop.load(params, pipeline, write, cute::make_tuple(g_a, g_b), make_coord(0, w.n_block, _, 0),
+                k_tile_iter, k_tiles, lane, static_cast<uint32_t>(rank),
+                reinterpret_cast<typename Mainloop::TensorStorage&>(storage));
 }
 
 template <class K>
@@ -150,7 +197,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         s.row_begin[g] = static_cast<int>(lo);
         s.row_end[g] = static_cast<int>(hi);
         const int m_tiles = static_cast<int>((hi - lo + kTileM - 1) / kTileM);
-        tiles[j] = (m_tiles + K::kCluster - 1) / K::kCluster;
+        tiles[j] = units_of_group<K::kCluster>(m_tiles, p.n_tiles);
       }
     }
     cub::BlockScan<int, kThreads>(s.scan).ExclusiveSum(tiles, starts, total);
@@ -179,11 +226,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     cute::cluster_wait();
   }
   const int rank = K::kCluster > 1 ? static_cast<int>(cute::block_rank_in_cluster()) : 0;
-  // The cluster's CTAs walk the same units (each its own M tile of them).
+  // The cluster's CTAs walk the same units (each its own tile of them).
   const int first_unit = static_cast<int>(blockIdx.x) / K::kCluster;
   const int unit_stride = static_cast<int>(gridDim.x) / K::kCluster;
 
-  const int total_units = s.tile_start[groups] * p.n_tiles;
+  const int total_units = s.tile_start[groups];
   const int k_tiles = (p.gemm_k + 63) / 64;
   typename K::Mainloop mainloop;
   if (warp_group == 0) {
@@ -192,22 +239,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (cute::elect_one_sync()) {
       cute::prefetch_tma_descriptor(p.mainloop.tma_load_a.get_tma_descriptor());
       cute::prefetch_tma_descriptor(p.mainloop.tma_load_b.get_tma_descriptor());
+      if constexpr (K::kCluster > 1) {
+        cute::prefetch_tma_descriptor(p.mainloop_share_a.tma_load_a.get_tma_descriptor());
+        cute::prefetch_tma_descriptor(p.mainloop_share_a.tma_load_b.get_tma_descriptor());
+      }
     }
     auto write = cutlass::make_producer_start_state<typename K::Pipeline>();
-    Tensor m_a = p.mainloop.tma_load_a.get_tma_tensor(make_shape(p.gemm_m, p.gemm_k, 1));
-    Tensor m_b = p.mainloop.tma_load_b.get_tma_tensor(make_shape(p.gemm_n, p.gemm_k, groups));
     for (int unit = first_unit; unit < total_units; unit += unit_stride) {
       const WorkTile w =
           locate<K::kCluster>(s.tile_start, s.row_begin, s.row_end, groups, p.n_tiles, unit, rank);
-      // A from the tile's first row, B at the group's expert: one descriptor each, new coordinates.
-      Tensor g_a = local_tile(domain_offset(make_coord(w.row0, 0, 0), m_a), typename K::TileShape{},
-                              make_coord(_, _, _), Step<_1, X, _1>{});
-      Tensor g_b = local_tile(domain_offset(make_coord(0, 0, w.group), m_b),
-                              typename K::TileShape{}, make_coord(_, _, _), Step<X, _1, _1>{});
-      auto k_tile_iter = cute::make_coord_iterator(shape<3>(g_a));
-      mainloop.load(p.mainloop, pipeline, write, cute::make_tuple(g_a, g_b),
-                    make_coord(0, w.n_block, _, 0), k_tile_iter, k_tiles, thread % 32,
-                    static_cast<uint32_t>(rank), s.tensors);
+      if (K::kCluster > 1 && w.share_a) {
+        load_tile<typename K::MainloopShareA>(p.mainloop_share_a, pipeline, write, s.tensors,
+                                              p.gemm_m, p.gemm_n, p.gemm_k, groups, w, k_tiles,
+                                              thread % 32, rank);
+      } else {
+        load_tile<typename K::Mainloop>(p.mainloop, pipeline, write, s.tensors, p.gemm_m, p.gemm_n,
+                                        p.gemm_k, groups, w, k_tiles, thread % 32, rank);
+      }
       write.advance(k_tiles);
     }
     mainloop.load_tail(pipeline, write);
@@ -229,9 +277,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         locate<K::kCluster>(s.tile_start, s.row_begin, s.row_end, groups, p.n_tiles, unit, rank);
     auto accumulators = partition_fragment_C(tiled_mma, take<0, 2>(typename K::TileShape{}));
     if (w.rows <= 64 * consumer) {
-      // None of this warp group's rows are the group's (a group's last tile, or the second half
-      // of a shared one): it only passes the stages on, so the other warp group's MMAs run alone
-      // at the tensor cores, and nothing is stored.
+      // None of this warp group's rows are the group's (a group's last tile, or no tile for this
+      // CTA in its cluster's unit): it only passes the stages on, so the other warp group's MMAs
+      // run alone at the tensor cores, and nothing is stored.
       typename K::PipelineState stage = read;
       for (int k = 0; k < k_tiles; ++k) {
         pipeline.consumer_wait(stage, pipeline.consumer_try_wait(stage));
@@ -295,6 +343,17 @@ sfmoe_status run(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
   p.mainloop.tma_load_b = Mainloop::to_underlying_arguments(
                               make_shape(gm, gn, gk, static_cast<int>(groups)), operands, nullptr)
                               .tma_load_b;
+  if constexpr (K::kCluster > 1) {  // (the descriptors multicasting A instead)
+    using ShareA = typename K::MainloopShareA;
+    const typename ShareA::Arguments share_a{static_cast<const Bf16*>(a.a.data), stride_a,
+                                             static_cast<const Bf16*>(a.b.data), stride_b};
+    p.mainloop_share_a =
+        ShareA::to_underlying_arguments(make_shape(gm, gn, gk, 1), share_a, nullptr);
+    p.mainloop_share_a.tma_load_b =
+        ShareA::to_underlying_arguments(make_shape(gm, gn, gk, static_cast<int>(groups)), share_a,
+                                        nullptr)
+            .tma_load_b;
+  }
   p.args = a;
   p.gemm_m = gm;
   p.gemm_n = gn;
@@ -336,7 +395,8 @@ sfmoe_status run(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
     return report(SFMOE_ERROR_CUDA, "the contiguous grouped GEMM's launch setup: %s",
                   cudaGetErrorString(attribute_status));
   }
-  const int64_t unit_bound = (((m + kTileM - 1) / kTileM) / K::kCluster + 1 + groups) * p.n_tiles;
+  // (a cluster's unit is at most one tile each; every group adds at most one partial M tile)
+  const int64_t unit_bound = ((m + kTileM - 1) / kTileM + groups) * p.n_tiles;
   const int64_t clusters = unit_bound < resident_clusters ? unit_bound : resident_clusters;
   if (clusters <= 0) return SFMOE_SUCCESS;
   config.gridDim = dim3(static_cast<unsigned>(clusters * K::kCluster));

@@ -90,9 +90,8 @@ inline std::optional<GemmTile> gemm_tile_named(const char* name) {
 // dgrad and wgrad).
 constexpr int64_t kFastAccumulationPingpongMaxK = 4096;
 constexpr int64_t kFastAccumulationPingpongMinN = 2048;
-constexpr int64_t kBf16WgradPingpongMaxK = 1024;             // BF16 wgrad: the rows per group
-constexpr int64_t kBf16WgradPingpongMinN = 4096;             // BF16 wgrad: k
-constexpr int64_t kContiguousClusterMinRowsPerGroup = 1024;  // BF16 fprop / dgrad
+constexpr int64_t kBf16WgradPingpongMaxK = 1024;  // BF16 wgrad: the rows per group
+constexpr int64_t kBf16WgradPingpongMinN = 4096;  // BF16 wgrad: k
 inline GemmTile choose_gemm_tile(GemmRecipe recipe, int64_t gemm_m_bound_per_group, int64_t gemm_n,
                                  int64_t gemm_k) {
   GemmTile chosen = GemmTile::kCooperative128x128;
@@ -116,9 +115,11 @@ inline GemmTile choose_gemm_tile(GemmRecipe recipe, int64_t gemm_m_bound_per_gro
 // by the pair (64 rows each), 0.984x / 0.986x the peer against 0.974x / 0.958x for one CTA; +2-4%
 // on balanced groups (whole tiles, even counts), -3..+9% on Zipf ones. The GPU runs these at its
 // 700 W power limit (SM clock 1425 MHz median of 1980), so the L2 traffic multicast saves buys
-// clock. In the MoE layer (routed groups: a partial last tile in every group) clusters cost
-// Qwen3-30B-A3B 1-3% at 512 rows per group and 7% at 128: a shared last tile takes the pair more
-// than half a tile's time. So clusters from 1024 rows per group (the bound: capacity / groups).
+// clock. In the MoE layer (routed groups: a partial last tile in every group) that first form cost
+// Qwen3-30B-A3B 1-3% at 512 rows per group and 6% at 128, as the pair split a group's odd last
+// tile 64 rows each (more than half a tile's time); taking that tile as two N blocks sharing A
+// instead, clusters gain 2-4% in the layer at DeepSeek-V3-local and Mixtral and tie at Qwen3 (512
+// and 128 rows per group), 0.997x over the forms benchmark: clusters for every group size.
 // 192-wide tiles where they cover N in fewer columns than 256-wide ones (N 2880: 15 tiles of 192 =
 // 2880 columns against 12 of 256 = 3072; N 5760: 5760 against 5888): gpt-oss-120b's four cases
 // 0.96-1.02x against 0.93-0.97x; elsewhere 192 measured 1-5% behind 256. Where both cover N alike
@@ -134,16 +135,13 @@ inline bool contiguous_tile_192_pads_less(int64_t gemm_n) {
 inline GemmTile choose_gemm_tile_for(GroupedGemmForm form, GemmRecipe recipe, int64_t row_capacity,
                                      int64_t num_groups, int64_t n, int64_t k) {
   const int64_t rows_per_group = num_groups > 0 ? row_capacity / num_groups : row_capacity;
-  // BF16 fprop and dgrad: sfmoe's own kernel where CUTLASS's 128 x 256 would run (it takes BF16
-  // results only; the others run the CUTLASS tile), in 2-CTA clusters for large groups, 192 wide
-  // where that tiles the GEMM's N with fewer padded columns.
+  // BF16 fprop and dgrad: sfmoe's own kernel in 2-CTA clusters where CUTLASS's 128 x 256 would
+  // run (it takes BF16 results only; the others run the CUTLASS tile), 192 wide where that tiles
+  // the GEMM's N with fewer padded columns.
   auto own_kernel = [&](GemmTile t, int64_t gemm_n) {
     if (recipe != GemmRecipe::kBf16 || t != GemmTile::kCooperative128x256) return t;
-    const bool narrow = contiguous_tile_192_pads_less(gemm_n);
-    if (rows_per_group >= kContiguousClusterMinRowsPerGroup) {
-      return narrow ? GemmTile::kContiguous128x192Cluster2 : GemmTile::kContiguous128x256Cluster2;
-    }
-    return narrow ? GemmTile::kContiguous128x192 : GemmTile::kContiguous128x256;
+    return contiguous_tile_192_pads_less(gemm_n) ? GemmTile::kContiguous128x192Cluster2
+                                                 : GemmTile::kContiguous128x256Cluster2;
   };
   switch (form) {
     case GroupedGemmForm::kFprop:
