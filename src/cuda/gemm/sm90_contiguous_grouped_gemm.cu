@@ -8,8 +8,8 @@
 // The work: each group's rows in 128-row tiles from the group's own first row (the offsets need no
 // alignment and nothing is padded). A tile's last rows may belong to the next group, or lie past
 // the capacity (TMA reads those as zeros); they are computed and never stored. Group g owns the
-// work indices [tile_start[g] n_tiles, tile_start[g + 1] n_tiles), its M tiles fastest, so the CTAs
-// of one wave share the group's B tiles and its rows in L2.
+// units of work [unit_start[g], unit_start[g + 1]) (units_of_group below), its M tiles fastest, so
+// the CTAs of one wave share the group's B tiles and its rows in L2.
 //
 // The pieces: CUTLASS's warp-specialized TMA + GMMA mainloop collective (one producer warp issuing
 // TMA loads into a multi-stage shared-memory pipeline, two consumer warp groups each running
@@ -83,7 +83,7 @@ struct ContiguousKernel {
     typename Mainloop::TensorStorage tensors;  // first: TMA's swizzled stages need the alignment
     alignas(16) Bf16 staged[kTileM * kPitch];
     typename Mainloop::PipelineStorage pipeline;
-    int tile_start[kMaxGroups + 1];
+    int unit_start[kMaxGroups + 1];
     int row_begin[kMaxGroups];
     int row_end[kMaxGroups];
     typename cub::BlockScan<int, kThreads>::TempStorage scan;
@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int groups = static_cast<int>(p.args.num_groups);
 
   // Each group's rows (clamped into the capacity as the other kernels do; one block reports bad
-  // offsets) and the exclusive prefix of their M tiles, in shared memory.
+  // offsets) and the exclusive prefix of their units of work, in shared memory.
   {
     GroupedGemmDeviceArgs a = p.args;
     if (blockIdx.x != 0) a.word = nullptr;
@@ -203,9 +203,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     cub::BlockScan<int, kThreads>(s.scan).ExclusiveSum(tiles, starts, total);
     for (int j = 0; j < kGroupsPerThread; ++j) {
       const int g = thread * kGroupsPerThread + j;
-      if (g < groups) s.tile_start[g] = starts[j];
+      if (g < groups) s.unit_start[g] = starts[j];
     }
-    if (thread == 0) s.tile_start[groups] = total;
+    if (thread == 0) s.unit_start[groups] = total;
   }
 
   typename K::Pipeline::Params pipeline_params;
@@ -230,7 +230,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int first_unit = static_cast<int>(blockIdx.x) / K::kCluster;
   const int unit_stride = static_cast<int>(gridDim.x) / K::kCluster;
 
-  const int total_units = s.tile_start[groups];
+  const int total_units = s.unit_start[groups];
   const int k_tiles = (p.gemm_k + 63) / 64;
   typename K::Mainloop mainloop;
   if (warp_group == 0) {
@@ -247,7 +247,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto write = cutlass::make_producer_start_state<typename K::Pipeline>();
     for (int unit = first_unit; unit < total_units; unit += unit_stride) {
       const WorkTile w =
-          locate<K::kCluster>(s.tile_start, s.row_begin, s.row_end, groups, p.n_tiles, unit, rank);
+          locate<K::kCluster>(s.unit_start, s.row_begin, s.row_end, groups, p.n_tiles, unit, rank);
       if (K::kCluster > 1 && w.share_a) {
         load_tile<typename K::MainloopShareA>(p.mainloop_share_a, pipeline, write, s.tensors,
                                               p.gemm_m, p.gemm_n, p.gemm_k, groups, w, k_tiles,
@@ -274,7 +274,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   Tensor staged_of_thread = tiled_mma.get_thread_slice(mma_thread).partition_C(staged);
   for (int unit = first_unit; unit < total_units; unit += unit_stride) {
     const WorkTile w =
-        locate<K::kCluster>(s.tile_start, s.row_begin, s.row_end, groups, p.n_tiles, unit, rank);
+        locate<K::kCluster>(s.unit_start, s.row_begin, s.row_end, groups, p.n_tiles, unit, rank);
     auto accumulators = partition_fragment_C(tiled_mma, take<0, 2>(typename K::TileShape{}));
     if (w.rows <= 64 * consumer) {
       // None of this warp group's rows are the group's (a group's last tile, or no tile for this
