@@ -374,7 +374,7 @@ sfmoe_status run(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
   config.attrs = &cluster;
   config.numAttrs = 1;
   // Persistent: as many clusters as fit on the GPU at once (one CTA an SM), or fewer when the
-  // units' bound is smaller (every group adds at most one partial unit to the capacity's).
+  // units' bound (below) is smaller.
   static std::once_flag attribute_set;
   static cudaError_t attribute_status = cudaSuccess;
   static int resident_clusters = 0;
@@ -442,28 +442,22 @@ bool contiguous_grouped_gemm_runs(const GroupedGemmDeviceArgs& a) {
          aligned16(a.a.data) && aligned16(a.b.data) && aligned16(a.out);
 }
 
-sfmoe_status contiguous_grouped_gemm(const GroupedGemmDeviceArgs& a, int tile_n, int cluster_m,
+sfmoe_status contiguous_grouped_gemm(const GroupedGemmDeviceArgs& a, GemmTile tile,
                                      cudaStream_t stream) {
   const bool fprop = a.form == GroupedGemmForm::kFprop;
-  if (cluster_m == 2) {
-    if (tile_n == 256) return fprop ? run<Fprop256x2>(a, stream) : run<Dgrad256x2>(a, stream);
-    if (tile_n == 192) return fprop ? run<Fprop192x2>(a, stream) : run<Dgrad192x2>(a, stream);
-  }
-  if (cluster_m != 1) {
-    return report(SFMOE_ERROR_UNSUPPORTED,
-                  "the contiguous grouped GEMM has no %d-wide tile in %d-CTA clusters", tile_n,
-                  cluster_m);
-  }
-  switch (tile_n) {
-    case 128:
-      return fprop ? run<Fprop128>(a, stream) : run<Dgrad128>(a, stream);
-    case 192:
-      return fprop ? run<Fprop192>(a, stream) : run<Dgrad192>(a, stream);
-    case 256:
+  switch (tile) {
+    case GemmTile::kContiguous128x256:
       return fprop ? run<Fprop256>(a, stream) : run<Dgrad256>(a, stream);
+    case GemmTile::kContiguous128x192:
+      return fprop ? run<Fprop192>(a, stream) : run<Dgrad192>(a, stream);
+    case GemmTile::kContiguous128x128:
+      return fprop ? run<Fprop128>(a, stream) : run<Dgrad128>(a, stream);
+    case GemmTile::kContiguous128x256Cluster2:
+      return fprop ? run<Fprop256x2>(a, stream) : run<Dgrad256x2>(a, stream);
+    case GemmTile::kContiguous128x192Cluster2:
+      return fprop ? run<Fprop192x2>(a, stream) : run<Dgrad192x2>(a, stream);
     default:
-      return report(SFMOE_ERROR_UNSUPPORTED, "the contiguous grouped GEMM has no %d-wide tile",
-                    tile_n);
+      return report(SFMOE_ERROR_UNSUPPORTED, "not a tile of the contiguous grouped GEMM");
   }
 }
 

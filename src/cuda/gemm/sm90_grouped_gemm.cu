@@ -103,29 +103,8 @@ sfmoe_status launch_grouped_gemm(const GroupedGemmDeviceArgs& a, void* stream_po
       break;
   }
   // sfmoe's own kernel where it takes the operands; the recipe's default tile otherwise.
-  int tile_n = 0, cluster_m = 1;
-  switch (tile) {
-    case GemmTile::kContiguous128x256Cluster2:
-      cluster_m = 2;
-      [[fallthrough]];
-    case GemmTile::kContiguous128x256:
-      tile_n = 256;
-      break;
-    case GemmTile::kContiguous128x192Cluster2:
-      cluster_m = 2;
-      [[fallthrough]];
-    case GemmTile::kContiguous128x192:
-      tile_n = 192;
-      break;
-    case GemmTile::kContiguous128x128:
-      tile_n = 128;
-      break;
-    default:
-      break;
-  }
-  if (tile_n != 0) {
-    if (contiguous_grouped_gemm_runs(a))
-      return contiguous_grouped_gemm(a, tile_n, cluster_m, stream);
+  if (is_contiguous_tile(tile)) {
+    if (contiguous_grouped_gemm_runs(a)) return contiguous_grouped_gemm(a, tile, stream);
     // A forced own-kernel tile on a call that kernel does not take (wgrad, FP32 results): the
     // heuristic's CUTLASS tile, so a study of the own kernel leaves the other calls as they run.
     tile = chosen;

@@ -482,10 +482,10 @@ int64_t grouped_gemm_blockwise_workspace_bytes(int64_t num_groups);
 
 // sfmoe's own BF16 kernel (sm90_contiguous_grouped_gemm.cu): whether it takes these operands
 // (BF16 fprop or dgrad into BF16, row-major operands, 16-byte aligned, N and K multiples of 8, at
-// most 768 groups), and its launch on a 128-row tile tile_n = 256, 192 or 128 wide, in clusters of
-// cluster_m = 1 CTA or (256 and 192 wide) 2 CTAs multicasting B (it needs no workspace).
+// most 768 groups), and its launch on one of its tiles (is_contiguous_tile; it needs no
+// workspace).
 bool contiguous_grouped_gemm_runs(const GroupedGemmDeviceArgs& a);
-sfmoe_status contiguous_grouped_gemm(const GroupedGemmDeviceArgs& a, int tile_n, int cluster_m,
+sfmoe_status contiguous_grouped_gemm(const GroupedGemmDeviceArgs& a, GemmTile tile,
                                      cudaStream_t stream);
 }  // namespace cuda
 }  // namespace sfmoe

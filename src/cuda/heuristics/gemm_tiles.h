@@ -67,6 +67,13 @@ enum class GemmRecipe {
   kFp8Blockwise,   // 1x128 x 128x128 scales applied per K block
 };
 
+// Whether the tile is one of sfmoe's own kernel (sm90_contiguous_grouped_gemm.cu).
+inline bool is_contiguous_tile(GemmTile tile) {
+  return tile == GemmTile::kContiguous128x256 || tile == GemmTile::kContiguous128x192 ||
+         tile == GemmTile::kContiguous128x128 || tile == GemmTile::kContiguous128x256Cluster2 ||
+         tile == GemmTile::kContiguous128x192Cluster2;
+}
+
 // The tile a SFMOE_GEMM_TILE value names (coop128, coop256, pingpong64, coop256x128,
 // pingpong128, contig256, contig192, contig128, contig256c2, contig192c2); none for another value.
 inline std::optional<GemmTile> gemm_tile_named(const char* name) {
