@@ -442,7 +442,8 @@ TEST(GroupedGemmHeuristics, ShapeFamiliesGetTheMeasuredTiles) {
                                  1536, 7168),  // N 7168, K 1024: ping-pong
             GemmTile::kPingpong128x128);
   // BF16: M is the rows per group in fprop and dgrad, n in wgrad; fprop and dgrad run sfmoe's own
-  // kernel where CUTLASS's 128 x 256 would, wgrad CUTLASS's.
+  // kernel where CUTLASS's 128 x 256 would, wgrad the own wgrad kernel there up to 1024 rows per
+  // group (CUTLASS's 128 x 256 stays the fallback for the calls the own kernels do not take).
   EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kDgrad, GemmRecipe::kBf16, 4096, 64, 7168, 2048),
             GemmTile::kPingpong64x128);
   EXPECT_EQ(
@@ -453,8 +454,14 @@ TEST(GroupedGemmHeuristics, ShapeFamiliesGetTheMeasuredTiles) {
       GemmTile::kContiguous128x256Cluster2);
   EXPECT_EQ(
       choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kBf16, 65536, 128, 1536, 2048),
-      GemmTile::kCooperative128x256);
+      GemmTile::kWgrad128x256);
   EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kBf16, 4096, 64, 7168, 2048),
+            GemmTile::kWgrad128x256);
+  EXPECT_EQ(cuda::choose_cutlass_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kBf16, 65536, 128,
+                                          1536, 2048),
+            GemmTile::kCooperative128x256);
+  EXPECT_EQ(cuda::choose_cutlass_tile_for(GroupedGemmForm::kFprop, GemmRecipe::kBf16, 65536, 128,
+                                          1536, 2048),
             GemmTile::kCooperative128x256);
   // BF16 fprop and dgrad: 192 wide where it covers the GEMM's N (n in fprop, k in dgrad) with
   // fewer columns than 256 (gpt-oss's 2880 and 5760), 256 where both cover it alike or 256 less.
@@ -475,7 +482,7 @@ TEST(GroupedGemmHeuristics, ShapeFamiliesGetTheMeasuredTiles) {
             GemmTile::kContiguous128x192Cluster2);  // N 960: 960 against 1024
   EXPECT_EQ(
       choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kBf16, 32768, 128, 2880, 2880),
-      GemmTile::kCooperative128x256);  // wgrad: CUTLASS's
+      GemmTile::kWgrad128x256);  // wgrad: the own wgrad kernel's single width
   // The own kernel in 2-CTA clusters from 128 rows per group, CUTLASS's 64 x 128 below.
   EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kFprop, GemmRecipe::kBf16, 32768, 32, 4096, 7168),
             GemmTile::kContiguous128x256Cluster2);
@@ -485,13 +492,16 @@ TEST(GroupedGemmHeuristics, ShapeFamiliesGetTheMeasuredTiles) {
   EXPECT_EQ(
       choose_gemm_tile_for(GroupedGemmForm::kFprop, GemmRecipe::kBf16, 16383, 128, 4096, 7168),
       GemmTile::kPingpong64x128);  // 127 rows per group
-  // BF16 wgrad, the three measured shapes (n, k; rows per group): ping-pong for DeepSeek-V3's short
-  // reduction into a wide output only.
+  // BF16 wgrad, the measured shapes (n, k; rows per group): ping-pong for DeepSeek-V3 fc1's short
+  // reduction into a wide output, the own wgrad kernel for Qwen3 (512 rows), CUTLASS's 128 x 256
+  // for Mixtral (2048 rows), 64 x 128 where n is below 128.
   EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kBf16, 32768, 32, 4096, 7168),
             GemmTile::kPingpong128x128);
   EXPECT_EQ(
       choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kBf16, 65536, 128, 1536, 2048),
-      GemmTile::kCooperative128x256);
+      GemmTile::kWgrad128x256);
+  EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kBf16, 32768, 32, 7168, 2048),
+            GemmTile::kWgrad128x256);  // DeepSeek-V3 fc2: 1024 rows per group
   EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kBf16, 16384, 8, 28672, 4096),
             GemmTile::kCooperative128x256);
   EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kWgrad, GemmRecipe::kBf16, 65536, 8, 64, 2048),
@@ -507,6 +517,8 @@ TEST(GroupedGemmHeuristics, ShapeFamiliesGetTheMeasuredTiles) {
   EXPECT_EQ(cuda::gemm_tile_named("contig128"), GemmTile::kContiguous128x128);
   EXPECT_EQ(cuda::gemm_tile_named("contig256c2"), GemmTile::kContiguous128x256Cluster2);
   EXPECT_EQ(cuda::gemm_tile_named("contig192c2"), GemmTile::kContiguous128x192Cluster2);
+  EXPECT_EQ(cuda::gemm_tile_named("wgrad256"), GemmTile::kWgrad128x256);
+  EXPECT_EQ(cuda::gemm_tile_named("wgrad256c2"), GemmTile::kWgrad128x256Cluster2);
   EXPECT_FALSE(cuda::gemm_tile_named("no-such-tile").has_value());
   EXPECT_FALSE(cuda::gemm_tile_named(nullptr).has_value());
 }

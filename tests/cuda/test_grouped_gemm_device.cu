@@ -161,9 +161,9 @@ std::vector<const char*> tiles_to_test(std::initializer_list<const char*> compil
   }
   return tiles;
 }
-const std::vector<const char*> kTiles =
-    tiles_to_test({"coop128", "coop256", "pingpong64", "coop256x128", "pingpong128", "contig256",
-                   "contig192", "contig128", "contig256c2", "contig192c2"});  // BF16's
+const std::vector<const char*> kTiles = tiles_to_test(
+    {"coop128", "coop256", "pingpong64", "coop256x128", "pingpong128", "contig256", "contig192",
+     "contig128", "contig256c2", "contig192c2", "wgrad256", "wgrad256c2"});  // BF16's
 const std::vector<const char*> kFp8Tiles = tiles_to_test({"coop128", "coop256", "pingpong64"});
 // The tile forced for the scope (as SFMOE_GEMM_TILE does at load), then the loaded setting back.
 struct ForcedTile {
@@ -234,21 +234,25 @@ TEST(CudaGroupedGemm, RandomInputsMeetTheBf16Bound) {
   }
 }
 
-// sfmoe's own kernel (contig256, contig192, contig128 and the 2-CTA cluster forms: BF16 results
-// only) sums in the GMMA order of CUTLASS's 128 x 256 tile, so on random inputs its BF16 results
-// are CUTLASS's bits, in fprop and dgrad.
+// sfmoe's own kernels (contig256, contig192, contig128 and the 2-CTA cluster forms in fprop and
+// dgrad, wgrad256 in wgrad: BF16 results only) sum in the GMMA order of CUTLASS's 128 x 256 tile,
+// so on random inputs their BF16 results are CUTLASS's bits.
 TEST(CudaGroupedGemm, OwnKernelGivesTheCutlassTilesBitsOnRandomInputs) {
   SFMOE_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(session_test_seed() + 73);
   const Problem p = make_problem({5, 0, 1, 257, 64, 133}, false, &rng);
-  for (sfmoe_gemm_form form : {SFMOE_GEMM_FPROP, SFMOE_GEMM_DGRAD}) {
+  for (sfmoe_gemm_form form : {SFMOE_GEMM_FPROP, SFMOE_GEMM_DGRAD, SFMOE_GEMM_WGRAD}) {
     std::vector<float> host, cutlass;
     {
       const ForcedTile forced("coop256");
       run_both(form, p, SFMOE_DTYPE_BF16, false, {}, &host, &cutlass);
       if (HasFatalFailure()) return;
     }
-    for (const char* tile : {"contig256", "contig192", "contig128", "contig256c2", "contig192c2"}) {
+    const std::vector<const char*> own =
+        form == SFMOE_GEMM_WGRAD ? std::vector<const char*>{"wgrad256", "wgrad256c2"}
+                                 : std::vector<const char*>{"contig256", "contig192", "contig128",
+                                                            "contig256c2", "contig192c2"};
+    for (const char* tile : own) {
       const ForcedTile forced(tile);
       std::vector<float> own;
       run_both(form, p, SFMOE_DTYPE_BF16, false, {}, &host, &own);
@@ -311,6 +315,52 @@ TEST(CudaGroupedGemm, BadOffsetsAreClampedAndReported) {
       tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements - 1});
   EXPECT_EQ(sfmoe_grouped_gemm(&a, &b, &config, &out, &small, nullptr, nullptr),
             SFMOE_ERROR_SHAPE_MISMATCH);
+}
+
+// BF16 wgrad into BF16 (the own wgrad kernel's call, which builds each group's descriptors from
+// the offsets on the device) with offsets past the capacity: the fault is reported, the groups
+// are clamped into the rows there are, and dW is all written (no NaN bytes left) with finite
+// values.
+TEST(CudaGroupedGemm, WgradWithBadOffsetsIsClampedAndReported) {
+  SFMOE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(session_test_seed() + 77);
+  Problem p = make_problem({3, 4, 5, 6, 7, 8}, true, &rng);
+  std::vector<int64_t> bad = p.offsets;
+  bad[kGroups - 1] = p.rows + 500;  // the last two groups past the capacity
+  bad[kGroups] = p.rows + 1000;
+  DeviceBuffer<uint16_t> dx(p.x.size()), ddy(p.dy.size());
+  DeviceBuffer<uint16_t> dw(static_cast<size_t>(kGroups * kN * kK));
+  DeviceBuffer<int64_t> doff(bad.size());
+  const int64_t ws_elements =
+      gemm_workspace_words(kGroups, SFMOE_SCALING_NONE, 0, 0, SFMOE_SCALING_NONE, 0, 0);
+  DeviceBuffer<int64_t> ws(static_cast<size_t>(ws_elements));
+  CUDA_OK(dx.upload(p.x));
+  CUDA_OK(ddy.upload(p.dy));
+  CUDA_OK(doff.upload(bad));
+  CUDA_OK(cudaMemset(dw.ptr, 0xFF, dw.count * sizeof(uint16_t)));
+  const sfmoe_grouped_tensor a =
+      rows_in(SFMOE_MEMORY_CUDA, ddy.ptr, SFMOE_DTYPE_BF16, kGroups, p.rows, kN, 1, doff.ptr);
+  const sfmoe_grouped_tensor b =
+      rows_in(SFMOE_MEMORY_CUDA, dx.ptr, SFMOE_DTYPE_BF16, kGroups, p.rows, kK, 1, doff.ptr);
+  const sfmoe_grouped_tensor out = weights_in(SFMOE_MEMORY_CUDA, dw.ptr, SFMOE_DTYPE_BF16);
+  const sfmoe_tensor workspace =
+      tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});
+  sfmoe_status_word* word = nullptr;
+  ASSERT_EQ(sfmoe_status_word_create(SFMOE_MEMORY_CUDA, 0, &word), SFMOE_SUCCESS);
+  sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
+  config.form = SFMOE_GEMM_WGRAD;
+  ASSERT_EQ(sfmoe_grouped_gemm(&a, &b, &config, &out, &workspace, word, nullptr), SFMOE_SUCCESS)
+      << sfmoe_last_error();
+  ASSERT_EQ(sfmoe_status_word_snapshot(word, nullptr), SFMOE_SUCCESS);
+  CUDA_OK(cudaDeviceSynchronize());
+  sfmoe_fault_report report;
+  ASSERT_EQ(sfmoe_status_word_read(word, &report), SFMOE_SUCCESS);
+  EXPECT_TRUE(report.flags & SFMOE_FAULT_GROUP_OVER_CAPACITY);
+  sfmoe_status_word_destroy(word);
+  const std::vector<uint16_t> got = dw.download();
+  int64_t not_finite = 0;
+  for (uint16_t v : got) not_finite += !std::isfinite(numerics::bf16_to_f32(v));
+  EXPECT_EQ(not_finite, 0);
 }
 
 // MXFP8 operands (emulated: decoded into BF16 in the workspace first) whose group offsets run
@@ -436,9 +486,10 @@ TEST(CudaGroupedGemm, CapturedGraphFollowsNewGroupSizes) {
       tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});
   cudaGraph_t graph;
   CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  ASSERT_EQ(sfmoe_grouped_gemm(&a, &b, &config, &out, &workspace, nullptr, stream), SFMOE_SUCCESS)
-      << sfmoe_last_error();
-  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  const sfmoe_status captured =
+      sfmoe_grouped_gemm(&a, &b, &config, &out, &workspace, nullptr, stream);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));  // (ended first: a failure leaves no capture)
+  ASSERT_EQ(captured, SFMOE_SUCCESS) << sfmoe_last_error();
   cudaGraphExec_t exec;
   CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
   std::uniform_int_distribution<int64_t> size(0, 100);
@@ -560,6 +611,86 @@ TEST(CudaGroupedGemm, OwnKernelGraphFollowsNewGroupSizes) {
       cudaGraphExecDestroy(exec);
       cudaGraphDestroy(graph);
     }
+  }
+  cudaStreamDestroy(stream);
+}
+
+// sfmoe's own wgrad kernel builds each group's TMA descriptors on the device, so a captured wgrad
+// replayed on new group sizes (0 to 300 rows a group: empty groups, one-row groups, several
+// 64-row steps with a partial last one) reads each group's rows only; bit for bit against the CPU
+// reference on integer inputs, dW starting as NaN bytes before each replay (every value written,
+// the empty groups' zeros by the zeroing kernel).
+TEST(CudaGroupedGemm, OwnWgradKernelGraphFollowsNewGroupSizes) {
+  SFMOE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(session_test_seed() + 76);
+  const int64_t capacity = 1800;
+  const Problem p = make_problem({300, 300, 300, 300, 300, 300}, true, &rng);
+  DeviceBuffer<uint16_t> dx(p.x.size()), ddy(p.dy.size());
+  DeviceBuffer<int64_t> doff(kGroups + 1);
+  DeviceBuffer<uint16_t> dout(static_cast<size_t>(kGroups * kN * kK));
+  const int64_t ws_elements =
+      gemm_workspace_words(kGroups, SFMOE_SCALING_NONE, 0, 0, SFMOE_SCALING_NONE, 0, 0);
+  DeviceBuffer<int64_t> ws(static_cast<size_t>(ws_elements));
+  const sfmoe_tensor workspace =
+      tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});
+  CUDA_OK(dx.upload(p.x));
+  CUDA_OK(ddy.upload(p.dy));
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreate(&stream));
+  for (const char* tile : tiles_to_test({"wgrad256", "wgrad256c2"})) {
+    const ForcedTile forced(tile);
+    sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
+    config.form = SFMOE_GEMM_WGRAD;
+    const sfmoe_grouped_tensor a =
+        rows_in(SFMOE_MEMORY_CUDA, ddy.ptr, SFMOE_DTYPE_BF16, kGroups, capacity, kN, 1, doff.ptr);
+    const sfmoe_grouped_tensor b =
+        rows_in(SFMOE_MEMORY_CUDA, dx.ptr, SFMOE_DTYPE_BF16, kGroups, capacity, kK, 1, doff.ptr);
+    const sfmoe_grouped_tensor out = weights_in(SFMOE_MEMORY_CUDA, dout.ptr, SFMOE_DTYPE_BF16);
+    CUDA_OK(doff.upload(p.offsets));
+    cudaGraph_t graph;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    const sfmoe_status captured =
+        sfmoe_grouped_gemm(&a, &b, &config, &out, &workspace, nullptr, stream);
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));  // (ended first: a failure leaves no capture)
+    ASSERT_EQ(captured, SFMOE_SUCCESS) << tile << ": " << sfmoe_last_error();
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    std::uniform_int_distribution<int64_t> size(0, 300);
+    for (int replay = 0; replay < 4; ++replay) {
+      std::vector<int64_t> offsets(1, 0);
+      for (int64_t g = 0; g < kGroups; ++g) {
+        const int64_t rows = replay == 0 && g == 1 ? 0 : (replay == 1 && g == 2 ? 1 : size(rng));
+        offsets.push_back(offsets.back() + rows);
+      }
+      CUDA_OK(cudaMemcpyAsync(doff.ptr, offsets.data(), offsets.size() * 8, cudaMemcpyHostToDevice,
+                              stream));
+      CUDA_OK(cudaMemsetAsync(dout.ptr, 0xFF, dout.count * sizeof(uint16_t), stream));
+      CUDA_OK(cudaGraphLaunch(exec, stream));
+      CUDA_OK(cudaStreamSynchronize(stream));
+      const std::vector<uint16_t> got = dout.download();
+      // The CPU reference on the same rows (the inputs' rows past p.rows are zeros).
+      std::vector<int64_t> host_offsets = offsets;
+      std::vector<uint16_t> dy = p.dy, x = p.x;
+      dy.resize(static_cast<size_t>(capacity * kN), 0);
+      x.resize(static_cast<size_t>(capacity * kK), 0);
+      std::vector<uint16_t> want(static_cast<size_t>(kGroups * kN * kK), 0);
+      const sfmoe_grouped_tensor ha = rows_in(SFMOE_MEMORY_HOST, dy.data(), SFMOE_DTYPE_BF16,
+                                              kGroups, capacity, kN, 1, host_offsets.data());
+      const sfmoe_grouped_tensor hb = rows_in(SFMOE_MEMORY_HOST, x.data(), SFMOE_DTYPE_BF16,
+                                              kGroups, capacity, kK, 1, host_offsets.data());
+      const sfmoe_grouped_tensor hout =
+          weights_in(SFMOE_MEMORY_HOST, want.data(), SFMOE_DTYPE_BF16);
+      ASSERT_EQ(sfmoe_grouped_gemm(&ha, &hb, &config, &hout, nullptr, nullptr, nullptr),
+                SFMOE_SUCCESS)
+          << sfmoe_last_error();
+      int64_t differ = 0;
+      for (size_t i = 0; i < want.size(); ++i) differ += got[i] != want[i];
+      EXPECT_EQ(differ, 0) << tile << " replay " << replay;
+      std::printf("[ gemm graph ] %s wgrad replay %d: %lld rows, %lld values differ\n", tile,
+                  replay, static_cast<long long>(offsets.back()), static_cast<long long>(differ));
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
   }
   cudaStreamDestroy(stream);
 }

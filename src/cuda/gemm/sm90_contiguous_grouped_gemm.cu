@@ -26,12 +26,11 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 
-#include <cub/block/block_scan.cuh>
 #include <cutlass/pipeline/pipeline.hpp>
-#include <mutex>
 
 #include "src/common/group_offsets.h"
 #include "src/cuda/gemm/sm90_grouped_gemm_kernels.cuh"
+#include "src/cuda/gemm/sm90_warp_specialized.cuh"
 
 namespace sfmoe {
 namespace cuda {
@@ -40,11 +39,11 @@ namespace {
 using namespace cute;
 using grouped_gemm_detail::Bf16;
 
-constexpr int kThreads = 384;  // a producer warp group, two consumer warp groups
-constexpr int kGroupsPerThread = 2;
-constexpr int kMaxGroups = kThreads * kGroupsPerThread;  // the tile starts live in shared memory
+using warp_specialized::kConsumerRegisters;
+using warp_specialized::kMaxGroups;
+using warp_specialized::kProducerRegisters;
+using warp_specialized::kThreads;
 constexpr int kTileM = 128;
-constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
 
 // The kernel for one form: B K-major (fprop: W_g [n, k]) or N-major (dgrad: W_g read as [K = n,
 // N = k]), a kTileM x kTileN tile, kStages pipeline stages, and kClusterM CTAs a cluster: the
@@ -86,7 +85,7 @@ struct ContiguousKernel {
     int unit_start[kMaxGroups + 1];
     int row_begin[kMaxGroups];
     int row_end[kMaxGroups];
-    typename cub::BlockScan<int, kThreads>::TempStorage scan;
+    warp_specialized::GroupScan::TempStorage scan;
   };
   static constexpr int kSharedBytes = static_cast<int>(sizeof(SharedStorage));
   static_assert(kSharedBytes <= 232448, "more shared memory than an H100/H200 SM has");
@@ -187,44 +186,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   {
     GroupedGemmDeviceArgs a = p.args;
     if (blockIdx.x != 0) a.word = nullptr;
-    int tiles[kGroupsPerThread], starts[kGroupsPerThread], total = 0;
-    for (int j = 0; j < kGroupsPerThread; ++j) {
-      const int g = thread * kGroupsPerThread + j;
-      tiles[j] = 0;
-      if (g < groups) {
-        int64_t lo, hi;
-        grouped_gemm_detail::group_rows(a, g, &lo, &hi);
-        s.row_begin[g] = static_cast<int>(lo);
-        s.row_end[g] = static_cast<int>(hi);
-        const int m_tiles = static_cast<int>((hi - lo + kTileM - 1) / kTileM);
-        tiles[j] = units_of_group<K::kCluster>(m_tiles, p.n_tiles);
-      }
-    }
-    cub::BlockScan<int, kThreads>(s.scan).ExclusiveSum(tiles, starts, total);
-    for (int j = 0; j < kGroupsPerThread; ++j) {
-      const int g = thread * kGroupsPerThread + j;
-      if (g < groups) s.unit_start[g] = starts[j];
-    }
-    if (thread == 0) s.unit_start[groups] = total;
+    warp_specialized::prefix_units(thread, groups, s.scan, s.unit_start, [&](int g) {
+      int64_t lo, hi;
+      grouped_gemm_detail::group_rows(a, g, &lo, &hi);
+      s.row_begin[g] = static_cast<int>(lo);
+      s.row_end[g] = static_cast<int>(hi);
+      const int m_tiles = static_cast<int>((hi - lo + kTileM - 1) / kTileM);
+      return units_of_group<K::kCluster>(m_tiles, p.n_tiles);
+    });
   }
 
-  typename K::Pipeline::Params pipeline_params;
-  if (warp_group == 0) {
-    pipeline_params.role = warp_in_group == 0 ? K::Pipeline::ThreadCategory::Producer
-                                              : K::Pipeline::ThreadCategory::NonParticipant;
-  } else {
-    pipeline_params.role = K::Pipeline::ThreadCategory::Consumer;
-  }
-  pipeline_params.is_leader = thread % 128 == 0;
-  pipeline_params.num_consumers = 256;
-  pipeline_params.transaction_bytes = p.mainloop.tma_transaction_bytes;
+  const auto pipeline_params = warp_specialized::pipeline_params<typename K::Pipeline>(
+      thread, p.mainloop.tma_transaction_bytes);
   typename K::Pipeline pipeline(s.pipeline, pipeline_params, typename K::ClusterShape{});
   __syncthreads();  // the barriers initialized, the tile starts written
-  if constexpr (K::kCluster > 1) {
-    // ... and visible to the other CTAs of the cluster before any multicast or remote arrival.
-    cute::cluster_arrive_relaxed();
-    cute::cluster_wait();
-  }
+  warp_specialized::cluster_sync_after_init<K::kCluster>();
   const int rank = K::kCluster > 1 ? static_cast<int>(cute::block_rank_in_cluster()) : 0;
   // The cluster's CTAs walk the same units (each its own tile of them).
   const int first_unit = static_cast<int>(blockIdx.x) / K::kCluster;
@@ -280,13 +256,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // None of this warp group's rows are the group's (a group's last tile, or no tile for this
       // CTA in its cluster's unit): it only passes the stages on, so the other warp group's MMAs
       // run alone at the tensor cores, and nothing is stored.
-      typename K::PipelineState stage = read;
-      for (int k = 0; k < k_tiles; ++k) {
-        pipeline.consumer_wait(stage, pipeline.consumer_try_wait(stage));
-        pipeline.consumer_release(stage);
-        ++stage;
-      }
-      read.advance(k_tiles);
+      warp_specialized::pass_stages(pipeline, read, k_tiles);
       continue;
     }
     mainloop.mma(pipeline, read, accumulators, k_tiles, mma_thread, s.tensors, p.mainloop);
@@ -362,50 +332,18 @@ sfmoe_status run(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
   p.out = static_cast<Bf16*>(a.out);
   p.ld_out = gemm_n;
 
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = K::kCluster;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config{};
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = K::kSharedBytes;
-  config.stream = stream;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
   // Persistent: as many clusters as fit on the GPU at once (one CTA an SM), or fewer when the
   // units' bound (below) is smaller.
-  static std::once_flag attribute_set;
-  static cudaError_t attribute_status = cudaSuccess;
-  static int resident_clusters = 0;
-  std::call_once(attribute_set, [&config] {
-    attribute_status =
-        cudaFuncSetAttribute(contiguous_grouped_gemm_kernel<K>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, K::kSharedBytes);
-    if (attribute_status == cudaSuccess && K::kCluster > 1) {
-      cudaLaunchConfig_t probe = config;
-      probe.gridDim = dim3(static_cast<unsigned>(multiprocessor_count()));
-      attribute_status = cudaOccupancyMaxActiveClusters(&resident_clusters,
-                                                        contiguous_grouped_gemm_kernel<K>, &probe);
-    } else {
-      resident_clusters = static_cast<int>(multiprocessor_count());
-    }
-  });
-  if (attribute_status != cudaSuccess || resident_clusters < 1) {
-    return report(SFMOE_ERROR_CUDA, "the contiguous grouped GEMM's launch setup: %s",
-                  cudaGetErrorString(attribute_status));
-  }
+  constexpr auto kKernel = contiguous_grouped_gemm_kernel<K>;
+  const int resident = warp_specialized::resident_clusters<kKernel, K::kCluster>(
+      K::kSharedBytes, "contiguous_grouped_gemm_kernel");
+  if (resident < 1) return SFMOE_ERROR_CUDA;
   // (a cluster's unit is at most one tile each; every group adds at most one partial M tile)
   const int64_t unit_bound = ((m + kTileM - 1) / kTileM + groups) * p.n_tiles;
-  const int64_t clusters = unit_bound < resident_clusters ? unit_bound : resident_clusters;
+  const int64_t clusters = unit_bound < resident ? unit_bound : resident;
   if (clusters <= 0) return SFMOE_SUCCESS;
-  config.gridDim = dim3(static_cast<unsigned>(clusters * K::kCluster));
-  const cudaError_t launched = cudaLaunchKernelEx(&config, contiguous_grouped_gemm_kernel<K>, p);
-  if (launched != cudaSuccess) {
-    return report(SFMOE_ERROR_CUDA, "contiguous_grouped_gemm_kernel: %s",
-                  cudaGetErrorString(launched));
-  }
-  return check_launch("contiguous_grouped_gemm_kernel");
+  return warp_specialized::launch_clusters<kKernel, K::kCluster>(
+      p, clusters, K::kSharedBytes, stream, "contiguous_grouped_gemm_kernel");
 }
 
 // 128 x 256: 48 KiB a stage, three of them beside the 66 KiB staged tile; 128 x 192: 40 KiB a

@@ -80,7 +80,9 @@ int64_t grouped_gemm_workspace_bytes(int64_t num_groups) {
   most_bf16_workspace<GemmTile::kPingpong128x128>(num_groups, &most);
   const int64_t fp8 = grouped_gemm_fp8_tensor_workspace_bytes(num_groups);
   const int64_t blockwise = grouped_gemm_blockwise_workspace_bytes(num_groups);
+  const int64_t own_wgrad = wgrad_grouped_gemm_workspace_bytes(num_groups);
   most = fp8 > most ? fp8 : most;
+  most = own_wgrad > most ? own_wgrad : most;
   return blockwise > most ? blockwise : most;
 }
 
@@ -92,6 +94,8 @@ sfmoe_status launch_grouped_gemm(const GroupedGemmDeviceArgs& a, void* stream_po
   const GemmRecipe recipe = recipe_of(a);
   const GemmTile chosen =
       choose_gemm_tile_for(a.form, recipe, a.row_capacity, a.num_groups, a.n, a.k);
+  const GemmTile cutlass_tile =
+      choose_cutlass_tile_for(a.form, recipe, a.row_capacity, a.num_groups, a.n, a.k);
   GemmTile tile = launch_overrides().gemm_tile.value_or(chosen);
   switch (recipe) {
     case GemmRecipe::kFp8Blockwise:
@@ -102,13 +106,19 @@ sfmoe_status launch_grouped_gemm(const GroupedGemmDeviceArgs& a, void* stream_po
     case GemmRecipe::kBf16:
       break;
   }
-  // sfmoe's own kernel where it takes the operands; the recipe's default tile otherwise.
-  if (is_contiguous_tile(tile)) {
-    if (contiguous_grouped_gemm_runs(a)) return contiguous_grouped_gemm(a, tile, stream);
-    // A forced own-kernel tile on a call that kernel does not take (wgrad, FP32 results): the
-    // heuristic's CUTLASS tile, so a study of the own kernel leaves the other calls as they run.
-    tile = chosen;
-  }
+  // sfmoe's own kernels where they take the operands. An own kernel's tile, forced or chosen, on a
+  // call that kernel does not take (the other own kernel's forms, FP32 results, wgrad
+  // accumulation) runs the heuristic's choice, or its CUTLASS tile where that is an own kernel's
+  // that does not take the call either: a study of one own kernel leaves the other calls as they
+  // run.
+  auto runs = [&a](GemmTile t) {
+    if (is_contiguous_tile(t)) return contiguous_grouped_gemm_runs(a);
+    if (is_wgrad_tile(t)) return wgrad_grouped_gemm_runs(a);
+    return true;
+  };
+  if (!runs(tile)) tile = runs(chosen) ? chosen : cutlass_tile;
+  if (is_contiguous_tile(tile)) return contiguous_grouped_gemm(a, tile, stream);
+  if (is_wgrad_tile(tile)) return wgrad_grouped_gemm(a, tile, stream);
   return a.out_dtype == SFMOE_DTYPE_FP32 ? run_bf16<float>(a, tile, stream)
                                          : run_bf16<Bf16>(a, tile, stream);
 }

@@ -487,5 +487,13 @@ int64_t grouped_gemm_blockwise_workspace_bytes(int64_t num_groups);
 bool contiguous_grouped_gemm_runs(const GroupedGemmDeviceArgs& a);
 sfmoe_status contiguous_grouped_gemm(const GroupedGemmDeviceArgs& a, GemmTile tile,
                                      cudaStream_t stream);
+
+// sfmoe's own wgrad kernel (sm90_wgrad_grouped_gemm.cu): whether it takes these operands (BF16
+// wgrad into BF16 without accumulation, row-major operands, 16-byte aligned, n and k multiples of
+// 8, at most 768 groups), its launch on its tile (is_wgrad_tile), and the workspace it needs (each
+// group's TMA descriptors).
+bool wgrad_grouped_gemm_runs(const GroupedGemmDeviceArgs& a);
+sfmoe_status wgrad_grouped_gemm(const GroupedGemmDeviceArgs& a, GemmTile tile, cudaStream_t stream);
+int64_t wgrad_grouped_gemm_workspace_bytes(int64_t num_groups);
 }  // namespace cuda
 }  // namespace sfmoe

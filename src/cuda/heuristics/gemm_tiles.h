@@ -58,6 +58,10 @@ enum class GemmTile {
   // the same kernel in 2-CTA clusters along M multicasting W's tile
   kContiguous128x256Cluster2,
   kContiguous128x192Cluster2,
+  // sfmoe's own wgrad kernel (BF16 into BF16; sm90_wgrad_grouped_gemm.cu): per-group descriptors
+  // written once per call, the epilogue's TMA stores overlapping the next tile's mainloop
+  kWgrad128x256,
+  kWgrad128x256Cluster2,  // the same in 2-CTA clusters along M multicasting X's tile
 };
 
 enum class GemmRecipe {
@@ -74,8 +78,14 @@ inline bool is_contiguous_tile(GemmTile tile) {
          tile == GemmTile::kContiguous128x192Cluster2;
 }
 
+// Whether the tile is sfmoe's own wgrad kernel (sm90_wgrad_grouped_gemm.cu).
+inline bool is_wgrad_tile(GemmTile tile) {
+  return tile == GemmTile::kWgrad128x256 || tile == GemmTile::kWgrad128x256Cluster2;
+}
+
 // The tile a SFMOE_GEMM_TILE value names (coop128, coop256, pingpong64, coop256x128,
-// pingpong128, contig256, contig192, contig128, contig256c2, contig192c2); none for another value.
+// pingpong128, contig256, contig192, contig128, contig256c2, contig192c2, wgrad256,
+// wgrad256c2); none for another value.
 inline std::optional<GemmTile> gemm_tile_named(const char* name) {
   if (name == nullptr) return std::nullopt;
   if (strcmp(name, "coop128") == 0) return GemmTile::kCooperative128x128;
@@ -88,6 +98,8 @@ inline std::optional<GemmTile> gemm_tile_named(const char* name) {
   if (strcmp(name, "contig128") == 0) return GemmTile::kContiguous128x128;
   if (strcmp(name, "contig256c2") == 0) return GemmTile::kContiguous128x256Cluster2;
   if (strcmp(name, "contig192c2") == 0) return GemmTile::kContiguous128x192Cluster2;
+  if (strcmp(name, "wgrad256") == 0) return GemmTile::kWgrad128x256;
+  if (strcmp(name, "wgrad256c2") == 0) return GemmTile::kWgrad128x256Cluster2;
   return std::nullopt;
 }
 
@@ -136,25 +148,19 @@ inline bool contiguous_tile_192_pads_less(int64_t gemm_n) {
   return cover_192 < cover_256;
 }
 
-// The choice for a call: the GEMM's M bound per group, N and K of the form (fprop Y [M, n] = X
-// [M, k] W^T; dgrad dX [M, k] = dY [M, n] W; wgrad dW [n, k] = dY^T X, reduced over a group's rows,
-// whose bound per group is row_capacity / num_groups).
-inline GemmTile choose_gemm_tile_for(GroupedGemmForm form, GemmRecipe recipe, int64_t row_capacity,
-                                     int64_t num_groups, int64_t n, int64_t k) {
+// The CUTLASS tile for a call: the GEMM's M bound per group, N and K of the form (fprop Y [M, n]
+// = X [M, k] W^T; dgrad dX [M, k] = dY [M, n] W; wgrad dW [n, k] = dY^T X, reduced over a group's
+// rows, whose bound per group is row_capacity / num_groups). It also runs the calls an own
+// kernel's tile does not take (FP32 results, wgrad accumulation).
+inline GemmTile choose_cutlass_tile_for(GroupedGemmForm form, GemmRecipe recipe,
+                                        int64_t row_capacity, int64_t num_groups, int64_t n,
+                                        int64_t k) {
   const int64_t rows_per_group = num_groups > 0 ? row_capacity / num_groups : row_capacity;
-  // BF16 fprop and dgrad: sfmoe's own kernel in 2-CTA clusters where CUTLASS's 128 x 256 would
-  // run (it takes BF16 results only; the others run the CUTLASS tile), 192 wide where that tiles
-  // the GEMM's N with fewer padded columns.
-  auto own_kernel = [&](GemmTile t, int64_t gemm_n) {
-    if (recipe != GemmRecipe::kBf16 || t != GemmTile::kCooperative128x256) return t;
-    return contiguous_tile_192_pads_less(gemm_n) ? GemmTile::kContiguous128x192Cluster2
-                                                 : GemmTile::kContiguous128x256Cluster2;
-  };
   switch (form) {
     case GroupedGemmForm::kFprop:
-      return own_kernel(choose_gemm_tile(recipe, rows_per_group, n, k), n);
+      return choose_gemm_tile(recipe, rows_per_group, n, k);
     case GroupedGemmForm::kDgrad:
-      return own_kernel(choose_gemm_tile(recipe, rows_per_group, k, n), k);
+      return choose_gemm_tile(recipe, rows_per_group, k, n);
     case GroupedGemmForm::kWgrad:
       break;
   }
@@ -165,6 +171,36 @@ inline GemmTile choose_gemm_tile_for(GroupedGemmForm form, GemmRecipe recipe, in
     return GemmTile::kPingpong128x128;
   }
   return chosen;
+}
+
+// sfmoe's own wgrad kernel (BF16 into BF16), bench probe of 2026-12-04 (each tile in its own
+// process after the other, dense cuBLAS and torch._grouped_mm beside the heuristic's tile): where
+// CUTLASS runs 128 x 256, the own kernel measured +3% at Qwen3-30B-A3B's fc1 and fc2 (512 rows a
+// group: 493 / 480 against 477 / 464 TFLOP/s), +3.5% at DeepSeek-V3's fc2 (1024 rows, n 7168, k
+// 2048: 587 / 567) and +2.5% at gpt-oss-120b's fc1 (256 rows: 372 / 363), and -3% at Mixtral's
+// fc1 (2048 rows, n 28672: 546 / 561), whose longer mainloops leave the epilogue less to hide;
+// CUTLASS's ping-pong for DeepSeek-V3's fc1 stays (618 against the own 589).
+constexpr int64_t kOwnWgradMaxRowsPerGroup = 1024;
+
+// The choice for a call: BF16 fprop and dgrad run sfmoe's own kernel in 2-CTA clusters where
+// CUTLASS's 128 x 256 would run (it takes BF16 results only; the others run the CUTLASS tile),
+// 192 wide where that tiles the GEMM's N with fewer padded columns; BF16 wgrad runs the own wgrad
+// kernel there up to kOwnWgradMaxRowsPerGroup rows per group (BF16 results without accumulation;
+// the others run the CUTLASS tile).
+inline GemmTile choose_gemm_tile_for(GroupedGemmForm form, GemmRecipe recipe, int64_t row_capacity,
+                                     int64_t num_groups, int64_t n, int64_t k) {
+  const GemmTile cutlass_tile =
+      choose_cutlass_tile_for(form, recipe, row_capacity, num_groups, n, k);
+  if (recipe != GemmRecipe::kBf16 || cutlass_tile != GemmTile::kCooperative128x256) {
+    return cutlass_tile;
+  }
+  if (form == GroupedGemmForm::kWgrad) {
+    const int64_t rows_per_group = num_groups > 0 ? row_capacity / num_groups : row_capacity;
+    return rows_per_group <= kOwnWgradMaxRowsPerGroup ? GemmTile::kWgrad128x256 : cutlass_tile;
+  }
+  const int64_t gemm_n = form == GroupedGemmForm::kFprop ? n : k;
+  return contiguous_tile_192_pads_less(gemm_n) ? GemmTile::kContiguous128x192Cluster2
+                                               : GemmTile::kContiguous128x256Cluster2;
 }
 
 }  // namespace cuda
