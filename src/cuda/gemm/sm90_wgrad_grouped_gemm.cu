@@ -356,17 +356,21 @@ int64_t wgrad_grouped_gemm_workspace_bytes(int64_t num_groups) {
 }
 
 bool wgrad_grouped_gemm_runs(const GroupedGemmDeviceArgs& a) {
-  // (the tiles are counted in int: G (n / 128 + 1) (k / 128 + 1) must fit; dW's [n, k, G] view is
-  // indexed in int coordinates)
-  const int64_t tile_bound = a.num_groups * (a.n / kTileM + 1) * (a.k / 128 + 1);
-  return a.form == GroupedGemmForm::kWgrad && tile_bound < (int64_t{1} << 31) &&
-         a.a.scaling == SFMOE_SCALING_NONE && a.b.scaling == SFMOE_SCALING_NONE &&
-         a.a.dtype == SFMOE_DTYPE_BF16 && a.b.dtype == SFMOE_DTYPE_BF16 &&
-         a.out_dtype == SFMOE_DTYPE_BF16 && !a.a.columnwise && !a.b.columnwise && !a.accumulate &&
-         a.num_groups >= 1 && a.num_groups <= kMaxGroups && a.row_capacity >= 1 &&
-         a.row_capacity < (int64_t{1} << 31) && a.n >= 8 && a.k >= 8 && a.n % 8 == 0 &&
-         a.k % 8 == 0 && a.n < (int64_t{1} << 30) && a.k < (int64_t{1} << 30) &&
-         aligned16(a.a.data) && aligned16(a.b.data) && aligned16(a.out);
+  const bool operands = a.form == GroupedGemmForm::kWgrad && a.a.scaling == SFMOE_SCALING_NONE &&
+                        a.b.scaling == SFMOE_SCALING_NONE && a.a.dtype == SFMOE_DTYPE_BF16 &&
+                        a.b.dtype == SFMOE_DTYPE_BF16 && a.out_dtype == SFMOE_DTYPE_BF16 &&
+                        !a.accumulate && !a.a.columnwise && !a.b.columnwise &&
+                        aligned16(a.a.data) && aligned16(a.b.data) && aligned16(a.out);
+  // Rows, n and k bounded first (the products below stay far inside int64): a group's 64-row
+  // steps and dW's [n, k, G] coordinates are counted in int, and TMA strides stay below 2^40 bytes.
+  const bool bounded = a.num_groups >= 1 && a.num_groups <= kMaxGroups && a.row_capacity >= 1 &&
+                       a.row_capacity <= (int64_t{1} << 30) && a.n >= 8 && a.k >= 8 &&
+                       a.n % 8 == 0 && a.k % 8 == 0 && a.n < (int64_t{1} << 30) &&
+                       a.k < (int64_t{1} << 30);
+  // (the tiles are counted in int: G (n / 128 + 1) (k / 128 + 1) must fit)
+  return operands && bounded &&
+         a.num_groups * (a.n / kTileM + 1) * (a.k / 128 + 1) < (int64_t{1} << 31) &&
+         a.n * a.k * 4 < (int64_t{1} << 40);
 }
 
 sfmoe_status wgrad_grouped_gemm(const GroupedGemmDeviceArgs& a, GemmTile tile,
