@@ -39,6 +39,7 @@ namespace {
 using namespace cute;
 using grouped_gemm_detail::Bf16;
 
+using warp_specialized::aligned16;
 using warp_specialized::kConsumerRegisters;
 using warp_specialized::kMaxGroups;
 using warp_specialized::kProducerRegisters;
@@ -359,8 +360,6 @@ using Fprop192x2 = ContiguousKernel<cutlass::layout::ColumnMajor, 192, 4, 2>;
 using Dgrad192x2 = ContiguousKernel<cutlass::layout::RowMajor, 192, 4, 2>;
 using Fprop128 = ContiguousKernel<cutlass::layout::ColumnMajor, 128, 5>;
 using Dgrad128 = ContiguousKernel<cutlass::layout::RowMajor, 128, 5>;
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 

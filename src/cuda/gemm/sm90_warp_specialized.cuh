@@ -46,6 +46,9 @@ __device__ __forceinline__ void prefix_units(int thread, int groups, GroupScan::
   if (thread == 0) unit_start[groups] = total;
 }
 
+// Whether an operand's address suits TMA (16-byte aligned), as both kernels' guards ask.
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 // The pipeline role of `thread`: the producer warp group's first warp produces, its other warps
 // sit out, both consumer warp groups consume.
 template <class Pipeline>

@@ -38,6 +38,7 @@ namespace {
 using namespace cute;
 using grouped_gemm_detail::Bf16;
 
+using warp_specialized::aligned16;
 using warp_specialized::kConsumerRegisters;
 using warp_specialized::kMaxGroups;
 using warp_specialized::kProducerRegisters;
@@ -346,8 +347,6 @@ sfmoe_status run(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
 // clusters multicasting X's tile.
 using Wgrad256 = WgradKernel<256, 3>;
 using Wgrad256x2 = WgradKernel<256, 3, 2>;
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
