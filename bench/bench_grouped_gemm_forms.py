@@ -1,4 +1,4 @@
-"""BF16 grouped GEMM, fprop and dgrad, per kernel: sfmoe's own contiguous kernels (contig256,
+"""BF16 grouped GEMM, fprop and dgrad (and wgrad, SFMOE_BENCH_FORMS_FORMS), per kernel: sfmoe's own contiguous kernels (contig256,
 contig192, contig128, and contig256c2 / contig192c2 in 2-CTA clusters multicasting W: one TMA descriptor per operand, a device tile scheduler) beside the CUTLASS ptr-array
 tile the heuristic picks, `torch._grouped_mm` and a dense cuBLAS GEMM of the same FLOPs, all timed
 in the same process (as bench_grouped_gemm_torch.py times them: sfmoe graphed, each peer the faster
@@ -33,6 +33,9 @@ SHAPES = {  # name: (local experts E, routed rows M, hidden, ffn)
 }
 FAMILIES = ("DeepSeek-V3 EP8", "Qwen3-30B-A3B", "Mixtral-8x7B")  # balanced and Zipf; the others balanced
 TILES = os.environ.get("SFMOE_BENCH_FORMS_TILES", "default,contig256,contig256c2,contig192c2").split(",")
+# The forms timed (SFMOE_BENCH_FORMS_FORMS, comma-separated): fprop and dgrad by default; wgrad
+# (dW_g = dY_g^T X_g into BF16, beside torch._grouped_mm's wgrad and dense dY^T X) on request.
+FORMS = os.environ.get("SFMOE_BENCH_FORMS_FORMS", "fprop,dgrad").split(",")
 
 
 def child():
@@ -52,7 +55,24 @@ def child():
             for stage, (k, n) in {"fc1": (hidden, 2 * ffn), "fc2": (ffn, hidden)}.items():
                 w = torch.randn(experts, n, k, device=dev, dtype=torch.bfloat16)
                 flops = 2.0 * m * n * k
-                for form in ("fprop", "dgrad"):
+                for form in FORMS:
+                    if form == "wgrad":  # dW_g [n, k] = dY_g^T X_g, into BF16
+                        a = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+                        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+                        out = torch.empty(experts, n, k, device=dev, dtype=torch.bfloat16)
+                        grouped = peer(lambda: torch._grouped_mm(a.t(), x, offs=ends32))
+                        ours = ours_ms(lambda: sfmoe.grouped_gemm("wgrad", a, x, offsets, out=out))
+                        dense = peer(lambda: a.t() @ x)
+                        rows_out.append(
+                            dict(
+                                case=f"{name} {skew} {stage} {form}",
+                                ours=tflops(flops, ours),
+                                grouped_mm=grouped and tflops(flops, grouped),
+                                dense=dense and tflops(flops, dense),
+                            )
+                        )
+                        del a, x, out
+                        continue
                     if form == "fprop":
                         a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
                         out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
