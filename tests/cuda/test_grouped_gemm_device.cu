@@ -161,10 +161,9 @@ std::vector<const char*> tiles_to_test(std::initializer_list<const char*> compil
   }
   return tiles;
 }
-const std::vector<const char*> kTiles =
-    tiles_to_test({"coop128", "coop256", "pingpong64", "coop256x128", "pingpong128", "contig256",
-                   "contig192", "contig128", "contig256c2", "contig192c2", "wgrad256", "wgrad256c2",
-                   "contig256c2s", "contig192c2s", "wgrad256s", "wgrad256c2s"});  // BF16's
+const std::vector<const char*> kTiles = tiles_to_test(
+    {"coop128", "coop256", "pingpong64", "coop256x128", "pingpong128", "contig256", "contig192",
+     "contig128", "contig256c2", "contig192c2", "wgrad256", "wgrad256c2"});  // BF16's
 const std::vector<const char*> kFp8Tiles = tiles_to_test({"coop128", "coop256", "pingpong64"});
 // The tile forced for the scope (as SFMOE_GEMM_TILE does at load), then the loaded setting back.
 struct ForcedTile {
@@ -250,10 +249,9 @@ TEST(CudaGroupedGemm, OwnKernelGivesTheCutlassTilesBitsOnRandomInputs) {
       if (HasFatalFailure()) return;
     }
     const std::vector<const char*> own =
-        form == SFMOE_GEMM_WGRAD
-            ? std::vector<const char*>{"wgrad256", "wgrad256c2", "wgrad256s", "wgrad256c2s"}
-            : std::vector<const char*>{"contig256",   "contig192",    "contig128",   "contig256c2",
-                                       "contig192c2", "contig256c2s", "contig192c2s"};
+        form == SFMOE_GEMM_WGRAD ? std::vector<const char*>{"wgrad256", "wgrad256c2"}
+                                 : std::vector<const char*>{"contig256", "contig192", "contig128",
+                                                            "contig256c2", "contig192c2"};
     for (const char* tile : own) {
       const ForcedTile forced(tile);
       std::vector<float> own;
@@ -541,8 +539,7 @@ TEST(CudaGroupedGemm, OwnKernelGraphFollowsNewGroupSizes) {
   const int64_t capacity = 1800;
   const Problem p = make_problem({300, 300, 300, 300, 300, 300}, true, &rng);
   const std::vector<const char*> tiles =
-      tiles_to_test({"contig256", "contig192", "contig128", "contig256c2", "contig192c2",
-                     "contig256c2s", "contig192c2s"});
+      tiles_to_test({"contig256", "contig192", "contig128", "contig256c2", "contig192c2"});
   DeviceBuffer<uint16_t> dx(p.x.size()), dw(p.w.size()), ddy(p.dy.size());
   DeviceBuffer<int64_t> doff(kGroups + 1);
   DeviceBuffer<uint16_t> dout(static_cast<size_t>(capacity * kN));
@@ -640,7 +637,7 @@ TEST(CudaGroupedGemm, OwnWgradKernelGraphFollowsNewGroupSizes) {
   CUDA_OK(ddy.upload(p.dy));
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreate(&stream));
-  for (const char* tile : tiles_to_test({"wgrad256", "wgrad256c2", "wgrad256s", "wgrad256c2s"})) {
+  for (const char* tile : tiles_to_test({"wgrad256", "wgrad256c2"})) {
     const ForcedTile forced(tile);
     sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
     config.form = SFMOE_GEMM_WGRAD;

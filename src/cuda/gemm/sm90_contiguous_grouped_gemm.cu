@@ -99,7 +99,6 @@ struct ContiguousKernel {
     int n_tiles;
     Bf16* out;
     int64_t ld_out;
-    bool staggered_epilogues;  // the warp groups take turns at their epilogues (EpilogueTurns)
   };
 };
 
@@ -250,7 +249,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       make_smem_ptr(s.staged),
       make_layout(make_shape(Int<kTileM>{}, Int<K::kN>{}), make_stride(Int<K::kPitch>{}, _1{})));
   Tensor staged_of_thread = tiled_mma.get_thread_slice(mma_thread).partition_C(staged);
-  const warp_specialized::EpilogueTurns turns(consumer, p.staggered_epilogues);
   for (int unit = first_unit; unit < total_units; unit += unit_stride) {
     const WorkTile w =
         locate<K::kCluster>(s.unit_start, s.row_begin, s.row_end, groups, p.n_tiles, unit, rank);
@@ -260,14 +258,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       // CTA in its cluster's unit): it only passes the stages on, so the other warp group's MMAs
       // run alone at the tensor cores, and nothing is stored.
       warp_specialized::pass_stages(pipeline, read, k_tiles);
-      turns.wait();
-      turns.hand_on();
       continue;
     }
     mainloop.mma(pipeline, read, accumulators, k_tiles, mma_thread, s.tensors, p.mainloop);
     mainloop.mma_tail(pipeline, read, k_tiles);
     read.advance(k_tiles);
-    turns.wait();
 
     // The previous tile's rows of this warp group have left the staging buffer.
     cutlass::arch::NamedBarrier::arrive_and_wait(128, consumer);
@@ -289,13 +284,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         *reinterpret_cast<uint4*>(p.out + (static_cast<int64_t>(w.row0) + r) * p.ld_out + col) = v;
       }
     }
-    turns.hand_on();
   }
-  turns.finish(consumer);
 }
 
 template <class K>
-sfmoe_status run(const GroupedGemmDeviceArgs& a, bool staggered_epilogues, cudaStream_t stream) {
+sfmoe_status run(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
   const bool fprop = a.form == GroupedGemmForm::kFprop;
   const int64_t gemm_n = fprop ? a.n : a.k, gemm_k = fprop ? a.k : a.n;
   const int64_t m = a.row_capacity, groups = a.num_groups;
@@ -339,7 +332,6 @@ sfmoe_status run(const GroupedGemmDeviceArgs& a, bool staggered_epilogues, cudaS
   p.n_tiles = static_cast<int>((gemm_n + K::kN - 1) / K::kN);
   p.out = static_cast<Bf16*>(a.out);
   p.ld_out = gemm_n;
-  p.staggered_epilogues = staggered_epilogues;
 
   // Persistent: as many clusters as fit on the GPU at once (one CTA an SM), or fewer when the
   // units' bound (below) is smaller.
@@ -390,20 +382,17 @@ bool contiguous_grouped_gemm_runs(const GroupedGemmDeviceArgs& a) {
 sfmoe_status contiguous_grouped_gemm(const GroupedGemmDeviceArgs& a, GemmTile tile,
                                      cudaStream_t stream) {
   const bool fprop = a.form == GroupedGemmForm::kFprop;
-  const bool staggered = is_staggered_tile(tile);
   switch (tile) {
     case GemmTile::kContiguous128x256:
-      return fprop ? run<Fprop256>(a, staggered, stream) : run<Dgrad256>(a, staggered, stream);
+      return fprop ? run<Fprop256>(a, stream) : run<Dgrad256>(a, stream);
     case GemmTile::kContiguous128x192:
-      return fprop ? run<Fprop192>(a, staggered, stream) : run<Dgrad192>(a, staggered, stream);
+      return fprop ? run<Fprop192>(a, stream) : run<Dgrad192>(a, stream);
     case GemmTile::kContiguous128x128:
-      return fprop ? run<Fprop128>(a, staggered, stream) : run<Dgrad128>(a, staggered, stream);
+      return fprop ? run<Fprop128>(a, stream) : run<Dgrad128>(a, stream);
     case GemmTile::kContiguous128x256Cluster2:
-    case GemmTile::kContiguous128x256Cluster2Staggered:
-      return fprop ? run<Fprop256x2>(a, staggered, stream) : run<Dgrad256x2>(a, staggered, stream);
+      return fprop ? run<Fprop256x2>(a, stream) : run<Dgrad256x2>(a, stream);
     case GemmTile::kContiguous128x192Cluster2:
-    case GemmTile::kContiguous128x192Cluster2Staggered:
-      return fprop ? run<Fprop192x2>(a, staggered, stream) : run<Dgrad192x2>(a, staggered, stream);
+      return fprop ? run<Fprop192x2>(a, stream) : run<Dgrad192x2>(a, stream);
     default:
       return report(SFMOE_ERROR_UNSUPPORTED, "not a tile of the contiguous grouped GEMM");
   }

@@ -5,7 +5,6 @@
 #pragma once
 
 #include <cuda_runtime.h>
-#include <cutlass/arch/barrier.h>
 #include <stdint.h>
 
 #include <cub/block/block_scan.cuh>
@@ -91,37 +90,6 @@ __device__ __forceinline__ void pass_stages(Pipeline& pipeline, State& read, int
   }
   read.advance(k_tiles);
 }
-
-// Staggered epilogues: the two consumer warp groups take turns at their epilogues (warp group 0,
-// then 1, then 0 ...), so that while one converts and stores its half of a tile the other runs its
-// MMAs alone at the tensor cores (one warp group's wgmma stream keeps them busy). Without turns
-// both end a tile's mainloop together and the tensor cores idle through both epilogues, which is
-// a large share of a tile where the mainloop is short (wgrad's groups of a few hundred rows, fprop
-// and dgrad at a small K). The first turn costs one epilogue's wait, after which the warp groups
-// stay about an epilogue apart: the one ahead can run as many stages ahead as the pipeline holds.
-// Two named barriers of both warp groups (256 threads): a warp group waits at its own and hands on
-// at the other's, strictly alternating, so no arrival is ever outstanding twice; both warp groups
-// take every turn, also for a tile none of whose rows are theirs. Off (`on` false): no barrier.
-struct EpilogueTurns {
-  static constexpr int kFirstBarrier = 2;  // (CUTLASS user ids; 0 and 1: each warp group's own)
-  int mine, other;
-  bool on;
-  __device__ __forceinline__ EpilogueTurns(int consumer, bool turns_on)
-      : mine(kFirstBarrier + consumer), other(kFirstBarrier + 1 - consumer), on(turns_on) {
-    if (consumer == 1) hand_on();  // warp group 0 goes first
-  }
-  __device__ __forceinline__ void wait() const {
-    if (on) cutlass::arch::NamedBarrier::sync(256, mine);
-  }
-  __device__ __forceinline__ void hand_on() const {
-    if (on) cutlass::arch::NamedBarrier::arrive(256, other);
-  }
-  // After the last tile: warp group 0 takes warp group 1's last hand-over, so that no arrival is
-  // left outstanding when the CTA exits.
-  __device__ __forceinline__ void finish(int consumer) const {
-    if (on && consumer == 0) cutlass::arch::NamedBarrier::sync(256, mine);
-  }
-};
 
 // The launch configuration of kCluster-CTA clusters of kThreads with smem_bytes of dynamic shared
 // memory (the cluster attribute lives in *attribute).

@@ -44,7 +44,7 @@ using warp_specialized::kMaxGroups;
 using warp_specialized::kProducerRegisters;
 using warp_specialized::kThreads;
 constexpr int kTileM = 128;
-constexpr int kHalfM = 64;  // a consumer warp group's rows of a tile
+constexpr int kEpilogueBarrier = 1;  // named barrier of the two consumer warp groups (256 threads)
 
 // A = dY_g read M-major (dY is [rows, n] row-major: the GEMM's M = n runs along a row), B = X_g
 // read N-major; kTileM x kTileN tiles, kStages pipeline stages, kClusterM CTAs a cluster: the
@@ -66,26 +66,20 @@ struct WgradKernel {
   using StrideA = cute::remove_pointer_t<typename Mainloop::StrideA>;  // one group's
   using StrideB = cute::remove_pointer_t<typename Mainloop::StrideB>;
   static constexpr int kN = kTileN;
-  // A consumer warp group's staged half tile (its 64 rows): 64-column blocks of 128-byte rows in
-  // the 128-byte swizzle (a fragment's 8 rows land on distinct banks), the layout its TMA store
-  // reads. Each warp group stages and stores its own half, so the two epilogues need not meet.
-  using StagedHalf =
-      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Bf16>{}, Shape<Int<kHalfM>, Int<kTileN>>{}));
-  // A warp group's view of the whole tile for the MMA's partition: rows m and m + 64 at the same
-  // place of its own half (its fragments hold only its own rows).
-  using StagedView = decltype(composition(
-      StagedHalf{},
-      Layout<Shape<Shape<Int<kHalfM>, _2>, Int<kTileN>>, Stride<Stride<_1, _0>, Int<kHalfM>>>{}));
+  // The staged tile: 64-column blocks of 128-byte rows in the 128-byte swizzle (a fragment's 8
+  // rows land on distinct banks), the layout the TMA store reads.
+  using StagedLayout =
+      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Bf16>{}, Shape<Int<kTileM>, Int<kTileN>>{}));
   // dW as [n, k, G] (k contiguous): the stores clip at n and k, so a partial tile never reaches
   // the next group's dW.
   using OutLayout = Layout<Shape<int, int, int>, Stride<int64_t, _1, int64_t>>;
   using TmaStore = decltype(make_tma_copy(
       SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(static_cast<Bf16*>(nullptr)), OutLayout{}),
-      StagedHalf{}));
+      StagedLayout{}));
 
   struct SharedStorage {
     typename Mainloop::TensorStorage tensors;  // TMA's swizzled stages need the alignment
-    alignas(1024) Bf16 staged[2][cosize_v<StagedHalf>];
+    alignas(1024) Bf16 staged[cosize_v<StagedLayout>];
     typename Mainloop::PipelineStorage pipeline;
     int unit_start[kMaxGroups + 1];
     int rows[kMaxGroups];
@@ -101,7 +95,6 @@ struct WgradKernel {
     GroupedGemmDeviceArgs args;              // the offsets, the capacity and the fault word
     const cute::TmaDescriptor* descriptors;  // [G][2]: group g's dY_g and X_g
     int m_tiles, n_tiles;                    // of dW_g: n / kTileM and k / kTileN, rounded up
-    bool staggered_epilogues;  // the warp groups take turns at their epilogues (EpilogueTurns)
   };
 };
 
@@ -255,26 +248,23 @@ __global__ void __launch_bounds__(kThreads, 1)
   typename K::TiledMma tiled_mma;
   typename K::PipelineState read;
   const int mma_thread = thread - 128;
-  const int consumer = mma_thread / 128;  // rows [64 consumer, 64 consumer + 64) of each tile
-  const bool issues_stores = mma_thread % 128 == 0;  // (one thread a warp group)
-  Bf16* const half = s.staged[consumer];
-  Tensor staged_of_thread =
-      tiled_mma.get_thread_slice(mma_thread)
-          .partition_C(make_tensor(make_smem_ptr(half), typename K::StagedView{}));
-  Tensor staged_half = make_tensor(make_smem_ptr(half), typename K::StagedHalf{});
+  Tensor staged = make_tensor(make_smem_ptr(s.staged), typename K::StagedLayout{});
+  Tensor staged_of_thread = tiled_mma.get_thread_slice(mma_thread).partition_C(staged);
   Tensor out = p.store.get_tma_tensor(make_shape(n, k, groups));
   auto store_slice = p.store.get_slice(Int<0>{});
-  const warp_specialized::EpilogueTurns turns(consumer, p.staggered_epilogues);
+  const bool issues_stores = mma_thread == 0;
+  const int consumer = mma_thread / 128;  // rows [64 consumer, 64 consumer + 64) of each tile
   for (int unit = first_unit; unit < total_units; unit += unit_stride) {
     const WgradTile t = locate(unit);
     const int k_tiles = (s.rows[t.group] + 63) / 64;
     const int rows_in_tile = n - t.m_block * kTileM;  // of dW_g's n rows (none, or fewer than 128)
-    if (rows_in_tile <= kHalfM * consumer) {
+    if (rows_in_tile <= 64 * consumer) {
       // None of this warp group's rows lie in dW_g: it passes the stages on without MMAs (the
-      // other warp group's MMAs run alone) and stores nothing.
+      // other warp group's MMAs run alone), and its part of the staged tile is clipped by the
+      // stores. The epilogue's barriers still count it.
       warp_specialized::pass_stages(pipeline, read, k_tiles);
-      turns.wait();
-      turns.hand_on();
+      cutlass::arch::NamedBarrier::arrive_and_wait(256, kEpilogueBarrier);
+      cutlass::arch::NamedBarrier::arrive_and_wait(256, kEpilogueBarrier);
       continue;
     }
     auto accumulators = partition_fragment_C(tiled_mma, take<0, 2>(typename K::TileShape{}));
@@ -282,31 +272,28 @@ __global__ void __launch_bounds__(kThreads, 1)
     mainloop.mma_tail(pipeline, read, k_tiles);
     read.advance(k_tiles);
 
-    turns.wait();
-    // This warp group's previous stores have read its half (issued a mainloop ago: this rarely
+    // The previous tile's stores have read the staging buffer (issued a mainloop ago: this rarely
     // waits).
     if (issues_stores) tma_store_wait<0>();
-    cutlass::arch::NamedBarrier::arrive_and_wait(128, consumer);
+    cutlass::arch::NamedBarrier::arrive_and_wait(256, kEpilogueBarrier);
     Tensor converted = make_tensor_like<Bf16>(accumulators);
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(accumulators); ++i) converted(i) = Bf16(accumulators(i));
     copy(converted, staged_of_thread);
     cutlass::arch::fence_view_async_shared();  // the writes, visible to the TMA unit
-    cutlass::arch::NamedBarrier::arrive_and_wait(128, consumer);
-    if (issues_stores) {
-      Tensor tile = local_tile(out, Shape<Int<kHalfM>, Int<K::kN>>{},
-                               make_coord(2 * t.m_block + consumer, t.n_block, t.group));
-      copy(p.store, store_slice.partition_S(staged_half), store_slice.partition_D(tile));
+    cutlass::arch::NamedBarrier::arrive_and_wait(256, kEpilogueBarrier);
+    if (issues_stores) {  // (warp group 0 always has rows when the tile has any)
+      Tensor tile = local_tile(out, Shape<Int<kTileM>, Int<K::kN>>{},
+                               make_coord(t.m_block, t.n_block, t.group));
+      copy(p.store, store_slice.partition_S(staged), store_slice.partition_D(tile));
       tma_store_arrive();
     }
-    turns.hand_on();
   }
   if (issues_stores) tma_store_wait<0>();  // the staging buffer outlives the last stores' reads
-  turns.finish(consumer);
 }
 
 template <class K>
-sfmoe_status run(const GroupedGemmDeviceArgs& a, bool staggered_epilogues, cudaStream_t stream) {
+sfmoe_status run(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
   if (a.workspace_bytes < wgrad_workspace_bytes(a.num_groups)) {
     return report(SFMOE_ERROR_INVALID_ARGUMENT, "the workspace holds %lld bytes, %lld needed",
                   static_cast<long long>(a.workspace_bytes),
@@ -329,12 +316,11 @@ sfmoe_status run(const GroupedGemmDeviceArgs& a, bool staggered_epilogues, cudaS
                   typename K::OutLayout(
                       make_shape(n, k, groups),
                       make_stride(static_cast<int64_t>(k), _1{}, static_cast<int64_t>(n) * k))),
-      typename K::StagedHalf{});
+      typename K::StagedLayout{});
   p.args = a;
   p.descriptors = descriptors_in(a.workspace);
   p.m_tiles = (n + kTileM - 1) / kTileM;
   p.n_tiles = (k + K::kN - 1) / K::kN;
-  p.staggered_epilogues = staggered_epilogues;
 
   // Persistent: as many clusters as fit on the GPU at once (one CTA an SM), or fewer when there
   // are fewer units of work. (Checked before anything is launched.)
@@ -388,14 +374,11 @@ bool wgrad_grouped_gemm_runs(const GroupedGemmDeviceArgs& a) {
 
 sfmoe_status wgrad_grouped_gemm(const GroupedGemmDeviceArgs& a, GemmTile tile,
                                 cudaStream_t stream) {
-  const bool staggered = is_staggered_tile(tile);
   switch (tile) {
     case GemmTile::kWgrad128x256:
-    case GemmTile::kWgrad128x256Staggered:
-      return run<Wgrad256>(a, staggered, stream);
+      return run<Wgrad256>(a, stream);
     case GemmTile::kWgrad128x256Cluster2:
-    case GemmTile::kWgrad128x256Cluster2Staggered:
-      return run<Wgrad256x2>(a, staggered, stream);
+      return run<Wgrad256x2>(a, stream);
     default:
       return report(SFMOE_ERROR_UNSUPPORTED, "not a tile of the wgrad grouped GEMM");
   }

@@ -62,12 +62,6 @@ enum class GemmTile {
   // written once per call, the epilogue's TMA stores overlapping the next tile's mainloop
   kWgrad128x256,
   kWgrad128x256Cluster2,  // the same in 2-CTA clusters along M multicasting X's tile
-  // the own kernels with staggered epilogues: the two consumer warp groups take turns at them, so
-  // one's epilogue overlaps the other's MMAs (sm90_warp_specialized.cuh, EpilogueTurns)
-  kContiguous128x256Cluster2Staggered,
-  kContiguous128x192Cluster2Staggered,
-  kWgrad128x256Staggered,
-  kWgrad128x256Cluster2Staggered,
 };
 
 enum class GemmRecipe {
@@ -81,30 +75,17 @@ enum class GemmRecipe {
 inline bool is_contiguous_tile(GemmTile tile) {
   return tile == GemmTile::kContiguous128x256 || tile == GemmTile::kContiguous128x192 ||
          tile == GemmTile::kContiguous128x128 || tile == GemmTile::kContiguous128x256Cluster2 ||
-         tile == GemmTile::kContiguous128x192Cluster2 ||
-         tile == GemmTile::kContiguous128x256Cluster2Staggered ||
-         tile == GemmTile::kContiguous128x192Cluster2Staggered;
+         tile == GemmTile::kContiguous128x192Cluster2;
 }
 
 // Whether the tile is sfmoe's own wgrad kernel (sm90_wgrad_grouped_gemm.cu).
 inline bool is_wgrad_tile(GemmTile tile) {
-  return tile == GemmTile::kWgrad128x256 || tile == GemmTile::kWgrad128x256Cluster2 ||
-         tile == GemmTile::kWgrad128x256Staggered ||
-         tile == GemmTile::kWgrad128x256Cluster2Staggered;
-}
-
-// Whether an own kernel's tile runs with staggered epilogues.
-inline bool is_staggered_tile(GemmTile tile) {
-  return tile == GemmTile::kContiguous128x256Cluster2Staggered ||
-         tile == GemmTile::kContiguous128x192Cluster2Staggered ||
-         tile == GemmTile::kWgrad128x256Staggered ||
-         tile == GemmTile::kWgrad128x256Cluster2Staggered;
+  return tile == GemmTile::kWgrad128x256 || tile == GemmTile::kWgrad128x256Cluster2;
 }
 
 // The tile a SFMOE_GEMM_TILE value names (coop128, coop256, pingpong64, coop256x128,
 // pingpong128, contig256, contig192, contig128, contig256c2, contig192c2, wgrad256,
-// wgrad256c2, and the staggered contig256c2s, contig192c2s, wgrad256s, wgrad256c2s); none for
-// another value.
+// wgrad256c2); none for another value.
 inline std::optional<GemmTile> gemm_tile_named(const char* name) {
   if (name == nullptr) return std::nullopt;
   if (strcmp(name, "coop128") == 0) return GemmTile::kCooperative128x128;
@@ -119,10 +100,6 @@ inline std::optional<GemmTile> gemm_tile_named(const char* name) {
   if (strcmp(name, "contig192c2") == 0) return GemmTile::kContiguous128x192Cluster2;
   if (strcmp(name, "wgrad256") == 0) return GemmTile::kWgrad128x256;
   if (strcmp(name, "wgrad256c2") == 0) return GemmTile::kWgrad128x256Cluster2;
-  if (strcmp(name, "contig256c2s") == 0) return GemmTile::kContiguous128x256Cluster2Staggered;
-  if (strcmp(name, "contig192c2s") == 0) return GemmTile::kContiguous128x192Cluster2Staggered;
-  if (strcmp(name, "wgrad256s") == 0) return GemmTile::kWgrad128x256Staggered;
-  if (strcmp(name, "wgrad256c2s") == 0) return GemmTile::kWgrad128x256Cluster2Staggered;
   return std::nullopt;
 }
 
