@@ -8,7 +8,8 @@ SonicMoE's benchmark does). Figures: eager step time (median of CUDA-event timin
 replayed as one CUDA graph, the plain layer under torch.compile (SFMOE_BENCH_COMPILE=1), peak
 memory of a step (what it allocates above the weights and inputs it starts with), and TFLOP/s of the six GEMMs as a fraction of the GPU notes' BF16 dense ceiling
 (742 TFLOP/s). SFMOE_BENCH_RECIPES (comma-separated: tensorwise, blockwise, mxfp8, nvfp4) adds
-sfmoe's quantized recipes at each shape, eager, beside the same plain layer. Writes JSON to
+sfmoe's quantized recipes at each shape, eager, beside the same plain layer;
+SFMOE_BENCH_ROUTER_GEMM=bf16x3 the module with its tensor-core router gate. Writes JSON to
 $OUT/bench_moe_layer_torch.json when OUT is set.
 """
 
@@ -113,6 +114,9 @@ def main():
     )
     only = os.environ.get("SFMOE_BENCH_SHAPES")  # a comma-separated subset of SHAPES' names
     recipes = [r for r in os.environ.get("SFMOE_BENCH_RECIPES", "").split(",") if r]
+    # SFMOE_BENCH_ROUTER_GEMM=bf16x3 adds the module with that router gate (docs/torch.md) at each
+    # shape, eager and graphed, beside the default's figures.
+    router_gemms = [g for g in os.environ.get("SFMOE_BENCH_ROUTER_GEMM", "").split(",") if g and g != "fp32"]
     for name, (H, F, E, k, T) in SHAPES.items():
         if only and name not in only.split(","):
             continue
@@ -170,6 +174,22 @@ def main():
                 flush=True,
             )
             del quantized, step
+            torch.cuda.empty_cache()
+        for gemm in router_gemms:
+            gated = MoE(H, F, E, k, device=DEV, pre_softmax=True, router_gemm=gemm)
+            step = step_of(gated, x, dy)
+            g_ms = median_ms(step, runs=10, warmup=3, batch=1)
+            g_graph_ms = graph_ms(gated, x, dy)
+            results.append(
+                dict(case=name, router_gemm=gemm, plain_ms=plain_ms, sfmoe_ms=g_ms, sfmoe_graph_ms=g_graph_ms)
+            )
+            print(
+                f"{'  router_gemm=' + gemm:28s} {plain_ms:7.2f} {'-':>8s} {g_ms:7.2f} {g_graph_ms:7.2f} "
+                f"{plain_ms / g_ms:6.2f}x {plain_ms / g_graph_ms:6.2f}x {flops / (g_ms * 1e-3) / 1e12:7.0f}; "
+                f"{ours_ms / g_ms:.2f}x the fp32 gate",
+                flush=True,
+            )
+            del gated, step
             torch.cuda.empty_cache()
         del x, dy
     if os.environ.get("OUT"):

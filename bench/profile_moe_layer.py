@@ -1,5 +1,5 @@
 """Where a training step of sfmoe.torch.MoE spends its device time: the step (forward + backward,
-BF16 unless SFMOE_PROFILE_RECIPE names another) run under torch.profiler, its kernels summed by
+BF16 unless SFMOE_PROFILE_RECIPE names another; the router gate SFMOE_PROFILE_ROUTER_GEMM) run under torch.profiler, its kernels summed by
 name per step, longest first, with the share of the step's kernel time. Shapes as in
 bench_moe_layer_torch.py (SFMOE_BENCH_SHAPES picks some by name; Qwen3-30B-A3B by default).
 The grouped GEMMs' lines carry their TFLOP/s where the kernel name tells the GEMM apart (it
@@ -20,7 +20,8 @@ STEPS = 5
 def profile_shape(name, H, F, E, k, T, recipe):
     x = torch.randn(T, H, device=DEV, dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(T, H, device=DEV, dtype=torch.bfloat16)
-    module = MoE(H, F, E, k, device=DEV, pre_softmax=True, recipe=recipe)
+    gemm = os.environ.get("SFMOE_PROFILE_ROUTER_GEMM", "fp32")  # the router gate's (docs/torch.md)
+    module = MoE(H, F, E, k, device=DEV, pre_softmax=True, recipe=recipe, router_gemm=gemm)
     step = step_of(module, x, dy)
     for _ in range(3):
         step()

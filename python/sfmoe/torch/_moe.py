@@ -10,7 +10,7 @@ from torch import Tensor
 
 from .. import _C, _arrays
 from .._moe_config import MoEConfig
-from . import _checkpoint
+from . import _checkpoint, _gate
 
 _DTYPES = {torch.bfloat16: _C.DTYPE_BF16, torch.float32: _C.DTYPE_FP32}
 _TORCH = _arrays._Torch(torch)
@@ -293,24 +293,6 @@ def _make_ep_group(key, config, ep_group, dtype, device):
     _EP_GROUPS[key] = _C.EpGroup(config.ep_fields(_DTYPES[dtype]), box[0], index)
 
 
-class _Fp32Gate(torch.autograd.Function):
-    """The router's logits x W_r^T in FP32 from the layer's tokens, saving the tokens as they are
-    (the layer keeps them anyway) rather than the FP32 copy autograd would keep through the whole
-    layer; the backward widens them again once the layer's backward has freed its buffers."""
-
-    @staticmethod
-    def forward(ctx, x, weight):
-        ctx.save_for_backward(x, weight)
-        return torch.nn.functional.linear(x.float(), weight)
-
-    @staticmethod
-    def backward(ctx, d_logits):
-        x, weight = ctx.saved_tensors
-        d_x = (d_logits @ weight).to(x.dtype) if ctx.needs_input_grad[0] else None
-        d_weight = d_logits.t() @ x.float() if ctx.needs_input_grad[1] else None
-        return d_x, d_weight
-
-
 class _AttachAuxLoss(torch.autograd.Function):
     """Returns y unchanged; in the backward gives the auxiliary loss the gradient 1, so that the
     loss reaches the router without the caller adding it (Megatron's MoEAuxLossAutoScaler)."""
@@ -342,6 +324,8 @@ class MoE(torch.nn.Module):
     (the NCCL communicator is made then) and runs its steps in the same order.
     ``ep_capacity_factor``, ``ep_overflow`` ("drop", "trap", "spill") and ``ep_spill_factor``
     bound what a rank receives (MoEConfig).
+    ``router_gemm``: how the gate's FP32 GEMMs run, "fp32" (torch's FP32 GEMM) or "bf16x3" (the
+    FP32 operands as three BF16 terms on the tensor cores, FP32-close; docs/torch.md).
     Buffers: ``expert_bias`` [E] (with ``expert_bias=True``), and after each forward
     ``tokens_per_expert`` / ``dropped_per_expert`` (device tensors, readable without a sync by a
     non-blocking copy). The auxiliary losses are attached to the output's gradient; their last
@@ -358,9 +342,13 @@ class MoE(torch.nn.Module):
         dtype=torch.bfloat16,
         device=None,
         ep_group=None,
+        router_gemm="fp32",
         **options,
     ):
         super().__init__()
+        if router_gemm not in _gate.ROUTER_GEMMS:
+            raise ValueError(f"router_gemm: expected one of {_gate.ROUTER_GEMMS}, got {router_gemm!r}")
+        self.router_gemm = router_gemm
         if ep_group is not None:
             import torch.distributed as dist
 
@@ -508,7 +496,7 @@ class MoE(torch.nn.Module):
                 f"sfmoe.torch.MoE: x is on {x.device}, the module's weights on {self.experts.weight1.device}"
             )
         x = x.reshape(-1, c.hidden_size).to(self.experts.weight1.dtype).contiguous()
-        logits = _Fp32Gate.apply(x, self.router.weight)
+        logits = _gate.router_logits(x, self.router.weight, self.router_gemm)
         saved_bytes = _saved_bytes(self._key, x.shape[0], x.dtype, x.device)
         y, _, kept, dropped, routed = moe_layer_forward(
             x, logits, self.expert_bias, self.experts.weight1, self.experts.weight2, self._key, saved_bytes

@@ -1,0 +1,151 @@
+"""The MoE module's router gate, logits = x W_r^T in FP32 (docs/torch.md, "The router gate").
+
+The router's weight is FP32 and its logits are FP32 (Megatron's `--moe-router-dtype fp32`): a
+top-k over 128 experts picks between logits closer together than BF16 can tell apart. The layer's
+tokens x are BF16 on the GPU, and an FP32 GEMM there runs on the CUDA cores (FFMA), about a tenth
+of the tensor cores' rate: at Qwen3-30B-A3B's shape the gate's three GEMMs and the FP32 copies of
+x took 0.45 ms of a 4.8 ms training step (an H100). So the gate can run its GEMMs on the tensor
+cores without giving up FP32 (MoE(router_gemm="bf16x3"); "fp32", torch's FP32 GEMM, is the
+default): each FP32 operand is written as a sum of three BF16 terms, t = t0 + t1 + t2 (t0 =
+bf16(t), t1 = bf16(t - t0), t2 = bf16(t - t0 - t1): 24 significant bits, as FP32 has), and a
+product with a BF16 operand is exact in FP32, so
+
+    logits = x w0^T + x w1^T + x w2^T   (one GEMM against the three terms side by side)
+    d W_r  = g0^T x + g1^T x + g2^T x   (g = d logits; one wgrad GEMM, the terms side by side)
+    d x    = g0 w0 + g0 w1 + g1 w0      (one GEMM over K = 3 E; the dropped term products lie
+                                         below 2^-16 of each product, d x is rounded to BF16)
+
+accumulated in FP32 by sfmoe's grouped GEMM (one group). The logits and d W_r differ from an
+FP32 GEMM's only by the order of the FP32 additions (and for weights below about 2^-100, whose last terms
+underflow BF16's range, by at most 2^-133 each). FP32 tokens (the CPU backend's FP32 modules) and
+a hidden size that is no multiple of 8 (the BF16 GEMM's TMA alignment) keep torch's FP32 GEMM.
+"""
+
+import torch
+from torch import Tensor
+
+from .. import _gemm
+
+_TERMS = 3  # BF16 terms of an FP32 operand (8 significant bits each)
+ROUTER_GEMMS = ("fp32", "bf16x3")  # sfmoe.torch.MoE(router_gemm=...)
+
+
+def _bf16_terms(t: Tensor, count: int) -> list:
+    """t (FP32) as `count` BF16 terms, largest first; each residual t - (t0 + ...) is exact."""
+    terms, rest = [], t
+    for _ in range(count):
+        term = rest.to(torch.bfloat16)
+        terms.append(term)
+        rest = rest - term.float()
+    return terms
+
+
+def _width(experts: int) -> int:
+    """A block's width: E rounded up to 8, so that each block starts 16-byte aligned."""
+    return (experts + 7) // 8 * 8
+
+
+def _blocks(terms: list, width: int, dim: int) -> Tensor:
+    """The terms (2-D, E long along `dim`) one after the other along `dim` in blocks of `width`
+    (zeros after each term's E), contiguous."""
+    shape = list(terms[0].shape)
+    experts = shape[dim]
+    shape[dim] = len(terms) * width
+    out = terms[0].new_zeros(shape)
+    for i, term in enumerate(terms):
+        out.narrow(dim, i * width, experts).copy_(term)
+    return out
+
+
+def _sum_blocks(out: Tensor, experts: int, width: int, dim: int) -> Tensor:
+    """The sum of out's _TERMS blocks along `dim` (each block's first E), the small ones first."""
+    block = [out.narrow(dim, i * width, experts) for i in range(_TERMS)]
+    return (block[0] + (block[1] + block[2])).contiguous()
+
+
+def _one_group(rows: int, device) -> Tensor:
+    """Group offsets [0, rows] on the device, made by kernels (capturable in a CUDA graph)."""
+    offsets = torch.full((2,), rows, dtype=torch.int64, device=device)
+    offsets[0] = 0
+    return offsets
+
+
+@torch.library.custom_op("sfmoe::router_gate", mutates_args=())
+def router_gate(x: Tensor, weight: Tensor) -> Tensor:
+    """x BF16 [T, H], weight FP32 [E, H] -> logits FP32 [T, E] (the three-term form above)."""
+    experts, width = weight.shape[0], _width(weight.shape[0])
+    if x.shape[0] == 0:
+        return x.new_zeros(0, experts, dtype=torch.float32)
+    terms = _blocks(_bf16_terms(weight.detach(), _TERMS), width, 0)  # [3 width, H]
+    out = torch.empty(x.shape[0], _TERMS * width, dtype=torch.float32, device=x.device)
+    _gemm.grouped_gemm("fprop", x.detach(), terms[None], _one_group(x.shape[0], x.device), out=out)
+    return _sum_blocks(out, experts, width, 1)
+
+
+@router_gate.register_fake
+def _(x, weight):
+    return x.new_empty(x.shape[0], weight.shape[0], dtype=torch.float32)
+
+
+@torch.library.custom_op("sfmoe::router_gate_backward", mutates_args=())
+def router_gate_backward(d_logits: Tensor, x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+    """d logits FP32 [T, E] -> (d x BF16 [T, H], d weight FP32 [E, H])."""
+    rows, experts, width = x.shape[0], weight.shape[0], _width(weight.shape[0])
+    if rows == 0:
+        return torch.zeros_like(x), torch.zeros_like(weight)
+    offsets = _one_group(rows, x.device)
+    g = _bf16_terms(d_logits.detach().float(), _TERMS)
+    w = _bf16_terms(weight.detach(), 2)
+    # d x = [g0 | g0 | g1] [w0; w1; w0]: one GEMM over K = 3 width, rounded to BF16 once.
+    d_x = torch.empty_like(x)
+    w_pairs = _blocks([w[0], w[1], w[0]], width, 0)[None]  # [1, 3 width, H]
+    _gemm.grouped_gemm("dgrad", _blocks([g[0], g[0], g[1]], width, 1), w_pairs, offsets, out=d_x)
+    # d W_r = [g0 | g1 | g2]^T x, the three blocks summed.
+    d_w = torch.empty(1, _TERMS * width, x.shape[1], dtype=torch.float32, device=x.device)
+    _gemm.grouped_gemm("wgrad", _blocks(g, width, 1), x.detach(), offsets, out=d_w)
+    return d_x, _sum_blocks(d_w[0], experts, width, 0)
+
+
+@router_gate_backward.register_fake
+def _(d_logits, x, weight):
+    return x.new_empty(x.shape), weight.new_empty(weight.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _backward(ctx, d_logits):
+    x, weight = ctx.saved_tensors
+    d_x, d_w = router_gate_backward(d_logits.contiguous(), x, weight)
+    return (d_x if ctx.needs_input_grad[0] else None), (d_w if ctx.needs_input_grad[1] else None)
+
+
+router_gate.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _Fp32Gate(torch.autograd.Function):
+    """The logits x W_r^T by torch's FP32 GEMM, saving the tokens as they are (the layer keeps
+    them anyway) rather than the FP32 copy autograd would keep through the whole layer; the
+    backward widens them again once the layer's backward has freed its buffers."""
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.save_for_backward(x, weight)
+        return torch.nn.functional.linear(x.float(), weight)
+
+    @staticmethod
+    def backward(ctx, d_logits):
+        x, weight = ctx.saved_tensors
+        d_x = (d_logits @ weight).to(x.dtype) if ctx.needs_input_grad[0] else None
+        d_weight = d_logits.t() @ x.float() if ctx.needs_input_grad[1] else None
+        return d_x, d_weight
+
+
+def router_logits(x: Tensor, weight: Tensor, gemm: str = "fp32") -> Tensor:
+    """The gate's FP32 logits [T, E] of the layer's tokens x [T, H] and the FP32 weight [E, H]:
+    gemm "bf16x3" takes the three-term form where it applies (BF16 tokens, H a multiple of 8),
+    torch's FP32 GEMM otherwise and for "fp32"."""
+    if gemm == "bf16x3" and x.dtype == torch.bfloat16 and x.shape[1] % 8 == 0:
+        return router_gate(x, weight)
+    return _Fp32Gate.apply(x, weight)
