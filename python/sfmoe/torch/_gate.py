@@ -65,8 +65,8 @@ def _sum_blocks(out: Tensor, experts: int, width: int, dim: int) -> Tensor:
 
 def _one_group(rows: int, device) -> Tensor:
     """Group offsets [0, rows] on the device, made by kernels (capturable in a CUDA graph)."""
-    offsets = torch.full((2,), rows, dtype=torch.int64, device=device)
-    offsets[0] = 0
+    offsets = torch.zeros(2, dtype=torch.int64, device=device)
+    offsets[1:].fill_(rows)  # (a fill kernel; an item assignment may copy a host scalar)
     return offsets
 
 
@@ -97,7 +97,7 @@ def router_gate_backward(d_logits: Tensor, x: Tensor, weight: Tensor) -> tuple[T
     g = _bf16_terms(d_logits.detach().float(), _TERMS)
     w = _bf16_terms(weight.detach(), 2)
     # d x = [g0 | g0 | g1] [w0; w1; w0]: one GEMM over K = 3 width, rounded to BF16 once.
-    d_x = torch.empty_like(x)
+    d_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # (contiguous, whatever x's strides)
     w_pairs = _blocks([w[0], w[1], w[0]], width, 0)[None]  # [1, 3 width, H]
     _gemm.grouped_gemm("dgrad", _blocks([g[0], g[0], g[1]], width, 1), w_pairs, offsets, out=d_x)
     # d W_r = [g0 | g1 | g2]^T x, the three blocks summed.
