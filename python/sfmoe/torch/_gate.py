@@ -78,7 +78,7 @@ def router_gate(x: Tensor, weight: Tensor) -> Tensor:
         return x.new_zeros(0, experts, dtype=torch.float32)
     terms = _blocks(_bf16_terms(weight.detach(), _TERMS), width, 0)  # [3 width, H]
     out = torch.empty(x.shape[0], _TERMS * width, dtype=torch.float32, device=x.device)
-    _gemm.grouped_gemm("fprop", x.detach(), terms[None], _one_group(x.shape[0], x.device), out=out)
+    _gemm.grouped_gemm("fprop", x.detach().contiguous(), terms[None], _one_group(x.shape[0], x.device), out=out)
     return _sum_blocks(out, experts, width, 1)
 
 
@@ -102,7 +102,7 @@ def router_gate_backward(d_logits: Tensor, x: Tensor, weight: Tensor) -> tuple[T
     _gemm.grouped_gemm("dgrad", _blocks([g[0], g[0], g[1]], width, 1), w_pairs, offsets, out=d_x)
     # d W_r = [g0 | g1 | g2]^T x, the three blocks summed.
     d_w = torch.empty(1, _TERMS * width, x.shape[1], dtype=torch.float32, device=x.device)
-    _gemm.grouped_gemm("wgrad", _blocks(g, width, 1), x.detach(), offsets, out=d_w)
+    _gemm.grouped_gemm("wgrad", _blocks(g, width, 1), x.detach().contiguous(), offsets, out=d_w)
     return d_x, _sum_blocks(d_w[0], experts, width, 0)
 
 
