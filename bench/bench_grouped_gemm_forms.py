@@ -56,25 +56,14 @@ def child():
                 w = torch.randn(experts, n, k, device=dev, dtype=torch.bfloat16)
                 flops = 2.0 * m * n * k
                 for form in FORMS:
-                    if form == "wgrad":  # dW_g [n, k] = dY_g^T X_g, into BF16
+                    if form == "wgrad":  # dW_g [n, k] = dY_g^T X_g, into BF16; dense: dY^T X
                         a = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
-                        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+                        b = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
                         out = torch.empty(experts, n, k, device=dev, dtype=torch.bfloat16)
-                        grouped = peer(lambda: torch._grouped_mm(a.t(), x, offs=ends32))
-                        ours = ours_ms(lambda: sfmoe.grouped_gemm("wgrad", a, x, offsets, out=out))
-                        dense = peer(lambda: a.t() @ x)
-                        rows_out.append(
-                            dict(
-                                case=f"{name} {skew} {stage} {form}",
-                                ours=tflops(flops, ours),
-                                grouped_mm=grouped and tflops(flops, grouped),
-                                dense=dense and tflops(flops, dense),
-                            )
-                        )
-                        del a, x, out
-                        continue
-                    if form == "fprop":
-                        a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+                        grouped = peer(lambda: torch._grouped_mm(a.t(), b, offs=ends32))
+                        da, db = a.t(), b
+                    elif form == "fprop":
+                        a, b = torch.randn(m, k, device=dev, dtype=torch.bfloat16), w
                         out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
                         grouped = peer(lambda: torch._grouped_mm(a, w.transpose(1, 2), offs=ends32))
                         da, db = (
@@ -82,14 +71,14 @@ def child():
                             torch.randn(k, n, device=dev, dtype=torch.bfloat16),
                         )
                     else:
-                        a = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
+                        a, b = torch.randn(m, n, device=dev, dtype=torch.bfloat16), w
                         out = torch.empty(m, k, device=dev, dtype=torch.bfloat16)
                         grouped = peer(lambda: torch._grouped_mm(a, w, offs=ends32))
                         da, db = (
                             torch.randn(m, n, device=dev, dtype=torch.bfloat16),
                             torch.randn(n, k, device=dev, dtype=torch.bfloat16),
                         )
-                    ours = ours_ms(lambda: sfmoe.grouped_gemm(form, a, w, offsets, out=out))
+                    ours = ours_ms(lambda: sfmoe.grouped_gemm(form, a, b, offsets, out=out))
                     dense = peer(lambda: da @ db)
                     rows_out.append(
                         dict(
@@ -99,7 +88,7 @@ def child():
                             dense=dense and tflops(flops, dense),
                         )
                     )
-                    del a, out, da, db
+                    del a, b, out, da, db
                 del w
                 torch.cuda.empty_cache()
     with open(os.environ["SFMOE_BENCH_FORMS_JSON"], "w") as f:
