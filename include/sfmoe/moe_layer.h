@@ -141,17 +141,29 @@ typedef struct sfmoe_moe_forward_args {
   void* stream;
 } sfmoe_moe_forward_args;
 
-/* The backward whole, or in its two parts, called in this order on the same saved state: FC2
- * (d y through FC2's dgrad and wgrad and the activation's backward; writes d_w2 and leaves d FC1
- * rows and d probs in `saved`) then FC1 (x gathered again, FC1's wgrad and dgrad, permute's and
- * the router's backward; writes d_w1, d_x, d_logits). Two calls let a framework allocate d_w1
- * only after the FC2 part's workspace (its [R, F] rows) is free, as autograd frees activations
- * during a backward. Each part reads only the arguments it names below; the others may be NULL. */
+/* The backward whole, or in parts called in one of two orders on the same saved state.
+ *
+ * Two parts: FC2 (d y through FC2's dgrad and wgrad and the activation's backward; writes d_w2
+ * and leaves d FC1 rows and d probs in `saved`) then FC1 (x gathered again, FC1's wgrad and
+ * dgrad, permute's and the router's backward; writes d_w1, d_x, d_logits). Two calls let a
+ * framework allocate d_w1 only after the FC2 part's workspace (its [R, F] rows) is free, as
+ * autograd frees activations during a backward.
+ *
+ * Three parts: FC2_DGRAD (the FC2 part without its wgrad: d FC1 rows and d probs into `saved`,
+ * the weighted activations and a copy of the routing into `workspace`), FC1 (as above, on the same
+ * workspace: it uses only its prefix), then FC2_WGRAD (d y gathered again, FC2's wgrad into d_w2;
+ * it reads neither `saved` nor w2). `saved` is free once FC1 has run, so d_w2 need not coexist
+ * with FC1's rows: the lower peak when those rows are large against [R, H] (2F well above H, as
+ * in Mixtral), for one more gather of d y. Layers without expert parallelism.
+ *
+ * Each part reads only the arguments it names below; the others may be NULL. */
 typedef enum sfmoe_moe_backward_part SFMOE_ENUM_INT32 {
   SFMOE_MOE_BACKWARD_ALL = 0,
   SFMOE_MOE_BACKWARD_FC2 = 1, /* d_y, w2, saved, workspace (workspace_bytes), d_w2 */
-  SFMOE_MOE_BACKWARD_FC1 = 2  /* x, logits, w1, saved, workspace (fc1_backward_workspace_bytes),
+  SFMOE_MOE_BACKWARD_FC1 = 2, /* x, logits, w1, saved, workspace (fc1_backward_workspace_bytes),
                                  d_x, d_logits, d_w1, d_aux_loss, d_z_loss */
+  SFMOE_MOE_BACKWARD_FC2_DGRAD = 3, /* d_y, w2, saved, workspace (workspace_bytes) */
+  SFMOE_MOE_BACKWARD_FC2_WGRAD = 4  /* d_y, workspace (FC2_DGRAD's, after FC1), d_w2 */
 } sfmoe_moe_backward_part;
 
 typedef struct sfmoe_moe_backward_args {

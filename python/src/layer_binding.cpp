@@ -192,7 +192,7 @@ class MoeLayer {
   // The backward whole (part 0) or one of its parts (sfmoe_moe_backward_part): the arrays a part
   // does not read may be None.
   void backward(nb::object x, nb::object d_y, nb::object logits, int32_t logits_dtype,
-                nb::object w1, nb::object w2, nb::ndarray<> saved, nb::ndarray<> workspace,
+                nb::object w1, nb::object w2, nb::object saved, nb::ndarray<> workspace,
                 double d_aux_loss, double d_z_loss, nb::object d_x, nb::object d_logits,
                 nb::object d_w1, nb::object d_w2, uint64_t rng_offset, int32_t part,
                 nb::object status_word, uint64_t stream, nb::object rng_offset_device) {
@@ -202,7 +202,7 @@ class MoeLayer {
     const int32_t grads = config_.accumulate_weight_grads ? SFMOE_DTYPE_FP32 : dtype;
     const In t_x("x", x, dtype), t_dy("d_y", d_y, dtype), t_logits("logits", logits, logits_dtype);
     const In t_w1("w1", w1, dtype), t_w2("w2", w2, dtype);
-    const sfmoe_tensor t_saved = describe_array("saved", saved, kByteDtype);
+    const Out t_saved("saved", saved, kByteDtype);  // (None for the FC2_WGRAD part)
     const sfmoe_tensor t_ws = describe_array("workspace", workspace, kByteDtype);
     const Out t_dx("d_x", d_x, dtype), t_dlogits("d_logits", d_logits, SFMOE_DTYPE_FP32);
     const Out t_dw1("d_w1", d_w1, grads), t_dw2("d_w2", d_w2, grads);
@@ -214,7 +214,7 @@ class MoeLayer {
     a.logits = t_logits.get();
     a.w1 = t_w1.get();
     a.w2 = t_w2.get();
-    a.saved = &t_saved;
+    a.saved = t_saved.get();
     a.workspace = &t_ws;
     a.d_aux_loss = static_cast<float>(d_aux_loss);
     a.d_z_loss = static_cast<float>(d_z_loss);
@@ -263,7 +263,7 @@ void register_layer(nb::module_& m) {
            "routed_per_expert"_a.none(), "status_word"_a.none() = nb::none(), "stream"_a = 0,
            "sfmoe_moe_layer_forward.")
       .def("backward", &MoeLayer::backward, "x"_a.none(), "d_y"_a.none(), "logits"_a.none(),
-           "logits_dtype"_a, "w1"_a.none(), "w2"_a.none(), "saved"_a.noconvert(),
+           "logits_dtype"_a, "w1"_a.none(), "w2"_a.none(), "saved"_a.none(),
            "workspace"_a.noconvert(), "d_aux_loss"_a, "d_z_loss"_a, "d_x"_a.none(),
            "d_logits"_a.none(), "d_w1"_a.none(), "d_w2"_a.none(), "rng_offset"_a = 0, "part"_a = 0,
            "status_word"_a.none() = nb::none(), "stream"_a = 0,

@@ -401,17 +401,32 @@ sfmoe_status prepare_backward(const char* context, const sfmoe_moe_layer* layer,
   const layer::MoeLayerShape& s = layer->shape;
   const layer::MoeLayerPlan& p = layer->plan;
   const int32_t part = enum_value(a->part);
-  if (part < SFMOE_MOE_BACKWARD_ALL || part > SFMOE_MOE_BACKWARD_FC1) {
+  if (part < SFMOE_MOE_BACKWARD_ALL || part > SFMOE_MOE_BACKWARD_FC2_WGRAD) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: unknown backward part %d", context,
                 static_cast<int>(part));
   }
-  const bool fc2 = part != SFMOE_MOE_BACKWARD_FC1, fc1 = part != SFMOE_MOE_BACKWARD_FC2;
+  const bool split = part == SFMOE_MOE_BACKWARD_FC2_DGRAD || part == SFMOE_MOE_BACKWARD_FC2_WGRAD;
+  if (split && s.expert_parallel()) {
+    return fail(SFMOE_ERROR_UNSUPPORTED,
+                "%s: the three-part backward (FC2_DGRAD, FC1, FC2_WGRAD) runs without expert "
+                "parallelism; this layer's parts are FC2 then FC1",
+                context);
+  }
+  // What each part reads and writes (sfmoe_moe_backward_part).
+  const bool fc1 = part == SFMOE_MOE_BACKWARD_ALL || part == SFMOE_MOE_BACKWARD_FC1;
+  const bool reads_d_y = part != SFMOE_MOE_BACKWARD_FC1;
+  const bool reads_w2 = reads_d_y && part != SFMOE_MOE_BACKWARD_FC2_WGRAD;
+  const bool writes_d_w2 = reads_d_y && part != SFMOE_MOE_BACKWARD_FC2_DGRAD;
+  const bool reads_saved = part != SFMOE_MOE_BACKWARD_FC2_WGRAD;
   const int64_t E = s.experts, El = s.local_experts(), H = s.hidden;
-  // The token count from d y (the FC2 part) or x (the FC1 part); the other must agree.
+  // The token count from d y or x (the FC1 part); the other must agree.
   int64_t T = 0;
-  SFMOE_RETURN_IF_ERROR(tokens_of(context, fc2 ? "d_y" : "x", fc2 ? a->d_y : a->x, layer, &T));
-  if (fc2) {
+  SFMOE_RETURN_IF_ERROR(
+      tokens_of(context, reads_d_y ? "d_y" : "x", reads_d_y ? a->d_y : a->x, layer, &T));
+  if (reads_d_y) {
     SFMOE_RETURN_IF_ERROR(expect_layer_tensor(context, "d_y", a->d_y, {s.dtype}, {T, H}, layer));
+  }
+  if (reads_w2) {
     SFMOE_RETURN_IF_ERROR(
         expect_layer_tensor(context, "w2", a->w2, {s.dtype}, {El, H, s.ffn}, layer));
   }
@@ -422,10 +437,12 @@ sfmoe_status prepare_backward(const char* context, const sfmoe_moe_layer* layer,
     SFMOE_RETURN_IF_ERROR(
         expect_layer_tensor(context, "w1", a->w1, {s.dtype}, {El, p.fc1_cols, H}, layer));
   }
-  SFMOE_RETURN_IF_ERROR(expect_buffer(context, "saved", a->saved, p.saved_bytes, layer));
-  SFMOE_RETURN_IF_ERROR(expect_buffer(context, "workspace", a->workspace,
-                                      fc2 ? p.workspace_bytes : p.fc1_backward_workspace_bytes,
-                                      layer));
+  if (reads_saved) {
+    SFMOE_RETURN_IF_ERROR(expect_buffer(context, "saved", a->saved, p.saved_bytes, layer));
+  }
+  SFMOE_RETURN_IF_ERROR(expect_buffer(
+      context, "workspace", a->workspace,
+      part == SFMOE_MOE_BACKWARD_FC1 ? p.fc1_backward_workspace_bytes : p.workspace_bytes, layer));
   if (fc1 && !(isfinite(a->d_aux_loss) && isfinite(a->d_z_loss))) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: d_aux_loss and d_z_loss must be finite",
                 context);
@@ -438,7 +455,7 @@ sfmoe_status prepare_backward(const char* context, const sfmoe_moe_layer* layer,
     SFMOE_RETURN_IF_ERROR(
         expect_layer_tensor(context, "d_w1", a->d_w1, {grads}, {El, p.fc1_cols, H}, layer));
   }
-  if (fc2) {
+  if (writes_d_w2) {
     SFMOE_RETURN_IF_ERROR(
         expect_layer_tensor(context, "d_w2", a->d_w2, {grads}, {El, H, s.ffn}, layer));
   }
@@ -451,11 +468,11 @@ sfmoe_status prepare_backward(const char* context, const sfmoe_moe_layer* layer,
   call->part = static_cast<sfmoe_moe_backward_part>(part);
   call->tokens = T;
   call->x = fc1 ? a->x->data : nullptr;
-  call->d_y = fc2 ? a->d_y->data : nullptr;
+  call->d_y = reads_d_y ? a->d_y->data : nullptr;
   call->logits = fc1 ? a->logits->data : nullptr;
   call->logits_dtype = fc1 ? a->logits->dtype : SFMOE_DTYPE_FP32;
   call->w1 = fc1 ? a->w1->data : nullptr;
-  call->w2 = fc2 ? a->w2->data : nullptr;
+  call->w2 = reads_w2 ? a->w2->data : nullptr;
   call->d_aux_loss = a->d_aux_loss;
   call->d_z_loss = a->d_z_loss;
   call->rng_offset = a->rng_offset;
@@ -464,8 +481,8 @@ sfmoe_status prepare_backward(const char* context, const sfmoe_moe_layer* layer,
   call->d_x = fc1 ? a->d_x->data : nullptr;
   call->d_logits = fc1 ? static_cast<float*>(a->d_logits->data) : nullptr;
   call->d_w1 = fc1 ? a->d_w1->data : nullptr;
-  call->d_w2 = fc2 ? a->d_w2->data : nullptr;
-  call->saved = static_cast<uint8_t*>(a->saved->data);
+  call->d_w2 = writes_d_w2 ? a->d_w2->data : nullptr;
+  call->saved = reads_saved ? static_cast<uint8_t*>(a->saved->data) : nullptr;
   call->workspace = static_cast<uint8_t*>(a->workspace->data);
   call->memory = layer->memory;
   call->word = word_of(a->word);
@@ -621,6 +638,10 @@ sfmoe_status sfmoe_moe_layer_get_backward_stages(const sfmoe_moe_layer* layer,
   return sfmoe::guarded(context, [&]() -> sfmoe_status {
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_external(context, layer));
     const int32_t p = sfmoe::enum_value(part);
+    if (p == SFMOE_MOE_BACKWARD_FC2_DGRAD || p == SFMOE_MOE_BACKWARD_FC2_WGRAD) {
+      return sfmoe::fail(SFMOE_ERROR_UNSUPPORTED,
+                         "%s: the three-part backward runs without expert parallelism", context);
+    }
     if (p < SFMOE_MOE_BACKWARD_ALL || p > SFMOE_MOE_BACKWARD_FC1) {
       return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: unknown backward part %d", context,
                          static_cast<int>(p));

@@ -424,6 +424,8 @@ Outcome plan_moe_layer(const MoeLayerShape& s, sfmoe_memory memory, MoeLayerPlan
   SFMOE_RETURN_IF_REFUSED(matrix_bytes(R, 1, sizeof(float), &bytes));
   SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->row_probs));
   SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->d_row_probs));
+  // (the routing is saved first: fc1_rows' offset is its size)
+  SFMOE_RETURN_IF_REFUSED(place(ep ? 0 : plan->fc1_rows.offset, total, &plan->routing_copy));
   if (s.ep_transport == SFMOE_EP_TRANSPORT_EXTERNAL) plan_stages(s, plan);
   return Outcome{};
 }
@@ -685,12 +687,13 @@ SlotValuesArgs slot_values_args(const MoeLayerPlan& plan, int64_t slots, const i
   return a;
 }
 
-// The experts' part of the backward's FC2 part, on one round of a call's expert rows (d y rows in
-// hidden_rows, each row's probability in row_probs): FC2 dgrad -> the weighted activation backward
-// (d FC1 over FC1's saved rows, each row's d prob into d_row_probs) -> FC2 wgrad.
-sfmoe_status ffn_backward_fc2(const MoeLayerShape& s, const MoeLayerPlan& plan,
-                              const MoeBackwardCall& c, const ops::Backend& backend,
-                              const Round& round, sfmoe_fault_report* word, void* stream) {
+// The experts' part of the backward's FC2 part before its wgrad, on one round of a call's expert
+// rows (d y rows in hidden_rows, each row's probability in row_probs): FC2 dgrad -> the weighted
+// activation backward (d FC1 over FC1's saved rows, each row's d prob into d_row_probs, the
+// weighted activations into ffn_rows).
+sfmoe_status ffn_backward_fc2_dgrad(const MoeLayerShape& s, const MoeLayerPlan& plan,
+                                    const MoeBackwardCall& c, const ops::Backend& backend,
+                                    const Round& round, sfmoe_fault_report* word, void* stream) {
   const int64_t elem = element_bytes(s.dtype), first = round.first_row;
   void* fc1_rows = row_at<uint8_t>(c.saved, plan.fc1_rows, first, plan.fc1_cols * elem);
   void* d_fc1_rows = fc1_rows;  // the activation's backward writes in place
@@ -718,9 +721,27 @@ sfmoe_status ffn_backward_fc2(const MoeLayerShape& s, const MoeLayerPlan& plan,
   d_activation.row_weights = row_at<float>(c.workspace, plan.row_probs, first, 4);
   d_activation.d_row_weights = row_at<float>(c.workspace, plan.d_row_probs, first, 4);
   d_activation.weighted_output = ffn_rows;
-  SFMOE_RETURN_IF_ERROR(
-      step("activation backward", backend.activation_backward(d_activation, stream)));
+  return step("activation backward", backend.activation_backward(d_activation, stream));
+}
+
+// FC2's wgrad on one round: d y rows (hidden_rows) against the weighted activations (ffn_rows).
+sfmoe_status ffn_backward_fc2_wgrad(const MoeLayerShape& s, const MoeLayerPlan& plan,
+                                    const MoeBackwardCall& c, const ops::Backend& backend,
+                                    const Round& round, sfmoe_fault_report* word, void* stream) {
+  const int64_t elem = element_bytes(s.dtype), first = round.first_row;
+  void* hidden_rows = row_at<uint8_t>(c.workspace, plan.hidden_rows, first, s.hidden * elem);
+  void* ffn_rows = row_at<uint8_t>(c.workspace, plan.ffn_rows, first, s.ffn * elem);
+  const Gemm gemm{s,        plan, backend, round.offsets, round.rows,         c.workspace,
+                  c.memory, word, stream,  c.rng_offset,  c.rng_offset_device};
   return step("fc2 wgrad", gemm.run(GemmStep::kFc2Wgrad, hidden_rows, ffn_rows, c.d_w2));
+}
+
+// The experts' part of the backward's FC2 part on one round: the above in turn.
+sfmoe_status ffn_backward_fc2(const MoeLayerShape& s, const MoeLayerPlan& plan,
+                              const MoeBackwardCall& c, const ops::Backend& backend,
+                              const Round& round, sfmoe_fault_report* word, void* stream) {
+  SFMOE_RETURN_IF_ERROR(ffn_backward_fc2_dgrad(s, plan, c, backend, round, word, stream));
+  return ffn_backward_fc2_wgrad(s, plan, c, backend, round, word, stream);
 }
 
 // The experts' part of the backward's FC1 part on one round (x rows in hidden_rows): FC1 wgrad,
@@ -755,9 +776,10 @@ sfmoe_status router_backward_step(const MoeLayerShape& s, const MoeLayerPlan& pl
   return step("router backward", backend.router_backward(router, c.stream));
 }
 
-// The backward's FC2 part: d y rows -> the experts' part -> d probs into the saved state.
+// The backward's FC2 part (or, with `wgrad` false, FC2_DGRAD's): d y rows -> the experts' part ->
+// d probs into the saved state.
 sfmoe_status backward_fc2(const MoeLayerShape& s, const MoeLayerPlan& plan,
-                          const MoeBackwardCall& c, const ops::Backend& backend) {
+                          const MoeBackwardCall& c, const ops::Backend& backend, bool wgrad) {
   const int64_t T = c.tokens;
   const float* probs = at<float>(c.saved, plan.probs);
   const int64_t* row_map = at<int64_t>(c.saved, plan.row_map);
@@ -778,10 +800,34 @@ sfmoe_status backward_fc2(const MoeLayerShape& s, const MoeLayerPlan& plan,
       step("row probabilities",
            backend.slot_values(
                slot_values_args(plan, slots, row_map, true, probs, row_probs, c.word), c.stream)));
-  SFMOE_RETURN_IF_ERROR(ffn_backward_fc2(s, plan, c, backend, rows, c.word, c.stream));
+  if (wgrad) {
+    SFMOE_RETURN_IF_ERROR(ffn_backward_fc2(s, plan, c, backend, rows, c.word, c.stream));
+  } else {
+    SFMOE_RETURN_IF_ERROR(ffn_backward_fc2_dgrad(s, plan, c, backend, rows, c.word, c.stream));
+    // The routing for FC2_WGRAD, which runs when `saved` may be gone.
+    SFMOE_RETURN_IF_ERROR(
+        step("routing copy", backend.copy(at<uint8_t>(c.workspace, plan.routing_copy), c.saved,
+                                          plan.routing_copy.bytes, c.stream)));
+  }
   return step("d probs", backend.slot_values(slot_values_args(plan, slots, row_map, false,
                                                               d_row_probs, d_probs, c.word),
                                              c.stream));
+}
+
+// The FC2_WGRAD part: d y gathered again (FC1 part has used the rows), then FC2's wgrad against
+// the weighted activations FC2_DGRAD left, the routing from its copy.
+sfmoe_status backward_fc2_wgrad(const MoeLayerShape& s, const MoeLayerPlan& plan,
+                                const MoeBackwardCall& c, const ops::Backend& backend) {
+  uint8_t* routing = at<uint8_t>(c.workspace, plan.routing_copy);  // laid out as `saved`
+  const int64_t* row_map = at<int64_t>(routing, plan.row_map);
+  const Round rows = rounds_of(s, plan, routing).round[0];
+  void* hidden_rows = at<uint8_t>(c.workspace, plan.hidden_rows);
+  SFMOE_RETURN_IF_ERROR(
+      step("d y gather",
+           backend.unpermute_backward(gather_args(s, plan, c.tokens, c.d_y, row_map, rows.offsets,
+                                                  rows.kept, hidden_rows, c.word),
+                                      c.stream)));
+  return ffn_backward_fc2_wgrad(s, plan, c, backend, rows, c.word, c.stream);
 }
 
 // The backward's FC1 part: x rows again -> the experts' part -> permute backward -> router
@@ -831,9 +877,20 @@ sfmoe_status moe_layer_backward(const MoeLayerShape& s, const MoeLayerPlan& plan
                                 const MoeBackwardCall& c) {
   if (s.expert_parallel()) return moe_layer_backward_ranks(s, plan, &c);
   const ops::Backend& backend = ops::backend_for(c.memory);
-  if (c.part != SFMOE_MOE_BACKWARD_FC1) SFMOE_RETURN_IF_ERROR(backward_fc2(s, plan, c, backend));
-  if (c.part != SFMOE_MOE_BACKWARD_FC2) SFMOE_RETURN_IF_ERROR(backward_fc1(s, plan, c, backend));
-  return SFMOE_SUCCESS;
+  switch (c.part) {
+    case SFMOE_MOE_BACKWARD_ALL:
+      SFMOE_RETURN_IF_ERROR(backward_fc2(s, plan, c, backend, true));
+      return backward_fc1(s, plan, c, backend);
+    case SFMOE_MOE_BACKWARD_FC2:
+      return backward_fc2(s, plan, c, backend, true);
+    case SFMOE_MOE_BACKWARD_FC1:
+      return backward_fc1(s, plan, c, backend);
+    case SFMOE_MOE_BACKWARD_FC2_DGRAD:
+      return backward_fc2(s, plan, c, backend, false);
+    case SFMOE_MOE_BACKWARD_FC2_WGRAD:
+      return backward_fc2_wgrad(s, plan, c, backend);
+  }
+  return SFMOE_ERROR_INVALID_ARGUMENT;  // (the API checks the part)
 }
 
 sfmoe_status moe_layer_backward_ranks(const MoeLayerShape& s, const MoeLayerPlan& plan,

@@ -102,13 +102,16 @@ struct MoeLayerPlan {
   // EXTERNAL: each sequence's collectives (the forward; the backward whole, its FC2 part, its FC1
   // part: by sfmoe_moe_backward_part), between its stages.
   std::vector<ops::EpCollective> forward_collectives, backward_collectives[3];
+  // (the three-part backward, FC2_DGRAD / FC1 / FC2_WGRAD, runs without expert parallelism)
   // workspace, in three nested prefixes: the backward's FC1 part's (fc1_backward_workspace_bytes),
   // then the forward's (forward_workspace_bytes), then the whole backward's. hidden_rows [R, H]
   // holds, in turn, x rows and FC2 rows (forward), d y rows (backward, FC2 part), x rows again and
   // d x rows (FC1 part); ffn_rows [R, F] the activations (forward), then FC2's dgrad and, over it,
-  // the weighted activations (backward, FC2 part).
+  // the weighted activations (backward, FC2 part). routing_copy: the saved state's routing (its
+  // prefix before fc1_rows, at the same offsets), copied by the FC2_DGRAD part for the FC2_WGRAD
+  // part, which runs when `saved` may be gone.
   Region permute_workspace, router_workspace, gemm_workspace, hidden_rows, quantized_a, quantized_b,
-      ffn_rows, row_probs, d_row_probs;
+      ffn_rows, row_probs, d_row_probs, routing_copy;
   // A quantized recipe's operands of each GEMM (a, b), each bound in quantized_a / quantized_b
   // when its GEMM runs (total_bytes 0: the layer's rows as they are).
   sfmoe_grouped_tensor_plan operands[kGemmSteps][2];

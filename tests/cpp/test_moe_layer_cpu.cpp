@@ -24,14 +24,22 @@ struct HostLayerRun {
   std::vector<double> d_w1_start, d_w2_start;  // accumulate: the main gradients before
 };
 
+// How run_on_host calls the backward (sfmoe_moe_backward_part).
+enum class Backward {
+  kWhole,
+  kTwoParts,   // FC2 then FC1, the FC1 part on a fresh workspace of its own size (so it cannot
+               // lean on what the FC2 part left there)
+  kThreeParts  // FC2_DGRAD, FC1, FC2_WGRAD on one workspace; `saved` scribbled over before
+               // FC2_WGRAD, which is handed neither it nor w2
+};
+
 // Forward and backward of `p` on the host; false (with the message) when a call fails.
-// split: the backward as its two parts (FC2 then FC1), the FC1 part on a fresh workspace of its
-// own size (so it cannot lean on what the FC2 part left there). rng_offset, rng_offset_device: the
+// backward: how the backward is called (above). rng_offset, rng_offset_device: the
 // backward's NVFP4 rounding offsets (offset_dtype: the device offset's declared dtype). With
 // backward_status the backward's status is stored there instead of expected to be success.
-bool run_on_host(const LayerProblem& p, std::mt19937_64& rng, HostLayerRun* run, bool split = false,
-                 uint64_t rng_offset = 0, void* rng_offset_device = nullptr,
-                 sfmoe_dtype offset_dtype = SFMOE_DTYPE_INT64,
+bool run_on_host(const LayerProblem& p, std::mt19937_64& rng, HostLayerRun* run,
+                 Backward backward = Backward::kWhole, uint64_t rng_offset = 0,
+                 void* rng_offset_device = nullptr, sfmoe_dtype offset_dtype = SFMOE_DTYPE_INT64,
                  sfmoe_status* backward_status = nullptr) {
   const LayerCase& c = p.c;
   const int64_t T = c.tokens, H = c.hidden, E = c.experts;
@@ -122,8 +130,24 @@ bool run_on_host(const LayerProblem& p, std::mt19937_64& rng, HostLayerRun* run,
     sfmoe_moe_layer_destroy(layer);
     return ok;
   }
-  if (!split) {
+  if (backward == Backward::kWhole) {
     backward_ok = sfmoe_moe_layer_backward(layer, &b) == SFMOE_SUCCESS;
+  } else if (backward == Backward::kThreeParts) {
+    b.part = SFMOE_MOE_BACKWARD_FC2_DGRAD;
+    b.d_w2 = nullptr;  // the FC2_DGRAD part writes no weight gradient
+    backward_ok = sfmoe_moe_layer_backward(layer, &b) == SFMOE_SUCCESS;
+    b.part = SFMOE_MOE_BACKWARD_FC1;
+    b.d_y = nullptr;
+    b.w2 = nullptr;
+    backward_ok = backward_ok && sfmoe_moe_layer_backward(layer, &b) == SFMOE_SUCCESS;
+    std::fill(saved.begin(), saved.end(), 0x7B);  // free once FC1 has run
+    b.part = SFMOE_MOE_BACKWARD_FC2_WGRAD;
+    b.d_y = &t_dy;
+    b.saved = nullptr;
+    b.x = b.logits = b.w1 = nullptr;
+    b.d_x = b.d_logits = b.d_w1 = nullptr;
+    b.d_w2 = &t_dw2;
+    backward_ok = backward_ok && sfmoe_moe_layer_backward(layer, &b) == SFMOE_SUCCESS;
   } else {
     b.part = SFMOE_MOE_BACKWARD_FC2;
     backward_ok = sfmoe_moe_layer_backward(layer, &b) == SFMOE_SUCCESS;
@@ -201,15 +225,18 @@ TEST(MoeLayer, ForwardAndBackwardMatchTheDenseReferenceOnTheHost) {
     if (c.aux_loss_coeff > 0) {
       EXPECT_EQ(run.aux[0], r.aux_loss) << "aux loss";
     }
-    // The backward in its two parts: the same bits (the same rng for the same problem).
-    std::mt19937_64 again = rng;
-    HostLayerRun whole, parts;
+    // The backward in its two and three parts: the same bits (the same rng for the same problem).
+    std::mt19937_64 again = rng, third = rng;
+    HostLayerRun whole, parts, three;
     ASSERT_TRUE(run_on_host(p, rng, &whole));
-    ASSERT_TRUE(run_on_host(p, again, &parts, true));
-    EXPECT_EQ(whole.d_x, parts.d_x);
-    EXPECT_EQ(whole.d_w1, parts.d_w1);
-    EXPECT_EQ(whole.d_w2, parts.d_w2);
-    EXPECT_EQ(whole.d_logits, parts.d_logits);
+    ASSERT_TRUE(run_on_host(p, again, &parts, Backward::kTwoParts));
+    ASSERT_TRUE(run_on_host(p, third, &three, Backward::kThreeParts));
+    for (const HostLayerRun* split : {&parts, &three}) {
+      EXPECT_EQ(whole.d_x, split->d_x);
+      EXPECT_EQ(whole.d_w1, split->d_w1);
+      EXPECT_EQ(whole.d_w2, split->d_w2);
+      EXPECT_EQ(whole.d_logits, split->d_logits);
+    }
   }
   std::printf("[ moe layer ] %zu host cases: y, d_x, d_w1, d_w2, d_logits vs the dense reference\n",
               cases.size());
@@ -267,6 +294,16 @@ TEST(MoeLayer, QuantizedRecipesStayWithinTheirTolerancesOfTheReference) {
       EXPECT_EQ(run.dropped, r.dropped);
       // (a quantized recipe that silently ran in BF16 would sit below the BF16 bound)
       EXPECT_GT(e[0] + e[1] + e[2] + e[3], 2e-5) << "no quantization error at all";
+      // The three-part backward: the same bits (NVFP4's rounding streams are the GEMMs', not the
+      // parts').
+      std::mt19937_64 again = rng;
+      HostLayerRun whole, three;
+      ASSERT_TRUE(run_on_host(p, rng, &whole, Backward::kWhole, 5));
+      ASSERT_TRUE(run_on_host(p, again, &three, Backward::kThreeParts, 5));
+      EXPECT_EQ(whole.d_x, three.d_x);
+      EXPECT_EQ(whole.d_w1, three.d_w1);
+      EXPECT_EQ(whole.d_w2, three.d_w2);
+      EXPECT_EQ(whole.d_logits, three.d_logits);
       std::printf("[ moe layer ] recipe %d %-36s mismatch y %.1e d_x %.1e d_w1 %.1e d_w2 %.1e\n",
                   static_cast<int>(recipe), c.name.c_str(), e[0], e[1], e[2], e[3]);
     }
@@ -283,10 +320,10 @@ TEST(MoeLayer, Nvfp4RoundingOffsetOnTheDeviceAddsToTheHostOffset) {
   std::mt19937_64 r1 = rng, r2 = rng, r3 = rng;
   HostLayerRun sum, split, next;
   alignas(16) int64_t on_device = 5;  // (tensors are 16-byte aligned)
-  ASSERT_TRUE(run_on_host(p, r1, &sum, false, 12));
-  ASSERT_TRUE(run_on_host(p, r2, &split, false, 7, &on_device));
+  ASSERT_TRUE(run_on_host(p, r1, &sum, Backward::kWhole, 12));
+  ASSERT_TRUE(run_on_host(p, r2, &split, Backward::kWhole, 7, &on_device));
   on_device = 6;
-  ASSERT_TRUE(run_on_host(p, r3, &next, false, 7, &on_device));
+  ASSERT_TRUE(run_on_host(p, r3, &next, Backward::kWhole, 7, &on_device));
   EXPECT_EQ(split.y, sum.y);
   EXPECT_EQ(split.d_x, sum.d_x);
   EXPECT_EQ(split.d_w1, sum.d_w1);
@@ -303,7 +340,7 @@ TEST(MoeLayer, Nvfp4RoundingOffsetOnTheDeviceAddsToTheHostOffset) {
     std::mt19937_64 r = rng;
     HostLayerRun refused;
     sfmoe_status status = SFMOE_SUCCESS;
-    ASSERT_TRUE(run_on_host(p, r, &refused, false, 7, pointer, dtype, &status));
+    ASSERT_TRUE(run_on_host(p, r, &refused, Backward::kWhole, 7, pointer, dtype, &status));
     EXPECT_NE(status, SFMOE_SUCCESS);
     EXPECT_NE(std::string(sfmoe_last_error()).find("rng_offset_device"), std::string::npos)
         << sfmoe_last_error();

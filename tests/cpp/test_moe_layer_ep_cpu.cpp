@@ -255,6 +255,11 @@ TEST(MoeLayerEp, CApiRanksEqualTheSingleLayerAndRefuseMisuse) {
   for (float v : y_ep) ASSERT_TRUE(std::isnan(v)) << "a refused call wrote";
 
   ASSERT_EQ(sfmoe_moe_layer_forward_ranks(ep, pf.data()), SFMOE_SUCCESS) << sfmoe_last_error();
+  // The three-part backward is refused on an expert-parallel layer, before anything runs.
+  for (auto& rank : b) rank.part = SFMOE_MOE_BACKWARD_FC2_DGRAD;
+  EXPECT_EQ(sfmoe_moe_layer_backward_ranks(ep, pb.data()), SFMOE_ERROR_UNSUPPORTED);
+  EXPECT_NE(std::string(sfmoe_last_error()).find("three-part"), std::string::npos);
+  for (auto& rank : b) rank.part = SFMOE_MOE_BACKWARD_ALL;
   ASSERT_EQ(sfmoe_moe_layer_backward_ranks(ep, pb.data()), SFMOE_SUCCESS) << sfmoe_last_error();
   auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
@@ -286,6 +291,10 @@ TEST(MoeLayerEp, CApiRanksEqualTheSingleLayerAndRefuseMisuse) {
     ASSERT_EQ(sfmoe_moe_layer_get_backward_stages(ext, SFMOE_MOE_BACKWARD_FC1, &bs), SFMOE_SUCCESS);
     EXPECT_EQ(fs.collectives, 5);
     EXPECT_EQ(bs.collectives, 2);
+    EXPECT_EQ(sfmoe_moe_layer_get_backward_stages(ext, SFMOE_MOE_BACKWARD_FC2_DGRAD, &bs),
+              SFMOE_ERROR_UNSUPPORTED)
+        << "the three-part backward is for layers without expert parallelism";
+    EXPECT_NE(std::string(sfmoe_last_error()).find("three-part"), std::string::npos);
     EXPECT_EQ(fs.collective[0].kind, SFMOE_EP_COLLECTIVE_ALL_GATHER);
     EXPECT_EQ(fs.collective[0].bytes, E * 8);
     EXPECT_EQ(fs.collective[4].kind, SFMOE_EP_COLLECTIVE_ALL_TO_ALL);

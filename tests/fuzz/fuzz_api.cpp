@@ -244,7 +244,7 @@ void fuzz_layer(Arena& a) {
   if (forward_ran) {
     const sfmoe_dtype grads = c.accumulate_weight_grads ? SFMOE_DTYPE_FP32 : c.dtype;
     sfmoe_moe_backward_args bw = sfmoe_moe_backward_args_init();
-    bw.part = static_cast<sfmoe_moe_backward_part>(f.ConsumeIntegralInRange<int32_t>(0, 2));
+    bw.part = static_cast<sfmoe_moe_backward_part>(f.ConsumeIntegralInRange<int32_t>(0, 4));
     bw.x = fw.x;
     bw.d_y = a.tensor(c.dtype, {T, H});
     bw.logits = fw.logits;

@@ -215,15 +215,63 @@ def test_an_input_of_another_width_is_refused_by_name():
     assert module(torch.randn(2, 3, 16)).shape == (2, 3, 16)
 
 
-def test_a_second_backward_through_one_forward_is_refused():
-    # The layer's backward writes FC1's gradient over its saved output; the op declares the
-    # mutation, so autograd's version check stops a retained graph's second backward.
-    module = MoE(16, 8, 4, 2, dtype=torch.float32)
+@pytest.mark.parametrize("main_grad", [False, True])
+def test_a_second_backward_through_one_forward_is_refused(main_grad):
+    # The layer's backward writes FC1's gradient over its saved output and lets the saved state go
+    # as soon as it has run, so a retained graph's second backward is refused by name.
+    module = MoE(16, 8, 4, 2, dtype=torch.float32, gradient_accumulation_fusion=main_grad)
     x = torch.randn(12, 16, requires_grad=True)
     y = module(x).square().sum()
     y.backward(retain_graph=True)
-    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+    with pytest.raises(RuntimeError, match="a second backward through one forward"):
         y.backward()
+
+
+def test_the_three_part_backward_is_chosen_where_it_lowers_the_peak():
+    """_three_part_backward (from the plan alone: no weights made): FC1's rows far wider than the
+    hidden rows (2F >> H: Mixtral) take the three-part order; Qwen3's and DeepSeek-V3's experts
+    keep two parts, where the peak it saves is less than the d y rows it gathers again; so do
+    main gradients (no new gradients to make room for)."""
+    from sfmoe._moe_config import MoEConfig
+    from sfmoe.torch import _moe
+
+    def chosen(H, F, E, k, T, **options):
+        key = _moe._register(MoEConfig(H, F, E, k, **options))
+        return _moe._three_part_backward(key, T, torch.bfloat16, torch.device("cpu"))
+
+    assert chosen(4096, 14336, 8, 2, 8192)  # Mixtral-8x7B
+    assert not chosen(2048, 768, 128, 8, 8192)  # Qwen3-30B-A3B
+    assert not chosen(7168, 2048, 32, 8, 4096)  # DeepSeek-V3 EP8-local
+    assert not chosen(4096, 14336, 8, 2, 8192, gradient_accumulation_fusion=True)
+
+
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))],
+)
+@pytest.mark.parametrize("recipe", ["bf16", "blockwise", "nvfp4"])
+def test_the_three_part_backward_gives_the_two_part_bits(monkeypatch, device, recipe):
+    """The backward's order (two parts, or three with d y gathered again) changes no bit of any
+    gradient, on odd shapes with empty experts; NVFP4's rounding streams are the GEMMs'."""
+    from sfmoe.torch import _moe
+
+    torch.manual_seed(torch.seed() % 2**31)
+    H, F = {"bf16": (40, 24), "blockwise": (256, 128), "nvfp4": (48, 32)}[recipe]
+    module = MoE(H, F, 7, 2, dtype=torch.bfloat16, device=device, recipe=recipe)
+    x = torch.randn(45, H, device=device).to(torch.bfloat16)
+    x[::3] = 0  # (ties in the router: some experts left empty)
+    dy = torch.randn(45, H, device=device).to(torch.bfloat16)
+    results = []
+    for three in (False, True):
+        monkeypatch.setattr(_moe, "_three_part_backward", lambda *args, three=three: three)
+        if recipe == "nvfp4":
+            _moe._rng_offset(module._key, x.device).fill_(3)
+        module.zero_grad(set_to_none=True)
+        xi = x.clone().requires_grad_(True)
+        module(xi).backward(dy)
+        results.append([xi.grad, module.router.weight.grad] + [p.grad for p in module.experts.parameters()])
+    for name, a, b in zip(("d x", "d router", "d w1", "d w2"), *results):
+        assert a is not None and torch.equal(a, b), name
 
 
 def test_expert_bias_moves_toward_balance():
@@ -240,7 +288,12 @@ def test_expert_bias_moves_toward_balance():
     assert int(module.local_tokens_per_expert.sum()) == 0
 
 
-def test_torch_compile_traces_the_module_without_graph_breaks():
+@pytest.mark.parametrize("three_parts", [False, True])
+def test_torch_compile_traces_the_module_without_graph_breaks(monkeypatch, three_parts):
+    from sfmoe.torch import _moe
+
+    monkeypatch.setattr(_moe, "_three_part_backward", lambda *args: three_parts)
+    torch._dynamo.reset()
     module = MoE(16, 8, 4, 2, dtype=torch.float32)
     x = torch.randn(20, 16, requires_grad=True)
     explanation = torch._dynamo.explain(module)(x)

@@ -130,20 +130,44 @@ def _(x, logits, expert_bias, w1, w2, key, saved_bytes):
 
 # The layer's backward runs as two ops, its FC2 part then its FC1 part (sfmoe_moe_backward_part),
 # so that d w1 and the FC1 part's smaller workspace are allocated after the FC2 part's workspace
-# is free, as autograd frees a plain layer's activations during its backward.
-_FC2, _FC1 = 1, 2
+# is free, as autograd frees a plain layer's activations during its backward; or as three, FC2's
+# dgrad, the FC1 part, then FC2's wgrad (d y gathered again), so that d w2 is allocated after the
+# saved state (FC1's rows, [R, fc1_cols]) is free: _three_part_backward chooses.
+_FC2, _FC1, _FC2_DGRAD, _FC2_WGRAD = 1, 2, 3, 4
 
 
-def _backward_part(part, key, tokens, like, saved, *, x=None, d_y=None, logits=None, w1=None, w2=None, **outputs):
+@torch.compiler.assume_constant_result
+def _three_part_backward(key, tokens, dtype, device):
+    """Whether the backward runs in three parts: when that lowers the step's peak (the bytes alive
+    at once, new gradients included, from the plan) by more than the d y rows it gathers again."""
+    c = _CONFIGS[key]
+    if c.expert_parallel or c.gradient_accumulation_fusion:  # (no new gradients to make room for)
+        return False
+    plan = _layer(key, tokens, dtype, device)[1]
+    e = torch.empty((), dtype=dtype).element_size()
+    H, F, El = c.hidden_size, c.ffn_hidden_size, c.local_experts
+    saved, ws, ws1 = plan["saved_bytes"], plan["workspace_bytes"], plan["fc1_backward_workspace_bytes"]
+    d_w1, d_w2 = El * plan["fc1_cols"] * H * e, El * H * F * e
+    d_x = tokens * (H * e + c.num_experts * 4)  # d x and the FP32 d logits
+    two = max(saved + ws + d_w2, saved + d_w2 + ws1 + d_w1 + d_x)
+    three = max(saved + ws + d_w1 + d_x, ws + d_w1 + d_w2 + d_x)
+    return two - three > plan["row_capacity"] * H * e
+
+
+def _backward_part(
+    part, key, tokens, like, saved, *, workspace=None, x=None, d_y=None, logits=None, w1=None, w2=None, **outputs
+):
     """One part of the layer's backward into the given outputs (d_x, d_logits, d_w1 / d_w2: in the
-    weights' dtype, or FP32 main gradients added to, as the layer was made)."""
+    weights' dtype, or FP32 main gradients added to, as the layer was made), on `workspace` (the
+    three-part backward's, shared by its parts) or a new one of the part's size."""
     layer, plan = _layer(key, tokens, like.dtype, like.device)
-    size = plan["workspace_bytes"] if part == _FC2 else plan["fc1_backward_workspace_bytes"]
-    workspace = torch.empty(size, dtype=torch.uint8, device=like.device)
+    if workspace is None:
+        size = plan["fc1_backward_workspace_bytes"] if part == _FC1 else plan["workspace_bytes"]
+        workspace = torch.empty(size, dtype=torch.uint8, device=like.device)
     offset = None
     if _CONFIGS[key].recipe == "nvfp4":  # the rounding stream advances each backward, on the device
         offset = _rng_offset(key, like.device)
-        if part == _FC2:
+        if part in (_FC2, _FC2_DGRAD):  # (each backward's first part)
             offset.add_(1)
     layer.backward(
         _arg(x),
@@ -219,6 +243,48 @@ def moe_layer_backward_fc1_main_grad(
     return d_x, d_logits
 
 
+# The three-part backward (_three_part_backward): FC2's dgrad writes d FC1 rows and d probs into
+# `saved` and the weighted activations and a copy of the routing into `workspace`; the FC1 part
+# runs on the same workspace (its prefix); FC2's wgrad reads only the workspace and d y.
+@torch.library.custom_op("sfmoe::moe_layer_backward3_fc2_dgrad", mutates_args=("saved", "workspace"))
+def moe_layer_backward3_fc2_dgrad(d_y: Tensor, w2: Tensor, saved: Tensor, workspace: Tensor, key: int) -> None:
+    """The three-part backward's first part (FC2's dgrad and the activation's backward)."""
+    _backward_part(_FC2_DGRAD, key, d_y.shape[0], d_y, saved, workspace=workspace, d_y=d_y, w2=w2)
+
+
+@torch.library.custom_op("sfmoe::moe_layer_backward3_fc1", mutates_args=("workspace",))
+def moe_layer_backward3_fc1(
+    x: Tensor, logits: Tensor, w1: Tensor, saved: Tensor, workspace: Tensor, key: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Its second: d x, d logits and d w1 (the FC1 part on the first part's workspace)."""
+    d_x = torch.empty_like(x)
+    d_logits = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    d_w1 = torch.empty_like(w1)
+    _backward_part(
+        _FC1,
+        key,
+        x.shape[0],
+        x,
+        saved,
+        workspace=workspace,
+        x=x,
+        logits=logits,
+        w1=w1,
+        d_x=d_x,
+        d_logits=d_logits,
+        d_w1=d_w1,
+    )
+    return d_x, d_logits, d_w1
+
+
+@torch.library.custom_op("sfmoe::moe_layer_backward3_fc2_wgrad", mutates_args=("workspace",))
+def moe_layer_backward3_fc2_wgrad(d_y: Tensor, w2: Tensor, workspace: Tensor, key: int) -> Tensor:
+    """Its third: d w2 (w2 gives its shape and dtype only; the saved state is not read)."""
+    d_w2 = torch.empty_like(w2)
+    _backward_part(_FC2_WGRAD, key, d_y.shape[0], d_y, None, workspace=workspace, d_y=d_y, d_w2=d_w2)
+    return d_w2
+
+
 @moe_layer_backward_fc2.register_fake
 def _(d_y, w2, saved, key):
     return w2.new_empty(w2.shape)
@@ -239,10 +305,28 @@ def _(x, logits, w1, saved, main_grad1, key):
     return x.new_empty(x.shape), logits.new_empty(logits.shape, dtype=torch.float32)
 
 
+@moe_layer_backward3_fc2_dgrad.register_fake
+def _(d_y, w2, saved, workspace, key):
+    return None
+
+
+@moe_layer_backward3_fc1.register_fake
+def _(x, logits, w1, saved, workspace, key):
+    return x.new_empty(x.shape), logits.new_empty(logits.shape, dtype=torch.float32), w1.new_empty(w1.shape)
+
+
+@moe_layer_backward3_fc2_wgrad.register_fake
+def _(d_y, w2, workspace, key):
+    return w2.new_empty(w2.shape)
+
+
 def _setup_context(ctx, inputs, output):
     x, logits, expert_bias, w1, w2, key, _ = inputs
     _, saved, kept, dropped, routed = output
-    ctx.save_for_backward(x, logits, w1, w2, saved)
+    ctx.save_for_backward(x, logits, w1, w2)
+    # The saved state is held here rather than by save_for_backward, so that the backward can let
+    # it go as soon as its last reader has run (the three-part backward allocates d w2 after).
+    ctx.saved_state = [saved]
     ctx.key = key
     # (taken from the weights themselves: the tensors saved for the backward need not be them)
     ctx.main_grads = (main_grad_of(w1), main_grad_of(w2)) if _CONFIGS[key].gradient_accumulation_fusion else None
@@ -253,13 +337,28 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, d_y, d_saved, d_kept, d_dropped, d_routed):
-    x, logits, w1, w2, saved = ctx.saved_tensors
+    x, logits, w1, w2 = ctx.saved_tensors
+    saved = ctx.saved_state[0]
+    if saved is None:
+        raise RuntimeError(
+            "sfmoe: a second backward through one forward (retain_graph=True): the layer's backward "
+            "writes its gradients over the saved state, so each forward has one backward"
+        )
+    ctx.saved_state[0] = None
     d_y = torch.zeros_like(x) if d_y is None else d_y.contiguous()
     if _CONFIGS[ctx.key].gradient_accumulation_fusion:
         main1, main2 = ctx.main_grads
         moe_layer_backward_fc2_main_grad(d_y, w2, saved, main2, ctx.key)
         d_x, d_logits = moe_layer_backward_fc1_main_grad(x, logits, w1, saved, main1, ctx.key)
         return d_x, d_logits.to(logits.dtype), None, None, None, None, None
+    if _three_part_backward(ctx.key, x.shape[0], x.dtype, x.device):
+        plan = _layer(ctx.key, x.shape[0], x.dtype, x.device)[1]
+        workspace = torch.empty(plan["workspace_bytes"], dtype=torch.uint8, device=x.device)
+        moe_layer_backward3_fc2_dgrad(d_y, w2, saved, workspace, ctx.key)
+        d_x, d_logits, d_w1 = moe_layer_backward3_fc1(x, logits, w1, saved, workspace, ctx.key)
+        del saved  # (its memory free before d w2 is allocated)
+        d_w2 = moe_layer_backward3_fc2_wgrad(d_y, w2, workspace, ctx.key)
+        return d_x, d_logits.to(logits.dtype), None, d_w1, d_w2, None, None
     d_w2 = moe_layer_backward_fc2(d_y, w2, saved, ctx.key)
     d_x, d_logits, d_w1 = moe_layer_backward_fc1(x, logits, w1, saved, ctx.key)
     return d_x, d_logits.to(logits.dtype), None, d_w1, d_w2, None, None
