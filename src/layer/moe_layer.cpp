@@ -137,6 +137,15 @@ GemmOperand rows_operand(const void* data, sfmoe_dtype dtype, const int64_t* off
   return o;
 }
 
+// A GEMM operand's group amax under FP8 per-tensor scaling: `known` given to its quantization
+// (computed before from the same values: the input is then read once), or `keep` where its
+// quantization's amax is copied for a later one; both NULL otherwise, and ignored by the other
+// recipes.
+struct AmaxUse {
+  const float* known = nullptr;
+  float* keep = nullptr;
+};
+
 // The GEMMs of one call: each operand in the layer's dtype, quantized first under a quantized
 // recipe (into its workspace region), then the grouped GEMM.
 struct Gemm {
@@ -154,7 +163,7 @@ struct Gemm {
 
   // Operand b (or a) of `step` from `data` (rows [R, cols] or a weight [E, n, cols]).
   sfmoe_status operand(GemmStep step, bool b, const void* data, bool weight, int64_t n,
-                       int64_t cols, GemmOperand* out) const {
+                       int64_t cols, AmaxUse amax, GemmOperand* out) const {
     const OperandFormat f = operand_format(shape.recipe, step, b);
     const int64_t R = rows, E = shape.local_experts();
     if (!f.quantized) {
@@ -194,18 +203,24 @@ struct Gemm {
       q.config.offset = rng_offset;
       q.config.offset_device = rng_offset_device;
     }
+    const bool tensor = f.scaling == SFMOE_SCALING_TENSOR;
+    q.config.group_amax = tensor ? amax.known : nullptr;
     q.word = word;
     SFMOE_RETURN_IF_ERROR(backend.grouped_quantize(q, stream));
+    if (tensor && amax.keep != nullptr && amax.known == nullptr) {
+      SFMOE_RETURN_IF_ERROR(backend.copy(amax.keep, q.amax, static_cast<size_t>(E) * 4, stream));
+    }
     *out = GemmOperand{q, f.columnwise};
     return SFMOE_SUCCESS;
   }
 
   // `step` with a = rows [R, a_cols] and b = the weight (or, in wgrad, rows [R, k]).
-  sfmoe_status run(GemmStep step, const void* a, const void* b, void* out) const {
+  sfmoe_status run(GemmStep step, const void* a, const void* b, void* out, AmaxUse a_amax = {},
+                   AmaxUse b_amax = {}) const {
     const StepShape g = step_shape(shape, plan.fc1_cols, step);
     GroupedGemmArgs args{};
-    SFMOE_RETURN_IF_ERROR(operand(step, false, a, false, 0, g.a_cols, &args.a));
-    SFMOE_RETURN_IF_ERROR(operand(step, true, b, g.b_is_weight, g.n, g.k, &args.b));
+    SFMOE_RETURN_IF_ERROR(operand(step, false, a, false, 0, g.a_cols, a_amax, &args.a));
+    SFMOE_RETURN_IF_ERROR(operand(step, true, b, g.b_is_weight, g.n, g.k, b_amax, &args.b));
     const bool wgrad = g.form == GroupedGemmForm::kWgrad;
     args.form = g.form;
     args.num_groups = shape.local_experts();
@@ -384,6 +399,12 @@ Outcome plan_moe_layer(const MoeLayerShape& s, sfmoe_memory memory, MoeLayerPlan
   // d probs: written by the backward's FC2 part, read by its FC1 part (the router's backward).
   SFMOE_RETURN_IF_REFUSED(matrix_bytes(T, k, sizeof(float), &bytes));
   SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->d_probs));
+  // (TENSOR scaling only: its scales follow from the group amax alone, the same for a tensor's
+  // rowwise and columnwise copies)
+  const int64_t amax_bytes = s.recipe == SFMOE_MOE_RECIPE_FP8_TENSOR ? El * 4 : 0;
+  SFMOE_RETURN_IF_REFUSED(place(amax_bytes, total, &plan->x_amax));
+  SFMOE_RETURN_IF_REFUSED(place(amax_bytes, total, &plan->w1_amax));
+  SFMOE_RETURN_IF_REFUSED(place(amax_bytes, total, &plan->w2_amax));
 
   total = &plan->workspace_bytes;
   SFMOE_RETURN_IF_REFUSED(place(device && !ep ? ops::permute_workspace_bytes(T, E) : 0, total,
@@ -417,6 +438,7 @@ Outcome plan_moe_layer(const MoeLayerShape& s, sfmoe_memory memory, MoeLayerPlan
   }
   SFMOE_RETURN_IF_REFUSED(place(quantized[0], total, &plan->quantized_a));
   SFMOE_RETURN_IF_REFUSED(place(quantized[1], total, &plan->quantized_b));
+  SFMOE_RETURN_IF_REFUSED(place(amax_bytes, total, &plan->d_fc1_amax));
   plan->fc1_backward_workspace_bytes = plan->workspace_bytes;
   SFMOE_RETURN_IF_REFUSED(matrix_bytes(R, s.ffn, act, &bytes));
   SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->ffn_rows));
@@ -426,6 +448,7 @@ Outcome plan_moe_layer(const MoeLayerShape& s, sfmoe_memory memory, MoeLayerPlan
   SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->d_row_probs));
   // (the routing is saved first: fc1_rows' offset is its size)
   SFMOE_RETURN_IF_REFUSED(place(ep ? 0 : plan->fc1_rows.offset, total, &plan->routing_copy));
+  SFMOE_RETURN_IF_REFUSED(place(amax_bytes, total, &plan->d_y_amax));
   if (s.ep_transport == SFMOE_EP_TRANSPORT_EXTERNAL) plan_stages(s, plan);
   return Outcome{};
 }
@@ -486,21 +509,27 @@ sfmoe_status router_step(const MoeLayerShape& s, const MoeLayerPlan& plan, const
 }
 
 // The experts' part of the forward on one round of a call's expert rows (x rows in hidden_rows):
-// FC1 -> activation -> FC2 (its rows over the x rows, which FC1 has read).
+// FC1 -> activation -> FC2 (its rows over the x rows, which FC1 has read). x_amax_folded: the x
+// rows' amax is in the saved state already (permute folded it).
 sfmoe_status ffn_forward(const MoeLayerShape& s, const MoeLayerPlan& plan, const MoeForwardCall& c,
                          const ops::Backend& backend, const Round& round, sfmoe_fault_report* word,
-                         void* stream) {
+                         void* stream, bool x_amax_folded = false) {
   const int64_t elem = element_bytes(s.dtype), first = round.first_row;
   void* fc1_rows = row_at<uint8_t>(c.saved, plan.fc1_rows, first, plan.fc1_cols * elem);
   void* x_rows = row_at<uint8_t>(c.workspace, plan.hidden_rows, first, s.hidden * elem);
   void* act_rows = row_at<uint8_t>(c.workspace, plan.ffn_rows, first, s.ffn * elem);
   const Gemm gemm{s,    plan,   backend, round.offsets, round.rows, c.workspace, c.memory,
                   word, stream, 0,       nullptr};
-  SFMOE_RETURN_IF_ERROR(step("fc1", gemm.run(GemmStep::kFc1Fprop, x_rows, c.w1, fc1_rows)));
+  float* x_amax = at_or_null<float>(c.saved, plan.x_amax);
+  const AmaxUse x_amax_use = x_amax_folded ? AmaxUse{x_amax, nullptr} : AmaxUse{nullptr, x_amax};
+  SFMOE_RETURN_IF_ERROR(
+      step("fc1", gemm.run(GemmStep::kFc1Fprop, x_rows, c.w1, fc1_rows, x_amax_use,
+                           {nullptr, at_or_null<float>(c.saved, plan.w1_amax)})));
   ActivationArgs activation =
       activation_args(s, round.rows, round.offsets, round.kept, fc1_rows, act_rows, word);
   SFMOE_RETURN_IF_ERROR(step("activation", backend.activation_forward(activation, stream)));
-  return step("fc2", gemm.run(GemmStep::kFc2Fprop, act_rows, c.w2, x_rows));
+  return step("fc2", gemm.run(GemmStep::kFc2Fprop, act_rows, c.w2, x_rows, {},
+                              {nullptr, at_or_null<float>(c.saved, plan.w2_amax)}));
 }
 
 // Every round of a call's rows.
@@ -539,9 +568,10 @@ sfmoe_status moe_layer_forward(const MoeLayerShape& s, const MoeLayerPlan& plan,
   permute.dropped_per_expert = at<int64_t>(c.saved, plan.dropped);
   permute.word = c.word;
   permute.workspace = at_or_null<int32_t>(c.workspace, plan.permute_workspace);
+  permute.group_amax = at_or_null<float>(c.saved, plan.x_amax);  // (FC1's quantization's)
   SFMOE_RETURN_IF_ERROR(step("permute", backend.permute(permute, c.stream)));
-  SFMOE_RETURN_IF_ERROR(
-      ffn_forward(s, plan, c, backend, rounds_of(s, plan, c.saved).round[0], c.word, c.stream));
+  SFMOE_RETURN_IF_ERROR(ffn_forward(s, plan, c, backend, rounds_of(s, plan, c.saved).round[0],
+                                    c.word, c.stream, permute.group_amax != nullptr));
   const void* fc2_rows = at<uint8_t>(c.workspace, plan.hidden_rows);
   return step("unpermute",
               backend.unpermute(combine_args(s, plan, T, fc2_rows, row_map,
@@ -702,7 +732,9 @@ sfmoe_status ffn_backward_fc2_dgrad(const MoeLayerShape& s, const MoeLayerPlan& 
   const Gemm gemm{s,        plan, backend, round.offsets, round.rows,         c.workspace,
                   c.memory, word, stream,  c.rng_offset,  c.rng_offset_device};
   SFMOE_RETURN_IF_ERROR(
-      step("fc2 dgrad", gemm.run(GemmStep::kFc2Dgrad, hidden_rows, c.w2, ffn_rows)));
+      step("fc2 dgrad", gemm.run(GemmStep::kFc2Dgrad, hidden_rows, c.w2, ffn_rows,
+                                 {nullptr, at_or_null<float>(c.workspace, plan.d_y_amax)},
+                                 {at_or_null<float>(c.saved, plan.w2_amax), nullptr})));
 
   // With y_r = p_r act(h_r) W2: d act = p_r g_r and d p_r = <g_r, act(h_r)> for g = d y_r W2
   // (FC2's dgrad); the weighted activations p_r act(h_r) replace g as FC2's wgrad operand.
@@ -733,7 +765,8 @@ sfmoe_status ffn_backward_fc2_wgrad(const MoeLayerShape& s, const MoeLayerPlan& 
   void* ffn_rows = row_at<uint8_t>(c.workspace, plan.ffn_rows, first, s.ffn * elem);
   const Gemm gemm{s,        plan, backend, round.offsets, round.rows,         c.workspace,
                   c.memory, word, stream,  c.rng_offset,  c.rng_offset_device};
-  return step("fc2 wgrad", gemm.run(GemmStep::kFc2Wgrad, hidden_rows, ffn_rows, c.d_w2));
+  return step("fc2 wgrad", gemm.run(GemmStep::kFc2Wgrad, hidden_rows, ffn_rows, c.d_w2,
+                                    {at_or_null<float>(c.workspace, plan.d_y_amax), nullptr}));
 }
 
 // The experts' part of the backward's FC2 part on one round: the above in turn.
@@ -752,11 +785,16 @@ sfmoe_status ffn_backward_fc1(const MoeLayerShape& s, const MoeLayerPlan& plan,
   const int64_t elem = element_bytes(s.dtype), first = round.first_row;
   const void* d_fc1_rows = row_at<uint8_t>(c.saved, plan.fc1_rows, first, plan.fc1_cols * elem);
   void* hidden_rows = row_at<uint8_t>(c.workspace, plan.hidden_rows, first, s.hidden * elem);
+  float* d_fc1_amax = at_or_null<float>(c.workspace, plan.d_fc1_amax);
+  const float* x_amax = at_or_null<float>(c.saved, plan.x_amax);
   const Gemm gemm{s,        plan, backend, round.offsets, round.rows,         c.workspace,
                   c.memory, word, stream,  c.rng_offset,  c.rng_offset_device};
   SFMOE_RETURN_IF_ERROR(
-      step("fc1 wgrad", gemm.run(GemmStep::kFc1Wgrad, d_fc1_rows, hidden_rows, c.d_w1)));
-  return step("fc1 dgrad", gemm.run(GemmStep::kFc1Dgrad, d_fc1_rows, c.w1, hidden_rows));
+      step("fc1 wgrad", gemm.run(GemmStep::kFc1Wgrad, d_fc1_rows, hidden_rows, c.d_w1,
+                                 {nullptr, d_fc1_amax}, {x_amax, nullptr})));
+  return step("fc1 dgrad",
+              gemm.run(GemmStep::kFc1Dgrad, d_fc1_rows, c.w1, hidden_rows, {d_fc1_amax, nullptr},
+                       {at_or_null<float>(c.saved, plan.w1_amax), nullptr}));
 }
 
 sfmoe_status router_backward_step(const MoeLayerShape& s, const MoeLayerPlan& plan,

@@ -96,6 +96,10 @@ struct MoeLayerPlan {
   // ep_handle, and row_map / offsets / kept / dropped are empty)
   Region topk_ids, probs, router_counts, row_map, offsets, kept, dropped, fc1_rows, d_probs,
       ep_handle;
+  // FP8 per-tensor: each local expert's amax of the x rows, W1 and W2 ([E_l] FP32 each), kept
+  // by the forward's quantizations (the x rows' folded by permute) for the backward's, which then
+  // read their input once instead of twice (amax, then codes); empty in other recipes.
+  Region x_amax, w1_amax, w2_amax;
   int64_t saved_bytes = 0;
   ops::EpLayout ep;                             // the expert-parallel group's layout (ep_world > 1)
   const EpRankExchange* ep_exchange = nullptr;  // NCCL: the group's exchange and staging
@@ -112,6 +116,10 @@ struct MoeLayerPlan {
   // part, which runs when `saved` may be gone.
   Region permute_workspace, router_workspace, gemm_workspace, hidden_rows, quantized_a, quantized_b,
       ffn_rows, row_probs, d_row_probs, routing_copy;
+  // FP8 per-tensor: the amax of d FC1 rows (in the FC1 part's prefix: its wgrad's quantization
+  // keeps it for its dgrad's) and of d y rows (after it: FC2's dgrad keeps it for FC2's wgrad,
+  // which the three-part backward runs after the FC1 part).
+  Region d_fc1_amax, d_y_amax;
   // A quantized recipe's operands of each GEMM (a, b), each bound in quantized_a / quantized_b
   // when its GEMM runs (total_bytes 0: the layer's rows as they are).
   sfmoe_grouped_tensor_plan operands[kGemmSteps][2];

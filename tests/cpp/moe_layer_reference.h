@@ -30,6 +30,9 @@ struct LayerCase {
   float aux_loss_coeff = 0.0f;
   bool accumulate = false;  // FP32 main-grad weights gradients, added to
   sfmoe_moe_recipe recipe = SFMOE_MOE_RECIPE_BF16;
+  // Each tensor's magnitude (x, W2 and d y times these): far apart, they tell a per-tensor scale
+  // taken from the wrong tensor.
+  double x_scale = 1.0, w2_scale = 1.0, d_y_scale = 1.0;
 };
 
 // The mismatch (below) each recipe's outputs and gradients stay under against the dense
@@ -134,10 +137,10 @@ struct LayerProblem {
   LayerProblem(const LayerCase& lc, std::mt19937_64& rng)
       : c(lc),
         fc1_cols(layer_is_gated(lc.activation) ? 2 * lc.ffn : lc.ffn),
-        x(lc.dtype, normal(rng, lc.tokens * lc.hidden, 1.0)),
+        x(lc.dtype, normal(rng, lc.tokens * lc.hidden, lc.x_scale)),
         w1(lc.dtype, normal(rng, lc.experts * fc1_cols * lc.hidden, 1.0 / sqrt(lc.hidden))),
-        w2(lc.dtype, normal(rng, lc.experts * lc.hidden * lc.ffn, 1.0 / sqrt(lc.ffn))),
-        d_y(lc.dtype, normal(rng, lc.tokens * lc.hidden, 1.0)),
+        w2(lc.dtype, normal(rng, lc.experts * lc.hidden * lc.ffn, lc.w2_scale / sqrt(lc.ffn))),
+        d_y(lc.dtype, normal(rng, lc.tokens * lc.hidden, lc.d_y_scale)),
         logits(normal(rng, lc.tokens * lc.experts, 1.0)) {
     if (lc.skewed_bias) {
       bias.resize(lc.experts);

@@ -250,7 +250,7 @@ TEST(MoeLayer, QuantizedRecipesStayWithinTheirTolerancesOfTheReference) {
   const sfmoe_moe_recipe recipes[] = {SFMOE_MOE_RECIPE_FP8_TENSOR, SFMOE_MOE_RECIPE_FP8_BLOCKWISE,
                                       SFMOE_MOE_RECIPE_MXFP8, SFMOE_MOE_RECIPE_NVFP4};
   for (sfmoe_moe_recipe recipe : recipes) {
-    for (int shape = 0; shape < 2; ++shape) {
+    for (int shape = 0; shape < 3; ++shape) {
       LayerCase c = shape == 0 ? LayerCase{"swiglu", 77, 90, 256, 128, 6, 2, 0, 128}
                                : LayerCase{"squared relu, capacity, skewed bias",
                                            50,
@@ -265,6 +265,12 @@ TEST(MoeLayer, QuantizedRecipesStayWithinTheirTolerancesOfTheReference) {
                                            SFMOE_ACTIVATION_SQUARED_RELU,
                                            true,
                                            true};
+      if (shape == 2) {  // the tensors' magnitudes 2^6 to 2^-10 apart
+        c.name = "squared relu, capacity, magnitudes apart";
+        c.x_scale = 64.0;
+        c.w2_scale = 1.0 / 1024;
+        c.d_y_scale = 1.0 / 16;
+      }
       c.recipe = recipe;
       c.accumulate = shape == 1;
       SCOPED_TRACE(c.name + " recipe " + std::to_string(static_cast<int>(recipe)));
