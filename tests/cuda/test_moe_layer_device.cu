@@ -147,6 +147,14 @@ std::vector<LayerCase> device_cases() {
   LayerCase fp8_tensor{"fp8 per-tensor swiglu", 301, 320, 256, 128, 8, 2, 0, 16};
   fp8_tensor.recipe = SFMOE_MOE_RECIPE_FP8_TENSOR;
   cases.push_back(fp8_tensor);
+  // (each tensor's per-tensor scale from its own amax: a scale taken from another tensor fails)
+  LayerCase apart{
+      "fp8 per-tensor swiglu, magnitudes 2^6 to 2^-10 apart", 211, 256, 256, 128, 8, 2, 0, 16};
+  apart.recipe = SFMOE_MOE_RECIPE_FP8_TENSOR;
+  apart.x_scale = 64.0;
+  apart.w2_scale = 1.0 / 1024;
+  apart.d_y_scale = 1.0 / 16;
+  cases.push_back(apart);
   LayerCase blockwise{"fp8 blockwise swiglu, capacity", 333, 333, 256, 128, 8, 2, 70, 128};
   blockwise.recipe = SFMOE_MOE_RECIPE_FP8_BLOCKWISE;
   cases.push_back(blockwise);
