@@ -154,7 +154,7 @@ struct MoeForwardCall {
 };
 
 struct MoeBackwardCall {
-  sfmoe_moe_backward_part part;  // all of it, or its FC2 part then its FC1 part
+  sfmoe_moe_backward_part part;  // all of it, or one of its parts (sfmoe_moe_backward_part)
   int64_t tokens;                // the forward's T
   const void* x;                 // the forward's [T, H]
   const void* d_y;               // [T, H], shape.dtype

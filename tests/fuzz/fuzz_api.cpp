@@ -256,7 +256,19 @@ void fuzz_layer(Arena& a) {
     bw.d_logits = a.tensor(SFMOE_DTYPE_FP32, {T, E});
     bw.d_w1 = a.tensor(grads, {E, p.fc1_cols, H});
     bw.d_w2 = a.tensor(grads, {E, H, c.ffn_hidden});
-    sfmoe_moe_layer_backward(layer, &bw);
+    if (bw.part == SFMOE_MOE_BACKWARD_FC2_WGRAD) {
+      // (its documented order: it reads the routing FC2_DGRAD copies into the workspace)
+      const sfmoe_moe_backward_part wgrad = bw.part;
+      bw.part = SFMOE_MOE_BACKWARD_FC2_DGRAD;
+      const bool dgrad_ran = sfmoe_moe_layer_backward(layer, &bw) == SFMOE_SUCCESS;
+      bw.part = SFMOE_MOE_BACKWARD_FC1;
+      if (dgrad_ran && sfmoe_moe_layer_backward(layer, &bw) == SFMOE_SUCCESS) {
+        bw.part = wgrad;
+        sfmoe_moe_layer_backward(layer, &bw);
+      }
+    } else {
+      sfmoe_moe_layer_backward(layer, &bw);
+    }
     a.check();
   }
   sfmoe_moe_layer_destroy(layer);

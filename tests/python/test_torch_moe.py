@@ -215,16 +215,55 @@ def test_an_input_of_another_width_is_refused_by_name():
     assert module(torch.randn(2, 3, 16)).shape == (2, 3, 16)
 
 
-@pytest.mark.parametrize("main_grad", [False, True])
-def test_a_second_backward_through_one_forward_is_refused(main_grad):
-    # The layer's backward writes FC1's gradient over its saved output and lets the saved state go
-    # as soon as it has run, so a retained graph's second backward is refused by name.
-    module = MoE(16, 8, 4, 2, dtype=torch.float32, gradient_accumulation_fusion=main_grad)
+@pytest.mark.parametrize("three_parts", [False, True])
+def test_a_second_backward_through_one_forward_is_refused(monkeypatch, three_parts):
+    # The layer's backward writes FC1's gradient over its saved output; the op declares the
+    # mutation, so autograd's version check stops a retained graph's second backward (also after
+    # the three-part backward has let the saved state's memory go).
+    from sfmoe.torch import _moe
+
+    monkeypatch.setattr(_moe, "_three_part_backward", lambda *args: three_parts)
+    module = MoE(16, 8, 4, 2, dtype=torch.float32)
     x = torch.randn(12, 16, requires_grad=True)
     y = module(x).square().sum()
     y.backward(retain_graph=True)
-    with pytest.raises(RuntimeError, match="a second backward through one forward"):
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.backward()
+
+
+@pytest.mark.parametrize("three_parts", [False, True])
+def test_saved_tensor_hooks_see_the_saved_state(monkeypatch, three_parts):
+    """Saved-tensor hooks (what non-reentrant activation checkpointing and save_on_cpu build on)
+    see the layer's saved state as any activation; under torch.utils.checkpoint (the state
+    dropped after the forward, recomputed for the backward) the gradients are the same bits."""
+    from sfmoe.torch import _moe
+
+    monkeypatch.setattr(_moe, "_three_part_backward", lambda *args: three_parts)
+    module = MoE(24, 16, 5, 2, dtype=torch.float32)
+    x, dy = torch.randn(30, 24), torch.randn(30, 24)
+    packed = []
+
+    def pack(t):
+        packed.append((t.dtype, t.numel()))
+        return t
+
+    results = []
+    for how in ("plain", "hooked", "checkpointed"):
+        module.zero_grad(set_to_none=True)
+        xi = x.clone().requires_grad_(True)
+        if how == "hooked":
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                y = module(xi)
+        elif how == "checkpointed":
+            y = torch.utils.checkpoint.checkpoint(module, xi, use_reentrant=False)
+        else:
+            y = module(xi)
+        y.backward(dy)
+        results.append([xi.grad] + [p.grad for p in module.parameters()])
+    saved_bytes = _moe._saved_bytes(module._key, 30, torch.float32, torch.device("cpu"))
+    assert (torch.uint8, saved_bytes) in packed
+    for other in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(results[0], other))
 
 
 def test_the_three_part_backward_is_chosen_where_it_lowers_the_peak():
@@ -249,14 +288,14 @@ def test_the_three_part_backward_is_chosen_where_it_lowers_the_peak():
     "device",
     ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device"))],
 )
-@pytest.mark.parametrize("recipe", ["bf16", "blockwise", "nvfp4"])
+@pytest.mark.parametrize("recipe", ["bf16", "tensorwise", "blockwise", "nvfp4"])
 def test_the_three_part_backward_gives_the_two_part_bits(monkeypatch, device, recipe):
     """The backward's order (two parts, or three with d y gathered again) changes no bit of any
     gradient, on odd shapes with empty experts; NVFP4's rounding streams are the GEMMs'."""
     from sfmoe.torch import _moe
 
     torch.manual_seed(torch.seed() % 2**31)
-    H, F = {"bf16": (40, 24), "blockwise": (256, 128), "nvfp4": (48, 32)}[recipe]
+    H, F = {"bf16": (40, 24), "tensorwise": (48, 32), "blockwise": (256, 128), "nvfp4": (48, 32)}[recipe]
     module = MoE(H, F, 7, 2, dtype=torch.bfloat16, device=device, recipe=recipe)
     x = torch.randn(45, H, device=device).to(torch.bfloat16)
     x[::3] = 0  # (ties in the router: some experts left empty)
@@ -288,12 +327,7 @@ def test_expert_bias_moves_toward_balance():
     assert int(module.local_tokens_per_expert.sum()) == 0
 
 
-@pytest.mark.parametrize("three_parts", [False, True])
-def test_torch_compile_traces_the_module_without_graph_breaks(monkeypatch, three_parts):
-    from sfmoe.torch import _moe
-
-    monkeypatch.setattr(_moe, "_three_part_backward", lambda *args: three_parts)
-    torch._dynamo.reset()
+def test_torch_compile_traces_the_module_without_graph_breaks():
     module = MoE(16, 8, 4, 2, dtype=torch.float32)
     x = torch.randn(20, 16, requires_grad=True)
     explanation = torch._dynamo.explain(module)(x)

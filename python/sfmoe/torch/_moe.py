@@ -323,10 +323,9 @@ def _(d_y, w2, workspace, key):
 def _setup_context(ctx, inputs, output):
     x, logits, expert_bias, w1, w2, key, _ = inputs
     _, saved, kept, dropped, routed = output
-    ctx.save_for_backward(x, logits, w1, w2)
-    # The saved state is held here rather than by save_for_backward, so that the backward can let
-    # it go as soon as its last reader has run (the three-part backward allocates d w2 after).
-    ctx.saved_state = [saved]
+    # (the saved state through save_for_backward: saved-tensor hooks, such as non-reentrant
+    # activation checkpointing and save_on_cpu, see it as they see any activation)
+    ctx.save_for_backward(x, logits, w1, w2, saved)
     ctx.key = key
     # (taken from the weights themselves: the tensors saved for the backward need not be them)
     ctx.main_grads = (main_grad_of(w1), main_grad_of(w2)) if _CONFIGS[key].gradient_accumulation_fusion else None
@@ -337,26 +336,24 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, d_y, d_saved, d_kept, d_dropped, d_routed):
-    x, logits, w1, w2 = ctx.saved_tensors
-    saved = ctx.saved_state[0]
-    if saved is None:
-        raise RuntimeError(
-            "sfmoe: a second backward through one forward (retain_graph=True): the layer's backward "
-            "writes its gradients over the saved state, so each forward has one backward"
-        )
-    ctx.saved_state[0] = None
+    x, logits, w1, w2, saved = ctx.saved_tensors
     d_y = torch.zeros_like(x) if d_y is None else d_y.contiguous()
     if _CONFIGS[ctx.key].gradient_accumulation_fusion:
         main1, main2 = ctx.main_grads
         moe_layer_backward_fc2_main_grad(d_y, w2, saved, main2, ctx.key)
         d_x, d_logits = moe_layer_backward_fc1_main_grad(x, logits, w1, saved, main1, ctx.key)
         return d_x, d_logits.to(logits.dtype), None, None, None, None, None
-    if _three_part_backward(ctx.key, x.shape[0], x.dtype, x.device):
+    # (eager only: a compiled backward keeps its inputs to the end, so there the saved state could
+    # not be let go early and two parts hold less)
+    if not torch.compiler.is_compiling() and _three_part_backward(ctx.key, x.shape[0], x.dtype, x.device):
         plan = _layer(ctx.key, x.shape[0], x.dtype, x.device)[1]
         workspace = torch.empty(plan["workspace_bytes"], dtype=torch.uint8, device=x.device)
         moe_layer_backward3_fc2_dgrad(d_y, w2, saved, workspace, ctx.key)
         d_x, d_logits, d_w1 = moe_layer_backward3_fc1(x, logits, w1, saved, workspace, ctx.key)
-        del saved  # (its memory free before d w2 is allocated)
+        # The saved state's last reader has run: its memory goes back before d w2 is allocated
+        # (autograd still holds the tensor until this backward returns; a second backward through
+        # the same forward stops at the version check first, as the parts above wrote into it).
+        saved.untyped_storage().resize_(0)
         d_w2 = moe_layer_backward3_fc2_wgrad(d_y, w2, workspace, ctx.key)
         return d_x, d_logits.to(logits.dtype), None, d_w1, d_w2, None, None
     d_w2 = moe_layer_backward_fc2(d_y, w2, saved, ctx.key)
