@@ -113,6 +113,13 @@ typedef struct sfmoe_moe_layer_plan {
   int32_t local_ranks;   /* argument sets each call takes: ep_world_size (loopback) or 1 (no
                             expert parallelism, or an NCCL group) */
   int64_t local_experts; /* E_l: each rank's W1 is [E_l, fc1_cols, H], W2 [E_l, H, F] */
+  /* A backward's peak at max_tokens: the bytes it holds at once (saved state, workspace, and the
+   * gradients it makes: d_w1 and d_w2 unless accumulated into main gradients, d_x, d_logits) called
+   * in two parts and in three (sfmoe_moe_backward_part; 0 where three are refused), and whether
+   * three hold less by more than the [R, H] rows they gather again (1: the order to call). */
+  int64_t backward_peak_bytes_two_parts;
+  int64_t backward_peak_bytes_three_parts;
+  int32_t three_part_backward;
 } sfmoe_moe_layer_plan;
 
 SFMOE_API sfmoe_moe_layer_plan sfmoe_moe_layer_plan_init(void);

@@ -134,6 +134,9 @@ class MoeLayer {
     d["fc1_cols"] = plan_.fc1_cols;
     d["emulated"] = plan_.emulated != 0;
     d["local_experts"] = plan_.local_experts;
+    d["backward_peak_bytes_two_parts"] = plan_.backward_peak_bytes_two_parts;
+    d["backward_peak_bytes_three_parts"] = plan_.backward_peak_bytes_three_parts;
+    d["three_part_backward"] = plan_.three_part_backward != 0;
     return d;
   }
 

@@ -754,6 +754,9 @@ sfmoe_status sfmoe_moe_layer_get_plan(const sfmoe_moe_layer* layer, sfmoe_moe_la
                      sfmoe::layer::recipe_emulated_on_device(layer->shape.recipe);
     plan->local_ranks = static_cast<int32_t>(layer->shape.local_ranks());
     plan->local_experts = layer->shape.local_experts();
+    plan->backward_peak_bytes_two_parts = layer->plan.backward_peak_two_parts;
+    plan->backward_peak_bytes_three_parts = layer->plan.backward_peak_three_parts;
+    plan->three_part_backward = layer->plan.three_part_backward ? 1 : 0;
     return SFMOE_SUCCESS;
   });
 }

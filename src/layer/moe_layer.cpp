@@ -1,8 +1,10 @@
 // The MoE layer's plan and its two sequences (src/layer/moe_layer.h, docs/moe_layer.md).
 #include "src/layer/moe_layer.h"
 
+#include <stdint.h>
 #include <string.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "src/common/error.h"
@@ -355,6 +357,36 @@ void plan_stages(const MoeLayerShape& s, MoeLayerPlan* plan) {
 
 }  // namespace
 
+namespace {
+
+// The backward's peak in each order (docs/moe_layer.md, "Backward in parts"), from the plan's
+// buffers and the gradients a backward makes (none for weights accumulated into main gradients),
+// each a sum of at most a few buffers the plan has already bounded.
+Outcome plan_backward_peaks(const MoeLayerShape& s, MoeLayerPlan* plan) {
+  const int64_t T = s.max_tokens, H = s.hidden, E = s.experts, El = s.local_experts();
+  const int64_t act = element_bytes(s.dtype);
+  const int64_t grad = s.accumulate_weight_grads ? 0 : act;
+  int64_t g1 = 0, g2 = 0, d_x = 0, d_logits = 0, rows = 0;
+  SFMOE_RETURN_IF_REFUSED(matrix_bytes(El * plan->fc1_cols, H, grad, &g1));
+  SFMOE_RETURN_IF_REFUSED(matrix_bytes(El * H, s.ffn, grad, &g2));
+  SFMOE_RETURN_IF_REFUSED(matrix_bytes(T, H, act, &d_x));
+  SFMOE_RETURN_IF_REFUSED(matrix_bytes(T, E, sizeof(float), &d_logits));
+  SFMOE_RETURN_IF_REFUSED(matrix_bytes(plan->row_capacity, H, act, &rows));
+  const long double S = plan->saved_bytes, W = plan->workspace_bytes,
+                    W1 = plan->fc1_backward_workspace_bytes, G1 = g1, G2 = g2,
+                    D = static_cast<long double>(d_x) + d_logits;
+  const long double two = std::max(S + W + G2, S + G2 + W1 + G1 + D);
+  const long double three = std::max(S + W + G1 + D, W + G1 + G2 + D);
+  if (two > static_cast<long double>(INT64_MAX))
+    return refuse(SFMOE_ERROR_SHAPE_MISMATCH, "the layer's buffers overflow int64");
+  plan->backward_peak_two_parts = static_cast<int64_t>(two);
+  plan->backward_peak_three_parts = s.expert_parallel() ? 0 : static_cast<int64_t>(three);
+  plan->three_part_backward = !s.expert_parallel() && two - three > rows;
+  return Outcome{};
+}
+
+}  // namespace
+
 Outcome plan_moe_layer(const MoeLayerShape& s, sfmoe_memory memory, MoeLayerPlan* plan) {
   *plan = MoeLayerPlan{};
   const bool device = memory == SFMOE_MEMORY_CUDA;
@@ -450,7 +482,7 @@ Outcome plan_moe_layer(const MoeLayerShape& s, sfmoe_memory memory, MoeLayerPlan
   SFMOE_RETURN_IF_REFUSED(place(ep ? 0 : plan->fc1_rows.offset, total, &plan->routing_copy));
   SFMOE_RETURN_IF_REFUSED(place(amax_bytes, total, &plan->d_y_amax));
   if (s.ep_transport == SFMOE_EP_TRANSPORT_EXTERNAL) plan_stages(s, plan);
-  return Outcome{};
+  return plan_backward_peaks(s, plan);
 }
 
 namespace {

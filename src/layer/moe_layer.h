@@ -126,6 +126,9 @@ struct MoeLayerPlan {
   int64_t fc1_backward_workspace_bytes = 0;
   int64_t forward_workspace_bytes = 0;
   int64_t workspace_bytes = 0;  // the backward's, which covers the forward's
+  // A backward's peak in two and in three parts, and the choice (sfmoe_moe_layer_plan's).
+  int64_t backward_peak_two_parts = 0, backward_peak_three_parts = 0;
+  bool three_part_backward = false;
 };
 
 // The expert-parallel group of a layer with ep_world > 1: its ranks, local experts, bounds and

@@ -2,6 +2,7 @@
 // (tests/cpp/moe_layer_reference.h): output, every gradient, the expert counts; and its refusals.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -245,6 +246,42 @@ TEST(MoeLayer, ForwardAndBackwardMatchTheDenseReferenceOnTheHost) {
 // The quantized recipes on the host (the CPU grouped GEMM over the operands' decoded codes):
 // every output and gradient within the recipe's tolerance of the dense reference, the counts
 // exact; odd token counts, empty experts and a capacity in the mix.
+// The plan's backward peaks follow docs/moe_layer.md's sums of its buffers and the new gradients,
+// and the three-part order is the plan's choice where FC1's saved rows are wide against the
+// hidden rows (Mixtral-8x7B's shape), not at Qwen3-30B-A3B's or DeepSeek-V3 EP8-local's, nor with
+// main gradients (no new weight gradients to make room for). Host plans: nothing is allocated.
+TEST(MoeLayer, PlanChoosesTheBackwardOrderWithTheLowerPeak) {
+  struct Case {
+    LayerCase c;
+    bool three;
+  };
+  LayerCase mixtral{"mixtral", 8192, 8192, 4096, 14336, 8, 2, 0, 1, SFMOE_DTYPE_BF16};
+  LayerCase main_grads = mixtral;
+  main_grads.accumulate = true;
+  const Case cases[] = {
+      {mixtral, true},
+      {{"qwen3", 8192, 8192, 2048, 768, 128, 8, 0, 1, SFMOE_DTYPE_BF16}, false},
+      {{"deepseek-v3 ep8-local", 4096, 4096, 7168, 2048, 32, 8, 0, 1, SFMOE_DTYPE_BF16}, false},
+      {main_grads, false}};
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.c.name);
+    sfmoe_moe_layer_config config = layer_config(k.c);
+    sfmoe_moe_layer* layer = nullptr;
+    ASSERT_EQ(sfmoe_moe_layer_create(&config, SFMOE_MEMORY_HOST, 0, &layer), SFMOE_SUCCESS)
+        << sfmoe_last_error();
+    sfmoe_moe_layer_plan p = sfmoe_moe_layer_plan_init();
+    ASSERT_EQ(sfmoe_moe_layer_get_plan(layer, &p), SFMOE_SUCCESS);
+    sfmoe_moe_layer_destroy(layer);
+    const int64_t T = k.c.tokens, H = k.c.hidden, F = k.c.ffn, E = k.c.experts;
+    const int64_t grad = k.c.accumulate ? 0 : 2;
+    const int64_t g1 = E * p.fc1_cols * H * grad, g2 = E * H * F * grad, d = T * H * 2 + T * E * 4;
+    const int64_t S = p.saved_bytes, W = p.workspace_bytes, W1 = p.fc1_backward_workspace_bytes;
+    EXPECT_EQ(p.backward_peak_bytes_two_parts, std::max(S + W + g2, S + g2 + W1 + g1 + d));
+    EXPECT_EQ(p.backward_peak_bytes_three_parts, std::max(S + W + g1 + d, W + g1 + g2 + d));
+    EXPECT_EQ(p.three_part_backward, k.three ? 1 : 0);
+  }
+}
+
 TEST(MoeLayer, QuantizedRecipesStayWithinTheirTolerancesOfTheReference) {
   std::mt19937_64 rng(session_test_seed() + 102);
   const sfmoe_moe_recipe recipes[] = {SFMOE_MOE_RECIPE_FP8_TENSOR, SFMOE_MOE_RECIPE_FP8_BLOCKWISE,

@@ -138,20 +138,10 @@ _FC2, _FC1, _FC2_DGRAD, _FC2_WGRAD = 1, 2, 3, 4
 
 @torch.compiler.assume_constant_result
 def _three_part_backward(key, tokens, dtype, device):
-    """Whether the backward runs in three parts: when that lowers the step's peak (the bytes alive
-    at once, new gradients included, from the plan) by more than the d y rows it gathers again."""
-    c = _CONFIGS[key]
-    if c.expert_parallel or c.gradient_accumulation_fusion:  # (no new gradients to make room for)
-        return False
-    plan = _layer(key, tokens, dtype, device)[1]
-    e = torch.empty((), dtype=dtype).element_size()
-    H, F, El = c.hidden_size, c.ffn_hidden_size, c.local_experts
-    saved, ws, ws1 = plan["saved_bytes"], plan["workspace_bytes"], plan["fc1_backward_workspace_bytes"]
-    d_w1, d_w2 = El * plan["fc1_cols"] * H * e, El * H * F * e
-    d_x = tokens * (H * e + c.num_experts * 4)  # d x and the FP32 d logits
-    two = max(saved + ws + d_w2, saved + d_w2 + ws1 + d_w1 + d_x)
-    three = max(saved + ws + d_w1 + d_x, ws + d_w1 + d_w2 + d_x)
-    return two - three > plan["row_capacity"] * H * e
+    """Whether the backward runs in three parts: the C planner's choice (sfmoe_moe_layer_plan's
+    three_part_backward: where that lowers the backward's peak, new gradients included, by more
+    than the d y rows it gathers again; never with main gradients or expert parallelism)."""
+    return _layer(key, tokens, dtype, device)[1]["three_part_backward"]
 
 
 def _backward_part(
