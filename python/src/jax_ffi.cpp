@@ -201,6 +201,14 @@ ffi::Error forward(const Where& where, ffi::AnyBuffer x, ffi::AnyBuffer logits,
   return sfmoe_jax::checked(sfmoe_moe_layer_forward((*layer)->layer, &*a));
 }
 
+// The backward part an optional `part` attribute names (sfmoe_moe_backward_part; the whole
+// backward without it). A part's unused results are 0-byte placeholders.
+sfmoe_moe_backward_part part_of(const ffi::Dictionary& attrs) {
+  ffi::ErrorOr<int64_t> part = attrs.get<int64_t>("part");
+  return part.has_error() ? SFMOE_MOE_BACKWARD_ALL : static_cast<sfmoe_moe_backward_part>(*part);
+}
+
+// The backward whole, or its first part (FC2, or FC2_DGRAD): the workspace a result.
 ffi::Error backward(const Where& where, ffi::AnyBuffer x, ffi::AnyBuffer d_y, ffi::AnyBuffer logits,
                     ffi::AnyBuffer w1, ffi::AnyBuffer w2,
                     ffi::AnyBuffer /*saved: aliased to saved_after*/, ffi::AnyBuffer rng_offset,
@@ -211,9 +219,29 @@ ffi::Error backward(const Where& where, ffi::AnyBuffer x, ffi::AnyBuffer d_y, ff
   ffi::ErrorOr<const Layer*> layer = layer_for(attrs, where.memory, where.device);
   if (layer.has_error()) return layer.error();
   Tensors t{where, {}, {}};
-  const sfmoe_moe_backward_args a =
-      backward_args(t, x, d_y, logits, w1, w2, rng_offset, *d_x, *d_logits, *d_w1, *d_w2,
-                    *saved_after, *workspace);
+  sfmoe_moe_backward_args a = backward_args(t, x, d_y, logits, w1, w2, rng_offset, *d_x, *d_logits,
+                                            *d_w1, *d_w2, *saved_after, *workspace);
+  a.part = part_of(attrs);
+  return sfmoe_jax::checked(sfmoe_moe_layer_backward((*layer)->layer, &a));
+}
+
+// A later part of the backward (FC1, FC2_WGRAD): the workspace the first part left, an operand
+// aliased to its result as the saved state is (FC2_WGRAD reads no saved state: a 0-byte one).
+ffi::Error backward_part(const Where& where, ffi::AnyBuffer x, ffi::AnyBuffer d_y,
+                         ffi::AnyBuffer logits, ffi::AnyBuffer w1, ffi::AnyBuffer w2,
+                         ffi::AnyBuffer /*saved: aliased to saved_after*/,
+                         ffi::AnyBuffer /*workspace: aliased to workspace_after*/,
+                         ffi::AnyBuffer rng_offset, ffi::Dictionary attrs,
+                         ffi::Result<ffi::AnyBuffer> d_x, ffi::Result<ffi::AnyBuffer> d_logits,
+                         ffi::Result<ffi::AnyBuffer> d_w1, ffi::Result<ffi::AnyBuffer> d_w2,
+                         ffi::Result<ffi::AnyBuffer> saved_after,
+                         ffi::Result<ffi::AnyBuffer> workspace_after) {
+  ffi::ErrorOr<const Layer*> layer = layer_for(attrs, where.memory, where.device);
+  if (layer.has_error()) return layer.error();
+  Tensors t{where, {}, {}};
+  sfmoe_moe_backward_args a = backward_args(t, x, d_y, logits, w1, w2, rng_offset, *d_x, *d_logits,
+                                            *d_w1, *d_w2, *saved_after, *workspace_after);
+  a.part = part_of(attrs);
   return sfmoe_jax::checked(sfmoe_moe_layer_backward((*layer)->layer, &a));
 }
 
@@ -304,6 +332,23 @@ SFMOE_JAX_HANDLERS(SfmoeMoeBackward, backward,
                        .Ret<ffi::AnyBuffer>()    // saved
                        .Ret<ffi::AnyBuffer>());  // workspace
 
+SFMOE_JAX_HANDLERS(SfmoeMoeBackwardPart, backward_part,
+                   .Arg<ffi::AnyBuffer>()      // x
+                       .Arg<ffi::AnyBuffer>()  // d y
+                       .Arg<ffi::AnyBuffer>()  // logits
+                       .Arg<ffi::AnyBuffer>()  // w1
+                       .Arg<ffi::AnyBuffer>()  // w2
+                       .Arg<ffi::AnyBuffer>()  // saved (aliased to the saved result)
+                       .Arg<ffi::AnyBuffer>()  // workspace (aliased to the workspace result)
+                       .Arg<ffi::AnyBuffer>()  // rng offset
+                       .Attrs<ffi::Dictionary>()
+                       .Ret<ffi::AnyBuffer>()    // d x
+                       .Ret<ffi::AnyBuffer>()    // d logits
+                       .Ret<ffi::AnyBuffer>()    // d w1
+                       .Ret<ffi::AnyBuffer>()    // d w2
+                       .Ret<ffi::AnyBuffer>()    // saved
+                       .Ret<ffi::AnyBuffer>());  // workspace
+
 SFMOE_JAX_HANDLERS(SfmoeMoeForwardStage, forward_stage,
                    .Arg<ffi::AnyBuffer>()      // x
                        .Arg<ffi::AnyBuffer>()  // logits
@@ -357,6 +402,8 @@ NB_MODULE(_jax, m) {
         nb::make_tuple(capsule_of(SfmoeMoeForwardHost), capsule_of(SfmoeMoeForwardCuda));
     d["sfmoe_moe_backward"] =
         nb::make_tuple(capsule_of(SfmoeMoeBackwardHost), capsule_of(SfmoeMoeBackwardCuda));
+    d["sfmoe_moe_backward_part"] =
+        nb::make_tuple(capsule_of(SfmoeMoeBackwardPartHost), capsule_of(SfmoeMoeBackwardPartCuda));
     d["sfmoe_moe_forward_stage"] =
         nb::make_tuple(capsule_of(SfmoeMoeForwardStageHost), capsule_of(SfmoeMoeForwardStageCuda));
     d["sfmoe_moe_backward_stage"] = nb::make_tuple(capsule_of(SfmoeMoeBackwardStageHost),

@@ -393,3 +393,43 @@ def test_every_quantized_recipe_gives_the_torch_modules_bits(rng, recipe):
         else:
             assert np.linalg.norm(g - w) <= 1e-5 * norm, f"{name}: not the torch module's {recipe}"
         assert np.linalg.norm(g - b) >= 5e-3 * norm, f"{name}: no different from the bf16 recipe"
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "tensorwise"])
+def test_the_three_part_backward_gives_the_same_bits_in_less_memory(rng, monkeypatch, recipe):
+    """The backward in three calls (FC2's dgrad, the FC1 part, FC2's wgrad: docs/moe_layer.md,
+    "Backward in parts") gives the one call's gradients bit for bit (FP8 per-tensor too: its amax
+    kept across the parts), and at Mixtral-8x7B's proportions (2F >> H, E H = 2 T k), where the
+    plan chooses it, XLA's buffer assignment (the CPU compilation's temporaries) holds less: the
+    saved state's buffer is free before d w2 is made."""
+    T, H, F, E, k = 128, 64, 224, 8, 2
+    c = MoEConfig(H, F, E, k, recipe=recipe)
+    x, logits, w1, w2, dy = _problem(rng, T, H, F, E, c)
+    if recipe == "tensorwise":  # (FP8 recipes run on BF16 rows and weights)
+        x, w1, w2 = (a.astype(jnp.bfloat16) for a in (x, w1, w2))
+    else:
+        assert sfmoe_jax._three_part_backward(c, T, x.dtype.name)
+
+    def loss(x, logits, w1, w2):
+        return (moe_layer(x, logits, w1, w2, c)[0].astype(jnp.float32) * dy).sum()
+
+    def step(x, logits, w1, w2):
+        grads = jax.grad(loss, argnums=(0, 1, 2, 3))(x, logits, w1, w2)
+        # (a training step uses its gradients in the same program, as an optimizer does: here
+        # they are temporaries, whose lifetimes the buffer assignment packs)
+        return grads, [(g.astype(jnp.float32) ** 2).sum() for g in grads]
+
+    results, temporaries = [], []
+    for three in (True, False):
+        monkeypatch.setattr(sfmoe_jax, "_three_part_backward", lambda *args, three=three: three)
+        jax.clear_caches()  # (a new trace for each order)
+        lowered = jax.jit(lambda *a: step(*a)[0]).lower(x, logits, w1, w2)
+        assert ("sfmoe_moe_backward_part" in lowered.as_text()) == three
+        results.append([np.asarray(g) for g in lowered.compile()(x, logits, w1, w2)])
+        used = jax.jit(lambda *a: step(*a)[1]).lower(x, logits, w1, w2).compile()
+        temporaries.append(used.memory_analysis().temp_size_in_bytes)
+    for name, a, b in zip(("d x", "d logits", "d w1", "d w2"), *results):
+        assert np.array_equal(a, b), name
+    if recipe == "bf16":
+        assert temporaries[0] < temporaries[1], temporaries
+        print(f"temporaries: three parts {temporaries[0]} bytes, one call {temporaries[1]}")

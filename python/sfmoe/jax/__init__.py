@@ -150,6 +150,8 @@ def _plan_of(config, tokens, dtype_name):
             pass
     keys = ("saved_bytes", "workspace_bytes", "forward_workspace_bytes")
     sizes = {k: max(p[k] for p in plans) for k in keys}
+    # (the backward's order: the device plan's choice where there is one)
+    sizes["three_part_backward"] = plans[-1]["three_part_backward"]
     if config.expert_parallel:  # (the collectives' sizes do not depend on the platform)
         sizes["stages"] = _C.MoeLayer(fields, _C.MEMORY_HOST, 0).stages()
     return sizes
@@ -311,8 +313,68 @@ def _offset_pair(rng_offset):
     return jnp.stack([low, jnp.zeros_like(low)]).reshape(1, 2)
 
 
+def _three_part_backward(config, tokens, dtype_name):
+    """Whether the backward runs in three calls (the C planner's choice, docs/moe_layer.md,
+    "Backward in parts"): FC2's dgrad, the FC1 part, FC2's wgrad, so that XLA can give the saved
+    state's buffer back before d w2 is made."""
+    return _plan_of(config, tokens, dtype_name)["three_part_backward"]
+
+
+def _backward_in_three_parts(x, d_y, logits, w1, w2, saved, rng_offset, config):
+    T = x.shape[0]
+    p = _plan_of(config, T, x.dtype.name)
+    none = lambda dtype: jax.ShapeDtypeStruct((0,), dtype)  # noqa: E731 (a part's unused result)
+    workspace = jax.ShapeDtypeStruct((p["workspace_bytes"],), jnp.uint8)
+    state = jax.ShapeDtypeStruct(saved.shape, jnp.uint8)
+    operands = (x, d_y.astype(x.dtype), logits.astype(jnp.float32), w1, w2)
+    offset = _offset_pair(rng_offset)
+    attributes = _attributes(config, T, x.dtype)
+    f32 = jnp.float32
+    # FC2_DGRAD (3): d FC1 rows and d probs into the saved state, the weighted activations and the
+    # routing into the workspace (a result here); then FC1 (2) and FC2_WGRAD (4) on that workspace
+    # (an operand aliased to their result), FC2_WGRAD without the saved state.
+    first = jax.ffi.ffi_call(
+        "sfmoe_moe_backward",
+        (none(x.dtype), none(f32), none(w1.dtype), none(w2.dtype), state, workspace),
+        input_output_aliases={5: 4},
+        vmap_method=None,
+    )
+    *_, saved, ws = first(*operands, saved, offset, part=np.int64(3), **attributes)
+    fc1 = jax.ffi.ffi_call(
+        "sfmoe_moe_backward_part",
+        (
+            jax.ShapeDtypeStruct(x.shape, x.dtype),
+            jax.ShapeDtypeStruct(logits.shape, f32),
+            jax.ShapeDtypeStruct(w1.shape, w1.dtype),
+            none(w2.dtype),
+            state,
+            workspace,
+        ),
+        input_output_aliases={5: 4, 6: 5},
+        vmap_method=None,
+    )
+    d_x, d_logits, d_w1, _, _, ws = fc1(*operands, saved, ws, offset, part=np.int64(2), **attributes)
+    wgrad = jax.ffi.ffi_call(
+        "sfmoe_moe_backward_part",
+        (
+            none(x.dtype),
+            none(f32),
+            none(w1.dtype),
+            jax.ShapeDtypeStruct(w2.shape, w2.dtype),
+            none(jnp.uint8),
+            workspace,
+        ),
+        input_output_aliases={5: 4, 6: 5},
+        vmap_method=None,
+    )
+    _, _, _, d_w2, _, _ = wgrad(*operands, jnp.zeros((0,), jnp.uint8), ws, offset, part=np.int64(4), **attributes)
+    return d_x, d_logits, d_w1, d_w2
+
+
 def _backward_call(x, d_y, logits, w1, w2, saved, rng_offset, config):
     T = x.shape[0]
+    if _three_part_backward(config, T, x.dtype.name):
+        return _backward_in_three_parts(x, d_y, logits, w1, w2, saved, rng_offset, config)
     p = _plan_of(config, T, x.dtype.name)
     results = (
         jax.ShapeDtypeStruct(x.shape, x.dtype),
