@@ -17,7 +17,7 @@ import json
 import os
 
 import torch
-from sfmoe.torch import MoE
+from sfmoe.torch import MoE, _moe
 from torch_timing import median_ms
 
 SHAPES = {
@@ -135,6 +135,8 @@ def main():
             del compiled
         torch.cuda.empty_cache()
         ours = MoE(H, F, E, k, device=DEV, pre_softmax=True)
+        # (the backward's order the plan chooses: docs/moe_layer.md, "Backward in parts")
+        parts = 3 if _moe._three_part_backward(ours._key, T, torch.bfloat16, DEV) else 2
         ours_step = step_of(ours, x, dy)
         ours_ms = median_ms(ours_step, runs=10, warmup=3, batch=1)
         ours_peak = peak_gib(ours_step)
@@ -150,13 +152,14 @@ def main():
             plain_peak_gib=plain_peak,
             sfmoe_peak_gib=ours_peak,
             sfmoe_tflops=tflops,
+            backward_parts=parts,
         )
         results.append(row)
         fmt = f"{compiled_ms:8.2f}" if compiled_ms else f"{'-':>8s}"
         print(
             f"{name:28s} {plain_ms:7.2f} {fmt} {ours_ms:7.2f} {ours_graph_ms:7.2f} {plain_ms / ours_ms:6.2f}x "
             f"{plain_ms / ours_graph_ms:6.2f}x {tflops:7.0f} {tflops / CEILING_TFLOPS:5.1%} "
-            f"{ours_peak:8.2f} / {plain_peak:5.2f} ({ours_peak / plain_peak:.2f}x)",
+            f"{ours_peak:8.2f} / {plain_peak:5.2f} ({ours_peak / plain_peak:.2f}x); backward in {parts} parts",
             flush=True,
         )
         del ours, ours_step
