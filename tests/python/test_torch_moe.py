@@ -340,7 +340,12 @@ def test_torch_compile_traces_the_module_without_graph_breaks():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the graph test needs one")
-def test_a_training_step_captures_in_one_cuda_graph():
+@pytest.mark.parametrize("three_parts", [False, True])
+def test_a_training_step_captures_in_one_cuda_graph(monkeypatch, three_parts):
+    # (three parts: the saved state's storage freed inside the capture, before d w2 is made)
+    from sfmoe.torch import _moe
+
+    monkeypatch.setattr(_moe, "_three_part_backward", lambda *args: three_parts)
     torch.manual_seed(0)
     dev = torch.device("cuda")
     module = MoE(64, 32, 8, 2, device=dev)
