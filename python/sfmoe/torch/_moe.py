@@ -333,8 +333,8 @@ def _backward(ctx, d_y, d_saved, d_kept, d_dropped, d_routed):
         moe_layer_backward_fc2_main_grad(d_y, w2, saved, main2, ctx.key)
         d_x, d_logits = moe_layer_backward_fc1_main_grad(x, logits, w1, saved, main1, ctx.key)
         return d_x, d_logits.to(logits.dtype), None, None, None, None, None
-    # (eager only: a compiled backward keeps its inputs to the end, so there the saved state could
-    # not be let go early and two parts hold less)
+    # (eager only: a compiled backward's buffers are the compiled graph's to plan, and the early
+    # release below is not something it traces; there two parts)
     if not torch.compiler.is_compiling() and _three_part_backward(ctx.key, x.shape[0], x.dtype, x.device):
         plan = _layer(ctx.key, x.shape[0], x.dtype, x.device)[1]
         workspace = torch.empty(plan["workspace_bytes"], dtype=torch.uint8, device=x.device)
