@@ -4,7 +4,8 @@
 # and GPU suites, the GPU suite again under compute-sanitizer memcheck and racecheck, the Python
 # tests with torch), the benchmarks; prints a short table last.
 # Environment: OUT (where logs and JSON go; default /tmp/sfmoe-gpu-check), SFMOE_SANITIZE=0 to
-# skip the sanitizer passes, SFMOE_SKIP_PYTHON=1 to skip the Python extension. The grouped-GEMM
+# skip the sanitizer passes, SFMOE_SKIP_PYTHON=1 to skip the Python extension, SFMOE_NCU=1 to add
+# Nsight Compute's sections on one wgrad call (bench/probe_wgrad_ncu.py). The grouped-GEMM
 # benchmark runs without its tile sweeps (SFMOE_BENCH_GEMM=quick) unless SFMOE_BENCH_GEMM is set
 # (e.g. to "all"): the sweeps are for tuning heuristics/gemm_tiles.h and take minutes.
 set -uo pipefail
@@ -107,6 +108,20 @@ if [ "${SFMOE_SKIP_PYTHON:-0}" != 1 ]; then
     SFMOE_BENCH_ROUTER_GEMM=bf16x3 PYTHONPATH="$ROOT/build-py/python:$ROOT/bench" OUT="$OUT" python3 bench/bench_moe_layer_torch.py \
       > "$OUT/bench_moe_layer_torch.log" 2>&1
     status_line bench_moe_layer_torch "rc $?"
+    # Nsight Compute on one wgrad call, sfmoe's and dense cuBLAS's (SFMOE_NCU=1; stall reasons and
+    # pipe use into ncu_wgrad_*.txt): what bench/probe_wgrad_ncu.py describes.
+    ncu=$(command -v ncu || true)
+    if [ "${SFMOE_NCU:-0}" = 1 ] && [ -n "$ncu" ]; then
+      sections=(--section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section Occupancy)
+      SFMOE_GEMM_TILE=wgrad256 PYTHONPATH="$ROOT/build-py/python:$ROOT/bench" "$ncu" "${sections[@]}" \
+        -k regex:wgrad_grouped_gemm_kernel --launch-skip 2 --launch-count 1 python3 bench/probe_wgrad_ncu.py \
+        > "$OUT/ncu_wgrad_own.txt" 2>&1
+      status_line ncu_wgrad "own rc $?"
+      PYTHONPATH="$ROOT/build-py/python:$ROOT/bench" "$ncu" "${sections[@]}" \
+        -k regex:'^(?!.*(wgrad|descriptor|elementwise|distribution|fill)).*' --launch-skip 2 --launch-count 1 \
+        python3 bench/probe_wgrad_ncu.py > "$OUT/ncu_wgrad_dense.txt" 2>&1
+      status_line ncu_wgrad "${RESULT[ncu_wgrad]}, dense rc $?"
+    fi
   else
     status_line pytest "extension build failed (see python_build.log)"
     tail -20 "$OUT/python_build.log"
@@ -116,7 +131,7 @@ fi
 summary() {
   echo
   echo "================================ sfmoe GPU check ================================"
-  for k in build selfcheck cpu_tests gpu_tests sanitizer_memcheck sanitizer_racecheck bench_memory bench_quantize pytest bench_cast_torch bench_quantize_torch bench_moe_ops_torch bench_grouped_gemm_torch bench_moe_layer_torch; do
+  for k in build selfcheck cpu_tests gpu_tests sanitizer_memcheck sanitizer_racecheck bench_memory bench_quantize pytest bench_cast_torch bench_quantize_torch bench_moe_ops_torch bench_grouped_gemm_torch bench_moe_layer_torch ncu_wgrad; do
     if [ -n "${RESULT[$k]:-}" ]; then printf "%-20s %s\n" "$k" "${RESULT[$k]}"; fi
   done
 }
