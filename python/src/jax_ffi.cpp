@@ -229,20 +229,16 @@ ffi::Error backward(const Where& where, ffi::AnyBuffer x, ffi::AnyBuffer d_y, ff
 // aliased to its result as the saved state is (FC2_WGRAD reads no saved state: a 0-byte one).
 ffi::Error backward_part(const Where& where, ffi::AnyBuffer x, ffi::AnyBuffer d_y,
                          ffi::AnyBuffer logits, ffi::AnyBuffer w1, ffi::AnyBuffer w2,
-                         ffi::AnyBuffer /*saved: aliased to saved_after*/,
+                         ffi::AnyBuffer saved,
                          ffi::AnyBuffer /*workspace: aliased to workspace_after*/,
                          ffi::AnyBuffer rng_offset, ffi::Dictionary attrs,
                          ffi::Result<ffi::AnyBuffer> d_x, ffi::Result<ffi::AnyBuffer> d_logits,
                          ffi::Result<ffi::AnyBuffer> d_w1, ffi::Result<ffi::AnyBuffer> d_w2,
                          ffi::Result<ffi::AnyBuffer> saved_after,
                          ffi::Result<ffi::AnyBuffer> workspace_after) {
-  ffi::ErrorOr<const Layer*> layer = layer_for(attrs, where.memory, where.device);
-  if (layer.has_error()) return layer.error();
-  Tensors t{where, {}, {}};
-  sfmoe_moe_backward_args a = backward_args(t, x, d_y, logits, w1, w2, rng_offset, *d_x, *d_logits,
-                                            *d_w1, *d_w2, *saved_after, *workspace_after);
-  a.part = part_of(attrs);
-  return sfmoe_jax::checked(sfmoe_moe_layer_backward((*layer)->layer, &a));
+  // (the same call as the first part's: only where the workspace comes from differs)
+  return backward(where, x, d_y, logits, w1, w2, saved, rng_offset, attrs, d_x, d_logits, d_w1,
+                  d_w2, saved_after, workspace_after);
 }
 
 // The EXTERNAL transport's stages (include/sfmoe/moe_layer.h): stage `stage` of the forward or

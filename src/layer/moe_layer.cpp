@@ -355,10 +355,6 @@ void plan_stages(const MoeLayerShape& s, MoeLayerPlan* plan) {
                                           backward[SFMOE_MOE_BACKWARD_FC1].end());
 }
 
-}  // namespace
-
-namespace {
-
 // The backward's peak in each order (docs/moe_layer.md, "Backward in parts"), from the plan's
 // buffers and the gradients a backward makes (none for weights accumulated into main gradients),
 // each a sum of at most a few buffers the plan has already bounded.

@@ -191,6 +191,27 @@ def _rng_offset(key, device):
     return counter
 
 
+def _fc1_part(key, x, logits, w1, saved, d_w1, workspace=None):
+    """The FC1 part into d_w1 (written, or an FP32 main gradient added to): d x and d logits."""
+    d_x = torch.empty_like(x)
+    d_logits = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    _backward_part(
+        _FC1,
+        key,
+        x.shape[0],
+        x,
+        saved,
+        workspace=workspace,
+        x=x,
+        logits=logits,
+        w1=w1,
+        d_x=d_x,
+        d_logits=d_logits,
+        d_w1=d_w1,
+    )
+    return d_x, d_logits
+
+
 # The FC2 part writes d FC1 rows and d probs into `saved` (declared, so autograd's version check
 # refuses a second backward through the same forward, as with retain_graph=True, instead of
 # reading a gradient where FC1's output was); the FC1 part reads them.
@@ -207,11 +228,8 @@ def moe_layer_backward_fc1(
     x: Tensor, logits: Tensor, w1: Tensor, saved: Tensor, key: int
 ) -> tuple[Tensor, Tensor, Tensor]:
     """d x, d logits and d w1, after the FC2 part ran on `saved`."""
-    d_x = torch.empty_like(x)
-    d_logits = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     d_w1 = torch.empty_like(w1)
-    _backward_part(_FC1, key, x.shape[0], x, saved, x=x, logits=logits, w1=w1, d_x=d_x, d_logits=d_logits, d_w1=d_w1)
-    return d_x, d_logits, d_w1
+    return (*_fc1_part(key, x, logits, w1, saved, d_w1), d_w1)
 
 
 @torch.library.custom_op("sfmoe::moe_layer_backward_fc2_main_grad", mutates_args=("saved", "main_grad2"))
@@ -225,12 +243,7 @@ def moe_layer_backward_fc1_main_grad(
     x: Tensor, logits: Tensor, w1: Tensor, saved: Tensor, main_grad1: Tensor, key: int
 ) -> tuple[Tensor, Tensor]:
     """The FC1 part with d w1 added to the FP32 main gradient: d x and d logits."""
-    d_x = torch.empty_like(x)
-    d_logits = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
-    _backward_part(
-        _FC1, key, x.shape[0], x, saved, x=x, logits=logits, w1=w1, d_x=d_x, d_logits=d_logits, d_w1=main_grad1
-    )
-    return d_x, d_logits
+    return _fc1_part(key, x, logits, w1, saved, main_grad1)
 
 
 # The three-part backward (_three_part_backward): FC2's dgrad writes d FC1 rows and d probs into
@@ -247,24 +260,8 @@ def moe_layer_backward3_fc1(
     x: Tensor, logits: Tensor, w1: Tensor, saved: Tensor, workspace: Tensor, key: int
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Its second: d x, d logits and d w1 (the FC1 part on the first part's workspace)."""
-    d_x = torch.empty_like(x)
-    d_logits = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     d_w1 = torch.empty_like(w1)
-    _backward_part(
-        _FC1,
-        key,
-        x.shape[0],
-        x,
-        saved,
-        workspace=workspace,
-        x=x,
-        logits=logits,
-        w1=w1,
-        d_x=d_x,
-        d_logits=d_logits,
-        d_w1=d_w1,
-    )
-    return d_x, d_logits, d_w1
+    return (*_fc1_part(key, x, logits, w1, saved, d_w1, workspace), d_w1)
 
 
 @torch.library.custom_op("sfmoe::moe_layer_backward3_fc2_wgrad", mutates_args=("workspace",))
