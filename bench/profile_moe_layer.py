@@ -20,7 +20,7 @@ STEPS = 5
 def profile_shape(name, H, F, E, k, T, recipe):
     x = torch.randn(T, H, device=DEV, dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(T, H, device=DEV, dtype=torch.bfloat16)
-    gemm = os.environ.get("SFMOE_PROFILE_ROUTER_GEMM", "fp32")  # the router gate's (docs/torch.md)
+    gemm = os.environ.get("SFMOE_PROFILE_ROUTER_GEMM", "auto")  # the router gate's (docs/torch.md)
     module = MoE(H, F, E, k, device=DEV, pre_softmax=True, recipe=recipe, router_gemm=gemm)
     step = step_of(module, x, dy)
     for _ in range(3):

@@ -105,7 +105,7 @@ if [ "${SFMOE_SKIP_PYTHON:-0}" != 1 ]; then
     SFMOE_BENCH_GEMM=${SFMOE_BENCH_GEMM:-quick} PYTHONPATH="$ROOT/build-py/python:$ROOT/bench" OUT="$OUT" \
       python3 bench/bench_grouped_gemm_torch.py > "$OUT/bench_grouped_gemm_torch.log" 2>&1
     status_line bench_grouped_gemm_torch "rc $?"
-    SFMOE_BENCH_ROUTER_GEMM=bf16x3 PYTHONPATH="$ROOT/build-py/python:$ROOT/bench" OUT="$OUT" python3 bench/bench_moe_layer_torch.py \
+    SFMOE_BENCH_ROUTER_GEMM=fp32 PYTHONPATH="$ROOT/build-py/python:$ROOT/bench" OUT="$OUT" python3 bench/bench_moe_layer_torch.py \
       > "$OUT/bench_moe_layer_torch.log" 2>&1
     status_line bench_moe_layer_torch "rc $?"
     # Nsight Compute on one wgrad call, sfmoe's and dense cuBLAS's (SFMOE_NCU=1; stall reasons and

@@ -151,6 +151,26 @@ def test_the_module_with_the_bf16x3_gate_matches_the_plain_layer(rng):
     assert explanation.graph_break_count == 0, explanation.break_reasons
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_auto_takes_the_tensor_core_gate_on_the_gpu_for_large_gates_only(monkeypatch, device):
+    """The default router_gemm ("auto") runs the three-term gate on the GPU from T H E = 2^30 up,
+    and never where the form does not apply (FP32 tokens, H no multiple of 8)."""
+    calls = []
+    three_term = _gate.router_gate
+    monkeypatch.setattr(_gate, "router_gate", lambda x, w: calls.append(tuple(x.shape)) or three_term(x, w))
+    monkeypatch.setattr(_gate, "_AUTO_MIN_WORK", 5 * 16 * 4)
+    assert MoE(16, 8, 4, 2).router_gemm == "auto"
+    w = torch.randn(4, 16, device=device)
+    _gate.router_logits(torch.randn(5, 16, device=device).to(torch.bfloat16), w)
+    _gate.router_logits(torch.randn(4, 16, device=device).to(torch.bfloat16), w)  # below the bound
+    assert calls == ([(5, 16)] if device == "cuda" else [])
+    _gate.router_logits(torch.randn(6, 16, device=device), w)  # FP32 tokens
+    _gate.router_logits(torch.randn(7, 24, device=device).to(torch.bfloat16), torch.randn(4, 24, device=device))
+    assert len(calls) == (2 if device == "cuda" else 0)
+    _gate.router_logits(torch.randn(7, 12, device=device).to(torch.bfloat16), torch.randn(4, 12, device=device))
+    assert len(calls) == (2 if device == "cuda" else 0)  # H = 12: no multiple of 8
+
+
 def test_an_unknown_router_gemm_is_refused():
     with pytest.raises(ValueError, match="router_gemm"):
         MoE(16, 8, 4, 2, router_gemm="tf32")

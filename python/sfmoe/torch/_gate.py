@@ -5,8 +5,8 @@ top-k over 128 experts picks between logits closer together than BF16 can tell a
 tokens x are BF16 on the GPU, and an FP32 GEMM there runs on the CUDA cores (FFMA), about a tenth
 of the tensor cores' rate: at Qwen3-30B-A3B's shape the gate's three GEMMs and the FP32 copies of
 x took 0.45 ms of a 4.8 ms training step (an H100). So the gate can run its GEMMs on the tensor
-cores without giving up FP32 (MoE(router_gemm="bf16x3"); "fp32", torch's FP32 GEMM, is the
-default): each FP32 operand is written as a sum of three BF16 terms, t = t0 + t1 + t2 (t0 =
+cores without giving up FP32 (MoE(router_gemm="bf16x3"), and "auto", the default, on the GPU
+where the GEMMs are large; "fp32" is torch's FP32 GEMM): each FP32 operand is written as a sum of three BF16 terms, t = t0 + t1 + t2 (t0 =
 bf16(t), t1 = bf16(t - t0), t2 = bf16(t - t0 - t1): 24 significant bits, as FP32 has), and a
 product with a BF16 operand is exact in FP32, so
 
@@ -27,17 +27,7 @@ from torch import Tensor
 from .. import _gemm
 
 _TERMS = 3  # BF16 terms of an FP32 operand (8 significant bits each)
-ROUTER_GEMMS = ("fp32", "bf16x3")  # sfmoe.torch.MoE(router_gemm=...)
-
-
-def _bf16_terms(t: Tensor, count: int) -> list:
-    """t (FP32) as `count` BF16 terms, largest first; each residual t - (t0 + ...) is exact."""
-    terms, rest = [], t
-    for _ in range(count):
-        term = rest.to(torch.bfloat16)
-        terms.append(term)
-        rest = rest - term.float()
-    return terms
+ROUTER_GEMMS = ("auto", "fp32", "bf16x3")  # sfmoe.torch.MoE(router_gemm=...)
 
 
 def _width(experts: int) -> int:
@@ -45,15 +35,21 @@ def _width(experts: int) -> int:
     return (experts + 7) // 8 * 8
 
 
-def _blocks(terms: list, width: int, dim: int) -> Tensor:
-    """The terms (2-D, E long along `dim`) one after the other along `dim` in blocks of `width`
-    (zeros after each term's E), contiguous."""
-    shape = list(terms[0].shape)
+def _term_blocks(t: Tensor, count: int, width: int, dim: int) -> Tensor:
+    """t (FP32, 2-D, E long along `dim`) as `count` BF16 terms, largest first, one after the other
+    along `dim` in blocks of `width` (zeros after each term's E), contiguous. Each term is the
+    residual t - (t0 + ...) rounded to BF16; the residuals are exact in FP32. (Two kernels a term:
+    a rounding copy into its block and a subtraction, so that the eager gate adds few launches.)"""
+    shape = list(t.shape)
     experts = shape[dim]
-    shape[dim] = len(terms) * width
-    out = terms[0].new_zeros(shape)
-    for i, term in enumerate(terms):
-        out.narrow(dim, i * width, experts).copy_(term)
+    shape[dim] = count * width
+    out = t.new_zeros(shape, dtype=torch.bfloat16) if width != experts else t.new_empty(shape, dtype=torch.bfloat16)
+    rest = t
+    for i in range(count):
+        term = out.narrow(dim, i * width, experts)
+        term.copy_(rest)  # round to nearest even, as Tensor.to(bfloat16)
+        if i + 1 < count:
+            rest = torch.sub(rest, term)  # (promoted to FP32: exact)
     return out
 
 
@@ -76,7 +72,7 @@ def router_gate(x: Tensor, weight: Tensor) -> Tensor:
     experts, width = weight.shape[0], _width(weight.shape[0])
     if x.shape[0] == 0:
         return x.new_zeros(0, experts, dtype=torch.float32)
-    terms = _blocks(_bf16_terms(weight.detach(), _TERMS), width, 0)  # [3 width, H]
+    terms = _term_blocks(weight.detach(), _TERMS, width, 0)  # [3 width, H]
     out = torch.empty(x.shape[0], _TERMS * width, dtype=torch.float32, device=x.device)
     _gemm.grouped_gemm("fprop", x.detach().contiguous(), terms[None], _one_group(x.shape[0], x.device), out=out)
     return _sum_blocks(out, experts, width, 1)
@@ -94,15 +90,16 @@ def router_gate_backward(d_logits: Tensor, x: Tensor, weight: Tensor) -> tuple[T
     if rows == 0:
         return torch.zeros_like(x), torch.zeros_like(weight)
     offsets = _one_group(rows, x.device)
-    g = _bf16_terms(d_logits.detach().float(), _TERMS)
-    w = _bf16_terms(weight.detach(), 2)
-    # d x = [g0 | g0 | g1] [w0; w1; w0]: one GEMM over K = 3 width, rounded to BF16 once.
+    g = _term_blocks(d_logits.detach().float(), _TERMS, width, 1)  # [T, 3 width]: g0 | g1 | g2
+    w = _term_blocks(weight.detach(), 2, width, 0)  # [2 width, H]: w0; w1
+    # d x = [g0 | g1 | g0] [w0; w0; w1]: one GEMM over K = 3 width, rounded to BF16 once.
     d_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # (contiguous, whatever x's strides)
-    w_pairs = _blocks([w[0], w[1], w[0]], width, 0)[None]  # [1, 3 width, H]
-    _gemm.grouped_gemm("dgrad", _blocks([g[0], g[0], g[1]], width, 1), w_pairs, offsets, out=d_x)
+    g_pairs = torch.cat([g.narrow(1, 0, 2 * width), g.narrow(1, 0, width)], 1)
+    w_pairs = torch.cat([w.narrow(0, 0, width), w], 0)[None]  # [1, 3 width, H]
+    _gemm.grouped_gemm("dgrad", g_pairs, w_pairs, offsets, out=d_x)
     # d W_r = [g0 | g1 | g2]^T x, the three blocks summed.
     d_w = torch.empty(1, _TERMS * width, x.shape[1], dtype=torch.float32, device=x.device)
-    _gemm.grouped_gemm("wgrad", _blocks(g, width, 1), x.detach().contiguous(), offsets, out=d_w)
+    _gemm.grouped_gemm("wgrad", g, x.detach().contiguous(), offsets, out=d_w)
     return d_x, _sum_blocks(d_w[0], experts, width, 0)
 
 
@@ -142,10 +139,21 @@ class _Fp32Gate(torch.autograd.Function):
         return d_x, d_weight
 
 
-def router_logits(x: Tensor, weight: Tensor, gemm: str = "fp32") -> Tensor:
+# "auto" takes the three-term gate where the FP32 GEMMs' time it saves outweighs its host cost: its
+# three grouped-GEMM calls add about 0.45 ms of Python to an eager step (the FP32 gate: about
+# 0.08 ms). On an H100, at T H E = 2^31 (Qwen3-30B-A3B, T 8192) it made the eager step 6% faster;
+# at 2^29 (the same layer at T 2048) 40% slower eager (the step's kernels take 2 ms) and equal
+# graphed; between, at DeepSeek-V3-local (0.9 2^30) and Mixtral-8x7B (2^28), within 1% either way
+# (docs/KERNEL_NOTES.md, the layer's table).
+_AUTO_MIN_WORK = 1 << 30  # T H E
+
+
+def router_logits(x: Tensor, weight: Tensor, gemm: str = "auto") -> Tensor:
     """The gate's FP32 logits [T, E] of the layer's tokens x [T, H] and the FP32 weight [E, H]:
-    gemm "bf16x3" takes the three-term form where it applies (BF16 tokens, H a multiple of 8),
-    torch's FP32 GEMM otherwise and for "fp32"."""
-    if gemm == "bf16x3" and x.dtype == torch.bfloat16 and x.shape[1] % 8 == 0:
+    the three-term form where it applies (BF16 tokens, H a multiple of 8) and `gemm` asks for it
+    ("bf16x3"; "auto": on the GPU, from T H E = 2^30 up), torch's FP32 GEMM otherwise."""
+    work = x.shape[0] * x.shape[1] * weight.shape[0]
+    wanted = gemm == "bf16x3" or (gemm == "auto" and x.is_cuda and work >= _AUTO_MIN_WORK)
+    if wanted and x.dtype == torch.bfloat16 and x.shape[1] % 8 == 0:
         return router_gate(x, weight)
     return _Fp32Gate.apply(x, weight)

@@ -407,8 +407,9 @@ class MoE(torch.nn.Module):
     (the NCCL communicator is made then) and runs its steps in the same order.
     ``ep_capacity_factor``, ``ep_overflow`` ("drop", "trap", "spill") and ``ep_spill_factor``
     bound what a rank receives (MoEConfig).
-    ``router_gemm``: how the gate's FP32 GEMMs run, "fp32" (torch's FP32 GEMM) or "bf16x3" (the
-    FP32 operands as three BF16 terms on the tensor cores, FP32-close; docs/torch.md).
+    ``router_gemm``: how the gate's FP32 GEMMs run, "fp32" (torch's FP32 GEMM), "bf16x3" (the
+    FP32 operands as three BF16 terms on the tensor cores, FP32-close; docs/torch.md) or "auto"
+    (default: "bf16x3" on the GPU from T H E = 2^30 up, "fp32" elsewhere).
     Buffers: ``expert_bias`` [E] (with ``expert_bias=True``), and after each forward
     ``tokens_per_expert`` / ``dropped_per_expert`` (device tensors, readable without a sync by a
     non-blocking copy). The auxiliary losses are attached to the output's gradient; their last
@@ -425,7 +426,7 @@ class MoE(torch.nn.Module):
         dtype=torch.bfloat16,
         device=None,
         ep_group=None,
-        router_gemm="fp32",
+        router_gemm="auto",
         **options,
     ):
         super().__init__()
