@@ -11,7 +11,7 @@ and Zipf groups padded to 16 rows) and three more, balanced only, that no heuris
 (H 2880, F 2880, 128 experts, k 4: 256 rows per expert; 2880 is no multiple of 128), Qwen3-235B-A22B
 (H 4096, F 1536, 128 experts, k 8) and DeepSeek-V2-Lite (H 2048, F 1408, 64 experts, k 6), 8192
 tokens each. Inputs: fresh normal values. Writes $OUT/bench_grouped_gemm_forms.json when OUT is
-set. SFMOE_BENCH_FORMS_TILES=default,contig256 limits the kernels.
+set. SFMOE_BENCH_FORMS_TILES=default,contig256 limits the kernels, SFMOE_BENCH_FORMS_SHAPES the shapes.
 """
 
 import json
@@ -36,6 +36,8 @@ TILES = os.environ.get("SFMOE_BENCH_FORMS_TILES", "default,contig256,contig256c2
 # The forms timed (SFMOE_BENCH_FORMS_FORMS, comma-separated): fprop and dgrad by default; wgrad
 # (dW_g = dY_g^T X_g into BF16, beside torch._grouped_mm's wgrad and dense dY^T X) on request.
 FORMS = os.environ.get("SFMOE_BENCH_FORMS_FORMS", "fprop,dgrad").split(",")
+# SFMOE_BENCH_FORMS_SHAPES (comma-separated names of SHAPES) times those shapes only.
+ONLY = [s for s in os.environ.get("SFMOE_BENCH_FORMS_SHAPES", "").split(",") if s]
 
 
 def child():
@@ -47,6 +49,8 @@ def child():
     torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
     rows_out = []
     for name, (experts, rows, hidden, ffn) in SHAPES.items():
+        if ONLY and name not in ONLY:
+            continue
         for skew in ("balanced", "zipf") if name in FAMILIES else ("balanced",):
             sizes = group_sizes(experts, rows, skew)
             m = int(sizes.sum())

@@ -519,6 +519,7 @@ TEST(GroupedGemmHeuristics, ShapeFamiliesGetTheMeasuredTiles) {
   EXPECT_EQ(cuda::gemm_tile_named("contig192c2"), GemmTile::kContiguous128x192Cluster2);
   EXPECT_EQ(cuda::gemm_tile_named("wgrad256"), GemmTile::kWgrad128x256);
   EXPECT_EQ(cuda::gemm_tile_named("wgrad256c2"), GemmTile::kWgrad128x256Cluster2);
+  EXPECT_EQ(cuda::gemm_tile_named("wgrad192"), GemmTile::kWgrad128x192);
   EXPECT_FALSE(cuda::gemm_tile_named("no-such-tile").has_value());
   EXPECT_FALSE(cuda::gemm_tile_named(nullptr).has_value());
 }

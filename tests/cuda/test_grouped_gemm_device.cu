@@ -163,7 +163,7 @@ std::vector<const char*> tiles_to_test(std::initializer_list<const char*> compil
 }
 const std::vector<const char*> kTiles = tiles_to_test(
     {"coop128", "coop256", "pingpong64", "coop256x128", "pingpong128", "contig256", "contig192",
-     "contig128", "contig256c2", "contig192c2", "wgrad256", "wgrad256c2"});  // BF16's
+     "contig128", "contig256c2", "contig192c2", "wgrad256", "wgrad256c2", "wgrad192"});  // BF16's
 const std::vector<const char*> kFp8Tiles = tiles_to_test({"coop128", "coop256", "pingpong64"});
 // The tile forced for the scope (as SFMOE_GEMM_TILE does at load), then the loaded setting back.
 struct ForcedTile {
@@ -249,7 +249,7 @@ TEST(CudaGroupedGemm, OwnKernelGivesTheCutlassTilesBitsOnRandomInputs) {
       if (HasFatalFailure()) return;
     }
     const std::vector<const char*> own =
-        form == SFMOE_GEMM_WGRAD ? std::vector<const char*>{"wgrad256", "wgrad256c2"}
+        form == SFMOE_GEMM_WGRAD ? std::vector<const char*>{"wgrad256", "wgrad256c2", "wgrad192"}
                                  : std::vector<const char*>{"contig256", "contig192", "contig128",
                                                             "contig256c2", "contig192c2"};
     for (const char* tile : own) {
@@ -619,7 +619,8 @@ TEST(CudaGroupedGemm, OwnKernelGraphFollowsNewGroupSizes) {
 // replayed on new group sizes (0 to 300 rows a group: empty groups, one-row groups, several
 // 64-row steps with a partial last one) reads each group's rows only; bit for bit against the CPU
 // reference on integer inputs, dW starting as NaN bytes before each replay (every value written,
-// the empty groups' zeros by the zeroing kernel).
+// the empty groups' zeros by the zeroing kernel). Each tile runs with the L2 prefetch of the next
+// groups off and on (its shares of rows: none, one or several rows a unit).
 TEST(CudaGroupedGemm, OwnWgradKernelGraphFollowsNewGroupSizes) {
   SFMOE_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(session_test_seed() + 76);
@@ -637,61 +638,69 @@ TEST(CudaGroupedGemm, OwnWgradKernelGraphFollowsNewGroupSizes) {
   CUDA_OK(ddy.upload(p.dy));
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreate(&stream));
-  for (const char* tile : tiles_to_test({"wgrad256", "wgrad256c2"})) {
-    const ForcedTile forced(tile);
-    sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
-    config.form = SFMOE_GEMM_WGRAD;
-    const sfmoe_grouped_tensor a =
-        rows_in(SFMOE_MEMORY_CUDA, ddy.ptr, SFMOE_DTYPE_BF16, kGroups, capacity, kN, 1, doff.ptr);
-    const sfmoe_grouped_tensor b =
-        rows_in(SFMOE_MEMORY_CUDA, dx.ptr, SFMOE_DTYPE_BF16, kGroups, capacity, kK, 1, doff.ptr);
-    const sfmoe_grouped_tensor out = weights_in(SFMOE_MEMORY_CUDA, dout.ptr, SFMOE_DTYPE_BF16);
-    CUDA_OK(doff.upload(p.offsets));
-    cudaGraph_t graph;
-    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    const sfmoe_status captured =
-        sfmoe_grouped_gemm(&a, &b, &config, &out, &workspace, nullptr, stream);
-    CUDA_OK(cudaStreamEndCapture(stream, &graph));  // (ended first: a failure leaves no capture)
-    ASSERT_EQ(captured, SFMOE_SUCCESS) << tile << ": " << sfmoe_last_error();
-    cudaGraphExec_t exec;
-    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-    std::uniform_int_distribution<int64_t> size(0, 300);
-    for (int replay = 0; replay < 4; ++replay) {
-      std::vector<int64_t> offsets(1, 0);
-      for (int64_t g = 0; g < kGroups; ++g) {
-        const int64_t rows = replay == 0 && g == 1 ? 0 : (replay == 1 && g == 2 ? 1 : size(rng));
-        offsets.push_back(offsets.back() + rows);
+  const std::optional<int64_t> loaded_prefetch =
+      cuda::launch_overrides_for_tests().wgrad_prefetch_mib;
+  for (const int64_t prefetch_mib : {0, 16})
+    for (const char* tile : tiles_to_test({"wgrad256", "wgrad256c2", "wgrad192"})) {
+      const ForcedTile forced(tile);
+      cuda::launch_overrides_for_tests().wgrad_prefetch_mib = prefetch_mib;
+      sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
+      config.form = SFMOE_GEMM_WGRAD;
+      const sfmoe_grouped_tensor a =
+          rows_in(SFMOE_MEMORY_CUDA, ddy.ptr, SFMOE_DTYPE_BF16, kGroups, capacity, kN, 1, doff.ptr);
+      const sfmoe_grouped_tensor b =
+          rows_in(SFMOE_MEMORY_CUDA, dx.ptr, SFMOE_DTYPE_BF16, kGroups, capacity, kK, 1, doff.ptr);
+      const sfmoe_grouped_tensor out = weights_in(SFMOE_MEMORY_CUDA, dout.ptr, SFMOE_DTYPE_BF16);
+      CUDA_OK(doff.upload(p.offsets));
+      cudaGraph_t graph;
+      CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+      const sfmoe_status captured =
+          sfmoe_grouped_gemm(&a, &b, &config, &out, &workspace, nullptr, stream);
+      CUDA_OK(cudaStreamEndCapture(stream, &graph));  // (ended first: a failure leaves no capture)
+      ASSERT_EQ(captured, SFMOE_SUCCESS) << tile << ": " << sfmoe_last_error();
+      cudaGraphExec_t exec;
+      CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+      std::uniform_int_distribution<int64_t> size(0, 300);
+      for (int replay = 0; replay < 4; ++replay) {
+        std::vector<int64_t> offsets(1, 0);
+        for (int64_t g = 0; g < kGroups; ++g) {
+          const int64_t rows = replay == 0 && g == 1 ? 0 : (replay == 1 && g == 2 ? 1 : size(rng));
+          offsets.push_back(offsets.back() + rows);
+        }
+        CUDA_OK(cudaMemcpyAsync(doff.ptr, offsets.data(), offsets.size() * 8,
+                                cudaMemcpyHostToDevice, stream));
+        CUDA_OK(cudaMemsetAsync(dout.ptr, 0xFF, dout.count * sizeof(uint16_t), stream));
+        CUDA_OK(cudaGraphLaunch(exec, stream));
+        CUDA_OK(cudaStreamSynchronize(stream));
+        const std::vector<uint16_t> got = dout.download();
+        // The CPU reference on the same rows (the inputs' rows past p.rows are zeros).
+        std::vector<int64_t> host_offsets = offsets;
+        std::vector<uint16_t> dy = p.dy, x = p.x;
+        dy.resize(static_cast<size_t>(capacity * kN), 0);
+        x.resize(static_cast<size_t>(capacity * kK), 0);
+        std::vector<uint16_t> want(static_cast<size_t>(kGroups * kN * kK), 0);
+        const sfmoe_grouped_tensor ha = rows_in(SFMOE_MEMORY_HOST, dy.data(), SFMOE_DTYPE_BF16,
+                                                kGroups, capacity, kN, 1, host_offsets.data());
+        const sfmoe_grouped_tensor hb = rows_in(SFMOE_MEMORY_HOST, x.data(), SFMOE_DTYPE_BF16,
+                                                kGroups, capacity, kK, 1, host_offsets.data());
+        const sfmoe_grouped_tensor hout =
+            weights_in(SFMOE_MEMORY_HOST, want.data(), SFMOE_DTYPE_BF16);
+        ASSERT_EQ(sfmoe_grouped_gemm(&ha, &hb, &config, &hout, nullptr, nullptr, nullptr),
+                  SFMOE_SUCCESS)
+            << sfmoe_last_error();
+        int64_t differ = 0;
+        for (size_t i = 0; i < want.size(); ++i) differ += got[i] != want[i];
+        EXPECT_EQ(differ, 0) << tile << " prefetch " << prefetch_mib << " MiB, replay " << replay;
+        std::printf(
+            "[ gemm graph ] %s wgrad, prefetch %lld MiB, replay %d: %lld rows, %lld values "
+            "differ\n",
+            tile, static_cast<long long>(prefetch_mib), replay,
+            static_cast<long long>(offsets.back()), static_cast<long long>(differ));
       }
-      CUDA_OK(cudaMemcpyAsync(doff.ptr, offsets.data(), offsets.size() * 8, cudaMemcpyHostToDevice,
-                              stream));
-      CUDA_OK(cudaMemsetAsync(dout.ptr, 0xFF, dout.count * sizeof(uint16_t), stream));
-      CUDA_OK(cudaGraphLaunch(exec, stream));
-      CUDA_OK(cudaStreamSynchronize(stream));
-      const std::vector<uint16_t> got = dout.download();
-      // The CPU reference on the same rows (the inputs' rows past p.rows are zeros).
-      std::vector<int64_t> host_offsets = offsets;
-      std::vector<uint16_t> dy = p.dy, x = p.x;
-      dy.resize(static_cast<size_t>(capacity * kN), 0);
-      x.resize(static_cast<size_t>(capacity * kK), 0);
-      std::vector<uint16_t> want(static_cast<size_t>(kGroups * kN * kK), 0);
-      const sfmoe_grouped_tensor ha = rows_in(SFMOE_MEMORY_HOST, dy.data(), SFMOE_DTYPE_BF16,
-                                              kGroups, capacity, kN, 1, host_offsets.data());
-      const sfmoe_grouped_tensor hb = rows_in(SFMOE_MEMORY_HOST, x.data(), SFMOE_DTYPE_BF16,
-                                              kGroups, capacity, kK, 1, host_offsets.data());
-      const sfmoe_grouped_tensor hout =
-          weights_in(SFMOE_MEMORY_HOST, want.data(), SFMOE_DTYPE_BF16);
-      ASSERT_EQ(sfmoe_grouped_gemm(&ha, &hb, &config, &hout, nullptr, nullptr, nullptr),
-                SFMOE_SUCCESS)
-          << sfmoe_last_error();
-      int64_t differ = 0;
-      for (size_t i = 0; i < want.size(); ++i) differ += got[i] != want[i];
-      EXPECT_EQ(differ, 0) << tile << " replay " << replay;
-      std::printf("[ gemm graph ] %s wgrad replay %d: %lld rows, %lld values differ\n", tile,
-                  replay, static_cast<long long>(offsets.back()), static_cast<long long>(differ));
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
     }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-  }
+  cuda::launch_overrides_for_tests().wgrad_prefetch_mib = loaded_prefetch;
   cudaStreamDestroy(stream);
 }
 

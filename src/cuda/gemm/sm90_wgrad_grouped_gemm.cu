@@ -30,6 +30,7 @@
 #include "src/common/group_offsets.h"
 #include "src/cuda/gemm/sm90_grouped_gemm_kernels.cuh"
 #include "src/cuda/gemm/sm90_warp_specialized.cuh"
+#include "src/cuda/heuristics/launch_overrides.h"
 
 namespace sfmoe {
 namespace cuda {
@@ -45,6 +46,11 @@ using warp_specialized::kProducerRegisters;
 using warp_specialized::kThreads;
 constexpr int kTileM = 128;
 constexpr int kEpilogueBarrier = 1;  // named barrier of the two consumer warp groups (256 threads)
+
+// The bound on the groups the kernel prefetches into L2 (dY_g and X_g together; a few groups of
+// 16 MiB at once stay well inside the H100's and H200's 50 MiB). 0, none, until the prefetch is
+// measured: SFMOE_WGRAD_PREFETCH_MIB=16 turns it on for the measurement.
+constexpr int64_t kPrefetchGroupMiB = 0;
 
 // A = dY_g read M-major (dY is [rows, n] row-major: the GEMM's M = n runs along a row), B = X_g
 // read N-major; kTileM x kTileN tiles, kStages pipeline stages, kClusterM CTAs a cluster: the
@@ -83,6 +89,7 @@ struct WgradKernel {
     typename Mainloop::PipelineStorage pipeline;
     int unit_start[kMaxGroups + 1];
     int rows[kMaxGroups];
+    int first_row[kMaxGroups];
     warp_specialized::GroupScan::TempStorage scan;
   };
   // (+1024: the kernel aligns the dynamic shared memory it is given to 1024 bytes)
@@ -95,6 +102,7 @@ struct WgradKernel {
     GroupedGemmDeviceArgs args;              // the offsets, the capacity and the fault word
     const cute::TmaDescriptor* descriptors;  // [G][2]: group g's dY_g and X_g
     int m_tiles, n_tiles;                    // of dW_g: n / kTileM and k / kTileN, rounded up
+    int64_t prefetch_group_bytes;  // groups whose dY_g and X_g fit are prefetched into L2 (0: none)
   };
 };
 
@@ -156,6 +164,13 @@ __global__ void __launch_bounds__(kSetupWarps * 32)
   cute::tma_descriptor_cp_fence_release(out + 1, staged[warp][1]);
 }
 
+// A bulk prefetch of `bytes` (a multiple of 16) from `address` (16-byte aligned) into L2.
+__device__ __forceinline__ void prefetch_l2(const void* address, int64_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(address),
+               "r"(static_cast<uint32_t>(bytes))
+               : "memory");
+}
+
 struct WgradTile {
   int group, m_block, n_block;
 };
@@ -183,6 +198,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       int64_t lo, hi;
       grouped_gemm_detail::group_rows(a, g, &lo, &hi);
       s.rows[g] = static_cast<int>(hi - lo);
+      s.first_row[g] = static_cast<int>(lo);
       return hi > lo ? units_per_group : 0;
     });
   }
@@ -216,6 +232,27 @@ __global__ void __launch_bounds__(kThreads, 1)
     int loaded_group = -1;
     for (int unit = first_unit; unit < total_units; unit += unit_stride) {
       const WgradTile t = locate(unit);
+      // The CTA's next unit, a tile from now, mostly lies in a group no CTA has read yet (at
+      // Qwen3-30B-A3B's shape the 132 CTAs span 1.4 groups, and every CTA changes group at every
+      // tile): its first loads would all miss L2 together. So each unit prefetches into L2 its
+      // share of the rows of the group its CTA takes next (the group's units' shares cover dY_g
+      // and X_g once), for groups small enough to stay in L2 until read.
+      const int next = unit + unit_stride;
+      if (p.prefetch_group_bytes > 0 && next < total_units && rank == 0 && cute::elect_one_sync()) {
+        const int g = static_cast<int>(group_of_offset_row(s.unit_start, groups, next));
+        const int64_t rows = s.rows[g], share = next - s.unit_start[g];
+        if (rows * (n + k) * static_cast<int64_t>(sizeof(Bf16)) <= p.prefetch_group_bytes) {
+          const int64_t r0 = share * rows / units_per_group,
+                        r1 = (share + 1) * rows / units_per_group;
+          if (r1 > r0) {
+            const int64_t row = s.first_row[g] + r0;
+            prefetch_l2(static_cast<const Bf16*>(p.args.a.data) + row * n,
+                        (r1 - r0) * n * sizeof(Bf16));
+            prefetch_l2(static_cast<const Bf16*>(p.args.b.data) + row * k,
+                        (r1 - r0) * k * sizeof(Bf16));
+          }
+        }
+      }
       const cute::TmaDescriptor* desc_a = p.descriptors + 2 * t.group;
       const cute::TmaDescriptor* desc_b = desc_a + 1;
       if (t.group != loaded_group) {  // (the whole warp: the fences are aligned)
@@ -321,6 +358,7 @@ sfmoe_status run(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
   p.descriptors = descriptors_in(a.workspace);
   p.m_tiles = (n + kTileM - 1) / kTileM;
   p.n_tiles = (k + K::kN - 1) / K::kN;
+  p.prefetch_group_bytes = launch_overrides().wgrad_prefetch_mib.value_or(kPrefetchGroupMiB) << 20;
 
   // Persistent: as many clusters as fit on the GPU at once (one CTA an SM), or fewer when there
   // are fewer units of work. (Checked before anything is launched.)
@@ -347,6 +385,8 @@ sfmoe_status run(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
 // clusters multicasting X's tile.
 using Wgrad256 = WgradKernel<256, 3>;
 using Wgrad256x2 = WgradKernel<256, 3, 2>;
+// 128 x 192: 40 KiB a stage, four of them beside the 48 KiB staged tile.
+using Wgrad192 = WgradKernel<192, 4>;
 
 }  // namespace
 
@@ -379,6 +419,8 @@ sfmoe_status wgrad_grouped_gemm(const GroupedGemmDeviceArgs& a, GemmTile tile,
       return run<Wgrad256>(a, stream);
     case GemmTile::kWgrad128x256Cluster2:
       return run<Wgrad256x2>(a, stream);
+    case GemmTile::kWgrad128x192:
+      return run<Wgrad192>(a, stream);
     default:
       return report(SFMOE_ERROR_UNSUPPORTED, "not a tile of the wgrad grouped GEMM");
   }

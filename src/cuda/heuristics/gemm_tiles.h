@@ -62,6 +62,7 @@ enum class GemmTile {
   // written once per call, the epilogue's TMA stores overlapping the next tile's mainloop
   kWgrad128x256,
   kWgrad128x256Cluster2,  // the same in 2-CTA clusters along M multicasting X's tile
+  kWgrad128x192,          // 128 x 192 in four stages (128 x 256 fits three)
 };
 
 enum class GemmRecipe {
@@ -80,12 +81,13 @@ inline bool is_contiguous_tile(GemmTile tile) {
 
 // Whether the tile is sfmoe's own wgrad kernel (sm90_wgrad_grouped_gemm.cu).
 inline bool is_wgrad_tile(GemmTile tile) {
-  return tile == GemmTile::kWgrad128x256 || tile == GemmTile::kWgrad128x256Cluster2;
+  return tile == GemmTile::kWgrad128x256 || tile == GemmTile::kWgrad128x256Cluster2 ||
+         tile == GemmTile::kWgrad128x192;
 }
 
 // The tile a SFMOE_GEMM_TILE value names (coop128, coop256, pingpong64, coop256x128,
 // pingpong128, contig256, contig192, contig128, contig256c2, contig192c2, wgrad256,
-// wgrad256c2); none for another value.
+// wgrad256c2, wgrad192); none for another value.
 inline std::optional<GemmTile> gemm_tile_named(const char* name) {
   if (name == nullptr) return std::nullopt;
   if (strcmp(name, "coop128") == 0) return GemmTile::kCooperative128x128;
@@ -100,6 +102,7 @@ inline std::optional<GemmTile> gemm_tile_named(const char* name) {
   if (strcmp(name, "contig192c2") == 0) return GemmTile::kContiguous128x192Cluster2;
   if (strcmp(name, "wgrad256") == 0) return GemmTile::kWgrad128x256;
   if (strcmp(name, "wgrad256c2") == 0) return GemmTile::kWgrad128x256Cluster2;
+  if (strcmp(name, "wgrad192") == 0) return GemmTile::kWgrad128x192;
   return std::nullopt;
 }
 

@@ -7,6 +7,9 @@
 //   configuration instead of the heuristic's (tile studies); an unknown value is ignored, a tile
 //   the recipe is not compiled for falls back to its default (an own-kernel tile, on a call that
 //   kernel does not take, to the heuristic's choice).
+// - SFMOE_WGRAD_PREFETCH_MIB=<n>: sfmoe's BF16 wgrad kernel prefetches into L2 the groups whose
+//   dY_g and X_g together take at most n MiB (0: none) instead of its default bound (0 until the
+//   prefetch is measured; studies).
 //
 // The test suites (linked statically) force the paths they cover through
 // launch_overrides_for_tests(); nothing else changes them after load.
@@ -22,7 +25,8 @@ namespace sfmoe {
 namespace cuda {
 
 struct LaunchOverrides {
-  std::optional<GemmTile> gemm_tile;  // SFMOE_GEMM_TILE
+  std::optional<GemmTile> gemm_tile;          // SFMOE_GEMM_TILE
+  std::optional<int64_t> wgrad_prefetch_mib;  // SFMOE_WGRAD_PREFETCH_MIB
   // Tests only: the rows each warp of the amax row stream walks (0: the grid's share), so that
   // runs cross group boundaries.
   int64_t amax_rows_per_warp = 0;
