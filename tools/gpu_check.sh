@@ -109,16 +109,22 @@ if [ "${SFMOE_SKIP_PYTHON:-0}" != 1 ]; then
       > "$OUT/bench_moe_layer_torch.log" 2>&1
     status_line bench_moe_layer_torch "rc $?"
     # Nsight Compute on one wgrad call, sfmoe's and dense cuBLAS's (SFMOE_NCU=1; stall reasons and
-    # pipe use into ncu_wgrad_*.txt): what bench/probe_wgrad_ncu.py describes.
+    # pipe use into ncu_wgrad_*.txt, sfmoe's stalls per instruction into ncu_wgrad_own_sass.txt):
+    # what bench/probe_wgrad_ncu.py describes.
     ncu=$(command -v ncu || true)
     if [ "${SFMOE_NCU:-0}" = 1 ] && [ -n "$ncu" ]; then
-      sections=(--section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section Occupancy)
+      sections=(--section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section Occupancy
+        --print-details all)
       SFMOE_GEMM_TILE=wgrad256 PYTHONPATH="$ROOT/build-py/python:$ROOT/bench" "$ncu" "${sections[@]}" \
         -k regex:wgrad_grouped_gemm_kernel --launch-skip 2 --launch-count 1 python3 bench/probe_wgrad_ncu.py \
         > "$OUT/ncu_wgrad_own.txt" 2>&1
       status_line ncu_wgrad "own rc $?"
+      # (where the warps wait: the stall samples per SASS instruction)
+      SFMOE_GEMM_TILE=wgrad256 PYTHONPATH="$ROOT/build-py/python:$ROOT/bench" bench/profile_sass.sh \
+        wgrad_grouped_gemm_kernel 2 20 -- python3 bench/probe_wgrad_ncu.py > "$OUT/ncu_wgrad_own_sass.txt" 2>&1
+      # cuBLAS's kernel names start so (nvjet_sm90_... on Hopper); sfmoe's setup kernels do not.
       PYTHONPATH="$ROOT/build-py/python:$ROOT/bench" "$ncu" "${sections[@]}" \
-        -k regex:'^(?!.*(wgrad|descriptor|elementwise|distribution|fill)).*' --launch-skip 2 --launch-count 1 \
+        -k regex:'^(nvjet|sm90|sm80|ampere)' --launch-skip 2 --launch-count 1 \
         python3 bench/probe_wgrad_ncu.py > "$OUT/ncu_wgrad_dense.txt" 2>&1
       status_line ncu_wgrad "${RESULT[ncu_wgrad]}, dense rc $?"
     fi
