@@ -9,11 +9,11 @@ namespace {
 LaunchOverrides from_environment() {
   LaunchOverrides o;
   o.gemm_tile = gemm_tile_named(getenv("SFMOE_GEMM_TILE"));
+  // (at most 1 GiB: a unit's prefetch then stays below the instruction's 32-bit size)
   if (const char* mib = getenv("SFMOE_WGRAD_PREFETCH_MIB")) {
     char* end = nullptr;
     const long long value = strtoll(mib, &end, 10);
-    if (end != mib && *end == '\0' && value >= 0 && value <= (1LL << 20))
-      o.wgrad_prefetch_mib = value;
+    if (end != mib && *end == '\0' && value >= 0 && value <= 1024) o.wgrad_prefetch_mib = value;
   }
   return o;
 }

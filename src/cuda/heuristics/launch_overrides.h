@@ -8,8 +8,8 @@
 //   the recipe is not compiled for falls back to its default (an own-kernel tile, on a call that
 //   kernel does not take, to the heuristic's choice).
 // - SFMOE_WGRAD_PREFETCH_MIB=<n>: sfmoe's BF16 wgrad kernel prefetches into L2 the groups whose
-//   dY_g and X_g together take at most n MiB (0: none) instead of its default bound (0 until the
-//   prefetch is measured; studies).
+//   dY_g and X_g together take at most n MiB (0: none; at most 1024) instead of its default bound
+//   (0 until the prefetch is measured; studies).
 //
 // The test suites (linked statically) force the paths they cover through
 // launch_overrides_for_tests(); nothing else changes them after load.
