@@ -6,19 +6,20 @@ tokens x are BF16 on the GPU, and an FP32 GEMM there runs on the CUDA cores (FFM
 of the tensor cores' rate: at Qwen3-30B-A3B's shape the gate's three GEMMs and the FP32 copies of
 x took 0.45 ms of a 4.8 ms training step (an H100). So the gate can run its GEMMs on the tensor
 cores without giving up FP32 (MoE(router_gemm="bf16x3"), and "auto", the default, on the GPU
-where the GEMMs are large; "fp32" is torch's FP32 GEMM): each FP32 operand is written as a sum of three BF16 terms, t = t0 + t1 + t2 (t0 =
-bf16(t), t1 = bf16(t - t0), t2 = bf16(t - t0 - t1): 24 significant bits, as FP32 has), and a
-product with a BF16 operand is exact in FP32, so
+where the GEMMs are large; "fp32" is torch's FP32 GEMM): each FP32 operand is written as a sum
+of three BF16 terms, t = t0 + t1 + t2 (t0 = bf16(t), t1 = bf16(t - t0), t2 = bf16(t - t0 - t1):
+24 significant bits, as FP32 has), and a product with a BF16 operand is exact in FP32, so
 
     logits = x w0^T + x w1^T + x w2^T   (one GEMM against the three terms side by side)
     d W_r  = g0^T x + g1^T x + g2^T x   (g = d logits; one wgrad GEMM, the terms side by side)
-    d x    = g0 w0 + g0 w1 + g1 w0      (one GEMM over K = 3 E; the dropped term products lie
+    d x    = g0 w0 + g1 w0 + g0 w1      (one GEMM over K = 3 E; the dropped term products lie
                                          below 2^-16 of each product, d x is rounded to BF16)
 
 accumulated in FP32 by sfmoe's grouped GEMM (one group). The logits and d W_r differ from an
-FP32 GEMM's only by the order of the FP32 additions (and for weights below about 2^-100, whose last terms
-underflow BF16's range, by at most 2^-133 each). FP32 tokens (the CPU backend's FP32 modules) and
-a hidden size that is no multiple of 8 (the BF16 GEMM's TMA alignment) keep torch's FP32 GEMM.
+FP32 GEMM's only by the order of the FP32 additions (and for weights below about 2^-100, whose
+last terms underflow BF16's range, by at most 2^-133 each). FP32 tokens (the CPU backend's FP32
+modules) and a hidden size that is no multiple of 8 (the BF16 GEMM's TMA alignment) keep torch's
+FP32 GEMM.
 """
 
 import torch
@@ -43,7 +44,9 @@ def _term_blocks(t: Tensor, count: int, width: int, dim: int) -> Tensor:
     shape = list(t.shape)
     experts = shape[dim]
     shape[dim] = count * width
-    out = t.new_zeros(shape, dtype=torch.bfloat16) if width != experts else t.new_empty(shape, dtype=torch.bfloat16)
+    # (zeros only where blocks have padding after their E)
+    make = t.new_zeros if width != experts else t.new_empty
+    out = make(shape, dtype=torch.bfloat16)
     rest = t
     for i in range(count):
         term = out.narrow(dim, i * width, experts)
