@@ -12,9 +12,9 @@
 // - Each group's two TMA descriptors (dY_g [rows_g, n] and X_g [rows_g, k], their K bound at the
 //   group's last row, so the tail of a group's last 64-row step reads zeros, never the next
 //   group's rows) are written once per call by a setup kernel into the workspace; the GEMM
-//   kernel only fences and prefetches them, a tile before a CTA's tile changes group. CUTLASS
-//   instead rewrites a descriptor in shared memory whenever a tile changes group, which in wgrad is
-//   almost every tile (a wave of 132 CTAs spans one or two groups).
+//   kernel only fences and prefetches them when a CTA's tile changes group. CUTLASS instead
+//   rewrites a descriptor in shared memory whenever a tile changes group, which in wgrad is almost
+//   every tile (a wave of 132 CTAs spans one or two groups).
 // The mainloop is CUTLASS's warp-specialized cooperative TMA + GMMA collective (its ptr-array
 // form, which reads its descriptors through pointers), so a tile sums in the same order as
 // CUTLASS's 128 x 256 tile and gives its bits. The scheduler: group g owns the tiles
@@ -229,38 +229,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
     if (warp_in_group != 0) return;
     auto write = cutlass::make_producer_start_state<typename K::Pipeline>();
-    // The two groups whose descriptors this warp acquired and prefetched last. A unit readies its
-    // own group's (the CTA's first unit only, normally) and the group of the CTA's next unit, a
-    // tile ahead: at Qwen3-30B-A3B's shape every CTA changes group at every tile, and a descriptor
-    // fetched only when its first load is issued delays that load.
-    int ready[2] = {-1, -1};
-    auto make_ready = [&](int g) {  // (the whole warp: the fences are aligned)
-      if (g == ready[0] || g == ready[1]) return;
-      const cute::TmaDescriptor* desc = p.descriptors + 2 * g;
-      cute::tma_descriptor_fence_acquire(desc);
-      cute::tma_descriptor_fence_acquire(desc + 1);
-      if (cute::elect_one_sync()) {
-        cute::prefetch_tma_descriptor(desc);
-        cute::prefetch_tma_descriptor(desc + 1);
-      }
-      ready[1] = ready[0];
-      ready[0] = g;
-    };
+    int loaded_group = -1;
     for (int unit = first_unit; unit < total_units; unit += unit_stride) {
       const WgradTile t = locate(unit);
-      make_ready(t.group);
+      // The CTA's next unit, a tile from now, mostly lies in a group no CTA has read yet (at
+      // Qwen3-30B-A3B's shape the 132 CTAs span 1.4 groups, and every CTA changes group at every
+      // tile): its first loads would all miss L2 together. So each unit prefetches into L2 its
+      // share of the rows of the group its CTA takes next (the group's units' shares cover dY_g
+      // and X_g once), for groups small enough to stay in L2 until read.
       const int next = unit + unit_stride;
-      if (next < total_units) {
+      if (p.prefetch_group_bytes > 0 && next < total_units && rank == 0 && cute::elect_one_sync()) {
         const int g = static_cast<int>(group_of_offset_row(s.unit_start, groups, next));
-        make_ready(g);
-        // The next unit mostly lies in a group no CTA has read yet (at Qwen3-30B-A3B's shape the
-        // 132 CTAs span 1.4 groups): its first loads would all miss L2 together. So each unit
-        // prefetches into L2 its share of the rows of the group its CTA takes next (the group's
-        // units' shares cover dY_g and X_g once), for groups small enough to stay in L2 until
-        // read.
         const int64_t rows = s.rows[g], share = next - s.unit_start[g];
-        if (p.prefetch_group_bytes > 0 && rank == 0 && cute::elect_one_sync() &&
-            rows * (n + k) * static_cast<int64_t>(sizeof(Bf16)) <= p.prefetch_group_bytes) {
+        if (rows * (n + k) * static_cast<int64_t>(sizeof(Bf16)) <= p.prefetch_group_bytes) {
           const int64_t r0 = share * rows / units_per_group,
                         r1 = (share + 1) * rows / units_per_group;
           if (r1 > r0) {
@@ -274,6 +255,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       const cute::TmaDescriptor* desc_a = p.descriptors + 2 * t.group;
       const cute::TmaDescriptor* desc_b = desc_a + 1;
+      if (t.group != loaded_group) {  // (the whole warp: the fences are aligned)
+        cute::tma_descriptor_fence_acquire(desc_a);
+        cute::tma_descriptor_fence_acquire(desc_b);
+        if (cute::elect_one_sync()) {
+          cute::prefetch_tma_descriptor(desc_a);
+          cute::prefetch_tma_descriptor(desc_b);
+        }
+        loaded_group = t.group;
+      }
       const int rows = s.rows[t.group];
       const int k_tiles = (rows + 63) / 64;
       // Coordinates only: the group's descriptors hold its base and bounds.
