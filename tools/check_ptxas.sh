@@ -2,8 +2,8 @@
 # Compiles sfmoe's own GEMM kernels again with ptxas's report (-Xptxas=-v) and fails on a note that
 # ptxas serialized a kernel's wgmma instructions (C7514 / C7515 "Potential Performance Loss"): the
 # MMAs then wait for each other, a large silent slowdown that no test sees. The commands come from
-# the build (tools/build.sh first; $SFMOE_BUILD, default build/); the objects go to a temporary
-# folder, the build is untouched.
+# the build's compile_commands.json (tools/build.sh first; $SFMOE_BUILD, default build/); the
+# objects go to a temporary folder, the build is untouched.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${SFMOE_BUILD:-build}
@@ -12,21 +12,43 @@ if ! grep -q "^CMAKE_CUDA_COMPILER:" "$BUILD/CMakeCache.txt" 2>/dev/null; then
   echo "check_ptxas: skipped ($BUILD compiles no CUDA kernels)"
   exit 0
 fi
-command -v ninja > /dev/null && [ -f "$BUILD/build.ninja" ] ||
-  { echo "check_ptxas: needs $BUILD configured for Ninja (tools/build.sh uses it when installed)"; exit 2; }
+[ -f "$BUILD/compile_commands.json" ] ||
+  { echo "check_ptxas: $BUILD/compile_commands.json missing (configure $BUILD again)"; exit 2; }
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 status=0
 for src in "${SOURCES[@]}"; do
-  object="CMakeFiles/sfmoe_objects.dir/$src.o"
-  command=$(ninja -C "$BUILD" -t commands "$object" | tail -1)
-  [ -n "$command" ] || { echo "check_ptxas: no compile command for $src in $BUILD"; exit 2; }
-  # The object and its dependency file into the scratch folder, ccache bypassed (its cached
-  # output would be the normal build's, without the report).
-  command=${command//" -o $object"/" -o $scratch/kernel.o"}
-  command=$(sed -E "s# -MD -MT [^ ]+ -MF [^ ]+##; s#^[^ ]*ccache ##" <<< "$command")
+  # The source's command, its object and dependency file sent to the scratch folder, ccache
+  # bypassed (its cached output would be the normal build's, without the report).
+  command=$(python3 - "$BUILD/compile_commands.json" "$PWD/$src" "$scratch/kernel.o" <<'PY'
+import json, shlex, sys
+entries, source, obj = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
+entry = next((e for e in entries if e["file"] == source), None)
+if entry is None:
+    sys.exit(f"check_ptxas: no compile command for {source}")
+args = shlex.split(entry["command"])
+if args[0].endswith("ccache"):
+    args = args[1:]
+out, skip = [], 0
+for i, a in enumerate(args):
+    if skip:
+        skip -= 1
+        continue
+    if a in ("-MD",):
+        continue
+    if a in ("-MT", "-MF"):
+        skip = 1
+        continue
+    if a == "-o":
+        out += ["-o", obj]
+        skip = 1
+        continue
+    out.append(a)
+print("cd " + shlex.quote(entry["directory"]) + " && " + shlex.join(out + ["-Xptxas=-v"]))
+PY
+)
   log="$scratch/$(basename "$src").log"
-  (cd "$BUILD" && eval "$command -Xptxas=-v") > "$log" 2>&1 || { cat "$log"; exit 1; }
+  (eval "$command") > "$log" 2>&1 || { cat "$log"; exit 1; }
   serialized=$(grep -c "C751[45]" "$log" || true)
   kernels=$(grep -c "Compiling entry function" "$log" || true)
   echo "check_ptxas: $src: $kernels kernels, $serialized with serialized wgmma"
