@@ -18,7 +18,7 @@ scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 status=0
 for src in "${SOURCES[@]}"; do
-  # The source's command, its object and dependency file sent to the scratch folder, ccache
+  # The source's command with its object sent to the scratch folder, no dependency file, and ccache
   # bypassed (its cached output would be the normal build's, without the report).
   command=$(python3 - "$BUILD/compile_commands.json" "$PWD/$src" "$scratch/kernel.o" <<'PY'
 import json, shlex, sys
@@ -30,11 +30,11 @@ args = shlex.split(entry["command"])
 if args[0].endswith("ccache"):
     args = args[1:]
 out, skip = [], 0
-for i, a in enumerate(args):
+for a in args:
     if skip:
         skip -= 1
         continue
-    if a in ("-MD",):
+    if a == "-MD":
         continue
     if a in ("-MT", "-MF"):
         skip = 1
