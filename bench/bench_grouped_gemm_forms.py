@@ -34,7 +34,11 @@ SHAPES = {  # name: (local experts E, routed rows M, hidden, ffn)
 FAMILIES = ("DeepSeek-V3 EP8", "Qwen3-30B-A3B", "Mixtral-8x7B")  # balanced and Zipf; the others balanced
 TILES = os.environ.get("SFMOE_BENCH_FORMS_TILES", "default,contig256,contig256c2,contig192c2").split(",")
 # The forms timed (SFMOE_BENCH_FORMS_FORMS, comma-separated): fprop and dgrad by default; wgrad
-# (dW_g = dY_g^T X_g into BF16, beside torch._grouped_mm's wgrad and dense dY^T X) on request.
+# (dW_g = dY_g^T X_g into BF16, beside torch._grouped_mm's wgrad and dense dY^T X) on request;
+# fprop_gather / dgrad_gather: A's rows gathered from M / 8 token rows (each group's tokens in
+# increasing order, as a stable sort by expert leaves them) through a_row_index, beside
+# torch's index_select + torch._grouped_mm (the plain layer's pair) -- compare with the plain form's
+# row of the same process for what the gather costs or saves in the GEMM itself.
 FORMS = os.environ.get("SFMOE_BENCH_FORMS_FORMS", "fprop,dgrad").split(",")
 # SFMOE_BENCH_FORMS_SHAPES (comma-separated names of SHAPES) times those shapes only.
 ONLY = [s for s in os.environ.get("SFMOE_BENCH_FORMS_SHAPES", "").split(",") if s]
@@ -60,7 +64,40 @@ def child():
                 w = torch.randn(experts, n, k, device=dev, dtype=torch.bfloat16)
                 flops = 2.0 * m * n * k
                 for form in FORMS:
-                    if form == "wgrad":  # dW_g [n, k] = dY_g^T X_g, into BF16; dense: dY^T X
+                    gather = form.endswith("_gather")
+                    index = None
+                    if gather:  # each group's token rows, ascending
+                        tokens = max(m // 8, 1)
+                        group_of_row = torch.repeat_interleave(
+                            torch.arange(experts, device=dev), (offsets[1:] - offsets[:-1]).long()
+                        )
+                        key = group_of_row * tokens + torch.randint(0, tokens, (m,), device=dev)
+                        index = (torch.sort(key).values % tokens).to(torch.int32)
+                        index_long = index.long()
+                        source = torch.randn(
+                            tokens, k if form == "fprop_gather" else n, device=dev, dtype=torch.bfloat16
+                        )
+                    if form == "fprop_gather":
+                        out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
+                        grouped = peer(
+                            lambda: torch._grouped_mm(
+                                source.index_select(0, index_long), w.transpose(1, 2), offs=ends32
+                            )
+                        )
+                    elif form == "dgrad_gather":
+                        out = torch.empty(m, k, device=dev, dtype=torch.bfloat16)
+                        grouped = peer(lambda: torch._grouped_mm(source.index_select(0, index_long), w, offs=ends32))
+                    if gather:
+                        a, b = source, w
+                        da, db = (
+                            torch.randn(m, k, device=dev, dtype=torch.bfloat16),
+                            torch.randn(k, n, device=dev, dtype=torch.bfloat16),
+                        )
+                        plain = form.split("_")[0]
+                        ours = ours_ms(
+                            lambda: sfmoe.grouped_gemm(plain, source, w, offsets, out=out, a_row_index=index)
+                        )
+                    elif form == "wgrad":  # dW_g [n, k] = dY_g^T X_g, into BF16; dense: dY^T X
                         a = torch.randn(m, n, device=dev, dtype=torch.bfloat16)
                         b = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
                         out = torch.empty(experts, n, k, device=dev, dtype=torch.bfloat16)
@@ -82,7 +119,8 @@ def child():
                             torch.randn(m, n, device=dev, dtype=torch.bfloat16),
                             torch.randn(n, k, device=dev, dtype=torch.bfloat16),
                         )
-                    ours = ours_ms(lambda: sfmoe.grouped_gemm(form, a, b, offsets, out=out))
+                    if not gather:
+                        ours = ours_ms(lambda: sfmoe.grouped_gemm(form, a, b, offsets, out=out))
                     dense = peer(lambda: da @ db)
                     rows_out.append(
                         dict(
@@ -92,7 +130,7 @@ def child():
                             dense=dense and tflops(flops, dense),
                         )
                     )
-                    del a, b, out, da, db
+                    del a, b, out, da, db, index
                 del w
                 torch.cuda.empty_cache()
     with open(os.environ["SFMOE_BENCH_FORMS_JSON"], "w") as f:

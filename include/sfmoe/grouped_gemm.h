@@ -53,6 +53,15 @@ typedef struct sfmoe_grouped_gemm_config {
                                     over all of K on their own (faster; sums less precise than
                                     with the default periodic promotion into FP32). Ignored
                                     elsewhere: the host reference always sums in FP32 */
+  /* fprop and dgrad with unquantized a: A's rows gathered from a's data instead of read as they
+   * lie (a permutation's rows read straight from the tokens, never written out). NULL: as they
+   * lie. Else [a.row_capacity] int32 in a's memory: A's row r is row a_row_index[r] of
+   * a.rowwise_data, which then holds a_source_rows rows of a.cols (a.row_capacity and
+   * a.group_offsets describe the gathered rows, as they do out's); an index outside
+   * [0, a_source_rows) gives a zero row (padding rows: -1). On the device: BF16 a, b and out, n
+   * and k multiples of 8, at most 768 groups (sfmoe's own fprop / dgrad kernel). */
+  const int32_t* a_row_index;
+  int64_t a_source_rows;
 } sfmoe_grouped_gemm_config;
 
 SFMOE_API sfmoe_grouped_gemm_config sfmoe_grouped_gemm_config_init(void);

@@ -47,7 +47,16 @@ def _operand(x, what, *, weights, groups, offsets):
 
 
 def grouped_gemm(
-    form, a, b, group_offsets=None, *, out=None, out_dtype=None, accumulate=False, fast_accumulation=False
+    form,
+    a,
+    b,
+    group_offsets=None,
+    *,
+    out=None,
+    out_dtype=None,
+    accumulate=False,
+    fast_accumulation=False,
+    a_row_index=None,
 ):
     """One grouped GEMM (docs/grouped_gemm.md); group g owns rows [offsets[g], offsets[g + 1]).
 
@@ -65,6 +74,10 @@ def grouped_gemm(
     fast_accumulation: FP8 per-tensor operands on CUDA are summed by the tensor cores over all of K
     (faster, less precise; the default promotes partial sums into FP32 periodically). The host
     reference ignores it.
+    a_row_index: fprop and dgrad with unquantized a: int32 [R] on a's device; A's row r is row
+    a_row_index[r] of a (then [S, cols], any S), a zero row for an index outside [0, S); the
+    offsets and the result describe the R gathered rows (an MoE permutation read straight from the
+    tokens; on CUDA BF16 a, b and out).
     """
     if form not in _FORMS:
         raise ValueError(f"form: expected 'fprop', 'dgrad' or 'wgrad', got {form!r}")
@@ -89,6 +102,14 @@ def grouped_gemm(
         offsets = lambda: off_adapter.for_binding(off)  # noqa: E731 (one binding per descriptor)
         groups = off_adapter.shape(off)[0] - 1
     a_desc, adapter, like, rows, a_cols, a_hadamard = _operand(a, "a", weights=False, groups=groups, offsets=offsets)
+    index, source_rows = None, 0
+    if a_row_index is not None:
+        if form == "wgrad" or isinstance(a, GroupedQuantizedTensor):
+            raise ValueError("a_row_index: gathers unquantized rows of a in fprop and dgrad only")
+        index_adapter, index_array, _ = _arrays.checked_input(a_row_index, "a_row_index", (DType.INT32,), ndim=1)
+        # (a's descriptor keeps its data's rows; the binding gives it the gathered rows' count)
+        source_rows, rows = rows, index_adapter.shape(index_array)[0]
+        index = index_adapter.for_binding(index_array)
     b_desc, _, _, _, b_cols, b_hadamard = _operand(b, "b", weights=form != "wgrad", groups=groups, offsets=offsets)
     if form == "fprop":
         n = b_desc["uniform_group_rows"]
@@ -130,5 +151,7 @@ def grouped_gemm(
         None if workspace is None else adapter.for_binding(workspace),
         adapter.stream(like),
         bool(fast_accumulation),
+        index,
+        source_rows,
     )
     return out

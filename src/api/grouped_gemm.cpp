@@ -155,6 +155,12 @@ sfmoe_status run_on_device(const char* context, const sfmoe_grouped_tensor* a,
   if (out->dtype != SFMOE_DTYPE_BF16 && out->dtype != SFMOE_DTYPE_FP32) {
     return fail(SFMOE_ERROR_UNSUPPORTED, "%s: the CUDA grouped GEMM writes BF16 or FP32", context);
   }
+  if (args.a_row_index != nullptr && (!bf16 || out->dtype != SFMOE_DTYPE_BF16)) {
+    return fail(SFMOE_ERROR_UNSUPPORTED,
+                "%s: the CUDA grouped GEMM gathers A's rows (a_row_index) with BF16 a, b and out "
+                "only",
+                context);
+  }
   // TMA: 16-byte rows and bases; blockwise: whole 128 x 128 weight blocks per group.
   const int64_t multiple = blockwise ? 128 : (fp8 ? 16 : 8);
   if (args.n % multiple != 0 || args.k % multiple != 0 || args.n > INT32_MAX ||
@@ -320,6 +326,12 @@ sfmoe_status sfmoe_grouped_gemm(const sfmoe_grouped_tensor* a, const sfmoe_group
       return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT,
                          "%s: accumulate applies to wgrad into an fp32 dW", context);
     }
+    if (config->a_row_index != nullptr &&
+        (config->form == SFMOE_GEMM_WGRAD || a->scaling != SFMOE_SCALING_NONE)) {
+      return sfmoe::fail(SFMOE_ERROR_UNSUPPORTED,
+                         "%s: a_row_index gathers unquantized rows of a in fprop and dgrad only",
+                         context);
+    }
     const int64_t groups = a->num_groups;
     sfmoe::GroupedGemmArgs args{};
     args.num_groups = groups;
@@ -362,6 +374,17 @@ sfmoe_status sfmoe_grouped_gemm(const sfmoe_grouped_tensor* a, const sfmoe_group
     }
     if (out->scaling != SFMOE_SCALING_NONE) {
       return sfmoe::fail(SFMOE_ERROR_DTYPE_MISMATCH, "%s: out must be fp32, bf16 or fp16", context);
+    }
+    if (config->a_row_index != nullptr) {  // A's rows gathered from a's data
+      if (config->a_source_rows < 0 || config->a_source_rows > INT32_MAX) {
+        return sfmoe::fail(SFMOE_ERROR_INVALID_ARGUMENT,
+                           "%s: a_source_rows must lie in [0, 2^31), got %lld", context,
+                           static_cast<long long>(config->a_source_rows));
+      }
+      SFMOE_RETURN_IF_ERROR(sfmoe::validate_pointer_memory(
+          context, "config", "a_row_index", config->a_row_index, a->memory, a->device));
+      args.a_row_index = config->a_row_index;
+      args.a_source_rows = config->a_source_rows;
     }
     if (config->form != SFMOE_GEMM_WGRAD &&
         (out->num_groups != groups || out->row_capacity != a->row_capacity)) {

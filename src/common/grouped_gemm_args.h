@@ -11,6 +11,10 @@
 
 namespace sfmoe {
 
+// The most groups a call with gathered rows (GroupedGemmArgs::a_row_index) takes on the device:
+// the own fprop / dgrad kernel's bound (its groups' prefix in shared memory).
+constexpr int64_t kGatheredGemmMaxGroups = 768;
+
 enum class GroupedGemmForm {
   kFprop,  // Y_g [M_g, N] = X_g [M_g, K] . W_g^T
   kDgrad,  // dX_g [M_g, K] = dY_g [M_g, N] . W_g
@@ -54,6 +58,11 @@ struct GroupedGemmArgs {
   void* workspace;           // device: sfmoe_grouped_gemm_workspace_bytes(...)
   int64_t workspace_bytes;   // (the host needs none)
   sfmoe_fault_report* word;  // device: or NULL
+  // fprop and dgrad, unquantized a: A's rows gathered from a's data, which then holds
+  // a_source_rows rows: A's row r is row a_row_index[r] of it, a zero row where that lies outside
+  // [0, a_source_rows). NULL: A's rows as they lie.
+  const int32_t* a_row_index = nullptr;  // [row_capacity], in a's memory
+  int64_t a_source_rows = 0;
 };
 
 // The device kernels (docs/grouped_gemm.md): each operand as the copy the form's kernel reads, the
@@ -84,7 +93,9 @@ struct GroupedGemmDeviceArgs {
   bool fast_accumulation;  // FP8 per-tensor: the tensor cores' own accumulation over all of K
   void* workspace;         // device, workspace_bytes
   int64_t workspace_bytes;
-  sfmoe_fault_report* word;  // or NULL
+  sfmoe_fault_report* word;              // or NULL
+  const int32_t* a_row_index = nullptr;  // as GroupedGemmArgs' (BF16 fprop and dgrad)
+  int64_t a_source_rows = 0;
 };
 
 // MXFP8 / NVFP4 on the device (emulated: Hopper has no block-scaled MMA for them): the workspace

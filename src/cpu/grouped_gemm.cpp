@@ -94,13 +94,21 @@ void grouped_gemm_values(const GroupedGemmValues& g) {
 namespace {
 
 // The operand's values as FP32 [row_capacity, cols] (rowwise orientation): unquantized rows
-// widened, quantized ones decoded from the copy the form reads (rows no group covers stay 0).
-std::vector<float> operand_values(const GemmOperand& o) {
+// widened (row r gathered from row row_index[r] of the data, which holds source_rows rows, when
+// row_index is given: a zero row for an index outside them), quantized ones decoded from the copy
+// the form reads (rows no group covers stay 0).
+std::vector<float> operand_values(const GemmOperand& o, const int32_t* row_index = nullptr,
+                                  int64_t source_rows = 0) {
   const GroupedQuantizeArgs& t = o.tensor;
   std::vector<float> values(static_cast<size_t>(t.row_capacity * t.cols), 0.0f);
   if (t.scaling == SFMOE_SCALING_NONE) {
-    for (size_t i = 0; i < values.size(); ++i) {
-      values[i] = load_value(t.rowwise, t.dtype, static_cast<int64_t>(i));
+    for (int64_t r = 0; r < t.row_capacity; ++r) {
+      const int64_t source = row_index == nullptr ? r : row_index[r];
+      if (source < 0 || (row_index != nullptr && source >= source_rows)) continue;
+      for (int64_t c = 0; c < t.cols; ++c) {
+        values[static_cast<size_t>(r * t.cols + c)] =
+            load_value(t.rowwise, t.dtype, source * t.cols + c);
+      }
     }
     return values;
   }
@@ -111,7 +119,8 @@ std::vector<float> operand_values(const GemmOperand& o) {
 }  // namespace
 
 void grouped_gemm(const GroupedGemmArgs& g) {
-  const std::vector<float> a = operand_values(g.a), b = operand_values(g.b);
+  const std::vector<float> a = operand_values(g.a, g.a_row_index, g.a_source_rows),
+                           b = operand_values(g.b);
   grouped_gemm_values(GroupedGemmValues{g.form, g.num_groups, g.offsets, g.n, g.k, a.data(),
                                         b.data(), g.out, g.out_dtype, g.accumulate});
 }

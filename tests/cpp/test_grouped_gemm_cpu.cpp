@@ -233,6 +233,70 @@ TEST(GroupedGemmApi, ThreeFormsThroughTheCApiAndRefusals) {
   EXPECT_EQ(y, y_before);
 }
 
+// fprop and dgrad with A's rows gathered (config.a_row_index) equal the same calls on the rows
+// copied out: repeated sources, padding rows (-1) and indices past the source read as zero rows;
+// wgrad, quantized rows and a negative source count are refused, writing nothing.
+TEST(GroupedGemmApi, GatheredRowsEqualTheRowsCopiedOut) {
+  std::mt19937_64 rng(testing::session_test_seed() + 34);
+  std::uniform_int_distribution<int> small(-4, 4);
+  constexpr int64_t kSources = 37;
+  for (const bool fprop : {true, false}) {
+    const int64_t cols = fprop ? kK : kN, out_cols = fprop ? kN : kK;
+    std::vector<uint16_t> source(kSources * cols), w(kGroups * kN * kK);
+    for (auto& v : source) v = numerics::f32_to_bf16(static_cast<float>(small(rng)));
+    for (auto& v : w) v = numerics::f32_to_bf16(static_cast<float>(small(rng)));
+    std::uniform_int_distribution<int32_t> pick(-3, kSources + 2);  // some outside the source
+    std::vector<int32_t> index(kRows);
+    std::vector<uint16_t> copied(kRows * cols, 0);  // bf16 zeros
+    for (int64_t r = 0; r < kRows; ++r) {
+      index[r] = pick(rng);
+      if (index[r] < 0 || index[r] >= kSources) continue;
+      for (int64_t c = 0; c < cols; ++c) copied[r * cols + c] = source[index[r] * cols + c];
+    }
+    std::vector<int64_t> offsets(kOffsets);
+    std::vector<float> gathered_out(kRows * out_cols, NAN), copied_out(kRows * out_cols, NAN);
+    sfmoe_grouped_tensor g_w = weights(w.data(), SFMOE_DTYPE_BF16);
+    sfmoe_grouped_tensor g_source = testing::host_rows(source.data(), SFMOE_DTYPE_BF16, kGroups,
+                                                       kRows, cols, 1, offsets.data());
+    sfmoe_grouped_tensor g_copied = testing::host_rows(copied.data(), SFMOE_DTYPE_BF16, kGroups,
+                                                       kRows, cols, 1, offsets.data());
+    sfmoe_grouped_tensor g_gathered_out = testing::host_rows(
+        gathered_out.data(), SFMOE_DTYPE_FP32, kGroups, kRows, out_cols, 1, offsets.data());
+    sfmoe_grouped_tensor g_copied_out = testing::host_rows(
+        copied_out.data(), SFMOE_DTYPE_FP32, kGroups, kRows, out_cols, 1, offsets.data());
+    sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
+    config.form = fprop ? SFMOE_GEMM_FPROP : SFMOE_GEMM_DGRAD;
+    ASSERT_EQ(
+        sfmoe_grouped_gemm(&g_copied, &g_w, &config, &g_copied_out, nullptr, nullptr, nullptr),
+        SFMOE_SUCCESS)
+        << sfmoe_last_error();
+    config.a_row_index = index.data();
+    config.a_source_rows = kSources;
+    ASSERT_EQ(
+        sfmoe_grouped_gemm(&g_source, &g_w, &config, &g_gathered_out, nullptr, nullptr, nullptr),
+        SFMOE_SUCCESS)
+        << sfmoe_last_error();
+    EXPECT_EQ(gathered_out, copied_out) << (fprop ? "fprop" : "dgrad");
+    EXPECT_FALSE(std::isnan(gathered_out[0]));
+
+    // Refusals write nothing.
+    const std::vector<float> before = gathered_out;
+    config.a_source_rows = -1;
+    EXPECT_EQ(
+        sfmoe_grouped_gemm(&g_source, &g_w, &config, &g_gathered_out, nullptr, nullptr, nullptr),
+        SFMOE_ERROR_INVALID_ARGUMENT);
+    config.a_source_rows = kSources;
+    config.form = SFMOE_GEMM_WGRAD;
+    std::vector<float> dw(kGroups * kN * kK, NAN);
+    sfmoe_grouped_tensor g_dw = weights(dw.data(), SFMOE_DTYPE_FP32);
+    EXPECT_EQ(sfmoe_grouped_gemm(&g_source, &g_source, &config, &g_dw, nullptr, nullptr, nullptr),
+              SFMOE_ERROR_UNSUPPORTED)
+        << "wgrad gathers nothing";
+    EXPECT_TRUE(std::isnan(dw[0]));
+    EXPECT_EQ(gathered_out, before);
+  }
+}
+
 }  // namespace
 }  // namespace sfmoe
 

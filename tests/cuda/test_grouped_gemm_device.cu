@@ -615,6 +615,157 @@ TEST(CudaGroupedGemm, OwnKernelGraphFollowsNewGroupSizes) {
   cudaStreamDestroy(stream);
 }
 
+// The own kernel with A's rows gathered (config.a_row_index: its producers copy each row from the
+// source by cp.async): one captured fprop and one dgrad per tile, replayed on new group sizes and
+// new row indices (repeated sources, padding -1, indices past the source: zero rows), each replay
+// bit for bit against the CPU reference of the same gathered call on integer inputs; then on
+// normal inputs, the gathered call's bits against the same kernel on the rows copied out.
+TEST(CudaGroupedGemm, OwnKernelGathersRowsBitForBit) {
+  SFMOE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(session_test_seed() + 76);
+  const int64_t capacity = 1800, sources = 700;
+  const std::vector<const char*> tiles =
+      tiles_to_test({"contig256", "contig192", "contig128", "contig256c2", "contig192c2"});
+  const Problem p = make_problem({sources}, true, &rng);  // x [sources, K], dy [sources, N]
+  DeviceBuffer<uint16_t> dx(p.x.size()), ddy(p.dy.size()), dw(p.w.size());
+  DeviceBuffer<int64_t> doff(kGroups + 1);
+  DeviceBuffer<int32_t> dindex(static_cast<size_t>(capacity));
+  DeviceBuffer<uint16_t> dout(static_cast<size_t>(capacity * kN));
+  const int64_t ws_elements =
+      gemm_workspace_words(kGroups, SFMOE_SCALING_NONE, 0, 0, SFMOE_SCALING_NONE, 0, 0);
+  DeviceBuffer<int64_t> ws(static_cast<size_t>(ws_elements));
+  const sfmoe_tensor workspace =
+      tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});
+  // p.w holds kGroups weights (make_problem fills them for kGroups).
+  CUDA_OK(dx.upload(p.x));
+  CUDA_OK(ddy.upload(p.dy));
+  CUDA_OK(dw.upload(p.w));
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreate(&stream));
+  std::uniform_int_distribution<int64_t> size(0, 300);
+  std::uniform_int_distribution<int32_t> pick(-2, static_cast<int32_t>(sources) + 1);
+  for (const char* tile : tiles) {
+    const ForcedTile forced(tile);
+    for (sfmoe_gemm_form form : {SFMOE_GEMM_FPROP, SFMOE_GEMM_DGRAD}) {
+      const bool fprop = form == SFMOE_GEMM_FPROP;
+      const int64_t in_cols = fprop ? kK : kN, out_cols = fprop ? kN : kK;
+      sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
+      config.form = form;
+      config.a_row_index = dindex.ptr;
+      config.a_source_rows = sources;
+      const sfmoe_grouped_tensor a =
+          rows_in(SFMOE_MEMORY_CUDA, fprop ? dx.ptr : ddy.ptr, SFMOE_DTYPE_BF16, kGroups, capacity,
+                  in_cols, 1, doff.ptr);
+      const sfmoe_grouped_tensor b = weights_in(SFMOE_MEMORY_CUDA, dw.ptr, SFMOE_DTYPE_BF16);
+      const sfmoe_grouped_tensor out = rows_in(SFMOE_MEMORY_CUDA, dout.ptr, SFMOE_DTYPE_BF16,
+                                               kGroups, capacity, out_cols, 1, doff.ptr);
+      CUDA_OK(doff.upload(std::vector<int64_t>(kGroups + 1, 0)));
+      cudaGraph_t graph;
+      CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+      ASSERT_EQ(sfmoe_grouped_gemm(&a, &b, &config, &out, &workspace, nullptr, stream),
+                SFMOE_SUCCESS)
+          << sfmoe_last_error();
+      CUDA_OK(cudaStreamEndCapture(stream, &graph));
+      cudaGraphExec_t exec;
+      CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int replay = 0; replay < 3; ++replay) {
+        std::vector<int64_t> offsets(1, 0);
+        for (int64_t g = 0; g < kGroups; ++g) {
+          offsets.push_back(offsets.back() + (replay == 0 && g == 1 ? 0 : size(rng)));
+        }
+        std::vector<int32_t> index(static_cast<size_t>(capacity));
+        for (auto& i : index) i = pick(rng);
+        CUDA_OK(cudaMemcpyAsync(doff.ptr, offsets.data(), offsets.size() * 8,
+                                cudaMemcpyHostToDevice, stream));
+        CUDA_OK(cudaMemcpyAsync(dindex.ptr, index.data(), index.size() * 4, cudaMemcpyHostToDevice,
+                                stream));
+        CUDA_OK(cudaMemsetAsync(dout.ptr, 0xFF, dout.count * sizeof(uint16_t), stream));
+        CUDA_OK(cudaGraphLaunch(exec, stream));
+        CUDA_OK(cudaStreamSynchronize(stream));
+        const std::vector<uint16_t> got = dout.download();
+        std::vector<int64_t> host_offsets = offsets;
+        std::vector<uint16_t> in = fprop ? p.x : p.dy, w = p.w;
+        std::vector<uint16_t> want(static_cast<size_t>(capacity * out_cols), 0);
+        sfmoe_grouped_gemm_config host_config = config;
+        host_config.a_row_index = index.data();
+        const sfmoe_grouped_tensor ha = rows_in(SFMOE_MEMORY_HOST, in.data(), SFMOE_DTYPE_BF16,
+                                                kGroups, capacity, in_cols, 1, host_offsets.data());
+        const sfmoe_grouped_tensor hb = weights_in(SFMOE_MEMORY_HOST, w.data(), SFMOE_DTYPE_BF16);
+        const sfmoe_grouped_tensor hout =
+            rows_in(SFMOE_MEMORY_HOST, want.data(), SFMOE_DTYPE_BF16, kGroups, capacity, out_cols,
+                    1, host_offsets.data());
+        ASSERT_EQ(sfmoe_grouped_gemm(&ha, &hb, &host_config, &hout, nullptr, nullptr, nullptr),
+                  SFMOE_SUCCESS)
+            << sfmoe_last_error();
+        int64_t differ = 0, nonzero = 0;
+        for (int64_t i = 0; i < offsets.back() * out_cols; ++i) {
+          differ += got[i] != want[i];
+          nonzero += (want[i] & 0x7FFF) != 0;
+        }
+        EXPECT_EQ(differ, 0) << tile << " " << form_name(form) << " replay " << replay;
+        EXPECT_GT(nonzero, offsets.back() * out_cols / 2) << "the rows gathered are mostly data";
+        std::printf("[ gemm gather ] %s %s replay %d: %lld rows, %lld values differ\n", tile,
+                    form_name(form), replay, static_cast<long long>(offsets.back()),
+                    static_cast<long long>(differ));
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+    }
+  }
+  // Normal inputs: the gathered call's bits are those of the same kernel on the rows copied out.
+  const Problem q = make_problem({sources}, false, &rng);
+  CUDA_OK(dx.upload(q.x));
+  CUDA_OK(ddy.upload(q.dy));
+  CUDA_OK(dw.upload(q.w));
+  std::vector<int64_t> offsets = {0, 0, 1, 257, 500, 1100, 1800};
+  std::vector<int32_t> index(static_cast<size_t>(capacity));
+  for (auto& i : index) i = pick(rng);
+  CUDA_OK(doff.upload(offsets));
+  CUDA_OK(dindex.upload(index));
+  for (const char* tile : tiles) {
+    const ForcedTile forced(tile);
+    for (sfmoe_gemm_form form : {SFMOE_GEMM_FPROP, SFMOE_GEMM_DGRAD}) {
+      const bool fprop = form == SFMOE_GEMM_FPROP;
+      const int64_t in_cols = fprop ? kK : kN, out_cols = fprop ? kN : kK;
+      const std::vector<uint16_t>& source = fprop ? q.x : q.dy;
+      std::vector<uint16_t> copied(static_cast<size_t>(capacity * in_cols), 0);
+      for (int64_t r = 0; r < capacity; ++r) {
+        if (index[r] < 0 || index[r] >= sources) continue;
+        std::copy_n(source.begin() + index[r] * in_cols, in_cols, copied.begin() + r * in_cols);
+      }
+      DeviceBuffer<uint16_t> dcopied(copied.size()), dref(static_cast<size_t>(capacity * out_cols));
+      CUDA_OK(dcopied.upload(copied));
+      sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
+      config.form = form;
+      const sfmoe_grouped_tensor b = weights_in(SFMOE_MEMORY_CUDA, dw.ptr, SFMOE_DTYPE_BF16);
+      const sfmoe_grouped_tensor a_copied =
+          rows_in(SFMOE_MEMORY_CUDA, dcopied.ptr, SFMOE_DTYPE_BF16, kGroups, capacity, in_cols, 1,
+                  doff.ptr);
+      const sfmoe_grouped_tensor a_source =
+          rows_in(SFMOE_MEMORY_CUDA, fprop ? dx.ptr : ddy.ptr, SFMOE_DTYPE_BF16, kGroups, capacity,
+                  in_cols, 1, doff.ptr);
+      const sfmoe_grouped_tensor ref = rows_in(SFMOE_MEMORY_CUDA, dref.ptr, SFMOE_DTYPE_BF16,
+                                               kGroups, capacity, out_cols, 1, doff.ptr);
+      const sfmoe_grouped_tensor out = rows_in(SFMOE_MEMORY_CUDA, dout.ptr, SFMOE_DTYPE_BF16,
+                                               kGroups, capacity, out_cols, 1, doff.ptr);
+      ASSERT_EQ(sfmoe_grouped_gemm(&a_copied, &b, &config, &ref, &workspace, nullptr, nullptr),
+                SFMOE_SUCCESS)
+          << sfmoe_last_error();
+      config.a_row_index = dindex.ptr;
+      config.a_source_rows = sources;
+      ASSERT_EQ(sfmoe_grouped_gemm(&a_source, &b, &config, &out, &workspace, nullptr, nullptr),
+                SFMOE_SUCCESS)
+          << sfmoe_last_error();
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<uint16_t> got = dout.download(), want = dref.download();
+      int64_t differ = 0;
+      for (int64_t i = 0; i < capacity * out_cols; ++i) differ += got[i] != want[i];
+      EXPECT_EQ(differ, 0) << tile << " " << form_name(form) << " on normal inputs";
+    }
+  }
+  cudaStreamDestroy(stream);
+}
+
 // sfmoe's own wgrad kernel builds each group's TMA descriptors on the device, so a captured wgrad
 // replayed on new group sizes (0 to 300 rows a group: empty groups, one-row groups, several
 // 64-row steps with a partial last one) reads each group's rows only; bit for bit against the CPU

@@ -24,6 +24,25 @@ def test_three_forms_exact_on_integers(rng):
     assert not y[64:].any() and not dx[64:].any(), "rows beyond the groups are not written (zeros here)"
 
 
+def test_gathered_rows_equal_the_rows_copied_out(rng):
+    source = rng.integers(-4, 5, size=(23, K)).astype(np.float32)
+    dy_source = rng.integers(-4, 5, size=(23, N)).astype(np.float32)
+    w = rng.integers(-4, 5, size=(G, N, K)).astype(np.float32)
+    index = rng.integers(-2, 26, size=R).astype(np.int32)  # repeats, padding (-1, -2), past the source
+    kept = (index >= 0) & (index < 23)
+    copied = np.where(kept[:, None], source[np.clip(index, 0, 22)], 0).astype(np.float32)
+    dy_copied = np.where(kept[:, None], dy_source[np.clip(index, 0, 22)], 0).astype(np.float32)
+    y = sfmoe.grouped_gemm("fprop", source, w, OFFSETS, a_row_index=index)
+    dx = sfmoe.grouped_gemm("dgrad", dy_source, w, OFFSETS, a_row_index=index)
+    assert y.shape == (R, N) and dx.shape == (R, K)
+    np.testing.assert_array_equal(y[:64], sfmoe.grouped_gemm("fprop", copied, w, OFFSETS)[:64])
+    np.testing.assert_array_equal(dx[:64], sfmoe.grouped_gemm("dgrad", dy_copied, w, OFFSETS)[:64])
+    with pytest.raises(ValueError, match="a_row_index"):
+        sfmoe.grouped_gemm("wgrad", dy_source, source, OFFSETS, a_row_index=index)
+    with pytest.raises(TypeError, match="int32"):
+        sfmoe.grouped_gemm("fprop", source, w, OFFSETS, a_row_index=index.astype(np.int64))
+
+
 def test_wgrad_accumulates(rng):
     x = rng.normal(size=(R, K)).astype(np.float32)
     dy = rng.normal(size=(R, N)).astype(np.float32)

@@ -83,7 +83,9 @@ sfmoe_status grouped_gemm(const GroupedGemmArgs& g, void* stream) {
                                 g.fast_accumulation,
                                 g.workspace,
                                 g.workspace_bytes,
-                                g.word};
+                                g.word,
+                                g.a_row_index,
+                                g.a_source_rows};
   return launch_grouped_gemm(d, stream);
 #else
   (void)g, (void)stream;

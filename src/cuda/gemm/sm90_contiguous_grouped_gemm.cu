@@ -23,6 +23,16 @@
 // loading half of the A tile into both. A warp group none of whose 64 rows are the group's passes
 // the pipeline stages on without MMAs, so a group's last tile of at most 64 rows costs about half
 // a tile.
+//
+// Gathered A (a_row_index): A's rows read straight from a source matrix (the tokens a permutation
+// would have copied into expert order), so the permuted rows are never written and read back. TMA
+// on Hopper moves boxes, not lists of rows, so all four warps of the producer warp group copy the
+// tile's rows with cp.async, 16 bytes a thread and 128 contiguous bytes a row segment (eight
+// lanes a row), into the same swizzled stage layout the TMA would have written, zeros for rows
+// without a source; each thread's copies arrive on the stage's full barrier when they land
+// (cp.async.mbarrier.arrive.noinc: the barrier counts 128 such arrivals besides the TMA thread's),
+// so the producers never wait for their own copies. B comes by TMA as before (multicast in
+// clusters); a group's odd last tile, where the pair would share A, loads B whole in each CTA.
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 
@@ -52,8 +62,14 @@ constexpr int kTileM = 128;
 // the B tile with TMA multicast into all of them (B's traffic from L2 divided by kClusterM); where
 // they take neighbouring N blocks of one M tile instead (a group's odd last tile), they multicast
 // A through a second pair of descriptors (MainloopShareA: the same tiles, stages and pipeline).
-template <class LayoutB, int kTileN, int kStages, int kClusterM = 1>
+template <class LayoutB, int kTileN, int kStages, int kClusterM = 1, bool kGatherA = false>
 struct ContiguousKernel {
+  static constexpr bool kGather = kGatherA;
+  // The gathering producers keep eight row addresses each: 48 registers (the whole register file
+  // with the consumers' 232: 128 x 48 + 256 x 232 = 65536). ptxas reports 24 bytes of spill
+  // stores in the 2-CTA kernels, whose producers hold two tile forms; the same consumers without
+  // the gather spill nothing.
+  static constexpr int kProducerRegs = kGatherA ? 48 : kProducerRegisters;
   using TileShape = Shape<Int<kTileM>, Int<kTileN>, _64>;
   using ClusterShape = Shape<Int<kClusterM>, _1, _1>;
   static constexpr int kCluster = kClusterM;
@@ -99,7 +115,13 @@ struct ContiguousKernel {
     int n_tiles;
     Bf16* out;
     int64_t ld_out;
+    // kGather: A's row r is row a_row_index[r] of a_source ([a_source_rows, gemm_k]), or zeros.
+    const int32_t* a_row_index;
+    const Bf16* a_source;
+    int a_source_rows;
   };
+  // The bytes a stage's TMA brings when A is gathered: the B tile only.
+  static constexpr uint32_t kGatherTransactionBytes = kTileN * 64 * sizeof(Bf16);
 };
 
 // One tile of work: its group, N block, first row and the group's rows in it (at most kTileM;
@@ -172,6 +194,74 @@ __device__ __forceinline__ void load_tile(const Params& params, Pipeline& pipeli
                 reinterpret_cast<typename Mainloop::TensorStorage&>(storage));
 }
 
+// 16 bytes from global memory into shared memory without the register file, or 16 zeros.
+__device__ __forceinline__ void copy16_or_zeros(uint32_t shared, const void* global, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared), "l"(global),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+
+// The producer warp group's loads of one tile with A gathered (kGather): thread t of 128 copies,
+// for each of the tile's k blocks, 16-byte chunk t % 8 of rows 16 j + t / 8 (j < 8) -- eight lanes
+// read a row's 128 contiguous bytes -- into the stage's swizzled A tile, zeros past the group's
+// rows, for a source index outside the source, or past K; thread 0 loads B by TMA as the
+// collective does (its share, multicast, in a B-sharing cluster). `write` is the tile's first
+// stage (the caller advances past its k_tiles).
+template <class K, class Mainloop, class Params, class Pipeline, class State, class Storage>
+__device__ __forceinline__ void gather_tile(const typename K::Params& p, const Params& params,
+                                            Pipeline& pipeline, State write, Storage& storage,
+                                            int groups, const WorkTile& w, int k_tiles, int thread,
+                                            int rank) {
+  using ClusterShape = typename Mainloop::DispatchPolicy::ClusterShape;
+  Tensor s_a = make_tensor(make_smem_ptr(storage.smem_A.data()), typename Mainloop::SmemLayoutA{});
+  Tensor s_b = make_tensor(make_smem_ptr(storage.smem_B.data()), typename Mainloop::SmemLayoutB{});
+  // B as the collective partitions it: this CTA's slice of the tile (its share of a multicast).
+  constexpr int kClusterX = size<0>(ClusterShape{});
+  const int block_x = rank % kClusterX, block_y = rank / kClusterX;
+  Tensor m_b = params.tma_load_b.get_tma_tensor(make_shape(p.gemm_n, p.gemm_k, groups));
+  Tensor g_b = local_tile(domain_offset(make_coord(0, 0, w.group), m_b),
+                          typename Mainloop::TileShape{}, make_coord(_, _, _), Step<X, _1, _1>{});
+  auto block_tma_b = params.tma_load_b.get_slice(block_x);
+  Tensor t_gb = block_tma_b.partition_S(g_b(_, _, w.n_block, _, 0));  // (TMA, TMA_N, TMA_K, k)
+  Tensor t_sb = block_tma_b.partition_D(s_b);                         // (TMA, TMA_N, TMA_K, PIPE)
+  uint16_t multicast_b = 0;
+  if constexpr (is_same_v<typename Mainloop::GmemTiledCopyB, SM90_TMA_LOAD_MULTICAST>) {
+    auto block_layout = Layout<ClusterShape>{};  // (m, n) -> block id
+    for (int m = 0; m < size<0>(block_layout); ++m) {
+      multicast_b |= static_cast<uint16_t>(1u << block_layout(m, block_y, Int<0>{}));
+    }
+  }
+  // This thread's eight rows and their sources (nullptr: a zero row).
+  const int chunk = thread % 8, first = thread / 8;
+  const Bf16* source[8];
+  CUTLASS_PRAGMA_UNROLL
+  for (int j = 0; j < 8; ++j) {
+    const int r = 16 * j + first;
+    const int index = r < w.rows ? p.a_row_index[w.row0 + r] : -1;
+    source[j] = index >= 0 && index < p.a_source_rows
+                    ? p.a_source + static_cast<int64_t>(index) * p.gemm_k
+                    : nullptr;
+  }
+  for (int k = 0; k < k_tiles; ++k) {
+    pipeline.producer_acquire(write);  // every thread waits; thread 0 expects B's bytes
+    const int stage = write.index();
+    auto* full = pipeline.producer_get_barrier(write);
+    if (thread == 0) {
+      copy(params.tma_load_b.with(*full, multicast_b), t_gb(_, _, _, k), t_sb(_, _, _, stage));
+    }
+    const int col = k * 64 + chunk * 8;
+    const bool in_k = col < p.gemm_k;
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < 8; ++j) {
+      const bool valid = in_k && source[j] != nullptr;
+      copy16_or_zeros(cute::cast_smem_ptr_to_uint(&s_a(16 * j + first, chunk * 8, stage)),
+                      valid ? static_cast<const void*>(source[j] + col) : p.a_source, valid);
+    }
+    cutlass::arch::cpasync_barrier_arrive_noinc(reinterpret_cast<const uint64_t*>(full));
+    ++write;
+  }
+}
+
 template <class K>
 __global__ void __launch_bounds__(kThreads, 1)
     contiguous_grouped_gemm_kernel(const __grid_constant__ typename K::Params p) {
@@ -197,8 +287,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     });
   }
 
-  const auto pipeline_params = warp_specialized::pipeline_params<typename K::Pipeline>(
-      thread, p.mainloop.tma_transaction_bytes);
+  // (gathering: the producer warp group's 128 threads arrive on each stage besides the TMA)
+  const auto pipeline_params = K::kGather ? warp_specialized::pipeline_params<typename K::Pipeline>(
+                                                thread, K::kGatherTransactionBytes, 128, 1 + 128)
+                                          : warp_specialized::pipeline_params<typename K::Pipeline>(
+                                                thread, p.mainloop.tma_transaction_bytes);
   typename K::Pipeline pipeline(s.pipeline, pipeline_params, typename K::ClusterShape{});
   __syncthreads();  // the barriers initialized, the tile starts written
   warp_specialized::cluster_sync_after_init<K::kCluster>();
@@ -211,7 +304,31 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int k_tiles = (p.gemm_k + 63) / 64;
   typename K::Mainloop mainloop;
   if (warp_group == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
+    cutlass::arch::warpgroup_reg_dealloc<K::kProducerRegs>();
+    if constexpr (K::kGather) {
+      if (thread == 0) {
+        cute::prefetch_tma_descriptor(p.mainloop.tma_load_b.get_tma_descriptor());
+        if constexpr (K::kCluster > 1) {
+          cute::prefetch_tma_descriptor(p.mainloop_share_a.tma_load_b.get_tma_descriptor());
+        }
+      }
+      auto write = cutlass::make_producer_start_state<typename K::Pipeline>();
+      for (int unit = first_unit; unit < total_units; unit += unit_stride) {
+        const WorkTile w = locate<K::kCluster>(s.unit_start, s.row_begin, s.row_end, groups,
+                                               p.n_tiles, unit, rank);
+        if (K::kCluster > 1 && w.share_a) {  // (each CTA gathers its own A; B whole)
+          gather_tile<K, typename K::MainloopShareA>(p, p.mainloop_share_a, pipeline, write,
+                                                     s.tensors, groups, w, k_tiles, thread, rank);
+        } else {
+          gather_tile<K, typename K::Mainloop>(p, p.mainloop, pipeline, write, s.tensors, groups, w,
+                                               k_tiles, thread, rank);
+        }
+        write.advance(k_tiles);
+      }
+      cute::cp_async_wait<0>();  // (no copy outlives its thread)
+      if (warp_in_group == 0) mainloop.load_tail(pipeline, write);
+      return;
+    }
     if (warp_in_group != 0) return;
     if (cute::elect_one_sync()) {
       cute::prefetch_tma_descriptor(p.mainloop.tma_load_a.get_tma_descriptor());
@@ -332,6 +449,9 @@ sfmoe_status run(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
   p.n_tiles = static_cast<int>((gemm_n + K::kN - 1) / K::kN);
   p.out = static_cast<Bf16*>(a.out);
   p.ld_out = gemm_n;
+  p.a_row_index = a.a_row_index;
+  p.a_source = static_cast<const Bf16*>(a.a.data);
+  p.a_source_rows = static_cast<int>(a.a_source_rows);
 
   // Persistent: as many clusters as fit on the GPU at once (one CTA an SM), or fewer when the
   // units' bound (below) is smaller.
@@ -361,6 +481,25 @@ using Dgrad192x2 = ContiguousKernel<cutlass::layout::RowMajor, 192, 4, 2>;
 using Fprop128 = ContiguousKernel<cutlass::layout::ColumnMajor, 128, 5>;
 using Dgrad128 = ContiguousKernel<cutlass::layout::RowMajor, 128, 5>;
 
+// Each of them with A gathered (a_row_index).
+template <class K>
+struct Gathered;
+template <class LayoutB, int kTileN, int kStages, int kClusterM>
+struct Gathered<ContiguousKernel<LayoutB, kTileN, kStages, kClusterM, false>> {
+  using type = ContiguousKernel<LayoutB, kTileN, kStages, kClusterM, true>;
+};
+
+// The launch of a tile's kernel for the form, its rows as they lie or gathered.
+template <class Fprop, class Dgrad>
+sfmoe_status run_form(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
+  const bool fprop = a.form == GroupedGemmForm::kFprop;
+  if (a.a_row_index != nullptr) {
+    return fprop ? run<typename Gathered<Fprop>::type>(a, stream)
+                 : run<typename Gathered<Dgrad>::type>(a, stream);
+  }
+  return fprop ? run<Fprop>(a, stream) : run<Dgrad>(a, stream);
+}
+
 }  // namespace
 
 bool contiguous_grouped_gemm_runs(const GroupedGemmDeviceArgs& a) {
@@ -376,23 +515,23 @@ bool contiguous_grouped_gemm_runs(const GroupedGemmDeviceArgs& a) {
          a.num_groups >= 1 && a.num_groups <= kMaxGroups && a.row_capacity >= 1 &&
          a.row_capacity <= (int64_t{1} << 30) && gemm_n >= 8 && gemm_k >= 8 && gemm_n % 8 == 0 &&
          gemm_k % 8 == 0 && gemm_n < (int64_t{1} << 30) && gemm_k < (int64_t{1} << 30) &&
-         aligned16(a.a.data) && aligned16(a.b.data) && aligned16(a.out);
+         aligned16(a.a.data) && aligned16(a.b.data) && aligned16(a.out) &&
+         (a.a_row_index == nullptr || (a.a_source_rows >= 0 && a.a_source_rows <= INT32_MAX));
 }
 
 sfmoe_status contiguous_grouped_gemm(const GroupedGemmDeviceArgs& a, GemmTile tile,
                                      cudaStream_t stream) {
-  const bool fprop = a.form == GroupedGemmForm::kFprop;
   switch (tile) {
     case GemmTile::kContiguous128x256:
-      return fprop ? run<Fprop256>(a, stream) : run<Dgrad256>(a, stream);
+      return run_form<Fprop256, Dgrad256>(a, stream);
     case GemmTile::kContiguous128x192:
-      return fprop ? run<Fprop192>(a, stream) : run<Dgrad192>(a, stream);
+      return run_form<Fprop192, Dgrad192>(a, stream);
     case GemmTile::kContiguous128x128:
-      return fprop ? run<Fprop128>(a, stream) : run<Dgrad128>(a, stream);
+      return run_form<Fprop128, Dgrad128>(a, stream);
     case GemmTile::kContiguous128x256Cluster2:
-      return fprop ? run<Fprop256x2>(a, stream) : run<Dgrad256x2>(a, stream);
+      return run_form<Fprop256x2, Dgrad256x2>(a, stream);
     case GemmTile::kContiguous128x192Cluster2:
-      return fprop ? run<Fprop192x2>(a, stream) : run<Dgrad192x2>(a, stream);
+      return run_form<Fprop192x2, Dgrad192x2>(a, stream);
     default:
       return report(SFMOE_ERROR_UNSUPPORTED, "not a tile of the contiguous grouped GEMM");
   }

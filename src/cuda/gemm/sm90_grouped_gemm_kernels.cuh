@@ -482,8 +482,8 @@ int64_t grouped_gemm_blockwise_workspace_bytes(int64_t num_groups);
 
 // sfmoe's own BF16 kernel (sm90_contiguous_grouped_gemm.cu): whether it takes these operands
 // (BF16 fprop or dgrad into BF16, row-major operands, 16-byte aligned, N and K multiples of 8, at
-// most 768 groups), and its launch on one of its tiles (is_contiguous_tile; it needs no
-// workspace).
+// most 768 groups; A's rows as they lie or gathered through a_row_index), and its launch on one
+// of its tiles (is_contiguous_tile; it needs no workspace).
 bool contiguous_grouped_gemm_runs(const GroupedGemmDeviceArgs& a);
 sfmoe_status contiguous_grouped_gemm(const GroupedGemmDeviceArgs& a, GemmTile tile,
                                      cudaStream_t stream);

@@ -12,6 +12,7 @@
 #include <mutex>
 
 #include "src/common/error.h"
+#include "src/common/grouped_gemm_args.h"
 #include "src/cuda/backend.h"
 #include "src/cuda/common/cuda_check.h"
 
@@ -26,6 +27,7 @@ constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
 constexpr int kGroupsPerThread = 2;
 constexpr int kMaxGroups = kThreads * kGroupsPerThread;
 using GroupScan = cub::BlockScan<int, kThreads>;
+static_assert(kMaxGroups == kGatheredGemmMaxGroups, "the bound the layer plans with");
 
 // Each group's units of work and their exclusive prefix, written to unit_start[0, groups] in
 // shared memory by all kThreads threads: units_of(g) returns group g's count (and records what the
@@ -49,20 +51,24 @@ __device__ __forceinline__ void prefix_units(int thread, int groups, GroupScan::
 // Whether an operand's address suits TMA (16-byte aligned), as both kernels' guards ask.
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// The pipeline role of `thread`: the producer warp group's first warp produces, its other warps
-// sit out, both consumer warp groups consume.
+// The pipeline role of `thread`: the producer warp group's first `producer_threads` threads
+// produce (by default its first warp, whose elected lane issues the TMA loads), its other threads
+// sit out, both consumer warp groups consume. A stage fills on `producer_arrivals` arrivals (the
+// first thread's, which expects the stage's TMA bytes, and any others') and its TMA bytes.
 template <class Pipeline>
-__device__ __forceinline__ typename Pipeline::Params pipeline_params(int thread,
-                                                                     uint32_t transaction_bytes) {
+__device__ __forceinline__ typename Pipeline::Params pipeline_params(
+    int thread, uint32_t transaction_bytes, int producer_threads = 32,
+    uint32_t producer_arrivals = 1) {
   typename Pipeline::Params params;
   if (thread < 128) {
-    params.role =
-        thread < 32 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::NonParticipant;
+    params.role = thread < producer_threads ? Pipeline::ThreadCategory::Producer
+                                            : Pipeline::ThreadCategory::NonParticipant;
   } else {
     params.role = Pipeline::ThreadCategory::Consumer;
   }
   params.is_leader = thread % 128 == 0;
   params.num_consumers = 256;
+  params.num_producers = producer_arrivals;
   params.transaction_bytes = transaction_bytes;
   return params;
 }

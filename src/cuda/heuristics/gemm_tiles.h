@@ -151,6 +151,14 @@ inline bool contiguous_tile_192_pads_less(int64_t gemm_n) {
   return cover_192 < cover_256;
 }
 
+// The own contiguous kernel's tile for BF16 fprop or dgrad: 2-CTA clusters, 192 wide where that
+// tiles the GEMM's N (n in fprop, k in dgrad) with fewer padded columns than 256.
+inline GemmTile contiguous_tile_for(GroupedGemmForm form, int64_t n, int64_t k) {
+  const int64_t gemm_n = form == GroupedGemmForm::kFprop ? n : k;
+  return contiguous_tile_192_pads_less(gemm_n) ? GemmTile::kContiguous128x192Cluster2
+                                               : GemmTile::kContiguous128x256Cluster2;
+}
+
 // The CUTLASS tile for a call: the GEMM's M bound per group, N and K of the form (fprop Y [M, n]
 // = X [M, k] W^T; dgrad dX [M, k] = dY [M, n] W; wgrad dW [n, k] = dY^T X, reduced over a group's
 // rows, whose bound per group is row_capacity / num_groups). It also runs the calls an own
@@ -201,9 +209,7 @@ inline GemmTile choose_gemm_tile_for(GroupedGemmForm form, GemmRecipe recipe, in
     const int64_t rows_per_group = num_groups > 0 ? row_capacity / num_groups : row_capacity;
     return rows_per_group <= kOwnWgradMaxRowsPerGroup ? GemmTile::kWgrad128x256 : cutlass_tile;
   }
-  const int64_t gemm_n = form == GroupedGemmForm::kFprop ? n : k;
-  return contiguous_tile_192_pads_less(gemm_n) ? GemmTile::kContiguous128x192Cluster2
-                                               : GemmTile::kContiguous128x256Cluster2;
+  return contiguous_tile_for(form, n, k);
 }
 
 }  // namespace cuda
