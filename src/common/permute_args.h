@@ -29,6 +29,8 @@ inline bool permute_alignment_is_valid(int64_t a) {
 }
 
 // Token rows -> expert-sorted rows, each expert's block padded to `alignment` rows with zeros.
+// Internal (the MoE layer, which gathers FC1's rows from the tokens): `permuted` NULL with no
+// fused quantization writes the routing only -- offsets, row map, counts -- and moves no row.
 struct PermuteArgs {
   const void* tokens;  // [num_tokens, hidden]
   sfmoe_dtype dtype;   // FP32, BF16 or FP16 (rows are moved, not converted)
@@ -87,6 +89,17 @@ struct UnpermuteBackwardArgs {
   const int64_t* group_rows;  // [num_groups], real rows of each group (permute's tokens_per_expert)
   int64_t num_groups;
   sfmoe_fault_report* word;  // device: rows outside the capacity are skipped and reported here
+};
+
+// Each expert row's source token under a permute's row map (internal: the MoE layer's FC1 reads
+// its rows from the tokens through it, GroupedGemmArgs::a_row_index): sources[row_map[t k + i]]
+// = t for every kept slot, -1 for every other row of [0, row_capacity) (padding, rows past the
+// groups). A row outside [-1, row_capacity) is skipped and reported in `word` on the device.
+struct RowSourcesArgs {
+  const int64_t* row_map;  // [num_tokens, top_k], from permute
+  int64_t num_tokens, top_k, row_capacity;
+  int32_t* sources;  // [row_capacity], written
+  sfmoe_fault_report* word = nullptr;
 };
 
 // Values moved between a permute's slots and its rows under its row map (internal: the MoE

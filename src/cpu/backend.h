@@ -38,6 +38,7 @@ void router_backward(const RouterBackwardArgs& args);
 void permute(const PermuteArgs& args);
 void unpermute(const UnpermuteArgs& args);
 void unpermute_backward(const UnpermuteBackwardArgs& args);
+void row_sources(const RowSourcesArgs& args);
 void slot_values(const SlotValuesArgs& args);
 
 // Expert parallelism over the ranks this process holds (docs/ep.md).

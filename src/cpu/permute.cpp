@@ -1,6 +1,7 @@
 // Permute / unpermute CPU reference (docs/permute.md).
 #include <string.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "sfmoe/numerics/scaling.h"
@@ -43,6 +44,7 @@ void permute_rows(const PermuteArgs& a) {
     for (int64_t j = 0; j < kept; ++j) {
       const int64_t slot = slots[e][j], row = offset + j, token = slot / k;
       a.row_map[slot] = row;
+      if (a.permuted == nullptr) continue;  // (the routing only)
       memcpy(static_cast<uint8_t*>(a.permuted) + row * row_bytes,
              static_cast<const uint8_t*>(a.tokens) + token * row_bytes,
              static_cast<size_t>(row_bytes));
@@ -54,7 +56,7 @@ void permute_rows(const PermuteArgs& a) {
     }
     if (a.group_amax != nullptr) a.group_amax[e] = amax;
     const int64_t padded = (kept + a.alignment - 1) / a.alignment * a.alignment;
-    for (int64_t j = kept; j < padded; ++j) {
+    for (int64_t j = kept; j < padded && a.permuted != nullptr; ++j) {
       memset(static_cast<uint8_t*>(a.permuted) + (offset + j) * row_bytes, 0,
              static_cast<size_t>(row_bytes));
     }
@@ -132,6 +134,14 @@ void unpermute_backward(const UnpermuteBackwardArgs& a) {
       }
       if (a.d_probs != nullptr) a.d_probs[slot] = dot;
     }
+  }
+}
+
+void row_sources(const RowSourcesArgs& a) {
+  std::fill(a.sources, a.sources + a.row_capacity, int32_t{-1});
+  for (int64_t s = 0; s < a.num_tokens * a.top_k; ++s) {
+    const int64_t row = a.row_map[s];
+    if (row >= 0 && row < a.row_capacity) a.sources[row] = static_cast<int32_t>(s / a.top_k);
   }
 }
 

@@ -59,6 +59,7 @@ sfmoe_status swizzle_scales(const uint8_t* from, int64_t rows, int64_t scale_col
 sfmoe_status permute(const PermuteArgs& args, void* stream);
 sfmoe_status unpermute(const UnpermuteArgs& args, void* stream);
 sfmoe_status unpermute_backward(const UnpermuteBackwardArgs& args, void* stream);
+sfmoe_status row_sources(const RowSourcesArgs& args, void* stream);
 sfmoe_status slot_values(const SlotValuesArgs& args, void* stream);
 
 // Expert parallelism's loopback transport (docs/ep.md).

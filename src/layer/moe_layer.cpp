@@ -2,6 +2,7 @@
 #include "src/layer/moe_layer.h"
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <algorithm>
@@ -216,9 +217,11 @@ struct Gemm {
     return SFMOE_SUCCESS;
   }
 
-  // `step` with a = rows [R, a_cols] and b = the weight (or, in wgrad, rows [R, k]).
+  // `step` with a = rows [R, a_cols] (or, with a_row_index, a's rows gathered from `a`'s
+  // a_source_rows rows) and b = the weight (or, in wgrad, rows [R, k]).
   sfmoe_status run(GemmStep step, const void* a, const void* b, void* out, AmaxUse a_amax = {},
-                   AmaxUse b_amax = {}) const {
+                   AmaxUse b_amax = {}, const int32_t* a_row_index = nullptr,
+                   int64_t a_source_rows = 0) const {
     const StepShape g = step_shape(shape, plan.fc1_cols, step);
     GroupedGemmArgs args{};
     SFMOE_RETURN_IF_ERROR(operand(step, false, a, false, 0, g.a_cols, a_amax, &args.a));
@@ -237,6 +240,8 @@ struct Gemm {
     args.workspace = at_or_null<uint8_t>(workspace, plan.gemm_workspace);
     args.workspace_bytes = plan.gemm_workspace.bytes;
     args.word = word;
+    args.a_row_index = a_row_index;
+    args.a_source_rows = a_source_rows;
     return backend.grouped_gemm(args, stream);
   }
 };
@@ -381,6 +386,20 @@ Outcome plan_backward_peaks(const MoeLayerShape& s, MoeLayerPlan* plan) {
   return Outcome{};
 }
 
+// Whether the forward's FC1 gathers its x rows from the tokens (GroupedGemmArgs::a_row_index)
+// instead of reading rows permute copied out: the BF16 recipe without expert parallelism (the EP
+// moves and the quantized recipes write their rows anyway), on the device up to the gathering
+// kernel's group bound. SFMOE_LAYER_GATHER_ROWS=1 / 0 turns it on / off; unset, it is on for host
+// memory and off on the device, whose gathering kernel has not been timed yet.
+bool gathers_x_rows(const MoeLayerShape& s, sfmoe_memory memory) {
+  const bool device = memory == SFMOE_MEMORY_CUDA;
+  const char* setting = getenv("SFMOE_LAYER_GATHER_ROWS");
+  const bool wanted =
+      setting != nullptr && setting[0] != '\0' ? strcmp(setting, "0") != 0 : !device;
+  return wanted && !s.expert_parallel() && s.recipe == SFMOE_MOE_RECIPE_BF16 &&
+         (!device || s.local_experts() <= kGatheredGemmMaxGroups);
+}
+
 }  // namespace
 
 Outcome plan_moe_layer(const MoeLayerShape& s, sfmoe_memory memory, MoeLayerPlan* plan) {
@@ -470,6 +489,9 @@ Outcome plan_moe_layer(const MoeLayerShape& s, sfmoe_memory memory, MoeLayerPlan
   plan->fc1_backward_workspace_bytes = plan->workspace_bytes;
   SFMOE_RETURN_IF_REFUSED(matrix_bytes(R, s.ffn, act, &bytes));
   SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->ffn_rows));
+  plan->gather_x_rows = gathers_x_rows(s, memory);
+  SFMOE_RETURN_IF_REFUSED(matrix_bytes(plan->gather_x_rows ? R : 0, 1, sizeof(int32_t), &bytes));
+  SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->row_sources));
   plan->forward_workspace_bytes = plan->workspace_bytes;
   SFMOE_RETURN_IF_REFUSED(matrix_bytes(R, 1, sizeof(float), &bytes));
   SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->row_probs));
@@ -536,12 +558,14 @@ sfmoe_status router_step(const MoeLayerShape& s, const MoeLayerPlan& plan, const
   return step("router", backend.router_forward(router, c.stream));
 }
 
-// The experts' part of the forward on one round of a call's expert rows (x rows in hidden_rows):
-// FC1 -> activation -> FC2 (its rows over the x rows, which FC1 has read). x_amax_folded: the x
-// rows' amax is in the saved state already (permute folded it).
+// The experts' part of the forward on one round of a call's expert rows (x rows in hidden_rows,
+// or gathered from the tokens through row_sources): FC1 -> activation -> FC2 (its rows over the
+// x rows, which FC1 has read). x_amax_folded: the x rows' amax is in the saved state already
+// (permute folded it).
 sfmoe_status ffn_forward(const MoeLayerShape& s, const MoeLayerPlan& plan, const MoeForwardCall& c,
                          const ops::Backend& backend, const Round& round, sfmoe_fault_report* word,
-                         void* stream, bool x_amax_folded = false) {
+                         void* stream, bool x_amax_folded = false,
+                         const int32_t* row_sources = nullptr) {
   const int64_t elem = element_bytes(s.dtype), first = round.first_row;
   void* fc1_rows = row_at<uint8_t>(c.saved, plan.fc1_rows, first, plan.fc1_cols * elem);
   void* x_rows = row_at<uint8_t>(c.workspace, plan.hidden_rows, first, s.hidden * elem);
@@ -550,9 +574,9 @@ sfmoe_status ffn_forward(const MoeLayerShape& s, const MoeLayerPlan& plan, const
                   word, stream, 0,       nullptr};
   float* x_amax = at_or_null<float>(c.saved, plan.x_amax);
   const AmaxUse x_amax_use = x_amax_folded ? AmaxUse{x_amax, nullptr} : AmaxUse{nullptr, x_amax};
-  SFMOE_RETURN_IF_ERROR(
-      step("fc1", gemm.run(GemmStep::kFc1Fprop, x_rows, c.w1, fc1_rows, x_amax_use,
-                           {nullptr, at_or_null<float>(c.saved, plan.w1_amax)})));
+  SFMOE_RETURN_IF_ERROR(step(
+      "fc1", gemm.run(GemmStep::kFc1Fprop, row_sources ? c.x : x_rows, c.w1, fc1_rows, x_amax_use,
+                      {nullptr, at_or_null<float>(c.saved, plan.w1_amax)}, row_sources, c.tokens)));
   ActivationArgs activation =
       activation_args(s, round.rows, round.offsets, round.kept, fc1_rows, act_rows, word);
   SFMOE_RETURN_IF_ERROR(step("activation", backend.activation_forward(activation, stream)));
@@ -589,7 +613,8 @@ sfmoe_status moe_layer_forward(const MoeLayerShape& s, const MoeLayerPlan& plan,
   permute.alignment = s.row_alignment;
   permute.expert_capacity = s.expert_capacity;
   permute.row_capacity = R;
-  permute.permuted = at<uint8_t>(c.workspace, plan.hidden_rows);
+  // (gathering FC1's rows: the routing only)
+  permute.permuted = plan.gather_x_rows ? nullptr : at<uint8_t>(c.workspace, plan.hidden_rows);
   permute.expert_offsets = at<int64_t>(c.saved, plan.offsets);
   permute.row_map = at<int64_t>(c.saved, plan.row_map);
   permute.tokens_per_expert = at<int64_t>(c.saved, plan.kept);
@@ -598,8 +623,14 @@ sfmoe_status moe_layer_forward(const MoeLayerShape& s, const MoeLayerPlan& plan,
   permute.workspace = at_or_null<int32_t>(c.workspace, plan.permute_workspace);
   permute.group_amax = at_or_null<float>(c.saved, plan.x_amax);  // (FC1's quantization's)
   SFMOE_RETURN_IF_ERROR(step("permute", backend.permute(permute, c.stream)));
+  int32_t* row_sources = nullptr;
+  if (plan.gather_x_rows) {
+    row_sources = at<int32_t>(c.workspace, plan.row_sources);
+    const RowSourcesArgs sources{row_map, T, s.top_k, R, row_sources, c.word};
+    SFMOE_RETURN_IF_ERROR(step("permute", backend.row_sources(sources, c.stream)));
+  }
   SFMOE_RETURN_IF_ERROR(ffn_forward(s, plan, c, backend, rounds_of(s, plan, c.saved).round[0],
-                                    c.word, c.stream, permute.group_amax != nullptr));
+                                    c.word, c.stream, permute.group_amax != nullptr, row_sources));
   const void* fc2_rows = at<uint8_t>(c.workspace, plan.hidden_rows);
   return step("unpermute",
               backend.unpermute(combine_args(s, plan, T, fc2_rows, row_map,

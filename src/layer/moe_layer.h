@@ -120,6 +120,11 @@ struct MoeLayerPlan {
   // keeps it for its dgrad's) and of d y rows (after it: FC2's dgrad keeps it for FC2's wgrad,
   // which the three-part backward runs after the FC1 part).
   Region d_fc1_amax, d_y_amax;
+  // The forward's FC1 reads its x rows straight from the tokens (gather_x_rows: the BF16 recipe
+  // without expert parallelism, docs/moe_layer.md): permute writes the routing only and
+  // row_sources [R] int32 each expert row's token (-1: none), in the forward's workspace.
+  bool gather_x_rows = false;
+  Region row_sources;
   // A quantized recipe's operands of each GEMM (a, b), each bound in quantized_a / quantized_b
   // when its GEMM runs (total_bytes 0: the layer's rows as they are).
   sfmoe_grouped_tensor_plan operands[kGemmSteps][2];

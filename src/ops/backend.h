@@ -39,6 +39,7 @@ struct Backend {
   sfmoe_status (*permute)(const PermuteArgs&, void* stream);
   sfmoe_status (*unpermute)(const UnpermuteArgs&, void* stream);
   sfmoe_status (*unpermute_backward)(const UnpermuteBackwardArgs&, void* stream);
+  sfmoe_status (*row_sources)(const RowSourcesArgs&, void* stream);
   sfmoe_status (*slot_values)(const SlotValuesArgs&, void* stream);
   sfmoe_status (*activation_forward)(const ActivationArgs&, void* stream);
   sfmoe_status (*activation_backward)(const ActivationBackwardArgs&, void* stream);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <utility>
@@ -241,6 +242,38 @@ TEST(MoeLayer, ForwardAndBackwardMatchTheDenseReferenceOnTheHost) {
   }
   std::printf("[ moe layer ] %zu host cases: y, d_x, d_w1, d_w2, d_logits vs the dense reference\n",
               cases.size());
+}
+
+// FC1's rows gathered from the tokens (the BF16 recipe's default on the host) and the same layer
+// with permute copying them out (SFMOE_LAYER_GATHER_ROWS=0, read when a layer is planned): the
+// same bits in every output and gradient; padding rows, capacity drops and empty experts in the
+// mix.
+TEST(MoeLayer, GatheredFc1RowsGiveTheBitsOfTheCopiedRows) {
+  std::mt19937_64 rng(session_test_seed() + 102);
+  std::vector<LayerCase> cases;
+  cases.push_back(
+      {"fp32 softmax swiglu, alignment 8", 37, 50, 24, 16, 6, 2, 0, 8, SFMOE_DTYPE_FP32});
+  cases.push_back({"bf16 silu, alignment 128, capacity drops, empty experts", 29, 29, 16, 8, 7, 2,
+                   5, 128, SFMOE_DTYPE_BF16, SFMOE_ACTIVATION_SILU, false, true});
+  for (const LayerCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const LayerProblem p(c, rng);
+    std::mt19937_64 again = rng;
+    HostLayerRun gathered, copied;
+    ASSERT_EQ(unsetenv("SFMOE_LAYER_GATHER_ROWS"), 0);
+    ASSERT_TRUE(run_on_host(p, rng, &gathered));
+    ASSERT_EQ(setenv("SFMOE_LAYER_GATHER_ROWS", "0", 1), 0);
+    const bool ran = run_on_host(p, again, &copied);
+    ASSERT_EQ(unsetenv("SFMOE_LAYER_GATHER_ROWS"), 0);
+    ASSERT_TRUE(ran);
+    EXPECT_EQ(gathered.y, copied.y);
+    EXPECT_EQ(gathered.d_x, copied.d_x);
+    EXPECT_EQ(gathered.d_w1, copied.d_w1);
+    EXPECT_EQ(gathered.d_w2, copied.d_w2);
+    EXPECT_EQ(gathered.d_logits, copied.d_logits);
+    EXPECT_EQ(gathered.kept, copied.kept);
+    EXPECT_EQ(gathered.dropped, copied.dropped);
+  }
 }
 
 // The quantized recipes on the host (the CPU grouped GEMM over the operands' decoded codes):

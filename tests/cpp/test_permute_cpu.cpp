@@ -279,6 +279,28 @@ TEST(PermuteCpu, UnpermuteAndItsBackward) {
       p.offsets.data(), p.kept.data(), experts, nullptr});
   EXPECT_EQ(again, p.rows);
 
+  // Each row's source token (the layer's gathered FC1 rows): the tokens gathered through it are
+  // permute's rows, bit for bit (-1 for padding and for rows past the groups: zero rows).
+  std::vector<int32_t> sources(row_capacity, 12345);
+  cpu::row_sources(RowSourcesArgs{p.row_map.data(), tokens_count, k, row_capacity, sources.data()});
+  for (int64_t row = 0; row < row_capacity; ++row) {
+    for (int64_t h = 0; h < hidden; ++h) {
+      const uint16_t want = row < p.offsets[experts] ? p.rows[row * hidden + h] : 0;
+      const uint16_t got = sources[row] < 0 ? 0 : tokens[sources[row] * hidden + h];
+      ASSERT_EQ(got, want) << "row " << row << " (source " << sources[row] << ")";
+    }
+  }
+  // And permute without rows (the layer's routing-only call) writes the same routing.
+  std::vector<int64_t> offsets_only(experts + 1, -1), kept_only(experts, -1),
+      dropped_only(experts, -1), map_only(tokens_count * k, -9);
+  cpu::permute(PermuteArgs{tokens.data(), SFMOE_DTYPE_BF16, tokens_count, hidden, k, experts,
+                           ids.data(), 32, 100, row_capacity, nullptr, offsets_only.data(),
+                           map_only.data(), kept_only.data(), dropped_only.data(), nullptr, nullptr,
+                           nullptr, nullptr});
+  EXPECT_EQ(offsets_only, p.offsets);
+  EXPECT_EQ(kept_only, p.kept);
+  EXPECT_EQ(map_only, p.row_map);
+
   // Slot values to rows and back: each kept slot's value at its row, dropped slots 0, rows no
   // slot names untouched.
   std::vector<float> slot_in(tokens_count * k), row_values(row_capacity, -5.0f),

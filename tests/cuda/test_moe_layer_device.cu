@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -222,6 +223,52 @@ TEST(CudaMoeLayer, ForwardAndBackwardMatchTheDenseReference) {
   std::printf(
       "[ moe layer ] %d device cases: y, d_x, d_w1, d_w2, d_logits vs the dense reference\n",
       checked);
+}
+
+// FC1's rows gathered from the tokens (SFMOE_LAYER_GATHER_ROWS=1, the own fprop kernel's cp.async
+// producers) against permute's copy (=0), each BF16 case of the suite on the device: the same
+// bits in every output and gradient (the two runs differ only in how FC1's A rows arrive).
+TEST(CudaMoeLayer, GatheredFc1RowsGiveTheBitsOfTheCopiedRows) {
+  SFMOE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(session_test_seed() + 302);
+  int checked = 0;
+  for (const LayerCase& c : device_cases()) {
+    if (c.recipe != SFMOE_MOE_RECIPE_BF16) continue;
+    SCOPED_TRACE(c.name);
+    const LayerProblem p(c, rng);
+    std::vector<std::vector<uint8_t>> bytes[2];
+    for (int gather = 0; gather < 2; ++gather) {
+      ASSERT_EQ(setenv("SFMOE_LAYER_GATHER_ROWS", gather ? "1" : "0", 1), 0);
+      sfmoe_moe_layer_config config = layer_config(c);
+      sfmoe_moe_layer* layer = nullptr;
+      const sfmoe_status created = sfmoe_moe_layer_create(&config, SFMOE_MEMORY_CUDA, 0, &layer);
+      ASSERT_EQ(unsetenv("SFMOE_LAYER_GATHER_ROWS"), 0);
+      ASSERT_EQ(created, SFMOE_SUCCESS) << sfmoe_last_error();
+      sfmoe_moe_layer_plan plan = sfmoe_moe_layer_plan_init();
+      ASSERT_EQ(sfmoe_moe_layer_get_plan(layer, &plan), SFMOE_SUCCESS);
+      DeviceLayer d(c, p.fc1_cols, plan);
+      d.layer = layer;
+      d.upload(p);
+      if (c.accumulate) {
+        CUDA_OK(cudaMemset(d.eager.d_w1.ptr, 0, d.eager.d_w1.count));
+        CUDA_OK(cudaMemset(d.eager.d_w2.ptr, 0, d.eager.d_w2.count));
+      }
+      ASSERT_EQ(d.step(d.eager, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<float> dl = d.eager.d_logits.download();
+      bytes[gather] = {d.eager.y.download(), d.eager.d_x.download(), d.eager.d_w1.download(),
+                       d.eager.d_w2.download(),
+                       std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(dl.data()),
+                                            reinterpret_cast<const uint8_t*>(dl.data()) +
+                                                dl.size() * sizeof(float))};
+      sfmoe_moe_layer_destroy(layer);
+    }
+    const char* names[] = {"y", "d_x", "d_w1", "d_w2", "d_logits"};
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(bytes[0][i], bytes[1][i]) << names[i];
+    ++checked;
+  }
+  EXPECT_GT(checked, 0);
+  std::printf("[ moe layer ] %d BF16 device cases: gathered FC1 rows bit for bit\n", checked);
 }
 
 // Accumulated main gradients change from step to step, so the graph test writes BF16 weight

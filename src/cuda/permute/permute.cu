@@ -689,6 +689,18 @@ __global__ void __launch_bounds__(kCopyThreads) unpermute_backward_kernel(Unperm
   }
 }
 
+// (after the rows were set to -1)
+__global__ void row_sources_kernel(RowSourcesArgs a) {
+  const int64_t s = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (s >= a.num_tokens * a.top_k) return;
+  const int64_t row = a.row_map[s];
+  if (row >= 0 && row < a.row_capacity) {
+    a.sources[row] = static_cast<int32_t>(s / a.top_k);
+  } else if (row != -1 && a.word != nullptr) {
+    raise_fault(a.word, SFMOE_FAULT_BAD_INDEX, s, row);
+  }
+}
+
 __global__ void slot_values_kernel(SlotValuesArgs a) {
   const int64_t s = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (s >= a.slots) return;
@@ -721,9 +733,11 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
                                               a.dropped_per_expert, a.expert_offsets, group_amax));
   SFMOE_RETURN_IF_ERROR(check_launch("permute_scan_kernel"));
   const int64_t row_bytes = a.hidden * (sfmoe_dtype_bits(a.dtype) / 8);
-  // The bulk copy places its own token's slots; the vector copy and the fused quantizations
-  // read the place kernel's row map.
-  const bool bulk = a.quantized == nullptr && permute_copy_by_bulk(a.tokens, a.permuted, row_bytes);
+  // The bulk copy places its own token's slots; the vector copy, the fused quantizations and the
+  // routing alone (no rows moved) read the place kernel's row map.
+  const bool routing_only = a.permuted == nullptr && a.quantized == nullptr;
+  const bool bulk = a.quantized == nullptr && !routing_only &&
+                    permute_copy_by_bulk(a.tokens, a.permuted, row_bytes);
   if (chunks > 0 && !bulk) {
     SFMOE_CUDA_RETURN_IF_ERROR(launch_dependent(
         permute_place_kernel, dim3(static_cast<unsigned>(chunks)), dim3(kChunkTokens), bitmap_bytes,
@@ -731,6 +745,7 @@ sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
         a.expert_offsets, a.row_map, a.word));
     SFMOE_RETURN_IF_ERROR(check_launch("permute_place_kernel"));
   }
+  if (routing_only) return SFMOE_SUCCESS;
   const int64_t blocks = a.num_tokens + (a.alignment > 1 ? a.num_experts * kPaddingSplit : 0);
   if (a.quantized != nullptr && a.quantized->scaling == SFMOE_SCALING_TENSOR) {
     // Every group's scale_inv and amax are outputs, also with no rows to move.
@@ -806,6 +821,20 @@ sfmoe_status unpermute_backward(const UnpermuteBackwardArgs& a, void* stream_poi
     unpermute_backward_kernel<1><<<static_cast<unsigned>(blocks), kCopyThreads, 0, stream>>>(a);
   }
   return check_launch("unpermute_backward_kernel");
+}
+
+sfmoe_status row_sources(const RowSourcesArgs& a, void* stream_pointer) {
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_pointer);
+  if (a.row_capacity == 0) return SFMOE_SUCCESS;
+  // -1 in every row (bytes 0xFF), then each kept slot's token in its row.
+  SFMOE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+      a.sources, 0xFF, static_cast<size_t>(a.row_capacity) * sizeof(int32_t), stream));
+  const int64_t slots = a.num_tokens * a.top_k;
+  if (slots == 0) return SFMOE_SUCCESS;
+  constexpr int kThreads = 256;
+  row_sources_kernel<<<static_cast<unsigned>((slots + kThreads - 1) / kThreads), kThreads, 0,
+                       stream>>>(a);
+  return check_launch("row_sources_kernel");
 }
 
 sfmoe_status slot_values(const SlotValuesArgs& a, void* stream_pointer) {
