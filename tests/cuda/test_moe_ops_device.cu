@@ -966,6 +966,30 @@ TEST(CudaPermute, GatherFormAndSlotValuesEqualTheCpuBackend) {
     for (float& v : slots) v = static_cast<float>(rng() % 4096) / 64.0f - 32.0f;
     Twin<float> t_slots(slots), row_values(static_cast<size_t>(R), -3.0f),
         back(static_cast<size_t>(tokens * k), NAN);
+    Twin<int32_t> sources(static_cast<size_t>(R), 777);
+    // permute writing the routing only (the layer's gathered FC1 rows): the same routing.
+    Twin<int64_t> only_offsets(std::vector<int64_t>(E + 1, -5)),
+        only_map(std::vector<int64_t>(tokens * k, -5)), only_kept(std::vector<int64_t>(E, -5)),
+        only_dropped(std::vector<int64_t>(E, -5));
+    Twin<int32_t> t_ids(ids);
+    std::vector<uint8_t> permute_workspace(
+        static_cast<size_t>(permute_workspace_elements(tokens, E) * 4), 0);
+    Twin<uint8_t> t_permute_workspace(permute_workspace);
+    for (sfmoe_memory m : kBoth) {
+      PermuteArgs routing = p;
+      routing.tokens = tokens_in.on(m);
+      routing.topk_ids = t_ids.on(m);
+      routing.permuted = nullptr;
+      routing.expert_offsets = only_offsets.on(m);
+      routing.row_map = only_map.on(m);
+      routing.tokens_per_expert = only_kept.on(m);
+      routing.dropped_per_expert = only_dropped.on(m);
+      routing.workspace = reinterpret_cast<int32_t*>(t_permute_workspace.on(m));
+      ASSERT_EQ(ops::backend_for(m).permute(routing, nullptr), SFMOE_SUCCESS);
+      ASSERT_EQ(ops::backend_for(m).row_sources(
+                    RowSourcesArgs{t_map.on(m), tokens, k, R, sources.on(m)}, nullptr),
+                SFMOE_SUCCESS);
+    }
     for (sfmoe_memory m : kBoth) {
       UnpermuteBackwardArgs g{};
       g.d_out = tokens_in.on(m);
@@ -995,6 +1019,12 @@ TEST(CudaPermute, GatherFormAndSlotValuesEqualTheCpuBackend) {
     EXPECT_TRUE(gathered.same("gathered rows"));
     EXPECT_TRUE(row_values.same("slot values to rows"));
     EXPECT_TRUE(back.same("row values to slots"));
+    EXPECT_TRUE(sources.same("row sources"));
+    for (auto* routing : {&only_offsets, &only_map, &only_kept, &only_dropped}) {
+      EXPECT_TRUE(routing->same("routing-only permute"));
+    }
+    EXPECT_EQ(only_map.host, row_map);
+    EXPECT_EQ(only_offsets.host, offsets);
     // The gather is permute, bit for bit, over the groups' rows.
     EXPECT_EQ(0, std::memcmp(gathered.host.data(), rows.data(), offsets[E] * H * 2)) << H;
   }
