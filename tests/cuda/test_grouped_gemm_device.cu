@@ -529,104 +529,19 @@ TEST(CudaGroupedGemm, CapturedGraphFollowsNewGroupSizes) {
 }
 
 // sfmoe's own kernel reads the group sizes on the device too: one captured fprop and one dgrad
-// (BF16 results) per tile replayed on new sizes, up to 300 rows a group (several M tiles; a
-// group's odd last tile, which a 2-CTA cluster takes as two N blocks sharing A, with a CTA left
-// without a tile when the N blocks are odd too: dgrad's N 136), each replay bit for bit against
-// the CPU reference on integer inputs.
-TEST(CudaGroupedGemm, OwnKernelGraphFollowsNewGroupSizes) {
-  SFMOE_SKIP_WITHOUT_GPU();
-  std::mt19937_64 rng(session_test_seed() + 75);
+// (BF16 results) per tile replayed three times on new sizes, up to 300 rows a group (several M
+// tiles; a group's odd last tile, which a 2-CTA cluster takes as two N blocks sharing A, with a
+// CTA left without a tile when the N blocks are odd too: dgrad's N 136), each replay bit for bit
+// against the CPU reference of the same call on integer inputs. `sources`: the rows of X and dY;
+// with `gather` A's rows come from them through config.a_row_index (the producers' cp.async
+// copies), a new index each replay (repeated sources, padding -1, indices past the source: zero
+// rows); without, A is X or dY as it lies (sources = the capacity).
+void own_kernel_graph_replays(const char* what, int64_t sources, bool gather, uint64_t seed) {
+  std::mt19937_64 rng(session_test_seed() + seed);
   const int64_t capacity = 1800;
-  const Problem p = make_problem({300, 300, 300, 300, 300, 300}, true, &rng);
   const std::vector<const char*> tiles =
       tiles_to_test({"contig256", "contig192", "contig128", "contig256c2", "contig192c2"});
-  DeviceBuffer<uint16_t> dx(p.x.size()), dw(p.w.size()), ddy(p.dy.size());
-  DeviceBuffer<int64_t> doff(kGroups + 1);
-  DeviceBuffer<uint16_t> dout(static_cast<size_t>(capacity * kN));
-  const int64_t ws_elements =
-      gemm_workspace_words(kGroups, SFMOE_SCALING_NONE, 0, 0, SFMOE_SCALING_NONE, 0, 0);
-  DeviceBuffer<int64_t> ws(static_cast<size_t>(ws_elements));
-  const sfmoe_tensor workspace =
-      tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});
-  CUDA_OK(dx.upload(p.x));
-  CUDA_OK(dw.upload(p.w));
-  CUDA_OK(ddy.upload(p.dy));
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreate(&stream));
-  std::uniform_int_distribution<int64_t> size(0, 300);
-  for (const char* tile : tiles) {
-    const ForcedTile forced(tile);
-    for (sfmoe_gemm_form form : {SFMOE_GEMM_FPROP, SFMOE_GEMM_DGRAD}) {
-      const bool fprop = form == SFMOE_GEMM_FPROP;
-      const int64_t in_cols = fprop ? kK : kN, out_cols = fprop ? kN : kK;
-      sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
-      config.form = form;
-      const sfmoe_grouped_tensor a =
-          rows_in(SFMOE_MEMORY_CUDA, fprop ? dx.ptr : ddy.ptr, SFMOE_DTYPE_BF16, kGroups, capacity,
-                  in_cols, 1, doff.ptr);
-      const sfmoe_grouped_tensor b = weights_in(SFMOE_MEMORY_CUDA, dw.ptr, SFMOE_DTYPE_BF16);
-      const sfmoe_grouped_tensor out = rows_in(SFMOE_MEMORY_CUDA, dout.ptr, SFMOE_DTYPE_BF16,
-                                               kGroups, capacity, out_cols, 1, doff.ptr);
-      CUDA_OK(doff.upload(p.offsets));
-      cudaGraph_t graph;
-      CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-      ASSERT_EQ(sfmoe_grouped_gemm(&a, &b, &config, &out, &workspace, nullptr, stream),
-                SFMOE_SUCCESS)
-          << sfmoe_last_error();
-      CUDA_OK(cudaStreamEndCapture(stream, &graph));
-      cudaGraphExec_t exec;
-      CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-      for (int replay = 0; replay < 3; ++replay) {
-        std::vector<int64_t> offsets(1, 0);
-        for (int64_t g = 0; g < kGroups; ++g) {
-          offsets.push_back(offsets.back() + (replay == 0 && g == 1 ? 0 : size(rng)));
-        }
-        CUDA_OK(cudaMemcpyAsync(doff.ptr, offsets.data(), offsets.size() * 8,
-                                cudaMemcpyHostToDevice, stream));
-        CUDA_OK(cudaMemsetAsync(dout.ptr, 0xFF, dout.count * sizeof(uint16_t), stream));
-        CUDA_OK(cudaGraphLaunch(exec, stream));
-        CUDA_OK(cudaStreamSynchronize(stream));
-        const std::vector<uint16_t> got = dout.download();
-        // The CPU reference on the same rows (the inputs' rows past p.rows are zeros).
-        std::vector<int64_t> host_offsets = offsets;
-        std::vector<uint16_t> in = fprop ? p.x : p.dy, w = p.w;
-        in.resize(static_cast<size_t>(capacity * in_cols), 0);
-        std::vector<uint16_t> want(static_cast<size_t>(capacity * out_cols), 0);
-        const sfmoe_grouped_tensor ha = rows_in(SFMOE_MEMORY_HOST, in.data(), SFMOE_DTYPE_BF16,
-                                                kGroups, capacity, in_cols, 1, host_offsets.data());
-        const sfmoe_grouped_tensor hb = weights_in(SFMOE_MEMORY_HOST, w.data(), SFMOE_DTYPE_BF16);
-        const sfmoe_grouped_tensor hout =
-            rows_in(SFMOE_MEMORY_HOST, want.data(), SFMOE_DTYPE_BF16, kGroups, capacity, out_cols,
-                    1, host_offsets.data());
-        ASSERT_EQ(sfmoe_grouped_gemm(&ha, &hb, &config, &hout, nullptr, nullptr, nullptr),
-                  SFMOE_SUCCESS)
-            << sfmoe_last_error();
-        int64_t differ = 0;
-        for (int64_t i = 0; i < offsets.back() * out_cols; ++i) differ += got[i] != want[i];
-        EXPECT_EQ(differ, 0) << tile << " " << form_name(form) << " replay " << replay;
-        std::printf("[ gemm graph ] %s %s replay %d: %lld rows, %lld values differ\n", tile,
-                    form_name(form), replay, static_cast<long long>(offsets.back()),
-                    static_cast<long long>(differ));
-      }
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
-    }
-  }
-  cudaStreamDestroy(stream);
-}
-
-// The own kernel with A's rows gathered (config.a_row_index: its producers copy each row from the
-// source by cp.async): one captured fprop and one dgrad per tile, replayed on new group sizes and
-// new row indices (repeated sources, padding -1, indices past the source: zero rows), each replay
-// bit for bit against the CPU reference of the same gathered call on integer inputs; then on
-// normal inputs, the gathered call's bits against the same kernel on the rows copied out.
-TEST(CudaGroupedGemm, OwnKernelGathersRowsBitForBit) {
-  SFMOE_SKIP_WITHOUT_GPU();
-  std::mt19937_64 rng(session_test_seed() + 76);
-  const int64_t capacity = 1800, sources = 700;
-  const std::vector<const char*> tiles =
-      tiles_to_test({"contig256", "contig192", "contig128", "contig256c2", "contig192c2"});
-  const Problem p = make_problem({sources}, true, &rng);  // x [sources, K], dy [sources, N]
+  const Problem p = make_problem({sources}, true, &rng);  // X [sources, K], dY [sources, N]
   DeviceBuffer<uint16_t> dx(p.x.size()), ddy(p.dy.size()), dw(p.w.size());
   DeviceBuffer<int64_t> doff(kGroups + 1);
   DeviceBuffer<int32_t> dindex(static_cast<size_t>(capacity));
@@ -636,7 +551,6 @@ TEST(CudaGroupedGemm, OwnKernelGathersRowsBitForBit) {
   DeviceBuffer<int64_t> ws(static_cast<size_t>(ws_elements));
   const sfmoe_tensor workspace =
       tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});
-  // p.w holds kGroups weights (make_problem fills them for kGroups).
   CUDA_OK(dx.upload(p.x));
   CUDA_OK(ddy.upload(p.dy));
   CUDA_OK(dw.upload(p.w));
@@ -651,8 +565,10 @@ TEST(CudaGroupedGemm, OwnKernelGathersRowsBitForBit) {
       const int64_t in_cols = fprop ? kK : kN, out_cols = fprop ? kN : kK;
       sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
       config.form = form;
-      config.a_row_index = dindex.ptr;
-      config.a_source_rows = sources;
+      if (gather) {
+        config.a_row_index = dindex.ptr;
+        config.a_source_rows = sources;
+      }
       const sfmoe_grouped_tensor a =
           rows_in(SFMOE_MEMORY_CUDA, fprop ? dx.ptr : ddy.ptr, SFMOE_DTYPE_BF16, kGroups, capacity,
                   in_cols, 1, doff.ptr);
@@ -683,11 +599,14 @@ TEST(CudaGroupedGemm, OwnKernelGathersRowsBitForBit) {
         CUDA_OK(cudaGraphLaunch(exec, stream));
         CUDA_OK(cudaStreamSynchronize(stream));
         const std::vector<uint16_t> got = dout.download();
+        // The CPU reference of the same call (without the gather, A's rows past `sources` are
+        // zeros there).
         std::vector<int64_t> host_offsets = offsets;
         std::vector<uint16_t> in = fprop ? p.x : p.dy, w = p.w;
+        if (!gather) in.resize(static_cast<size_t>(capacity * in_cols), 0);
         std::vector<uint16_t> want(static_cast<size_t>(capacity * out_cols), 0);
         sfmoe_grouped_gemm_config host_config = config;
-        host_config.a_row_index = index.data();
+        if (gather) host_config.a_row_index = index.data();
         const sfmoe_grouped_tensor ha = rows_in(SFMOE_MEMORY_HOST, in.data(), SFMOE_DTYPE_BF16,
                                                 kGroups, capacity, in_cols, 1, host_offsets.data());
         const sfmoe_grouped_tensor hb = weights_in(SFMOE_MEMORY_HOST, w.data(), SFMOE_DTYPE_BF16);
@@ -703,8 +622,8 @@ TEST(CudaGroupedGemm, OwnKernelGathersRowsBitForBit) {
           nonzero += (want[i] & 0x7FFF) != 0;
         }
         EXPECT_EQ(differ, 0) << tile << " " << form_name(form) << " replay " << replay;
-        EXPECT_GT(nonzero, offsets.back() * out_cols / 2) << "the rows gathered are mostly data";
-        std::printf("[ gemm gather ] %s %s replay %d: %lld rows, %lld values differ\n", tile,
+        EXPECT_GT(nonzero, offsets.back() * out_cols / 2) << "the rows are mostly data";
+        std::printf("[ %s ] %s %s replay %d: %lld rows, %lld values differ\n", what, tile,
                     form_name(form), replay, static_cast<long long>(offsets.back()),
                     static_cast<long long>(differ));
       }
@@ -712,8 +631,34 @@ TEST(CudaGroupedGemm, OwnKernelGathersRowsBitForBit) {
       cudaGraphDestroy(graph);
     }
   }
-  // Normal inputs: the gathered call's bits are those of the same kernel on the rows copied out.
+  cudaStreamDestroy(stream);
+}
+
+TEST(CudaGroupedGemm, OwnKernelGraphFollowsNewGroupSizes) {
+  SFMOE_SKIP_WITHOUT_GPU();
+  own_kernel_graph_replays("gemm graph", 1800, false, 75);
+}
+
+// The own kernel with A's rows gathered (config.a_row_index): the graph replays above, then, on
+// normal inputs, the gathered call's bits against the same kernel on the rows copied out.
+TEST(CudaGroupedGemm, OwnKernelGathersRowsBitForBit) {
+  SFMOE_SKIP_WITHOUT_GPU();
+  own_kernel_graph_replays("gemm gather", 700, true, 76);
+  std::mt19937_64 rng(session_test_seed() + 77);
+  const int64_t capacity = 1800, sources = 700;
+  const std::vector<const char*> tiles =
+      tiles_to_test({"contig256", "contig192", "contig128", "contig256c2", "contig192c2"});
+  std::uniform_int_distribution<int32_t> pick(-2, static_cast<int32_t>(sources) + 1);
   const Problem q = make_problem({sources}, false, &rng);
+  DeviceBuffer<uint16_t> dx(q.x.size()), ddy(q.dy.size()), dw(q.w.size());
+  DeviceBuffer<int64_t> doff(kGroups + 1);
+  DeviceBuffer<int32_t> dindex(static_cast<size_t>(capacity));
+  DeviceBuffer<uint16_t> dout(static_cast<size_t>(capacity * kN));
+  const int64_t ws_elements =
+      gemm_workspace_words(kGroups, SFMOE_SCALING_NONE, 0, 0, SFMOE_SCALING_NONE, 0, 0);
+  DeviceBuffer<int64_t> ws(static_cast<size_t>(ws_elements));
+  const sfmoe_tensor workspace =
+      tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});
   CUDA_OK(dx.upload(q.x));
   CUDA_OK(ddy.upload(q.dy));
   CUDA_OK(dw.upload(q.w));
@@ -763,7 +708,6 @@ TEST(CudaGroupedGemm, OwnKernelGathersRowsBitForBit) {
       EXPECT_EQ(differ, 0) << tile << " " << form_name(form) << " on normal inputs";
     }
   }
-  cudaStreamDestroy(stream);
 }
 
 // sfmoe's own wgrad kernel builds each group's TMA descriptors on the device, so a captured wgrad
