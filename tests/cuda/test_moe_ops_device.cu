@@ -929,15 +929,15 @@ TEST(CudaPermute, GatherFormAndSlotValuesEqualTheCpuBackend) {
   std::mt19937_64 rng(session_test_seed() + 18);
   const int64_t tokens = 3001, E = 64, k = 6, alignment = 16;
   for (int64_t H : {264, 41}) {
-    // A row map from the CPU permute (routing of distinct experts per token, some dropped by
-    // a capacity), shared by both backends.
+    // A row map from the CPU permute (routing of distinct experts per token: two of experts 0-7,
+    // which a capacity then cuts, and the others from 8-63), shared by both backends.
     std::vector<int32_t> ids(tokens * k);
     for (int64_t t = 0; t < tokens; ++t) {
-      std::vector<int32_t> experts(E);
-      for (int32_t e = 0; e < E; ++e) experts[e] = e;
-      std::shuffle(experts.begin(), experts.end(), rng);
-      for (int64_t i = 0; i < k; ++i) ids[t * k + i] = experts[i] % (i < 2 ? 8 : E);
-      if (ids[t * k + 1] == ids[t * k]) ids[t * k + 1] = (ids[t * k] + 1) % 8;
+      std::vector<int32_t> crowded(8), others(E - 8);
+      for (int32_t e = 0; e < E; ++e) (e < 8 ? crowded[e] : others[e - 8]) = e;
+      std::shuffle(crowded.begin(), crowded.end(), rng);
+      std::shuffle(others.begin(), others.end(), rng);
+      for (int64_t i = 0; i < k; ++i) ids[t * k + i] = i < 2 ? crowded[i] : others[i - 2];
     }
     const int64_t R = tokens * k + E * (alignment - 1);
     std::vector<uint8_t> x = make_rows(rng, tokens * H, SFMOE_DTYPE_BF16);

@@ -65,11 +65,6 @@ constexpr int kTileM = 128;
 template <class LayoutB, int kTileN, int kStages, int kClusterM = 1, bool kGatherA = false>
 struct ContiguousKernel {
   static constexpr bool kGather = kGatherA;
-  // The gathering producers keep eight row addresses each: 48 registers (the whole register file
-  // with the consumers' 232: 128 x 48 + 256 x 232 = 65536). ptxas reports 24 bytes of spill
-  // stores in the 2-CTA kernels, whose producers hold two tile forms; the same consumers without
-  // the gather spill nothing.
-  static constexpr int kProducerRegs = kGatherA ? 48 : kProducerRegisters;
   using TileShape = Shape<Int<kTileM>, Int<kTileN>, _64>;
   using ClusterShape = Shape<Int<kClusterM>, _1, _1>;
   static constexpr int kCluster = kClusterM;
@@ -304,7 +299,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int k_tiles = (p.gemm_k + 63) / 64;
   typename K::Mainloop mainloop;
   if (warp_group == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<K::kProducerRegs>();
+    // (The producers keep 40 registers also when they gather: the consumers' 232 take the rest of
+    // the CTA's launch allocation, 384 x 168, and setmaxnreg can only move registers within it --
+    // with more left to the producers, the consumers' request would wait forever.)
+    cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
     if constexpr (K::kGather) {
       if (thread == 0) {
         cute::prefetch_tma_descriptor(p.mainloop.tma_load_b.get_tma_descriptor());
