@@ -390,7 +390,8 @@ Outcome plan_backward_peaks(const MoeLayerShape& s, MoeLayerPlan* plan) {
 // instead of reading rows permute copied out: the BF16 recipe without expert parallelism (the EP
 // moves and the quantized recipes write their rows anyway), on the device up to the gathering
 // kernel's group bound. SFMOE_LAYER_GATHER_ROWS=1 / 0 turns it on / off; unset, it is on for host
-// memory and off on the device, whose gathering kernel has not been timed yet.
+// memory and off on the device, where the gathering kernel's cp.async producers measured slower
+// than the TMA loads of a copy plus the copy itself (docs/KERNEL_NOTES.md).
 bool gathers_x_rows(const MoeLayerShape& s, sfmoe_memory memory) {
   const bool device = memory == SFMOE_MEMORY_CUDA;
   const char* setting = getenv("SFMOE_LAYER_GATHER_ROWS");

@@ -48,8 +48,9 @@ constexpr int kTileM = 128;
 constexpr int kEpilogueBarrier = 1;  // named barrier of the two consumer warp groups (256 threads)
 
 // The bound on the groups the kernel prefetches into L2 (dY_g and X_g together; a few groups of
-// 16 MiB at once stay well inside the H100's and H200's 50 MiB). 0, none, until the prefetch is
-// measured: SFMOE_WGRAD_PREFETCH_MIB=16 turns it on for the measurement.
+// 16 MiB at once stay well inside the H100's and H200's 50 MiB). 0, none: measured on an H100,
+// SFMOE_WGRAD_PREFETCH_MIB=16 made the Qwen3-30B-A3B wgrads 6-9% slower and DeepSeek-V3's 2-7%
+// (docs/KERNEL_NOTES.md); the setting stays for studies.
 constexpr int64_t kPrefetchGroupMiB = 0;
 
 // A = dY_g read M-major (dY is [rows, n] row-major: the GEMM's M = n runs along a row), B = X_g
