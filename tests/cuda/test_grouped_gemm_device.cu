@@ -528,6 +528,32 @@ TEST(CudaGroupedGemm, CapturedGraphFollowsNewGroupSizes) {
   cudaStreamDestroy(stream);
 }
 
+// A problem's operands on the device (X, dY, W), and the group offsets, row index, BF16 output and
+// workspace of the own kernel's calls over `capacity` rows.
+struct OwnKernelBuffers {
+  DeviceBuffer<uint16_t> dx, ddy, dw;
+  DeviceBuffer<int64_t> doff;
+  DeviceBuffer<int32_t> dindex;
+  DeviceBuffer<uint16_t> dout;
+  int64_t ws_elements;
+  DeviceBuffer<int64_t> ws;
+  sfmoe_tensor workspace;
+  bool uploaded;
+  OwnKernelBuffers(const Problem& p, int64_t capacity)
+      : dx(p.x.size()),
+        ddy(p.dy.size()),
+        dw(p.w.size()),
+        doff(kGroups + 1),
+        dindex(static_cast<size_t>(capacity)),
+        dout(static_cast<size_t>(capacity * kN)),
+        ws_elements(
+            gemm_workspace_words(kGroups, SFMOE_SCALING_NONE, 0, 0, SFMOE_SCALING_NONE, 0, 0)),
+        ws(static_cast<size_t>(ws_elements)),
+        workspace(tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements})),
+        uploaded(dx.upload(p.x) == cudaSuccess && ddy.upload(p.dy) == cudaSuccess &&
+                 dw.upload(p.w) == cudaSuccess) {}
+};
+
 // sfmoe's own kernel reads the group sizes on the device too: one captured fprop and one dgrad
 // (BF16 results) per tile replayed three times on new sizes, up to 300 rows a group (several M
 // tiles; a group's odd last tile, which a 2-CTA cluster takes as two N blocks sharing A, with a
@@ -542,18 +568,8 @@ void own_kernel_graph_replays(const char* what, int64_t sources, bool gather, ui
   const std::vector<const char*> tiles =
       tiles_to_test({"contig256", "contig192", "contig128", "contig256c2", "contig192c2"});
   const Problem p = make_problem({sources}, true, &rng);  // X [sources, K], dY [sources, N]
-  DeviceBuffer<uint16_t> dx(p.x.size()), ddy(p.dy.size()), dw(p.w.size());
-  DeviceBuffer<int64_t> doff(kGroups + 1);
-  DeviceBuffer<int32_t> dindex(static_cast<size_t>(capacity));
-  DeviceBuffer<uint16_t> dout(static_cast<size_t>(capacity * kN));
-  const int64_t ws_elements =
-      gemm_workspace_words(kGroups, SFMOE_SCALING_NONE, 0, 0, SFMOE_SCALING_NONE, 0, 0);
-  DeviceBuffer<int64_t> ws(static_cast<size_t>(ws_elements));
-  const sfmoe_tensor workspace =
-      tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});
-  CUDA_OK(dx.upload(p.x));
-  CUDA_OK(ddy.upload(p.dy));
-  CUDA_OK(dw.upload(p.w));
+  OwnKernelBuffers d(p, capacity);
+  ASSERT_TRUE(d.uploaded);
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreate(&stream));
   std::uniform_int_distribution<int64_t> size(0, 300);
@@ -566,19 +582,19 @@ void own_kernel_graph_replays(const char* what, int64_t sources, bool gather, ui
       sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
       config.form = form;
       if (gather) {
-        config.a_row_index = dindex.ptr;
+        config.a_row_index = d.dindex.ptr;
         config.a_source_rows = sources;
       }
       const sfmoe_grouped_tensor a =
-          rows_in(SFMOE_MEMORY_CUDA, fprop ? dx.ptr : ddy.ptr, SFMOE_DTYPE_BF16, kGroups, capacity,
-                  in_cols, 1, doff.ptr);
-      const sfmoe_grouped_tensor b = weights_in(SFMOE_MEMORY_CUDA, dw.ptr, SFMOE_DTYPE_BF16);
-      const sfmoe_grouped_tensor out = rows_in(SFMOE_MEMORY_CUDA, dout.ptr, SFMOE_DTYPE_BF16,
-                                               kGroups, capacity, out_cols, 1, doff.ptr);
-      CUDA_OK(doff.upload(std::vector<int64_t>(kGroups + 1, 0)));
+          rows_in(SFMOE_MEMORY_CUDA, fprop ? d.dx.ptr : d.ddy.ptr, SFMOE_DTYPE_BF16, kGroups,
+                  capacity, in_cols, 1, d.doff.ptr);
+      const sfmoe_grouped_tensor b = weights_in(SFMOE_MEMORY_CUDA, d.dw.ptr, SFMOE_DTYPE_BF16);
+      const sfmoe_grouped_tensor out = rows_in(SFMOE_MEMORY_CUDA, d.dout.ptr, SFMOE_DTYPE_BF16,
+                                               kGroups, capacity, out_cols, 1, d.doff.ptr);
+      CUDA_OK(d.doff.upload(std::vector<int64_t>(kGroups + 1, 0)));
       cudaGraph_t graph;
       CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-      ASSERT_EQ(sfmoe_grouped_gemm(&a, &b, &config, &out, &workspace, nullptr, stream),
+      ASSERT_EQ(sfmoe_grouped_gemm(&a, &b, &config, &out, &d.workspace, nullptr, stream),
                 SFMOE_SUCCESS)
           << sfmoe_last_error();
       CUDA_OK(cudaStreamEndCapture(stream, &graph));
@@ -591,14 +607,14 @@ void own_kernel_graph_replays(const char* what, int64_t sources, bool gather, ui
         }
         std::vector<int32_t> index(static_cast<size_t>(capacity));
         for (auto& i : index) i = pick(rng);
-        CUDA_OK(cudaMemcpyAsync(doff.ptr, offsets.data(), offsets.size() * 8,
+        CUDA_OK(cudaMemcpyAsync(d.doff.ptr, offsets.data(), offsets.size() * 8,
                                 cudaMemcpyHostToDevice, stream));
-        CUDA_OK(cudaMemcpyAsync(dindex.ptr, index.data(), index.size() * 4, cudaMemcpyHostToDevice,
-                                stream));
-        CUDA_OK(cudaMemsetAsync(dout.ptr, 0xFF, dout.count * sizeof(uint16_t), stream));
+        CUDA_OK(cudaMemcpyAsync(d.dindex.ptr, index.data(), index.size() * 4,
+                                cudaMemcpyHostToDevice, stream));
+        CUDA_OK(cudaMemsetAsync(d.dout.ptr, 0xFF, d.dout.count * sizeof(uint16_t), stream));
         CUDA_OK(cudaGraphLaunch(exec, stream));
         CUDA_OK(cudaStreamSynchronize(stream));
-        const std::vector<uint16_t> got = dout.download();
+        const std::vector<uint16_t> got = d.dout.download();
         // The CPU reference of the same call (without the gather, A's rows past `sources` are
         // zeros there).
         std::vector<int64_t> host_offsets = offsets;
@@ -650,23 +666,13 @@ TEST(CudaGroupedGemm, OwnKernelGathersRowsBitForBit) {
       tiles_to_test({"contig256", "contig192", "contig128", "contig256c2", "contig192c2"});
   std::uniform_int_distribution<int32_t> pick(-2, static_cast<int32_t>(sources) + 1);
   const Problem q = make_problem({sources}, false, &rng);
-  DeviceBuffer<uint16_t> dx(q.x.size()), ddy(q.dy.size()), dw(q.w.size());
-  DeviceBuffer<int64_t> doff(kGroups + 1);
-  DeviceBuffer<int32_t> dindex(static_cast<size_t>(capacity));
-  DeviceBuffer<uint16_t> dout(static_cast<size_t>(capacity * kN));
-  const int64_t ws_elements =
-      gemm_workspace_words(kGroups, SFMOE_SCALING_NONE, 0, 0, SFMOE_SCALING_NONE, 0, 0);
-  DeviceBuffer<int64_t> ws(static_cast<size_t>(ws_elements));
-  const sfmoe_tensor workspace =
-      tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});
-  CUDA_OK(dx.upload(q.x));
-  CUDA_OK(ddy.upload(q.dy));
-  CUDA_OK(dw.upload(q.w));
+  OwnKernelBuffers d(q, capacity);
+  ASSERT_TRUE(d.uploaded);
   std::vector<int64_t> offsets = {0, 0, 1, 257, 500, 1100, 1800};
   std::vector<int32_t> index(static_cast<size_t>(capacity));
   for (auto& i : index) i = pick(rng);
-  CUDA_OK(doff.upload(offsets));
-  CUDA_OK(dindex.upload(index));
+  CUDA_OK(d.doff.upload(offsets));
+  CUDA_OK(d.dindex.upload(index));
   for (const char* tile : tiles) {
     const ForcedTile forced(tile);
     for (sfmoe_gemm_form form : {SFMOE_GEMM_FPROP, SFMOE_GEMM_DGRAD}) {
@@ -682,27 +688,27 @@ TEST(CudaGroupedGemm, OwnKernelGathersRowsBitForBit) {
       CUDA_OK(dcopied.upload(copied));
       sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
       config.form = form;
-      const sfmoe_grouped_tensor b = weights_in(SFMOE_MEMORY_CUDA, dw.ptr, SFMOE_DTYPE_BF16);
+      const sfmoe_grouped_tensor b = weights_in(SFMOE_MEMORY_CUDA, d.dw.ptr, SFMOE_DTYPE_BF16);
       const sfmoe_grouped_tensor a_copied =
           rows_in(SFMOE_MEMORY_CUDA, dcopied.ptr, SFMOE_DTYPE_BF16, kGroups, capacity, in_cols, 1,
-                  doff.ptr);
+                  d.doff.ptr);
       const sfmoe_grouped_tensor a_source =
-          rows_in(SFMOE_MEMORY_CUDA, fprop ? dx.ptr : ddy.ptr, SFMOE_DTYPE_BF16, kGroups, capacity,
-                  in_cols, 1, doff.ptr);
+          rows_in(SFMOE_MEMORY_CUDA, fprop ? d.dx.ptr : d.ddy.ptr, SFMOE_DTYPE_BF16, kGroups,
+                  capacity, in_cols, 1, d.doff.ptr);
       const sfmoe_grouped_tensor ref = rows_in(SFMOE_MEMORY_CUDA, dref.ptr, SFMOE_DTYPE_BF16,
-                                               kGroups, capacity, out_cols, 1, doff.ptr);
-      const sfmoe_grouped_tensor out = rows_in(SFMOE_MEMORY_CUDA, dout.ptr, SFMOE_DTYPE_BF16,
-                                               kGroups, capacity, out_cols, 1, doff.ptr);
-      ASSERT_EQ(sfmoe_grouped_gemm(&a_copied, &b, &config, &ref, &workspace, nullptr, nullptr),
+                                               kGroups, capacity, out_cols, 1, d.doff.ptr);
+      const sfmoe_grouped_tensor out = rows_in(SFMOE_MEMORY_CUDA, d.dout.ptr, SFMOE_DTYPE_BF16,
+                                               kGroups, capacity, out_cols, 1, d.doff.ptr);
+      ASSERT_EQ(sfmoe_grouped_gemm(&a_copied, &b, &config, &ref, &d.workspace, nullptr, nullptr),
                 SFMOE_SUCCESS)
           << sfmoe_last_error();
-      config.a_row_index = dindex.ptr;
+      config.a_row_index = d.dindex.ptr;
       config.a_source_rows = sources;
-      ASSERT_EQ(sfmoe_grouped_gemm(&a_source, &b, &config, &out, &workspace, nullptr, nullptr),
+      ASSERT_EQ(sfmoe_grouped_gemm(&a_source, &b, &config, &out, &d.workspace, nullptr, nullptr),
                 SFMOE_SUCCESS)
           << sfmoe_last_error();
       CUDA_OK(cudaDeviceSynchronize());
-      const std::vector<uint16_t> got = dout.download(), want = dref.download();
+      const std::vector<uint16_t> got = d.dout.download(), want = dref.download();
       int64_t differ = 0;
       for (int64_t i = 0; i < capacity * out_cols; ++i) differ += got[i] != want[i];
       EXPECT_EQ(differ, 0) << tile << " " << form_name(form) << " on normal inputs";
