@@ -30,7 +30,8 @@ inline bool permute_alignment_is_valid(int64_t a) {
 
 // Token rows -> expert-sorted rows, each expert's block padded to `alignment` rows with zeros.
 // Internal (the MoE layer, which gathers FC1's rows from the tokens): `permuted` NULL with no
-// fused quantization writes the routing only -- offsets, row map, counts -- and moves no row.
+// fused quantization writes the routing only -- offsets, row map, counts -- and moves no row; it
+// reads no row either, so group_amax must then be NULL.
 struct PermuteArgs {
   const void* tokens;  // [num_tokens, hidden]
   sfmoe_dtype dtype;   // FP32, BF16 or FP16 (rows are moved, not converted)

@@ -44,7 +44,7 @@ void permute_rows(const PermuteArgs& a) {
     for (int64_t j = 0; j < kept; ++j) {
       const int64_t slot = slots[e][j], row = offset + j, token = slot / k;
       a.row_map[slot] = row;
-      if (a.permuted == nullptr) continue;  // (the routing only)
+      if (a.permuted == nullptr) continue;  // (the routing only: callers pass no group_amax)
       memcpy(static_cast<uint8_t*>(a.permuted) + row * row_bytes,
              static_cast<const uint8_t*>(a.tokens) + token * row_bytes,
              static_cast<size_t>(row_bytes));

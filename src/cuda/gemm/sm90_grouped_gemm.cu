@@ -106,21 +106,22 @@ sfmoe_status launch_grouped_gemm(const GroupedGemmDeviceArgs& a, void* stream_po
     case GemmRecipe::kBf16:
       break;
   }
-  // sfmoe's own kernels where they take the operands. An own kernel's tile, forced or chosen, on a
-  // call that kernel does not take (the other own kernel's forms, FP32 results, wgrad
-  // accumulation) runs the heuristic's choice, or its CUTLASS tile where that is an own kernel's
-  // that does not take the call either: a study of one own kernel leaves the other calls as they
-  // run.
   if (a.a_row_index != nullptr) {
     // Gathered rows: only the contiguous kernel's producer gathers (a forced tile of it is kept).
     if (!contiguous_grouped_gemm_runs(a)) {
       return report(SFMOE_ERROR_UNSUPPORTED,
                     "the grouped GEMM gathers A's rows in BF16 fprop and dgrad into BF16, with at "
-                    "most 768 groups, n and k multiples of 8 and 16-byte aligned operands");
+                    "most %lld groups, n and k multiples of 8 and 16-byte aligned operands",
+                    static_cast<long long>(kGatheredGemmMaxGroups));
     }
     if (!is_contiguous_tile(tile)) tile = contiguous_tile_for(a.form, a.n, a.k);
     return contiguous_grouped_gemm(a, tile, stream);
   }
+  // sfmoe's own kernels where they take the operands. An own kernel's tile, forced or chosen, on a
+  // call that kernel does not take (the other own kernel's forms, FP32 results, wgrad
+  // accumulation) runs the heuristic's choice, or its CUTLASS tile where that is an own kernel's
+  // that does not take the call either: a study of one own kernel leaves the other calls as they
+  // run.
   auto runs = [&a](GemmTile t) {
     if (is_contiguous_tile(t)) return contiguous_grouped_gemm_runs(a);
     if (is_wgrad_tile(t)) return wgrad_grouped_gemm_runs(a);

@@ -718,6 +718,9 @@ __global__ void slot_values_kernel(SlotValuesArgs a) {
 
 sfmoe_status permute(const PermuteArgs& a, void* stream_pointer) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_pointer);
+  if (a.permuted == nullptr && a.quantized == nullptr && a.group_amax != nullptr) {
+    return report(SFMOE_ERROR_INTERNAL, "permute: the routing alone reads no row for an amax");
+  }
   const int64_t chunks = permute_chunks(a.num_tokens);
   // Each expert's amax of its rows: unquantized rows only (a fused quantization has its own).
   float* const group_amax = a.quantized == nullptr ? a.group_amax : nullptr;
