@@ -64,14 +64,19 @@ struct Arena {
     int64_t elements = 1;
     for (int64_t d : shape) {
       elements = d < 0 || d > kMostBytes ? kMostBytes + 1 : elements * d;
-      if (elements > kMostBytes)
-        elements = kMostBytes + 1;  // (too large: described, not allocated)
+      if (elements > kMostBytes) elements = kMostBytes + 1;  // (too large: not allocated)
     }
     const int bits = sfmoe_dtype_bits(dtype) > 0 ? sfmoe_dtype_bits(dtype) : 8;
-    const int64_t bytes = elements > kMostBytes ? 0 : (elements * bits + 7) / 8;
+    const bool allocated = elements <= kMostBytes;
+    const int64_t bytes = allocated ? (elements * bits + 7) / 8 : 0;
     buffers.push_back(std::make_unique<Guarded>(static_cast<size_t>(bytes + 16), fdp));
     uint8_t* data = static_cast<uint8_t*>(buffers.back()->data());
     if (mutate == 4) data += 1;  // misaligned (the buffer has 16 bytes to spare)
+    // A shape too large to allocate is described over no data: a host buffer's size is the
+    // caller's promise, which the library cannot check, so a real buffer under a larger shape
+    // would be the driver's fault, not the library's. The size checks still run first (an element
+    // count that overflows is refused before the NULL data).
+    if (!allocated) data = nullptr;
     auto t = std::make_unique<sfmoe_tensor>(
         sfmoe_tensor_make(mutate == 5 ? nullptr : data, dtype, static_cast<int32_t>(shape.size()),
                           shape.empty() ? nullptr : shape.data(),
