@@ -95,10 +95,12 @@ void router_backward(const RouterBackwardArgs& args) {
         if (c.sigmoid) {
           for (int64_t i = 0; i < k; ++i) dx[ids[i]] += du[i] * u[i] * (1.0f - u[i]);
         } else {  // softmax over all experts: d x_e = s_e (g_e - sum_f g_f s_f)
+          // g is zero off the selected experts, so the sum runs over those, in selection order:
+          // an unselected NaN logit (score NaN) then spoils only its own gradient.
           for (int64_t e = 0; e < n; ++e) grad_scores[e] = 0.0f;
           for (int64_t i = 0; i < k; ++i) grad_scores[ids[i]] += du[i];
           float dot = 0.0f;
-          for (int64_t e = 0; e < n; ++e) dot += grad_scores[e] * scores[e];
+          for (int64_t i = 0; i < k; ++i) dot += du[i] * u[i];
           for (int64_t e = 0; e < n; ++e) dx[e] += scores[e] * (grad_scores[e] - dot);
         }
       }

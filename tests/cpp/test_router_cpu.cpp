@@ -332,6 +332,54 @@ TEST(RouterCpu, BackwardMatchesFloat64FiniteDifferences) {
   }
 }
 
+// An unselected NaN logit takes no part in the forward; in the backward it spoils only its own
+// gradient: every other d logit has the bits it has when that logit is -Inf (score 0 either way).
+TEST(RouterCpu, BackwardOfAnUnselectedNanLogitSpoilsOnlyItsOwnGradient) {
+  std::mt19937_64 rng(testing::session_test_seed() + 3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t experts = 7, k = 2;
+  for (const bool normalize : {false, true}) {
+    RouterConfig c = config(experts, k);
+    c.normalize = normalize;
+    std::vector<float> logits(experts), w(k);
+    for (float& x : logits) x = normal(rng);
+    for (float& x : w) x = normal(rng);
+    const Routed before = route(logits, nullptr, c);
+    int64_t bad = 0;  // an expert the routing did not select
+    while (bad == before.ids[0] || bad == before.ids[1]) ++bad;
+    auto backward = [&](float value, std::vector<int32_t>* ids) {
+      std::vector<float> x = logits, d(experts, 0.0f);
+      x[bad] = value;
+      const Routed r = route(x, nullptr, c);
+      *ids = r.ids;
+      RouterBackwardArgs args{x.data(),
+                              SFMOE_DTYPE_FP32,
+                              r.ids.data(),
+                              r.tokens_per_expert.data(),
+                              1,
+                              c,
+                              w.data(),
+                              0.0f,
+                              0.0f,
+                              d.data(),
+                              nullptr};
+      cpu::router_backward(args);
+      return d;
+    };
+    std::vector<int32_t> ids_nan, ids_inf;
+    const std::vector<float> with_nan = backward(NAN, &ids_nan);
+    const std::vector<float> with_inf = backward(-INFINITY, &ids_inf);
+    ASSERT_EQ(ids_nan, ids_inf);
+    EXPECT_TRUE(std::isnan(with_nan[bad]));
+    for (int64_t e = 0; e < experts; ++e) {
+      if (e == bad) continue;
+      EXPECT_TRUE(std::isfinite(with_nan[e])) << "expert " << e;
+      EXPECT_EQ(std::memcmp(&with_nan[e], &with_inf[e], 4), 0)
+          << "expert " << e << ": " << with_nan[e] << " vs " << with_inf[e];
+    }
+  }
+}
+
 }  // namespace
 }  // namespace sfmoe
 
