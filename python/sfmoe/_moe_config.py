@@ -102,6 +102,10 @@ class MoEConfig:
                 raise ValueError(
                     "with an ep_group the capacity is the ranks' (ep_capacity_factor); capacity_factor must be None"
                 )
+        for name in ("aux_loss_coeff", "z_loss_coeff"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be finite and >= 0, got {value}")
         for name in ("ep_capacity_factor", "ep_spill_factor", "ep_pair_factor"):
             value = getattr(self, name)
             if value is not None and not value > 0:

@@ -215,6 +215,27 @@ def test_an_input_of_another_width_is_refused_by_name():
     assert module(torch.randn(2, 3, 16)).shape == (2, 3, 16)
 
 
+def test_the_output_takes_the_input_dtype_and_non_float_inputs_are_refused():
+    module = MoE(16, 8, 4, 2, dtype=torch.bfloat16)
+    x = torch.randn(5, 16)
+    y = module(x)
+    assert y.dtype == torch.float32 and y.shape == (5, 16)
+    # computed in the weights' dtype: the same values as the bf16 input's output
+    assert torch.equal(y, module(x.to(torch.bfloat16)).float())
+    y.sum().backward()
+    assert module.experts.weight1.grad is not None
+    for bad in (torch.ones(5, 16, dtype=torch.int64), torch.ones(5, 16, dtype=torch.complex64)):
+        with pytest.raises(TypeError, match="floating-point"):
+            module(bad)
+
+
+@pytest.mark.parametrize("field", ["aux_loss_coeff", "z_loss_coeff"])
+@pytest.mark.parametrize("value", [-0.5, float("nan"), float("inf")])
+def test_a_loss_coefficient_that_is_negative_or_not_finite_is_refused(field, value):
+    with pytest.raises(ValueError, match=f"{field} must be finite and >= 0"):
+        MoE(16, 8, 4, 2, dtype=torch.float32, **{field: value})
+
+
 @pytest.mark.parametrize("three_parts", [False, True])
 def test_a_second_backward_through_one_forward_is_refused(monkeypatch, three_parts):
     # The layer's backward writes FC1's gradient over its saved output; the op declares the

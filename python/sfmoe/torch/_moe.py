@@ -393,7 +393,8 @@ class _AttachAuxLoss(torch.autograd.Function):
 
 class MoE(torch.nn.Module):
     """A MoE FFN: router gate (FP32) -> the sfmoe layer (top-k, permute, FC1, activation, FC2,
-    weighted combine). Input [..., hidden_size], output the same shape and dtype.
+    weighted combine). Input [..., hidden_size] of a floating-point dtype, computed in the
+    weights' `dtype` and returned in the input's shape and dtype.
 
     Parameters (the state-dict layout, docs/torch.md): ``router.weight`` [E, H] FP32,
     ``experts.weight1`` [E, fc1_cols, H] (gate rows then up rows for gated activations),
@@ -579,6 +580,9 @@ class MoE(torch.nn.Module):
             raise ValueError(
                 f"sfmoe.torch.MoE: x is on {x.device}, the module's weights on {self.experts.weight1.device}"
             )
+        if not x.is_floating_point():
+            raise TypeError(f"sfmoe.torch.MoE: x must be a floating-point tensor, got {x.dtype}")
+        in_dtype = x.dtype
         x = x.reshape(-1, c.hidden_size).to(self.experts.weight1.dtype).contiguous()
         logits = _gate.router_logits(x, self.router.weight, self.router_gemm)
         saved_bytes = _saved_bytes(self._key, x.shape[0], x.dtype, x.device)
@@ -602,7 +606,7 @@ class MoE(torch.nn.Module):
             self.aux_loss = aux.detach()
             if torch.is_grad_enabled():
                 y = _AttachAuxLoss.apply(y, aux)
-        return y.reshape(shape)
+        return y.reshape(shape).to(in_dtype)
 
     def _aux_losses(self, logits, routed):
         """The Switch/GShard load-balancing loss and the z-loss (docs/router.md) from the logits,
