@@ -45,6 +45,8 @@ struct GroupedQuantizeArgs {
   int64_t* offsets;       // out_off, written; NULL with uniform groups
   int64_t uniform_rows;   // > 0: uniform output groups (equal to the input's)
   void* rowwise;          // [R, C] codes or NULL
+  // The rowwise copy's scales. 2D-block scalings also write them without the rowwise codes (the
+  // columnwise copy's blocks hold the same scales, and the FP8 128x128 dgrad reads them so).
   void* rowwise_scale_inv;
   void* columnwise;  // [C, R] codes or NULL
   void* columnwise_scale_inv;

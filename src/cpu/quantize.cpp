@@ -366,6 +366,9 @@ void quantize_2d(const GroupedQuantizeArgs& args, const PaddedMatrix& plan,
       }
       trap_nan(args, block_amax, g, br * block);
       const BlockScale s = block_scale(args, block_amax, global_scale);
+      // (rowwise scales without rowwise codes: quantize_args.h)
+      if (args.rowwise == nullptr && args.rowwise_scale_inv != nullptr)
+        store_scale(args, args.rowwise_scale_inv, br * block_cols + bc, s);
       for (const Copy& copy : copies) {
         const int64_t offset =
             copy.columnwise ? bc * block_rows_capacity + br : br * block_cols + bc;

@@ -53,7 +53,7 @@ OperandFormat operand_format(sfmoe_moe_recipe recipe, GemmStep step, bool b) {
       f.power_of_two_scales = true;
       if (role == Role::kGradientWgrad || role == Role::kRowsWgrad)
         f.layout = SFMOE_SCALE_LAYOUT_COLUMNWISE_TRANSPOSED;
-      f.rowwise_too = role == Role::kWeightTransposed;
+      f.rowwise_scales = role == Role::kWeightTransposed;
       break;
     case SFMOE_MOE_RECIPE_MXFP8:
       f.dtype = SFMOE_DTYPE_FP8_E4M3;

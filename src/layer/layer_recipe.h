@@ -25,14 +25,16 @@ enum class GemmStep {
 constexpr int kGemmSteps = 6;
 
 // What one operand is quantized into: the copy the GEMM form reads (and, for FP8 128x128 weights in
-// dgrad, the rowwise copy too, whose scales the kernel reads), with the quantizer's options.
+// dgrad, the rowwise scales too, which the kernel reads), with the quantizer's options.
 struct OperandFormat {
   bool quantized = false;  // false: the layer's rows as they are (BF16 recipe)
   sfmoe_dtype dtype = SFMOE_DTYPE_BF16;
   sfmoe_scaling scaling = SFMOE_SCALING_NONE;
   sfmoe_scale_layout layout = SFMOE_SCALE_LAYOUT_COMPACT;
-  bool columnwise = false;   // the GEMM reads the columnwise copy
-  bool rowwise_too = false;  // a rowwise copy beside the columnwise one
+  bool columnwise = false;  // the GEMM reads the columnwise copy
+  // The rowwise copy's scales beside the columnwise codes (2D blocks: the same values), without
+  // the rowwise codes.
+  bool rowwise_scales = false;
   bool power_of_two_scales = false;
   bool stochastic_rounding = false;  // NVFP4 gradients
   bool hadamard = false;             // NVFP4 wgrad operands' columnwise copies

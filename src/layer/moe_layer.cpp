@@ -104,7 +104,7 @@ sfmoe_quantize_plan_request operand_request(const OperandFormat& f, const MoeLay
   r.dtype = f.dtype;
   r.scaling = f.scaling;
   r.scale_layout = f.layout;
-  r.rowwise = !f.columnwise || f.rowwise_too;
+  r.rowwise = !f.columnwise || f.rowwise_scales;  // (its codes dropped from the plan)
   r.columnwise = f.columnwise;
   r.hadamard_columnwise = f.hadamard && f.columnwise;
   r.num_groups = s.local_experts();
@@ -313,6 +313,8 @@ Outcome plan_recipe_operands(const MoeLayerShape& s, MoeLayerPlan* plan) {
         }
         plan->operands[i][b].struct_size = sizeof(sfmoe_grouped_tensor_plan);
         SFMOE_RETURN_IF_REFUSED(ops::plan_grouped_quantize(r, &plan->operands[i][b]));
+        if (f.rowwise_scales)
+          SFMOE_RETURN_IF_REFUSED(ops::drop_rowwise_codes(&plan->operands[i][b]));
       }
     }
   }

@@ -405,6 +405,16 @@ Outcome plan_grouped_quantize(const sfmoe_quantize_plan_request& r,
   return Outcome{};
 }
 
+Outcome drop_rowwise_codes(sfmoe_grouped_tensor_plan* plan) {
+  if (!scaling_is_2d(plan->scaling) || plan->rowwise_scale_inv.ndim == 0 ||
+      plan->columnwise_data.ndim == 0) {
+    return refuse(SFMOE_ERROR_UNSUPPORTED,
+                  "only a 2D-block plan with both copies keeps its rowwise scales without codes");
+  }
+  plan->rowwise_data = sfmoe_buffer_plan{};
+  return finish_total(plan);
+}
+
 int64_t permute_workspace_bytes(int64_t num_tokens, int64_t num_experts) {
   if (num_tokens < 0 || num_experts < 1) return -1;
   return permute_workspace_elements(num_tokens, num_experts) *

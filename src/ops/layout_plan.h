@@ -31,6 +31,9 @@ Outcome permute_row_capacity_bound(int64_t num_tokens, int64_t topk, int64_t num
 
 Outcome plan_grouped_quantize(const sfmoe_quantize_plan_request& request,
                               sfmoe_grouped_tensor_plan* plan);
+// `plan` (2D blocks, both copies) less its rowwise codes: the columnwise codes with both copies'
+// scales, which the quantizers write without the rowwise codes (src/common/quantize_args.h).
+Outcome drop_rowwise_codes(sfmoe_grouped_tensor_plan* plan);
 Outcome plan_permute(const sfmoe_permute_plan_request& request, sfmoe_permute_plan* plan);
 Outcome plan_grouped_activation(const sfmoe_activation_plan_request& request,
                                 sfmoe_grouped_tensor_plan* plan);

@@ -967,6 +967,37 @@ TEST(CpuQuantize, OutputOffsetsForRandomSizesAndAlignments) {
   }
 }
 
+// 2D blocks: the rowwise scales are written without the rowwise codes (the FP8 128x128 dgrad reads
+// the columnwise codes with them), the same bytes as with the codes; the columnwise copy is
+// unchanged.
+TEST(CpuQuantize, TwoDimensionalRowwiseScalesWithoutRowwiseCodes) {
+  std::mt19937_64 rng(sfmoe::testing::session_test_seed() ^ 0x5Cu);
+  for (const Recipe& recipe : all_recipes()) {
+    if (!is_2d(recipe.scaling) || !recipe.rowwise || !recipe.columnwise) continue;
+    const int64_t a = std::max<int64_t>(min_alignment(recipe), 16);
+    const int64_t u = a * (1 + static_cast<int64_t>(rng() % 3));
+    const Input in =
+        make_input(rng, SFMOE_DTYPE_BF16, std::vector<int64_t>(3, u), cols_for(recipe), true);
+    const sfmoe_quantize_config config = make_config(recipe, rng(), 7, false);
+    Quantized both = quantize(in, recipe, a, 0, config);
+    Quantized scales_only = both;
+    for (int copy = 0; copy < 2; ++copy) {
+      std::fill(scales_only.data[copy].begin(), scales_only.data[copy].end(), kPoison);
+      std::fill(scales_only.scales[copy].begin(), scales_only.scales[copy].end(), kPoison);
+    }
+    GroupedQuantizeArgs args = scales_only.args(in, nullptr);
+    args.rowwise = nullptr;
+    sfmoe::cpu::grouped_quantize(args);
+    SCOPED_TRACE(recipe.name() + " uniform rows " + std::to_string(u));
+    EXPECT_TRUE(std::all_of(scales_only.data[0].begin(), scales_only.data[0].end(), [](uint8_t v) {
+      return v == kPoison;
+    })) << "rowwise codes written";
+    EXPECT_EQ(scales_only.scales[0], both.scales[0]) << "rowwise scales";
+    EXPECT_EQ(scales_only.data[1], both.data[1]) << "columnwise codes";
+    EXPECT_EQ(scales_only.scales[1], both.scales[1]) << "columnwise scales";
+  }
+}
+
 // Plants one large value in one block at a time and requires exactly that block's scale entry
 // (both copies' entries for 2D blocks) to change: a transposed or shifted scale index fails.
 TEST(CpuQuantize, PlantedValueChangesOnlyItsBlockScale) {
