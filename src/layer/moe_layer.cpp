@@ -236,7 +236,10 @@ struct Gemm {
     args.out = out;
     args.out_dtype = wgrad && shape.accumulate_weight_grads ? SFMOE_DTYPE_FP32 : shape.dtype;
     args.accumulate = wgrad && shape.accumulate_weight_grads;
-    args.fast_accumulation = false;
+    // FP8 per-tensor fprop sums over K on the tensor cores alone; dgrad and wgrad promote
+    // partial sums into FP32 (TransformerEngine's split: the gradients keep the precise sums).
+    args.fast_accumulation =
+        shape.recipe == SFMOE_MOE_RECIPE_FP8_TENSOR && g.form == GroupedGemmForm::kFprop;
     args.workspace = at_or_null<uint8_t>(workspace, plan.gemm_workspace);
     args.workspace_bytes = plan.gemm_workspace.bytes;
     args.word = word;
