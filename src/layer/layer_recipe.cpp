@@ -74,6 +74,11 @@ OperandFormat operand_format(sfmoe_moe_recipe recipe, GemmStep step, bool b) {
   return f;
 }
 
+bool written_quantized_by_producer(const OperandFormat& f) {
+  return f.quantized && !f.columnwise && !f.stochastic_rounding && !f.hadamard &&
+         (f.scaling == SFMOE_SCALING_BLOCK_1X128 || f.scaling == SFMOE_SCALING_MX_1X32);
+}
+
 bool recipe_is_known(int32_t recipe) {
   return recipe >= SFMOE_MOE_RECIPE_BF16 && recipe <= SFMOE_MOE_RECIPE_NVFP4;
 }

@@ -43,6 +43,11 @@ struct OperandFormat {
 // The recipe's format of operand a (false) or b (true) of `step`.
 OperandFormat operand_format(sfmoe_moe_recipe recipe, GemmStep step, bool b);
 
+// Whether the step that writes a GEMM's rows (permute, the activation) can write them in format
+// `f` itself (its fused quantization: rowwise FP8 1x128 or MXFP8, codes and scales), so that they
+// are never written unquantized and read back.
+bool written_quantized_by_producer(const OperandFormat& f);
+
 // Whether `recipe` is known to the layer.
 bool recipe_is_known(int32_t recipe);
 const char* recipe_name(sfmoe_moe_recipe recipe);

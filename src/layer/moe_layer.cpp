@@ -164,17 +164,12 @@ struct Gemm {
   uint64_t rng_offset;
   const uint64_t* rng_offset_device;
 
-  // Operand b (or a) of `step` from `data` (rows [R, cols] or a weight [E, n, cols]).
-  sfmoe_status operand(GemmStep step, bool b, const void* data, bool weight, int64_t n,
-                       int64_t cols, AmaxUse amax, GemmOperand* out) const {
+  // The quantization of operand b (or a) of `step` from `data` (rows [R, cols] or a weight [E, n,
+  // cols]) into its workspace region, under a quantized recipe.
+  GroupedQuantizeArgs quantize_args(GemmStep step, bool b, const void* data, bool weight, int64_t n,
+                                    int64_t cols, AmaxUse amax) const {
     const OperandFormat f = operand_format(shape.recipe, step, b);
     const int64_t R = rows, E = shape.local_experts();
-    if (!f.quantized) {
-      *out =
-          rows_operand(data, shape.dtype, weight ? nullptr : offsets, E, weight ? E * n : R, cols);
-      if (weight) out->tensor.uniform_rows = n;
-      return SFMOE_SUCCESS;
-    }
     const sfmoe_grouped_tensor_plan& p = plan.operands[static_cast<int>(step)][b ? 1 : 0];
     const sfmoe_grouped_tensor t = ops::carve_grouped_tensor(
         p, memory, 0, workspace + (b ? plan.quantized_b : plan.quantized_a).offset);
@@ -206,11 +201,39 @@ struct Gemm {
       q.config.offset = rng_offset;
       q.config.offset_device = rng_offset_device;
     }
-    const bool tensor = f.scaling == SFMOE_SCALING_TENSOR;
-    q.config.group_amax = tensor ? amax.known : nullptr;
+    q.config.group_amax = f.scaling == SFMOE_SCALING_TENSOR ? amax.known : nullptr;
     q.word = word;
+    return q;
+  }
+
+  // Operand a's quantization written by the step before the GEMM instead of a pass of its own
+  // (fused_rows): the expert rows' offsets are the layer's (the fused step writes none).
+  GroupedQuantizeArgs fused_a(GemmStep step, int64_t cols) const {
+    GroupedQuantizeArgs q = quantize_args(step, false, nullptr, false, 0, cols, {});
+    q.offsets = const_cast<int64_t*>(offsets);
+    return q;
+  }
+
+  // Operand b (or a) of `step` from `data` (rows [R, cols] or a weight [E, n, cols]); `written`:
+  // its quantized copy is in its region already (fused_a's, written by permute or the
+  // activation).
+  sfmoe_status operand(GemmStep step, bool b, const void* data, bool weight, int64_t n,
+                       int64_t cols, AmaxUse amax, bool written, GemmOperand* out) const {
+    const OperandFormat f = operand_format(shape.recipe, step, b);
+    const int64_t R = rows, E = shape.local_experts();
+    if (!f.quantized) {
+      *out =
+          rows_operand(data, shape.dtype, weight ? nullptr : offsets, E, weight ? E * n : R, cols);
+      if (weight) out->tensor.uniform_rows = n;
+      return SFMOE_SUCCESS;
+    }
+    if (written) {
+      *out = GemmOperand{fused_a(step, cols), f.columnwise};
+      return SFMOE_SUCCESS;
+    }
+    const GroupedQuantizeArgs q = quantize_args(step, b, data, weight, n, cols, amax);
     SFMOE_RETURN_IF_ERROR(backend.grouped_quantize(q, stream));
-    if (tensor && amax.keep != nullptr && amax.known == nullptr) {
+    if (f.scaling == SFMOE_SCALING_TENSOR && amax.keep != nullptr && amax.known == nullptr) {
       SFMOE_RETURN_IF_ERROR(backend.copy(amax.keep, q.amax, static_cast<size_t>(E) * 4, stream));
     }
     *out = GemmOperand{q, f.columnwise};
@@ -219,13 +242,14 @@ struct Gemm {
 
   // `step` with a = rows [R, a_cols] (or, with a_row_index, a's rows gathered from `a`'s
   // a_source_rows rows) and b = the weight (or, in wgrad, rows [R, k]).
+  // a_written: a's quantized copy is in its region already (fused_a).
   sfmoe_status run(GemmStep step, const void* a, const void* b, void* out, AmaxUse a_amax = {},
                    AmaxUse b_amax = {}, const int32_t* a_row_index = nullptr,
-                   int64_t a_source_rows = 0) const {
+                   int64_t a_source_rows = 0, bool a_written = false) const {
     const StepShape g = step_shape(shape, plan.fc1_cols, step);
     GroupedGemmArgs args{};
-    SFMOE_RETURN_IF_ERROR(operand(step, false, a, false, 0, g.a_cols, a_amax, &args.a));
-    SFMOE_RETURN_IF_ERROR(operand(step, true, b, g.b_is_weight, g.n, g.k, b_amax, &args.b));
+    SFMOE_RETURN_IF_ERROR(operand(step, false, a, false, 0, g.a_cols, a_amax, a_written, &args.a));
+    SFMOE_RETURN_IF_ERROR(operand(step, true, b, g.b_is_weight, g.n, g.k, b_amax, false, &args.b));
     const bool wgrad = g.form == GroupedGemmForm::kWgrad;
     args.form = g.form;
     args.num_groups = shape.local_experts();
@@ -565,13 +589,14 @@ sfmoe_status router_step(const MoeLayerShape& s, const MoeLayerPlan& plan, const
 }
 
 // The experts' part of the forward on one round of a call's expert rows (x rows in hidden_rows,
-// or gathered from the tokens through row_sources): FC1 -> activation -> FC2 (its rows over the
-// x rows, which FC1 has read). x_amax_folded: the x rows' amax is in the saved state already
-// (permute folded it).
+// their quantized copy in FC1's operand region when x_rows_quantized, or gathered from the tokens
+// through row_sources): FC1 -> activation -> FC2 (its rows over the x rows, which FC1 has read).
+// x_amax_folded: the x rows' amax is in the saved state already (permute folded it). The
+// activation writes FC2's quantized operand itself where the recipe lets it.
 sfmoe_status ffn_forward(const MoeLayerShape& s, const MoeLayerPlan& plan, const MoeForwardCall& c,
                          const ops::Backend& backend, const Round& round, sfmoe_fault_report* word,
                          void* stream, bool x_amax_folded = false,
-                         const int32_t* row_sources = nullptr) {
+                         const int32_t* row_sources = nullptr, bool x_rows_quantized = false) {
   const int64_t elem = element_bytes(s.dtype), first = round.first_row;
   void* fc1_rows = row_at<uint8_t>(c.saved, plan.fc1_rows, first, plan.fc1_cols * elem);
   void* x_rows = row_at<uint8_t>(c.workspace, plan.hidden_rows, first, s.hidden * elem);
@@ -580,14 +605,23 @@ sfmoe_status ffn_forward(const MoeLayerShape& s, const MoeLayerPlan& plan, const
                   word, stream, 0,       nullptr};
   float* x_amax = at_or_null<float>(c.saved, plan.x_amax);
   const AmaxUse x_amax_use = x_amax_folded ? AmaxUse{x_amax, nullptr} : AmaxUse{nullptr, x_amax};
-  SFMOE_RETURN_IF_ERROR(step(
-      "fc1", gemm.run(GemmStep::kFc1Fprop, row_sources ? c.x : x_rows, c.w1, fc1_rows, x_amax_use,
-                      {nullptr, at_or_null<float>(c.saved, plan.w1_amax)}, row_sources, c.tokens)));
+  SFMOE_RETURN_IF_ERROR(
+      step("fc1", gemm.run(GemmStep::kFc1Fprop, row_sources ? c.x : x_rows, c.w1, fc1_rows,
+                           x_amax_use, {nullptr, at_or_null<float>(c.saved, plan.w1_amax)},
+                           row_sources, c.tokens, x_rows_quantized)));
   ActivationArgs activation =
       activation_args(s, round.rows, round.offsets, round.kept, fc1_rows, act_rows, word);
+  const bool act_quantized =
+      written_quantized_by_producer(operand_format(s.recipe, GemmStep::kFc2Fprop, false));
+  GroupedQuantizeArgs act_codes{};
+  if (act_quantized) {
+    act_codes = gemm.fused_a(GemmStep::kFc2Fprop, s.ffn);
+    activation.quantized = &act_codes;
+  }
   SFMOE_RETURN_IF_ERROR(step("activation", backend.activation_forward(activation, stream)));
   return step("fc2", gemm.run(GemmStep::kFc2Fprop, act_rows, c.w2, x_rows, {},
-                              {nullptr, at_or_null<float>(c.saved, plan.w2_amax)}));
+                              {nullptr, at_or_null<float>(c.saved, plan.w2_amax)}, nullptr, 0,
+                              act_quantized));
 }
 
 // Every round of a call's rows.
@@ -628,6 +662,19 @@ sfmoe_status moe_layer_forward(const MoeLayerShape& s, const MoeLayerPlan& plan,
   permute.word = c.word;
   permute.workspace = at_or_null<int32_t>(c.workspace, plan.permute_workspace);
   permute.group_amax = at_or_null<float>(c.saved, plan.x_amax);  // (FC1's quantization's)
+  // Where the recipe lets it, permute writes FC1's quantized x rows itself (each token row
+  // quantized once, for its k rows), and the unquantized rows are never written.
+  const Round round = rounds_of(s, plan, c.saved).round[0];
+  const bool x_rows_quantized = !plan.gather_x_rows && written_quantized_by_producer(operand_format(
+                                                           s.recipe, GemmStep::kFc1Fprop, false));
+  GroupedQuantizeArgs x_codes{};
+  if (x_rows_quantized) {
+    const Gemm gemm{s,      plan,     backend, round.offsets, round.rows, c.workspace, c.memory,
+                    c.word, c.stream, 0,       nullptr};
+    x_codes = gemm.fused_a(GemmStep::kFc1Fprop, H);
+    permute.permuted = nullptr;
+    permute.quantized = &x_codes;
+  }
   SFMOE_RETURN_IF_ERROR(step("permute", backend.permute(permute, c.stream)));
   int32_t* row_sources = nullptr;
   if (plan.gather_x_rows) {
@@ -635,8 +682,8 @@ sfmoe_status moe_layer_forward(const MoeLayerShape& s, const MoeLayerPlan& plan,
     const RowSourcesArgs sources{row_map, T, s.top_k, R, row_sources, c.word};
     SFMOE_RETURN_IF_ERROR(step("permute", backend.row_sources(sources, c.stream)));
   }
-  SFMOE_RETURN_IF_ERROR(ffn_forward(s, plan, c, backend, rounds_of(s, plan, c.saved).round[0],
-                                    c.word, c.stream, permute.group_amax != nullptr, row_sources));
+  SFMOE_RETURN_IF_ERROR(ffn_forward(s, plan, c, backend, round, c.word, c.stream,
+                                    permute.group_amax != nullptr, row_sources, x_rows_quantized));
   const void* fc2_rows = at<uint8_t>(c.workspace, plan.hidden_rows);
   return step("unpermute",
               backend.unpermute(combine_args(s, plan, T, fc2_rows, row_map,
