@@ -3,6 +3,7 @@
 
 import dataclasses
 import math
+import numbers
 from typing import Optional
 
 _ACTIVATIONS = {"swiglu": 0, "geglu": 1, "silu": 2, "gelu": 3, "squared_relu": 4, "clamped_swiglu": 5}
@@ -102,6 +103,8 @@ class MoEConfig:
                 raise ValueError(
                     "with an ep_group the capacity is the ranks' (ep_capacity_factor); capacity_factor must be None"
                 )
+        if not (isinstance(self.row_alignment, numbers.Integral) and self.row_alignment >= 1):
+            raise ValueError(f"row_alignment must be a positive integer, got {self.row_alignment!r}")
         for name in ("aux_loss_coeff", "z_loss_coeff"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):

@@ -260,6 +260,12 @@ def test_bad_configurations_are_refused():
         moe_layer(jnp.zeros((2, 8)), jnp.zeros((2, 4)), jnp.zeros((4, 8, 6)), jnp.zeros((4, 8, 4)), c)
     with pytest.raises(ValueError, match="bfloat16 or float32"):
         moe_layer(jnp.zeros((2, 8), jnp.float16), jnp.zeros((2, 4)), jnp.zeros((4, 8, 8)), jnp.zeros((4, 8, 4)), c)
+    for x in (jnp.zeros((8,)), jnp.zeros((1, 2, 8)), jnp.zeros((2, 7))):  # named as such, not as a token bound
+        with pytest.raises(ValueError, match=r"x must be \[T, 8\] \(hidden_size\)"):
+            moe_layer(x, jnp.zeros((2, 4)), jnp.zeros((4, 8, 8)), jnp.zeros((4, 8, 4)), c)
+    for alignment in (0, -16, 2.0):
+        with pytest.raises(ValueError, match="row_alignment must be a positive integer"):
+            MoEConfig(8, 4, 4, 2, row_alignment=alignment)
 
 
 @pytest.mark.gpu

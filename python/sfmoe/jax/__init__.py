@@ -451,6 +451,8 @@ def moe_layer(x, logits, w1, w2, config, expert_bias=None, rng_offset=None, ep_a
         raise TypeError(f"config: expected an sfmoe MoEConfig, got {type(config).__name__}")
     if rng_offset is not None and jnp.ndim(rng_offset) != 0:
         raise ValueError(f"rng_offset: expected an integer scalar, got shape {jnp.shape(rng_offset)}")
+    if jnp.ndim(x) != 2 or x.shape[1] != config.hidden_size:
+        raise ValueError(f"sfmoe.jax: x must be [T, {config.hidden_size}] (hidden_size), got {list(jnp.shape(x))}")
     if config.expert_parallel and ep_axis is None:
         raise ValueError(
             "sfmoe.jax: an expert-parallel config (ep_size, max_tokens_per_rank) runs inside shard_map over the "
