@@ -120,6 +120,9 @@ typedef struct sfmoe_moe_layer_plan {
   int64_t backward_peak_bytes_two_parts;
   int64_t backward_peak_bytes_three_parts;
   int32_t three_part_backward;
+  /* A quantized recipe's weight cache (the calls' weight_cache): w1's and w2's quantized copies,
+   * for the forward's GEMMs and the backward's dgrad; 0 under BF16, which quantizes nothing. */
+  int64_t weight_cache_bytes;
 } sfmoe_moe_layer_plan;
 
 SFMOE_API sfmoe_moe_layer_plan sfmoe_moe_layer_plan_init(void);
@@ -128,14 +131,24 @@ SFMOE_API sfmoe_status sfmoe_moe_layer_get_plan(const sfmoe_moe_layer* layer,
 
 typedef struct sfmoe_moe_forward_args {
   size_t struct_size;
-  const sfmoe_tensor* x;                  /* [T, H] dtype, T <= max_tokens */
-  const sfmoe_tensor* logits;             /* [T, E] FP32 or BF16 */
-  const sfmoe_tensor* expert_bias;        /* [E] FP32 (selection only), or NULL */
-  const sfmoe_tensor* w1;                 /* [E, fc1_cols, H] dtype: [gate; up] for gated kinds */
-  const sfmoe_tensor* w2;                 /* [E, H, F] dtype */
-  const sfmoe_tensor* y;                  /* [T, H] dtype, written */
-  const sfmoe_tensor* saved;              /* 1-D, at least saved_bytes */
-  const sfmoe_tensor* workspace;          /* 1-D, at least workspace_bytes */
+  const sfmoe_tensor* x;           /* [T, H] dtype, T <= max_tokens */
+  const sfmoe_tensor* logits;      /* [T, E] FP32 or BF16 */
+  const sfmoe_tensor* expert_bias; /* [E] FP32 (selection only), or NULL */
+  const sfmoe_tensor* w1;          /* [E, fc1_cols, H] dtype: [gate; up] for gated kinds */
+  const sfmoe_tensor* w2;          /* [E, H, F] dtype */
+  const sfmoe_tensor* y;           /* [T, H] dtype, written */
+  const sfmoe_tensor* saved;       /* 1-D, at least saved_bytes */
+  const sfmoe_tensor* workspace;   /* 1-D, at least workspace_bytes */
+  /* Gradient accumulation under a quantized recipe: calls over weights that do not change (the
+   * micro-batches of one optimizer step) can quantize w1 and w2 once. weight_cache: 1-D, at
+   * least weight_cache_bytes, in the layer's memory, kept by the caller between calls (one per
+   * layer, and per rank); NULL: the weights are quantized in the workspace on every call.
+   * weight_cache_filled = 0: this forward quantizes the weights for its GEMMs into the cache;
+   * 1: it reads the copies an earlier forward made there and quantizes nothing -- the caller
+   * promises that w1 and w2 are unchanged since (the copies are read as they are). The results
+   * are the bits of a call without a cache. */
+  const sfmoe_tensor* weight_cache;
+  int32_t weight_cache_filled;
   const sfmoe_tensor* aux_loss;           /* [1] FP32, written when the router's aux_loss_coeff > 0;
                                              else NULL */
   const sfmoe_tensor* z_loss;             /* [1] FP32, likewise for z_loss_coeff */
@@ -184,6 +197,12 @@ typedef struct sfmoe_moe_backward_args {
   const sfmoe_tensor* saved; /* as the forward left it; the backward overwrites part of it (FC1's
                                 output with its gradient), so a forward has one backward */
   const sfmoe_tensor* workspace;
+  /* As the forward's, for the copies the dgrad GEMMs read (w1's and w2's transposed): filled = 0
+   * makes them, 1 reads those an earlier backward made. The forward's and the backward's copies
+   * are apart, so each call's flag speaks for its own (the first micro-batch's forward and
+   * backward both pass 0, the later ones 1). */
+  const sfmoe_tensor* weight_cache;
+  int32_t weight_cache_filled;
   float d_aux_loss, d_z_loss; /* upstream gradients of the losses (usually 1 or 0) */
   uint64_t rng_offset; /* NVFP4: the Philox offset of this step's stochastic rounding (advance it
                           each step; a captured graph replays the value it was captured with) */
@@ -204,6 +223,16 @@ SFMOE_API sfmoe_moe_backward_args sfmoe_moe_backward_args_init(void);
 
 SFMOE_API sfmoe_status sfmoe_moe_layer_forward(const sfmoe_moe_layer* layer,
                                                const sfmoe_moe_forward_args* args);
+/* Fills a weight cache (weight_cache_bytes, the layer's memory) from w1 and w2 (one rank's:
+ * [E_l, ...]) with every copy the forward's and the backward's GEMMs read, enqueued on `stream`:
+ * calls given the cache with weight_cache_filled = 1 then quantize no weight. The same copies as
+ * the forward and backward that fill the cache themselves make (weight_cache_filled = 0). A layer
+ * that quantizes no weight (BF16) takes any cache and writes nothing. */
+SFMOE_API sfmoe_status sfmoe_moe_layer_fill_weight_cache(const sfmoe_moe_layer* layer,
+                                                         const sfmoe_tensor* w1,
+                                                         const sfmoe_tensor* w2,
+                                                         const sfmoe_tensor* weight_cache,
+                                                         sfmoe_status_word* word, void* stream);
 SFMOE_API sfmoe_status sfmoe_moe_layer_backward(const sfmoe_moe_layer* layer,
                                                 const sfmoe_moe_backward_args* args);
 

@@ -137,6 +137,7 @@ class MoeLayer {
     d["backward_peak_bytes_two_parts"] = plan_.backward_peak_bytes_two_parts;
     d["backward_peak_bytes_three_parts"] = plan_.backward_peak_bytes_three_parts;
     d["three_part_backward"] = plan_.three_part_backward != 0;
+    d["weight_cache_bytes"] = plan_.weight_cache_bytes;
     return d;
   }
 
@@ -155,7 +156,8 @@ class MoeLayer {
                nb::object expert_bias, nb::ndarray<nb::ro> w1, nb::ndarray<nb::ro> w2,
                nb::ndarray<> y, nb::ndarray<> saved, nb::ndarray<> workspace, nb::object aux_loss,
                nb::object z_loss, nb::object tokens_per_expert, nb::object dropped_per_expert,
-               nb::object routed_per_expert, nb::object status_word, uint64_t stream) {
+               nb::object routed_per_expert, nb::object status_word, uint64_t stream,
+               nb::object weight_cache, bool weight_cache_filled) {
     const int32_t dtype = static_cast<int32_t>(config_.dtype);
     const sfmoe_tensor t_x = describe_array("x", x, dtype);
     const sfmoe_tensor t_logits = describe_array("logits", logits, logits_dtype);
@@ -173,6 +175,7 @@ class MoeLayer {
                                                  SFMOE_DTYPE_INT64);
     const OptionalArray<nb::ndarray<>> t_routed("routed_per_expert", routed_per_expert,
                                                 SFMOE_DTYPE_INT64);
+    const OptionalArray<nb::ndarray<>> t_cache("weight_cache", weight_cache, kByteDtype);
     sfmoe_moe_forward_args a = sfmoe_moe_forward_args_init();
     a.x = &t_x;
     a.logits = &t_logits;
@@ -187,9 +190,23 @@ class MoeLayer {
     a.tokens_per_expert = t_kept.get();
     a.dropped_per_expert = t_dropped.get();
     a.routed_per_expert = t_routed.get();
+    a.weight_cache = t_cache.get();
+    a.weight_cache_filled = weight_cache_filled ? 1 : 0;
     a.word = word_of(status_word);
     a.stream = stream_pointer(stream);
     call_released([&] { return sfmoe_moe_layer_forward(layer_, &a); });
+  }
+
+  void fill_weight_cache(nb::ndarray<nb::ro> w1, nb::ndarray<nb::ro> w2, nb::ndarray<> cache,
+                         nb::object status_word, uint64_t stream) {
+    const int32_t dtype = static_cast<int32_t>(config_.dtype);
+    const sfmoe_tensor t_w1 = describe_array("w1", w1, dtype);
+    const sfmoe_tensor t_w2 = describe_array("w2", w2, dtype);
+    const sfmoe_tensor t_cache = describe_array("weight_cache", cache, kByteDtype);
+    sfmoe_status_word* word = word_of(status_word);
+    void* s = stream_pointer(stream);
+    call_released(
+        [&] { return sfmoe_moe_layer_fill_weight_cache(layer_, &t_w1, &t_w2, &t_cache, word, s); });
   }
 
   // The backward whole (part 0) or one of its parts (sfmoe_moe_backward_part): the arrays a part
@@ -198,7 +215,8 @@ class MoeLayer {
                 nb::object w1, nb::object w2, nb::object saved, nb::ndarray<> workspace,
                 double d_aux_loss, double d_z_loss, nb::object d_x, nb::object d_logits,
                 nb::object d_w1, nb::object d_w2, uint64_t rng_offset, int32_t part,
-                nb::object status_word, uint64_t stream, nb::object rng_offset_device) {
+                nb::object status_word, uint64_t stream, nb::object rng_offset_device,
+                nb::object weight_cache, bool weight_cache_filled) {
     using In = OptionalArray<nb::ndarray<nb::ro>>;
     using Out = OptionalArray<nb::ndarray<>>;
     const int32_t dtype = static_cast<int32_t>(config_.dtype);
@@ -210,6 +228,7 @@ class MoeLayer {
     const Out t_dx("d_x", d_x, dtype), t_dlogits("d_logits", d_logits, SFMOE_DTYPE_FP32);
     const Out t_dw1("d_w1", d_w1, grads), t_dw2("d_w2", d_w2, grads);
     const In t_offset("rng_offset_device", rng_offset_device, SFMOE_DTYPE_INT64);
+    const Out t_cache("weight_cache", weight_cache, kByteDtype);
     sfmoe_moe_backward_args a = sfmoe_moe_backward_args_init();
     store_enum(&a.part, part);
     a.x = t_x.get();
@@ -227,6 +246,8 @@ class MoeLayer {
     a.d_logits = t_dlogits.get();
     a.d_w1 = t_dw1.get();
     a.d_w2 = t_dw2.get();
+    a.weight_cache = t_cache.get();
+    a.weight_cache_filled = weight_cache_filled ? 1 : 0;
     a.word = word_of(status_word);
     a.stream = stream_pointer(stream);
     call_released([&] { return sfmoe_moe_layer_backward(layer_, &a); });
@@ -264,13 +285,18 @@ void register_layer(nb::module_& m) {
            "workspace"_a.noconvert(), "aux_loss"_a.none(), "z_loss"_a.none(),
            "tokens_per_expert"_a.none(), "dropped_per_expert"_a.none(),
            "routed_per_expert"_a.none(), "status_word"_a.none() = nb::none(), "stream"_a = 0,
+           "weight_cache"_a.none() = nb::none(), "weight_cache_filled"_a = false,
            "sfmoe_moe_layer_forward.")
+      .def("fill_weight_cache", &MoeLayer::fill_weight_cache, "w1"_a, "w2"_a,
+           "weight_cache"_a.noconvert(), "status_word"_a.none() = nb::none(), "stream"_a = 0,
+           "sfmoe_moe_layer_fill_weight_cache.")
       .def("backward", &MoeLayer::backward, "x"_a.none(), "d_y"_a.none(), "logits"_a.none(),
            "logits_dtype"_a, "w1"_a.none(), "w2"_a.none(), "saved"_a.none(),
            "workspace"_a.noconvert(), "d_aux_loss"_a, "d_z_loss"_a, "d_x"_a.none(),
            "d_logits"_a.none(), "d_w1"_a.none(), "d_w2"_a.none(), "rng_offset"_a = 0, "part"_a = 0,
            "status_word"_a.none() = nb::none(), "stream"_a = 0,
-           "rng_offset_device"_a.none() = nb::none(), "sfmoe_moe_layer_backward.");
+           "rng_offset_device"_a.none() = nb::none(), "weight_cache"_a.none() = nb::none(),
+           "weight_cache_filled"_a = false, "sfmoe_moe_layer_backward.");
 }
 
 }  // namespace sfmoe_binding

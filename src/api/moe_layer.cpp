@@ -295,6 +295,33 @@ sfmoe_status expect_step(const char* context, const char* rows_name, const sfmoe
   return expect_buffer(context, "workspace", workspace, workspace_bytes, layer);
 }
 
+// A call's weight cache (sfmoe_moe_forward_args.weight_cache): NULL, or a buffer of the plan's
+// weight_cache_bytes (a layer that quantizes no weight takes one and leaves it alone).
+sfmoe_status take_weight_cache(const char* context, const sfmoe_moe_layer* layer,
+                               const sfmoe_tensor* cache, int32_t filled, uint8_t** data,
+                               bool* cache_filled) {
+  *data = nullptr;
+  *cache_filled = false;
+  if (filled != 0 && filled != 1) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: weight_cache_filled must be 0 or 1 (got %d)",
+                context, static_cast<int>(filled));
+  }
+  if (cache == nullptr) {
+    if (filled != 0) {
+      return fail(SFMOE_ERROR_NULL_POINTER,
+                  "%s: weight_cache_filled is set but weight_cache is NULL", context);
+    }
+    return SFMOE_SUCCESS;
+  }
+  SFMOE_RETURN_IF_ERROR(
+      expect_buffer(context, "weight_cache", cache, layer->plan.weight_cache_bytes, layer));
+  if (layer->plan.weight_cache_bytes > 0) {
+    *data = static_cast<uint8_t*>(cache->data);
+    *cache_filled = filled != 0;
+  }
+  return SFMOE_SUCCESS;
+}
+
 sfmoe_fault_report* word_of(const sfmoe_status_word* word) {
   return word != nullptr ? word->word : nullptr;
 }
@@ -376,6 +403,8 @@ sfmoe_status prepare_forward(const char* context, const sfmoe_moe_layer* layer,
   call->z_loss = z ? static_cast<float*>(a->z_loss->data) : nullptr;
   call->saved = static_cast<uint8_t*>(a->saved->data);
   call->workspace = static_cast<uint8_t*>(a->workspace->data);
+  SFMOE_RETURN_IF_ERROR(take_weight_cache(context, layer, a->weight_cache, a->weight_cache_filled,
+                                          &call->weight_cache, &call->weight_cache_filled));
   call->memory = layer->memory;
   call->word = word_of(a->word);
   call->stream = a->stream;
@@ -484,6 +513,8 @@ sfmoe_status prepare_backward(const char* context, const sfmoe_moe_layer* layer,
   call->d_w2 = writes_d_w2 ? a->d_w2->data : nullptr;
   call->saved = reads_saved ? static_cast<uint8_t*>(a->saved->data) : nullptr;
   call->workspace = static_cast<uint8_t*>(a->workspace->data);
+  SFMOE_RETURN_IF_ERROR(take_weight_cache(context, layer, a->weight_cache, a->weight_cache_filled,
+                                          &call->weight_cache, &call->weight_cache_filled));
   call->memory = layer->memory;
   call->word = word_of(a->word);
   call->stream = a->stream;
@@ -515,10 +546,11 @@ template <class Call>
 sfmoe_status expect_distinct_buffers(const char* context, const std::vector<Call>& calls) {
   for (size_t i = 0; i < calls.size(); ++i) {
     for (size_t j = 0; j < i; ++j) {
-      if (calls[i].saved == calls[j].saved || calls[i].workspace == calls[j].workspace) {
+      if (calls[i].saved == calls[j].saved || calls[i].workspace == calls[j].workspace ||
+          (calls[i].weight_cache != nullptr && calls[i].weight_cache == calls[j].weight_cache)) {
         return fail(SFMOE_ERROR_INVALID_ARGUMENT,
-                    "%s: ranks %zu and %zu share a saved state or workspace; each rank needs its "
-                    "own",
+                    "%s: ranks %zu and %zu share a saved state, workspace or weight cache; each "
+                    "rank needs its own",
                     context, j, i);
       }
     }
@@ -745,6 +777,7 @@ sfmoe_status sfmoe_moe_layer_get_plan(const sfmoe_moe_layer* layer, sfmoe_moe_la
     SFMOE_RETURN_IF_ERROR(
         sfmoe::check_struct(context, "plan", plan, "sfmoe_moe_layer_plan_init()"));
     plan->saved_bytes = layer->plan.saved_bytes;
+    plan->weight_cache_bytes = layer->plan.weight_cache_bytes;
     plan->workspace_bytes = layer->plan.workspace_bytes;
     plan->forward_workspace_bytes = layer->plan.forward_workspace_bytes;
     plan->fc1_backward_workspace_bytes = layer->plan.fc1_backward_workspace_bytes;
@@ -771,6 +804,30 @@ sfmoe_status sfmoe_moe_layer_forward(const sfmoe_moe_layer* layer,
     SFMOE_RETURN_IF_ERROR(sfmoe::prepare_forward(context, layer, a, &call, &counts));
     SFMOE_RETURN_IF_ERROR(sfmoe::layer::moe_layer_forward(layer->shape, layer->plan, call));
     return sfmoe::copy_counts(layer, counts, a->stream);
+  });
+}
+
+sfmoe_status sfmoe_moe_layer_fill_weight_cache(const sfmoe_moe_layer* layer, const sfmoe_tensor* w1,
+                                               const sfmoe_tensor* w2,
+                                               const sfmoe_tensor* weight_cache,
+                                               sfmoe_status_word* word, void* stream) {
+  const char* context = "sfmoe_moe_layer_fill_weight_cache";
+  return sfmoe::guarded(context, [&]() -> sfmoe_status {
+    if (layer == nullptr)
+      return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: layer is NULL", context);
+    const sfmoe::layer::MoeLayerShape& s = layer->shape;
+    const sfmoe::layer::MoeLayerPlan& p = layer->plan;
+    const int64_t El = s.local_experts(), H = s.hidden;
+    SFMOE_RETURN_IF_ERROR(
+        sfmoe::expect_layer_tensor(context, "w1", w1, {s.dtype}, {El, p.fc1_cols, H}, layer));
+    SFMOE_RETURN_IF_ERROR(
+        sfmoe::expect_layer_tensor(context, "w2", w2, {s.dtype}, {El, H, s.ffn}, layer));
+    SFMOE_RETURN_IF_ERROR(
+        sfmoe::expect_buffer(context, "weight_cache", weight_cache, p.weight_cache_bytes, layer));
+    SFMOE_RETURN_IF_ERROR(sfmoe::check_word(context, word, layer->memory, layer->device));
+    return sfmoe::layer::moe_layer_fill_weight_cache(s, p, w1->data, w2->data,
+                                                     static_cast<uint8_t*>(weight_cache->data),
+                                                     layer->memory, sfmoe::word_of(word), stream);
   });
 }
 

@@ -163,16 +163,28 @@ struct Gemm {
   void* stream;
   uint64_t rng_offset;
   const uint64_t* rng_offset_device;
+  // The call's weight cache (or NULL): the weights' quantized copies live there instead of in the
+  // workspace; filled: they are there already, and nothing quantizes them.
+  uint8_t* weight_cache;
+  bool weight_cache_filled;
+
+  // Where the quantized copy of operand b (or a) of `step` lives: its workspace region, or a
+  // weight's place in the weight cache.
+  uint8_t* operand_base(GemmStep step, bool b, bool weight) const {
+    if (weight && weight_cache != nullptr)
+      return weight_cache + plan.weight_copies[static_cast<int>(step)].offset;
+    return workspace + (b ? plan.quantized_b : plan.quantized_a).offset;
+  }
 
   // The quantization of operand b (or a) of `step` from `data` (rows [R, cols] or a weight [E, n,
-  // cols]) into its workspace region, under a quantized recipe.
+  // cols]) into its region (operand_base), under a quantized recipe.
   GroupedQuantizeArgs quantize_args(GemmStep step, bool b, const void* data, bool weight, int64_t n,
                                     int64_t cols, AmaxUse amax) const {
     const OperandFormat f = operand_format(shape.recipe, step, b);
     const int64_t R = rows, E = shape.local_experts();
     const sfmoe_grouped_tensor_plan& p = plan.operands[static_cast<int>(step)][b ? 1 : 0];
-    const sfmoe_grouped_tensor t = ops::carve_grouped_tensor(
-        p, memory, 0, workspace + (b ? plan.quantized_b : plan.quantized_a).offset);
+    const sfmoe_grouped_tensor t =
+        ops::carve_grouped_tensor(p, memory, 0, operand_base(step, b, weight));
     GroupedQuantizeArgs q{};
     q.input = GroupedInput{data, shape.dtype, weight ? E * n : R, weight ? nullptr : offsets,
                            weight ? n : 0};
@@ -232,7 +244,9 @@ struct Gemm {
       return SFMOE_SUCCESS;
     }
     const GroupedQuantizeArgs q = quantize_args(step, b, data, weight, n, cols, amax);
-    SFMOE_RETURN_IF_ERROR(backend.grouped_quantize(q, stream));
+    // (a cached weight's copy holds its group amax too, which a forward keeps for its backward)
+    if (!(weight && weight_cache != nullptr && weight_cache_filled))
+      SFMOE_RETURN_IF_ERROR(backend.grouped_quantize(q, stream));
     if (f.scaling == SFMOE_SCALING_TENSOR && amax.keep != nullptr && amax.known == nullptr) {
       SFMOE_RETURN_IF_ERROR(backend.copy(amax.keep, q.amax, static_cast<size_t>(E) * 4, stream));
     }
@@ -452,6 +466,11 @@ Outcome plan_moe_layer(const MoeLayerShape& s, sfmoe_memory memory, MoeLayerPlan
   }
   plan->fc1_cols = activation_is_gated(s.activation.kind) ? 2 * s.ffn : s.ffn;
   SFMOE_RETURN_IF_REFUSED(plan_recipe_operands(s, plan));
+  for (int i = 0; i < kGemmSteps; ++i) {
+    const bool weight = step_shape(s, plan->fc1_cols, static_cast<GemmStep>(i)).b_is_weight;
+    SFMOE_RETURN_IF_REFUSED(place(weight ? plan->operands[i][1].total_bytes : 0,
+                                  &plan->weight_cache_bytes, &plan->weight_copies[i]));
+  }
   const int64_t R = plan->row_capacity, T = s.max_tokens, E = s.experts, k = s.top_k;
   const int64_t El = s.local_experts(), act = element_bytes(s.dtype);
   int64_t bytes = 0;
@@ -601,8 +620,9 @@ sfmoe_status ffn_forward(const MoeLayerShape& s, const MoeLayerPlan& plan, const
   void* fc1_rows = row_at<uint8_t>(c.saved, plan.fc1_rows, first, plan.fc1_cols * elem);
   void* x_rows = row_at<uint8_t>(c.workspace, plan.hidden_rows, first, s.hidden * elem);
   void* act_rows = row_at<uint8_t>(c.workspace, plan.ffn_rows, first, s.ffn * elem);
-  const Gemm gemm{s,    plan,   backend, round.offsets, round.rows, c.workspace, c.memory,
-                  word, stream, 0,       nullptr};
+  const Gemm gemm{
+      s,    plan,   backend, round.offsets, round.rows,     c.workspace,          c.memory,
+      word, stream, 0,       nullptr,       c.weight_cache, c.weight_cache_filled};
   float* x_amax = at_or_null<float>(c.saved, plan.x_amax);
   const AmaxUse x_amax_use = x_amax_folded ? AmaxUse{x_amax, nullptr} : AmaxUse{nullptr, x_amax};
   SFMOE_RETURN_IF_ERROR(
@@ -634,6 +654,26 @@ sfmoe_status each_round(const MoeLayerShape& s, const MoeLayerPlan& plan, const 
 }
 
 }  // namespace
+
+sfmoe_status moe_layer_fill_weight_cache(const MoeLayerShape& s, const MoeLayerPlan& plan,
+                                         const void* w1, const void* w2, uint8_t* weight_cache,
+                                         sfmoe_memory memory, sfmoe_fault_report* word,
+                                         void* stream) {
+  if (plan.weight_cache_bytes == 0) return SFMOE_SUCCESS;  // (BF16: no weight is quantized)
+  const ops::Backend& backend = ops::backend_for(memory);
+  // (weights only: no rows, offsets or workspace)
+  const Gemm gemm{s,    plan,   backend, nullptr, plan.row_capacity, nullptr, memory,
+                  word, stream, 0,       nullptr, weight_cache,      false};
+  for (const GemmStep which :
+       {GemmStep::kFc1Fprop, GemmStep::kFc2Fprop, GemmStep::kFc2Dgrad, GemmStep::kFc1Dgrad}) {
+    const StepShape g = step_shape(s, plan.fc1_cols, which);
+    const bool fc1 = which == GemmStep::kFc1Fprop || which == GemmStep::kFc1Dgrad;
+    GemmOperand unused{};
+    SFMOE_RETURN_IF_ERROR(step("weight cache", gemm.operand(which, true, fc1 ? w1 : w2, true, g.n,
+                                                            g.k, {}, false, &unused)));
+  }
+  return SFMOE_SUCCESS;
+}
 
 sfmoe_status moe_layer_forward(const MoeLayerShape& s, const MoeLayerPlan& plan,
                                const MoeForwardCall& c) {
@@ -669,8 +709,9 @@ sfmoe_status moe_layer_forward(const MoeLayerShape& s, const MoeLayerPlan& plan,
                                                            s.recipe, GemmStep::kFc1Fprop, false));
   GroupedQuantizeArgs x_codes{};
   if (x_rows_quantized) {
-    const Gemm gemm{s,      plan,     backend, round.offsets, round.rows, c.workspace, c.memory,
-                    c.word, c.stream, 0,       nullptr};
+    const Gemm gemm{
+        s,      plan,     backend, round.offsets, round.rows, c.workspace, c.memory,
+        c.word, c.stream, 0,       nullptr,       nullptr,    false};  // (FC1's x rows: no weight)
     x_codes = gemm.fused_a(GemmStep::kFc1Fprop, H);
     permute.permuted = nullptr;
     permute.quantized = &x_codes;
@@ -841,8 +882,19 @@ sfmoe_status ffn_backward_fc2_dgrad(const MoeLayerShape& s, const MoeLayerPlan& 
   void* d_fc1_rows = fc1_rows;  // the activation's backward writes in place
   void* hidden_rows = row_at<uint8_t>(c.workspace, plan.hidden_rows, first, s.hidden * elem);
   void* ffn_rows = row_at<uint8_t>(c.workspace, plan.ffn_rows, first, s.ffn * elem);
-  const Gemm gemm{s,        plan, backend, round.offsets, round.rows,         c.workspace,
-                  c.memory, word, stream,  c.rng_offset,  c.rng_offset_device};
+  const Gemm gemm{s,
+                  plan,
+                  backend,
+                  round.offsets,
+                  round.rows,
+                  c.workspace,
+                  c.memory,
+                  word,
+                  stream,
+                  c.rng_offset,
+                  c.rng_offset_device,
+                  c.weight_cache,
+                  c.weight_cache_filled};
   SFMOE_RETURN_IF_ERROR(
       step("fc2 dgrad", gemm.run(GemmStep::kFc2Dgrad, hidden_rows, c.w2, ffn_rows,
                                  {nullptr, at_or_null<float>(c.workspace, plan.d_y_amax)},
@@ -875,8 +927,19 @@ sfmoe_status ffn_backward_fc2_wgrad(const MoeLayerShape& s, const MoeLayerPlan& 
   const int64_t elem = element_bytes(s.dtype), first = round.first_row;
   void* hidden_rows = row_at<uint8_t>(c.workspace, plan.hidden_rows, first, s.hidden * elem);
   void* ffn_rows = row_at<uint8_t>(c.workspace, plan.ffn_rows, first, s.ffn * elem);
-  const Gemm gemm{s,        plan, backend, round.offsets, round.rows,         c.workspace,
-                  c.memory, word, stream,  c.rng_offset,  c.rng_offset_device};
+  const Gemm gemm{s,
+                  plan,
+                  backend,
+                  round.offsets,
+                  round.rows,
+                  c.workspace,
+                  c.memory,
+                  word,
+                  stream,
+                  c.rng_offset,
+                  c.rng_offset_device,
+                  c.weight_cache,
+                  c.weight_cache_filled};
   return step("fc2 wgrad", gemm.run(GemmStep::kFc2Wgrad, hidden_rows, ffn_rows, c.d_w2,
                                     {at_or_null<float>(c.workspace, plan.d_y_amax), nullptr}));
 }
@@ -899,8 +962,19 @@ sfmoe_status ffn_backward_fc1(const MoeLayerShape& s, const MoeLayerPlan& plan,
   void* hidden_rows = row_at<uint8_t>(c.workspace, plan.hidden_rows, first, s.hidden * elem);
   float* d_fc1_amax = at_or_null<float>(c.workspace, plan.d_fc1_amax);
   const float* x_amax = at_or_null<float>(c.saved, plan.x_amax);
-  const Gemm gemm{s,        plan, backend, round.offsets, round.rows,         c.workspace,
-                  c.memory, word, stream,  c.rng_offset,  c.rng_offset_device};
+  const Gemm gemm{s,
+                  plan,
+                  backend,
+                  round.offsets,
+                  round.rows,
+                  c.workspace,
+                  c.memory,
+                  word,
+                  stream,
+                  c.rng_offset,
+                  c.rng_offset_device,
+                  c.weight_cache,
+                  c.weight_cache_filled};
   SFMOE_RETURN_IF_ERROR(
       step("fc1 wgrad", gemm.run(GemmStep::kFc1Wgrad, d_fc1_rows, hidden_rows, c.d_w1,
                                  {nullptr, d_fc1_amax}, {x_amax, nullptr})));

@@ -128,6 +128,11 @@ struct MoeLayerPlan {
   // A quantized recipe's operands of each GEMM (a, b), each bound in quantized_a / quantized_b
   // when its GEMM runs (total_bytes 0: the layer's rows as they are).
   sfmoe_grouped_tensor_plan operands[kGemmSteps][2];
+  // The weight cache (a call's weight_cache, weight_cache_bytes of it: 0 under BF16): each weight
+  // operand's quantized copy (operands[step][1] of the four steps that read a weight) in a place
+  // of its own, kept between calls whose weights do not change.
+  Region weight_copies[kGemmSteps];
+  int64_t weight_cache_bytes = 0;
   int64_t fc1_backward_workspace_bytes = 0;
   int64_t forward_workspace_bytes = 0;
   int64_t workspace_bytes = 0;  // the backward's, which covers the forward's
@@ -156,6 +161,10 @@ struct MoeForwardCall {
   float* z_loss;             // [1] or NULL
   uint8_t* saved;            // plan.saved_bytes
   uint8_t* workspace;        // plan.workspace_bytes
+  // plan.weight_cache_bytes, or NULL; filled: it holds w1's and w2's quantized copies for the
+  // forward's GEMMs (made by an earlier call from the same weights), which then quantize nothing.
+  uint8_t* weight_cache = nullptr;
+  bool weight_cache_filled = false;
   sfmoe_memory memory;
   sfmoe_fault_report* word;  // device faults, or NULL
   void* stream;
@@ -179,10 +188,19 @@ struct MoeBackwardCall {
   void* d_w2;                         // [E, H, F]: likewise
   uint8_t* saved;                     // the forward's; its FC1 rows are overwritten
   uint8_t* workspace;
+  uint8_t* weight_cache = nullptr;  // as the forward's, for the dgrad GEMMs' copies
+  bool weight_cache_filled = false;
   sfmoe_memory memory;
   sfmoe_fault_report* word;
   void* stream;
 };
+
+// The weight cache filled from w1 and w2 (one rank's: [E_l, ...]): every copy the forward's and
+// the backward's GEMMs read, so that calls given it filled quantize no weight.
+sfmoe_status moe_layer_fill_weight_cache(const MoeLayerShape& shape, const MoeLayerPlan& plan,
+                                         const void* w1, const void* w2, uint8_t* weight_cache,
+                                         sfmoe_memory memory, sfmoe_fault_report* word,
+                                         void* stream);
 
 // Both enqueue the whole sequence on the call's stream; a failing step's reason is named by the
 // step (name_reported_step) for the public call to word.

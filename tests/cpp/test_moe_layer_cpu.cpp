@@ -35,6 +35,13 @@ enum class Backward {
                // FC2_WGRAD, which is handed neither it nor w2
 };
 
+// A weight cache handed to both calls (sfmoe_moe_forward_args.weight_cache), sized to the plan
+// when empty, and each call's filled flag.
+struct WeightCacheUse {
+  std::vector<uint8_t>* cache;
+  bool forward_filled, backward_filled;
+};
+
 // Forward and backward of `p` on the host; false (with the message) when a call fails.
 // backward: how the backward is called (above). rng_offset, rng_offset_device: the
 // backward's NVFP4 rounding offsets (offset_dtype: the device offset's declared dtype). With
@@ -42,7 +49,7 @@ enum class Backward {
 bool run_on_host(const LayerProblem& p, std::mt19937_64& rng, HostLayerRun* run,
                  Backward backward = Backward::kWhole, uint64_t rng_offset = 0,
                  void* rng_offset_device = nullptr, sfmoe_dtype offset_dtype = SFMOE_DTYPE_INT64,
-                 sfmoe_status* backward_status = nullptr) {
+                 sfmoe_status* backward_status = nullptr, const WeightCacheUse* cache = nullptr) {
   const LayerCase& c = p.c;
   const int64_t T = c.tokens, H = c.hidden, E = c.experts;
   sfmoe_moe_layer_config config = layer_config(c);
@@ -89,6 +96,14 @@ bool run_on_host(const LayerProblem& p, std::mt19937_64& rng, HostLayerRun* run,
   f.aux_loss = c.aux_loss_coeff > 0 ? &t_aux : nullptr;
   f.tokens_per_expert = &t_kept;
   f.dropped_per_expert = &t_dropped;
+  if (cache != nullptr && cache->cache->empty())
+    cache->cache->assign(plan.weight_cache_bytes, 0x5A);
+  sfmoe_tensor t_cache = host_tensor(cache ? cache->cache->data() : nullptr, kBytes,
+                                     {cache ? static_cast<int64_t>(cache->cache->size()) : 0});
+  if (cache != nullptr) {
+    f.weight_cache = &t_cache;
+    f.weight_cache_filled = cache->forward_filled;
+  }
   bool ok = sfmoe_moe_layer_forward(layer, &f) == SFMOE_SUCCESS;
   EXPECT_TRUE(ok) << sfmoe_last_error();
 
@@ -126,6 +141,10 @@ bool run_on_host(const LayerProblem& p, std::mt19937_64& rng, HostLayerRun* run,
   b.rng_offset = rng_offset;
   sfmoe_tensor t_offset = host_tensor(rng_offset_device, offset_dtype, {1});
   if (rng_offset_device != nullptr) b.rng_offset_device = &t_offset;
+  if (cache != nullptr) {
+    b.weight_cache = &t_cache;
+    b.weight_cache_filled = cache->backward_filled;
+  }
   bool backward_ok = true;
   if (backward_status != nullptr) {
     *backward_status = sfmoe_moe_layer_backward(layer, &b);
@@ -383,6 +402,122 @@ TEST(MoeLayer, QuantizedRecipesStayWithinTheirTolerancesOfTheReference) {
       std::printf("[ moe layer ] recipe %d %-36s mismatch y %.1e d_x %.1e d_w1 %.1e d_w2 %.1e\n",
                   static_cast<int>(recipe), c.name.c_str(), e[0], e[1], e[2], e[3]);
     }
+  }
+}
+
+// The weight cache (gradient accumulation): a step that fills it and a step that reads it give
+// the bits of a step without it, in every quantized recipe and backward order; a step that reads
+// it uses the copies there, not the weights it is handed (so nothing was quantized again); and
+// bad cache arguments are refused with nothing written.
+TEST(MoeLayer, WeightCacheGivesTheBitsOfQuantizingEveryStep) {
+  std::mt19937_64 rng(session_test_seed() + 104);
+  const sfmoe_moe_recipe recipes[] = {SFMOE_MOE_RECIPE_FP8_TENSOR, SFMOE_MOE_RECIPE_FP8_BLOCKWISE,
+                                      SFMOE_MOE_RECIPE_MXFP8, SFMOE_MOE_RECIPE_NVFP4};
+  for (sfmoe_moe_recipe recipe : recipes) {
+    for (const Backward order : {Backward::kWhole, Backward::kThreeParts}) {
+      LayerCase c{"swiglu", 77, 90, 256, 128, 6, 2, 0, 128};
+      c.recipe = recipe;
+      SCOPED_TRACE("recipe " + std::to_string(static_cast<int>(recipe)) +
+                   (order == Backward::kWhole ? ", whole backward" : ", three parts"));
+      const LayerProblem p(c, rng);
+      auto same = [](const HostLayerRun& a, const HostLayerRun& b) {
+        return a.y == b.y && a.d_x == b.d_x && a.d_w1 == b.d_w1 && a.d_w2 == b.d_w2 &&
+               a.d_logits == b.d_logits;
+      };
+      std::mt19937_64 r0 = rng, r1 = rng, r2 = rng, r3 = rng;
+      HostLayerRun plain, filling, reading, stale;
+      ASSERT_TRUE(run_on_host(p, r0, &plain, order, 5));
+      std::vector<uint8_t> cache;
+      const WeightCacheUse fill{&cache, false, false}, read{&cache, true, true};
+      ASSERT_TRUE(
+          run_on_host(p, r1, &filling, order, 5, nullptr, SFMOE_DTYPE_INT64, nullptr, &fill));
+      EXPECT_GT(cache.size(), 0u);
+      EXPECT_TRUE(same(plain, filling)) << "the step that fills the cache";
+      ASSERT_TRUE(
+          run_on_host(p, r2, &reading, order, 5, nullptr, SFMOE_DTYPE_INT64, nullptr, &read));
+      EXPECT_TRUE(same(plain, reading)) << "the step that reads the cache";
+      {  // the cache filled by sfmoe_moe_layer_fill_weight_cache: the same bytes
+        sfmoe_moe_layer_config config = layer_config(c);
+        sfmoe_moe_layer* layer = nullptr;
+        ASSERT_EQ(sfmoe_moe_layer_create(&config, SFMOE_MEMORY_HOST, 0, &layer), SFMOE_SUCCESS);
+        Stored w1 = p.w1, w2 = p.w2;
+        sfmoe_tensor t_w1 =
+            host_tensor(w1.bytes.data(), c.dtype, {c.experts, p.fc1_cols, c.hidden});
+        sfmoe_tensor t_w2 = host_tensor(w2.bytes.data(), c.dtype, {c.experts, c.hidden, c.ffn});
+        std::vector<uint8_t> filled(cache.size(), 0x5A);
+        sfmoe_tensor t_cache =
+            host_tensor(filled.data(), kBytes, {static_cast<int64_t>(filled.size())});
+        EXPECT_EQ(
+            sfmoe_moe_layer_fill_weight_cache(layer, &t_w1, &t_w2, &t_cache, nullptr, nullptr),
+            SFMOE_SUCCESS)
+            << sfmoe_last_error();
+        sfmoe_moe_layer_destroy(layer);
+        EXPECT_EQ(filled, cache) << "sfmoe_moe_layer_fill_weight_cache";
+      }
+      // Other weights with the cache read: the results are still those of the cached weights.
+      LayerProblem other = p;
+      const LayerProblem fresh(c, rng);
+      other.w1 = fresh.w1;
+      other.w2 = fresh.w2;
+      ASSERT_TRUE(
+          run_on_host(other, r3, &stale, order, 5, nullptr, SFMOE_DTYPE_INT64, nullptr, &read));
+      EXPECT_EQ(stale.y, plain.y) << "the forward quantized the weights it was handed";
+      EXPECT_EQ(stale.d_x, plain.d_x) << "the backward quantized the weights it was handed";
+    }
+  }
+  // The plan holds no cache under BF16; bad cache arguments are refused before anything runs.
+  LayerCase c{"swiglu", 9, 16, 128, 128, 4, 2, 0, 128};
+  sfmoe_moe_layer_config config = layer_config(c);
+  sfmoe_moe_layer* layer = nullptr;
+  ASSERT_EQ(sfmoe_moe_layer_create(&config, SFMOE_MEMORY_HOST, 0, &layer), SFMOE_SUCCESS);
+  sfmoe_moe_layer_plan plan = sfmoe_moe_layer_plan_init();
+  ASSERT_EQ(sfmoe_moe_layer_get_plan(layer, &plan), SFMOE_SUCCESS);
+  EXPECT_EQ(plan.weight_cache_bytes, 0);
+  sfmoe_moe_layer_destroy(layer);
+  c.recipe = SFMOE_MOE_RECIPE_FP8_BLOCKWISE;
+  const LayerProblem p(c, rng);
+  struct Bad {
+    const char* what;
+    bool given;        // a cache is passed
+    int64_t short_by;  // bytes it lacks
+    int32_t filled;
+    sfmoe_status status;
+  };
+  for (const Bad& bad : {Bad{"filled without a cache", false, 0, 1, SFMOE_ERROR_NULL_POINTER},
+                         Bad{"a cache a byte short", true, 1, 0, SFMOE_ERROR_SHAPE_MISMATCH},
+                         Bad{"filled 2", true, 0, 2, SFMOE_ERROR_INVALID_ARGUMENT}}) {
+    SCOPED_TRACE(bad.what);
+    config = layer_config(c);
+    ASSERT_EQ(sfmoe_moe_layer_create(&config, SFMOE_MEMORY_HOST, 0, &layer), SFMOE_SUCCESS);
+    ASSERT_EQ(sfmoe_moe_layer_get_plan(layer, &plan), SFMOE_SUCCESS);
+    ASSERT_GT(plan.weight_cache_bytes, 0);
+    const int64_t T = c.tokens, H = c.hidden, E = c.experts;
+    Stored x = p.x, w1 = p.w1, w2 = p.w2;
+    std::vector<float> logits = p.logits;
+    std::vector<uint8_t> y(T * H * 2, 0xEE), saved(plan.saved_bytes), ws(plan.workspace_bytes);
+    std::vector<uint8_t> cache(plan.weight_cache_bytes - bad.short_by, 0x5A);
+    sfmoe_tensor t_x = host_tensor(x.bytes.data(), c.dtype, {T, H});
+    sfmoe_tensor t_logits = host_tensor(logits.data(), SFMOE_DTYPE_FP32, {T, E});
+    sfmoe_tensor t_w1 = host_tensor(w1.bytes.data(), c.dtype, {E, p.fc1_cols, H});
+    sfmoe_tensor t_w2 = host_tensor(w2.bytes.data(), c.dtype, {E, H, c.ffn});
+    sfmoe_tensor t_y = host_tensor(y.data(), c.dtype, {T, H});
+    sfmoe_tensor t_saved = host_tensor(saved.data(), kBytes, {plan.saved_bytes});
+    sfmoe_tensor t_ws = host_tensor(ws.data(), kBytes, {plan.workspace_bytes});
+    sfmoe_tensor t_cache = host_tensor(cache.data(), kBytes, {static_cast<int64_t>(cache.size())});
+    sfmoe_moe_forward_args f = sfmoe_moe_forward_args_init();
+    f.x = &t_x;
+    f.logits = &t_logits;
+    f.w1 = &t_w1;
+    f.w2 = &t_w2;
+    f.y = &t_y;
+    f.saved = &t_saved;
+    f.workspace = &t_ws;
+    f.weight_cache = bad.given ? &t_cache : nullptr;
+    f.weight_cache_filled = bad.filled;
+    EXPECT_EQ(sfmoe_moe_layer_forward(layer, &f), bad.status) << sfmoe_last_error();
+    EXPECT_TRUE(std::all_of(y.begin(), y.end(), [](uint8_t v) { return v == 0xEE; }));
+    EXPECT_TRUE(std::all_of(cache.begin(), cache.end(), [](uint8_t v) { return v == 0x5A; }));
+    sfmoe_moe_layer_destroy(layer);
   }
 }
 

@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed; the torch tests need it")
 
-from sfmoe.torch import MoE  # noqa: E402
+from sfmoe.torch import MoE, _moe  # noqa: E402
 
 
 def plain_moe(module, x):
@@ -229,6 +229,47 @@ def test_the_output_takes_the_input_dtype_and_non_float_inputs_are_refused():
             module(bad)
 
 
+@pytest.mark.parametrize("recipe", ["tensorwise", "blockwise", "mxfp8", "nvfp4"])
+def test_micro_batches_over_the_weight_cache_give_the_bits_of_quantizing_each_step(recipe):
+    # Gradient accumulation: the first micro-batch fills the weight cache, the others read it; the
+    # outputs and accumulated gradients are those of steps that quantize the weights each time.
+    torch.manual_seed(0)
+    module = MoE(128, 128, 4, 2, dtype=torch.bfloat16, recipe=recipe)
+    batches = [(torch.randn(33, 128), torch.randn(33, 128)) for _ in range(3)]
+
+    def run(flags):
+        module.zero_grad(set_to_none=True)
+        _moe._RNG_OFFSETS.clear()  # (nvfp4: each run's gradients rounded by the same streams)
+        ys = []
+        for (x, dy), flag in zip(batches, flags):
+            y = module(x.to(torch.bfloat16), is_first_microbatch=flag)
+            y.backward(dy.to(torch.bfloat16))
+            ys.append(y.detach())
+        return ys, [p.grad.clone() for p in (module.experts.weight1, module.experts.weight2, module.router.weight)]
+
+    plain = run([None, None, None])
+    cached = run([True, False, False])
+    assert all(torch.equal(a, b) for a, b in zip(plain[0], cached[0]))
+    assert all(torch.equal(a, b) for a, b in zip(plain[1], cached[1]))
+    # A step that reads the cache uses the copies there: new weights unseen until the next True.
+    with torch.no_grad():
+        module.experts.weight2.mul_(2)
+    x = batches[0][0].to(torch.bfloat16)
+    stale = module(x, is_first_microbatch=False)
+    assert torch.equal(stale, plain[0][0])
+    assert not torch.equal(module(x, is_first_microbatch=True), plain[0][0])
+    module.drop_weight_cache()
+    with pytest.raises(ValueError, match="is_first_microbatch=True fills"):
+        module(x, is_first_microbatch=False)
+
+
+def test_the_weight_cache_is_nothing_under_bf16():
+    module = MoE(16, 8, 4, 2, dtype=torch.float32)
+    x = torch.randn(5, 16)
+    assert torch.equal(module(x, is_first_microbatch=True), module(x, is_first_microbatch=False))
+    assert module._weight_cache is None
+
+
 @pytest.mark.parametrize("field", ["aux_loss_coeff", "z_loss_coeff"])
 @pytest.mark.parametrize("value", [-0.5, float("nan"), float("inf")])
 def test_a_loss_coefficient_that_is_negative_or_not_finite_is_refused(field, value):
@@ -358,6 +399,18 @@ def test_torch_compile_traces_the_module_without_graph_breaks():
     y.sum().backward()
     assert torch.allclose(y, module(x))
     assert x.grad is not None and module.experts.weight1.grad is not None
+
+
+def test_torch_compile_traces_the_weight_cache_steps_without_graph_breaks():
+    module = MoE(128, 128, 4, 2, dtype=torch.bfloat16, recipe="blockwise")
+    x = torch.randn(9, 128).to(torch.bfloat16)
+    want = module(x)
+    for first in (True, False):
+        explanation = torch._dynamo.explain(module)(x, is_first_microbatch=first)
+        assert explanation.graph_break_count == 0, explanation.break_reasons
+    compiled = torch.compile(module, fullgraph=True)
+    for first in (True, False):
+        assert torch.equal(compiled(x, is_first_microbatch=first), want)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the graph test needs one")

@@ -71,6 +71,12 @@ def _saved_bytes(key, tokens, dtype, device):
     return _layer(key, tokens, dtype, device)[1]["saved_bytes"]
 
 
+@torch.compiler.assume_constant_result
+def _weight_cache_bytes(key, tokens, dtype, device):
+    """The plan's weight cache bytes (0 under bf16): a constant of the traced graph."""
+    return _layer(key, tokens, dtype, device)[1]["weight_cache_bytes"]
+
+
 def _arg(t):
     return None if t is None else _TORCH.for_binding(t)
 
@@ -88,9 +94,18 @@ def _logits_dtype(logits):
 # plan is not reused.
 @torch.library.custom_op("sfmoe::moe_layer_forward", mutates_args=())
 def moe_layer_forward(
-    x: Tensor, logits: Tensor, expert_bias: Optional[Tensor], w1: Tensor, w2: Tensor, key: int, saved_bytes: int
+    x: Tensor,
+    logits: Tensor,
+    expert_bias: Optional[Tensor],
+    w1: Tensor,
+    w2: Tensor,
+    key: int,
+    saved_bytes: int,
+    weight_cache: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """y, the saved state, and the experts' kept, dropped and routed token counts."""
+    """y, the saved state, and the experts' kept, dropped and routed token counts. weight_cache:
+    the weights' quantized copies (moe_layer_fill_weight_cache), read instead of quantizing the
+    weights; empty for none."""
     layer, plan = _layer(key, x.shape[0], x.dtype, x.device)
     if plan["saved_bytes"] != saved_bytes:
         raise RuntimeError(f"sfmoe: the layer's saved state is {plan['saved_bytes']} bytes, not {saved_bytes}")
@@ -117,12 +132,34 @@ def moe_layer_forward(
         _arg(routed),
         None,
         _stream(x),
+        _cache_arg(weight_cache),
+        weight_cache.numel() > 0,
     )
     return y, saved, kept, dropped, routed
 
 
+@torch.library.custom_op("sfmoe::moe_layer_fill_weight_cache", mutates_args=("weight_cache",))
+def moe_layer_fill_weight_cache(w1: Tensor, w2: Tensor, weight_cache: Tensor, key: int, tokens: int) -> None:
+    """The weights' quantized copies, every one the layer's GEMMs read, into `weight_cache`
+    (sfmoe_moe_layer_fill_weight_cache), by the layer of a step of `tokens` (the copies do not
+    depend on them). Outside autograd: the copies carry no gradient."""
+    layer, _ = _layer(key, tokens, w1.dtype, w1.device)
+    layer.fill_weight_cache(_arg(w1), _arg(w2), _arg(weight_cache), None, _stream(w1))
+
+
+@moe_layer_fill_weight_cache.register_fake
+def _(w1, w2, weight_cache, key, tokens):
+    return None
+
+
+def _cache_arg(weight_cache):
+    """The weight cache as the layer takes it: None for the empty tensor that stands for none (a
+    mutated argument is a tensor: torch.compile takes no None there)."""
+    return _arg(weight_cache) if weight_cache.numel() else None
+
+
 @moe_layer_forward.register_fake
-def _(x, logits, expert_bias, w1, w2, key, saved_bytes):
+def _(x, logits, expert_bias, w1, w2, key, saved_bytes, weight_cache):
     c = _CONFIGS[key]
     counts = [x.new_empty(n, dtype=torch.int64) for n in (c.local_experts, c.num_experts, c.num_experts)]
     return (x.new_empty(x.shape), x.new_empty(saved_bytes, dtype=torch.uint8), *counts)
@@ -145,11 +182,25 @@ def _three_part_backward(key, tokens, dtype, device):
 
 
 def _backward_part(
-    part, key, tokens, like, saved, *, workspace=None, x=None, d_y=None, logits=None, w1=None, w2=None, **outputs
+    part,
+    key,
+    tokens,
+    like,
+    saved,
+    *,
+    workspace=None,
+    x=None,
+    d_y=None,
+    logits=None,
+    w1=None,
+    w2=None,
+    weight_cache=None,
+    **outputs,
 ):
     """One part of the layer's backward into the given outputs (d_x, d_logits, d_w1 / d_w2: in the
     weights' dtype, or FP32 main gradients added to, as the layer was made), on `workspace` (the
-    three-part backward's, shared by its parts) or a new one of the part's size."""
+    three-part backward's, shared by its parts) or a new one of the part's size; the dgrad GEMMs'
+    weight copies read from `weight_cache` where one is given (non-empty)."""
     layer, plan = _layer(key, tokens, like.dtype, like.device)
     if workspace is None:
         size = plan["fc1_backward_workspace_bytes"] if part == _FC1 else plan["workspace_bytes"]
@@ -179,6 +230,8 @@ def _backward_part(
         None,
         _stream(like),
         _arg(offset),
+        _cache_arg(weight_cache) if weight_cache is not None else None,
+        weight_cache is not None and weight_cache.numel() > 0,
     )
 
 
@@ -191,7 +244,7 @@ def _rng_offset(key, device):
     return counter
 
 
-def _fc1_part(key, x, logits, w1, saved, d_w1, workspace=None):
+def _fc1_part(key, x, logits, w1, saved, d_w1, weight_cache, workspace=None):
     """The FC1 part into d_w1 (written, or an FP32 main gradient added to): d x and d logits."""
     d_x = torch.empty_like(x)
     d_logits = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
@@ -205,6 +258,7 @@ def _fc1_part(key, x, logits, w1, saved, d_w1, workspace=None):
         x=x,
         logits=logits,
         w1=w1,
+        weight_cache=weight_cache,
         d_x=d_x,
         d_logits=d_logits,
         d_w1=d_w1,
@@ -216,52 +270,88 @@ def _fc1_part(key, x, logits, w1, saved, d_w1, workspace=None):
 # refuses a second backward through the same forward, as with retain_graph=True, instead of
 # reading a gradient where FC1's output was); the FC1 part reads them.
 @torch.library.custom_op("sfmoe::moe_layer_backward_fc2", mutates_args=("saved",))
-def moe_layer_backward_fc2(d_y: Tensor, w2: Tensor, saved: Tensor, key: int) -> Tensor:
+def moe_layer_backward_fc2(d_y: Tensor, w2: Tensor, saved: Tensor, key: int, weight_cache: Tensor) -> Tensor:
     """d w2 of the forward that left `saved` (and d FC1 rows, d probs into `saved`)."""
     d_w2 = torch.empty_like(w2)
-    _backward_part(_FC2, key, d_y.shape[0], d_y, saved, d_y=d_y, w2=w2, d_w2=d_w2)
+    _backward_part(_FC2, key, d_y.shape[0], d_y, saved, d_y=d_y, w2=w2, weight_cache=weight_cache, d_w2=d_w2)
     return d_w2
 
 
 @torch.library.custom_op("sfmoe::moe_layer_backward_fc1", mutates_args=())
 def moe_layer_backward_fc1(
-    x: Tensor, logits: Tensor, w1: Tensor, saved: Tensor, key: int
+    x: Tensor, logits: Tensor, w1: Tensor, saved: Tensor, key: int, weight_cache: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     """d x, d logits and d w1, after the FC2 part ran on `saved`."""
     d_w1 = torch.empty_like(w1)
-    return (*_fc1_part(key, x, logits, w1, saved, d_w1), d_w1)
+    return (*_fc1_part(key, x, logits, w1, saved, d_w1, weight_cache), d_w1)
 
 
 @torch.library.custom_op("sfmoe::moe_layer_backward_fc2_main_grad", mutates_args=("saved", "main_grad2"))
-def moe_layer_backward_fc2_main_grad(d_y: Tensor, w2: Tensor, saved: Tensor, main_grad2: Tensor, key: int) -> None:
+def moe_layer_backward_fc2_main_grad(
+    d_y: Tensor, w2: Tensor, saved: Tensor, main_grad2: Tensor, key: int, weight_cache: Tensor
+) -> None:
     """The FC2 part with d w2 added to the FP32 main gradient."""
-    _backward_part(_FC2, key, d_y.shape[0], d_y, saved, d_y=d_y, w2=w2, d_w2=main_grad2)
+    _backward_part(
+        _FC2,
+        key,
+        d_y.shape[0],
+        d_y,
+        saved,
+        d_y=d_y,
+        w2=w2,
+        weight_cache=weight_cache,
+        d_w2=main_grad2,
+    )
 
 
 @torch.library.custom_op("sfmoe::moe_layer_backward_fc1_main_grad", mutates_args=("main_grad1",))
 def moe_layer_backward_fc1_main_grad(
-    x: Tensor, logits: Tensor, w1: Tensor, saved: Tensor, main_grad1: Tensor, key: int
+    x: Tensor,
+    logits: Tensor,
+    w1: Tensor,
+    saved: Tensor,
+    main_grad1: Tensor,
+    key: int,
+    weight_cache: Tensor,
 ) -> tuple[Tensor, Tensor]:
     """The FC1 part with d w1 added to the FP32 main gradient: d x and d logits."""
-    return _fc1_part(key, x, logits, w1, saved, main_grad1)
+    return _fc1_part(key, x, logits, w1, saved, main_grad1, weight_cache)
 
 
 # The three-part backward (_three_part_backward): FC2's dgrad writes d FC1 rows and d probs into
 # `saved` and the weighted activations and a copy of the routing into `workspace`; the FC1 part
 # runs on the same workspace (its prefix); FC2's wgrad reads only the workspace and d y.
 @torch.library.custom_op("sfmoe::moe_layer_backward3_fc2_dgrad", mutates_args=("saved", "workspace"))
-def moe_layer_backward3_fc2_dgrad(d_y: Tensor, w2: Tensor, saved: Tensor, workspace: Tensor, key: int) -> None:
+def moe_layer_backward3_fc2_dgrad(
+    d_y: Tensor, w2: Tensor, saved: Tensor, workspace: Tensor, key: int, weight_cache: Tensor
+) -> None:
     """The three-part backward's first part (FC2's dgrad and the activation's backward)."""
-    _backward_part(_FC2_DGRAD, key, d_y.shape[0], d_y, saved, workspace=workspace, d_y=d_y, w2=w2)
+    _backward_part(
+        _FC2_DGRAD,
+        key,
+        d_y.shape[0],
+        d_y,
+        saved,
+        workspace=workspace,
+        d_y=d_y,
+        w2=w2,
+        weight_cache=weight_cache,
+    )
 
 
 @torch.library.custom_op("sfmoe::moe_layer_backward3_fc1", mutates_args=("workspace",))
 def moe_layer_backward3_fc1(
-    x: Tensor, logits: Tensor, w1: Tensor, saved: Tensor, workspace: Tensor, key: int
+    x: Tensor,
+    logits: Tensor,
+    w1: Tensor,
+    saved: Tensor,
+    workspace: Tensor,
+    key: int,
+    weight_cache: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Its second: d x, d logits and d w1 (the FC1 part on the first part's workspace)."""
     d_w1 = torch.empty_like(w1)
-    return (*_fc1_part(key, x, logits, w1, saved, d_w1, workspace), d_w1)
+    return (*_fc1_part(key, x, logits, w1, saved, d_w1, weight_cache, workspace), d_w1)
 
 
 @torch.library.custom_op("sfmoe::moe_layer_backward3_fc2_wgrad", mutates_args=("workspace",))
@@ -273,32 +363,32 @@ def moe_layer_backward3_fc2_wgrad(d_y: Tensor, w2: Tensor, workspace: Tensor, ke
 
 
 @moe_layer_backward_fc2.register_fake
-def _(d_y, w2, saved, key):
+def _(d_y, w2, saved, key, weight_cache):
     return w2.new_empty(w2.shape)
 
 
 @moe_layer_backward_fc1.register_fake
-def _(x, logits, w1, saved, key):
+def _(x, logits, w1, saved, key, weight_cache):
     return x.new_empty(x.shape), logits.new_empty(logits.shape, dtype=torch.float32), w1.new_empty(w1.shape)
 
 
 @moe_layer_backward_fc2_main_grad.register_fake
-def _(d_y, w2, saved, main_grad2, key):
+def _(d_y, w2, saved, main_grad2, key, weight_cache):
     return None
 
 
 @moe_layer_backward_fc1_main_grad.register_fake
-def _(x, logits, w1, saved, main_grad1, key):
+def _(x, logits, w1, saved, main_grad1, key, weight_cache):
     return x.new_empty(x.shape), logits.new_empty(logits.shape, dtype=torch.float32)
 
 
 @moe_layer_backward3_fc2_dgrad.register_fake
-def _(d_y, w2, saved, workspace, key):
+def _(d_y, w2, saved, workspace, key, weight_cache):
     return None
 
 
 @moe_layer_backward3_fc1.register_fake
-def _(x, logits, w1, saved, workspace, key):
+def _(x, logits, w1, saved, workspace, key, weight_cache):
     return x.new_empty(x.shape), logits.new_empty(logits.shape, dtype=torch.float32), w1.new_empty(w1.shape)
 
 
@@ -308,8 +398,11 @@ def _(d_y, w2, workspace, key):
 
 
 def _setup_context(ctx, inputs, output):
-    x, logits, expert_bias, w1, w2, key, _ = inputs
+    x, logits, expert_bias, w1, w2, key, _, weight_cache = inputs
     _, saved, kept, dropped, routed = output
+    # (the backward reads its dgrad copies from the same cache; not saved for backward: it is the
+    # module's, not an activation)
+    ctx.weight_cache = weight_cache
     # (the saved state through save_for_backward: saved-tensor hooks, such as non-reentrant
     # activation checkpointing and save_on_cpu, see it as they see any activation)
     ctx.save_for_backward(x, logits, w1, w2, saved)
@@ -324,28 +417,29 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, d_y, d_saved, d_kept, d_dropped, d_routed):
     x, logits, w1, w2, saved = ctx.saved_tensors
+    cache = ctx.weight_cache
     d_y = torch.zeros_like(x) if d_y is None else d_y.contiguous()
     if _CONFIGS[ctx.key].gradient_accumulation_fusion:
         main1, main2 = ctx.main_grads
-        moe_layer_backward_fc2_main_grad(d_y, w2, saved, main2, ctx.key)
-        d_x, d_logits = moe_layer_backward_fc1_main_grad(x, logits, w1, saved, main1, ctx.key)
-        return d_x, d_logits.to(logits.dtype), None, None, None, None, None
+        moe_layer_backward_fc2_main_grad(d_y, w2, saved, main2, ctx.key, cache)
+        d_x, d_logits = moe_layer_backward_fc1_main_grad(x, logits, w1, saved, main1, ctx.key, cache)
+        return d_x, d_logits.to(logits.dtype), None, None, None, None, None, None
     # (eager only: a compiled backward's buffers are the compiled graph's to plan, and the early
     # release below is not something it traces; there two parts)
     if not torch.compiler.is_compiling() and _three_part_backward(ctx.key, x.shape[0], x.dtype, x.device):
         plan = _layer(ctx.key, x.shape[0], x.dtype, x.device)[1]
         workspace = torch.empty(plan["workspace_bytes"], dtype=torch.uint8, device=x.device)
-        moe_layer_backward3_fc2_dgrad(d_y, w2, saved, workspace, ctx.key)
-        d_x, d_logits, d_w1 = moe_layer_backward3_fc1(x, logits, w1, saved, workspace, ctx.key)
+        moe_layer_backward3_fc2_dgrad(d_y, w2, saved, workspace, ctx.key, cache)
+        d_x, d_logits, d_w1 = moe_layer_backward3_fc1(x, logits, w1, saved, workspace, ctx.key, cache)
         # The saved state's last reader has run: its memory goes back before d w2 is allocated
         # (autograd still holds the tensor until this backward returns; a second backward through
         # the same forward stops at the version check first, as the parts above wrote into it).
         saved.untyped_storage().resize_(0)
         d_w2 = moe_layer_backward3_fc2_wgrad(d_y, w2, workspace, ctx.key)
-        return d_x, d_logits.to(logits.dtype), None, d_w1, d_w2, None, None
-    d_w2 = moe_layer_backward_fc2(d_y, w2, saved, ctx.key)
-    d_x, d_logits, d_w1 = moe_layer_backward_fc1(x, logits, w1, saved, ctx.key)
-    return d_x, d_logits.to(logits.dtype), None, d_w1, d_w2, None, None
+        return d_x, d_logits.to(logits.dtype), None, d_w1, d_w2, None, None, None
+    d_w2 = moe_layer_backward_fc2(d_y, w2, saved, ctx.key, cache)
+    d_x, d_logits, d_w1 = moe_layer_backward_fc1(x, logits, w1, saved, ctx.key, cache)
+    return d_x, d_logits.to(logits.dtype), None, d_w1, d_w2, None, None, None
 
 
 def main_grad_of(weight):
@@ -483,6 +577,7 @@ class MoE(torch.nn.Module):
         self.tokens_per_expert = None
         self.dropped_per_expert = None
         self.aux_loss = None
+        self._weight_cache = None  # the quantized weights between micro-batches (forward)
         self.reset_parameters()
         # A state dict in another layout (Hugging Face, Mixtral, Megatron, TE) loads through
         # load_state_dict too: converted to sfmoe's keys first.
@@ -500,6 +595,7 @@ class MoE(torch.nn.Module):
             )
 
     def _convert_foreign_layout(self, state, prefix, *args):
+        self.drop_weight_cache()  # (the weights are about to change)
         if all(prefix + k in state for k in self._OWN_KEYS) and state[prefix + "experts.weight1"].dim() == 3:
             return
         try:
@@ -566,12 +662,19 @@ class MoE(torch.nn.Module):
 
     def reset_parameters(self):
         """Each weight uniform in +-1 / sqrt(fan_in), as torch.nn.Linear initializes."""
+        self.drop_weight_cache()  # (new weights)
         with torch.no_grad():
             for w in (self.router.weight, self.experts.weight1, self.experts.weight2):
                 bound = 1.0 / math.sqrt(w.shape[-1])
                 w.uniform_(-bound, bound)
 
-    def forward(self, x):
+    def forward(self, x, is_first_microbatch=None):
+        """y = the layer on x. is_first_microbatch (TransformerEngine's argument, for gradient
+        accumulation under a quantized recipe): None quantizes the weights in every step; True
+        quantizes them into the module's weight cache (made at the first use, held until
+        drop_weight_cache()), False reads the copies the last True step made there -- the caller
+        promises that the weights have not changed since (no optimizer step between). The same
+        values either way."""
         shape = x.shape
         c = self.config
         if x.dim() == 0 or shape[-1] != c.hidden_size:
@@ -586,8 +689,16 @@ class MoE(torch.nn.Module):
         x = x.reshape(-1, c.hidden_size).to(self.experts.weight1.dtype).contiguous()
         logits = _gate.router_logits(x, self.router.weight, self.router_gemm)
         saved_bytes = _saved_bytes(self._key, x.shape[0], x.dtype, x.device)
+        cache = self._weight_cache_for(is_first_microbatch, x)
         y, _, kept, dropped, routed = moe_layer_forward(
-            x, logits, self.expert_bias, self.experts.weight1, self.experts.weight2, self._key, saved_bytes
+            x,
+            logits,
+            self.expert_bias,
+            self.experts.weight1,
+            self.experts.weight2,
+            self._key,
+            saved_bytes,
+            cache,
         )
         self.tokens_per_expert, self.dropped_per_expert = kept, dropped
         if c.log_expert_load:
@@ -607,6 +718,32 @@ class MoE(torch.nn.Module):
             if torch.is_grad_enabled():
                 y = _AttachAuxLoss.apply(y, aux)
         return y.reshape(shape).to(in_dtype)
+
+    def _weight_cache_for(self, is_first_microbatch, x):
+        """The weight cache a step hands the layer, filled (an empty tensor: none)."""
+        if is_first_microbatch not in (None, True, False):
+            raise TypeError(f"is_first_microbatch: expected None, True or False, got {is_first_microbatch!r}")
+        size = 0 if is_first_microbatch is None else _weight_cache_bytes(self._key, x.shape[0], x.dtype, x.device)
+        if size == 0:  # (bf16 quantizes no weight)
+            return torch.empty(0, dtype=torch.uint8, device=x.device)
+        cache = self._weight_cache
+        fits = cache is not None and cache.numel() == size and cache.device == x.device
+        if is_first_microbatch:
+            if not fits:
+                cache = torch.empty(size, dtype=torch.uint8, device=x.device)
+                self._weight_cache = cache
+            w1, w2 = self.experts.weight1.detach(), self.experts.weight2.detach()
+            moe_layer_fill_weight_cache(w1, w2, cache, self._key, x.shape[0])
+        elif not fits:
+            raise ValueError(
+                "sfmoe.torch.MoE: is_first_microbatch=False reads the weight cache that a step with "
+                "is_first_microbatch=True fills: none was made (or it was dropped) since"
+            )
+        return cache
+
+    def drop_weight_cache(self):
+        """Frees the weight cache (is_first_microbatch); the next True step makes it again."""
+        self._weight_cache = None
 
     def _aux_losses(self, logits, routed):
         """The Switch/GShard load-balancing loss and the z-loss (docs/router.md) from the logits,
