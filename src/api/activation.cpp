@@ -20,6 +20,17 @@ static_assert(static_cast<int>(ActivationKind::kClampedSwiGLU) == SFMOE_ACTIVATI
                   static_cast<int>(ActivationKind::kGeLU) == SFMOE_ACTIVATION_GELU,
               "the C enum and the backend's kinds share their order");
 
+// A grouped tensor's cols as the activation's output width: the input has twice as many when
+// gated, so the width is checked before anything is computed from it (the descriptor's own
+// checks come later).
+sfmoe_status check_activation_cols(const char* context, const char* name, int64_t cols) {
+  if (cols < 0 || cols > INT64_MAX / 4) {
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s has %lld cols; it takes 0 to 2^61", context,
+                name, static_cast<long long>(cols));
+  }
+  return SFMOE_SUCCESS;
+}
+
 sfmoe_status check_config(const char* context, const sfmoe_activation_config* c,
                           ActivationConfig* out) {
   SFMOE_RETURN_IF_ERROR(check_struct(context, "config", c, "sfmoe_activation_config_init()"));
@@ -129,6 +140,7 @@ sfmoe_status sfmoe_grouped_activation(const sfmoe_grouped_tensor* input,
     if (output == nullptr)
       return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: output is NULL", context);
     const int64_t cols = output->cols;
+    SFMOE_RETURN_IF_ERROR(sfmoe::check_activation_cols(context, "output", cols));
     const int64_t in_cols = sfmoe::activation_is_gated(c.kind) ? 2 * cols : cols;
     SFMOE_RETURN_IF_ERROR(sfmoe::expect_grouped_rows(context, "input", input, in_cols, nullptr));
     // A quantized output: the fused quantization of the FP32 activations.
@@ -184,6 +196,7 @@ sfmoe_status sfmoe_grouped_activation_backward(const sfmoe_grouped_tensor* input
     if (d_output == nullptr)
       return sfmoe::fail(SFMOE_ERROR_NULL_POINTER, "%s: d_output is NULL", context);
     const int64_t cols = d_output->cols;
+    SFMOE_RETURN_IF_ERROR(sfmoe::check_activation_cols(context, "d_output", cols));
     const bool gated = sfmoe::activation_is_gated(c.kind);
     const int64_t in_cols = gated ? 2 * cols : cols;
     if (input != nullptr && input->cols != in_cols) {

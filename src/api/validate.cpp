@@ -134,17 +134,20 @@ sfmoe_status validate_tensor(const char* context, const char* name, const sfmoe_
     return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s: ndim %d is outside [0, %d]", context, name,
                 t->ndim, SFMOE_MAX_DIMS);
   }
-  int64_t count = 1;
+  // The extent (the product of the dimensions, a zero counted as one) bounds every stride, so it
+  // must fit too: [0, 2^62] holds no element, but its rows are 2^62 elements apart.
+  int64_t count = 1, extent = 1;
   for (int32_t d = 0; d < t->ndim; ++d) {
     if (t->shape[d] < 0) {
       return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s: shape[%d] = %lld is negative", context,
                   name, d, static_cast<long long>(t->shape[d]));
     }
-    if (t->shape[d] != 0 && count > std::numeric_limits<int64_t>::max() / 64 / t->shape[d]) {
-      return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s: element count overflows int64", context,
-                  name);
+    if (t->shape[d] != 0 && extent > std::numeric_limits<int64_t>::max() / 64 / t->shape[d]) {
+      return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s: the shape's extent overflows int64",
+                  context, name);
     }
     count *= t->shape[d];
+    extent *= t->shape[d] != 0 ? t->shape[d] : 1;
   }
   if (t->dtype == SFMOE_DTYPE_FP4_E2M1 && t->ndim > 0 && (t->shape[t->ndim - 1] % 2) != 0) {
     return fail(SFMOE_ERROR_SHAPE_MISMATCH,
@@ -211,7 +214,9 @@ sfmoe_status validate_grouped_tensor(const char* context, const char* name,
                 "%s: %s: row_alignment is %lld; it must be a power of two >= 1", context, name,
                 static_cast<long long>(t->row_alignment));
   }
-  if (checked_bytes(t->row_capacity, t->cols, sfmoe_dtype_bits(t->dtype)) < 0) {
+  // (at least one row: a row's size bounds the strides even where there is none)
+  if (checked_bytes(t->row_capacity > 0 ? t->row_capacity : 1, t->cols,
+                    sfmoe_dtype_bits(t->dtype)) < 0) {
     return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: %s: row_capacity x cols overflows int64",
                 context, name);
   }
@@ -408,6 +413,10 @@ sfmoe_status check_word(const char* context, const sfmoe_status_word* word, sfmo
 sfmoe_status expect_workspace(const char* context, const sfmoe_tensor* workspace, int64_t bytes,
                               const char* size_function, const sfmoe_tensor* home,
                               const char* home_name) {
+  if (bytes < 0) {  // (the size function's answer for sizes whose workspace overflows int64)
+    return fail(SFMOE_ERROR_INVALID_ARGUMENT, "%s: the sizes' workspace overflows int64 (see %s)",
+                context, size_function);
+  }
   if (workspace == nullptr) {
     return fail(SFMOE_ERROR_NULL_POINTER, "%s: the device needs a workspace of %lld bytes (see %s)",
                 context, static_cast<long long>(bytes), size_function);

@@ -72,11 +72,17 @@ void grouped_gemm_values(const GroupedGemmValues& g) {
         });
         break;
       case GroupedGemmForm::kWgrad:  // dW_g[j, r] (+)= dY[rows, j] . X[rows, r]
-        // An empty group writes zeros, or leaves an accumulator as it was.
+        // An empty group writes zeros, or leaves an accumulator as it was (its operands may hold
+        // no rows at all: nothing is read, and no pointer is formed into them).
         parallel_for(n, serial_rows((end - begin) * k), [&](int64_t first, int64_t last) {
           std::vector<float> sums(static_cast<size_t>(k));
           for (int64_t j = first; j < last; ++j) {
-            accumulate_row(g.a + begin * n + j, n, g.b + begin * k, k, end - begin, k, sums.data());
+            if (end > begin) {
+              accumulate_row(g.a + begin * n + j, n, g.b + begin * k, k, end - begin, k,
+                             sums.data());
+            } else {
+              std::fill(sums.begin(), sums.end(), 0.0f);
+            }
             for (int64_t r = 0; r < k; ++r) {
               const int64_t index = (group * n + j) * k + r;
               const float sum =

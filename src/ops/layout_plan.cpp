@@ -39,7 +39,7 @@ constexpr int64_t kStagedCapacityFrom = 16 * kStagedCapacityMultiple;
 // Bytes of `elements` elements of `dtype`, or -1 past int64.
 int64_t element_bytes(int64_t elements, sfmoe_dtype dtype) {
   const int bits = sfmoe_dtype_bits(dtype);
-  if (elements < 0 || elements > INT64_MAX / 8) return -1;
+  if (elements < 0 || bits <= 0 || elements > (INT64_MAX - 7) / bits) return -1;
   return (elements * bits + 7) / 8;
 }
 
@@ -416,13 +416,17 @@ Outcome drop_rowwise_codes(sfmoe_grouped_tensor_plan* plan) {
 }
 
 int64_t permute_workspace_bytes(int64_t num_tokens, int64_t num_experts) {
-  if (num_tokens < 0 || num_experts < 1) return -1;
+  if (num_tokens < 0 || num_experts < 1 || num_tokens > INT64_MAX - kPermuteChunkTokens ||
+      permute_chunks(num_tokens) > INT64_MAX / static_cast<int64_t>(sizeof(int32_t)) / num_experts)
+    return -1;
   return permute_workspace_elements(num_tokens, num_experts) *
          static_cast<int64_t>(sizeof(int32_t));
 }
 
 int64_t router_workspace_bytes(int64_t tokens, int64_t num_experts) {
-  if (tokens < 0 || num_experts < 1) return -1;
+  if (tokens < 0 || num_experts < 1 || tokens > INT64_MAX - kRouterTokensPerBlock ||
+      num_experts >= INT64_MAX / static_cast<int64_t>(sizeof(float)) / kRouterMaxBlocks)
+    return -1;
   return router_workspace_floats(tokens, num_experts) * static_cast<int64_t>(sizeof(float));
 }
 

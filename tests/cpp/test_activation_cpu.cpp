@@ -238,6 +238,26 @@ namespace {
 // The group amax output is the largest |activation| of each group's real rows (FP32 values, before
 // any rounding to the output dtype); a quantized output is refused where its scale would need the
 // amax before the cast.
+// A width whose gated input (twice as wide) passes int64 is refused before anything is computed
+// from it (UBSan in CI would name the overflow).
+TEST(ActivationApi, WidthsPastInt64AreRefusedFirst) {
+  std::vector<int64_t> offsets = {0, 0};
+  const int64_t huge = INT64_MAX / 2 + 1;
+  sfmoe_grouped_tensor wide =
+      testing::host_rows(nullptr, SFMOE_DTYPE_BF16, 1, 0, 8, 1, offsets.data());
+  wide.cols = huge;
+  sfmoe_grouped_tensor in =
+      testing::host_rows(nullptr, SFMOE_DTYPE_BF16, 1, 0, 16, 1, offsets.data());
+  sfmoe_activation_config config = sfmoe_activation_config_init();
+  EXPECT_EQ(sfmoe_grouped_activation(&in, nullptr, &config, &wide, nullptr, nullptr),
+            SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sfmoe_grouped_activation_backward(&in, nullptr, &wide, &config, &in, nullptr, nullptr),
+            SFMOE_ERROR_INVALID_ARGUMENT);
+  wide.cols = -huge;
+  EXPECT_EQ(sfmoe_grouped_activation(&in, nullptr, &config, &wide, nullptr, nullptr),
+            SFMOE_ERROR_INVALID_ARGUMENT);
+}
+
 TEST(ActivationApi, GroupAmaxAndFusedQuantizationRefusals) {
   const int64_t groups = 3, cols = 64, capacity = 96;
   std::vector<int64_t> offsets = {0, 32, 32, 64}, rows = {20, 0, 31};

@@ -4,6 +4,7 @@
 // accumulator, BF16 outputs, and the identity that ties the three forms together.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -236,6 +237,33 @@ TEST(GroupedGemmApi, ThreeFormsThroughTheCApiAndRefusals) {
 // fprop and dgrad with A's rows gathered (config.a_row_index) equal the same calls on the rows
 // copied out: repeated sources, padding rows (-1) and indices past the source read as zero rows;
 // wgrad, quantized rows and a negative source count are refused, writing nothing.
+// wgrad over operands of no rows at all (row_capacity 0, every group empty): zeros, or the
+// accumulator unchanged; nothing is read (UBSan in CI would name pointer arithmetic on the empty
+// operands' NULL data).
+TEST(GroupedGemmApi, WgradOverNoRowsWritesZerosOrLeavesTheAccumulator) {
+  std::vector<int64_t> offsets(kGroups + 1, 0);
+  uint16_t none[8] = {};  // (a descriptor's data is set even where it holds no row)
+  sfmoe_grouped_tensor g_dy =
+      testing::host_rows(none, SFMOE_DTYPE_BF16, kGroups, 0, kN, 1, offsets.data());
+  sfmoe_grouped_tensor g_x =
+      testing::host_rows(none, SFMOE_DTYPE_BF16, kGroups, 0, kK, 1, offsets.data());
+  sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
+  config.form = SFMOE_GEMM_WGRAD;
+  std::vector<float> dw(kGroups * kN * kK, NAN);
+  sfmoe_grouped_tensor g_dw = weights(dw.data(), SFMOE_DTYPE_FP32);
+  ASSERT_EQ(sfmoe_grouped_gemm(&g_dy, &g_x, &config, &g_dw, nullptr, nullptr, nullptr),
+            SFMOE_SUCCESS)
+      << sfmoe_last_error();
+  EXPECT_TRUE(std::all_of(dw.begin(), dw.end(), [](float v) { return v == 0.0f; }));
+  std::vector<float> main_grad(dw.size(), 1.5f);
+  sfmoe_grouped_tensor g_main = weights(main_grad.data(), SFMOE_DTYPE_FP32);
+  config.accumulate = 1;
+  ASSERT_EQ(sfmoe_grouped_gemm(&g_dy, &g_x, &config, &g_main, nullptr, nullptr, nullptr),
+            SFMOE_SUCCESS)
+      << sfmoe_last_error();
+  EXPECT_TRUE(std::all_of(main_grad.begin(), main_grad.end(), [](float v) { return v == 1.5f; }));
+}
+
 TEST(GroupedGemmApi, GatheredRowsEqualTheRowsCopiedOut) {
   std::mt19937_64 rng(testing::session_test_seed() + 34);
   std::uniform_int_distribution<int> small(-4, 4);

@@ -234,12 +234,26 @@ TEST(LayoutPlan, PermuteWorstCaseAndRefusals) {
   EXPECT_EQ(sfmoe_plan_permute(&bad, &plan), SFMOE_ERROR_UNSUPPORTED);
   EXPECT_EQ(sfmoe_permute_workspace_bytes(-1, 4), -1);
   EXPECT_EQ(sfmoe_permute_workspace_bytes(4, 0), -1);
+  // Sizes whose bytes pass int64 are refused, not wrapped (UBSan runs these in CI): a row count
+  // whose element count fits int64 / 8 but not int64 / 32 (FP32 rows), and workspaces of
+  // chunks x experts x 4 bytes past int64.
+  bad = r;
+  bad.num_tokens = int64_t{1} << 40;
+  bad.hidden = int64_t{1} << 19;
+  bad.topk = 1;
+  bad.expert_capacity = 0;
+  bad.dtype = SFMOE_DTYPE_FP32;
+  EXPECT_EQ(sfmoe_plan_permute(&bad, &plan), SFMOE_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sfmoe_permute_workspace_bytes(INT64_MAX - 1, 4), -1);
+  EXPECT_EQ(sfmoe_permute_workspace_bytes(int64_t{1} << 40, int64_t{1} << 30), -1);
 }
 
 TEST(LayoutPlan, WorkspaceBytes) {
   EXPECT_EQ(sfmoe_router_workspace_bytes(8192, 128), 1024 * 129 * 4);
   EXPECT_EQ(sfmoe_router_workspace_bytes(3, 8), 9 * 4);
   EXPECT_EQ(sfmoe_router_workspace_bytes(-1, 8), -1);
+  EXPECT_EQ(sfmoe_router_workspace_bytes(INT64_MAX - 1, 8), -1);        // (tokens + 7 overflows)
+  EXPECT_EQ(sfmoe_router_workspace_bytes(8192, int64_t{1} << 53), -1);  // (x 1024 blocks x 4)
   EXPECT_EQ(
       sfmoe_grouped_gemm_workspace_bytes(-1, SFMOE_SCALING_NONE, 1, 1, SFMOE_SCALING_NONE, 1, 1),
       -1);

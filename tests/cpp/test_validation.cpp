@@ -173,6 +173,13 @@ std::vector<BadCase> bad_cases() {
            auto t = host_tensor(b.input, SFMOE_DTYPE_FP32, -3);
            return sfmoe_tensor_validate(&t, "x");
          }},
+        {"tensor extent past int64 (no element, strides of 2^62)", SFMOE_ERROR_INVALID_ARGUMENT,
+         "the shape's extent overflows int64",
+         [](Buffers& b) {
+           const int64_t shape[2] = {0, int64_t{1} << 62};
+           auto t = sfmoe_tensor_make(b.input, SFMOE_DTYPE_FP32, 2, shape, SFMOE_MEMORY_HOST, 0);
+           return sfmoe_tensor_validate(&t, "x");
+         }},
         {"tensor null data", SFMOE_ERROR_NULL_POINTER, "data is NULL but the tensor has 4 elements",
          [](Buffers&) {
            auto t = host_tensor(nullptr, SFMOE_DTYPE_FP32, 4);
