@@ -240,9 +240,9 @@ SFMOE_API sfmoe_status sfmoe_moe_layer_backward(const sfmoe_moe_layer* layer,
  * its tokens, logits [T_r, E], its local experts' weights [E_l, ...], its outputs, saved state and
  * workspace of the plan's sizes, each rank's own), every rank's work enqueued on args[0]'s stream
  * and reported to args[0]'s word. The counts are each rank's: tokens_per_expert [E_l] (rows its
- * local experts kept), dropped_per_expert [E] (its rows dropped, by global expert),
- * routed_per_expert [E] (its router's slots per expert). The single-rank calls above refuse such a
- * layer, these accept any (with local_ranks 1 they are the calls above). */
+ * local experts kept, in both of SPILL's rounds), dropped_per_expert [E] (its rows dropped, by
+ * global expert), routed_per_expert [E] (its router's slots per expert). The single-rank calls
+ * above refuse such a layer, these accept any (with local_ranks 1 they are the calls above). */
 SFMOE_API sfmoe_status sfmoe_moe_layer_forward_ranks(const sfmoe_moe_layer* layer,
                                                      const sfmoe_moe_forward_args* const* args);
 SFMOE_API sfmoe_status sfmoe_moe_layer_backward_ranks(const sfmoe_moe_layer* layer,

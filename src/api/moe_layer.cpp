@@ -330,6 +330,7 @@ sfmoe_fault_report* word_of(const sfmoe_status_word* word) {
 struct ForwardCounts {
   const sfmoe_tensor* out[3] = {nullptr, nullptr, nullptr};
   const void* from[3] = {nullptr, nullptr, nullptr};
+  const int64_t* plus[3] = {nullptr, nullptr, nullptr};  // added to `from` (SPILL's 2nd round)
   int64_t size[3] = {0, 0, 0};
 };
 
@@ -374,6 +375,8 @@ sfmoe_status prepare_forward(const char* context, const sfmoe_moe_layer* layer,
   if (s.expert_parallel()) {
     const EpRankRouting routing = ops::ep_routing_at(p.ep, saved + p.ep_handle.offset);
     counts->from[0] = routing.kept;
+    // (SPILL: the kept counts are round-major, [2 E_l]; an expert kept the rows of both rounds)
+    if (p.ep.shape.rounds == 2) counts->plus[0] = routing.kept + s.local_experts();
     counts->from[1] = routing.dropped;
     counts->size[0] = s.local_experts();
   } else {
@@ -417,8 +420,8 @@ sfmoe_status copy_counts(const sfmoe_moe_layer* layer, const ForwardCounts& coun
   size_t n = 0;
   for (int i = 0; i < 3; ++i) {
     if (counts.out[i] == nullptr) continue;
-    spans[n++] =
-        CopySpan{counts.out[i]->data, counts.from[i], static_cast<size_t>(counts.size[i]) * 8};
+    spans[n++] = CopySpan{counts.out[i]->data, counts.from[i],
+                          static_cast<size_t>(counts.size[i]) * 8, counts.plus[i]};
   }
   return ops::backend_for(layer->memory).copy_spans(spans, n, stream);
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <stddef.h>
+#include <stdint.h>
 
 namespace sfmoe {
 
@@ -11,6 +12,9 @@ struct CopySpan {
   void* to;
   const void* from;
   size_t bytes;
+  // Or NULL: int64 words added to `from`'s (to[i] = from[i] + plus[i]; bytes a multiple of 8):
+  // counts summed over rounds (an expert-parallel SPILL's two rounds of kept rows).
+  const int64_t* plus = nullptr;
 };
 
 }  // namespace sfmoe

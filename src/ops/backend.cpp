@@ -39,7 +39,20 @@ sfmoe_status host_copy(void* to, const void* from, size_t bytes, void*) {
   return SFMOE_SUCCESS;
 }
 sfmoe_status host_copy_spans(const CopySpan* spans, size_t count, void*) {
-  for (size_t i = 0; i < count; ++i) host_copy(spans[i].to, spans[i].from, spans[i].bytes, nullptr);
+  for (size_t i = 0; i < count; ++i) {
+    const CopySpan& c = spans[i];
+    if (c.plus == nullptr) {
+      host_copy(c.to, c.from, c.bytes, nullptr);
+      continue;
+    }
+    for (size_t w = 0; w < c.bytes / 8; ++w) {
+      int64_t a, b;
+      memcpy(&a, static_cast<const uint8_t*>(c.from) + 8 * w, 8);
+      memcpy(&b, c.plus + w, 8);
+      const int64_t sum = a + b;
+      memcpy(static_cast<uint8_t*>(c.to) + 8 * w, &sum, 8);
+    }
+  }
   return SFMOE_SUCCESS;
 }
 void host_check_group_offsets(const GroupOffsetsCheckArgs& a) {

@@ -407,6 +407,11 @@ TEST(MoeLayerEp, CApiRanksEqualTheSingleLayerAndRefuseMisuse) {
       for (int64_t n : v) lost += n;
     }
     EXPECT_EQ(lost, total * k - R * 7) << "each rank keeps 4 + 3 rows (every rank is sent more)";
+    int64_t kept_both = 0;  // (tokens_per_expert, still bound to kept)
+    for (const auto& v : kept) {
+      for (int64_t n : v) kept_both += n;
+    }
+    EXPECT_EQ(kept_both, R * 7) << "tokens_per_expert counts the rows of both rounds";
     sfmoe_fault_report report{};
     ASSERT_EQ(sfmoe_status_word_snapshot(word, nullptr), SFMOE_SUCCESS);
     ASSERT_EQ(sfmoe_status_word_read(word, &report), SFMOE_SUCCESS);

@@ -178,11 +178,16 @@ struct Spans {
   CopySpan span[kSpansPerLaunch];
 };
 
-// A block per span, 8-byte words when both ends and the size allow.
+// A block per span, 8-byte words when both ends and the size allow (always with `plus`: int64
+// counts, 8-byte aligned).
 __global__ void copy_spans_kernel(Spans spans) {
   const CopySpan& c = spans.span[blockIdx.x];
   const uintptr_t ends = reinterpret_cast<uintptr_t>(c.to) | reinterpret_cast<uintptr_t>(c.from);
-  if (ends % 8 == 0 && c.bytes % 8 == 0) {
+  if (c.plus != nullptr) {
+    const int64_t* from = static_cast<const int64_t*>(c.from);
+    int64_t* to = static_cast<int64_t*>(c.to);
+    for (size_t i = threadIdx.x; i < c.bytes / 8; i += blockDim.x) to[i] = from[i] + c.plus[i];
+  } else if (ends % 8 == 0 && c.bytes % 8 == 0) {
     const uint64_t* from = static_cast<const uint64_t*>(c.from);
     uint64_t* to = static_cast<uint64_t*>(c.to);
     for (size_t i = threadIdx.x; i < c.bytes / 8; i += blockDim.x) to[i] = from[i];
@@ -207,7 +212,7 @@ sfmoe_status copy_spans_async(const CopySpan* spans, size_t count, void* stream)
   };
   for (size_t i = 0; i < count; ++i) {
     if (spans[i].bytes == 0) continue;
-    if (spans[i].bytes > kLargestSpan) {
+    if (spans[i].bytes > kLargestSpan && spans[i].plus == nullptr) {
       SFMOE_RETURN_IF_ERROR(copy_device_async(spans[i].to, spans[i].from, spans[i].bytes, stream));
       continue;
     }
