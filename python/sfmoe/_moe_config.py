@@ -86,10 +86,12 @@ class MoEConfig:
             raise ValueError("pad_expert_input_to_capacity is not supported: experts take their rows as routed")
         if self.token_drop_policy != "position":
             raise ValueError("token_drop_policy: only 'position' (an expert keeps its earliest tokens)")
-        if self.capacity_factor is not None and not self.capacity_factor > 0:
-            raise ValueError(f"capacity_factor must be positive, got {self.capacity_factor}")
+        if self.capacity_factor is not None and not (math.isfinite(self.capacity_factor) and self.capacity_factor > 0):
+            raise ValueError(f"capacity_factor must be positive and finite, got {self.capacity_factor}")
         if self.ep_overflow not in _EP_OVERFLOW:
             raise ValueError(f"ep_overflow: expected one of {sorted(_EP_OVERFLOW)}, got {self.ep_overflow!r}")
+        if not (isinstance(self.ep_size, numbers.Integral) and self.ep_size >= 1):
+            raise ValueError(f"ep_size must be a positive integer, got {self.ep_size!r}")
         if self.ep_size > 1 or self.max_tokens_per_rank:
             if self.num_experts % self.ep_size:
                 raise ValueError(
@@ -111,8 +113,8 @@ class MoEConfig:
                 raise ValueError(f"{name} must be finite and >= 0, got {value}")
         for name in ("ep_capacity_factor", "ep_spill_factor", "ep_pair_factor"):
             value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"{name} must be positive, got {value}")
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be positive and finite, got {value}")
 
     @property
     def expert_parallel(self):

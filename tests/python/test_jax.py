@@ -266,6 +266,12 @@ def test_bad_configurations_are_refused():
     for alignment in (0, -16, 2.0):
         with pytest.raises(ValueError, match="row_alignment must be a positive integer"):
             MoEConfig(8, 4, 4, 2, row_alignment=alignment)
+    for size in (0, -2):
+        with pytest.raises(ValueError, match="ep_size must be a positive integer"):
+            MoEConfig(8, 4, 4, 2, ep_size=size, max_tokens_per_rank=8)
+    for name in ("capacity_factor", "ep_capacity_factor"):
+        with pytest.raises(ValueError, match=f"{name} must be positive and finite"):
+            MoEConfig(8, 4, 4, 2, **{name: float("inf")})
 
 
 @pytest.mark.gpu
