@@ -1,6 +1,8 @@
 // A libFuzzer target over the C API on the CPU backend (tools/fuzz.sh builds it with clang,
 // AddressSanitizer and UndefinedBehaviorSanitizer, and runs it on tests/fuzz/corpus for a bounded
-// time). Each input picks a part of the API and draws its arguments: descriptors with random
+// time). Each input picks a part of the API (the router, EP, the layer, descriptors, permute,
+// quantization, the grouped GEMM, the activations, the cast) and draws its arguments: grouped
+// descriptors from the library's own planners, then now and then mutated; descriptors with random
 // dtypes, shapes (negative, huge, zero), null, foreign and misaligned pointers, configuration
 // structs of wrong sizes and random fields, random small data (NaN and Inf among it, expert ids
 // in and out of range). A call either refuses with a status (and nothing below its outputs is
