@@ -566,6 +566,31 @@ struct Rounds {
   int count;
   Round round[2];
 };
+
+// The GEMMs of a call on one round of its rows (a forward has no rounding offsets).
+Gemm round_gemm(const MoeLayerShape& s, const MoeLayerPlan& plan, const ops::Backend& backend,
+                const Round& round, const MoeForwardCall& c, sfmoe_fault_report* word,
+                void* stream) {
+  return Gemm{s,    plan,   backend, round.offsets, round.rows,     c.workspace,          c.memory,
+              word, stream, 0,       nullptr,       c.weight_cache, c.weight_cache_filled};
+}
+Gemm round_gemm(const MoeLayerShape& s, const MoeLayerPlan& plan, const ops::Backend& backend,
+                const Round& round, const MoeBackwardCall& c, sfmoe_fault_report* word,
+                void* stream) {
+  return Gemm{s,
+              plan,
+              backend,
+              round.offsets,
+              round.rows,
+              c.workspace,
+              c.memory,
+              word,
+              stream,
+              c.rng_offset,
+              c.rng_offset_device,
+              c.weight_cache,
+              c.weight_cache_filled};
+}
 Rounds rounds_of(const MoeLayerShape& s, const MoeLayerPlan& plan, uint8_t* saved) {
   if (!s.expert_parallel()) {
     return Rounds{1,
@@ -620,9 +645,7 @@ sfmoe_status ffn_forward(const MoeLayerShape& s, const MoeLayerPlan& plan, const
   void* fc1_rows = row_at<uint8_t>(c.saved, plan.fc1_rows, first, plan.fc1_cols * elem);
   void* x_rows = row_at<uint8_t>(c.workspace, plan.hidden_rows, first, s.hidden * elem);
   void* act_rows = row_at<uint8_t>(c.workspace, plan.ffn_rows, first, s.ffn * elem);
-  const Gemm gemm{
-      s,    plan,   backend, round.offsets, round.rows,     c.workspace,          c.memory,
-      word, stream, 0,       nullptr,       c.weight_cache, c.weight_cache_filled};
+  const Gemm gemm = round_gemm(s, plan, backend, round, c, word, stream);
   float* x_amax = at_or_null<float>(c.saved, plan.x_amax);
   const AmaxUse x_amax_use = x_amax_folded ? AmaxUse{x_amax, nullptr} : AmaxUse{nullptr, x_amax};
   SFMOE_RETURN_IF_ERROR(
@@ -709,9 +732,7 @@ sfmoe_status moe_layer_forward(const MoeLayerShape& s, const MoeLayerPlan& plan,
                                                            s.recipe, GemmStep::kFc1Fprop, false));
   GroupedQuantizeArgs x_codes{};
   if (x_rows_quantized) {
-    const Gemm gemm{
-        s,      plan,     backend, round.offsets, round.rows, c.workspace, c.memory,
-        c.word, c.stream, 0,       nullptr,       nullptr,    false};  // (FC1's x rows: no weight)
+    const Gemm gemm = round_gemm(s, plan, backend, round, c, c.word, c.stream);
     x_codes = gemm.fused_a(GemmStep::kFc1Fprop, H);
     permute.permuted = nullptr;
     permute.quantized = &x_codes;
@@ -882,19 +903,7 @@ sfmoe_status ffn_backward_fc2_dgrad(const MoeLayerShape& s, const MoeLayerPlan& 
   void* d_fc1_rows = fc1_rows;  // the activation's backward writes in place
   void* hidden_rows = row_at<uint8_t>(c.workspace, plan.hidden_rows, first, s.hidden * elem);
   void* ffn_rows = row_at<uint8_t>(c.workspace, plan.ffn_rows, first, s.ffn * elem);
-  const Gemm gemm{s,
-                  plan,
-                  backend,
-                  round.offsets,
-                  round.rows,
-                  c.workspace,
-                  c.memory,
-                  word,
-                  stream,
-                  c.rng_offset,
-                  c.rng_offset_device,
-                  c.weight_cache,
-                  c.weight_cache_filled};
+  const Gemm gemm = round_gemm(s, plan, backend, round, c, word, stream);
   SFMOE_RETURN_IF_ERROR(
       step("fc2 dgrad", gemm.run(GemmStep::kFc2Dgrad, hidden_rows, c.w2, ffn_rows,
                                  {nullptr, at_or_null<float>(c.workspace, plan.d_y_amax)},
@@ -927,19 +936,7 @@ sfmoe_status ffn_backward_fc2_wgrad(const MoeLayerShape& s, const MoeLayerPlan& 
   const int64_t elem = element_bytes(s.dtype), first = round.first_row;
   void* hidden_rows = row_at<uint8_t>(c.workspace, plan.hidden_rows, first, s.hidden * elem);
   void* ffn_rows = row_at<uint8_t>(c.workspace, plan.ffn_rows, first, s.ffn * elem);
-  const Gemm gemm{s,
-                  plan,
-                  backend,
-                  round.offsets,
-                  round.rows,
-                  c.workspace,
-                  c.memory,
-                  word,
-                  stream,
-                  c.rng_offset,
-                  c.rng_offset_device,
-                  c.weight_cache,
-                  c.weight_cache_filled};
+  const Gemm gemm = round_gemm(s, plan, backend, round, c, word, stream);
   return step("fc2 wgrad", gemm.run(GemmStep::kFc2Wgrad, hidden_rows, ffn_rows, c.d_w2,
                                     {at_or_null<float>(c.workspace, plan.d_y_amax), nullptr}));
 }
@@ -962,19 +959,7 @@ sfmoe_status ffn_backward_fc1(const MoeLayerShape& s, const MoeLayerPlan& plan,
   void* hidden_rows = row_at<uint8_t>(c.workspace, plan.hidden_rows, first, s.hidden * elem);
   float* d_fc1_amax = at_or_null<float>(c.workspace, plan.d_fc1_amax);
   const float* x_amax = at_or_null<float>(c.saved, plan.x_amax);
-  const Gemm gemm{s,
-                  plan,
-                  backend,
-                  round.offsets,
-                  round.rows,
-                  c.workspace,
-                  c.memory,
-                  word,
-                  stream,
-                  c.rng_offset,
-                  c.rng_offset_device,
-                  c.weight_cache,
-                  c.weight_cache_filled};
+  const Gemm gemm = round_gemm(s, plan, backend, round, c, word, stream);
   SFMOE_RETURN_IF_ERROR(
       step("fc1 wgrad", gemm.run(GemmStep::kFc1Wgrad, d_fc1_rows, hidden_rows, c.d_w1,
                                  {nullptr, d_fc1_amax}, {x_amax, nullptr})));
