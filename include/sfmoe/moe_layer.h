@@ -226,8 +226,9 @@ SFMOE_API sfmoe_status sfmoe_moe_layer_forward(const sfmoe_moe_layer* layer,
 /* Fills a weight cache (weight_cache_bytes, the layer's memory) from w1 and w2 (one rank's:
  * [E_l, ...]) with every copy the forward's and the backward's GEMMs read, enqueued on `stream`:
  * calls given the cache with weight_cache_filled = 1 then quantize no weight. The same copies as
- * the forward and backward that fill the cache themselves make (weight_cache_filled = 0). A layer
- * that quantizes no weight (BF16) takes any cache and writes nothing. */
+ * the forward and backward that fill the cache themselves make (weight_cache_filled = 0). The
+ * layout depends on the layer's sizes and recipe, not on max_tokens. A layer that quantizes no
+ * weight (BF16) needs 0 bytes: it takes any cache tensor and writes nothing. */
 SFMOE_API sfmoe_status sfmoe_moe_layer_fill_weight_cache(const sfmoe_moe_layer* layer,
                                                          const sfmoe_tensor* w1,
                                                          const sfmoe_tensor* w2,
