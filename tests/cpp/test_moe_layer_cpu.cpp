@@ -476,6 +476,30 @@ TEST(MoeLayer, WeightCacheGivesTheBitsOfQuantizingEveryStep) {
   sfmoe_moe_layer_destroy(layer);
   c.recipe = SFMOE_MOE_RECIPE_FP8_BLOCKWISE;
   const LayerProblem p(c, rng);
+  config = layer_config(c);
+  ASSERT_EQ(sfmoe_moe_layer_create(&config, SFMOE_MEMORY_HOST, 0, &layer), SFMOE_SUCCESS);
+  ASSERT_EQ(sfmoe_moe_layer_get_plan(layer, &plan), SFMOE_SUCCESS);
+  ASSERT_GT(plan.weight_cache_bytes, 0);
+  const int64_t T = c.tokens, H = c.hidden, E = c.experts;
+  Stored x = p.x, w1 = p.w1, w2 = p.w2;
+  std::vector<float> logits = p.logits;
+  std::vector<uint8_t> y(T * H * 2, 0xEE), saved(plan.saved_bytes), ws(plan.workspace_bytes);
+  std::vector<uint8_t> cache(plan.weight_cache_bytes, 0x5A);
+  sfmoe_tensor t_x = host_tensor(x.bytes.data(), c.dtype, {T, H});
+  sfmoe_tensor t_logits = host_tensor(logits.data(), SFMOE_DTYPE_FP32, {T, E});
+  sfmoe_tensor t_w1 = host_tensor(w1.bytes.data(), c.dtype, {E, p.fc1_cols, H});
+  sfmoe_tensor t_w2 = host_tensor(w2.bytes.data(), c.dtype, {E, H, c.ffn});
+  sfmoe_tensor t_y = host_tensor(y.data(), c.dtype, {T, H});
+  sfmoe_tensor t_saved = host_tensor(saved.data(), kBytes, {plan.saved_bytes});
+  sfmoe_tensor t_ws = host_tensor(ws.data(), kBytes, {plan.workspace_bytes});
+  sfmoe_moe_forward_args f = sfmoe_moe_forward_args_init();
+  f.x = &t_x;
+  f.logits = &t_logits;
+  f.w1 = &t_w1;
+  f.w2 = &t_w2;
+  f.y = &t_y;
+  f.saved = &t_saved;
+  f.workspace = &t_ws;
   struct Bad {
     const char* what;
     bool given;        // a cache is passed
@@ -487,38 +511,15 @@ TEST(MoeLayer, WeightCacheGivesTheBitsOfQuantizingEveryStep) {
                          Bad{"a cache a byte short", true, 1, 0, SFMOE_ERROR_SHAPE_MISMATCH},
                          Bad{"filled 2", true, 0, 2, SFMOE_ERROR_INVALID_ARGUMENT}}) {
     SCOPED_TRACE(bad.what);
-    config = layer_config(c);
-    ASSERT_EQ(sfmoe_moe_layer_create(&config, SFMOE_MEMORY_HOST, 0, &layer), SFMOE_SUCCESS);
-    ASSERT_EQ(sfmoe_moe_layer_get_plan(layer, &plan), SFMOE_SUCCESS);
-    ASSERT_GT(plan.weight_cache_bytes, 0);
-    const int64_t T = c.tokens, H = c.hidden, E = c.experts;
-    Stored x = p.x, w1 = p.w1, w2 = p.w2;
-    std::vector<float> logits = p.logits;
-    std::vector<uint8_t> y(T * H * 2, 0xEE), saved(plan.saved_bytes), ws(plan.workspace_bytes);
-    std::vector<uint8_t> cache(plan.weight_cache_bytes - bad.short_by, 0x5A);
-    sfmoe_tensor t_x = host_tensor(x.bytes.data(), c.dtype, {T, H});
-    sfmoe_tensor t_logits = host_tensor(logits.data(), SFMOE_DTYPE_FP32, {T, E});
-    sfmoe_tensor t_w1 = host_tensor(w1.bytes.data(), c.dtype, {E, p.fc1_cols, H});
-    sfmoe_tensor t_w2 = host_tensor(w2.bytes.data(), c.dtype, {E, H, c.ffn});
-    sfmoe_tensor t_y = host_tensor(y.data(), c.dtype, {T, H});
-    sfmoe_tensor t_saved = host_tensor(saved.data(), kBytes, {plan.saved_bytes});
-    sfmoe_tensor t_ws = host_tensor(ws.data(), kBytes, {plan.workspace_bytes});
-    sfmoe_tensor t_cache = host_tensor(cache.data(), kBytes, {static_cast<int64_t>(cache.size())});
-    sfmoe_moe_forward_args f = sfmoe_moe_forward_args_init();
-    f.x = &t_x;
-    f.logits = &t_logits;
-    f.w1 = &t_w1;
-    f.w2 = &t_w2;
-    f.y = &t_y;
-    f.saved = &t_saved;
-    f.workspace = &t_ws;
+    sfmoe_tensor t_cache =
+        host_tensor(cache.data(), kBytes, {plan.weight_cache_bytes - bad.short_by});
     f.weight_cache = bad.given ? &t_cache : nullptr;
     f.weight_cache_filled = bad.filled;
     EXPECT_EQ(sfmoe_moe_layer_forward(layer, &f), bad.status) << sfmoe_last_error();
     EXPECT_TRUE(std::all_of(y.begin(), y.end(), [](uint8_t v) { return v == 0xEE; }));
     EXPECT_TRUE(std::all_of(cache.begin(), cache.end(), [](uint8_t v) { return v == 0x5A; }));
-    sfmoe_moe_layer_destroy(layer);
   }
+  sfmoe_moe_layer_destroy(layer);
 }
 
 // NVFP4's rounding offset read when the backward runs (rng_offset_device) adds to the host's:
