@@ -38,7 +38,7 @@
 
 #include <cutlass/pipeline/pipeline.hpp>
 
-#include "src/common/group_offsets.h"
+#include "src/cuda/gemm/sm90_contiguous_schedule.cuh"
 #include "src/cuda/gemm/sm90_grouped_gemm_kernels.cuh"
 #include "src/cuda/gemm/sm90_warp_specialized.cuh"
 
@@ -49,12 +49,14 @@ namespace {
 using namespace cute;
 using grouped_gemm_detail::Bf16;
 
+using contiguous::kTileM;
+using contiguous::locate;
+using contiguous::WorkTile;
 using warp_specialized::aligned16;
 using warp_specialized::kConsumerRegisters;
 using warp_specialized::kMaxGroups;
 using warp_specialized::kProducerRegisters;
 using warp_specialized::kThreads;
-constexpr int kTileM = 128;
 
 // The kernel for one form: B K-major (fprop: W_g [n, k]) or N-major (dgrad: W_g read as [K = n,
 // N = k]), a kTileM x kTileN tile, kStages pipeline stages, and kClusterM CTAs a cluster: the
@@ -88,7 +90,6 @@ struct ContiguousKernel {
   // The staged tile's row pitch: 16 bytes of padding put a fragment's 8 rows on distinct banks.
   static constexpr int kN = kTileN;
   static constexpr int kPitch = kTileN + 8;
-  static constexpr int kChunksPerRow = kTileN / 8;  // 16-byte chunks
 
   struct SharedStorage {
     typename Mainloop::TensorStorage tensors;  // first: TMA's swizzled stages need the alignment
@@ -118,56 +119,6 @@ struct ContiguousKernel {
   // The bytes a stage's TMA brings when A is gathered: the B tile only.
   static constexpr uint32_t kGatherTransactionBytes = kTileN * 64 * sizeof(Bf16);
 };
-
-// One tile of work: its group, N block, first row and the group's rows in it (at most kTileM;
-// none or fewer than a warp group's 64 for a group's last tile: see the consumers), and whether
-// the cluster's CTAs share its A tile (else its B tile).
-struct WorkTile {
-  int group, n_block, row0, rows;
-  bool share_a;
-};
-
-// A group's units of work, one tile per CTA of the cluster each. One CTA: its M x N tiles. Two:
-// pairs of neighbouring M tiles for each N block (the pair shares B), then for an odd M tile count
-// the last M tile in pairs of neighbouring N blocks (the pair shares A; when the N blocks are odd
-// too, the last of these leaves one CTA without a tile).
-template <int kCluster>
-__device__ __forceinline__ int units_of_group(int m_tiles, int n_tiles) {
-  if (kCluster == 1) return m_tiles * n_tiles;
-  return (m_tiles / 2) * n_tiles + (m_tiles % 2) * ((n_tiles + 1) / 2);
-}
-
-// The tile of unit `unit` for the CTA of rank `rank` in its cluster; unit_start: each group's
-// first unit (an exclusive prefix of units_of_group).
-template <int kCluster>
-__device__ __forceinline__ WorkTile locate(const int* unit_start, const int* row_begin,
-                                           const int* row_end, int groups, int n_tiles, int unit,
-                                           int rank) {
-  // The group is the last whose first unit is at most `unit` (empty groups skipped).
-  const int lo = static_cast<int>(group_of_offset_row(unit_start, groups, unit));
-  const int local = unit - unit_start[lo];
-  const int m_tiles = (row_end[lo] - row_begin[lo] + kTileM - 1) / kTileM;
-  WorkTile w;
-  w.group = lo;
-  int m_tile;
-  if (kCluster == 1) {  // M tiles fastest: the CTAs of a wave share B tiles and rows in L2
-    w.n_block = local / m_tiles;
-    m_tile = local % m_tiles;
-    w.share_a = false;
-  } else if (local < (m_tiles / 2) * n_tiles) {
-    const int pairs = m_tiles / 2;
-    w.n_block = local / pairs;
-    m_tile = (local % pairs) * 2 + rank;
-    w.share_a = false;
-  } else {
-    w.n_block = (local - (m_tiles / 2) * n_tiles) * 2 + rank;
-    m_tile = m_tiles - 1;
-    w.share_a = true;
-  }
-  w.row0 = row_begin[lo] + m_tile * kTileM;
-  w.rows = w.n_block < n_tiles ? min(kTileM, row_end[lo] - w.row0) : 0;
-  return w;
-}
 
 // The producer's loads of one tile through either mainloop.
 template <class Mainloop, class Params, class Pipeline, class State, class Storage>
@@ -267,20 +218,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp_in_group = (thread / 32) % 4;
   const int groups = static_cast<int>(p.args.num_groups);
 
-  // Each group's rows (clamped into the capacity as the other kernels do; one block reports bad
-  // offsets) and the exclusive prefix of their units of work, in shared memory.
-  {
-    GroupedGemmDeviceArgs a = p.args;
-    if (blockIdx.x != 0) a.word = nullptr;
-    warp_specialized::prefix_units(thread, groups, s.scan, s.unit_start, [&](int g) {
-      int64_t lo, hi;
-      grouped_gemm_detail::group_rows(a, g, &lo, &hi);
-      s.row_begin[g] = static_cast<int>(lo);
-      s.row_end[g] = static_cast<int>(hi);
-      const int m_tiles = static_cast<int>((hi - lo + kTileM - 1) / kTileM);
-      return units_of_group<K::kCluster>(m_tiles, p.n_tiles);
-    });
-  }
+  contiguous::schedule_groups<K::kCluster>(p.args, thread, p.n_tiles, s.scan, s.unit_start,
+                                           s.row_begin, s.row_end);
 
   // (gathering: the producer warp group's 128 threads arrive on each stage besides the TMA)
   const auto pipeline_params = K::kGather ? warp_specialized::pipeline_params<typename K::Pipeline>(
@@ -379,26 +318,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     mainloop.mma_tail(pipeline, read, k_tiles);
     read.advance(k_tiles);
 
-    // The previous tile's rows of this warp group have left the staging buffer.
-    cutlass::arch::NamedBarrier::arrive_and_wait(128, consumer);
-    Tensor converted = make_tensor_like<Bf16>(accumulators);
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(accumulators); ++i) converted(i) = Bf16(accumulators(i));
-    copy(converted, staged_of_thread);
-    cutlass::arch::NamedBarrier::arrive_and_wait(128, consumer);
-    // The group's rows of the tile, 16 bytes a store, a warp writing 512 contiguous bytes (one
-    // asynchronous bulk copy per row instead measured 1.2% slower over the benchmark's cases).
-    const int col0 = w.n_block * K::kN;
-#pragma unroll 4
-    for (int c = in_group; c < 64 * K::kChunksPerRow; c += 128) {
-      const int r = consumer * 64 + c / K::kChunksPerRow;
-      const int chunk = c % K::kChunksPerRow;
-      const int col = col0 + chunk * 8;
-      if (r < w.rows && col < p.gemm_n) {
-        const uint4 v = *reinterpret_cast<const uint4*>(&s.staged[r * K::kPitch + chunk * 8]);
-        *reinterpret_cast<uint4*>(p.out + (static_cast<int64_t>(w.row0) + r) * p.ld_out + col) = v;
-      }
-    }
+    contiguous::store_tile_rows<K::kN, K::kPitch>(accumulators, staged_of_thread, s.staged, w,
+                                                  consumer, in_group, p.out, p.ld_out, p.gemm_n);
   }
 }
 
@@ -458,7 +379,7 @@ sfmoe_status run(const GroupedGemmDeviceArgs& a, cudaStream_t stream) {
       K::kSharedBytes, "contiguous_grouped_gemm_kernel");
   if (resident < 1) return SFMOE_ERROR_CUDA;
   // (a cluster's unit is at most one tile each; every group adds at most one partial M tile)
-  const int64_t unit_bound = ((m + kTileM - 1) / kTileM + groups) * p.n_tiles;
+  const int64_t unit_bound = contiguous::unit_bound(m, groups, p.n_tiles);
   const int64_t clusters = unit_bound < resident ? unit_bound : resident;
   if (clusters <= 0) return SFMOE_SUCCESS;
   return warp_specialized::launch_clusters<kKernel, K::kCluster>(
