@@ -102,8 +102,14 @@ RECIPE_TILES = {
     ),
     "fp8": ("coop128", "coop256", "pingpong64"),
     "fp8 fast": ("coop128", "coop256", "coop256x128", "pingpong128"),
+    "fp8 block": ("coop128", "blockwise128", "blockwise128c2"),
 }
-RECIPE_KEY = {"bf16": "sfmoe", "fp8": "sfmoe_fp8", "fp8 fast": "sfmoe_fp8_fast"}
+RECIPE_KEY = {
+    "bf16": "sfmoe",
+    "fp8": "sfmoe_fp8",
+    "fp8 fast": "sfmoe_fp8_fast",
+    "fp8 block": "sfmoe_fp8_blockwise",
+}
 # SFMOE_BENCH_SWEEP=bf16,fp8 limits the tile sweep to those recipes (default: all; none when quick).
 QUICK = os.environ.get("SFMOE_BENCH_GEMM") == "quick"
 SWEPT = [] if QUICK else [r.strip() for r in os.environ.get("SFMOE_BENCH_SWEEP", ",".join(RECIPE_TILES)).split(",")]
@@ -118,6 +124,8 @@ SHORT = {
     "contig128": "own128",
     "contig256c2": "own256c2",
     "contig192c2": "own192c2",
+    "blockwise128": "ownbw128",
+    "blockwise128c2": "ownbw128c2",
 }
 # Stock CUTLASS 4.2 grouped FP8 (fast accumulation), balanced cases: ../shared/GPU.md, another run.
 CUTLASS_FP8 = {

@@ -7,7 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${SFMOE_BUILD:-build}
-SOURCES=(src/cuda/gemm/sm90_wgrad_grouped_gemm.cu src/cuda/gemm/sm90_contiguous_grouped_gemm.cu)
+SOURCES=(src/cuda/gemm/sm90_wgrad_grouped_gemm.cu src/cuda/gemm/sm90_contiguous_grouped_gemm.cu
+         src/cuda/gemm/sm90_contiguous_blockwise_gemm.cu)
 if ! grep -q "^CMAKE_CUDA_COMPILER:" "$BUILD/CMakeCache.txt" 2>/dev/null; then
   echo "check_ptxas: skipped ($BUILD compiles no CUDA kernels)"
   exit 0

@@ -612,6 +612,16 @@ TEST(GroupedGemmHeuristics, ShapeFamiliesGetTheMeasuredTiles) {
   EXPECT_EQ(cuda::gemm_tile_named("wgrad256"), GemmTile::kWgrad128x256);
   EXPECT_EQ(cuda::gemm_tile_named("wgrad256c2"), GemmTile::kWgrad128x256Cluster2);
   EXPECT_EQ(cuda::gemm_tile_named("wgrad192"), GemmTile::kWgrad128x192);
+  EXPECT_EQ(cuda::gemm_tile_named("blockwise128"), GemmTile::kBlockwiseContiguous128x128);
+  EXPECT_EQ(cuda::gemm_tile_named("blockwise128c2"), GemmTile::kBlockwiseContiguous128x128Cluster2);
+  // (the own kernels' tiles are told apart: a blockwise tile is no BF16 contiguous one)
+  EXPECT_TRUE(cuda::is_blockwise_contiguous_tile(GemmTile::kBlockwiseContiguous128x128Cluster2));
+  EXPECT_FALSE(cuda::is_contiguous_tile(GemmTile::kBlockwiseContiguous128x128));
+  EXPECT_FALSE(cuda::is_blockwise_contiguous_tile(GemmTile::kContiguous128x128));
+  // FP8 blockwise keeps CUTLASS's 128 x 128 by default (the own kernel is chosen by name only).
+  EXPECT_EQ(choose_gemm_tile_for(GroupedGemmForm::kFprop, GemmRecipe::kFp8Blockwise, 65536, 128,
+                                 1536, 2048),
+            GemmTile::kCooperative128x128);
   EXPECT_FALSE(cuda::gemm_tile_named("no-such-tile").has_value());
   EXPECT_FALSE(cuda::gemm_tile_named(nullptr).has_value());
 }

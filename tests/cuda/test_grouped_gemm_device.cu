@@ -11,9 +11,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sfmoe/grouped_gemm.h"
@@ -165,6 +167,10 @@ const std::vector<const char*> kTiles = tiles_to_test(
     {"coop128", "coop256", "pingpong64", "coop256x128", "pingpong128", "contig256", "contig192",
      "contig128", "contig256c2", "contig192c2", "wgrad256", "wgrad256c2", "wgrad192"});  // BF16's
 const std::vector<const char*> kFp8Tiles = tiles_to_test({"coop128", "coop256", "pingpong64"});
+// FP8 blockwise: CUTLASS's tile (the first: the own kernel's bits are compared with its) and the
+// own kernel's (fprop and dgrad into BF16; FP32 results run CUTLASS's tile).
+const std::vector<const char*> kBlockwiseTiles =
+    tiles_to_test({"coop128", "blockwise128", "blockwise128c2"});
 // The tile forced for the scope (as SFMOE_GEMM_TILE does at load), then the loaded setting back.
 struct ForcedTile {
   explicit ForcedTile(const char* tile) : loaded(cuda::launch_overrides_for_tests().gemm_tile) {
@@ -1031,9 +1037,11 @@ TEST(CudaGroupedGemm, Fp8BlockwiseOperandsMatchTheCpuReference) {
   // block gets its own scale, every code, product and sum is exact, so the device (partial sums
   // per 128-deep K block times scale_a scale_b) equals the host (dequantize, then multiply) bit
   // for bit -- a block reading its neighbour's scale shows. Then random inputs with free scales
-  // against the 1e-3 bound (the host's FP32 sums of the dequantized operands as reference).
-  // Groups of 0, 1 and odd sizes; n != k, three K blocks in fprop; an all-zero block. Then wgrad
-  // (below).
+  // against the 1e-3 bound (the host's FP32 sums of the dequantized operands as reference), and
+  // the own kernel's BF16 results bit for bit against CUTLASS's tile (the same collective, the
+  // same order of sums). Every blockwise tile (kBlockwiseTiles); groups of 0, 1 and odd sizes;
+  // n != k, three K blocks in fprop, three N tiles in dgrad (a 2-CTA cluster's odd N blocks); an
+  // all-zero block. Then wgrad (below).
   std::mt19937_64 rng(session_test_seed() + 76);
   const std::vector<int64_t> sizes = {0, 1, 37, 128, 203, 3};
   std::vector<int64_t> offsets(1, 0);
@@ -1061,43 +1069,65 @@ TEST(CudaGroupedGemm, Fp8BlockwiseOperandsMatchTheCpuReference) {
     Fp8Operand qw;
     quantize_fp8(w, SFMOE_DTYPE_FP8_E4M3, kGroups * n, k, nullptr, n, &qw,
                  SFMOE_SCALING_BLOCK_128X128, integers);
-    for (sfmoe_gemm_form form : {SFMOE_GEMM_FPROP, SFMOE_GEMM_DGRAD}) {
-      const bool fprop = form == SFMOE_GEMM_FPROP;
-      // The rows' rowwise copy (all fprop and dgrad read).
-      Fp8Operand qa;
-      quantize_fp8(fprop ? x : dy, SFMOE_DTYPE_FP8_E4M3, rows, fprop ? k : n, &offsets, 0, &qa,
-                   SFMOE_SCALING_BLOCK_1X128, integers, /*columnwise=*/false);
-      if (HasFatalFailure()) return;
-      const int64_t capacity = rows;
-      const int64_t out_cols = fprop ? n : k;
-      for (sfmoe_dtype out_dtype : {SFMOE_DTYPE_FP32, SFMOE_DTYPE_BF16}) {
-        std::vector<unsigned char> host, device;
-        run_fp8_both(form, qa, qw, out_dtype, capacity, out_cols, n, qa.offsets, &host, &device);
+    std::map<std::pair<int, int>, std::vector<unsigned char>> cutlass_bytes;  // (form, out dtype)
+    for (const char* tile : kBlockwiseTiles) {
+      const ForcedTile forced(tile);
+      const bool cutlass_tile = std::strcmp(tile, "coop128") == 0;
+      for (sfmoe_gemm_form form : {SFMOE_GEMM_FPROP, SFMOE_GEMM_DGRAD}) {
+        const bool fprop = form == SFMOE_GEMM_FPROP;
+        // The rows' rowwise copy (all fprop and dgrad read).
+        Fp8Operand qa;
+        quantize_fp8(fprop ? x : dy, SFMOE_DTYPE_FP8_E4M3, rows, fprop ? k : n, &offsets, 0, &qa,
+                     SFMOE_SCALING_BLOCK_1X128, integers, /*columnwise=*/false);
         if (HasFatalFailure()) return;
-        const int64_t valid = qa.offsets.back() * out_cols;
-        if (integers) {
-          const int64_t size = out_dtype == SFMOE_DTYPE_FP32 ? 4 : 2;
-          int64_t differ = 0;
-          for (int64_t i = 0; i < valid * size; ++i) differ += host[i] != device[i];
-          EXPECT_EQ(differ, 0) << form_name(form) << " out " << sfmoe_dtype_name(out_dtype);
-          std::printf("[ gemm ] fp8 blockwise %s, %s out, integer inputs: %lld bytes differ\n",
-                      form_name(form), sfmoe_dtype_name(out_dtype), static_cast<long long>(differ));
-        } else {
-          double xy = 0, xx = 0;
-          int64_t non_finite = 0;
-          for (int64_t i = 0; i < valid; ++i) {
-            const double h = out_value(host, out_dtype, i), d = out_value(device, out_dtype, i);
-            non_finite += !std::isfinite(d);
-            xy += h * d;
-            xx += h * h + d * d;
+        const int64_t capacity = rows;
+        const int64_t out_cols = fprop ? n : k;
+        for (sfmoe_dtype out_dtype : {SFMOE_DTYPE_FP32, SFMOE_DTYPE_BF16}) {
+          std::vector<unsigned char> host, device;
+          run_fp8_both(form, qa, qw, out_dtype, capacity, out_cols, n, qa.offsets, &host, &device);
+          if (HasFatalFailure()) return;
+          const int64_t valid = qa.offsets.back() * out_cols;
+          if (integers) {
+            const int64_t size = out_dtype == SFMOE_DTYPE_FP32 ? 4 : 2;
+            int64_t differ = 0;
+            for (int64_t i = 0; i < valid * size; ++i) differ += host[i] != device[i];
+            EXPECT_EQ(differ, 0) << form_name(form) << " out " << sfmoe_dtype_name(out_dtype);
+            std::printf("[ gemm ] fp8 blockwise %s %s, %s out, integer inputs: %lld bytes differ\n",
+                        tile, form_name(form), sfmoe_dtype_name(out_dtype),
+                        static_cast<long long>(differ));
+          } else {
+            // The own kernel against CUTLASS's tile, byte for byte over the valid rows.
+            const int64_t size = out_dtype == SFMOE_DTYPE_FP32 ? 4 : 2;
+            auto& reference = cutlass_bytes[{static_cast<int>(form), static_cast<int>(out_dtype)}];
+            if (cutlass_tile) {
+              reference = device;
+            } else if (!reference.empty()) {
+              int64_t differ = 0;
+              for (int64_t i = 0; i < valid * size; ++i) differ += reference[i] != device[i];
+              EXPECT_EQ(differ, 0) << tile << " " << form_name(form) << " out "
+                                   << sfmoe_dtype_name(out_dtype) << " against coop128";
+              std::printf(
+                  "[ gemm ] fp8 blockwise %s %s, %s out, random: %lld bytes differ from "
+                  "coop128\n",
+                  tile, form_name(form), sfmoe_dtype_name(out_dtype),
+                  static_cast<long long>(differ));
+            }
+            double xy = 0, xx = 0;
+            int64_t non_finite = 0;
+            for (int64_t i = 0; i < valid; ++i) {
+              const double h = out_value(host, out_dtype, i), d = out_value(device, out_dtype, i);
+              non_finite += !std::isfinite(d);
+              xy += h * d;
+              xx += h * h + d * d;
+            }
+            const double measure = 1.0 - 2.0 * xy / xx;
+            EXPECT_EQ(non_finite, 0);
+            EXPECT_LE(measure, 1e-3) << form_name(form) << " out " << sfmoe_dtype_name(out_dtype);
+            std::printf(
+                "[ gemm ] fp8 blockwise %s %s, %s out, random: 1 - 2 sum(xy) / sum(x^2 + y^2) "
+                "= %.3g\n",
+                tile, form_name(form), sfmoe_dtype_name(out_dtype), measure);
           }
-          const double measure = 1.0 - 2.0 * xy / xx;
-          EXPECT_EQ(non_finite, 0);
-          EXPECT_LE(measure, 1e-3) << form_name(form) << " out " << sfmoe_dtype_name(out_dtype);
-          std::printf(
-              "[ gemm ] fp8 blockwise %s, %s out, random: 1 - 2 sum(xy) / sum(x^2 + y^2) "
-              "= %.3g\n",
-              form_name(form), sfmoe_dtype_name(out_dtype), measure);
         }
       }
     }
@@ -1183,6 +1213,103 @@ TEST(CudaGroupedGemm, Fp8BlockwiseOperandsMatchTheCpuReference) {
   config.form = SFMOE_GEMM_WGRAD;
   EXPECT_EQ(sfmoe_grouped_gemm(&dc.t, &dc.t, &config, &out, &workspace, nullptr, nullptr),
             SFMOE_ERROR_UNSUPPORTED);
+}
+
+// The own FP8 blockwise kernel captured once per tile and form, replayed on new group sizes (0 and
+// odd among them, a group's last tile of fewer than 64 rows) in the same offsets buffer, each
+// replay bit for bit against the CPU reference of the same call on integer inputs (power-of-two
+// scales: exact).
+TEST(CudaGroupedGemm, Fp8BlockwiseOwnKernelGraphFollowsNewGroupSizes) {
+  SFMOE_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(session_test_seed() + 79);
+  constexpr int64_t n = 256, k = 384, capacity = 1000;
+  auto integers = [&](int64_t row_count, int64_t cols) {
+    std::vector<uint16_t> v(static_cast<size_t>(row_count * cols));
+    for (int64_t r = 0; r < row_count; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const int m = 1 << ((r * 3 + c / 128) % 4);  // a magnitude per row and 128-block
+        std::uniform_int_distribution<int> values(-m, m);
+        v[r * cols + c] = numerics::f32_to_bf16(static_cast<float>(values(rng)));
+      }
+    }
+    return v;
+  };
+  // (1x128 rowwise scales are row-local: the rows are quantized once, as one group)
+  const std::vector<int64_t> one_group = {0,        capacity, capacity, capacity,
+                                          capacity, capacity, capacity};
+  Fp8Operand qw, qx, qdy;
+  quantize_fp8(integers(kGroups * n, k), SFMOE_DTYPE_FP8_E4M3, kGroups * n, k, nullptr, n, &qw,
+               SFMOE_SCALING_BLOCK_128X128);
+  quantize_fp8(integers(capacity, k), SFMOE_DTYPE_FP8_E4M3, capacity, k, &one_group, 0, &qx,
+               SFMOE_SCALING_BLOCK_1X128, true, /*columnwise=*/false);
+  quantize_fp8(integers(capacity, n), SFMOE_DTYPE_FP8_E4M3, capacity, n, &one_group, 0, &qdy,
+               SFMOE_SCALING_BLOCK_1X128, true, /*columnwise=*/false);
+  if (HasFatalFailure()) return;
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreate(&stream));
+  std::uniform_int_distribution<int64_t> size(0, 160);
+  for (const char* tile : tiles_to_test({"blockwise128", "blockwise128c2"})) {
+    const ForcedTile forced(tile);
+    for (sfmoe_gemm_form form : {SFMOE_GEMM_FPROP, SFMOE_GEMM_DGRAD}) {
+      const bool fprop = form == SFMOE_GEMM_FPROP;
+      Fp8Operand& qa = fprop ? qx : qdy;
+      const int64_t out_cols = fprop ? n : k;
+      Fp8Device da(qa), db(qw);
+      DeviceBuffer<uint16_t> dout(static_cast<size_t>(capacity * out_cols));
+      sfmoe_grouped_tensor out = rows_in(SFMOE_MEMORY_CUDA, dout.ptr, SFMOE_DTYPE_BF16, kGroups,
+                                         capacity, out_cols, 1, da.offsets.ptr);
+      const int64_t ws_elements =
+          gemm_workspace_words(kGroups, SFMOE_SCALING_NONE, 0, 0, SFMOE_SCALING_NONE, 0, 0);
+      DeviceBuffer<int64_t> ws(static_cast<size_t>(ws_elements));
+      const sfmoe_tensor workspace =
+          tensor_in(SFMOE_MEMORY_CUDA, ws.ptr, SFMOE_DTYPE_INT64, {ws_elements});
+      sfmoe_grouped_gemm_config config = sfmoe_grouped_gemm_config_init();
+      config.form = form;
+      cudaGraph_t graph;
+      CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+      ASSERT_EQ(sfmoe_grouped_gemm(&da.t, &db.t, &config, &out, &workspace, nullptr, stream),
+                SFMOE_SUCCESS)
+          << sfmoe_last_error();
+      CUDA_OK(cudaStreamEndCapture(stream, &graph));
+      cudaGraphExec_t exec;
+      CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int replay = 0; replay < 3; ++replay) {
+        std::vector<int64_t> offsets(1, 0);
+        for (int64_t g = 0; g < kGroups; ++g) {
+          offsets.push_back(offsets.back() + (replay == 0 && g == 1 ? 0 : size(rng)));
+        }
+        CUDA_OK(cudaMemcpyAsync(da.offsets.ptr, offsets.data(), offsets.size() * 8,
+                                cudaMemcpyHostToDevice, stream));
+        CUDA_OK(cudaMemsetAsync(dout.ptr, 0xFF, dout.count * sizeof(uint16_t), stream));
+        CUDA_OK(cudaGraphLaunch(exec, stream));
+        CUDA_OK(cudaStreamSynchronize(stream));
+        const std::vector<uint16_t> got = dout.download();
+        std::vector<int64_t> host_offsets = offsets;
+        std::vector<uint16_t> want(static_cast<size_t>(capacity * out_cols), 0);
+        sfmoe_grouped_tensor ha = qa.host;
+        ha.group_offsets = host_offsets.data();
+        const sfmoe_grouped_tensor hout =
+            rows_in(SFMOE_MEMORY_HOST, want.data(), SFMOE_DTYPE_BF16, kGroups, capacity, out_cols,
+                    1, host_offsets.data());
+        ASSERT_EQ(sfmoe_grouped_gemm(&ha, &qw.host, &config, &hout, nullptr, nullptr, nullptr),
+                  SFMOE_SUCCESS)
+            << sfmoe_last_error();
+        int64_t differ = 0, nonzero = 0;
+        for (int64_t i = 0; i < offsets.back() * out_cols; ++i) {
+          differ += got[i] != want[i];
+          nonzero += (want[i] & 0x7FFF) != 0;
+        }
+        EXPECT_EQ(differ, 0) << tile << " " << form_name(form) << " replay " << replay;
+        EXPECT_GT(nonzero, offsets.back() * out_cols / 2) << "the rows are mostly data";
+        std::printf("[ gemm graph ] fp8 blockwise %s %s replay %d: %lld rows, %lld values differ\n",
+                    tile, form_name(form), replay, static_cast<long long>(offsets.back()),
+                    static_cast<long long>(differ));
+      }
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+    }
+  }
+  cudaStreamDestroy(stream);
 }
 
 TEST(CudaGroupedGemm, Fp8FastAccumulationMeetsTheBound) {

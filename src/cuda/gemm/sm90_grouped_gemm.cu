@@ -123,6 +123,7 @@ sfmoe_status launch_grouped_gemm(const GroupedGemmDeviceArgs& a, void* stream_po
   // that does not take the call either: a study of one own kernel leaves the other calls as they
   // run.
   auto runs = [&a](GemmTile t) {
+    if (is_blockwise_contiguous_tile(t)) return false;  // (FP8 blockwise's own)
     if (is_contiguous_tile(t)) return contiguous_grouped_gemm_runs(a);
     if (is_wgrad_tile(t)) return wgrad_grouped_gemm_runs(a);
     return true;

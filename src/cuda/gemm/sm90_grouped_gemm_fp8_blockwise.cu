@@ -66,8 +66,12 @@ int64_t grouped_gemm_blockwise_workspace_bytes(int64_t num_groups) {
   return most;
 }
 
-sfmoe_status grouped_gemm_blockwise(const GroupedGemmDeviceArgs& a, GemmTile /*tile*/,
+sfmoe_status grouped_gemm_blockwise(const GroupedGemmDeviceArgs& a, GemmTile tile,
                                     cudaStream_t stream) {
+  // sfmoe's own kernel where its tile is chosen and it takes the call (fprop and dgrad into BF16).
+  if (is_blockwise_contiguous_tile(tile) && contiguous_blockwise_gemm_runs(a)) {
+    return contiguous_blockwise_gemm(a, tile, stream);
+  }
   return a.out_dtype == SFMOE_DTYPE_FP32 ? run_out<float>(a, stream) : run_out<Bf16>(a, stream);
 }
 

@@ -488,6 +488,14 @@ bool contiguous_grouped_gemm_runs(const GroupedGemmDeviceArgs& a);
 sfmoe_status contiguous_grouped_gemm(const GroupedGemmDeviceArgs& a, GemmTile tile,
                                      cudaStream_t stream);
 
+// sfmoe's own FP8 blockwise kernel (sm90_contiguous_blockwise_gemm.cu): whether it takes these
+// operands (fprop or dgrad into BF16: E4M3 1x128 rows, E4M3 128x128 weights -- rowwise in fprop,
+// the columnwise copy in dgrad --, n and k multiples of 128, at most 768 groups, 16-byte aligned),
+// and its launch on one of its tiles (is_blockwise_contiguous_tile; it needs no workspace).
+bool contiguous_blockwise_gemm_runs(const GroupedGemmDeviceArgs& a);
+sfmoe_status contiguous_blockwise_gemm(const GroupedGemmDeviceArgs& a, GemmTile tile,
+                                       cudaStream_t stream);
+
 // sfmoe's own wgrad kernel (sm90_wgrad_grouped_gemm.cu): whether it takes these operands (BF16
 // wgrad into BF16 without accumulation, row-major operands, 16-byte aligned, n and k multiples of
 // 8, at most 768 groups), its launch on its tile (is_wgrad_tile), and the workspace it needs (each

@@ -63,6 +63,11 @@ enum class GemmTile {
   kWgrad128x256,
   kWgrad128x256Cluster2,  // the same in 2-CTA clusters along M multicasting X's tile
   kWgrad128x192,          // 128 x 192 in four stages (128 x 256 fits three)
+  // sfmoe's own FP8 blockwise kernel (fprop and dgrad into BF16;
+  // sm90_contiguous_blockwise_gemm.cu): the contiguous kernel's scheme around CUTLASS's
+  // blockwise-scaled mainloop, 128 x 128 x 128
+  kBlockwiseContiguous128x128,
+  kBlockwiseContiguous128x128Cluster2,  // in 2-CTA clusters along M multicasting W's tile
 };
 
 enum class GemmRecipe {
@@ -79,6 +84,12 @@ inline bool is_contiguous_tile(GemmTile tile) {
          tile == GemmTile::kContiguous128x192Cluster2;
 }
 
+// Whether the tile is sfmoe's own FP8 blockwise kernel (sm90_contiguous_blockwise_gemm.cu).
+inline bool is_blockwise_contiguous_tile(GemmTile tile) {
+  return tile == GemmTile::kBlockwiseContiguous128x128 ||
+         tile == GemmTile::kBlockwiseContiguous128x128Cluster2;
+}
+
 // Whether the tile is sfmoe's own wgrad kernel (sm90_wgrad_grouped_gemm.cu).
 inline bool is_wgrad_tile(GemmTile tile) {
   return tile == GemmTile::kWgrad128x256 || tile == GemmTile::kWgrad128x256Cluster2 ||
@@ -87,7 +98,7 @@ inline bool is_wgrad_tile(GemmTile tile) {
 
 // The tile a SFMOE_GEMM_TILE value names (coop128, coop256, pingpong64, coop256x128,
 // pingpong128, contig256, contig192, contig128, contig256c2, contig192c2, wgrad256,
-// wgrad256c2, wgrad192); none for another value.
+// wgrad256c2, wgrad192, blockwise128, blockwise128c2); none for another value.
 inline std::optional<GemmTile> gemm_tile_named(const char* name) {
   if (name == nullptr) return std::nullopt;
   if (strcmp(name, "coop128") == 0) return GemmTile::kCooperative128x128;
@@ -103,6 +114,8 @@ inline std::optional<GemmTile> gemm_tile_named(const char* name) {
   if (strcmp(name, "wgrad256") == 0) return GemmTile::kWgrad128x256;
   if (strcmp(name, "wgrad256c2") == 0) return GemmTile::kWgrad128x256Cluster2;
   if (strcmp(name, "wgrad192") == 0) return GemmTile::kWgrad128x192;
+  if (strcmp(name, "blockwise128") == 0) return GemmTile::kBlockwiseContiguous128x128;
+  if (strcmp(name, "blockwise128c2") == 0) return GemmTile::kBlockwiseContiguous128x128Cluster2;
   return std::nullopt;
 }
 
