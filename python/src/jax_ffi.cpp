@@ -1,5 +1,6 @@
 // The MoE layer (include/sfmoe/moe_layer.h) as XLA FFI handlers for JAX (python/sfmoe/jax.py):
-// `sfmoe_moe_forward` and `sfmoe_moe_backward`, each bound for the host (the CPU backend) and
+// `sfmoe_moe_forward` and `sfmoe_moe_backward` (and their parts, the EXTERNAL transport's stages,
+// `sfmoe_moe_fill_weight_cache`), each bound for the host (the CPU backend) and
 // for CUDA (the call's stream; command-buffer compatible: every call launches the same device work
 // on buffers XLA gives it, no host synchronization, no allocation). The layer's configuration
 // arrives as the call's attributes; the sfmoe_moe_layer made for it is kept (per configuration,
@@ -186,18 +187,29 @@ sfmoe_moe_backward_args backward_args(Tensors& t, ffi::AnyBuffer x, ffi::AnyBuff
   return a;
 }
 
+// A call's weight cache (sfmoe_moe_layer_fill_weight_cache's, made by the
+// `sfmoe_moe_fill_weight_cache` handler): a non-empty operand is read as filled (JAX arrays are
+// immutable: the fill handler's result, never written by a forward or backward); 0 bytes: none.
+void use_weight_cache(Tensors& t, const ffi::AnyBuffer& weight_cache, const sfmoe_tensor** cache,
+                      int32_t* filled) {
+  if (weight_cache.size_bytes() == 0) return;
+  *cache = t.of(weight_cache);
+  *filled = 1;
+}
+
 ffi::Error forward(const Where& where, ffi::AnyBuffer x, ffi::AnyBuffer logits,
                    ffi::AnyBuffer expert_bias, ffi::AnyBuffer w1, ffi::AnyBuffer w2,
-                   ffi::Dictionary attrs, ffi::Result<ffi::AnyBuffer> y,
-                   ffi::Result<ffi::AnyBuffer> saved, ffi::Result<ffi::AnyBuffer> workspace,
-                   ffi::Result<ffi::AnyBuffer> kept, ffi::Result<ffi::AnyBuffer> dropped,
-                   ffi::Result<ffi::AnyBuffer> routed) {
+                   ffi::AnyBuffer weight_cache, ffi::Dictionary attrs,
+                   ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> saved,
+                   ffi::Result<ffi::AnyBuffer> workspace, ffi::Result<ffi::AnyBuffer> kept,
+                   ffi::Result<ffi::AnyBuffer> dropped, ffi::Result<ffi::AnyBuffer> routed) {
   ffi::ErrorOr<const Layer*> layer = layer_for(attrs, where.memory, where.device);
   if (layer.has_error()) return layer.error();
   Tensors t{where, {}, {}};
   ffi::ErrorOr<sfmoe_moe_forward_args> a = forward_args(
       t, attrs, x, logits, expert_bias, w1, w2, *y, *saved, *workspace, *kept, *dropped, *routed);
   if (a.has_error()) return a.error();
+  use_weight_cache(t, weight_cache, &a->weight_cache, &a->weight_cache_filled);
   return sfmoe_jax::checked(sfmoe_moe_layer_forward((*layer)->layer, &*a));
 }
 
@@ -212,9 +224,10 @@ sfmoe_moe_backward_part part_of(const ffi::Dictionary& attrs) {
 ffi::Error backward(const Where& where, ffi::AnyBuffer x, ffi::AnyBuffer d_y, ffi::AnyBuffer logits,
                     ffi::AnyBuffer w1, ffi::AnyBuffer w2,
                     ffi::AnyBuffer /*saved: aliased to saved_after*/, ffi::AnyBuffer rng_offset,
-                    ffi::Dictionary attrs, ffi::Result<ffi::AnyBuffer> d_x,
-                    ffi::Result<ffi::AnyBuffer> d_logits, ffi::Result<ffi::AnyBuffer> d_w1,
-                    ffi::Result<ffi::AnyBuffer> d_w2, ffi::Result<ffi::AnyBuffer> saved_after,
+                    ffi::AnyBuffer weight_cache, ffi::Dictionary attrs,
+                    ffi::Result<ffi::AnyBuffer> d_x, ffi::Result<ffi::AnyBuffer> d_logits,
+                    ffi::Result<ffi::AnyBuffer> d_w1, ffi::Result<ffi::AnyBuffer> d_w2,
+                    ffi::Result<ffi::AnyBuffer> saved_after,
                     ffi::Result<ffi::AnyBuffer> workspace) {
   ffi::ErrorOr<const Layer*> layer = layer_for(attrs, where.memory, where.device);
   if (layer.has_error()) return layer.error();
@@ -222,6 +235,7 @@ ffi::Error backward(const Where& where, ffi::AnyBuffer x, ffi::AnyBuffer d_y, ff
   sfmoe_moe_backward_args a = backward_args(t, x, d_y, logits, w1, w2, rng_offset, *d_x, *d_logits,
                                             *d_w1, *d_w2, *saved_after, *workspace);
   a.part = part_of(attrs);
+  use_weight_cache(t, weight_cache, &a.weight_cache, &a.weight_cache_filled);
   return sfmoe_jax::checked(sfmoe_moe_layer_backward((*layer)->layer, &a));
 }
 
@@ -231,14 +245,25 @@ ffi::Error backward_part(const Where& where, ffi::AnyBuffer x, ffi::AnyBuffer d_
                          ffi::AnyBuffer logits, ffi::AnyBuffer w1, ffi::AnyBuffer w2,
                          ffi::AnyBuffer saved,
                          ffi::AnyBuffer /*workspace: aliased to workspace_after*/,
-                         ffi::AnyBuffer rng_offset, ffi::Dictionary attrs,
-                         ffi::Result<ffi::AnyBuffer> d_x, ffi::Result<ffi::AnyBuffer> d_logits,
-                         ffi::Result<ffi::AnyBuffer> d_w1, ffi::Result<ffi::AnyBuffer> d_w2,
-                         ffi::Result<ffi::AnyBuffer> saved_after,
+                         ffi::AnyBuffer rng_offset, ffi::AnyBuffer weight_cache,
+                         ffi::Dictionary attrs, ffi::Result<ffi::AnyBuffer> d_x,
+                         ffi::Result<ffi::AnyBuffer> d_logits, ffi::Result<ffi::AnyBuffer> d_w1,
+                         ffi::Result<ffi::AnyBuffer> d_w2, ffi::Result<ffi::AnyBuffer> saved_after,
                          ffi::Result<ffi::AnyBuffer> workspace_after) {
   // (the same call as the first part's: only where the workspace comes from differs)
-  return backward(where, x, d_y, logits, w1, w2, saved, rng_offset, attrs, d_x, d_logits, d_w1,
-                  d_w2, saved_after, workspace_after);
+  return backward(where, x, d_y, logits, w1, w2, saved, rng_offset, weight_cache, attrs, d_x,
+                  d_logits, d_w1, d_w2, saved_after, workspace_after);
+}
+
+// The weight cache of the layer the attributes name, filled from w1 and w2 (a result: every
+// copy the forward's and the backward's GEMMs read; its layout does not depend on max_tokens).
+ffi::Error fill_weight_cache(const Where& where, ffi::AnyBuffer w1, ffi::AnyBuffer w2,
+                             ffi::Dictionary attrs, ffi::Result<ffi::AnyBuffer> weight_cache) {
+  ffi::ErrorOr<const Layer*> layer = layer_for(attrs, where.memory, where.device);
+  if (layer.has_error()) return layer.error();
+  Tensors t{where, {}, {}};
+  return sfmoe_jax::checked(sfmoe_moe_layer_fill_weight_cache(
+      (*layer)->layer, t.of(w1), t.of(w2), t.of(*weight_cache), nullptr, where.stream));
 }
 
 // The EXTERNAL transport's stages (include/sfmoe/moe_layer.h): stage `stage` of the forward or
@@ -305,6 +330,7 @@ SFMOE_JAX_HANDLERS(SfmoeMoeForward, forward,
                        .Arg<ffi::AnyBuffer>()  // expert bias
                        .Arg<ffi::AnyBuffer>()  // w1
                        .Arg<ffi::AnyBuffer>()  // w2
+                       .Arg<ffi::AnyBuffer>()  // weight cache (0 bytes: none)
                        .Attrs<ffi::Dictionary>()
                        .Ret<ffi::AnyBuffer>()    // y
                        .Ret<ffi::AnyBuffer>()    // saved
@@ -320,6 +346,7 @@ SFMOE_JAX_HANDLERS(SfmoeMoeBackward, backward,
                        .Arg<ffi::AnyBuffer>()  // w2
                        .Arg<ffi::AnyBuffer>()  // saved (aliased to the saved result)
                        .Arg<ffi::AnyBuffer>()  // rng offset
+                       .Arg<ffi::AnyBuffer>()  // weight cache (0 bytes: none)
                        .Attrs<ffi::Dictionary>()
                        .Ret<ffi::AnyBuffer>()    // d x
                        .Ret<ffi::AnyBuffer>()    // d logits
@@ -337,6 +364,7 @@ SFMOE_JAX_HANDLERS(SfmoeMoeBackwardPart, backward_part,
                        .Arg<ffi::AnyBuffer>()  // saved (aliased to the saved result)
                        .Arg<ffi::AnyBuffer>()  // workspace (aliased to the workspace result)
                        .Arg<ffi::AnyBuffer>()  // rng offset
+                       .Arg<ffi::AnyBuffer>()  // weight cache (0 bytes: none)
                        .Attrs<ffi::Dictionary>()
                        .Ret<ffi::AnyBuffer>()    // d x
                        .Ret<ffi::AnyBuffer>()    // d logits
@@ -344,6 +372,12 @@ SFMOE_JAX_HANDLERS(SfmoeMoeBackwardPart, backward_part,
                        .Ret<ffi::AnyBuffer>()    // d w2
                        .Ret<ffi::AnyBuffer>()    // saved
                        .Ret<ffi::AnyBuffer>());  // workspace
+
+SFMOE_JAX_HANDLERS(SfmoeMoeFillWeightCache, fill_weight_cache,
+                   .Arg<ffi::AnyBuffer>()      // w1
+                       .Arg<ffi::AnyBuffer>()  // w2
+                       .Attrs<ffi::Dictionary>()
+                       .Ret<ffi::AnyBuffer>());  // weight cache
 
 SFMOE_JAX_HANDLERS(SfmoeMoeForwardStage, forward_stage,
                    .Arg<ffi::AnyBuffer>()      // x
@@ -400,6 +434,8 @@ NB_MODULE(_jax, m) {
         nb::make_tuple(capsule_of(SfmoeMoeBackwardHost), capsule_of(SfmoeMoeBackwardCuda));
     d["sfmoe_moe_backward_part"] =
         nb::make_tuple(capsule_of(SfmoeMoeBackwardPartHost), capsule_of(SfmoeMoeBackwardPartCuda));
+    d["sfmoe_moe_fill_weight_cache"] = nb::make_tuple(capsule_of(SfmoeMoeFillWeightCacheHost),
+                                                      capsule_of(SfmoeMoeFillWeightCacheCuda));
     d["sfmoe_moe_forward_stage"] =
         nb::make_tuple(capsule_of(SfmoeMoeForwardStageHost), capsule_of(SfmoeMoeForwardStageCuda));
     d["sfmoe_moe_backward_stage"] = nb::make_tuple(capsule_of(SfmoeMoeBackwardStageHost),

@@ -445,3 +445,52 @@ def test_the_three_part_backward_gives_the_same_bits_in_less_memory(rng, monkeyp
     if recipe == "bf16":
         assert temporaries[0] < temporaries[1], temporaries
         print(f"temporaries: three parts {temporaries[0]} bytes, one call {temporaries[1]}")
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "blockwise", "mxfp8", "nvfp4"])
+def test_the_weight_cache_gives_the_same_bits_and_quantizes_no_weight(rng, monkeypatch, recipe):
+    """Gradient accumulation (docs/jax.md): fill_weight_cache's copies passed to every micro-batch
+    give the bits of calls without a cache (output and every gradient, the backward in one call
+    and in three); a cache filled from other weights changes the output and the weights'
+    gradients, so the calls read it instead of quantizing w1 and w2; BF16 needs none; a cache of
+    the wrong size or type and one with expert parallelism are refused."""
+    T, H, F, E, k = 37, 128, 128, 4, 2  # (whole 128x128 weight blocks)
+    c = MoEConfig(H, F, E, k, recipe=recipe)
+    x, logits, w1, w2, dy = _problem(rng, T, H, F, E, c)
+    cache = jax.jit(lambda w1, w2: sfmoe_jax.fill_weight_cache(w1, w2, c))(w1, w2)
+    assert cache.dtype == jnp.uint8 and cache.shape == (sfmoe_jax.plan(c, T, x.dtype)["weight_cache_bytes"],)
+    assert cache.shape[0] > 0
+
+    def run(weight_cache):
+        def loss(x, logits, w1, w2):
+            return (moe_layer(x, logits, w1, w2, c, rng_offset=3, weight_cache=weight_cache)[0] * dy).sum()
+
+        y = jax.jit(lambda *a: moe_layer(*a, c, rng_offset=3, weight_cache=weight_cache)[0])(x, logits, w1, w2)
+        grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(x, logits, w1, w2)
+        return [np.asarray(y)] + [np.asarray(g) for g in grads]
+
+    names = ("y", "d x", "d logits", "d w1", "d w2")
+    without = run(None)
+    for three in (False, True):
+        monkeypatch.setattr(sfmoe_jax, "_three_part_backward", lambda *args, three=three: three)
+        jax.clear_caches()
+        for name, a, b in zip(names, run(cache), without):
+            assert np.isfinite(a).all() and np.array_equal(a, b), f"{name} (three parts: {three})"
+    # Another weights' copies: what the calls read is the cache.
+    other = sfmoe_jax.fill_weight_cache(w1 * 2, w2 * 2, c)
+    stale = run(other)
+    for name in ("y", "d w1", "d w2"):
+        a, b = stale[names.index(name)], without[names.index(name)]
+        assert not np.array_equal(a, b), f"{name}: the cache was not read"
+    # BF16 quantizes nothing: an empty cache, taken and ignored.
+    plain = MoEConfig(H, F, E, k)
+    empty = sfmoe_jax.fill_weight_cache(w1, w2, plain)
+    assert empty.shape == (0,)
+    y_plain = moe_layer(x, logits, w1, w2, plain, weight_cache=empty)[0]
+    assert np.array_equal(np.asarray(y_plain), np.asarray(moe_layer(x, logits, w1, w2, plain)[0]))
+    for bad in (cache[:-1], cache.astype(jnp.int32), cache.reshape(1, -1)):
+        with pytest.raises(ValueError, match="weight_cache must be fill_weight_cache's uint8 array"):
+            moe_layer(x, logits, w1, w2, c, weight_cache=bad)
+    ep = MoEConfig(H, F, E, k, recipe=recipe, ep_size=2, max_tokens_per_rank=T)
+    with pytest.raises(ValueError, match="not available with expert parallelism"):
+        sfmoe_jax.fill_weight_cache(w1, w2, ep)

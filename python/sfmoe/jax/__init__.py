@@ -47,6 +47,7 @@ __all__ = [
     "MoEConfig",
     "Permuted",
     "aux_losses",
+    "fill_weight_cache",
     "fuse_wi",
     "grouped_activation",
     "grouped_gemm",
@@ -148,7 +149,7 @@ def _plan_of(config, tokens, dtype_name):
             plans.append(_C.MoeLayer(fields, _C.MEMORY_CUDA, 0).plan())
         except Exception:  # (a configuration only the host runs, FP32: the device call says why)
             pass
-    keys = ("saved_bytes", "workspace_bytes", "forward_workspace_bytes")
+    keys = ("saved_bytes", "workspace_bytes", "forward_workspace_bytes", "weight_cache_bytes")
     sizes = {k: max(p[k] for p in plans) for k in keys}
     # (the backward's order: the device plan's choice where there is one)
     sizes["three_part_backward"] = plans[-1]["three_part_backward"]
@@ -158,10 +159,44 @@ def _plan_of(config, tokens, dtype_name):
 
 
 def plan(config, tokens, dtype=jnp.bfloat16):
-    """The layer's buffer sizes for `tokens` tokens of `dtype` (bytes): saved state, workspaces;
-    with expert parallelism also ``stages``: the collectives between the forward's and the
-    backward's stages, lists of (all_to_all, bytes)."""
+    """The layer's buffer sizes for `tokens` tokens of `dtype` (bytes): saved state, workspaces, the
+    weight cache (:func:`fill_weight_cache`; 0 under bf16); with expert parallelism also
+    ``stages``: the collectives between the forward's and the backward's stages, lists of
+    (all_to_all, bytes)."""
     return dict(_plan_of(config, int(tokens), jnp.dtype(dtype).name))
+
+
+# The token count of the layer a weight cache is filled by: the cache's layout does not depend on
+# it (sfmoe_moe_layer_fill_weight_cache), so one layer serves every step's token count.
+_CACHE_TOKENS = 128
+
+
+def fill_weight_cache(w1, w2, config):
+    """Gradient accumulation under a quantized recipe (fp8 per-tensor, fp8 blockwise, mxfp8,
+    nvfp4): w1's and w2's quantized copies, every one the layer's GEMMs read (forward and
+    backward), as a uint8 array to pass as ``weight_cache`` to :func:`moe_layer` (or the blocks)
+    on every micro-batch while the weights stay unchanged -- those calls then quantize no weight,
+    with the bits of calls without it. Fill it again once the optimizer has changed the weights.
+    w1 and w2 as the layer reads them (the tokens' dtype). Under bf16 nothing is quantized: an
+    empty array. Not differentiable (the weights' gradients flow through the layer's own use of
+    w1 and w2)."""
+    if not isinstance(config, MoEConfig):
+        raise TypeError(f"config: expected an sfmoe MoEConfig, got {type(config).__name__}")
+    if config.expert_parallel:
+        raise ValueError("sfmoe.jax: the weight cache is not available with expert parallelism in JAX")
+    if w1.dtype != w2.dtype:
+        raise ValueError(f"sfmoe.jax: w1 and w2 must share the tokens' dtype, got {w1.dtype} and {w2.dtype}")
+    size = _plan_of(config, _CACHE_TOKENS, w1.dtype.name)["weight_cache_bytes"]
+    if size == 0:
+        return jnp.zeros((0,), jnp.uint8)
+    call = jax.ffi.ffi_call("sfmoe_moe_fill_weight_cache", jax.ShapeDtypeStruct((size,), jnp.uint8), vmap_method=None)
+    w1, w2 = jax.lax.stop_gradient(w1), jax.lax.stop_gradient(w2)
+    return call(w1, w2, **_attributes(config, _CACHE_TOKENS, w1.dtype))
+
+
+def _cache_operand(weight_cache):
+    """The handlers' weight-cache operand: the cache, or 0 bytes for none."""
+    return jnp.zeros((0,), jnp.uint8) if weight_cache is None else weight_cache
 
 
 def _counts(n):
@@ -169,7 +204,7 @@ def _counts(n):
     return jax.ShapeDtypeStruct((n, 2), jnp.int32)
 
 
-def _forward_call(x, logits, expert_bias, w1, w2, config):
+def _forward_call(x, logits, expert_bias, w1, w2, config, weight_cache=None):
     T = x.shape[0]
     p = _plan_of(config, T, x.dtype.name)
     E = config.num_experts
@@ -189,6 +224,7 @@ def _forward_call(x, logits, expert_bias, w1, w2, config):
         bias,
         w1,
         w2,
+        _cache_operand(weight_cache),
         has_expert_bias=np.int64(expert_bias is not None),
         **_attributes(config, T, x.dtype),
     )
@@ -320,7 +356,7 @@ def _three_part_backward(config, tokens, dtype_name):
     return _plan_of(config, tokens, dtype_name)["three_part_backward"]
 
 
-def _backward_in_three_parts(x, d_y, logits, w1, w2, saved, rng_offset, config):
+def _backward_in_three_parts(x, d_y, logits, w1, w2, saved, rng_offset, config, weight_cache=None):
     T = x.shape[0]
     p = _plan_of(config, T, x.dtype.name)
     none = lambda dtype: jax.ShapeDtypeStruct((0,), dtype)  # noqa: E731 (a part's unused result)
@@ -328,6 +364,7 @@ def _backward_in_three_parts(x, d_y, logits, w1, w2, saved, rng_offset, config):
     state = jax.ShapeDtypeStruct(saved.shape, jnp.uint8)
     operands = (x, d_y.astype(x.dtype), logits.astype(jnp.float32), w1, w2)
     offset = _offset_pair(rng_offset)
+    cache = _cache_operand(weight_cache)
     attributes = _attributes(config, T, x.dtype)
     f32 = jnp.float32
     # FC2_DGRAD (3): d FC1 rows and d probs into the saved state, the weighted activations and the
@@ -339,7 +376,7 @@ def _backward_in_three_parts(x, d_y, logits, w1, w2, saved, rng_offset, config):
         input_output_aliases={5: 4},
         vmap_method=None,
     )
-    *_, saved, ws = first(*operands, saved, offset, part=np.int64(3), **attributes)
+    *_, saved, ws = first(*operands, saved, offset, cache, part=np.int64(3), **attributes)
     fc1 = jax.ffi.ffi_call(
         "sfmoe_moe_backward_part",
         (
@@ -353,7 +390,7 @@ def _backward_in_three_parts(x, d_y, logits, w1, w2, saved, rng_offset, config):
         input_output_aliases={5: 4, 6: 5},
         vmap_method=None,
     )
-    d_x, d_logits, d_w1, _, _, ws = fc1(*operands, saved, ws, offset, part=np.int64(2), **attributes)
+    d_x, d_logits, d_w1, _, _, ws = fc1(*operands, saved, ws, offset, cache, part=np.int64(2), **attributes)
     wgrad = jax.ffi.ffi_call(
         "sfmoe_moe_backward_part",
         (
@@ -367,14 +404,16 @@ def _backward_in_three_parts(x, d_y, logits, w1, w2, saved, rng_offset, config):
         input_output_aliases={5: 4, 6: 5},
         vmap_method=None,
     )
-    _, _, _, d_w2, _, _ = wgrad(*operands, jnp.zeros((0,), jnp.uint8), ws, offset, part=np.int64(4), **attributes)
+    _, _, _, d_w2, _, _ = wgrad(
+        *operands, jnp.zeros((0,), jnp.uint8), ws, offset, cache, part=np.int64(4), **attributes
+    )
     return d_x, d_logits, d_w1, d_w2
 
 
-def _backward_call(x, d_y, logits, w1, w2, saved, rng_offset, config):
+def _backward_call(x, d_y, logits, w1, w2, saved, rng_offset, config, weight_cache=None):
     T = x.shape[0]
     if _three_part_backward(config, T, x.dtype.name):
-        return _backward_in_three_parts(x, d_y, logits, w1, w2, saved, rng_offset, config)
+        return _backward_in_three_parts(x, d_y, logits, w1, w2, saved, rng_offset, config, weight_cache)
     p = _plan_of(config, T, x.dtype.name)
     results = (
         jax.ShapeDtypeStruct(x.shape, x.dtype),
@@ -394,43 +433,44 @@ def _backward_call(x, d_y, logits, w1, w2, saved, rng_offset, config):
         w2,
         saved,
         _offset_pair(rng_offset),
+        _cache_operand(weight_cache),
         **_attributes(config, T, x.dtype),
     )
     return d_x, d_logits, d_w1, d_w2
 
 
-def _forward_of(x, logits, expert_bias, w1, w2, config, axis):
+def _forward_of(x, logits, expert_bias, w1, w2, weight_cache, config, axis):
     if axis is None:
-        return _forward_call(x, logits, expert_bias, w1, w2, config)
+        return _forward_call(x, logits, expert_bias, w1, w2, config, weight_cache)
     return _ep_forward_call(x, logits, expert_bias, w1, w2, config, axis)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
-def _layer(x, logits, expert_bias, w1, w2, rng_offset, config, axis):
-    y, _, counts = _forward_of(x, logits, expert_bias, w1, w2, config, axis)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
+def _layer(x, logits, expert_bias, w1, w2, rng_offset, weight_cache, config, axis):
+    y, _, counts = _forward_of(x, logits, expert_bias, w1, w2, weight_cache, config, axis)
     return y, counts
 
 
-def _layer_fwd(x, logits, expert_bias, w1, w2, rng_offset, config, axis):
-    y, saved, counts = _forward_of(x, logits, expert_bias, w1, w2, config, axis)
-    return (y, counts), (x, logits, expert_bias, w1, w2, saved, rng_offset)
+def _layer_fwd(x, logits, expert_bias, w1, w2, rng_offset, weight_cache, config, axis):
+    y, saved, counts = _forward_of(x, logits, expert_bias, w1, w2, weight_cache, config, axis)
+    return (y, counts), (x, logits, expert_bias, w1, w2, saved, rng_offset, weight_cache)
 
 
 def _layer_bwd(config, axis, residuals, cotangents):
-    x, logits, expert_bias, w1, w2, saved, rng_offset = residuals
+    x, logits, expert_bias, w1, w2, saved, rng_offset, weight_cache = residuals
     d_y = cotangents[0]
     if axis is None:
-        d_x, d_logits, d_w1, d_w2 = _backward_call(x, d_y, logits, w1, w2, saved, rng_offset, config)
+        d_x, d_logits, d_w1, d_w2 = _backward_call(x, d_y, logits, w1, w2, saved, rng_offset, config, weight_cache)
     else:
         d_x, d_logits, d_w1, d_w2 = _ep_backward_call(x, d_y, logits, w1, w2, saved, rng_offset, config, axis)
     d_bias = None if expert_bias is None else jnp.zeros_like(expert_bias)  # (selection only)
-    return d_x, d_logits.astype(logits.dtype), d_bias, d_w1, d_w2, None
+    return d_x, d_logits.astype(logits.dtype), d_bias, d_w1, d_w2, None, None
 
 
 _layer.defvjp(_layer_fwd, _layer_bwd)
 
 
-def moe_layer(x, logits, w1, w2, config, expert_bias=None, rng_offset=None, ep_axis=None):
+def moe_layer(x, logits, w1, w2, config, expert_bias=None, rng_offset=None, ep_axis=None, weight_cache=None):
     """The layer on tokens x [T, H] (bfloat16 or float32) with the router's logits [T, E], sfmoe's
     weights w1 [E, fc1_cols, H] (gate rows, then up rows, for gated activations) and w2 [E, H, F];
     expert_bias [E] steers the selection only. Returns (y [T, H], counts): counts holds
@@ -446,7 +486,13 @@ def moe_layer(x, logits, w1, w2, config, expert_bias=None, rng_offset=None, ep_a
     XLA's all-gathers and all-to-alls over `ep_axis` move the routing and the rows between the
     layer's stages, whose receive capacity and overflow policy are the config's. Counts are then
     the rank's: ``tokens_per_expert`` [E / ep_size] (rows its experts kept),
-    ``dropped_per_expert`` [E] (its rows dropped) and ``routed_per_expert`` [E]."""
+    ``dropped_per_expert`` [E] (its rows dropped) and ``routed_per_expert`` [E].
+
+    weight_cache: :func:`fill_weight_cache`'s array for these w1 and w2 (gradient accumulation
+    under a quantized recipe: the micro-batches of one optimizer step share it, and neither the
+    forward nor the backward quantizes a weight); None quantizes them on every call. The caller
+    promises that w1 and w2 are the weights the cache was filled from. Without expert
+    parallelism."""
     if not isinstance(config, MoEConfig):
         raise TypeError(f"config: expected an sfmoe MoEConfig, got {type(config).__name__}")
     if rng_offset is not None and jnp.ndim(rng_offset) != 0:
@@ -464,7 +510,17 @@ def moe_layer(x, logits, w1, w2, config, expert_bias=None, rng_offset=None, ep_a
         raise ValueError(
             f"sfmoe.jax: {x.shape[0]} tokens on this rank exceed max_tokens_per_rank ({config.max_tokens_per_rank})"
         )
-    y, (kept, dropped, routed) = _layer(x, logits, expert_bias, w1, w2, rng_offset, config, ep_axis)
+    if weight_cache is not None:
+        if config.expert_parallel:
+            raise ValueError("sfmoe.jax: the weight cache is not available with expert parallelism in JAX")
+        need = _plan_of(config, x.shape[0], x.dtype.name)["weight_cache_bytes"]
+        if jnp.ndim(weight_cache) != 1 or weight_cache.dtype != jnp.uint8 or weight_cache.shape[0] < need:
+            raise ValueError(
+                f"sfmoe.jax: weight_cache must be fill_weight_cache's uint8 array of {need} bytes for this config "
+                f"and {x.dtype} tokens, got {weight_cache.dtype} {list(jnp.shape(weight_cache))}"
+            )
+        weight_cache = jax.lax.stop_gradient(weight_cache) if need > 0 else None
+    y, (kept, dropped, routed) = _layer(x, logits, expert_bias, w1, w2, rng_offset, weight_cache, config, ep_axis)
     return y, dict(tokens_per_expert=kept, dropped_per_expert=dropped, routed_per_expert=routed)
 
 
@@ -496,23 +552,34 @@ def sfmoe_weights(wi, wo):
     return jnp.swapaxes(wi, 1, 2), jnp.swapaxes(wo, 1, 2)
 
 
-def moe_block(x, gate_kernel, wi, wo, config, expert_bias=None, rng_offset=None, ep_axis=None):
+def moe_block(x, gate_kernel, wi, wo, config, expert_bias=None, rng_offset=None, ep_axis=None, weight_cache=None):
     """A MoE FFN on x [..., H]: logits = x W_g in FP32 (gate_kernel [H, E]), the layer on MaxText's
     weights (sfmoe_weights), the losses. Returns (y like x, aux_loss, counts). rng_offset: as
     :func:`moe_layer`'s (nvfp4's rounding stream, advanced by the caller each step); ep_axis: the
     expert mesh axis of an expert-parallel config (:func:`moe_layer`; wi and wo the rank's local
-    experts, the losses over the rank's tokens)."""
+    experts, the losses over the rank's tokens); weight_cache: :func:`moe_layer`'s, filled from
+    ``sfmoe_weights(wi, wo)`` in the tokens' dtype."""
     w1, w2 = sfmoe_weights(wi, wo)
-    return moe_block_sfmoe_layout(x, gate_kernel, w1, w2, config, expert_bias, rng_offset, ep_axis)
+    return moe_block_sfmoe_layout(x, gate_kernel, w1, w2, config, expert_bias, rng_offset, ep_axis, weight_cache)
 
 
-def moe_block_sfmoe_layout(x, gate_kernel, w1, w2, config, expert_bias=None, rng_offset=None, ep_axis=None):
+def moe_block_sfmoe_layout(
+    x, gate_kernel, w1, w2, config, expert_bias=None, rng_offset=None, ep_axis=None, weight_cache=None
+):
     """:func:`moe_block` on sfmoe's weights, w1 [E, fc1_cols, H] and w2 [E, H, F] (no transposes):
     what MoEBlock(layout="sfmoe") runs."""
     shape = x.shape
     tokens = x.reshape(-1, shape[-1])
     logits = jnp.dot(tokens.astype(jnp.float32), gate_kernel.astype(jnp.float32))
     y, counts = moe_layer(
-        tokens, logits, w1.astype(tokens.dtype), w2.astype(tokens.dtype), config, expert_bias, rng_offset, ep_axis
+        tokens,
+        logits,
+        w1.astype(tokens.dtype),
+        w2.astype(tokens.dtype),
+        config,
+        expert_bias,
+        rng_offset,
+        ep_axis,
+        weight_cache,
     )
     return y.reshape(shape), aux_losses(logits, counts["routed_per_expert"], config), counts

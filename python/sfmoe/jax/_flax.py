@@ -30,7 +30,9 @@ class MoEBlock(nn.Module):
     ``rng_offset`` (nvfp4): the gradients' rounding stream, advanced by the caller each step.
     ``ep_axis``: an expert-parallel config's expert mesh axis (the module applied inside
     ``shard_map``; docs/jax.md, "Expert parallelism"): the experts' weights are then this rank's
-    ``num_experts / ep_size`` (the gate and the expert bias stay global)."""
+    ``num_experts / ep_size`` (the gate and the expert bias stay global). ``weight_cache``:
+    gradient accumulation under a quantized recipe, :func:`sfmoe.jax.fill_weight_cache` of the
+    block's weights in sfmoe's layout and x's dtype (docs/jax.md, "Weight cache")."""
 
     config: MoEConfig
     fused_wi: bool = False
@@ -40,7 +42,7 @@ class MoEBlock(nn.Module):
     ep_axis: Optional[str] = None
 
     @nn.compact
-    def __call__(self, x, rng_offset=None):
+    def __call__(self, x, rng_offset=None, weight_cache=None):
         c = self.config
         H, F, E = c.hidden_size, c.ffn_hidden_size, c.num_experts
         El = c.local_experts if self.ep_axis is not None else E  # (the experts' weights this rank holds)
@@ -50,7 +52,7 @@ class MoEBlock(nn.Module):
         bias = None
         if c.expert_bias:
             bias = self.variable("moe", "expert_bias", lambda: jnp.zeros((E,), jnp.float32)).value
-        ep = dict(ep_axis=self.ep_axis)
+        ep = dict(ep_axis=self.ep_axis, weight_cache=weight_cache)
         if self.layout == "sfmoe":
             # (initialized as the fused MaxText layout's wi and wo would be, transposed)
             w1 = self.param(
