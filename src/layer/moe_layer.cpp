@@ -509,15 +509,21 @@ Outcome plan_moe_layer(const MoeLayerShape& s, sfmoe_memory memory, MoeLayerPlan
   SFMOE_RETURN_IF_REFUSED(place(device && losses ? ops::router_workspace_bytes(T, E) : 0, total,
                                 &plan->router_workspace));
   // The GEMM workspace: the largest of the six calls' (the emulated recipes decode both
-  // operands into it).
+  // operands into it, each at its quantized copy's row capacity: the quantizer may round a
+  // columnwise copy's capacity up, past E n rows for a weight).
   int64_t gemm = 0;
   for (int i = 0; device && i < kGemmSteps; ++i) {
     const GemmStep step = static_cast<GemmStep>(i);
     const StepShape g = step_shape(s, plan->fc1_cols, step);
     const OperandFormat fa = operand_format(s.recipe, step, false);
     const OperandFormat fb = operand_format(s.recipe, step, true);
-    const int64_t bytes_i = ops::grouped_gemm_workspace_bytes(
-        El, fa.scaling, R, g.a_cols, fb.scaling, g.b_is_weight ? El * g.n : R, g.k);
+    auto capacity = [&](int b, int64_t rows) {
+      const int64_t planned = plan->operands[i][b].row_capacity;
+      return planned > rows ? planned : rows;
+    };
+    const int64_t bytes_i =
+        ops::grouped_gemm_workspace_bytes(El, fa.scaling, capacity(0, R), g.a_cols, fb.scaling,
+                                          capacity(1, g.b_is_weight ? El * g.n : R), g.k);
     if (bytes_i < 0)
       return refuse(SFMOE_ERROR_SHAPE_MISMATCH, "the GEMM workspace overflows int64");
     gemm = bytes_i > gemm ? bytes_i : gemm;

@@ -225,6 +225,38 @@ TEST(CudaMoeLayer, ForwardAndBackwardMatchTheDenseReference) {
       checked);
 }
 
+// An emulated recipe whose weight copies the quantizer gives more rows than E n: MXFP8's dgrad
+// copy of a weight is columnwise, and at 16384 rows or more its capacity rounds up to a multiple
+// of 1024 (E 5 x n 4000 = 20000 -> 20480). The GEMM workspace must hold the decoded copy at that
+// capacity (it was planned at E n rows, and the device GEMM refused the call). Zero inputs: the
+// step must run, and give zeros.
+TEST(CudaMoeLayer, EmulatedWeightCopiesPastExpertRowsFitTheWorkspace) {
+  SFMOE_SKIP_WITHOUT_GPU();
+  LayerCase c{
+      "mxfp8 squared relu, E n past 16384", 64, 64, 4000, 4000, 5, 2, 0, 32, SFMOE_DTYPE_BF16,
+      SFMOE_ACTIVATION_SQUARED_RELU};
+  c.recipe = SFMOE_MOE_RECIPE_MXFP8;
+  sfmoe_moe_layer_config config = layer_config(c);
+  sfmoe_moe_layer* layer = nullptr;
+  ASSERT_EQ(sfmoe_moe_layer_create(&config, SFMOE_MEMORY_CUDA, 0, &layer), SFMOE_SUCCESS)
+      << sfmoe_last_error();
+  sfmoe_moe_layer_plan plan = sfmoe_moe_layer_plan_init();
+  ASSERT_EQ(sfmoe_moe_layer_get_plan(layer, &plan), SFMOE_SUCCESS);
+  DeviceLayer d(c, c.ffn, plan);
+  d.layer = layer;
+  for (DeviceBuffer<uint8_t>* b : {&d.x, &d.w1, &d.w2, &d.d_y})
+    CUDA_OK(cudaMemset(b->ptr, 0, b->count));
+  CUDA_OK(cudaMemset(d.logits.ptr, 0, d.logits.count * sizeof(float)));
+  ASSERT_EQ(d.step(d.eager, nullptr), SFMOE_SUCCESS) << sfmoe_last_error();
+  CUDA_OK(cudaDeviceSynchronize());
+  int64_t nonzero = 0;
+  for (const uint8_t v : d.eager.d_w1.download()) nonzero += v != 0;
+  EXPECT_EQ(nonzero, 0) << "d_w1 of zero inputs";
+  std::printf("[ moe layer ] %s: forward and backward ran (workspace %lld bytes)\n", c.name.c_str(),
+              static_cast<long long>(plan.workspace_bytes));
+  sfmoe_moe_layer_destroy(layer);
+}
+
 // FC1's rows gathered from the tokens (SFMOE_LAYER_GATHER_ROWS=1, the own fprop kernel's cp.async
 // producers) against permute's copy (=0), each BF16 case of the suite on the device: the same
 // bits in every output and gradient (the two runs differ only in how FC1's A rows arrive).
