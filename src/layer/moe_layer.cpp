@@ -547,7 +547,14 @@ Outcome plan_moe_layer(const MoeLayerShape& s, sfmoe_memory memory, MoeLayerPlan
   plan->gather_x_rows = gathers_x_rows(s, memory);
   SFMOE_RETURN_IF_REFUSED(matrix_bytes(plan->gather_x_rows ? R : 0, 1, sizeof(int32_t), &bytes));
   SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->row_sources));
-  plan->forward_workspace_bytes = plan->workspace_bytes;
+  // The forward's prefix of the workspace. Where the activation writes FC2's quantized input
+  // itself, the forward never touches ffn_rows (the backward's: FC2's dgrad and the weighted
+  // activations), so the prefix ends before it.
+  const bool act_written_quantized =
+      written_quantized_by_producer(operand_format(s.recipe, GemmStep::kFc2Fprop, false));
+  plan->forward_workspace_bytes = act_written_quantized && plan->row_sources.bytes == 0
+                                      ? plan->ffn_rows.offset
+                                      : plan->workspace_bytes;
   SFMOE_RETURN_IF_REFUSED(matrix_bytes(R, 1, sizeof(float), &bytes));
   SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->row_probs));
   SFMOE_RETURN_IF_REFUSED(place(bytes, total, &plan->d_row_probs));
