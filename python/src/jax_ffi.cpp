@@ -288,8 +288,8 @@ sfmoe_moe_stage stage_of(Tensors& t, const ffi::Dictionary& attrs, ffi::AnyBuffe
 
 ffi::Error forward_stage(const Where& where, ffi::AnyBuffer x, ffi::AnyBuffer logits,
                          ffi::AnyBuffer expert_bias, ffi::AnyBuffer w1, ffi::AnyBuffer w2,
-                         ffi::AnyBuffer rank, ffi::AnyBuffer received, ffi::RemainingArgs,
-                         ffi::Dictionary attrs, ffi::Result<ffi::AnyBuffer> y,
+                         ffi::AnyBuffer rank, ffi::AnyBuffer weight_cache, ffi::AnyBuffer received,
+                         ffi::RemainingArgs, ffi::Dictionary attrs, ffi::Result<ffi::AnyBuffer> y,
                          ffi::Result<ffi::AnyBuffer> saved, ffi::Result<ffi::AnyBuffer> workspace,
                          ffi::Result<ffi::AnyBuffer> kept, ffi::Result<ffi::AnyBuffer> dropped,
                          ffi::Result<ffi::AnyBuffer> routed, ffi::Result<ffi::AnyBuffer> sent) {
@@ -299,6 +299,7 @@ ffi::Error forward_stage(const Where& where, ffi::AnyBuffer x, ffi::AnyBuffer lo
   ffi::ErrorOr<sfmoe_moe_forward_args> a = forward_args(
       t, attrs, x, logits, expert_bias, w1, w2, *y, *saved, *workspace, *kept, *dropped, *routed);
   if (a.has_error()) return a.error();
+  use_weight_cache(t, weight_cache, &a->weight_cache, &a->weight_cache_filled);
   int64_t index = 0;
   const sfmoe_moe_stage st = stage_of(t, attrs, rank, received, *sent, &index);
   return sfmoe_jax::checked(sfmoe_moe_layer_forward_stage((*layer)->layer, &*a, &st));
@@ -306,17 +307,18 @@ ffi::Error forward_stage(const Where& where, ffi::AnyBuffer x, ffi::AnyBuffer lo
 
 ffi::Error backward_stage(const Where& where, ffi::AnyBuffer x, ffi::AnyBuffer d_y,
                           ffi::AnyBuffer logits, ffi::AnyBuffer w1, ffi::AnyBuffer w2,
-                          ffi::AnyBuffer rng_offset, ffi::AnyBuffer rank, ffi::AnyBuffer received,
-                          ffi::RemainingArgs, ffi::Dictionary attrs,
-                          ffi::Result<ffi::AnyBuffer> d_x, ffi::Result<ffi::AnyBuffer> d_logits,
-                          ffi::Result<ffi::AnyBuffer> d_w1, ffi::Result<ffi::AnyBuffer> d_w2,
-                          ffi::Result<ffi::AnyBuffer> saved, ffi::Result<ffi::AnyBuffer> workspace,
-                          ffi::Result<ffi::AnyBuffer> sent) {
+                          ffi::AnyBuffer rng_offset, ffi::AnyBuffer rank,
+                          ffi::AnyBuffer weight_cache, ffi::AnyBuffer received, ffi::RemainingArgs,
+                          ffi::Dictionary attrs, ffi::Result<ffi::AnyBuffer> d_x,
+                          ffi::Result<ffi::AnyBuffer> d_logits, ffi::Result<ffi::AnyBuffer> d_w1,
+                          ffi::Result<ffi::AnyBuffer> d_w2, ffi::Result<ffi::AnyBuffer> saved,
+                          ffi::Result<ffi::AnyBuffer> workspace, ffi::Result<ffi::AnyBuffer> sent) {
   ffi::ErrorOr<const Layer*> layer = layer_for(attrs, where.memory, where.device);
   if (layer.has_error()) return layer.error();
   Tensors t{where, {}, {}};
-  const sfmoe_moe_backward_args a = backward_args(t, x, d_y, logits, w1, w2, rng_offset, *d_x,
-                                                  *d_logits, *d_w1, *d_w2, *saved, *workspace);
+  sfmoe_moe_backward_args a = backward_args(t, x, d_y, logits, w1, w2, rng_offset, *d_x, *d_logits,
+                                            *d_w1, *d_w2, *saved, *workspace);
+  use_weight_cache(t, weight_cache, &a.weight_cache, &a.weight_cache_filled);
   int64_t index = 0;
   const sfmoe_moe_stage st = stage_of(t, attrs, rank, received, *sent, &index);
   return sfmoe_jax::checked(sfmoe_moe_layer_backward_stage((*layer)->layer, &a, &st));
@@ -386,6 +388,7 @@ SFMOE_JAX_HANDLERS(SfmoeMoeForwardStage, forward_stage,
                        .Arg<ffi::AnyBuffer>()  // w1
                        .Arg<ffi::AnyBuffer>()  // w2
                        .Arg<ffi::AnyBuffer>()  // rank
+                       .Arg<ffi::AnyBuffer>()  // weight cache (0 bytes: none)
                        .Arg<ffi::AnyBuffer>()  // received
                        .RemainingArgs()        // the previous stage's results (aliased)
                        .Attrs<ffi::Dictionary>()
@@ -404,6 +407,7 @@ SFMOE_JAX_HANDLERS(SfmoeMoeBackwardStage, backward_stage,
                        .Arg<ffi::AnyBuffer>()  // w2
                        .Arg<ffi::AnyBuffer>()  // rng offset
                        .Arg<ffi::AnyBuffer>()  // rank
+                       .Arg<ffi::AnyBuffer>()  // weight cache (0 bytes: none)
                        .Arg<ffi::AnyBuffer>()  // received
                        .RemainingArgs()        // the previous stage's results (aliased)
                        .Attrs<ffi::Dictionary>()

@@ -453,7 +453,7 @@ def test_the_weight_cache_gives_the_same_bits_and_quantizes_no_weight(rng, monke
     give the bits of calls without a cache (output and every gradient, the backward in one call
     and in three); a cache filled from other weights changes the output and the weights'
     gradients, so the calls read it instead of quantizing w1 and w2; BF16 needs none; a cache of
-    the wrong size or type and one with expert parallelism are refused."""
+    the wrong size or type is refused (expert parallelism: test_jax_ep.py)."""
     T, H, F, E, k = 37, 128, 128, 4, 2  # (whole 128x128 weight blocks)
     c = MoEConfig(H, F, E, k, recipe=recipe)
     x, logits, w1, w2, dy = _problem(rng, T, H, F, E, c)
@@ -491,6 +491,3 @@ def test_the_weight_cache_gives_the_same_bits_and_quantizes_no_weight(rng, monke
     for bad in (cache[:-1], cache.astype(jnp.int32), cache.reshape(1, -1)):
         with pytest.raises(ValueError, match="weight_cache must be fill_weight_cache's uint8 array"):
             moe_layer(x, logits, w1, w2, c, weight_cache=bad)
-    ep = MoEConfig(H, F, E, k, recipe=recipe, ep_size=2, max_tokens_per_rank=T)
-    with pytest.raises(ValueError, match="not available with expert parallelism"):
-        sfmoe_jax.fill_weight_cache(w1, w2, ep)

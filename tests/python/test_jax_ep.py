@@ -140,6 +140,38 @@ def test_quantized_recipes_over_ranks_equal_the_single_layer(rng, recipe):
             _expect_same(a, b, f"{name} ({recipe})")
 
 
+@pytest.mark.parametrize("recipe", ["tensorwise", "blockwise", "mxfp8"])
+def test_each_ranks_weight_cache_gives_the_same_bits(rng, recipe):
+    """Gradient accumulation over ranks (docs/jax.md, "Weight cache"): each rank fills its cache
+    from its local experts' weights inside the vmap and passes it to its calls; every output and
+    gradient is the bits of the ranks without a cache, and a cache filled from other weights
+    changes the output (the stages read it)."""
+    R, T, H, F, E, k = 2, 16, 128, 128, 4, 2
+    x, logits, w1, w2, dy = _problem(rng, R, T, H, F, E)
+    ep = MoEConfig(H, F, E, k, row_alignment=128, recipe=recipe, ep_size=R, max_tokens_per_rank=T)
+    split = lambda a, n: a.reshape(R, n, *a.shape[1:])  # noqa: E731
+    args = (split(x, T), split(logits, T), split(w1, E // R), split(w2, E // R), split(dy, T))
+
+    def run(cache_scale):
+        def rank(x, logits, w1, w2, dy):
+            cache = None if cache_scale is None else sfmoe_jax.fill_weight_cache(w1 * cache_scale, w2 * cache_scale, ep)
+
+            def loss(x, logits, w1, w2):
+                y, _ = moe_layer(x, logits, w1, w2, ep, ep_axis="ep", weight_cache=cache)
+                return (y * dy).sum(), y
+
+            return jax.grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(x, logits, w1, w2)
+
+        grads, y = jax.jit(jax.vmap(rank, axis_name="ep"))(*args)
+        return [y, *grads]
+
+    without, cached = run(None), run(1.0)
+    for name, a, b in zip(("y", "d x", "d logits", "d w1", "d w2"), cached, without):
+        _expect_same(a, b, f"{name} ({recipe}, cached)")
+    stale = run(2.0)
+    assert not np.array_equal(np.asarray(stale[0]), np.asarray(without[0])), "the stages did not read the cache"
+
+
 def _expected_drops(ids, R, El, capacity, pair=None):
     """Each rank's dropped slots per global expert when each destination keeps its first
     `capacity` rows in (source rank, token, slot) order and each source sends each destination

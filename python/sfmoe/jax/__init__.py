@@ -182,14 +182,15 @@ def fill_weight_cache(w1, w2, config):
     w1 and w2)."""
     if not isinstance(config, MoEConfig):
         raise TypeError(f"config: expected an sfmoe MoEConfig, got {type(config).__name__}")
-    if config.expert_parallel:
-        raise ValueError("sfmoe.jax: the weight cache is not available with expert parallelism in JAX")
     if w1.dtype != w2.dtype:
         raise ValueError(f"sfmoe.jax: w1 and w2 must share the tokens' dtype, got {w1.dtype} and {w2.dtype}")
     size = _plan_of(config, _CACHE_TOKENS, w1.dtype.name)["weight_cache_bytes"]
     if size == 0:
         return jnp.zeros((0,), jnp.uint8)
-    call = jax.ffi.ffi_call("sfmoe_moe_fill_weight_cache", jax.ShapeDtypeStruct((size,), jnp.uint8), vmap_method=None)
+    # (under jax.vmap over an expert axis, each rank's call fills its own cache from its weights)
+    call = jax.ffi.ffi_call(
+        "sfmoe_moe_fill_weight_cache", jax.ShapeDtypeStruct((size,), jnp.uint8), vmap_method="sequential"
+    )
     w1, w2 = jax.lax.stop_gradient(w1), jax.lax.stop_gradient(w2)
     return call(w1, w2, **_attributes(config, _CACHE_TOKENS, w1.dtype))
 
@@ -285,7 +286,7 @@ def _rank(axis):
     return jax.lax.axis_index(axis).astype(jnp.int32).reshape(1)
 
 
-def _ep_forward_call(x, logits, expert_bias, w1, w2, config, axis):
+def _ep_forward_call(x, logits, expert_bias, w1, w2, config, axis, weight_cache=None):
     T = x.shape[0]
     p = _plan_of(config, T, x.dtype.name)
     E, El = config.num_experts, config.local_experts
@@ -298,7 +299,7 @@ def _ep_forward_call(x, logits, expert_bias, w1, w2, config, axis):
         _counts(E),
     )
     bias = jnp.zeros((E,), jnp.float32) if expert_bias is None else expert_bias.astype(jnp.float32)
-    operands = (x, logits.astype(jnp.float32), bias, w1, w2, _rank(axis))
+    operands = (x, logits.astype(jnp.float32), bias, w1, w2, _rank(axis), _cache_operand(weight_cache))
     world = _expert_axis_size(axis, config.ep_size)
     attributes = dict(has_expert_bias=np.int64(expert_bias is not None), **_attributes(config, T, x.dtype))
     y, saved, _, kept, dropped, routed = _staged(
@@ -307,7 +308,7 @@ def _ep_forward_call(x, logits, expert_bias, w1, w2, config, axis):
     return y, saved, (kept[:, 0], dropped[:, 0], routed[:, 0])
 
 
-def _ep_backward_call(x, d_y, logits, w1, w2, saved, rng_offset, config, axis):
+def _ep_backward_call(x, d_y, logits, w1, w2, saved, rng_offset, config, axis, weight_cache=None):
     T = x.shape[0]
     p = _plan_of(config, T, x.dtype.name)
     spill = config.ep_overflow == "spill"
@@ -320,7 +321,16 @@ def _ep_backward_call(x, d_y, logits, w1, w2, saved, rng_offset, config, axis):
         jax.ShapeDtypeStruct(saved.shape, jnp.uint8),
         jax.ShapeDtypeStruct((p["workspace_bytes"],), jnp.uint8),
     )
-    operands = (x, d_y.astype(x.dtype), logits.astype(jnp.float32), w1, w2, _offset_pair(rng_offset), _rank(axis))
+    operands = (
+        x,
+        d_y.astype(x.dtype),
+        logits.astype(jnp.float32),
+        w1,
+        w2,
+        _offset_pair(rng_offset),
+        _rank(axis),
+        _cache_operand(weight_cache),
+    )
     # (the backward writes over the forward's saved state: stage 0 takes it aliased to result 4;
     # with SPILL the weight gradients are FP32 sums from zero, results 2 and 3)
     initial = {4: saved}
@@ -442,7 +452,7 @@ def _backward_call(x, d_y, logits, w1, w2, saved, rng_offset, config, weight_cac
 def _forward_of(x, logits, expert_bias, w1, w2, weight_cache, config, axis):
     if axis is None:
         return _forward_call(x, logits, expert_bias, w1, w2, config, weight_cache)
-    return _ep_forward_call(x, logits, expert_bias, w1, w2, config, axis)
+    return _ep_forward_call(x, logits, expert_bias, w1, w2, config, axis, weight_cache)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
@@ -462,7 +472,9 @@ def _layer_bwd(config, axis, residuals, cotangents):
     if axis is None:
         d_x, d_logits, d_w1, d_w2 = _backward_call(x, d_y, logits, w1, w2, saved, rng_offset, config, weight_cache)
     else:
-        d_x, d_logits, d_w1, d_w2 = _ep_backward_call(x, d_y, logits, w1, w2, saved, rng_offset, config, axis)
+        d_x, d_logits, d_w1, d_w2 = _ep_backward_call(
+            x, d_y, logits, w1, w2, saved, rng_offset, config, axis, weight_cache
+        )
     d_bias = None if expert_bias is None else jnp.zeros_like(expert_bias)  # (selection only)
     return d_x, d_logits.astype(logits.dtype), d_bias, d_w1, d_w2, None, None
 
@@ -491,8 +503,9 @@ def moe_layer(x, logits, w1, w2, config, expert_bias=None, rng_offset=None, ep_a
     weight_cache: :func:`fill_weight_cache`'s array for these w1 and w2 (gradient accumulation
     under a quantized recipe: the micro-batches of one optimizer step share it, and neither the
     forward nor the backward quantizes a weight); None quantizes them on every call. The caller
-    promises that w1 and w2 are the weights the cache was filled from. Without expert
-    parallelism."""
+    promises that w1 and w2 are the weights the cache was filled from. With expert parallelism
+    each rank passes the cache filled from its own local experts' weights (fill_weight_cache
+    called inside the same shard_map or vmap)."""
     if not isinstance(config, MoEConfig):
         raise TypeError(f"config: expected an sfmoe MoEConfig, got {type(config).__name__}")
     if rng_offset is not None and jnp.ndim(rng_offset) != 0:
@@ -511,8 +524,6 @@ def moe_layer(x, logits, w1, w2, config, expert_bias=None, rng_offset=None, ep_a
             f"sfmoe.jax: {x.shape[0]} tokens on this rank exceed max_tokens_per_rank ({config.max_tokens_per_rank})"
         )
     if weight_cache is not None:
-        if config.expert_parallel:
-            raise ValueError("sfmoe.jax: the weight cache is not available with expert parallelism in JAX")
         need = _plan_of(config, x.shape[0], x.dtype.name)["weight_cache_bytes"]
         if jnp.ndim(weight_cache) != 1 or weight_cache.dtype != jnp.uint8 or weight_cache.shape[0] < need:
             raise ValueError(
