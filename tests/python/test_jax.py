@@ -491,3 +491,34 @@ def test_the_weight_cache_gives_the_same_bits_and_quantizes_no_weight(rng, monke
     for bad in (cache[:-1], cache.astype(jnp.int32), cache.reshape(1, -1)):
         with pytest.raises(ValueError, match="weight_cache must be fill_weight_cache's uint8 array"):
             moe_layer(x, logits, w1, w2, c, weight_cache=bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _GPU, reason="no GPU for JAX: the device handlers need one")
+@pytest.mark.parametrize("recipe", ["tensorwise", "blockwise", "mxfp8"])
+def test_on_the_gpu_the_weight_cache_gives_the_same_bits(rng, recipe):
+    """The CUDA handlers' weight cache (the fill and the calls that read it): BF16 tokens and
+    weights on the GPU, the output and every gradient the bits of calls without a cache; a cache
+    filled from other weights changes the output."""
+    T, H, F, E, k = 300, 256, 128, 8, 2
+    c = MoEConfig(H, F, E, k, recipe=recipe)
+    with jax.default_device(jax.devices("cpu")[0]):
+        x, logits, w1, w2, dy = _problem(rng, T, H, F, E, c)
+    gpu = _GPU[0]
+    x, w1, w2 = (jax.device_put(a.astype(jnp.bfloat16), gpu) for a in (x, w1, w2))
+    logits, dy = jax.device_put(logits, gpu), jax.device_put(dy, gpu)
+
+    def run(weight_cache):
+        def loss(x, logits, w1, w2):
+            y = moe_layer(x, logits, w1, w2, c, weight_cache=weight_cache)[0]
+            return (y.astype(jnp.float32) * dy).sum(), y
+
+        grads, y = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3), has_aux=True))(x, logits, w1, w2)
+        return [np.asarray(y.astype(jnp.float32))] + [np.asarray(g.astype(jnp.float32)) for g in grads]
+
+    fill = jax.jit(lambda w1, w2: sfmoe_jax.fill_weight_cache(w1, w2, c))
+    without, cached = run(None), run(fill(w1, w2))
+    for name, a, b in zip(("y", "d x", "d logits", "d w1", "d w2"), cached, without):
+        assert np.isfinite(a).all() and np.array_equal(a, b), f"{name} ({recipe})"
+    stale = run(fill(w1 * 2, w2 * 2))
+    assert not np.array_equal(stale[0], without[0]), "the calls did not read the cache"
