@@ -495,8 +495,25 @@ void fuzz_layer(Arena& a) {
   fw.w2 = a.tensor(c.dtype, {E, H, c.ffn_hidden});
   fw.y = a.tensor(c.dtype, {T, H});
   fw.saved = a.tensor(SFMOE_DTYPE_FP8_E4M3, {p.saved_bytes});
-  fw.workspace = a.tensor(SFMOE_DTYPE_FP8_E4M3, {p.workspace_bytes});
+  // (the forward in a workspace of its own size, as the plan allows, or the whole one)
+  const sfmoe_tensor* workspace = a.tensor(SFMOE_DTYPE_FP8_E4M3, {p.workspace_bytes});
+  fw.workspace =
+      f.ConsumeBool() ? a.tensor(SFMOE_DTYPE_FP8_E4M3, {p.forward_workspace_bytes}) : workspace;
   fw.tokens_per_expert = f.ConsumeBool() ? a.tensor(SFMOE_DTYPE_INT64, {E}) : nullptr;
+  // A weight cache now and then: of the plan's size or a byte short, filled first or not, the
+  // calls' flags 0, 1 or out of range (the guards around every buffer catch a write past it).
+  const sfmoe_tensor* cache = nullptr;
+  int32_t forward_filled = 0, backward_filled = 0;
+  if (f.ConsumeIntegralInRange<int>(0, 3) == 0 && p.weight_cache_bytes <= kMostBytes) {
+    const int64_t bytes = p.weight_cache_bytes - (f.ConsumeIntegralInRange<int>(0, 7) == 0);
+    cache = a.tensor(SFMOE_DTYPE_FP8_E4M3, {bytes < 0 ? 0 : bytes});
+    if (f.ConsumeBool())
+      sfmoe_moe_layer_fill_weight_cache(layer, fw.w1, fw.w2, cache, nullptr, nullptr);
+    forward_filled = f.ConsumeIntegralInRange<int32_t>(-1, 2);
+    backward_filled = f.ConsumeIntegralInRange<int32_t>(-1, 2);
+    fw.weight_cache = f.ConsumeIntegralInRange<int>(0, 7) == 0 ? nullptr : cache;
+    fw.weight_cache_filled = forward_filled;
+  }
   const bool forward_ran = sfmoe_moe_layer_forward(layer, &fw) == SFMOE_SUCCESS;
   a.check();
   if (forward_ran) {
@@ -509,7 +526,9 @@ void fuzz_layer(Arena& a) {
     bw.w1 = fw.w1;
     bw.w2 = fw.w2;
     bw.saved = fw.saved;
-    bw.workspace = fw.workspace;
+    bw.workspace = workspace;
+    bw.weight_cache = cache;
+    bw.weight_cache_filled = backward_filled;
     bw.d_x = a.tensor(c.dtype, {T, H});
     bw.d_logits = a.tensor(SFMOE_DTYPE_FP32, {T, E});
     bw.d_w1 = a.tensor(grads, {E, p.fc1_cols, H});
@@ -881,9 +900,11 @@ void fuzz_gemm(Arena& a) {
       A->rowwise_data = data;
       c.a_source_rows = f.ConsumeIntegralInRange<int64_t>(0, source);
     }
-    // (a source count the library refuses: negative, or 2^31 and more)
+    // (a source count the library refuses: negative, or 2^31 and more; bounded draws, as small()'s
+    // rare huge one would overflow the sums)
     if (f.ConsumeIntegralInRange<int>(0, 10) == 0) {
-      c.a_source_rows = f.ConsumeBool() ? -1 - small(&f, 4) : (int64_t{1} << 31) + small(&f, 4);
+      const int64_t step = f.ConsumeIntegralInRange<int64_t>(0, 4);
+      c.a_source_rows = f.ConsumeBool() ? -1 - step : (int64_t{1} << 31) + step;
     }
   }
   if (f.ConsumeIntegralInRange<int>(0, 20) == 0) c.struct_size = f.ConsumeIntegral<uint8_t>();
