@@ -121,6 +121,15 @@ struct DeviceLayer {
   }
 };
 
+// The device layer of case `c` and its plan (the caller destroys the layer).
+void create_device_layer(const LayerCase& c, sfmoe_moe_layer** layer, sfmoe_moe_layer_plan* plan) {
+  sfmoe_moe_layer_config config = layer_config(c);
+  ASSERT_EQ(sfmoe_moe_layer_create(&config, SFMOE_MEMORY_CUDA, 0, layer), SFMOE_SUCCESS)
+      << sfmoe_last_error();
+  *plan = sfmoe_moe_layer_plan_init();
+  ASSERT_EQ(sfmoe_moe_layer_get_plan(*layer, plan), SFMOE_SUCCESS);
+}
+
 std::vector<LayerCase> device_cases() {
   std::vector<LayerCase> cases;
   cases.push_back({"bf16 softmax swiglu", 300, 512, 64, 48, 8, 2, 0, 16});
@@ -180,12 +189,10 @@ TEST(CudaMoeLayer, ForwardAndBackwardMatchTheDenseReference) {
     SCOPED_TRACE(c.name);
     const LayerProblem p(c, rng);
     const LayerReference r = reference_layer(p);
-    sfmoe_moe_layer_config config = layer_config(c);
     sfmoe_moe_layer* layer = nullptr;
-    ASSERT_EQ(sfmoe_moe_layer_create(&config, SFMOE_MEMORY_CUDA, 0, &layer), SFMOE_SUCCESS)
-        << sfmoe_last_error();
-    sfmoe_moe_layer_plan plan = sfmoe_moe_layer_plan_init();
-    ASSERT_EQ(sfmoe_moe_layer_get_plan(layer, &plan), SFMOE_SUCCESS);
+    sfmoe_moe_layer_plan plan;
+    create_device_layer(c, &layer, &plan);
+    if (HasFatalFailure()) return;
     DeviceLayer d(c, p.fc1_cols, plan);
     d.layer = layer;
     d.upload(p);
@@ -236,12 +243,10 @@ TEST(CudaMoeLayer, EmulatedWeightCopiesPastExpertRowsFitTheWorkspace) {
       "mxfp8 squared relu, E n past 16384", 64, 64, 4000, 4000, 5, 2, 0, 32, SFMOE_DTYPE_BF16,
       SFMOE_ACTIVATION_SQUARED_RELU};
   c.recipe = SFMOE_MOE_RECIPE_MXFP8;
-  sfmoe_moe_layer_config config = layer_config(c);
   sfmoe_moe_layer* layer = nullptr;
-  ASSERT_EQ(sfmoe_moe_layer_create(&config, SFMOE_MEMORY_CUDA, 0, &layer), SFMOE_SUCCESS)
-      << sfmoe_last_error();
-  sfmoe_moe_layer_plan plan = sfmoe_moe_layer_plan_init();
-  ASSERT_EQ(sfmoe_moe_layer_get_plan(layer, &plan), SFMOE_SUCCESS);
+  sfmoe_moe_layer_plan plan;
+  create_device_layer(c, &layer, &plan);
+  if (HasFatalFailure()) return;
   DeviceLayer d(c, c.ffn, plan);
   d.layer = layer;
   for (DeviceBuffer<uint8_t>* b : {&d.x, &d.w1, &d.w2, &d.d_y})
@@ -312,12 +317,10 @@ TEST(CudaMoeLayer, OneGraphOfForwardAndBackwardReplaysOnNewTokensAndRoutings) {
   for (LayerCase c : device_cases()) {
     c.accumulate = false;
     SCOPED_TRACE(c.name);
-    sfmoe_moe_layer_config config = layer_config(c);
     sfmoe_moe_layer* layer = nullptr;
-    ASSERT_EQ(sfmoe_moe_layer_create(&config, SFMOE_MEMORY_CUDA, 0, &layer), SFMOE_SUCCESS)
-        << sfmoe_last_error();
-    sfmoe_moe_layer_plan plan = sfmoe_moe_layer_plan_init();
-    ASSERT_EQ(sfmoe_moe_layer_get_plan(layer, &plan), SFMOE_SUCCESS);
+    sfmoe_moe_layer_plan plan;
+    create_device_layer(c, &layer, &plan);
+    if (HasFatalFailure()) return;
     LayerProblem p(c, rng);
     DeviceLayer d(c, p.fc1_cols, plan);
     d.layer = layer;
